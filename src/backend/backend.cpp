@@ -1,0 +1,24 @@
+#include "backend/backend.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/meta/meta_backend.h"
+#include "core/error.h"
+
+namespace fp {
+
+Backend::Backend(uint64_t device_capacity, uint64_t host_capacity, bool materialize, const ops::Kernels& k)
+    : device_(std::make_unique<Arena>("device", device_capacity, materialize)),
+      host_(std::make_unique<Arena>("host", host_capacity, materialize)),
+      compute_(std::make_unique<Stream>("compute", Stream::Mode::Mode_inline)),
+      h2d_(std::make_unique<Stream>("h2d", Stream::Mode::Mode_worker)),
+      d2h_(std::make_unique<Stream>("d2h", Stream::Mode::Mode_worker)),
+      kernels_(&k) {}
+
+std::unique_ptr<Backend> backend_create(std::string_view name, uint64_t device_capacity, uint64_t host_capacity) {
+  if (name == "cpu") return std::make_unique<CpuBackend>(device_capacity, host_capacity);
+  if (name == "meta") return std::make_unique<MetaBackend>(device_capacity, host_capacity);
+  throw Error(fmt::format("unknown device '{}'", name),
+              "use --device cpu (computes) or --device meta (allocations only: exact peaks at any scale)");
+}
+
+}  // namespace fp

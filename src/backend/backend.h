@@ -1,0 +1,82 @@
+// The backend interface: device memory (an Arena with its ledger), host memory (a second Arena),
+// streams and events, copies, and the kernel table. Model and schedule code are written once
+// against it.
+//
+//   cpu   computes: kernels are ops/cpu, memory is real, copy streams are worker threads.
+//   meta  computes nothing: the same allocations and frees reach the same ledger in the same order,
+//         data pointers are null and kernels do nothing, so peaks at any scale take seconds.
+//   cuda  later: its own arena over cudaMalloc, streams over cudaStream_t, kernels over CUDA/cuBLAS.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "backend/stream.h"
+#include "memory/arena.h"
+#include "ops/kernels.h"
+
+namespace fp {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+  // False on meta: nothing is computed, data-dependent sizes come from a routing profile.
+  virtual bool computes() const = 0;
+  const ops::Kernels& kernels() const { return *kernels_; }
+
+  Arena& device() { return *device_; }
+  Arena& host() { return *host_; }
+  Ledger& device_ledger() { return device_->ledger(); }
+  Ledger& host_ledger() { return host_->ledger(); }
+
+  // A device tensor in category c. Throws OutOfMemoryError over the device capacity.
+  Tensor alloc(Category c, const Shape& shape, DType dtype, std::string name) {
+    return Tensor(*device_, c, shape, dtype, std::move(name));
+  }
+  Tensor alloc_f32(Category c, const Shape& shape, std::string name) {
+    return alloc(c, shape, DType::DType_F32, std::move(name));
+  }
+  // A host buffer, accounted in the host ledger (pinned memory on a GPU backend).
+  Tensor alloc_host(Category c, const Shape& shape, DType dtype, std::string name) {
+    return Tensor(*host_, c, shape, dtype, std::move(name));
+  }
+
+  Stream& compute_stream() { return *compute_; }
+  Stream& h2d_stream() { return *h2d_; }
+  Stream& d2h_stream() { return *d2h_; }
+
+  // Copies of `bytes` bytes enqueued on a stream (ordered with the stream's other work). dst and src
+  // are data pointers of tensors of this backend (device or host arena) or plain host memory.
+  // Nothing is moved on meta.
+  virtual void copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) = 0;
+  // Blocking copy from a device tensor to plain host memory (sizes that depend on data, scalars).
+  // On meta it must not be called for data (there is none): asserts.
+  virtual void copy_to_host(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src, uint64_t bytes) = 0;
+
+  // Waits for every stream.
+  void synchronize() {
+    h2d_->synchronize();
+    d2h_->synchronize();
+    compute_->synchronize();
+  }
+
+ protected:
+  Backend(uint64_t device_capacity, uint64_t host_capacity, bool materialize, const ops::Kernels& k);
+
+  std::unique_ptr<Arena> device_;
+  std::unique_ptr<Arena> host_;
+  std::unique_ptr<Stream> compute_;
+  std::unique_ptr<Stream> h2d_;
+  std::unique_ptr<Stream> d2h_;
+  const ops::Kernels* kernels_;
+};
+
+// name: "cpu" or "meta" (fp::Error otherwise). Capacities in bytes (kUnlimitedBytes for none).
+std::unique_ptr<Backend> backend_create(std::string_view name, uint64_t device_capacity, uint64_t host_capacity);
+
+}  // namespace fp

@@ -1,0 +1,19 @@
+// The meta backend: allocations are accounted exactly, nothing exists and nothing is computed.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace fp {
+
+class MetaBackend final : public Backend {
+ public:
+  MetaBackend(uint64_t device_capacity, uint64_t host_capacity);
+  std::string_view name() const override { return "meta"; }
+  bool computes() const override { return false; }
+  // Ordering is kept (an empty task on the stream); no bytes move.
+  void copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) override;
+  void copy_to_host(void* dst, const void* src, uint64_t bytes) override;
+  void copy_from_host(void* dst, const void* src, uint64_t bytes) override;
+};
+
+}  // namespace fp

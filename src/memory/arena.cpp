@@ -1,0 +1,79 @@
+#include "memory/arena.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/units.h"
+
+namespace fp {
+
+void* Arena::allocate(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
+  ledger_.on_alloc(c, bytes, tag, shape, dtype);  // throws when over capacity
+  if (!materialize_ || bytes == 0) return nullptr;
+  const uint64_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    ledger_.on_free(c, bytes, tag, shape, dtype);
+    throw Error(fmt::format("the operating system refused {} for tensor '{}' {} in category '{}' ({})", bytes_format(bytes),
+                            tag, shape.str(), category_name(c), ledger_.space()),
+                "set --device-mem below this machine's free memory so the ledger refuses first, with a category");
+  }
+  return p;
+}
+
+void Arena::release(void* p, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
+  std::free(p);
+  ledger_.on_free(c, bytes, tag, shape, dtype);
+}
+
+Tensor::Tensor(Arena& arena, Category c, const Shape& shape, DType dtype, std::string name)
+    : shape_(shape), dtype_(dtype), category_(c), name_(std::move(name)) {
+  FP_ASSERT(shape.numel() >= 0, "negative shape {} for '{}'", shape.str(), name_);
+  bytes_ = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
+  data_ = arena.allocate(c, bytes_, name_, shape_, dtype_);
+  arena_ = &arena;
+}
+
+Tensor& Tensor::operator=(Tensor&& o) noexcept {
+  if (this != &o) {
+    reset();
+    arena_ = o.arena_;
+    data_ = o.data_;
+    shape_ = o.shape_;
+    dtype_ = o.dtype_;
+    category_ = o.category_;
+    bytes_ = o.bytes_;
+    name_ = std::move(o.name_);
+    o.arena_ = nullptr;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Tensor::reset() {
+  if (arena_ != nullptr) {
+    arena_->release(data_, category_, bytes_, name_, shape_, dtype_);
+    arena_ = nullptr;
+    data_ = nullptr;
+  }
+}
+
+float* Tensor::f32() const {
+  if (data_ == nullptr) return nullptr;  // meta: no memory, any dtype
+  FP_ASSERT(dtype_ == DType::DType_F32, "tensor '{}' is {}, not f32", name_, dtype_name(dtype_));
+  return static_cast<float*>(data_);
+}
+int32_t* Tensor::i32() const {
+  if (data_ == nullptr) return nullptr;  // meta: no memory, any dtype
+  FP_ASSERT(dtype_ == DType::DType_I32, "tensor '{}' is {}, not i32", name_, dtype_name(dtype_));
+  return static_cast<int32_t*>(data_);
+}
+double* Tensor::f64() const {
+  if (data_ == nullptr) return nullptr;  // meta: no memory, any dtype
+  FP_ASSERT(dtype_ == DType::DType_F64, "tensor '{}' is {}, not f64", name_, dtype_name(dtype_));
+  return static_cast<double*>(data_);
+}
+
+}  // namespace fp

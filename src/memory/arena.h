@@ -1,0 +1,78 @@
+// Arenas and tensors.
+//
+// An Arena is one memory space (the device, or host memory) with a Ledger. When it materializes,
+// allocations are real (64-byte aligned); when it does not (the meta backend), they are accounted
+// in the ledger identically but no memory exists and data pointers are null.
+//
+// A Tensor is a move-only owning handle: it names its category, shape and dtype, and gives its bytes
+// back to its arena when destroyed or reset(). Every device allocation in flatpeak is a Tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/shape.h"
+#include "memory/category.h"
+#include "memory/ledger.h"
+
+namespace fp {
+
+class Arena {
+ public:
+  Arena(std::string space, uint64_t capacity, bool materialize) : ledger_(std::move(space), capacity), materialize_(materialize) {}
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // Throws OutOfMemoryError when over capacity. Returns null when not materializing.
+  void* allocate(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
+  void release(void* p, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
+
+  Ledger& ledger() { return ledger_; }
+  const Ledger& ledger() const { return ledger_; }
+  bool materializes() const { return materialize_; }
+
+ private:
+  Ledger ledger_;
+  bool materialize_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Arena& arena, Category c, const Shape& shape, DType dtype, std::string name);
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  Tensor(Tensor&& o) noexcept { *this = std::move(o); }
+  Tensor& operator=(Tensor&& o) noexcept;
+  ~Tensor() { reset(); }
+
+  // Gives the bytes back; the tensor becomes undefined.
+  void reset();
+
+  bool defined() const { return arena_ != nullptr; }
+  // Data pointers: null on the meta backend (kernels there do nothing).
+  void* data() const { return data_; }
+  float* f32() const;
+  int32_t* i32() const;
+  double* f64() const;
+
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return shape_.numel(); }
+  int64_t dim(int i) const { return shape_[i]; }
+  DType dtype() const { return dtype_; }
+  Category category() const { return category_; }
+  uint64_t bytes() const { return bytes_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  Arena* arena_ = nullptr;
+  void* data_ = nullptr;
+  Shape shape_;
+  DType dtype_ = DType::DType_F32;
+  Category category_ = Category::Category_workspace;
+  uint64_t bytes_ = 0;
+  std::string name_;
+};
+
+}  // namespace fp

@@ -1,0 +1,35 @@
+// The nine categories every device allocation names (DESIGN.md, Architecture 1), and for each the
+// schedule that flattens it: the hint an out-of-memory error gives.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+namespace fp {
+
+enum class Category : uint8_t {
+  Category_params,
+  Category_grads,
+  Category_optimizer,
+  Category_activations,
+  Category_checkpoints,
+  Category_dispatch,
+  Category_vocab,
+  Category_comm,
+  Category_workspace,
+};
+inline constexpr int kNumCategories = 9;
+
+inline constexpr std::array<Category, kNumCategories> kAllCategories = {
+    Category::Category_params,      Category::Category_grads,       Category::Category_optimizer,
+    Category::Category_activations, Category::Category_checkpoints, Category::Category_dispatch,
+    Category::Category_vocab,       Category::Category_comm,        Category::Category_workspace};
+
+std::string_view category_name(Category c);
+// Throws fp::Error naming the valid categories.
+Category category_parse(std::string_view s);
+// What to change when this category runs out of memory (the schedule that flattens it).
+std::string_view category_hint(Category c);
+
+}  // namespace fp

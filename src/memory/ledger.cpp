@@ -1,0 +1,80 @@
+#include "memory/ledger.h"
+
+#include <chrono>
+
+#include "core/units.h"
+
+namespace fp {
+
+static int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Ledger::Ledger(std::string space, uint64_t capacity, size_t max_events)
+    : space_(std::move(space)), capacity_(capacity), max_events_(max_events), t0_ns_(now_ns()) {}
+
+void Ledger::on_alloc(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
+  if (capacity_ != kUnlimitedBytes && (bytes > capacity_ || total_current_ > capacity_ - bytes)) {
+    std::string what = fmt::format(
+        "out of {} memory in category '{}': tensor '{}' {} {} needs {} ({} bytes); capacity {}, in use {}, "
+        "free {}. Held now: {}",
+        space_, category_name(c), tag, shape.str(), dtype_name(dtype), bytes_format(bytes), bytes,
+        bytes_format(capacity_), bytes_format(total_current_), bytes_format(capacity_ - total_current_),
+        holdings_str());
+    throw OutOfMemoryError(std::move(what), std::string(category_hint(c)), c);
+  }
+  const int i = static_cast<int>(c);
+  current_[i] += bytes;
+  total_current_ += bytes;
+  if (current_[i] > peak_[i]) peak_[i] = current_[i];
+  if (total_current_ > total_peak_) total_peak_ = total_current_;
+  record(true, c, bytes, tag, shape, dtype);
+}
+
+void Ledger::on_free(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
+  const int i = static_cast<int>(c);
+  FP_ASSERT(current_[i] >= bytes, "ledger {}: freeing {} bytes of '{}' from category {} holding {}", space_, bytes,
+            tag, category_name(c), current_[i]);
+  current_[i] -= bytes;
+  total_current_ -= bytes;
+  record(false, c, bytes, tag, shape, dtype);
+}
+
+void Ledger::record(bool alloc, Category c, uint64_t bytes, const std::string& tag, const Shape& shape,
+                    DType dtype) {
+  ++seq_;
+  if (events_.size() >= max_events_) {
+    ++dropped_;
+    return;
+  }
+  LedgerEvent e;
+  e.seq = seq_;
+  e.time_us = static_cast<double>(now_ns() - t0_ns_) * 1e-3;
+  e.alloc = alloc;
+  e.category = c;
+  e.bytes = bytes;
+  e.total_after = total_current_;
+  e.tag = tag;
+  e.shape = shape;
+  e.dtype = dtype;
+  events_.push_back(std::move(e));
+}
+
+void Ledger::peaks_reset() {
+  peak_ = current_;
+  total_peak_ = total_current_;
+}
+
+std::string Ledger::holdings_str() const {
+  std::string s;
+  for (Category c : kAllCategories) {
+    uint64_t b = current(c);
+    if (b == 0) continue;
+    if (!s.empty()) s += ", ";
+    s += fmt::format("{} {}", category_name(c), bytes_format(b));
+  }
+  return s.empty() ? "nothing" : s;
+}
+
+}  // namespace fp

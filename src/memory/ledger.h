@@ -1,0 +1,86 @@
+// Memory ledger: current and peak bytes per category and in total, and the timeline of events.
+//
+// One Ledger per memory space (the device arena, the host pool). It does not allocate memory itself;
+// an Arena asks it before every allocation (on_alloc, which may refuse with OutOfMemoryError) and
+// tells it after every free (on_free). Peaks are exact bytes, the same on every backend.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/shape.h"
+#include "memory/category.h"
+
+namespace fp {
+
+struct LedgerEvent {
+  uint64_t seq = 0;          // position in the sequence of this ledger's events
+  double time_us = 0;        // microseconds since the ledger was created
+  bool alloc = true;         // false: a free
+  Category category{};
+  uint64_t bytes = 0;
+  uint64_t total_after = 0;  // bytes in use, all categories, after the event
+  std::string tag;           // tensor name
+  Shape shape;
+  DType dtype{};
+};
+
+// The one error for a request over capacity. what() names the memory space, the category, the
+// request (bytes, tensor name, shape, dtype), what every category holds now; hint() names the
+// schedule that flattens the category (category_hint).
+class OutOfMemoryError : public Error {
+ public:
+  OutOfMemoryError(std::string what, std::string hint, Category c) : Error(std::move(what), std::move(hint)), category_(c) {}
+  Category category() const { return category_; }
+
+ private:
+  Category category_;
+};
+
+class Ledger {
+ public:
+  // capacity: bytes (kUnlimitedBytes for none). max_events bounds the stored timeline; events past
+  // it still update the counters and are counted in dropped_events().
+  Ledger(std::string space, uint64_t capacity, size_t max_events = 2'000'000);
+
+  // Records an allocation or throws OutOfMemoryError (recording nothing).
+  void on_alloc(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
+  void on_free(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
+
+  const std::string& space() const { return space_; }
+  uint64_t capacity() const { return capacity_; }
+  uint64_t current(Category c) const { return current_[static_cast<int>(c)]; }
+  uint64_t peak(Category c) const { return peak_[static_cast<int>(c)]; }
+  uint64_t total_current() const { return total_current_; }
+  uint64_t total_peak() const { return total_peak_; }
+  // Peaks restart from the current values (per-step peaks).
+  void peaks_reset();
+
+  const std::vector<LedgerEvent>& events() const { return events_; }
+  size_t dropped_events() const { return dropped_; }
+  void events_clear() { events_.clear(); dropped_ = 0; }
+
+  // "params 1.00 MiB, grads 1.00 MiB, ..." of the current holdings (non-zero categories).
+  std::string holdings_str() const;
+
+ private:
+  void record(bool alloc, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
+
+  std::string space_;
+  uint64_t capacity_;
+  size_t max_events_;
+  std::array<uint64_t, kNumCategories> current_{};
+  std::array<uint64_t, kNumCategories> peak_{};
+  uint64_t total_current_ = 0;
+  uint64_t total_peak_ = 0;
+  std::vector<LedgerEvent> events_;
+  size_t dropped_ = 0;
+  uint64_t seq_ = 0;
+  int64_t t0_ns_;
+};
+
+}  // namespace fp

@@ -1,0 +1,147 @@
+// Attention block of a decoder layer, forward and backward.
+// Legend: n tokens (B sequences of T), H hidden, nh/nkv heads, hd head_dim.
+#include <cmath>
+
+#include "model/blocks.h"
+
+namespace fp {
+
+namespace {
+constexpr Category kAct = Category::Category_activations;
+}
+
+void linear_forward(Backend& be, const float* x, const float* W, float* y, int64_t n, int64_t in, int64_t out,
+                    float beta) {
+  be.kernels().gemm(false, true, n, out, in, 1.0f, x, in, W, in, beta, y, out);
+}
+
+void linear_backward_input(Backend& be, const float* dy, const float* W, float* dx, int64_t n, int64_t in,
+                           int64_t out, float beta) {
+  be.kernels().gemm(false, false, n, in, out, 1.0f, dy, out, W, in, beta, dx, in);
+}
+
+void linear_backward_weight(Backend& be, const float* dy, const float* x, float* dW, int64_t n, int64_t in,
+                            int64_t out) {
+  be.kernels().gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dW, in);
+}
+
+Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
+                hd = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
+  AttnActs local;
+  AttnActs& a = keep ? *keep : local;
+
+  a.h1 = be.alloc_f32(kAct, {n, H}, "attn.h1");
+  a.rstd1 = be.alloc_f32(kAct, {n}, "attn.rstd1");
+  K.rmsnorm_forward(x.f32(), lp.input_layernorm->w.f32(), a.h1.f32(), a.rstd1.f32(), n, H, eps);
+
+  a.q_raw = be.alloc_f32(kAct, {n, nh * hd}, "attn.q_raw");
+  a.k_raw = be.alloc_f32(kAct, {n, nkv * hd}, "attn.k_raw");
+  a.v = be.alloc_f32(kAct, {n, nkv * hd}, "attn.v");
+  linear_forward(be, a.h1.f32(), lp.q_proj->w.f32(), a.q_raw.f32(), n, H, nh * hd);
+  linear_forward(be, a.h1.f32(), lp.k_proj->w.f32(), a.k_raw.f32(), n, H, nkv * hd);
+  linear_forward(be, a.h1.f32(), lp.v_proj->w.f32(), a.v.f32(), n, H, nkv * hd);
+  if (!keep) {
+    a.h1.reset();
+    a.rstd1.reset();
+  }
+
+  a.q = be.alloc_f32(kAct, {n, nh * hd}, "attn.q");
+  a.k = be.alloc_f32(kAct, {n, nkv * hd}, "attn.k");
+  a.rstd_q = be.alloc_f32(kAct, {n * nh}, "attn.rstd_q");
+  a.rstd_k = be.alloc_f32(kAct, {n * nkv}, "attn.rstd_k");
+  K.rmsnorm_forward(a.q_raw.f32(), lp.q_norm->w.f32(), a.q.f32(), a.rstd_q.f32(), n * nh, hd, eps);
+  K.rmsnorm_forward(a.k_raw.f32(), lp.k_norm->w.f32(), a.k.f32(), a.rstd_k.f32(), n * nkv, hd, eps);
+  K.rope_forward(a.q.f32(), s.pos.i32(), n, nh, hd, theta);
+  K.rope_forward(a.k.f32(), s.pos.i32(), n, nkv, hd, theta);
+  if (!keep) {
+    a.q_raw.reset();
+    a.k_raw.reset();
+    a.rstd_q.reset();
+    a.rstd_k.reset();
+  }
+
+  a.o = be.alloc_f32(kAct, {n, nh * hd}, "attn.o");
+  a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
+  K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nkv, hd,
+                      1.0f / std::sqrt(static_cast<float>(hd)));
+  if (!keep) {
+    a.q.reset();
+    a.k.reset();
+    a.v.reset();
+    a.lse.reset();
+  }
+
+  Tensor x1 = be.alloc_f32(kAct, {n, H}, "attn.x1");
+  K.copy(x1.f32(), x.f32(), n * H);
+  linear_forward(be, a.o.f32(), lp.o_proj->w.f32(), x1.f32(), n, nh * hd, H, /*beta=*/1.0f);
+  if (!keep) a.o.reset();
+  return x1;
+}
+
+void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
+                hd = c.head_dim;
+  const float theta = static_cast<float>(c.rope_theta);
+
+  // o_proj: dx holds d x1 = d (x + o W_o^T); the residual part stays in dx.
+  Tensor d_o = be.alloc_f32(kAct, {n, nh * hd}, "attn.d_o");
+  linear_backward_input(be, dx.f32(), lp.o_proj->w.f32(), d_o.f32(), n, nh * hd, H);
+  linear_backward_weight(be, dx.f32(), a.o.f32(), lp.o_proj->g.f32(), n, nh * hd, H);
+
+  Tensor dq = be.alloc_f32(kAct, {n, nh * hd}, "attn.dq");
+  Tensor dk = be.alloc_f32(kAct, {n, nkv * hd}, "attn.dk");
+  Tensor dv = be.alloc_f32(kAct, {n, nkv * hd}, "attn.dv");
+  K.attention_backward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), d_o.f32(), dq.f32(), dk.f32(),
+                       dv.f32(), s.B, s.T, nh, nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
+  d_o.reset();
+  a.o.reset();
+  a.lse.reset();
+  a.q.reset();
+  a.k.reset();
+
+  K.rope_backward(dq.f32(), s.pos.i32(), n, nh, hd, theta);
+  K.rope_backward(dk.f32(), s.pos.i32(), n, nkv, hd, theta);
+  Tensor dq_raw = be.alloc_f32(kAct, {n, nh * hd}, "attn.dq_raw");
+  Tensor dk_raw = be.alloc_f32(kAct, {n, nkv * hd}, "attn.dk_raw");
+  K.rmsnorm_backward(a.q_raw.f32(), lp.q_norm->w.f32(), a.rstd_q.f32(), dq.f32(), dq_raw.f32(), lp.q_norm->g.f32(),
+                     n * nh, hd);
+  K.rmsnorm_backward(a.k_raw.f32(), lp.k_norm->w.f32(), a.rstd_k.f32(), dk.f32(), dk_raw.f32(), lp.k_norm->g.f32(),
+                     n * nkv, hd);
+  dq.reset();
+  dk.reset();
+  a.q_raw.reset();
+  a.k_raw.reset();
+  a.rstd_q.reset();
+  a.rstd_k.reset();
+
+  // q, k, v projections: d h1 = dq W_q + dk W_k + dv W_v.
+  Tensor dh1 = be.alloc_f32(kAct, {n, H}, "attn.dh1");
+  linear_backward_input(be, dq_raw.f32(), lp.q_proj->w.f32(), dh1.f32(), n, H, nh * hd);
+  linear_backward_input(be, dk_raw.f32(), lp.k_proj->w.f32(), dh1.f32(), n, H, nkv * hd, 1.0f);
+  linear_backward_input(be, dv.f32(), lp.v_proj->w.f32(), dh1.f32(), n, H, nkv * hd, 1.0f);
+  linear_backward_weight(be, dq_raw.f32(), a.h1.f32(), lp.q_proj->g.f32(), n, H, nh * hd);
+  linear_backward_weight(be, dk_raw.f32(), a.h1.f32(), lp.k_proj->g.f32(), n, H, nkv * hd);
+  linear_backward_weight(be, dv.f32(), a.h1.f32(), lp.v_proj->g.f32(), n, H, nkv * hd);
+  dq_raw.reset();
+  dk_raw.reset();
+  dv.reset();
+  a.v.reset();
+  a.h1.reset();
+
+  // input_layernorm: dx += rmsnorm_backward(dh1).
+  Tensor dnorm = be.alloc_f32(kAct, {n, H}, "attn.dnorm");
+  K.rmsnorm_backward(x.f32(), lp.input_layernorm->w.f32(), a.rstd1.f32(), dh1.f32(), dnorm.f32(),
+                     lp.input_layernorm->g.f32(), n, H);
+  K.add_inplace(dx.f32(), dnorm.f32(), n * H);
+  a.rstd1.reset();
+}
+
+}  // namespace fp

@@ -1,0 +1,92 @@
+// The two blocks of a decoder layer and the LM head, forward and backward, written against the
+// backend's kernel table. Internal to src/model (the orchestrator model.cpp drives them).
+//
+// Legend: n tokens on this rank (B sequences of T), H hidden, nh/nkv heads, hd head_dim,
+// E experts, k experts per token, m = n * k routed copies, I expert FFN width, V vocabulary.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace fp {
+
+// What every block of one step shares.
+struct StepContext {
+  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p) : be(b), cfg(c), profile(p) {}
+  Backend& be;
+  const ModelConfig& cfg;
+  RoutingProfile profile;
+  int64_t B = 0, T = 0, n = 0;
+  Tensor pos;  // (n) i32, position of each token in its sequence
+  // Host scratch reused across layers (no allocation per layer once sized).
+  std::vector<int32_t> host_topk;     // (n, k)
+  std::vector<int32_t> host_rows;     // (m)
+  std::vector<int32_t> host_slot;     // (n, k)
+  std::vector<float> host_probs;      // (n, E)
+};
+
+// ---- attention block: x1 = x + o_proj(attention(rope(norm_q(q)), rope(norm_k(k)), v)), q,k,v from rmsnorm(x)
+struct AttnActs {
+  Tensor h1, rstd1;            // (n, H), (n)
+  Tensor q_raw, k_raw, v;      // (n, nh*hd), (n, nkv*hd), (n, nkv*hd): projections
+  Tensor q, k;                 // after q_norm/k_norm and RoPE
+  Tensor rstd_q, rstd_k;       // (n*nh), (n*nkv)
+  Tensor o, lse;               // (n, nh*hd), (B, nh, T)
+};
+// x (n, H) -> x1 (n, H), allocated here (category activations). keep: when not null, everything
+// backward needs is left in it; otherwise intermediates are freed as soon as they are consumed.
+Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep);
+// dx (n, H): in d x1, out d x (the residual path plus the block's input gradient). Frees `a`.
+void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx);
+
+// ---- MoE block: x2 = x1 + sum_j w_j expert_{e_j}(rmsnorm(x1))
+struct MoeActs {
+  Tensor h2, rstd2;            // (n, H), (n)
+  Tensor probs;                // (n, E) router softmax
+  Tensor topk_idx, topk_w;     // (n, k) i32, (n, k)
+  Tensor rows, slot_pos;       // (m) i32, (n, k) i32: expert order <-> token order
+  std::vector<int64_t> offsets;  // (E + 1) rows of each expert in expert order (host)
+  Tensor xs;                   // (m, H) routed copies in expert order (dispatch)
+  Tensor g, u, act;            // (m, I) gate, up, silu(g)*u
+  Tensor ys;                   // (m, H) expert outputs (dispatch)
+};
+// Per-layer routing statistics for the load-balancing loss (host).
+struct RouterStats {
+  std::vector<int64_t> counts;  // (E) routed copies per expert
+  std::vector<double> prob_sum; // (E) sum over tokens of the router probability (empty on meta)
+};
+Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats);
+// dx (n, H): in d x2, out d x1. aux_bias (E) on the device: d loss / d probs of every token from
+// the load-balancing loss (may be undefined when the coefficient is 0). Frees `a`.
+void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, const Tensor& aux_bias,
+                        Tensor& dx);
+
+// ---- head, plain ("full") vocabulary schedule: final RMSNorm, logits, log-softmax and their gradient
+// each (n, V) fp32. Returns the sum of the token losses (NaN on meta); writes dxL (n, H) and accumulates
+// the gradients of model.norm and lm_head. scale = 1 / (number of target tokens).
+struct HeadResult {
+  double loss_sum = 0;
+};
+HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tensor& xL, const Tensor& targets,
+                                      float scale, Tensor& dxL, std::vector<float>* logits_out);
+
+// Linear layers as GEMMs with nn.Linear weights W (out, in):
+//   y (n, out) = x (n, in) W^T + beta y;  dx (n, in) = dy W + beta dx;  dW (out, in) += dy^T x.
+void linear_forward(Backend& be, const float* x, const float* W, float* y, int64_t n, int64_t in, int64_t out,
+                    float beta = 0.0f);
+void linear_backward_input(Backend& be, const float* dy, const float* W, float* dx, int64_t n, int64_t in,
+                           int64_t out, float beta = 0.0f);
+void linear_backward_weight(Backend& be, const float* dy, const float* x, float* dW, int64_t n, int64_t in,
+                            int64_t out);
+
+// p + off, keeping null (meta) pointers null.
+template <class T>
+inline T* ptr_at(T* p, int64_t off) {
+  return p == nullptr ? nullptr : p + off;
+}
+
+}  // namespace fp

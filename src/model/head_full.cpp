@@ -1,0 +1,58 @@
+// LM head with the plain ("full") vocabulary schedule: logits, log-softmax and their gradient are
+// each materialised as (n, V) fp32, as PyTorch and Megatron do. This is the peak Ring-DTP flattens.
+// Legend: n tokens, H hidden, V vocabulary.
+#include <cmath>
+#include <limits>
+
+#include "model/blocks.h"
+
+namespace fp {
+
+HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tensor& xL, const Tensor& targets,
+                                      float scale, Tensor& dxL, std::vector<float>* logits_out) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const int64_t n = s.n, H = s.cfg.hidden_size, V = s.cfg.vocab_size;
+  constexpr Category kAct = Category::Category_activations;
+  constexpr Category kVocab = Category::Category_vocab;
+
+  Tensor xn = be.alloc_f32(kAct, {n, H}, "head.xn");
+  Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");
+  K.rmsnorm_forward(xL.f32(), ps.norm->w.f32(), xn.f32(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
+
+  Tensor logits = be.alloc_f32(kVocab, {n, V}, "head.logits");
+  linear_forward(be, xn.f32(), ps.lm_head->w.f32(), logits.f32(), n, H, V);
+  if (logits_out != nullptr && be.computes()) {
+    logits_out->resize(static_cast<size_t>(n * V));
+    be.copy_to_host(logits_out->data(), logits.data(), logits.bytes());
+  }
+  Tensor logp = be.alloc_f32(kVocab, {n, V}, "head.logp");
+  K.log_softmax_forward(logits.f32(), logp.f32(), n, V);
+
+  HeadResult r;
+  {
+    Tensor tok_loss = be.alloc_f32(Category::Category_workspace, {n}, "head.token_loss");
+    Tensor sum = be.alloc_f32(Category::Category_workspace, {1}, "head.loss_sum");
+    K.nll_forward(logp.f32(), targets.i32(), tok_loss.f32(), n, V);
+    K.reduce_sum(tok_loss.f32(), n, sum.f32());
+    float host = std::numeric_limits<float>::quiet_NaN();
+    if (be.computes()) be.copy_to_host(&host, sum.data(), sizeof(float));
+    r.loss_sum = host;
+  }
+
+  Tensor dlogits = be.alloc_f32(kVocab, {n, V}, "head.dlogits");
+  K.cross_entropy_backward(logp.f32(), targets.i32(), scale, dlogits.f32(), n, V);
+  logp.reset();
+  logits.reset();
+
+  Tensor dxn = be.alloc_f32(kAct, {n, H}, "head.dxn");
+  linear_backward_input(be, dlogits.f32(), ps.lm_head->w.f32(), dxn.f32(), n, H, V);
+  linear_backward_weight(be, dlogits.f32(), xn.f32(), ps.lm_head->g.f32(), n, H, V);
+  dlogits.reset();
+  xn.reset();
+
+  K.rmsnorm_backward(xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+  return r;
+}
+
+}  // namespace fp

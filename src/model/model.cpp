@@ -1,0 +1,130 @@
+// The step orchestrator: embedding, layers with checkpointing, head, backward with recompute.
+// Legend: n = B * T tokens, H hidden, L layers, E experts, V vocabulary.
+#include "model/model.h"
+
+#include <cmath>
+
+#include "model/blocks.h"
+
+namespace fp {
+
+void batch_validate(const Batch& b, int64_t V) {
+  const int64_t n = b.B * b.T;
+  FP_CHECK(b.B >= 1 && b.T >= 1, "a batch holds B >= 1 sequences of T >= 1 tokens", "empty batch ({} x {})", b.B,
+           b.T);
+  FP_CHECK(static_cast<int64_t>(b.tokens.size()) == n && static_cast<int64_t>(b.targets.size()) == n,
+           "tokens and targets are both (B, T)", "batch of {} x {} has {} tokens and {} targets", b.B, b.T,
+           b.tokens.size(), b.targets.size());
+  for (int64_t i = 0; i < n; ++i) {
+    FP_CHECK(b.tokens[i] >= 0 && b.tokens[i] < V, "every token id must be < model.vocab_size",
+             "token id {} at sequence {}, position {} is out of range [0, {})", b.tokens[i], i / b.T, i % b.T, V);
+    FP_CHECK(b.targets[i] == -100 || (b.targets[i] >= 0 && b.targets[i] < V),
+             "targets are token ids < model.vocab_size, or -100 to ignore a position",
+             "target {} at sequence {}, position {} is out of range [0, {})", b.targets[i], i / b.T, i % b.T, V);
+  }
+}
+
+Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile)
+    : cfg_(cfg), be_(be), profile_(profile), params_(cfg, be) {
+  FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
+           "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
+           "the meta backend computes no router: tokens-per-expert must come from a routing profile");
+}
+
+StepOutputs Model::forward_backward(const Batch& batch, std::vector<float>* logits_out) {
+  batch_validate(batch, cfg_.vocab_size);
+  const int64_t n = batch.B * batch.T, H = cfg_.hidden_size, L = cfg_.num_hidden_layers, E = cfg_.num_experts;
+  StepContext s(be_, cfg_, profile_);
+  s.B = batch.B;
+  s.T = batch.T;
+  s.n = n;
+  const ops::Kernels& K = be_.kernels();
+
+  int64_t target_tokens = 0;
+  for (int32_t t : batch.targets) target_tokens += (t != -100);
+  FP_CHECK(target_tokens > 0, "give at least one target that is not -100", "the batch has no target token");
+
+  // Inputs on the device.
+  Tensor tokens = be_.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.tokens");
+  Tensor targets = be_.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.targets");
+  s.pos = be_.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.positions");
+  {
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i % batch.T);
+    be_.copy_from_host(tokens.data(), batch.tokens.data(), tokens.bytes());
+    be_.copy_from_host(targets.data(), batch.targets.data(), targets.bytes());
+    be_.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
+  }
+
+  // Forward: keep only the layer boundaries (Note [Per-layer checkpointing]).
+  std::vector<Tensor> boundary(static_cast<size_t>(L));
+  std::vector<RouterStats> stats(static_cast<size_t>(L));
+  boundary[0] = be_.alloc_f32(Category::Category_checkpoints, {n, H}, "ckpt.layer0");
+  K.embedding_forward(tokens.i32(), params_.embed_tokens->w.f32(), boundary[0].f32(), n, H);
+  Tensor x;  // the running hidden state after the last layer computed
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerParams& lp = params_.layers[l];
+    Tensor x1 = attn_block_forward(s, lp, boundary[l], nullptr);
+    Tensor x2 = moe_block_forward(s, lp, x1, nullptr, &stats[l]);
+    x1.reset();
+    if (l + 1 < L) {
+      boundary[l + 1] = be_.alloc_f32(Category::Category_checkpoints, {n, H}, fmt::format("ckpt.layer{}", l + 1));
+      K.copy(boundary[l + 1].f32(), x2.f32(), n * H);
+      x2.reset();
+    } else {
+      x = std::move(x2);
+    }
+  }
+
+  // Load-balancing loss from the routing statistics of all layers.
+  StepOutputs out;
+  out.target_tokens = target_tokens;
+  out.expert_counts.assign(static_cast<size_t>(L * E), 0);
+  std::vector<double> count_total(static_cast<size_t>(E), 0.0), prob_total(static_cast<size_t>(E), 0.0);
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t e = 0; e < E; ++e) {
+      out.expert_counts[l * E + e] = stats[l].counts[e];
+      count_total[e] += static_cast<double>(stats[l].counts[e]);
+      if (!stats[l].prob_sum.empty()) prob_total[e] += stats[l].prob_sum[e];
+    }
+  const double R = static_cast<double>(L * n);
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) aux += (count_total[e] / R) * (prob_total[e] / R);
+  aux *= static_cast<double>(E);
+  out.aux_loss = be_.computes() ? aux : std::nan("");
+  Tensor aux_bias;
+  if (cfg_.router_aux_loss_coef != 0.0) {
+    std::vector<float> bias(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      bias[e] = static_cast<float>(cfg_.router_aux_loss_coef * static_cast<double>(E) * count_total[e] / (R * R));
+    aux_bias = be_.alloc_f32(Category::Category_workspace, {E}, "moe.aux_bias");
+    be_.copy_from_host(aux_bias.data(), bias.data(), aux_bias.bytes());
+  }
+
+  // Head: loss and d x_L.
+  Tensor dx = be_.alloc_f32(Category::Category_activations, {n, H}, "grad.x");
+  HeadResult head = head_full_forward_backward(s, params_, x, targets, 1.0f / static_cast<float>(target_tokens), dx,
+                                               logits_out);
+  x.reset();
+  out.ce_loss = head.loss_sum / static_cast<double>(target_tokens);
+  out.loss = out.ce_loss + cfg_.router_aux_loss_coef * out.aux_loss;
+
+  // Backward with recompute, last layer first.
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const LayerParams& lp = params_.layers[l];
+    AttnActs attn;
+    MoeActs moe;
+    Tensor x1 = attn_block_forward(s, lp, boundary[l], &attn);
+    Tensor x2 = moe_block_forward(s, lp, x1, &moe, nullptr);
+    x2.reset();
+    moe_block_backward(s, lp, x1, moe, aux_bias, dx);
+    x1.reset();
+    attn_block_backward(s, lp, boundary[l], attn, dx);
+    boundary[l].reset();
+  }
+  K.embedding_backward(tokens.i32(), dx.f32(), params_.embed_tokens->g.f32(), n, H);
+  be_.synchronize();
+  return out;
+}
+
+}  // namespace fp

@@ -1,0 +1,21 @@
+// Small element-wise kernels and reductions. n elements.
+#pragma once
+
+#include <cstdint>
+
+namespace fp::ops::cpu {
+
+// y (n) += x (n)
+void add_inplace(float* y, const float* x, int64_t n);
+// y (n) *= a
+void scale_inplace(float* y, float a, int64_t n);
+// y (n) = v
+void fill(float* y, float v, int64_t n);
+// dst (n) = src (n)
+void copy(float* dst, const float* src, int64_t n);
+// out (1) = sum of x (n), accumulated in double in a fixed order (independent of the thread count).
+void reduce_sum(const float* x, int64_t n, float* out);
+// out (1) = sum of x (n)^2 in double, as float.
+void reduce_sumsq(const float* x, int64_t n, float* out);
+
+}  // namespace fp::ops::cpu

@@ -1,0 +1,42 @@
+// The kernel table: every op a backend provides, by signature (the signatures and their contracts
+// are in the op headers). The model and the schedules call kernels only through a backend's table,
+// so a backend (cpu, meta, cuda later) is added without touching them. The meta backend's table
+// does nothing: data pointers there are null.
+#pragma once
+
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/gemm.h"
+#include "ops/moe_permute.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/router.h"
+#include "ops/swiglu.h"
+
+namespace fp::ops {
+
+#define FP_KERNEL_LIST(X)                                                                            \
+  X(gemm)                                                                                            \
+  X(embedding_forward) X(embedding_backward)                                                         \
+  X(rmsnorm_forward) X(rmsnorm_backward)                                                             \
+  X(rope_forward) X(rope_backward)                                                                   \
+  X(attention_forward) X(attention_backward)                                                         \
+  X(swiglu_forward) X(swiglu_backward)                                                               \
+  X(router_forward) X(router_gather) X(router_backward)                                              \
+  X(moe_gather) X(moe_combine_forward) X(moe_combine_backward) X(moe_scatter_add)                    \
+  X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)                                    \
+  X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq)
+
+struct Kernels {
+#define FP_KERNEL_MEMBER(name) decltype(&::fp::ops::cpu::name) name = nullptr;
+  FP_KERNEL_LIST(FP_KERNEL_MEMBER)
+#undef FP_KERNEL_MEMBER
+};
+
+// The cpu kernels (ops/cpu) and the do-nothing table of the meta backend.
+const Kernels& kernels_cpu();
+const Kernels& kernels_meta();
+
+}  // namespace fp::ops

@@ -1,0 +1,158 @@
+// The meta backend performs the identical allocation sequence as cpu; over-capacity errors name the
+// category that ran out.
+#include <gtest/gtest.h>
+
+#include "backend/backend.h"
+#include "core/units.h"
+#include "data/random_batch.h"
+#include "model/model.h"
+
+namespace fp {
+
+namespace {
+ModelConfig small_config() {
+  ModelConfig m;
+  m.hidden_size = 24;
+  m.num_hidden_layers = 3;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 8;
+  m.num_experts = 6;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 20;
+  m.vocab_size = 50;
+  m.rope_theta = 10000;
+  m.rms_norm_eps = 1e-6;
+  m.norm_topk_prob = true;
+  m.router_aux_loss_coef = 0.01;
+  m.seed = 7;
+  return m;
+}
+
+std::vector<LedgerEvent> run_events(const std::string& device, const RoutingProfile& p, const ModelConfig& m,
+                                    int64_t B, int64_t T) {
+  auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
+  Model model(m, *be, p);
+  model.init_weights(m.seed);
+  Batch b = batch_random(B, T, m.vocab_size, 3);
+  StepOutputs out = model.forward_backward(b);
+  if (device == "cpu") EXPECT_TRUE(std::isfinite(out.loss));
+  return be->device_ledger().events();
+}
+}  // namespace
+
+TEST(MetaBackend, SameLedgerEventSequenceAsCpu) {
+  for (const char* prof : {"balanced", "hot:0.9:2", "hot:0.5:3"}) {
+    RoutingProfile p = routing_profile_parse(prof);
+    ModelConfig m = small_config();
+    auto cpu = run_events("cpu", p, m, 2, 37);
+    auto meta = run_events("meta", p, m, 2, 37);
+    ASSERT_EQ(cpu.size(), meta.size()) << prof;
+    ASSERT_GT(cpu.size(), 100u);
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      ASSERT_EQ(cpu[i].alloc, meta[i].alloc) << prof << " event " << i;
+      ASSERT_EQ(cpu[i].category, meta[i].category) << prof << " event " << i << " " << cpu[i].tag;
+      ASSERT_EQ(cpu[i].bytes, meta[i].bytes) << prof << " event " << i << " " << cpu[i].tag;
+      ASSERT_EQ(cpu[i].tag, meta[i].tag) << prof << " event " << i;
+      ASSERT_EQ(cpu[i].shape, meta[i].shape) << prof << " event " << i;
+      ASSERT_EQ(cpu[i].total_after, meta[i].total_after) << prof << " event " << i;
+    }
+  }
+}
+
+TEST(MetaBackend, RouterProfileIsAnErrorOnMeta) {
+  auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+  try {
+    Model model(small_config(), *be, RoutingProfile{});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("routing profile"), std::string::npos);
+    EXPECT_NE(e.hint().find("balanced"), std::string::npos);
+  }
+}
+
+TEST(MetaBackend, ScalesToLongContextInstantly) {
+  ModelConfig m = small_config();
+  m.vocab_size = 32000;
+  m.hidden_size = 1024;
+  m.head_dim = 128;
+  m.num_attention_heads = 8;
+  m.num_key_value_heads = 2;
+  auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+  Model model(m, *be, routing_profile_parse("balanced"));
+  Batch b = batch_random(1, 131072, m.vocab_size, 1);
+  model.forward_backward(b);
+  const Ledger& l = be->device_ledger();
+  // Full logits, log-softmax and their gradient: 3 x n x V fp32 at once.
+  EXPECT_EQ(l.peak(Category::Category_vocab), 3ull * 131072 * 32000 * 4);
+  // One boundary per layer.
+  EXPECT_EQ(l.peak(Category::Category_checkpoints), 3ull * 131072 * 1024 * 4);
+}
+
+TEST(OutOfMemory, NamesTheCategoryThatRanOut) {
+  ModelConfig m = small_config();
+  m.vocab_size = 4096;  // the vocabulary dominates
+  RoutingProfile p = routing_profile_parse("balanced");
+  uint64_t peak = 0;
+  {
+    auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+    Model model(m, *be, p);
+    model.forward_backward(batch_random(2, 64, m.vocab_size, 1));
+    peak = be->device_ledger().total_peak();
+  }
+  for (const char* dev : {"meta", "cpu"}) {
+    auto be = backend_create(dev, peak - 1, kUnlimitedBytes);
+    Model model(m, *be, p);
+    model.init_weights(1);
+    try {
+      model.forward_backward(batch_random(2, 64, m.vocab_size, 1));
+      FAIL() << dev;
+    } catch (const OutOfMemoryError& e) {
+      EXPECT_EQ(e.category(), Category::Category_vocab) << e.what();
+      EXPECT_NE(e.hint().find("vocab.schedule = \"ring\""), std::string::npos);
+    }
+    // Everything the failed step held was given back.
+    EXPECT_EQ(be->device_ledger().current(Category::Category_activations), 0u) << dev;
+    EXPECT_EQ(be->device_ledger().current(Category::Category_vocab), 0u) << dev;
+  }
+}
+
+TEST(Model, BatchValidationNamesThePosition) {
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ModelConfig m = small_config();
+  Model model(m, *be, RoutingProfile{});
+  Batch b = batch_random(2, 8, m.vocab_size, 1);
+  b.tokens[11] = 50;
+  try {
+    model.forward_backward(b);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 50 at sequence 1, position 3"), std::string::npos) << e.what();
+  }
+  b = batch_random(2, 8, m.vocab_size, 1);
+  b.targets[0] = -1;
+  EXPECT_THROW(model.forward_backward(b), Error);
+  for (auto& t : b.targets) t = -100;
+  EXPECT_THROW(model.forward_backward(b), Error);
+}
+
+TEST(Model, BitwiseDeterministic) {
+  ModelConfig m = small_config();
+  std::vector<std::vector<float>> grads[2];
+  double loss[2];
+  for (int r = 0; r < 2; ++r) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    Model model(m, *be, RoutingProfile{});
+    model.init_weights(m.seed);
+    loss[r] = model.forward_backward(batch_random(2, 70, m.vocab_size, 5)).loss;
+    for (Param& p : model.params().all()) {
+      const float* g = p.g.f32();
+      grads[r].emplace_back(g, g + p.g.numel());
+    }
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
+}
+
+}  // namespace fp

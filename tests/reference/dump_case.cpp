@@ -1,0 +1,122 @@
+// Writes a model test case for the PyTorch twin (check_case.py): the weights, a batch, and what
+// flatpeak computes for it (logits, losses, every parameter gradient), as one safetensors file.
+//
+//   dump_case OUT.safetensors CASE      CASE: "gqa_norm" | "mha_nonorm"
+//
+// Both cases use sequences that span several attention tiles, top-k > 1, and arrange that the last
+// expert of every layer receives no token (Note [An expert with no tokens]).
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/units.h"
+#include "data/random_batch.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+
+using namespace fp;
+
+namespace {
+
+struct Case {
+  ModelConfig m;
+  int64_t B, T;
+};
+
+Case case_make(const std::string& name) {
+  Case c;
+  ModelConfig& m = c.m;
+  m.rope_theta = 10000;
+  m.rms_norm_eps = 1e-6;
+  m.seed = 11;
+  if (name == "gqa_norm") {
+    m.hidden_size = 32, m.num_hidden_layers = 2, m.num_attention_heads = 4, m.num_key_value_heads = 2;
+    m.head_dim = 8, m.num_experts = 6, m.num_experts_per_tok = 2, m.moe_intermediate_size = 24;
+    m.vocab_size = 40, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.05;
+    c.B = 2, c.T = 150;
+  } else if (name == "mha_nonorm") {
+    m.hidden_size = 24, m.num_hidden_layers = 3, m.num_attention_heads = 3, m.num_key_value_heads = 3;
+    m.head_dim = 6, m.num_experts = 5, m.num_experts_per_tok = 3, m.moe_intermediate_size = 10;
+    m.vocab_size = 33, m.norm_topk_prob = false, m.router_aux_loss_coef = 0.1, m.rope_theta = 500;
+    c.B = 1, c.T = 131;
+  } else {
+    throw Error("unknown case '" + name + "'", "cases: gqa_norm, mha_nonorm");
+  }
+  return c;
+}
+
+std::vector<float> to_host(Backend& be, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  be.copy_to_host(v.data(), t.data(), t.bytes());
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm\n");
+    return 2;
+  }
+  try {
+    Case c = case_make(argv[2]);
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    Model model(c.m, *be, RoutingProfile{});
+    model.init_weights(c.m.seed);
+    ParamStore& ps = model.params();
+    // Norm weights away from 1 so a missing multiplication cannot hide; larger router weights so the
+    // top-k choice is far from ties.
+    // Note [An expert with no tokens]: every embedding gets +3 in dimension 0, which therefore stays
+    // positive through the residual stream, and the last expert's router row gets -8 there: its
+    // logit is always the lowest, so it is never among the top k < E.
+    Rng rng(99);
+    for (Param& p : ps.all()) {
+      std::vector<float> w = to_host(*be, p.w);
+      const bool norm = p.w.shape().rank == 1;
+      const bool router = p.name.find("mlp.gate.weight") != std::string::npos;
+      for (float& x : w) {
+        if (norm) x = static_cast<float>(1.0 + 0.2 * rng.normal());
+        if (router) x = static_cast<float>(0.5 * rng.normal());
+      }
+      if (p.name == "model.embed_tokens.weight")
+        for (int64_t r = 0; r < c.m.vocab_size; ++r) w[r * c.m.hidden_size] += 3.0f;
+      if (router) w[(c.m.num_experts - 1) * c.m.hidden_size] = -8.0f;
+      be->copy_from_host(p.w.data(), w.data(), p.w.bytes());
+    }
+    Batch batch = batch_random(c.B, c.T, c.m.vocab_size, 5);
+    for (int64_t i = 0; i < c.B * c.T; i += 7) batch.targets[i] = -100;  // some ignored positions
+    std::vector<float> logits;
+    StepOutputs out = model.forward_backward(batch, &logits);
+
+    std::vector<std::vector<float>> keep;  // host copies backing the views
+    std::vector<SafetensorsView> views;
+    for (Param& p : ps.all()) {
+      keep.push_back(to_host(*be, p.w));
+      views.push_back({p.name, DType::DType_F32, p.w.shape(), keep.back().data()});
+      keep.push_back(to_host(*be, p.g));
+      views.push_back({"grad." + p.name, DType::DType_F32, p.g.shape(), keep.back().data()});
+    }
+    views.push_back({"input_ids", DType::DType_I32, {c.B, c.T}, batch.tokens.data()});
+    views.push_back({"targets", DType::DType_I32, {c.B, c.T}, batch.targets.data()});
+    views.push_back({"out.logits", DType::DType_F32, {c.B, c.T, c.m.vocab_size}, logits.data()});
+    float losses[3] = {static_cast<float>(out.loss), static_cast<float>(out.ce_loss),
+                       static_cast<float>(out.aux_loss)};
+    views.push_back({"out.loss", DType::DType_F32, {1}, &losses[0]});
+    views.push_back({"out.ce_loss", DType::DType_F32, {1}, &losses[1]});
+    views.push_back({"out.aux_loss", DType::DType_F32, {1}, &losses[2]});
+    const std::string hf = model_config_hf_json(c.m);
+    safetensors_write(argv[1], views, {{"config", hf}});
+    int64_t empty = 0;
+    for (int64_t v : out.expert_counts) empty += (v == 0);
+    std::printf("wrote %s: loss %.6f (ce %.6f, aux %.6f), %lld empty (layer, expert) pairs\n", argv[1], out.loss,
+                out.ce_loss, out.aux_loss, static_cast<long long>(empty));
+    return empty > 0 ? 0 : 3;  // the case must contain an expert with no tokens
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,96 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/config.h"
+
+namespace fp {
+
+namespace {
+std::string tiny_text() {
+  std::ifstream in(std::string(FLATPEAK_SOURCE_DIR) + "/configs/tiny.toml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Expects config_parse to fail with a message containing every fragment.
+void expect_error(const std::string& text, std::vector<std::string> overrides,
+                  std::initializer_list<const char*> fragments) {
+  try {
+    config_parse(text, "test.toml", overrides);
+    ADD_FAILURE() << "accepted a bad config";
+  } catch (const Error& e) {
+    for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+  }
+}
+}  // namespace
+
+TEST(Config, TinyParses) {
+  RunConfig c = config_parse(tiny_text(), "tiny.toml");
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.num_experts, 8);
+  EXPECT_TRUE(c.model.norm_topk_prob);
+  EXPECT_EQ(c.moe.routing_profile.kind, RoutingProfile::Kind::Kind_router);
+}
+
+TEST(Config, OverridesApply) {
+  RunConfig c = config_parse(tiny_text(), "tiny.toml",
+                             {"model.hidden_size=128", "moe.routing_profile=hot:0.9:2", "train.seq_len=64"});
+  EXPECT_EQ(c.model.hidden_size, 128);
+  EXPECT_EQ(c.train.seq_len, 64);
+  EXPECT_EQ(c.moe.routing_profile.kind, RoutingProfile::Kind::Kind_hot);
+  EXPECT_DOUBLE_EQ(c.moe.routing_profile.hot_fraction, 0.9);
+  EXPECT_EQ(c.moe.routing_profile.hot_experts, 2);
+}
+
+TEST(Config, ErrorsNameTheKey) {
+  const std::string t = tiny_text();
+  expect_error(t, {"model.hidden_sise=3"}, {"unknown key model.hidden_sise"});
+  expect_error(t, {"optimizer.lr=3"}, {"unknown table [optimizer]"});
+  expect_error(t, {"model.num_attention_heads=6"}, {"model.num_attention_heads = 6", "num_key_value_heads = 2"});
+  expect_error(t, {"model.num_experts_per_tok=9"}, {"model.num_experts_per_tok = 9", "num_experts = 8"});
+  expect_error(t, {"model.head_dim=15"}, {"model.head_dim = 15", "even"});
+  expect_error(t, {"model.hidden_size=0"}, {"model.hidden_size = 0"});
+  expect_error(t, {"model.rms_norm_eps=-1.0"}, {"model.rms_norm_eps"});
+  expect_error(t, {"model.hidden_size=\"big\""}, {"model.hidden_size must be an integer"});
+  expect_error(t, {"model.norm_topk_prob=1"}, {"model.norm_topk_prob must be true or false"});
+  expect_error(t, {"moe.routing_profile=hot:2:3"}, {"moe.routing_profile", "[0, 1]"});
+  expect_error(t, {"moe.routing_profile=skewed"}, {"not a routing profile"});
+  expect_error(t, {"moe.routing_profile=hot:0.5:1"}, {"num_experts_per_tok"});
+  expect_error(t, {"train.seq_len=1"}, {"train.seq_len"});
+  expect_error(t, {"nodot=1"}, {"has no table"});
+  expect_error(t, {"model.vocab_size"}, {"table.key=value"});
+}
+
+TEST(Config, MissingKeyNamed) {
+  std::string t = tiny_text();
+  const size_t p = t.find("vocab_size");
+  t.erase(p, t.find('\n', p) - p);
+  expect_error(t, {}, {"missing key model.vocab_size"});
+}
+
+TEST(Config, MalformedTomlGivesLine) {
+  expect_error("[model\nhidden_size = 3", {}, {"test.toml:1", "malformed TOML"});
+}
+
+TEST(Config, MissingFile) { EXPECT_THROW(config_load("/nonexistent/x.toml"), Error); }
+
+TEST(Config, HuggingFaceJson) {
+  RunConfig c = config_parse(tiny_text(), "tiny.toml");
+  const std::string j = model_config_hf_json(c.model);
+  EXPECT_NE(j.find("\"model_type\": \"qwen3_moe\""), std::string::npos);
+  EXPECT_NE(j.find("\"tie_word_embeddings\": false"), std::string::npos);
+}
+
+TEST(Config, ParamCountMatchesLayout) {
+  RunConfig c = config_parse(tiny_text(), "tiny.toml");
+  const ModelConfig& m = c.model;
+  // embed + lm_head + final norm + per layer (norms, attention, q/k norms, router, experts)
+  const int64_t per_layer = 2 * 64 + (4 * 16 * 64) * 2 + (2 * 16 * 64) * 2 + 2 * 16 + 8 * 64 + 8 * 3 * 64 * 64;
+  EXPECT_EQ(m.param_count(), 2 * 256 * 64 + 64 + 2 * per_layer);
+}
+
+}  // namespace fp
