@@ -27,6 +27,8 @@ class Backend {
   // False on meta: nothing is computed, data-dependent sizes come from a routing profile.
   virtual bool computes() const = 0;
   const ops::Kernels& kernels() const { return *kernels_; }
+  // Replaces the kernel table (benchmarks: ops::kernels_cpu_gemm_profiled). Same backend semantics.
+  void kernels_set(const ops::Kernels& k) { kernels_ = &k; }
 
   Arena& device() { return *device_; }
   Arena& host() { return *host_; }

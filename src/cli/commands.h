@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "train/trainer.h"
+
 namespace fp::cli {
 
 // Options every run shares.
@@ -26,5 +28,32 @@ struct StepOptions {
 };
 void step_register(CLI::App& app, StepOptions& o);
 int step_run(const StepOptions& o);
+
+// flatpeak train (train/trainer.h holds the options).
+void train_register(CLI::App& app, TrainOptions& o);
+
+// flatpeak eval: mean cross-entropy of a checkpoint on a token file, sequences of T in order.
+struct EvalOptions {
+  std::string checkpoint;
+  std::string data;
+  int64_t seq_len = 0;
+  int64_t batch = 1;
+  std::string json;
+  std::string device_mem = "unlimited";
+};
+void eval_register(CLI::App& app, EvalOptions& o);
+int eval_run(const EvalOptions& o);
+
+// flatpeak bench step (more benchmarks join as their schedules land).
+struct BenchOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  int repeats = 5;
+  int warmup = 1;
+  std::string json;
+  std::string case_path;
+};
+void bench_register(CLI::App& app, BenchOptions& o);
+int bench_step_run(const BenchOptions& o);
 
 }  // namespace fp::cli

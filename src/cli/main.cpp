@@ -15,6 +15,12 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "flatpeak 0.1.0");
   fp::cli::StepOptions step;
   fp::cli::step_register(app, step);
+  fp::TrainOptions train;
+  fp::cli::train_register(app, train);
+  fp::cli::EvalOptions eval;
+  fp::cli::eval_register(app, eval);
+  fp::cli::BenchOptions bench;
+  fp::cli::bench_register(app, bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -22,6 +28,9 @@ int main(int argc, char** argv) {
   }
   try {
     if (app.got_subcommand("step")) return fp::cli::step_run(step);
+    if (app.got_subcommand("train")) return fp::train_run(train);
+    if (app.got_subcommand("eval")) return fp::cli::eval_run(eval);
+    if (app.got_subcommand("bench")) return fp::cli::bench_step_run(bench);
   } catch (const fp::OutOfMemoryError& e) {
     std::fprintf(stderr, "error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 1;

@@ -10,6 +10,7 @@
 #include "memory/report.h"
 #include "memory/trace.h"
 #include "model/model.h"
+#include "train/run_config.h"
 
 namespace fp::cli {
 

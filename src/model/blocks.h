@@ -71,8 +71,9 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
 struct HeadResult {
   double loss_sum = 0;
 };
+// With backward = false (evaluation) only the loss is computed and dxL is not touched.
 HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tensor& xL, const Tensor& targets,
-                                      float scale, Tensor& dxL, std::vector<float>* logits_out);
+                                      float scale, Tensor& dxL, std::vector<float>* logits_out, bool backward = true);
 
 // Linear layers as GEMMs with nn.Linear weights W (out, in):
 //   y (n, out) = x (n, in) W^T + beta y;  dx (n, in) = dy W + beta dx;  dW (out, in) += dy^T x.

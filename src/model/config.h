@@ -1,11 +1,5 @@
-// Run configuration, read from TOML (configs/*.toml) with command-line overrides (--set key=value).
-//
-//   [model]  Qwen3-MoE architecture, Hugging Face key names; every key required.
-//   [train]  batch_size, seq_len (tokens per sequence), steps.
-//   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (DESIGN.md, routing profiles)
-//
-// Unknown tables or keys, missing keys, wrong types and impossible values are fp::Error naming the
-// key (e.g. "model.num_attention_heads = 6 is not a multiple of model.num_key_value_heads = 4").
+// Model configuration: the Qwen3-MoE architecture with Hugging Face key names ([model] of a run
+// config, see train/run_config.h), and routing profiles.
 #pragma once
 
 #include <cstdint>
@@ -47,29 +41,6 @@ struct RoutingProfile {
 // Parses "router", "balanced", "hot:0.95:16". Throws fp::Error naming `key`.
 RoutingProfile routing_profile_parse(const std::string& s, const std::string& key = "moe.routing_profile");
 
-struct TrainConfig {
-  int64_t batch_size = 1;  // sequences per step (global)
-  int64_t seq_len = 0;     // T
-  int64_t steps = 1;
-};
-
-struct MoeConfig {
-  RoutingProfile routing_profile;
-};
-
-struct RunConfig {
-  ModelConfig model;
-  TrainConfig train;
-  MoeConfig moe;
-  std::string source;  // file it came from, for messages
-};
-
-// Reads path and applies overrides ("model.hidden_size=128", "moe.routing_profile=\"hot:0.9:2\"" or
-// without quotes for strings). Validates everything; throws fp::Error naming the file and key.
-RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides = {});
-// The same from TOML text (tests).
-RunConfig config_parse(const std::string& toml_text, const std::string& source,
-                       const std::vector<std::string>& overrides = {});
 // Checks the relations between model keys (also used for configs built in code).
 void model_config_validate(const ModelConfig& m, const std::string& source);
 

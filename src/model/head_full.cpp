@@ -9,7 +9,7 @@
 namespace fp {
 
 HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tensor& xL, const Tensor& targets,
-                                      float scale, Tensor& dxL, std::vector<float>* logits_out) {
+                                      float scale, Tensor& dxL, std::vector<float>* logits_out, bool backward) {
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, V = s.cfg.vocab_size;
@@ -39,6 +39,7 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
     if (be.computes()) be.copy_to_host(&host, sum.data(), sizeof(float));
     r.loss_sum = host;
   }
+  if (!backward) return r;
 
   Tensor dlogits = be.alloc_f32(kVocab, {n, V}, "head.dlogits");
   K.cross_entropy_backward(logp.f32(), targets.i32(), scale, dlogits.f32(), n, V);

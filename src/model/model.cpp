@@ -31,7 +31,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile)
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");
 }
 
-StepOutputs Model::forward_backward(const Batch& batch, std::vector<float>* logits_out) {
+StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool backward) {
   batch_validate(batch, cfg_.vocab_size);
   const int64_t n = batch.B * batch.T, H = cfg_.hidden_size, L = cfg_.num_hidden_layers, E = cfg_.num_experts;
   StepContext s(be_, cfg_, profile_);
@@ -65,6 +65,7 @@ StepOutputs Model::forward_backward(const Batch& batch, std::vector<float>* logi
   for (int64_t l = 0; l < L; ++l) {
     const LayerParams& lp = params_.layers[l];
     Tensor x1 = attn_block_forward(s, lp, boundary[l], nullptr);
+    if (!backward) boundary[l].reset();  // evaluation keeps no boundary
     Tensor x2 = moe_block_forward(s, lp, x1, nullptr, &stats[l]);
     x1.reset();
     if (l + 1 < L) {
@@ -93,7 +94,7 @@ StepOutputs Model::forward_backward(const Batch& batch, std::vector<float>* logi
   aux *= static_cast<double>(E);
   out.aux_loss = be_.computes() ? aux : std::nan("");
   Tensor aux_bias;
-  if (cfg_.router_aux_loss_coef != 0.0) {
+  if (backward && cfg_.router_aux_loss_coef != 0.0) {
     std::vector<float> bias(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e)
       bias[e] = static_cast<float>(cfg_.router_aux_loss_coef * static_cast<double>(E) * count_total[e] / (R * R));
@@ -102,12 +103,17 @@ StepOutputs Model::forward_backward(const Batch& batch, std::vector<float>* logi
   }
 
   // Head: loss and d x_L.
-  Tensor dx = be_.alloc_f32(Category::Category_activations, {n, H}, "grad.x");
+  Tensor dx;
+  if (backward) dx = be_.alloc_f32(Category::Category_activations, {n, H}, "grad.x");
   HeadResult head = head_full_forward_backward(s, params_, x, targets, 1.0f / static_cast<float>(target_tokens), dx,
-                                               logits_out);
+                                               logits_out, backward);
   x.reset();
   out.ce_loss = head.loss_sum / static_cast<double>(target_tokens);
   out.loss = out.ce_loss + cfg_.router_aux_loss_coef * out.aux_loss;
+  if (!backward) {
+    be_.synchronize();
+    return out;
+  }
 
   // Backward with recompute, last layer first.
   for (int64_t l = L - 1; l >= 0; --l) {

@@ -52,13 +52,21 @@ class Model {
 
   // Forward, loss and backward; gradients are accumulated into the params' .g. Validates the
   // batch (shapes, token ids, targets) with fp::Error first. logits_out (tests): the (B, T, V) logits.
-  StepOutputs forward_backward(const Batch& batch, std::vector<float>* logits_out = nullptr);
+  StepOutputs forward_backward(const Batch& batch, std::vector<float>* logits_out = nullptr) {
+    return step(batch, logits_out, true);
+  }
+  // Forward and loss only (evaluation): no gradient is touched, no layer is recomputed.
+  StepOutputs forward(const Batch& batch, std::vector<float>* logits_out = nullptr) {
+    return step(batch, logits_out, false);
+  }
 
   ParamStore& params() { return params_; }
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() { return be_; }
 
  private:
+  StepOutputs step(const Batch& batch, std::vector<float>* logits_out, bool backward);
+
   ModelConfig cfg_;
   Backend& be_;
   RoutingProfile profile_;

@@ -4,6 +4,7 @@
 // does nothing: data pointers there are null.
 #pragma once
 
+#include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
@@ -27,7 +28,8 @@ namespace fp::ops {
   X(router_forward) X(router_gather) X(router_backward)                                              \
   X(moe_gather) X(moe_combine_forward) X(moe_combine_backward) X(moe_scatter_add)                    \
   X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)                                    \
-  X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq)
+  X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq)                      \
+  X(adamw_update)
 
 struct Kernels {
 #define FP_KERNEL_MEMBER(name) decltype(&::fp::ops::cpu::name) name = nullptr;

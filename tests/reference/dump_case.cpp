@@ -69,7 +69,9 @@ int main(int argc, char** argv) {
     model.init_weights(c.m.seed);
     ParamStore& ps = model.params();
     // Norm weights away from 1 so a missing multiplication cannot hide; larger router weights so the
-    // top-k choice is far from ties.
+    // top-k choice is far from ties; embeddings ~ N(0, 1) and q/k projections ~ N(0, 0.2) so that
+    // attention is far from uniform (at the 0.02 initialisation every score is nearly equal and the
+    // q/k gradients are tiny differences of large terms, which tests fp32 cancellation, not the model).
     // Note [An expert with no tokens]: every embedding gets +3 in dimension 0, which therefore stays
     // positive through the residual stream, and the last expert's router row gets -8 there: its
     // logit is always the lowest, so it is never among the top k < E.
@@ -78,9 +80,13 @@ int main(int argc, char** argv) {
       std::vector<float> w = to_host(*be, p.w);
       const bool norm = p.w.shape().rank == 1;
       const bool router = p.name.find("mlp.gate.weight") != std::string::npos;
+      const bool qk = p.name.find("q_proj") != std::string::npos || p.name.find("k_proj") != std::string::npos;
+      const bool embed = p.name == "model.embed_tokens.weight";
       for (float& x : w) {
         if (norm) x = static_cast<float>(1.0 + 0.2 * rng.normal());
         if (router) x = static_cast<float>(0.5 * rng.normal());
+        if (qk) x *= 10.0f;
+        if (embed) x *= 50.0f;
       }
       if (p.name == "model.embed_tokens.weight")
         for (int64_t r = 0; r < c.m.vocab_size; ++r) w[r * c.m.hidden_size] += 3.0f;

@@ -1,0 +1,155 @@
+// flatpeak bench step: the training step's speed and memory, for comparison with the PyTorch twin
+// (scripts/bench_step drives both in one run and prints the ratios).
+//
+// Reports the median step time over repeats (forward, backward with recompute, AdamW), tokens/s,
+// the device ledger's peaks, the process's max RSS, the share of the step spent in GEMMs and their
+// rate against the sgemm rate measured in the same run (large square GEMMs), and the model FLOP
+// utilisation (6 x matmul parameters x tokens + attention, no recompute counted) against that rate.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/units.h"
+#include "data/random_batch.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+#include "memory/report.h"
+#include "model/model.h"
+#include "ops/gemm_profile.h"
+#include "sched/optim/adamw.h"
+#include "train/run_config.h"
+
+namespace fp::cli {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The machine's sgemm rate (FLOP/s), median of repeats of square GEMMs of side `side`.
+double sgemm_rate_measure(int64_t side, int repeats) {
+  std::vector<float> a(static_cast<size_t>(side * side)), b(a.size()), c(a.size());
+  Rng rng(1);
+  for (auto& x : a) x = static_cast<float>(rng.uniform() - 0.5);
+  for (auto& x : b) x = static_cast<float>(rng.uniform() - 0.5);
+  std::vector<double> rates;
+  ops::cpu::gemm(false, true, side, side, side, 1.0f, a.data(), side, b.data(), side, 0.0f, c.data(), side);
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ops::cpu::gemm(false, true, side, side, side, 1.0f, a.data(), side, b.data(), side, 0.0f, c.data(), side);
+    rates.push_back(2.0 * static_cast<double>(side * side) * static_cast<double>(side) / seconds_since(t0));
+  }
+  return median(rates);
+}
+
+// Model FLOPs of one training step without recompute: 6 per matmul parameter touched per token
+// (forward 2, backward 4) plus causal attention (forward 2 x 2 x T^2/2 x hd x nh per sequence, x3).
+double model_flops_per_step(const ModelConfig& m, int64_t B, int64_t T) {
+  const double n = static_cast<double>(B * T);
+  const double H = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim);
+  const double attn_proj = H * hd * static_cast<double>(2 * m.num_attention_heads + 2 * m.num_key_value_heads);
+  const double experts = 3.0 * H * static_cast<double>(m.moe_intermediate_size * m.num_experts_per_tok);
+  const double router = H * static_cast<double>(m.num_experts);
+  const double per_token = static_cast<double>(m.num_hidden_layers) * (attn_proj + experts + router) +
+                           H * static_cast<double>(m.vocab_size);
+  const double attn = static_cast<double>(m.num_hidden_layers * B) * 2.0 * 2.0 * static_cast<double>(T) *
+                      static_cast<double>(T) / 2.0 * hd * static_cast<double>(m.num_attention_heads);
+  return 6.0 * per_token * n + 3.0 * attn;
+}
+
+}  // namespace
+
+void bench_register(CLI::App& app, BenchOptions& o) {
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks: baseline and flattened schedule in one run");
+  bench->require_subcommand(1);
+  CLI::App* step = bench->add_subcommand("step", "the training step: speed, memory, GEMM rate, MFU");
+  step->add_option("--config", o.config, "model configuration (TOML)")->required();
+  step->add_option("--set", o.overrides, "override a config key (repeatable)");
+  step->add_option("--repeats", o.repeats, "timed steps (median reported)");
+  step->add_option("--warmup", o.warmup, "untimed steps first");
+  step->add_option("--json", o.json, "write the results here");
+  step->add_option("--case", o.case_path, "also write the weights and batch (safetensors) for the PyTorch twin");
+}
+
+int bench_step_run(const BenchOptions& o) {
+  RunConfig cfg = config_load(o.config, o.overrides);
+  const ModelConfig& m = cfg.model;
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  be->kernels_set(ops::kernels_cpu_gemm_profiled());
+  Model model(m, *be, cfg.moe.routing_profile);
+  model.init_weights(m.seed);
+  AdamW optim(model.params(), *be, cfg.optim);
+  Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, cfg.data.seed);
+  if (!o.case_path.empty()) {
+    std::vector<std::vector<float>> host;
+    std::vector<SafetensorsView> views;
+    for (Param& p : model.params().all()) {
+      host.emplace_back(static_cast<size_t>(p.w.numel()));
+      be->copy_to_host(host.back().data(), p.w.data(), p.w.bytes());
+      views.push_back({p.name, DType::DType_F32, p.w.shape(), host.back().data()});
+    }
+    views.push_back({"input_ids", DType::DType_I32, {batch.B, batch.T}, batch.tokens.data()});
+    views.push_back({"targets", DType::DType_I32, {batch.B, batch.T}, batch.targets.data()});
+    safetensors_write(o.case_path, views, {{"config", model_config_hf_json(m)}});
+  }
+  log_info("bench step: {} x {} tokens, {:.2f} M parameters, {} warmup + {} timed steps", batch.B, batch.T,
+           static_cast<double>(m.param_count()) / 1e6, o.warmup, o.repeats);
+  std::vector<double> times, gemm_secs, gemm_flops;
+  for (int i = 0; i < o.warmup + o.repeats; ++i) {
+    ops::gemm_profile() = {};
+    be->device_ledger().peaks_reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    model.zero_grads();
+    model.forward_backward(batch);
+    optim.step(i + 1, o.warmup + o.repeats);
+    be->synchronize();
+    const double t = seconds_since(t0);
+    if (i >= o.warmup) {
+      times.push_back(t);
+      gemm_secs.push_back(ops::gemm_profile().seconds);
+      gemm_flops.push_back(ops::gemm_profile().flops);
+    }
+  }
+  const double step_s = median(times);
+  const double sgemm = sgemm_rate_measure(1024, 5);
+  const double g_s = median(gemm_secs), g_f = median(gemm_flops);
+  const double mflops = model_flops_per_step(m, batch.B, batch.T);
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  nlohmann::json j = ledger_peaks_json(be->device_ledger());
+  j["engine"] = "flatpeak";
+  j["tokens"] = batch.B * batch.T;
+  j["step_seconds_median"] = step_s;
+  j["step_seconds"] = times;
+  j["tokens_per_s"] = static_cast<double>(batch.B * batch.T) / step_s;
+  j["max_rss_bytes"] = static_cast<int64_t>(ru.ru_maxrss) * 1024;
+  j["sgemm_flops_per_s"] = sgemm;
+  j["gemm_seconds"] = g_s;
+  j["gemm_share_of_step"] = g_s / step_s;
+  j["gemm_flops_per_s"] = g_f / g_s;
+  j["gemm_fraction_of_sgemm"] = g_f / g_s / sgemm;
+  j["model_flops_per_step"] = mflops;
+  j["mfu_vs_sgemm"] = mflops / step_s / sgemm;
+  fmt::print("flatpeak step: {:.4f} s median of {} ({:.0f} tokens/s); GEMMs {:.0f}% of the step at {:.1f} GFLOP/s = "
+             "{:.0f}% of sgemm {:.1f} GFLOP/s; MFU {:.0f}%; device peak {}; max RSS {}\n",
+             step_s, times.size(), j["tokens_per_s"].get<double>(), 100 * g_s / step_s, g_f / g_s / 1e9,
+             100 * g_f / g_s / sgemm, sgemm / 1e9, 100 * mflops / step_s / sgemm,
+             bytes_format(be->device_ledger().total_peak()), bytes_format(static_cast<uint64_t>(ru.ru_maxrss) * 1024));
+  if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace fp::cli

@@ -1,0 +1,104 @@
+// flatpeak train and flatpeak eval.
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "data/loader.h"
+#include "data/token_file.h"
+#include "io/atomic_file.h"
+#include "model/model.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+namespace fp::cli {
+
+void train_register(CLI::App& app, TrainOptions& o) {
+  CLI::App* sub = app.add_subcommand("train", "train a model: progress per step, metrics.jsonl, checkpoints");
+  sub->add_option("--config", o.config, "model and run configuration (TOML), e.g. configs/tiny.toml")->required();
+  sub->add_option("--set", o.overrides, "override a config key: --set table.key=value (repeatable)");
+  sub->add_option("--device", o.device, "cpu (computes) or meta (allocations only: exact peaks at any scale)")
+      ->check(CLI::IsMember({"cpu", "meta"}));
+  sub->add_option("--device-mem", o.device_mem, "device memory capacity: 512MiB, 2GiB, ... or unlimited");
+  sub->add_option("--host-mem", o.host_mem, "host memory for offload schedules (default unlimited)");
+  sub->add_option("--steps", o.steps, "steps of the run (default: train.steps of the config)");
+  sub->add_option("--out", o.out, "output directory: metrics.jsonl, memory_trace.json, checkpoints")->required();
+  sub->add_option("--resume", o.resume, "continue from the checkpoint in this directory (bit-exact)");
+  sub->add_option("--stop-after", o.stop_after,
+                  "stop after this many steps of this invocation, with a checkpoint (preemptible jobs)");
+  sub->add_flag("--quiet", o.quiet, "no progress lines");
+}
+
+
+void eval_register(CLI::App& app, EvalOptions& o) {
+  CLI::App* sub = app.add_subcommand("eval", "mean loss of a checkpoint on a token file");
+  sub->add_option("--checkpoint", o.checkpoint, "checkpoint directory (a train --out directory or a step dir)")
+      ->required();
+  sub->add_option("--data", o.data, "token file in llm.c's format (see docs/data.md)")->required();
+  sub->add_option("--seq-len", o.seq_len, "tokens per sequence (default 1024, or fewer if the file is short)");
+  sub->add_option("--batch", o.batch, "sequences per forward pass");
+  sub->add_option("--json", o.json, "write {loss, tokens, sequences, ...} here");
+  sub->add_option("--device-mem", o.device_mem, "device memory capacity");
+}
+
+int eval_run(const EvalOptions& o) {
+  const std::string ck = checkpoint_resolve(o.checkpoint);
+  // The architecture comes from the checkpoint's own config.json.
+  nlohmann::json hf = nlohmann::json::parse(file_read(ck + "/config.json"));
+  ModelConfig m;
+  try {
+    m.hidden_size = hf.at("hidden_size");
+    m.num_hidden_layers = hf.at("num_hidden_layers");
+    m.num_attention_heads = hf.at("num_attention_heads");
+    m.num_key_value_heads = hf.at("num_key_value_heads");
+    m.head_dim = hf.at("head_dim");
+    m.num_experts = hf.at("num_experts");
+    m.num_experts_per_tok = hf.at("num_experts_per_tok");
+    m.moe_intermediate_size = hf.at("moe_intermediate_size");
+    m.vocab_size = hf.at("vocab_size");
+    m.rope_theta = hf.at("rope_theta");
+    m.rms_norm_eps = hf.at("rms_norm_eps");
+    m.norm_topk_prob = hf.at("norm_topk_prob");
+    m.router_aux_loss_coef = hf.value("router_aux_loss_coef", 0.0);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("'{}/config.json' is not a Qwen3-MoE config: {}", ck, e.what()),
+                "pass a checkpoint written by flatpeak train");
+  }
+  model_config_validate(m, ck + "/config.json");
+  auto be = backend_create("cpu", bytes_parse(o.device_mem), kUnlimitedBytes);
+  Model model(m, *be, RoutingProfile{});
+  checkpoint_load(ck, m, model.params(), nullptr, *be);
+  TokenFile file(o.data, m.vocab_size);
+  int64_t T = o.seq_len;
+  if (T <= 0) T = std::min<int64_t>(1024, file.size());
+  std::vector<Batch> batches = token_file_eval_batches(file, T, o.batch);
+  FP_CHECK(!batches.empty(), "use a shorter --seq-len", "'{}' holds {} tokens: not one sequence of {}", o.data,
+           file.size(), T);
+  double loss_sum = 0, aux_sum = 0;
+  int64_t tokens = 0, sequences = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    StepOutputs out = model.forward(batches[i]);
+    loss_sum += out.ce_loss * static_cast<double>(out.target_tokens);
+    aux_sum += out.aux_loss * static_cast<double>(batches[i].B);
+    tokens += out.target_tokens;
+    sequences += batches[i].B;
+    log_info("eval batch {}/{}: loss {:.6f}", i + 1, batches.size(), out.ce_loss);
+  }
+  const double loss = loss_sum / static_cast<double>(tokens);
+  fmt::print("loss {:.6f} over {} target tokens ({} sequences of {})\n", loss, tokens, sequences, T);
+  if (!o.json.empty()) {
+    nlohmann::json j = {{"loss", loss},
+                        {"tokens", tokens},
+                        {"sequences", sequences},
+                        {"seq_len", T},
+                        {"aux_loss_mean", aux_sum / static_cast<double>(sequences)},
+                        {"checkpoint", ck},
+                        {"data", o.data}};
+    file_write_atomic(o.json, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace fp::cli

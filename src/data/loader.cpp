@@ -1,0 +1,79 @@
+// Token-file batches (Note [Token file sequences] in loader.h).
+//
+// Dimensions: N tokens in the file, B sequences per batch, T tokens per sequence.
+#include "data/loader.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace fp {
+namespace {
+
+void check_fits(const TokenFile& file, int64_t T) {
+  FP_CHECK(file.size() >= T + 1,
+           "a sequence needs train.seq_len + 1 tokens (inputs and the next token): use a longer file or "
+           "a shorter train.seq_len",
+           "token file '{}' has {} tokens, fewer than train.seq_len + 1 = {}", file.path(), file.size(), T + 1);
+}
+
+// Row r of b from the window starting at token offset p.
+void window_copy(const TokenFile& file, int64_t p, int64_t T, Batch& b, int64_t r) {
+  const uint16_t* src = file.data() + p;     // (T + 1)
+  int32_t* tok = b.tokens.data() + r * T;    // (T)
+  int32_t* tgt = b.targets.data() + r * T;   // (T)
+  for (int64_t t = 0; t < T; ++t) {
+    tok[t] = src[t];
+    tgt[t] = src[t + 1];
+  }
+}
+
+Batch batch_empty(int64_t B, int64_t T) {
+  Batch b;
+  b.B = B;
+  b.T = T;
+  b.tokens.resize(static_cast<size_t>(B * T));
+  b.targets.resize(static_cast<size_t>(B * T));
+  return b;
+}
+
+}  // namespace
+
+TokenFileLoader::TokenFileLoader(const TokenFile& file, int64_t B, int64_t T) : file_(file), B_(B), T_(T) {
+  FP_ASSERT(B >= 1 && T >= 1, "B {} T {}", B, T);
+  check_fits(file, T);
+}
+
+Batch TokenFileLoader::next() {
+  Batch b = batch_empty(B_, T_);
+  for (int64_t r = 0; r < B_; ++r) {
+    if (position_ + T_ + 1 > file_.size()) position_ = 0;  // wrap: a new pass
+    window_copy(file_, position_, T_, b, r);
+    position_ += T_;
+  }
+  return b;
+}
+
+void TokenFileLoader::seek(int64_t position) {
+  FP_CHECK(position >= 0 && position <= file_.size(),
+           "the position must come from a loader over the same token file (was the file replaced?)",
+           "cannot seek token file '{}' to token {}: it has {} tokens", file_.path(), position, file_.size());
+  position_ = position;
+}
+
+std::vector<Batch> token_file_eval_batches(const TokenFile& file, int64_t T, int64_t B) {
+  FP_ASSERT(B >= 1 && T >= 1, "B {} T {}", B, T);
+  check_fits(file, T);
+  const int64_t sequences = (file.size() - 1) / T;
+  std::vector<Batch> out;
+  out.reserve(static_cast<size_t>((sequences + B - 1) / B));
+  for (int64_t first = 0; first < sequences; first += B) {
+    const int64_t rows = std::min(B, sequences - first);
+    Batch b = batch_empty(rows, T);
+    for (int64_t r = 0; r < rows; ++r) window_copy(file, (first + r) * T, T, b, r);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace fp

@@ -1,0 +1,314 @@
+// Causal grouped-query flash attention (ops/attention.h), forward and backward, tile by tile.
+// Dimensions: B sequences, T tokens each, nh query heads, nkv kv heads, group = nh / nkv query heads per
+// kv head, hd head_dim, hdp = hd rounded up to kNr (the padded row length of every scratch tile),
+// TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, nqt / nkt the number of query / key
+// tiles. No buffer grows with T * T: each thread owns a fixed scratch of a few (64, hdp) and (64, 64)
+// tiles, allocated once per parallel region.
+//
+// Forward (FlashAttention-2): threads take (b, h, query tile) items; each walks the key tiles at or
+// below the diagonal keeping a running max m and sum l per query (online softmax), rescaling its
+// (TQ, hdp) output accumulator when the max grows. Key tiles fully above the diagonal are never
+// visited; inside the diagonal tile the keys after each query are masked.
+//
+// Note [Deterministic attention backward]: dK and dV of one key tile sum over every query of every
+// query head of its group; dQ of one query tile sums over every key tile. FlashAttention-2 makes both in
+// one sweep over key tiles with atomic adds into dQ, whose order (and so bits) depends on the thread
+// schedule. Here each sum is owned by one work item that adds its terms in a fixed order:
+//   pass 1, items (b, kv head, key tile): for each head of the group, then each query tile in order,
+//     recompute P and dS and add P^T dO into dV and dS^T Q into dK;
+//   pass 2, items (b, head, query tile): for each key tile in order, recompute P and dS and add dS K
+//     into dQ.
+// Both passes recompute the scores, the probabilities P = exp(scale q.k - lse) and dP = dO V^T: 14
+// tile products instead of FA2's 10, bought for results that are the same bits for any thread count
+// and any schedule (dynamic scheduling only changes which thread computes an item, never its sums).
+//
+// Note [Tile products as register-blocked loops]: every product is C (M, N) += A (M, K) B (K, N) on
+// zero-padded scratch tiles (row lengths multiples of kNr, row counts the full tile), computed kMr x kNr
+// outputs at a time in a local accumulator that g++ -O3 keeps in vector registers; the innermost loop
+// runs over kNr contiguous columns of B. Padding keeps every loop bound a multiple of the block, so
+// there is no remainder code, and the zero rows / columns add nothing. BLAS is not called inside the
+// parallel regions: OpenBLAS's own pthread pool would oversubscribe the OpenMP threads.
+#include "ops/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+
+namespace fp::ops::cpu {
+
+namespace {
+
+constexpr int64_t TQ = kAttentionTileQ;
+constexpr int64_t TK = kAttentionTileK;
+constexpr int64_t kMr = 4;  // rows of one register block
+constexpr int64_t kNr = 8;  // columns of one register block: two SSE or one AVX vector
+static_assert(TQ % kMr == 0 && TK % kMr == 0 && TQ % kNr == 0 && TK % kNr == 0, "tiles must hold whole blocks");
+
+// C (M, N) += A (M, K) B (K, N), all row-major with leading dimensions lda, ldb, ldc.
+// M % kMr == 0, N % kNr == 0 (Note [Tile products as register-blocked loops]).
+void tile_gemm(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb, float* __restrict C,
+               int64_t ldc, int64_t M, int64_t N, int64_t K) {
+  for (int64_t i = 0; i < M; i += kMr) {
+    for (int64_t j = 0; j < N; j += kNr) {
+      float acc[kMr][kNr];
+      for (int64_t r = 0; r < kMr; ++r)
+        for (int64_t c = 0; c < kNr; ++c) acc[r][c] = C[(i + r) * ldc + j + c];
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const float* b = B + kk * ldb + j;  // (kNr)
+        for (int64_t r = 0; r < kMr; ++r) {
+          const float a = A[(i + r) * lda + kk];
+          for (int64_t c = 0; c < kNr; ++c) acc[r][c] += a * b[c];
+        }
+      }
+      for (int64_t r = 0; r < kMr; ++r)
+        for (int64_t c = 0; c < kNr; ++c) C[(i + r) * ldc + j + c] = acc[r][c];
+    }
+  }
+}
+
+// dst (rows, hdp) = the n rows of src (stride apart, hd each), zero in columns >= hd and rows >= n.
+void rows_load(float* __restrict dst, const float* __restrict src, int64_t stride, int64_t n, int64_t rows, int64_t hd,
+               int64_t hdp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * hdp;  // (hdp)
+    const int64_t valid = r < n ? hd : 0;
+    for (int64_t c = 0; c < valid; ++c) d[c] = src[r * stride + c];
+    for (int64_t c = valid; c < hdp; ++c) d[c] = 0.0f;
+  }
+}
+
+// dst (hdp, TK) = the transpose of n rows of src (stride apart, hd each), zero-padded.
+void rows_load_transposed(float* __restrict dst, const float* __restrict src, int64_t stride, int64_t n, int64_t hd,
+                          int64_t hdp) {
+  std::fill(dst, dst + hdp * TK, 0.0f);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t c = 0; c < hd; ++c) dst[c * TK + j] = src[j * stride + c];
+}
+
+// dst (cols, rows) = src (rows, cols)^T.
+void tile_transpose(float* __restrict dst, const float* __restrict src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+}
+
+// How many keys of the key tile starting at j0 (nk keys) query i sees: clamp(i - j0 + 1, 0, nk).
+inline int64_t keys_visible(int64_t i, int64_t j0, int64_t nk) { return std::clamp<int64_t>(i - j0 + 1, 0, nk); }
+
+// Backward tile core, shared by both passes so they form the same P and dS. On entry s (TQ, TK) holds
+// q.k and dp (TQ, TK) holds dO.v of nq queries from i0 against nk keys from j0; on exit s holds
+// P = exp(scale q.k - lse) and dp holds dS = P (dP - D), both zero where masked or padded.
+// lse, D (TQ): the rows' log-sum-exp and rowsum(dO * O).
+void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const float* __restrict lse,
+                                const float* __restrict D, int64_t nq, int64_t nk, int64_t i0, int64_t j0, float scale) {
+  for (int64_t r = 0; r < TQ; ++r) {
+    float* sr = s + r * TK;    // (TK)
+    float* dpr = dp + r * TK;  // (TK)
+    const int64_t jend = r < nq ? keys_visible(i0 + r, j0, nk) : 0;
+    for (int64_t j = 0; j < jend; ++j) {
+      const float p = std::exp(scale * sr[j] - lse[r]);
+      sr[j] = p;
+      dpr[j] = p * (dpr[j] - D[r]);
+    }
+    for (int64_t j = jend; j < TK; ++j) sr[j] = dpr[j] = 0.0f;
+  }
+}
+
+// Loads the query tile of (b, h, i0): qs, dos (TQ, hdp) from q and dout, lse and D = rowsum(dO * O) (TQ).
+void query_tile_load(const float* q, const float* o, const float* lse, const float* dout, float* qs, float* dos,
+                     float* lse_t, float* D, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t T, int64_t nh,
+                     int64_t hd, int64_t hdp) {
+  const int64_t off = ((b * T + i0) * nh + h) * hd, stride = nh * hd;
+  rows_load(qs, q + off, stride, nq, TQ, hd, hdp);
+  rows_load(dos, dout + off, stride, nq, TQ, hd, hdp);
+  for (int64_t r = 0; r < TQ; ++r) {
+    float sum = 0.0f;
+    if (r < nq) {
+      const float* orow = o + off + r * stride;  // (hd)
+      for (int64_t c = 0; c < hd; ++c) sum += dos[r * hdp + c] * orow[c];
+    }
+    D[r] = sum;
+    lse_t[r] = r < nq ? lse[(b * nh + h) * T + i0 + r] : 0.0f;
+  }
+}
+
+void shapes_check(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd) {
+  FP_ASSERT(B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
+            "attention shapes B={} T={} nh={} nkv={} hd={} (nh must be a multiple of nkv)", B, T, nh, nkv, hd);
+}
+
+inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
+
+}  // namespace
+
+void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t B, int64_t T,
+                       int64_t nh, int64_t nkv, int64_t hd, float scale) {
+  shapes_check(B, T, nh, nkv, hd);
+  if (B == 0 || T == 0) return;
+  const int64_t group = nh / nkv, hdp = hd_padded(hd), nqt = (T + TQ - 1) / TQ;
+  const int64_t items = B * nh * nqt;
+#pragma omp parallel if (items > 1)
+  {
+    std::vector<float> scratch(3 * TQ * hdp + TK * hdp + TQ * TK + 2 * TQ);
+    float* qs = scratch.data();   // (TQ, hdp) query tile
+    float* acc = qs + TQ * hdp;   // (TQ, hdp) unnormalised output
+    float* kt = acc + TQ * hdp;   // (hdp, TK) key tile, transposed
+    float* vs = kt + hdp * TK;    // (TK, hdp) value tile
+    float* s = vs + TK * hdp;     // (TQ, TK) scores, then probabilities
+    float* m = s + TQ * TK;       // (TQ) running max of the scaled scores
+    float* l = m + TQ;            // (TQ) running sum of exp(score - m)
+    // The last query tiles visit the most key tiles: hand them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t qt = nqt - 1 - it % nqt, bh = it / nqt, b = bh / nh, h = bh % nh, g = h / group;
+      const int64_t i0 = qt * TQ, nq = std::min(TQ, T - i0);
+      const int64_t qoff = ((b * T + i0) * nh + h) * hd;
+      rows_load(qs, q + qoff, nh * hd, nq, TQ, hd, hdp);
+      std::fill(acc, acc + TQ * hdp, 0.0f);
+      std::fill(m, m + TQ, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + TQ, 0.0f);
+      const int64_t nkt = (i0 + nq - 1) / TK + 1;  // key tiles up to the last query: the rest are masked
+      for (int64_t kt_i = 0; kt_i < nkt; ++kt_i) {
+        const int64_t j0 = kt_i * TK, nk = std::min(TK, T - j0);
+        const int64_t koff = ((b * T + j0) * nkv + g) * hd;
+        rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
+        rows_load(vs, v + koff, nkv * hd, nk, TK, hd, hdp);
+        std::fill(s, s + TQ * TK, 0.0f);
+        tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
+        for (int64_t r = 0; r < TQ; ++r) {
+          float* sr = s + r * TK;  // (TK)
+          const int64_t jend = r < nq ? keys_visible(i0 + r, j0, nk) : 0;
+          float mx = m[r];
+          for (int64_t j = 0; j < jend; ++j) {
+            sr[j] *= scale;
+            mx = std::max(mx, sr[j]);
+          }
+          float sum = 0.0f;
+          for (int64_t j = 0; j < jend; ++j) {
+            sr[j] = std::exp(sr[j] - mx);
+            sum += sr[j];
+          }
+          for (int64_t j = jend; j < TK; ++j) sr[j] = 0.0f;
+          if (jend == 0) continue;  // no visible key here: m, l and acc stay as they are
+          // The running max grew from m to mx: earlier terms shrink by exp(m - mx) (0 on the first tile).
+          const float corr = std::exp(m[r] - mx);
+          l[r] = l[r] * corr + sum;
+          m[r] = mx;
+          if (corr != 1.0f)
+            for (int64_t c = 0; c < hdp; ++c) acc[r * hdp + c] *= corr;
+        }
+        tile_gemm(s, TK, vs, hdp, acc, hdp, TQ, hdp, TK);
+      }
+      for (int64_t r = 0; r < nq; ++r) {
+        float* orow = o + qoff + r * nh * hd;  // (hd)
+        for (int64_t c = 0; c < hd; ++c) orow[c] = acc[r * hdp + c] / l[r];
+        lse[(b * nh + h) * T + i0 + r] = m[r] + std::log(l[r]);
+      }
+    }
+  }
+}
+
+void attention_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
+                        const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t nh,
+                        int64_t nkv, int64_t hd, float scale) {
+  shapes_check(B, T, nh, nkv, hd);
+  if (B == 0 || T == 0) return;
+  const int64_t group = nh / nkv, hdp = hd_padded(hd), nqt = (T + TQ - 1) / TQ, nkt = (T + TK - 1) / TK;
+  // Per thread: qs, dos (TQ, hdp); kt, vt (hdp, TK); ks (TK, hdp); two accumulators of up to
+  // max(TQ, TK) rows; s, dp (TQ, TK); tr (TK, TQ); lse_t, D (TQ).
+  const int64_t tmax = std::max(TQ, TK);
+  const int64_t scratch_size = 2 * TQ * hdp + 3 * TK * hdp + 2 * tmax * hdp + 3 * TQ * TK + 2 * TQ;
+  // Pass 1: dK, dV (Note [Deterministic attention backward]). Key tile 0 is seen by every query tile:
+  // ascending key tiles hand out the heaviest items first.
+  const int64_t items1 = B * nkv * nkt;
+#pragma omp parallel if (items1 > 1)
+  {
+    std::vector<float> scratch(scratch_size);
+    float* qs = scratch.data();     // (TQ, hdp) queries
+    float* dos = qs + TQ * hdp;     // (TQ, hdp) output gradients
+    float* kt = dos + TQ * hdp;     // (hdp, TK) keys, transposed
+    float* vt = kt + hdp * TK;      // (hdp, TK) values, transposed
+    float* dk_acc = vt + hdp * TK;  // (TK, hdp) unscaled dK of the key tile
+    float* dv_acc = dk_acc + TK * hdp;  // (TK, hdp) dV of the key tile
+    float* s = dv_acc + TK * hdp;   // (TQ, TK) scores, then P
+    float* dp = s + TQ * TK;        // (TQ, TK) dP, then dS
+    float* tr = dp + TQ * TK;       // (TK, TQ) P^T or dS^T
+    float* lse_t = tr + TK * TQ;    // (TQ)
+    float* D = lse_t + TQ;          // (TQ)
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items1; ++it) {
+      const int64_t kt_i = it % nkt, bg = it / nkt, b = bg / nkv, g = bg % nkv;
+      const int64_t j0 = kt_i * TK, nk = std::min(TK, T - j0);
+      const int64_t koff = ((b * T + j0) * nkv + g) * hd;
+      rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
+      rows_load_transposed(vt, v + koff, nkv * hd, nk, hd, hdp);
+      std::fill(dk_acc, dk_acc + 2 * TK * hdp, 0.0f);  // dk_acc and dv_acc
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t qt = j0 / TQ; qt < nqt; ++qt) {  // query tiles holding a query at or after key j0
+          const int64_t i0 = qt * TQ, nq = std::min(TQ, T - i0);
+          query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, T, nh, hd, hdp);
+          std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
+          tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
+          tile_gemm(dos, hdp, vt, TK, dp, TK, TQ, TK, hdp);
+          tile_probs_and_score_grads(s, dp, lse_t, D, nq, nk, i0, j0, scale);
+          tile_transpose(tr, s, TQ, TK);
+          tile_gemm(tr, TQ, dos, hdp, dv_acc, hdp, TK, hdp, TQ);
+          tile_transpose(tr, dp, TQ, TK);
+          tile_gemm(tr, TQ, qs, hdp, dk_acc, hdp, TK, hdp, TQ);
+        }
+      }
+      for (int64_t j = 0; j < nk; ++j) {
+        float* dkr = dk + koff + j * nkv * hd;  // (hd)
+        float* dvr = dv + koff + j * nkv * hd;  // (hd)
+        for (int64_t c = 0; c < hd; ++c) {
+          dkr[c] = scale * dk_acc[j * hdp + c];
+          dvr[c] = dv_acc[j * hdp + c];
+        }
+      }
+    }
+  }
+  // Pass 2: dQ. The last query tiles visit the most key tiles: hand them out first.
+  const int64_t items2 = B * nh * nqt;
+#pragma omp parallel if (items2 > 1)
+  {
+    std::vector<float> scratch(scratch_size);
+    float* qs = scratch.data();     // (TQ, hdp) queries
+    float* dos = qs + TQ * hdp;     // (TQ, hdp) output gradients
+    float* kt = dos + TQ * hdp;     // (hdp, TK) keys, transposed
+    float* vt = kt + hdp * TK;      // (hdp, TK) values, transposed
+    float* ks = vt + hdp * TK;      // (TK, hdp) keys
+    float* dq_acc = ks + TK * hdp;  // (TQ, hdp) unscaled dQ of the query tile
+    float* s = dq_acc + TQ * hdp;   // (TQ, TK) scores, then P
+    float* dp = s + TQ * TK;        // (TQ, TK) dP, then dS
+    float* lse_t = dp + TQ * TK;    // (TQ)
+    float* D = lse_t + TQ;          // (TQ)
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items2; ++it) {
+      const int64_t qt = nqt - 1 - it % nqt, bh = it / nqt, b = bh / nh, h = bh % nh, g = h / group;
+      const int64_t i0 = qt * TQ, nq = std::min(TQ, T - i0);
+      query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, T, nh, hd, hdp);
+      std::fill(dq_acc, dq_acc + TQ * hdp, 0.0f);
+      const int64_t nkt_q = (i0 + nq - 1) / TK + 1;  // key tiles up to the last query
+      for (int64_t kt_i = 0; kt_i < nkt_q; ++kt_i) {
+        const int64_t j0 = kt_i * TK, nk = std::min(TK, T - j0);
+        const int64_t koff = ((b * T + j0) * nkv + g) * hd;
+        rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
+        rows_load_transposed(vt, v + koff, nkv * hd, nk, hd, hdp);
+        rows_load(ks, k + koff, nkv * hd, nk, TK, hd, hdp);
+        std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
+        tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
+        tile_gemm(dos, hdp, vt, TK, dp, TK, TQ, TK, hdp);
+        tile_probs_and_score_grads(s, dp, lse_t, D, nq, nk, i0, j0, scale);
+        tile_gemm(dp, TK, ks, hdp, dq_acc, hdp, TQ, hdp, TK);
+      }
+      for (int64_t r = 0; r < nq; ++r) {
+        float* dqr = dq + ((b * T + i0 + r) * nh + h) * hd;  // (hd)
+        for (int64_t c = 0; c < hd; ++c) dqr[c] = scale * dq_acc[r * hdp + c];
+      }
+    }
+  }
+}
+
+}  // namespace fp::ops::cpu

@@ -1,0 +1,110 @@
+// Scalar reference of causal grouped-query attention (ops/attention.h), in T. Unlike the cpu kernel it
+// materialises each (b, h)'s full (seq, seq) probability matrix: it is the readable oracle.
+// Dimensions: B sequences, seq tokens each (the header's T; renamed because T is the scalar type here),
+// nh query heads, nkv key/value heads (query head h reads kv head h / (nh / nkv)), hd head_dim.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace fp::ops::ref {
+
+// q (B, seq, nh, hd), k, v (B, seq, nkv, hd) -> o (B, seq, nh, hd), lse (B, nh, seq).
+// o_i = sum_{j <= i} p_ij v_j with p_ij = exp(scale q_i.k_j - lse_i), lse_i = log sum_{j <= i} exp(scale q_i.k_j).
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t seq, int64_t nh,
+                       int64_t nkv, int64_t hd, T scale) {
+  const int64_t group = nh / nkv;
+  std::vector<T> s(seq);  // (seq) scaled scores of one query
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < seq; ++i) {
+        const T* qi = q + ((b * seq + i) * nh + h) * hd;  // (hd)
+        T m = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j <= i; ++j) {
+          const T* kj = k + ((b * seq + j) * nkv + g) * hd;  // (hd)
+          T dot = 0;
+          for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kj[d];
+          s[j] = scale * dot;
+          if (s[j] > m) m = s[j];
+        }
+        T l = 0;
+        for (int64_t j = 0; j <= i; ++j) l += std::exp(s[j] - m);
+        const T lse_i = m + std::log(l);
+        lse[(b * nh + h) * seq + i] = lse_i;
+        T* oi = o + ((b * seq + i) * nh + h) * hd;  // (hd)
+        for (int64_t d = 0; d < hd; ++d) oi[d] = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          const T p = std::exp(s[j] - lse_i);
+          const T* vj = v + ((b * seq + j) * nkv + g) * hd;  // (hd)
+          for (int64_t d = 0; d < hd; ++d) oi[d] += p * vj[d];
+        }
+      }
+    }
+  }
+}
+
+// The gradient of the forward above, from the full probability matrix P (seq, seq) of each (b, h),
+// recomputed from q, k and lse:
+//   dP = dO V^T,  D_i = sum_d dO_id O_id (= sum_j P_ij dP_ij),  dS = P * (dP - D),
+//   dq = scale dS K,  dk = scale dS^T Q and dv = P^T dO, summed over the query heads of each kv head.
+// dout, dq (B, seq, nh, hd); dk, dv (B, seq, nkv, hd) are overwritten.
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
+                        T* dv, int64_t B, int64_t seq, int64_t nh, int64_t nkv, int64_t hd, T scale) {
+  const int64_t group = nh / nkv;
+  for (int64_t x = 0; x < B * seq * nkv * hd; ++x) dk[x] = dv[x] = 0;
+  std::vector<T> P(seq * seq, T(0));   // (seq, seq) probabilities, zero above the diagonal
+  std::vector<T> dS(seq * seq, T(0));  // (seq, seq) score gradients (unscaled), zero above the diagonal
+  auto row = [&](const T* base, int64_t b, int64_t t, int64_t heads, int64_t head) {
+    return base + ((b * seq + t) * heads + head) * hd;  // (hd)
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < seq; ++i) {
+        const T* qi = row(q, b, i, nh, h);
+        const T* oi = row(o, b, i, nh, h);
+        const T* doi = row(dout, b, i, nh, h);
+        T D = 0;
+        for (int64_t d = 0; d < hd; ++d) D += doi[d] * oi[d];
+        for (int64_t j = 0; j <= i; ++j) {
+          const T* kj = row(k, b, j, nkv, g);
+          const T* vj = row(v, b, j, nkv, g);
+          T dot = 0, dp = 0;
+          for (int64_t d = 0; d < hd; ++d) {
+            dot += qi[d] * kj[d];
+            dp += doi[d] * vj[d];
+          }
+          P[i * seq + j] = std::exp(scale * dot - lse[(b * nh + h) * seq + i]);
+          dS[i * seq + j] = P[i * seq + j] * (dp - D);
+        }
+      }
+      for (int64_t i = 0; i < seq; ++i) {
+        T* dqi = dq + ((b * seq + i) * nh + h) * hd;  // (hd)
+        for (int64_t d = 0; d < hd; ++d) dqi[d] = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          const T* kj = row(k, b, j, nkv, g);
+          for (int64_t d = 0; d < hd; ++d) dqi[d] += scale * dS[i * seq + j] * kj[d];
+        }
+      }
+      for (int64_t j = 0; j < seq; ++j) {
+        T* dkj = dk + ((b * seq + j) * nkv + g) * hd;  // (hd)
+        T* dvj = dv + ((b * seq + j) * nkv + g) * hd;  // (hd)
+        for (int64_t i = j; i < seq; ++i) {
+          const T* qi = row(q, b, i, nh, h);
+          const T* doi = row(dout, b, i, nh, h);
+          for (int64_t d = 0; d < hd; ++d) {
+            dkj[d] += scale * dS[i * seq + j] * qi[d];
+            dvj[d] += P[i * seq + j] * doi[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace fp::ops::ref

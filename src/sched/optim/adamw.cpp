@@ -1,0 +1,82 @@
+#include "sched/optim/adamw.h"
+
+#include <cmath>
+#include <limits>
+
+namespace fp {
+
+AdamW::AdamW(ParamStore& params, Backend& be, const OptimConfig& cfg) : params_(params), be_(be), cfg_(cfg) {
+  const auto& k = be_.kernels();
+  m_.reserve(params_.all().size());
+  v_.reserve(params_.all().size());
+  for (const Param& p : params_.all()) {
+    Tensor& m = m_.emplace_back(be_.alloc_f32(Category::Category_optimizer, p.w.shape(), p.name + ".exp_avg"));
+    Tensor& v = v_.emplace_back(be_.alloc_f32(Category::Category_optimizer, p.w.shape(), p.name + ".exp_avg_sq"));
+    k.fill(m.f32(), 0.0f, m.numel());
+    k.fill(v.f32(), 0.0f, v.numel());
+  }
+  sumsq_ = be_.alloc_f32(Category::Category_workspace, {1}, "adamw.grad_sumsq");
+}
+
+double AdamW::grad_norm_compute() {
+  // One reduction and one scalar read per parameter. Each reduce_sumsq is deterministic and the host
+  // sum runs in parameter order, so the norm (and hence the clipping) is reproducible bit for bit.
+  const auto& k = be_.kernels();
+  double total = 0.0;
+  for (const Param& p : params_.all()) {
+    k.reduce_sumsq(p.g.f32(), p.g.numel(), sumsq_.f32());
+    float s = 0.0f;
+    be_.copy_to_host(&s, sumsq_.data(), sizeof(float));
+    total += static_cast<double>(s);
+  }
+  return std::sqrt(total);
+}
+
+AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
+  FP_ASSERT(step == steps_taken_ + 1, "AdamW::step({}) after step {}: steps must follow each other (resume sets "
+            "set_steps_taken)", step, steps_taken_);
+  StepStats st{};
+  st.lr = lr_at(cfg_, step, total_steps);
+  st.clip_scale = 1.0;
+  if (be_.computes()) {
+    st.grad_norm = grad_norm_compute();
+    // Checked before any write: a non-finite gradient must not reach the weights or the moments.
+    FP_CHECK(std::isfinite(st.grad_norm), "lower optim.lr or check the data",
+             "non-finite gradient norm at step {} ({}): a gradient holds NaN or Inf; no update was applied", step,
+             st.grad_norm);
+    // torch.nn.utils.clip_grad_norm_: coef = max_norm / (total_norm + 1e-6), applied when below 1.
+    if (cfg_.grad_clip > 0) {
+      const double coef = cfg_.grad_clip / (st.grad_norm + 1e-6);
+      if (coef < 1.0) st.clip_scale = coef;
+    }
+  } else {
+    st.grad_norm = std::numeric_limits<double>::quiet_NaN();  // meta: there are no gradients to read
+  }
+
+  const auto& k = be_.kernels();
+  size_t i = 0;
+  for (Param& p : params_.all()) {
+    // No decay on 1-D parameters (RMSNorm weights), as in the usual GPT/Qwen training recipes.
+    const double wd = p.w.shape().rank >= 2 ? cfg_.weight_decay : 0.0;
+    k.adamw_update(p.w.f32(), p.g.f32(), m_[i].f32(), v_[i].f32(), p.w.numel(), static_cast<float>(st.lr),
+                   static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
+                   static_cast<float>(wd), static_cast<float>(st.clip_scale), step);
+    ++i;
+  }
+  steps_taken_ = step;
+  return st;
+}
+
+std::vector<std::pair<std::string, const Tensor*>> AdamW::state_tensors() const {
+  std::vector<std::pair<std::string, const Tensor*>> out;
+  out.reserve(2 * m_.size());
+  size_t i = 0;
+  for (const Param& p : params_.all()) {
+    out.emplace_back(p.name + ".exp_avg", &m_[i]);
+    out.emplace_back(p.name + ".exp_avg_sq", &v_[i]);
+    ++i;
+  }
+  return out;
+}
+
+}  // namespace fp

@@ -1,0 +1,208 @@
+#include "train/run_config.h"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace fp {
+
+namespace {
+
+constexpr const char* kConfigHint = "see configs/tiny.toml for a complete, commented example";
+
+// One schema row per key: where it lives, its kind and how it is stored.
+struct Field {
+  std::string table;
+  std::string key;
+  enum class Kind { Kind_int, Kind_float, Kind_bool, Kind_string } kind;
+  bool required;
+  std::function<void(const toml::node&)> store;
+};
+
+std::vector<Field> schema(RunConfig& c, std::string& profile) {
+  using K = Field::Kind;
+  auto i64 = [](int64_t* p) { return [p](const toml::node& n) { *p = *n.value<int64_t>(); }; };
+  auto f64 = [](double* p) { return [p](const toml::node& n) { *p = *n.value<double>(); }; };
+  auto b = [](bool* p) { return [p](const toml::node& n) { *p = *n.value<bool>(); }; };
+  auto str = [](std::string* p) { return [p](const toml::node& n) { *p = *n.value<std::string>(); }; };
+  ModelConfig& m = c.model;
+  return {
+      {"model", "hidden_size", K::Kind_int, true, i64(&m.hidden_size)},
+      {"model", "num_hidden_layers", K::Kind_int, true, i64(&m.num_hidden_layers)},
+      {"model", "num_attention_heads", K::Kind_int, true, i64(&m.num_attention_heads)},
+      {"model", "num_key_value_heads", K::Kind_int, true, i64(&m.num_key_value_heads)},
+      {"model", "head_dim", K::Kind_int, true, i64(&m.head_dim)},
+      {"model", "num_experts", K::Kind_int, true, i64(&m.num_experts)},
+      {"model", "num_experts_per_tok", K::Kind_int, true, i64(&m.num_experts_per_tok)},
+      {"model", "moe_intermediate_size", K::Kind_int, true, i64(&m.moe_intermediate_size)},
+      {"model", "vocab_size", K::Kind_int, true, i64(&m.vocab_size)},
+      {"model", "rope_theta", K::Kind_float, true, f64(&m.rope_theta)},
+      {"model", "rms_norm_eps", K::Kind_float, true, f64(&m.rms_norm_eps)},
+      {"model", "norm_topk_prob", K::Kind_bool, true, b(&m.norm_topk_prob)},
+      {"model", "router_aux_loss_coef", K::Kind_float, true, f64(&m.router_aux_loss_coef)},
+      {"model", "seed", K::Kind_int, true,
+       [&m](const toml::node& n) { m.seed = static_cast<uint64_t>(*n.value<int64_t>()); }},
+      {"train", "batch_size", K::Kind_int, false, i64(&c.train.batch_size)},
+      {"train", "seq_len", K::Kind_int, true, i64(&c.train.seq_len)},
+      {"train", "steps", K::Kind_int, false, i64(&c.train.steps)},
+      {"train", "checkpoint_every", K::Kind_int, false, i64(&c.train.checkpoint_every)},
+      {"optim", "lr", K::Kind_float, false, f64(&c.optim.lr)},
+      {"optim", "beta1", K::Kind_float, false, f64(&c.optim.beta1)},
+      {"optim", "beta2", K::Kind_float, false, f64(&c.optim.beta2)},
+      {"optim", "eps", K::Kind_float, false, f64(&c.optim.eps)},
+      {"optim", "weight_decay", K::Kind_float, false, f64(&c.optim.weight_decay)},
+      {"optim", "grad_clip", K::Kind_float, false, f64(&c.optim.grad_clip)},
+      {"optim", "warmup_steps", K::Kind_int, false, i64(&c.optim.warmup_steps)},
+      {"optim", "min_lr_ratio", K::Kind_float, false, f64(&c.optim.min_lr_ratio)},
+      {"data", "source", K::Kind_string, false, str(&c.data.source)},
+      {"data", "pairs", K::Kind_int, false, i64(&c.data.pairs)},
+      {"data", "loss_on", K::Kind_string, false, str(&c.data.loss_on)},
+      {"data", "seed", K::Kind_int, false,
+       [&c](const toml::node& n) { c.data.seed = static_cast<uint64_t>(*n.value<int64_t>()); }},
+      {"moe", "routing_profile", K::Kind_string, false,
+       [&profile](const toml::node& n) { profile = *n.value<std::string>(); }},
+  };
+}
+
+const char* kind_name(Field::Kind k) {
+  switch (k) {
+    case Field::Kind::Kind_int: return "an integer";
+    case Field::Kind::Kind_float: return "a number";
+    case Field::Kind::Kind_bool: return "true or false";
+    case Field::Kind::Kind_string: return "a string";
+  }
+  return "?";
+}
+
+bool kind_matches(Field::Kind k, const toml::node& n) {
+  switch (k) {
+    case Field::Kind::Kind_int: return n.is_integer();
+    case Field::Kind::Kind_float: return n.is_integer() || n.is_floating_point();
+    case Field::Kind::Kind_bool: return n.is_boolean();
+    case Field::Kind::Kind_string: return n.is_string();
+  }
+  return false;
+}
+
+// "a.b=value": value parsed as a TOML value, or taken as a bare string when it is not one.
+void override_apply(toml::table& doc, const std::string& ov, const std::string& source) {
+  const size_t eq = ov.find('=');
+  FP_CHECK(eq != std::string::npos && eq > 0, "write --set table.key=value, e.g. --set model.hidden_size=128",
+           "{}: override '{}' is not of the form table.key=value", source, ov);
+  std::string path = ov.substr(0, eq);
+  std::string value = ov.substr(eq + 1);
+  const size_t dot = path.find('.');
+  FP_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < path.size(),
+           "keys are written table.key, e.g. model.hidden_size or train.seq_len",
+           "{}: override key '{}' has no table", source, path);
+  const std::string table = path.substr(0, dot);
+  const std::string key = path.substr(dot + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};
+  }
+  if (!doc.contains(table)) doc.insert(table, toml::table{});
+  toml::table* t = doc[table].as_table();
+  FP_CHECK(t != nullptr, kConfigHint, "{}: '{}' is not a table", source, table);
+  t->insert_or_assign(key, *parsed["v"].node());
+}
+
+}  // namespace
+
+RunConfig config_parse(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+  toml::table doc;
+  try {
+    doc = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw Error(fmt::format("{}:{}:{}: malformed TOML: {}", source, where.line, where.column, e.description()),
+                kConfigHint);
+  }
+  for (const std::string& ov : overrides) override_apply(doc, ov, source);
+
+  RunConfig c;
+  c.source = source;
+  std::string profile = "router";
+  std::vector<Field> fields = schema(c, profile);
+
+  // Unknown tables and keys first: a typo must not silently fall back to a default.
+  for (auto&& [tkey, tnode] : doc) {
+    const std::string tname(tkey.str());
+    bool known_table = false;
+    for (const Field& f : fields) known_table |= (f.table == tname);
+    FP_CHECK(known_table, "known tables: [model], [train], [optim], [data], [moe]", "{}: unknown table [{}]", source, tname);
+    const toml::table* t = tnode.as_table();
+    FP_CHECK(t != nullptr, kConfigHint, "{}: '{}' must be a table ([{}])", source, tname, tname);
+    for (auto&& [k, v] : *t) {
+      const std::string key(k.str());
+      const Field* field = nullptr;
+      for (const Field& f : fields)
+        if (f.table == tname && f.key == key) field = &f;
+      if (field == nullptr) {
+        std::string known;
+        for (const Field& f : fields)
+          if (f.table == tname) known += (known.empty() ? "" : ", ") + f.key;
+        throw Error(fmt::format("{}: unknown key {}.{}", source, tname, key), "keys of [" + tname + "]: " + known);
+      }
+      FP_CHECK(kind_matches(field->kind, v), kConfigHint, "{}: {}.{} must be {}", source, tname, key,
+               kind_name(field->kind));
+      field->store(v);
+    }
+  }
+  for (const Field& f : fields) {
+    const toml::node* n = doc.at_path(f.table + "." + f.key).node();
+    FP_CHECK(!f.required || n != nullptr, kConfigHint, "{}: missing key {}.{}", source, f.table, f.key);
+  }
+
+  model_config_validate(c.model, source);
+  FP_CHECK(c.train.batch_size >= 1, kConfigHint, "{}: train.batch_size = {} must be at least 1", source,
+           c.train.batch_size);
+  FP_CHECK(c.train.seq_len >= 2, kConfigHint, "{}: train.seq_len = {} must be at least 2", source, c.train.seq_len);
+  FP_CHECK(c.train.steps >= 1, kConfigHint, "{}: train.steps = {} must be at least 1", source, c.train.steps);
+  FP_CHECK(c.train.checkpoint_every >= 0, kConfigHint, "{}: train.checkpoint_every = {} must be >= 0", source,
+           c.train.checkpoint_every);
+  const OptimConfig& o = c.optim;
+  FP_CHECK(std::isfinite(o.lr) && o.lr > 0, kConfigHint, "{}: optim.lr = {} must be > 0", source, o.lr);
+  FP_CHECK(o.beta1 >= 0 && o.beta1 < 1, kConfigHint, "{}: optim.beta1 = {} must lie in [0, 1)", source, o.beta1);
+  FP_CHECK(o.beta2 >= 0 && o.beta2 < 1, kConfigHint, "{}: optim.beta2 = {} must lie in [0, 1)", source, o.beta2);
+  FP_CHECK(o.eps > 0, kConfigHint, "{}: optim.eps = {} must be > 0", source, o.eps);
+  FP_CHECK(o.weight_decay >= 0, kConfigHint, "{}: optim.weight_decay = {} must be >= 0", source, o.weight_decay);
+  FP_CHECK(o.grad_clip >= 0, kConfigHint, "{}: optim.grad_clip = {} must be >= 0 (0: off)", source, o.grad_clip);
+  FP_CHECK(o.warmup_steps >= 0, kConfigHint, "{}: optim.warmup_steps = {} must be >= 0", source, o.warmup_steps);
+  FP_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, kConfigHint, "{}: optim.min_lr_ratio = {} must lie in [0, 1]",
+           source, o.min_lr_ratio);
+  FP_CHECK(c.data.loss_on == "all" || c.data.loss_on == "answers", "write \"all\" or \"answers\"",
+           "{}: data.loss_on = \"{}\" is neither \"all\" nor \"answers\"", source, c.data.loss_on);
+  FP_CHECK(c.data.pairs >= 0, kConfigHint, "{}: data.pairs = {} must be >= 0", source, c.data.pairs);
+  FP_CHECK(!c.data.source.empty(), "write \"recall\" or the path of a token file", "{}: data.source is empty",
+           source);
+  c.moe.routing_profile = routing_profile_parse(profile);
+  const RoutingProfile& p = c.moe.routing_profile;
+  if (p.kind == RoutingProfile::Kind::Kind_hot) {
+    FP_CHECK(p.hot_experts >= c.model.num_experts_per_tok &&
+                 c.model.num_experts - p.hot_experts >= c.model.num_experts_per_tok,
+             "a hot token's k slots go to k distinct hot experts and a cold token's to k distinct cold ones",
+             "{}: moe.routing_profile = \"{}\" needs num_experts_per_tok ({}) <= H <= num_experts - "
+             "num_experts_per_tok ({})",
+             source, p.str(), c.model.num_experts_per_tok, c.model.num_experts - c.model.num_experts_per_tok);
+  }
+  return c;
+}
+
+RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  FP_CHECK(in.good(), "pass --config with the path of a TOML file, e.g. configs/tiny.toml",
+           "cannot read config file '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return config_parse(ss.str(), path, overrides);
+}
+
+}  // namespace fp

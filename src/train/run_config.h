@@ -1,0 +1,57 @@
+// Run configuration, read from TOML (configs/*.toml) with command-line overrides (--set key=value).
+//
+//   [model]  Qwen3-MoE architecture, Hugging Face key names; every key required (model/config.h).
+//   [train]  batch_size, seq_len, steps, checkpoint_every
+//   [optim]  AdamW: lr, beta1, beta2, eps, weight_decay, grad_clip, warmup_steps, min_lr_ratio
+//   [data]   source ("recall" or a token file), pairs, loss_on, seed
+//   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (DESIGN.md, routing profiles)
+//
+// Unknown tables or keys, missing keys, wrong types and impossible values are fp::Error naming the
+// key (e.g. "model.num_attention_heads = 5 is not a multiple of model.num_key_value_heads = 2").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "sched/optim/adamw.h"
+
+namespace fp {
+
+struct TrainConfig {
+  int64_t batch_size = 1;         // sequences per step (global)
+  int64_t seq_len = 0;            // T
+  int64_t steps = 1;              // length of the run (and of the learning-rate schedule)
+  int64_t checkpoint_every = 0;   // steps between checkpoints; 0: only at the end
+};
+
+struct MoeConfig {
+  RoutingProfile routing_profile;
+};
+
+struct DataConfig {
+  std::string source = "recall";  // "recall": the built-in long-context task; otherwise a token file
+  int64_t pairs = 0;              // recall: key->value pairs per sequence (0: seq_len / 64, at least 1)
+  std::string loss_on = "all";    // recall: "all" positions or only the "answers"
+  uint64_t seed = 1;
+};
+
+struct RunConfig {
+  ModelConfig model;
+  TrainConfig train;
+  OptimConfig optim;
+  DataConfig data;
+  MoeConfig moe;
+  std::string source;  // file it came from, for messages
+};
+
+// Reads path and applies overrides ("model.hidden_size=128", "moe.routing_profile=hot:0.9:2"; a
+// value that is not TOML is taken as a string). Validates everything; throws fp::Error naming the
+// file and key.
+RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text (tests).
+RunConfig config_parse(const std::string& toml_text, const std::string& source,
+                       const std::vector<std::string>& overrides = {});
+
+}  // namespace fp

@@ -1,0 +1,207 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "data/loader.h"
+#include "data/recall_task.h"
+#include "data/token_file.h"
+#include "io/atomic_file.h"
+#include "memory/report.h"
+#include "memory/trace.h"
+#include "model/model.h"
+#include "train/checkpoint.h"
+#include "train/run_config.h"
+
+namespace fp {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Where batches come from: the built-in recall task or a token file. position() is what a
+// checkpoint stores; seek() restores it.
+class DataSource {
+ public:
+  DataSource(const RunConfig& c) : B_(c.train.batch_size) {
+    if (c.data.source == "recall") {
+      recall_.vocab_size = c.model.vocab_size;
+      recall_.seq_len = c.train.seq_len;
+      recall_.pairs = c.data.pairs;
+      recall_.seed = c.data.seed;
+      recall_.loss_on = c.data.loss_on == "answers" ? LossOn::LossOn_answers : LossOn::LossOn_all;
+      is_recall_ = true;
+      // Validate now (the first batch would otherwise report a bad config mid-run).
+      recall_batch(recall_, 0, 1, nullptr);
+    } else {
+      file_ = std::make_unique<TokenFile>(c.data.source, c.model.vocab_size);
+      loader_ = std::make_unique<TokenFileLoader>(*file_, c.train.batch_size, c.train.seq_len);
+    }
+  }
+  Batch next(std::vector<uint8_t>* answer_mask) {
+    if (is_recall_) {
+      Batch b = recall_batch(recall_, position_, B_, answer_mask);
+      position_ += B_;
+      return b;
+    }
+    return loader_->next();
+  }
+  int64_t position() const { return is_recall_ ? position_ : loader_->position(); }
+  void seek(int64_t p) {
+    if (is_recall_)
+      position_ = p;
+    else
+      loader_->seek(p);
+  }
+  bool is_recall() const { return is_recall_; }
+
+ private:
+  int64_t B_;
+  bool is_recall_ = false;
+  RecallTaskConfig recall_;
+  int64_t position_ = 0;
+  std::unique_ptr<TokenFile> file_;
+  std::unique_ptr<TokenFileLoader> loader_;
+};
+
+nlohmann::json run_config_json(const RunConfig& c) {
+  return {{"model", nlohmann::json::parse(model_config_hf_json(c.model))},
+          {"train", {{"batch_size", c.train.batch_size}, {"seq_len", c.train.seq_len}, {"steps", c.train.steps}}},
+          {"optim",
+           {{"lr", c.optim.lr},
+            {"beta1", c.optim.beta1},
+            {"beta2", c.optim.beta2},
+            {"eps", c.optim.eps},
+            {"weight_decay", c.optim.weight_decay},
+            {"grad_clip", c.optim.grad_clip},
+            {"warmup_steps", c.optim.warmup_steps},
+            {"min_lr_ratio", c.optim.min_lr_ratio}}},
+          {"data", {{"source", c.data.source}, {"pairs", c.data.pairs}, {"loss_on", c.data.loss_on}, {"seed", c.data.seed}}},
+          {"moe", {{"routing_profile", c.moe.routing_profile.str()}}}};
+}
+
+// Keeps the lines of metrics.jsonl up to `step` (a resumed run rewrites what came after).
+void metrics_truncate(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step) kept += line + "\n";
+    } catch (const nlohmann::json::exception&) {
+      break;  // a torn last line from a killed run
+    }
+  }
+  file_write_atomic(path, kept);
+}
+
+}  // namespace
+
+int train_run(const TrainOptions& o) {
+  FP_CHECK(!o.out.empty(), "pass --out DIR", "flatpeak train needs an output directory");
+  std::vector<std::string> overrides = o.overrides;
+  if (o.steps > 0) overrides.push_back(fmt::format("train.steps={}", o.steps));
+  RunConfig cfg = config_load(o.config, overrides);
+  const int64_t total = cfg.train.steps;
+  auto be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
+  RoutingProfile profile = cfg.moe.routing_profile;
+  if (!be->computes() && profile.kind == RoutingProfile::Kind::Kind_router) {
+    profile.kind = RoutingProfile::Kind::Kind_balanced;
+    log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
+  }
+  const ModelConfig& m = cfg.model;
+  DataSource data(cfg);
+  fs::create_directories(o.out);
+  const std::string run_json = run_config_json(cfg).dump();
+
+  Model model(m, *be, profile);
+  model.init_weights(m.seed);
+  AdamW optim(model.params(), *be, cfg.optim);
+  int64_t start = 0;
+  if (!o.resume.empty()) {
+    TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, *be);
+    FP_CHECK(nlohmann::json::parse(st.run_config) == nlohmann::json::parse(run_json),
+             "resume with the same config and --steps as the run that wrote the checkpoint",
+             "the checkpoint in '{}' was written by a run with another configuration:\n  checkpoint: {}\n  now:        {}",
+             o.resume, st.run_config, run_json);
+    start = st.step;
+    data.seek(st.data_position);
+    log_info("resumed from {} at step {}", checkpoint_resolve(o.resume), start);
+  }
+  FP_CHECK(start < total, "raise --steps to continue training", "the checkpoint is at step {} of {}: nothing to do",
+           start, total);
+
+  log_info("{}: {:.2f} M parameters ({} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
+           "{} steps on {} (device memory {}); outputs in {}",
+           cfg.source, static_cast<double>(m.param_count()) / 1e6, m.num_hidden_layers, m.hidden_size,
+           m.num_experts, m.num_experts_per_tok, m.vocab_size, cfg.train.batch_size, cfg.train.seq_len, total,
+           be->name(), bytes_format(be->device_ledger().capacity()), o.out);
+
+  const std::string metrics_path = o.out + "/metrics.jsonl";
+  metrics_truncate(metrics_path, start);
+  std::ofstream metrics(metrics_path, std::ios::app);
+  FP_CHECK(metrics.good(), "check that --out is writable", "cannot open '{}'", metrics_path);
+
+  const int64_t ckpt_every = cfg.train.checkpoint_every;
+  std::vector<uint8_t> answer_mask;
+  std::vector<float> logits;
+  int64_t done_here = 0;
+  for (int64_t step = start + 1; step <= total; ++step) {
+    Batch batch = data.next(data.is_recall() ? &answer_mask : nullptr);
+    be->device_ledger().peaks_reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    model.zero_grads();
+    StepOutputs out = model.forward_backward(batch, data.is_recall() && be->computes() ? &logits : nullptr);
+    if (be->computes() && !std::isfinite(out.loss))
+      throw Error(fmt::format("the loss is {} at step {} (cross-entropy {}, aux {}); no update was applied", out.loss,
+                              step, out.ce_loss, out.aux_loss),
+                  fmt::format("lower optim.lr or check the data; the last checkpoint in {} is intact", o.out));
+    AdamW::StepStats os = optim.step(step, total);
+    be->synchronize();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tps = static_cast<double>(batch.B * batch.T) / secs;
+    const Ledger& led = be->device_ledger();
+    nlohmann::json j = ledger_peaks_json(led);
+    j["step"] = step;
+    j["loss"] = out.loss;
+    j["ce_loss"] = out.ce_loss;
+    j["aux_loss"] = out.aux_loss;
+    j["grad_norm"] = os.grad_norm;
+    j["lr"] = os.lr;
+    j["tokens_per_s"] = tps;
+    j["seconds"] = secs;
+    double acc = std::nan("");
+    if (data.is_recall() && be->computes()) {
+      acc = recall_accuracy(logits, batch, answer_mask);
+      j["recall_accuracy"] = acc;
+    }
+    metrics << j.dump() << "\n";
+    metrics.flush();
+    if (!o.quiet)
+      fmt::print("step {:>{}}/{} | loss {:.4f} | aux {:.4f} | grad norm {:.3f} | lr {:.2e} | {:.0f} tok/s | peak {} ({}){}\n",
+                 step, std::to_string(total).size(), total, out.loss, out.aux_loss, os.grad_norm, os.lr, tps,
+                 bytes_format(led.total_peak()), j["binding"].get<std::string>(),
+                 std::isnan(acc) ? std::string() : fmt::format(" | recall acc {:.3f}", acc));
+    ++done_here;
+    const bool stop = o.stop_after > 0 && done_here >= o.stop_after;
+    if (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0)) {
+      TrainerState st{step, data.position(), run_json};
+      const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
+      if (!o.quiet) log_info("checkpoint: {}", where);
+    }
+    if (stop) break;
+  }
+  std::fflush(stdout);
+  trace_write_chrome(be->device_ledger(), o.out + "/memory_trace.json");
+  log_info("wrote {0}/metrics.jsonl, {0}/memory_trace.json and {0}/checkpoint/", o.out);
+  return 0;
+}
+
+}  // namespace fp

@@ -1,0 +1,29 @@
+// The training job: `flatpeak train`. Steps the model with AdamW over the configured data, prints a
+// progress line per step, writes DIR/metrics.jsonl, DIR/memory_trace.json and checkpoints
+// (train/checkpoint.h), and resumes bit-exactly from one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fp {
+
+struct TrainOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string device = "cpu";
+  std::string device_mem = "unlimited";
+  std::string host_mem = "unlimited";
+  int64_t steps = 0;          // 0: train.steps of the config
+  std::string out;            // output directory (required)
+  std::string resume;         // checkpoint directory to continue from
+  int64_t stop_after = 0;     // stop (with a checkpoint) after this many steps of this invocation
+  bool quiet = false;         // no progress lines
+};
+
+// Returns the process exit code; throws fp::Error on bad input (config, data, checkpoint, NaN loss,
+// out of memory).
+int train_run(const TrainOptions& o);
+
+}  // namespace fp

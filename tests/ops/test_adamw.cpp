@@ -1,0 +1,261 @@
+// AdamW update: the fast kernel against the scalar reference, the sub-range / thread-count bit
+// contract (Note [AdamW is element-wise]), the reference against a hand-computed example, and a
+// timing against memory bandwidth. Dimensions: n elements.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/adamw.h"
+#include "ops/ref/adamw.h"
+
+namespace fp {
+
+namespace {
+
+struct State {
+  std::vector<float> param, grad, m, v;  // (n) each
+};
+
+// Random weights ~ N(0, 1) and gradients ~ N(0, 1) scaled by 10^U(-3, 1), so the second moment spans
+// several decades; no zeros.
+State state_random(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  State s;
+  s.param.resize(n);
+  s.grad.resize(n);
+  s.m.assign(n, 0.0f);
+  s.v.assign(n, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    s.param[i] = static_cast<float>(rng.normal());
+    s.grad[i] = static_cast<float>(rng.normal() * std::pow(10.0, -3.0 + 4.0 * rng.uniform()));
+    if (s.grad[i] == 0.0f) s.grad[i] = 1e-3f;
+  }
+  return s;
+}
+
+// New gradients for the next step (the moments and weights carry over).
+void grad_refresh(State& s, uint64_t seed) {
+  Rng rng(seed);
+  for (float& g : s.grad) g = static_cast<float>(rng.normal() * std::pow(10.0, -3.0 + 4.0 * rng.uniform()));
+}
+
+struct Hyper {
+  float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_scale = 1.0f;
+};
+
+void fast_step(State& s, const Hyper& h, int64_t step) {
+  ops::cpu::adamw_update(s.param.data(), s.grad.data(), s.m.data(), s.v.data(), static_cast<int64_t>(s.param.size()),
+                         h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step);
+}
+void ref_step(State& s, const Hyper& h, int64_t step) {
+  ops::ref::adamw_update<float>(s.param.data(), s.grad.data(), s.m.data(), s.v.data(),
+                                static_cast<int64_t>(s.param.size()), h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                h.grad_scale, step);
+}
+
+// Element by element, |got - want| <= tol_i. m and v go through the same float operations in both
+// (1 - beta is exact in float for beta in [0.5, 1), Sterbenz), so a few ulps of |want| bound them.
+// The weights differ by the rounding of the folded scalars (1 - lr*wd, lr/bc1, sqrt(bc2), formed in
+// double then rounded in the kernel, in float in the reference): a couple of ulps per step of the
+// largest magnitude in play (the weight or the update, both below the element's running maximum
+// |weight|), and those errors carry from step to step. Hence tol_i = 4 eps * step * max_i for the
+// weights, where max_i is the largest |weight_i| seen so far.
+::testing::AssertionResult states_near(const std::vector<float>& got, const std::vector<float>& want, const char* what,
+                                       const std::vector<double>& tol) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double a = got[i], b = want[i];
+    if (!std::isfinite(a) || !std::isfinite(b) || !(std::abs(a - b) <= tol[i])) {
+      return ::testing::AssertionFailure() << what << " differs at index " << i << " of " << want.size()
+                                           << ": expected " << b << ", got " << a << " (|diff| " << std::abs(a - b)
+                                           << ", tolerance " << tol[i] << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<double> tol_relative(const std::vector<float>& want, double ulps) {
+  std::vector<double> t(want.size());
+  for (size_t i = 0; i < want.size(); ++i) t[i] = ulps * FLT_EPSILON * std::abs(static_cast<double>(want[i]));
+  return t;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST(AdamwUpdate, MatchesReferenceOnOddSizes) {
+  const std::vector<int64_t> sizes = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 8191, 8193, 1000003};
+  for (float wd : {0.0f, 0.1f}) {
+    for (float grad_scale : {1.0f, 0.37f}) {
+      for (int64_t n : sizes) {
+        Hyper h;
+        h.weight_decay = wd;
+        h.grad_scale = grad_scale;
+        State fast = state_random(n, 1000 + static_cast<uint64_t>(n));
+        State ref = fast;
+        std::vector<double> max_abs(n);
+        for (int64_t i = 0; i < n; ++i) max_abs[i] = std::abs(ref.param[i]);
+        for (int64_t step = 1; step <= 4; ++step) {
+          if (step > 1) {
+            grad_refresh(fast, 77 * step + static_cast<uint64_t>(n));
+            ref.grad = fast.grad;
+          }
+          fast_step(fast, h, step);
+          ref_step(ref, h, step);
+          SCOPED_TRACE(::testing::Message() << "n " << n << " step " << step << " wd " << wd << " grad_scale "
+                                            << grad_scale);
+          std::vector<double> tol_param(n);
+          for (int64_t i = 0; i < n; ++i) {
+            max_abs[i] = std::max(max_abs[i], static_cast<double>(std::abs(ref.param[i])));
+            tol_param[i] = 4.0 * FLT_EPSILON * static_cast<double>(step) * max_abs[i];
+          }
+          ASSERT_TRUE(states_near(fast.m, ref.m, "m", tol_relative(ref.m, 2)));
+          ASSERT_TRUE(states_near(fast.v, ref.v, "v", tol_relative(ref.v, 2)));
+          ASSERT_TRUE(states_near(fast.param, ref.param, "param", tol_param));
+        }
+      }
+    }
+  }
+}
+
+// A first step in closed form, independent of the reference: with m = v = 0 before it, m_hat = g and
+// sqrt(v_hat) = |g|, so (wd = 0) every weight moves by -lr * g / (|g| + eps). Pins the size and sign
+// of the update (a kernel and reference sharing a mistake would pass the comparison above).
+TEST(AdamwUpdate, FirstStepMovesEachWeightByLr) {
+  const int64_t n = 1001;
+  State s = state_random(n, 5);
+  const State before = s;
+  Hyper h;
+  h.weight_decay = 0.0f;
+  h.lr = 1e-2f;
+  h.grad_scale = 0.5f;
+  fast_step(s, h, 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = static_cast<double>(before.grad[i]) * 0.5;
+    const double want = -static_cast<double>(h.lr) * g / (std::abs(g) + static_cast<double>(h.eps));
+    const double got = static_cast<double>(s.param[i]) - before.param[i];
+    // Rounding of the new weight (an ulp of it) and of the float update (a few ulps of lr).
+    const double tol = 2.0 * FLT_EPSILON * (std::abs(static_cast<double>(s.param[i])) + 4.0 * h.lr);
+    ASSERT_NEAR(got, want, tol) << "index " << i << " grad " << before.grad[i];
+  }
+}
+
+// Note [AdamW is element-wise]: any split into consecutive sub-ranges, and any thread count, gives
+// the same bits as one call on [0, n).
+TEST(AdamwUpdate, SubRangesAndThreadCountsGiveIdenticalBits) {
+  const int64_t n = 100003;  // crosses kParallelMinElements and several kernel blocks
+  Hyper h;
+  h.grad_scale = 0.61f;
+  State whole = state_random(n, 11);
+  State split = whole;
+  State one_thread = whole;
+  const int saved_threads = omp_get_max_threads();
+  for (int64_t step = 1; step <= 3; ++step) {
+    if (step > 1) {
+      grad_refresh(whole, 900 + step);
+      split.grad = whole.grad;
+      one_thread.grad = whole.grad;
+    }
+    omp_set_num_threads(2);
+    fast_step(whole, h, step);
+    // Edges at odd offsets, so sub-ranges start and end mid-vector and cross the kernel's blocks.
+    const std::vector<int64_t> edges = {0, 1, 8, 13, 77, 4096 + 3, 8192 + 5, 40001, 40002, 99999, n};
+    for (size_t k = 0; k + 1 < edges.size(); ++k) {
+      const int64_t a = edges[k], len = edges[k + 1] - edges[k];
+      ops::cpu::adamw_update(split.param.data() + a, split.grad.data() + a, split.m.data() + a, split.v.data() + a, len,
+                             h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step);
+    }
+    omp_set_num_threads(1);
+    fast_step(one_thread, h, step);
+    omp_set_num_threads(saved_threads);
+    ASSERT_TRUE(same_bits(whole.param, split.param)) << "step " << step;
+    ASSERT_TRUE(same_bits(whole.m, split.m)) << "step " << step;
+    ASSERT_TRUE(same_bits(whole.v, split.v)) << "step " << step;
+    ASSERT_TRUE(same_bits(whole.param, one_thread.param)) << "step " << step;
+    ASSERT_TRUE(same_bits(whole.m, one_thread.m)) << "step " << step;
+    ASSERT_TRUE(same_bits(whole.v, one_thread.v)) << "step " << step;
+  }
+}
+
+// Two steps worked by hand: lr 0.1, beta1 0.9, beta2 0.99, eps 1e-8, wd 0.01, grad_scale 2.
+//   element 0: p = 1, grads 0.5 then -0.25 (g = 1, -0.5)
+//     step 1: p = 0.999; m = 0.1; v = 0.01; bc1 = 0.1, bc2 = 0.01; denom = 1 + 1e-8
+//             p = 0.999 - 1 * 0.1 / (1 + 1e-8) = 0.899000000999999990...
+//     step 2: p = 0.899000001 * 0.999; m = 0.09 - 0.05 = 0.04; v = 0.0099 + 0.0025 = 0.0124;
+//             bc1 = 0.19, bc2 = 0.0199; p -= (0.1 / 0.19) * 0.04 / (sqrt(0.0124 / 0.0199) + 1e-8)
+//   element 1: p = -2, grads -0.125 then 0.375 (g = -0.25, 0.75)
+//     step 1: p = -1.998; m = -0.025; v = 0.000625; denom = 0.25 + 1e-8; p = -1.998 + 0.1 / (1 + 4e-8)
+//     step 2: m = -0.0225 + 0.075 = 0.0525; v = 0.00061875 + 0.005625 = 0.00624375
+// Expected values evaluated with 40-digit decimal arithmetic.
+TEST(AdamwReference, TwoStepsByHandInDouble) {
+  double p[2] = {1.0, -2.0}, m[2] = {0, 0}, v[2] = {0, 0};
+  const double g1[2] = {0.5, -0.125}, g2[2] = {-0.25, 0.375};
+  ops::ref::adamw_update<double>(p, g1, m, v, 2, 0.1, 0.9, 0.99, 1e-8, 0.01, 2.0, 1);
+  EXPECT_NEAR(p[0], 0.8990000009999999900000001, 1e-15);
+  EXPECT_NEAR(p[1], -1.898000003999999840000006, 1e-15);
+  EXPECT_NEAR(m[0], 0.1, 1e-16);
+  EXPECT_NEAR(v[0], 0.01, 1e-17);
+  EXPECT_NEAR(m[1], -0.025, 1e-17);
+  EXPECT_NEAR(v[1], 0.000625, 1e-18);
+  ops::ref::adamw_update<double>(p, g2, m, v, 2, 0.1, 0.9, 0.99, 1e-8, 0.01, 2.0, 2);
+  EXPECT_NEAR(p[0], 0.8714310584290727300142194, 1e-14);
+  EXPECT_NEAR(p[1], -1.945431818243479898361353, 1e-14);
+  EXPECT_NEAR(m[0], 0.04, 1e-16);
+  EXPECT_NEAR(v[0], 0.0124, 1e-16);
+  EXPECT_NEAR(m[1], 0.0525, 1e-16);
+  EXPECT_NEAR(v[1], 0.00624375, 1e-17);
+}
+
+// Timing, after the checks above: the kernel against the reference and against memory bandwidth
+// (AdamW moves 28 bytes per element, 16 read and 12 written). Medians of 7.
+TEST(AdamwUpdate, Timing) {
+  const int64_t n = int64_t{1} << 22;
+  State s = state_random(n, 3);
+  Hyper h;
+  auto median_seconds = [](auto&& fn) {
+    std::vector<double> t;
+    for (int r = 0; r < 7; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  int64_t step = 0;
+  const double fast_s = median_seconds([&] { fast_step(s, h, ++step); });
+  step = 0;
+  const double ref_s = median_seconds([&] { ref_step(s, h, ++step); });
+  // The physical limit: a loop with AdamW's traffic (read param, grad, m, v; write param, m, v) and no
+  // arithmetic to speak of, on the same threads.
+  const double stream_s = median_seconds([&] {
+    float* p = s.param.data();
+    const float* g = s.grad.data();
+    float* m = s.m.data();
+    float* v = s.v.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] += g[i];
+      m[i] -= g[i];
+      v[i] += p[i];
+    }
+  });
+  const double fast_gbs = 28.0 * n / fast_s / 1e9;
+  const double stream_gbs = 28.0 * n / stream_s / 1e9;
+  std::printf("adamw_update n=%lld threads=%d: fast %.3f ms (%.1f Mparams/s, %.1f GB/s), ref %.3f ms "
+              "(%.1f Mparams/s), fast/ref %.2fx; same-traffic stream loop %.1f GB/s, fast at %.0f%% of it\n",
+              static_cast<long long>(n), omp_get_max_threads(), fast_s * 1e3, n / fast_s / 1e6, fast_gbs,
+              ref_s * 1e3, n / ref_s / 1e6, ref_s / fast_s, stream_gbs, 100.0 * fast_gbs / stream_gbs);
+  EXPECT_GT(fast_s, 0.0);
+}
+
+}  // namespace fp

@@ -1,0 +1,137 @@
+// Element-wise kernels and reductions against the scalar reference, at sizes around SIMD widths and
+// the reduction block; the reductions' bits for 1 and 2 threads. Dimensions: n elements.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/elementwise.h"
+#include "ops/ref/elementwise.h"
+
+namespace fp {
+
+namespace {
+
+std::vector<float> random_vector(int64_t n, Rng& rng) {
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = static_cast<float>(rng.normal());
+    if (x == 0.0f) x = 0.5f;
+  }
+  return v;
+}
+
+::testing::AssertionResult vectors_equal(const std::vector<float>& got, const std::vector<float>& want,
+                                         const char* what) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i]) || !(got[i] == want[i])) {
+      return ::testing::AssertionFailure() << what << " n=" << want.size() << " index " << i << ": expected "
+                                           << want[i] << ", got " << got[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// SIMD widths, the 4096 reduction block and the 32768 parallel threshold, each +-1.
+const std::vector<int64_t> kSizes = {0,    1,    3,    7,    8,    9,     15,    16,    17,    31,    33,
+                                     63,   64,   65,   127,  129,  4095,  4096,  4097,  8191,  8193,  32767,
+                                     32768, 32769, 100003};
+
+}  // namespace
+
+// One float operation per element, in both: the results are equal bit for bit.
+TEST(Elementwise, MatchesReferenceExactly) {
+  uint64_t seed = 1;
+  for (const int64_t n : kSizes) {
+    Rng rng(seed++);
+    const std::vector<float> x = random_vector(n, rng), y0 = random_vector(n, rng);
+    std::vector<float> got = y0, want = y0;
+    ops::cpu::add_inplace(got.data(), x.data(), n);
+    ops::ref::add_inplace<float>(want.data(), x.data(), n);
+    EXPECT_TRUE(vectors_equal(got, want, "add_inplace"));
+    ops::cpu::scale_inplace(got.data(), -0.3f, n);
+    ops::ref::scale_inplace<float>(want.data(), -0.3f, n);
+    EXPECT_TRUE(vectors_equal(got, want, "scale_inplace"));
+    ops::cpu::copy(got.data(), x.data(), n);
+    ops::ref::copy<float>(want.data(), x.data(), n);
+    EXPECT_TRUE(vectors_equal(got, want, "copy"));
+    ops::cpu::fill(got.data(), 1.25f, n);
+    ops::ref::fill<float>(want.data(), 1.25f, n);
+    EXPECT_TRUE(vectors_equal(got, want, "fill"));
+  }
+}
+
+// Both sum in double, in different orders: they differ by at most n eps_double sum|x| before the
+// final rounding to float, which adds one half ulp to each. So |got - want| <= eps_float |want| +
+// 2 n eps_double sum|x| (the second term is ~1e-11 of sum|x| here, the first catches any lost or
+// doubled element, whose size is ~1 against a sum of ~sqrt(n)).
+TEST(Elementwise, ReductionsMatchReference) {
+  uint64_t seed = 100;
+  for (const int64_t n : kSizes) {
+    Rng rng(seed++);
+    const std::vector<float> x = random_vector(n, rng);
+    double abs_sum = 0, sq_sum = 0;
+    for (const float v : x) {
+      abs_sum += std::abs(v);
+      sq_sum += static_cast<double>(v) * v;
+    }
+    float got = NAN, want = NAN;
+    ops::cpu::reduce_sum(x.data(), n, &got);
+    ops::ref::reduce_sum<float>(x.data(), n, &want);
+    double tol = FLT_EPSILON * std::abs(want) + 2.0 * n * DBL_EPSILON * abs_sum;
+    EXPECT_TRUE(std::isfinite(got) && std::abs(got - want) <= tol)
+        << "reduce_sum n=" << n << ": expected " << want << ", got " << got << " (tolerance " << tol << ")";
+    ops::cpu::reduce_sumsq(x.data(), n, &got);
+    ops::ref::reduce_sumsq<float>(x.data(), n, &want);
+    tol = FLT_EPSILON * std::abs(want) + 2.0 * n * DBL_EPSILON * sq_sum;
+    EXPECT_TRUE(std::isfinite(got) && std::abs(got - want) <= tol)
+        << "reduce_sumsq n=" << n << ": expected " << want << ", got " << got << " (tolerance " << tol << ")";
+  }
+}
+
+// A sum with heavy cancellation, where a float accumulator would lose everything: 1e8 then many
+// small values then -1e8.
+TEST(Elementwise, ReduceSumAccumulatesInDouble) {
+  const int64_t n = 50001;
+  std::vector<float> x(n, 0.25f);
+  x[0] = 1e8f;
+  x[n - 1] = -1e8f;
+  float got = 0;
+  ops::cpu::reduce_sum(x.data(), n, &got);
+  EXPECT_EQ(got, 0.25f * (n - 2));
+}
+
+// Note [Deterministic reductions]: the same bits for 1 and 2 threads, and run to run. The input is
+// built so that the double sum's rounding shows in the float result: magnitudes spread over 10^+-12,
+// each value followed later by its negation, so the exact sum is tiny next to the rounding errors of
+// the partial sums, and any change of summation order (block size, thread split) changes the bits.
+TEST(Elementwise, ReductionsBitwiseAcrossThreads) {
+  const int saved = omp_get_max_threads();
+  for (const int64_t n : {int64_t{32769}, int64_t{1000003}}) {
+    Rng rng(n);
+    std::vector<float> x(n);
+    const int64_t half = n / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      x[i] = static_cast<float>(rng.normal() * std::pow(10.0, -12.0 + 24.0 * rng.uniform()));
+      if (x[i] == 0.0f) x[i] = 1.0f;
+      x[n - 1 - i] = -x[i];
+    }
+    x[half] = 0.125f;
+    float r[3][2];
+    const int threads[3] = {1, 2, 2};
+    for (int t = 0; t < 3; ++t) {
+      omp_set_num_threads(threads[t]);
+      ops::cpu::reduce_sum(x.data(), n, &r[t][0]);
+      ops::cpu::reduce_sumsq(x.data(), n, &r[t][1]);
+    }
+    EXPECT_EQ(std::memcmp(r[0], r[1], sizeof(r[0])), 0) << "n=" << n << ": 1 vs 2 threads differ";
+    EXPECT_EQ(std::memcmp(r[1], r[2], sizeof(r[0])), 0) << "n=" << n << ": two runs differ";
+  }
+  omp_set_num_threads(saved);
+}
+
+}  // namespace fp

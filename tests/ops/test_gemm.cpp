@@ -1,0 +1,206 @@
+// GEMM: cblas_sgemm through ops::cpu::gemm against the scalar reference for every transpose pair,
+// odd sizes around SIMD and BLAS tile widths, alpha/beta, padded leading dimensions; the empty
+// cases; FP_BLAS_CALL's argument checks; and the single-thread sgemm rate.
+// Dimensions: M rows of C, N columns of C, K the reduction.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "ops/cpu/blas_check.h"
+#include "ops/gemm.h"
+#include "ops/ref/gemm.h"
+
+namespace fp {
+
+namespace {
+
+std::vector<float> random_vector(size_t n, Rng& rng) {
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = static_cast<float>(rng.normal());
+    if (x == 0.0f) x = 0.5f;
+  }
+  return v;
+}
+
+struct Case {
+  bool ta, tb;
+  int64_t M, N, K;
+  int64_t pad;  // extra elements at the end of each stored row
+  float alpha, beta;
+};
+
+// Runs one case through the kernel and ref<float>, compares element by element.
+// Tolerance: the standard bound for a K-term dot product, |fl(c) - c| <= gamma_K sum |alpha a b|
+// (+ a few ulps of the beta term), applies to both the reference and OpenBLAS (which may block K and
+// use FMA), so their difference is below twice that, taken as (2K + 8) eps (|alpha| sum_k |a b| +
+// |beta c0|). An indexing or transpose bug gives an error of order sqrt(K) |a b|, far above it.
+// The padding columns of C must be left untouched.
+::testing::AssertionResult case_check(const Case& c, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
+  const int64_t b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
+  const int64_t lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.N + c.pad;
+  const std::vector<float> A = random_vector(a_rows * lda, rng);  // (a_rows, lda)
+  const std::vector<float> B = random_vector(b_rows * ldb, rng);  // (b_rows, ldb)
+  std::vector<float> C0 = random_vector(c.M * ldc, rng);          // (M, ldc)
+  if (c.beta == 0.0f) {
+    // beta == 0 must not read C: poison it (the padding too, which must stay as it was).
+    for (int64_t i = 0; i < c.M; ++i)
+      for (int64_t j = 0; j < c.N; ++j) C0[i * ldc + j] = std::numeric_limits<float>::quiet_NaN();
+  }
+  std::vector<float> got = C0, want = C0;
+  ops::cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, got.data(), ldc);
+  ops::ref::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, want.data(), ldc);
+  const std::string where = "ta=" + std::to_string(c.ta) + " tb=" + std::to_string(c.tb) + " M=" +
+                            std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                            " pad=" + std::to_string(c.pad);
+  for (int64_t i = 0; i < c.M; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const int64_t idx = i * ldc + j;
+      if (j >= c.N) {
+        if (!(got[idx] == C0[idx]))
+          return ::testing::AssertionFailure() << where << ": padding C[" << i << "," << j << "] written";
+        continue;
+      }
+      double absum = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const double a = c.ta ? A[k * lda + i] : A[i * lda + k];
+        const double b = c.tb ? B[j * ldb + k] : B[k * ldb + j];
+        absum += std::abs(a * b);
+      }
+      absum = std::abs(c.alpha) * absum + (c.beta == 0.0f ? 0.0 : std::abs(c.beta * C0[idx]));
+      const double tol = (2.0 * c.K + 8.0) * FLT_EPSILON * absum;
+      const double g = got[idx], w = want[idx];
+      if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol)) {
+        return ::testing::AssertionFailure() << where << ": C[" << i << "," << j << "] expected " << w << ", got "
+                                             << g << " (tolerance " << tol << ")";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const std::vector<int64_t> kSizes = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129};
+
+}  // namespace
+
+TEST(Gemm, MatchesReferenceAllTransposes) {
+  const int64_t ns = static_cast<int64_t>(kSizes.size());
+  const float alphas[] = {1.0f, 0.5f, -1.75f};
+  const float betas[] = {0.0f, 1.0f, -0.625f};
+  uint64_t seed = 1;
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    for (int64_t i = 0; i < ns; ++i) {
+      // Every size appears as M, N and K, paired with sizes from other parts of the list.
+      const Case c{ta, tb, kSizes[i], kSizes[(i + 5) % ns], kSizes[(i + 11) % ns], i % 3, alphas[i % 3],
+                   betas[(i / 3) % 3]};
+      EXPECT_TRUE(case_check(c, seed++));
+    }
+  }
+}
+
+TEST(Gemm, MatchesReferenceLargerOddShapes) {
+  // Past OpenBLAS's blocking (its kernels tile M and N by a few to a few dozen and K by a few hundred).
+  const Case cases[] = {
+      {false, false, 257, 130, 515, 3, 1.0f, 0.0f}, {false, true, 200, 301, 257, 0, 0.5f, 1.0f},
+      {true, false, 129, 513, 300, 1, -1.0f, 0.25f}, {true, true, 333, 97, 401, 7, 2.0f, -1.0f},
+      {false, true, 1, 700, 513, 0, 1.0f, 0.0f},     {true, false, 600, 1, 129, 2, 1.0f, 1.0f},
+  };
+  uint64_t seed = 100;
+  for (const Case& c : cases) EXPECT_TRUE(case_check(c, seed++));
+}
+
+TEST(Gemm, EmptyDimensions) {
+  Rng rng(7);
+  const int64_t M = 5, N = 9, ldc = 11;
+  const std::vector<float> C0 = random_vector(M * ldc, rng);  // (M, ldc)
+  // M == 0 or N == 0: nothing is touched, null pointers allowed.
+  ops::cpu::gemm(false, false, 0, N, 4, 1.0f, nullptr, 4, nullptr, N, 0.0f, nullptr, N);
+  ops::cpu::gemm(true, true, M, 0, 4, 1.0f, nullptr, M, nullptr, 4, 0.0f, nullptr, 1);
+  // K == 0: C = beta C, with A and B null.
+  std::vector<float> C = C0;
+  ops::cpu::gemm(false, true, M, N, 0, 1.0f, nullptr, 1, nullptr, 1, -0.5f, C.data(), ldc);
+  for (int64_t i = 0; i < M * ldc; ++i) {
+    const float want = (i % ldc) < N ? -0.5f * C0[i] : C0[i];
+    ASSERT_EQ(C[i], want) << "index " << i;
+  }
+  // K == 0, beta == 0: C = 0 without reading C.
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = std::numeric_limits<float>::quiet_NaN();
+  ops::cpu::gemm(true, false, M, N, 0, 1.0f, nullptr, 1, nullptr, 1, 0.0f, C.data(), ldc);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) ASSERT_EQ(C[i * ldc + j], 0.0f) << "C[" << i << "," << j << "]";
+}
+
+TEST(Gemm, BadArgumentsAssert) {
+  std::vector<float> A(64, 1.0f), B(64, 1.0f), C(64, 1.0f);
+  // lda below K for a row-major (M, K) A.
+  try {
+    ops::cpu::gemm(false, false, 4, 4, 4, 1.0f, A.data(), 3, B.data(), 4, 0.0f, C.data(), 4);
+    FAIL() << "lda = 3 < K = 4 accepted";
+  } catch (const InternalError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cblas_sgemm"), std::string::npos) << what;
+    EXPECT_NE(what.find("leading dimension of A"), std::string::npos) << what;
+    EXPECT_NE(what.find("gemm.cpp"), std::string::npos) << what;
+  }
+  // Transposed A is stored (K, M): lda must cover M.
+  EXPECT_THROW(ops::cpu::gemm(true, false, 6, 4, 4, 1.0f, A.data(), 4, B.data(), 4, 0.0f, C.data(), 4), InternalError);
+  // Transposed B is stored (N, K): ldb must cover K.
+  EXPECT_THROW(ops::cpu::gemm(false, true, 4, 4, 6, 1.0f, A.data(), 6, B.data(), 4, 0.0f, C.data(), 4), InternalError);
+  EXPECT_THROW(ops::cpu::gemm(false, false, 4, 5, 4, 1.0f, A.data(), 4, B.data(), 5, 0.0f, C.data(), 4), InternalError);
+  EXPECT_THROW(ops::cpu::gemm(false, false, 4, 4, 4, 1.0f, nullptr, 4, B.data(), 4, 0.0f, C.data(), 4), InternalError);
+  EXPECT_THROW(ops::cpu::gemm(false, false, -1, 4, 4, 1.0f, A.data(), 4, B.data(), 4, 0.0f, C.data(), 4),
+               InternalError);
+  // Dimensions that do not fit in a 32-bit blasint.
+  EXPECT_THROW(ops::cpu::gemm(false, false, 1, int64_t{1} << 32, 1, 1.0f, A.data(), 1, B.data(), int64_t{1} << 32,
+                              0.0f, C.data(), int64_t{1} << 32),
+               InternalError);
+  // The last call site is recorded for diagnostics.
+  ops::cpu::gemm(false, false, 4, 4, 4, 1.0f, A.data(), 4, B.data(), 4, 0.0f, C.data(), 4);
+  const ops::cpu::BlasCallSite& site = ops::cpu::blas_last_call();
+  ASSERT_NE(site.call, nullptr);
+  EXPECT_NE(std::string(site.call).find("cblas_sgemm"), std::string::npos);
+  EXPECT_NE(std::string(site.file).find("gemm.cpp"), std::string::npos);
+  EXPECT_GT(site.line, 0);
+}
+
+// The single-thread sgemm rate at two shapes, median of repeats (a report, never a failure).
+TEST(Gemm, SingleThreadRate) {
+  const int saved_threads = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (const Shape s : {Shape{512, 512, 512}, Shape{2048, 1024, 1024}}) {
+    Rng rng(3);
+    const std::vector<float> A = random_vector(s.M * s.K, rng);  // (M, K)
+    const std::vector<float> B = random_vector(s.K * s.N, rng);  // (K, N)
+    std::vector<float> C(s.M * s.N);                              // (M, N)
+    ops::cpu::gemm(false, false, s.M, s.N, s.K, 1.0f, A.data(), s.K, B.data(), s.N, 0.0f, C.data(), s.N);  // warm
+    std::vector<double> secs;
+    for (int r = 0; r < 7; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ops::cpu::gemm(false, false, s.M, s.N, s.K, 1.0f, A.data(), s.K, B.data(), s.N, 0.0f, C.data(), s.N);
+      secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(secs.begin(), secs.end());
+    const double gflops = 2.0 * s.M * s.N * s.K / secs[secs.size() / 2] * 1e-9;
+    std::printf("sgemm %ldx%ldx%ld, 1 thread: %.1f GFLOP/s (median of %zu)\n", static_cast<long>(s.M),
+                static_cast<long>(s.N), static_cast<long>(s.K), gflops, secs.size());
+    EXPECT_TRUE(std::isfinite(C[0]));
+  }
+  openblas_set_num_threads(saved_threads);
+}
+
+}  // namespace fp

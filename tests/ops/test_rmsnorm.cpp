@@ -1,0 +1,170 @@
+// RMSNorm: forward (also in place) and backward against the scalar reference at widths around SIMD
+// widths and row counts around the dw row block; the reference backward against finite differences;
+// dx and dw bit for bit for 1 and 2 threads (Note [Deterministic rmsnorm dw]).
+// Dimensions: rows independent rows of width d.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/ref/rmsnorm.h"
+#include "ops/rmsnorm.h"
+
+namespace fp {
+
+namespace {
+
+template <class T>
+std::vector<T> random_vector(int64_t n, Rng& rng, double scale = 1.0) {
+  std::vector<T> v(n);
+  for (T& x : v) {
+    x = static_cast<T>(scale * rng.normal());
+    if (x == T(0)) x = static_cast<T>(0.5 * scale);
+  }
+  return v;
+}
+
+// Element by element |got - want| <= tol[i], NaN/Inf failing.
+::testing::AssertionResult near_each(const std::vector<float>& got, const std::vector<float>& want,
+                                     const std::vector<double>& tol, const std::string& what, int64_t d) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol[i])) {
+      return ::testing::AssertionFailure() << what << " at (" << i / d << ", " << i % d << "): expected " << w
+                                           << ", got " << g << " (tolerance " << tol[i] << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const std::vector<int64_t> kWidths = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 1000};
+const std::vector<int64_t> kRows = {1, 3, 63, 64, 65, 130};
+
+}  // namespace
+
+// Forward: both take the sum of squares in double (orders differ by ~1e-16 relative), round rstd to
+// float the same way, and then do the same two float multiplies. Allow 4 eps relative.
+// Backward dx: the same float operations after a double dot product, so 4 eps of the two terms'
+// magnitudes. dw: the kernel sums 64-row blocks in float (error <= 64 eps of the sum of |terms|),
+// the reference sums all rows in double; allow (64 + 8) eps sum_rows |dy x rstd| + eps |dw|.
+TEST(Rmsnorm, MatchesReference) {
+  uint64_t seed = 1;
+  const float eps = 1e-6f;
+  for (const int64_t d : kWidths) {
+    for (const int64_t rows : kRows) {
+      Rng rng(seed++);
+      // Rows with magnitudes spread over 10^-2..10^2, so rstd varies.
+      std::vector<float> x = random_vector<float>(rows * d, rng);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < d; ++i) x[r * d + i] *= static_cast<float>(std::pow(10.0, -2.0 + 4.0 * r / rows));
+      const std::vector<float> w = random_vector<float>(d, rng);
+      const std::vector<float> dy = random_vector<float>(rows * d, rng);
+      const std::vector<float> dw0 = random_vector<float>(d, rng);
+      const std::string where = "rows=" + std::to_string(rows) + " d=" + std::to_string(d);
+
+      std::vector<float> y(rows * d), y_ref(rows * d), rstd(rows), rstd_ref(rows);
+      ops::cpu::rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, d, eps);
+      ops::ref::rmsnorm_forward<float>(x.data(), w.data(), y_ref.data(), rstd_ref.data(), rows, d, eps);
+      std::vector<double> tol(rows * d);
+      for (int64_t i = 0; i < rows * d; ++i) tol[i] = 4 * FLT_EPSILON * std::abs(y_ref[i]);
+      EXPECT_TRUE(near_each(y, y_ref, tol, "rmsnorm_forward y " + where, d));
+      std::vector<double> tol_rstd(rows);
+      for (int64_t r = 0; r < rows; ++r) tol_rstd[r] = 2 * FLT_EPSILON * std::abs(rstd_ref[r]);
+      EXPECT_TRUE(near_each(rstd, rstd_ref, tol_rstd, "rmsnorm_forward rstd " + where, 1));
+
+      // In place (y aliases x), without rstd.
+      std::vector<float> inplace = x;
+      ops::cpu::rmsnorm_forward(inplace.data(), w.data(), inplace.data(), nullptr, rows, d, eps);
+      EXPECT_TRUE(near_each(inplace, y_ref, tol, "rmsnorm_forward in place " + where, d));
+
+      std::vector<float> dx(rows * d), dx_ref(rows * d), dw = dw0, dw_ref = dw0;
+      ops::cpu::rmsnorm_backward(x.data(), w.data(), rstd_ref.data(), dy.data(), dx.data(), dw.data(), rows, d);
+      ops::ref::rmsnorm_backward<float>(x.data(), w.data(), rstd_ref.data(), dy.data(), dx_ref.data(), dw_ref.data(),
+                                        rows, d);
+      std::vector<double> tol_dx(rows * d), tol_dw(d);
+      for (int64_t r = 0; r < rows; ++r) {
+        const double rs = rstd_ref[r];
+        double s = 0;
+        for (int64_t i = 0; i < d; ++i) s += static_cast<double>(dy[r * d + i]) * w[i] * x[r * d + i];
+        for (int64_t i = 0; i < d; ++i) {
+          const double t1 = std::abs(rs * w[i] * dy[r * d + i]);
+          const double t2 = std::abs(x[r * d + i] * rs * rs * rs * s / d);
+          tol_dx[r * d + i] = 4 * FLT_EPSILON * (t1 + t2);
+          tol_dw[i] += std::abs(static_cast<double>(dy[r * d + i]) * x[r * d + i] * rs);
+        }
+      }
+      for (int64_t i = 0; i < d; ++i) tol_dw[i] = (64 + 8) * FLT_EPSILON * tol_dw[i] + FLT_EPSILON * std::abs(dw0[i]);
+      EXPECT_TRUE(near_each(dx, dx_ref, tol_dx, "rmsnorm_backward dx " + where, d));
+      EXPECT_TRUE(near_each(dw, dw_ref, tol_dw, "rmsnorm_backward dw " + where, d));
+    }
+  }
+}
+
+TEST(Rmsnorm, BackwardBitwiseAcrossThreads) {
+  const int saved = omp_get_max_threads();
+  const int64_t rows = 1000, d = 129;  // 16 row blocks, the last one partial
+  Rng rng(3);
+  const std::vector<float> x = random_vector<float>(rows * d, rng), w = random_vector<float>(d, rng);
+  const std::vector<float> dy = random_vector<float>(rows * d, rng), dw0 = random_vector<float>(d, rng);
+  std::vector<float> rstd(rows), y(rows * d);
+  ops::cpu::rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, d, 1e-6f);
+  std::vector<float> dx[3], dw[3];
+  const int threads[3] = {1, 2, 2};
+  for (int t = 0; t < 3; ++t) {
+    omp_set_num_threads(threads[t]);
+    dx[t].resize(rows * d);
+    dw[t] = dw0;
+    ops::cpu::rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx[t].data(), dw[t].data(), rows, d);
+  }
+  omp_set_num_threads(saved);
+  for (int t = 1; t < 3; ++t) {
+    EXPECT_EQ(std::memcmp(dx[0].data(), dx[t].data(), dx[0].size() * sizeof(float)), 0) << "dx, run " << t;
+    EXPECT_EQ(std::memcmp(dw[0].data(), dw[t].data(), dw[0].size() * sizeof(float)), 0) << "dw, run " << t;
+  }
+}
+
+// L = sum q . y(x, w) in double; dL/dx and dL/dw from the reference backward (dy = q, dw from 0)
+// against central differences. Step 1e-5 on O(1) inputs: truncation ~1e-10, rounding ~1e-11.
+TEST(Rmsnorm, ReferenceBackwardMatchesFiniteDifferences) {
+  for (const int64_t d : {int64_t{1}, int64_t{5}, int64_t{16}}) {
+    const int64_t rows = 3;
+    const double eps = 1e-3;  // large enough to matter in the gradient
+    Rng rng(11 + d);
+    std::vector<double> x = random_vector<double>(rows * d, rng), w = random_vector<double>(d, rng);
+    const std::vector<double> q = random_vector<double>(rows * d, rng);
+    auto loss = [&] {
+      std::vector<double> y(rows * d);
+      ops::ref::rmsnorm_forward<double>(x.data(), w.data(), y.data(), nullptr, rows, d, eps);
+      double L = 0;
+      for (int64_t i = 0; i < rows * d; ++i) L += q[i] * y[i];
+      return L;
+    };
+    std::vector<double> y(rows * d), rstd(rows), dx(rows * d), dw(d, 0.0);
+    ops::ref::rmsnorm_forward<double>(x.data(), w.data(), y.data(), rstd.data(), rows, d, eps);
+    ops::ref::rmsnorm_backward<double>(x.data(), w.data(), rstd.data(), q.data(), dx.data(), dw.data(), rows, d);
+    auto fd = [&](double& v) {
+      const double h = 1e-5, saved = v;
+      v = saved + h;
+      const double lp = loss();
+      v = saved - h;
+      const double lm = loss();
+      v = saved;
+      return (lp - lm) / (2 * h);
+    };
+    for (int64_t i = 0; i < rows * d; ++i) {
+      const double g = fd(x[i]);
+      EXPECT_NEAR(dx[i], g, 1e-7 * (1 + std::abs(g))) << "d=" << d << " dx[" << i / d << "," << i % d << "]";
+    }
+    for (int64_t i = 0; i < d; ++i) {
+      const double g = fd(w[i]);
+      EXPECT_NEAR(dw[i], g, 1e-7 * (1 + std::abs(g))) << "d=" << d << " dw[" << i << "]";
+    }
+  }
+}
+
+}  // namespace fp

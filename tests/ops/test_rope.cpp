@@ -1,0 +1,133 @@
+// RoPE: forward and backward against the scalar reference at head dims around SIMD widths and large
+// positions; backward(forward(x)) == x; the rotate-half convention on a hand-computed case; the
+// reference backward against finite differences. Dimensions: n tokens, heads heads, hd head_dim.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "ops/ref/rope.h"
+#include "ops/rope.h"
+
+namespace fp {
+
+namespace {
+
+template <class T>
+std::vector<T> random_vector(int64_t n, Rng& rng) {
+  std::vector<T> v(n);
+  for (T& x : v) {
+    x = static_cast<T>(rng.normal());
+    if (x == T(0)) x = T(0.5);
+  }
+  return v;
+}
+
+std::vector<int32_t> random_positions(int64_t n, Rng& rng) {
+  std::vector<int32_t> p(n);
+  for (int64_t t = 0; t < n; ++t) p[t] = t == 0 ? 0 : static_cast<int32_t>(rng.below(40000));
+  return p;
+}
+
+// Each output is x_a c -+ x_b s over the pair (a, b): tol = k eps (|x_a| + |x_b|) of the input pair.
+::testing::AssertionResult pairs_near(const std::vector<float>& got, const std::vector<float>& want,
+                                      const std::vector<float>& in, int64_t hd, double k, const std::string& what) {
+  const int64_t half = hd / 2;
+  for (size_t idx = 0; idx < want.size(); ++idx) {
+    const int64_t i = static_cast<int64_t>(idx % hd), base = static_cast<int64_t>(idx) - i;
+    const double mag = std::abs(in[base + i % half]) + std::abs(in[base + i % half + half]);
+    const double tol = k * FLT_EPSILON * mag;
+    const double g = got[idx], w = want[idx];
+    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol)) {
+      return ::testing::AssertionFailure() << what << " at element " << idx << " (vector " << idx / hd << ", i " << i
+                                           << "): expected " << w << ", got " << g << " (tolerance " << tol << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const std::vector<int64_t> kHeadDims = {2, 4, 6, 8, 14, 16, 18, 30, 32, 34, 62, 64, 66, 126, 128, 130, 256};
+
+}  // namespace
+
+// The kernel and ref<float> round the same double cos/sin to float and do the same float products;
+// allow 2 eps of the pair for a difference in rounding of the final subtraction.
+TEST(Rope, MatchesReference) {
+  uint64_t seed = 1;
+  for (const int64_t hd : kHeadDims) {
+    for (const int64_t heads : {int64_t{1}, int64_t{3}}) {
+      for (const float theta : {10000.0f, 1000000.0f}) {
+        Rng rng(seed++);
+        const int64_t n = 5 + hd % 13;
+        const std::vector<int32_t> pos = random_positions(n, rng);
+        const std::vector<float> x = random_vector<float>(n * heads * hd, rng);
+        const std::string where = "hd=" + std::to_string(hd) + " heads=" + std::to_string(heads);
+        std::vector<float> got = x, want = x;
+        ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, theta);
+        ops::ref::rope_forward<float>(want.data(), pos.data(), n, heads, hd, theta);
+        EXPECT_TRUE(pairs_near(got, want, x, hd, 2, "rope_forward " + where));
+        got = x;
+        want = x;
+        ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, theta);
+        ops::ref::rope_backward<float>(want.data(), pos.data(), n, heads, hd, theta);
+        EXPECT_TRUE(pairs_near(got, want, x, hd, 2, "rope_backward " + where));
+        // The inverse: c^2 + s^2 = 1 within a few eps after rounding cos and sin to float.
+        got = x;
+        ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, theta);
+        ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, theta);
+        EXPECT_TRUE(pairs_near(got, x, x, hd, 6, "rope_backward(rope_forward(x)) " + where));
+      }
+    }
+  }
+}
+
+// hd = 4, theta = 100: inv_freq = (1, 0.1). Token at pos 3 with x = (1, 2, 0, 0): pair 0 is rotated
+// by 3 rad, pair 1 by 0.3 rad: y = (cos 3, 2 cos 0.3, sin 3, 2 sin 0.3). Position 0 is the identity.
+TEST(Rope, RotateHalfConvention) {
+  std::vector<float> x = {1, 2, 0, 0, 1, 2, 3, 4};  // (2 tokens, 1 head, 4)
+  const std::vector<int32_t> pos = {3, 0};
+  ops::cpu::rope_forward(x.data(), pos.data(), 2, 1, 4, 100.0f);
+  const double want[8] = {std::cos(3.0), 2 * std::cos(0.3), std::sin(3.0), 2 * std::sin(0.3), 1, 2, 3, 4};
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(x[i], want[i], 4e-7) << "element " << i;
+}
+
+TEST(Rope, OddHeadDimAsserts) {
+  std::vector<float> x(6, 1.0f);
+  const std::vector<int32_t> pos = {1, 2};
+  EXPECT_THROW(ops::cpu::rope_forward(x.data(), pos.data(), 2, 1, 3, 10000.0f), InternalError);
+}
+
+// L = q . rope_forward(x) in double; dL/dx = rope_backward(q), against central differences (L is
+// linear in x, so they agree to rounding).
+TEST(Rope, ReferenceBackwardMatchesFiniteDifferences) {
+  const int64_t n = 4, heads = 2, hd = 6;
+  Rng rng(21);
+  const std::vector<int32_t> pos = random_positions(n, rng);
+  std::vector<double> x = random_vector<double>(n * heads * hd, rng);
+  const std::vector<double> q = random_vector<double>(n * heads * hd, rng);
+  auto loss = [&] {
+    std::vector<double> y = x;
+    ops::ref::rope_forward<double>(y.data(), pos.data(), n, heads, hd, 10000.0);
+    double L = 0;
+    for (size_t i = 0; i < y.size(); ++i) L += q[i] * y[i];
+    return L;
+  };
+  std::vector<double> grad = q;
+  ops::ref::rope_backward<double>(grad.data(), pos.data(), n, heads, hd, 10000.0);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double h = 1e-5, saved = x[i];
+    x[i] = saved + h;
+    const double lp = loss();
+    x[i] = saved - h;
+    const double lm = loss();
+    x[i] = saved;
+    const double fd = (lp - lm) / (2 * h);
+    EXPECT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << "dx[" << i << "]";
+  }
+}
+
+}  // namespace fp

@@ -1,0 +1,204 @@
+"""An independent, plain PyTorch twin of Qwen3-MoE (Hugging Face Qwen3MoeForCausalLM, every layer a
+sparse MoE), written to check flatpeak's model: logits, losses and every parameter gradient.
+
+Dimensions: B batch, T sequence, H hidden_size, L layers, nh query heads, nkv key/value heads,
+hd head_dim, E experts, k experts per token, I moe_intermediate_size, V vocab_size, N = B*T tokens.
+
+It follows the Hugging Face code path (transformers/models/qwen3_moe/modeling_qwen3_moe.py) with
+two deliberate differences: everything is computed in the dtype of the parameters passed in (the
+checks use float64), and targets are given explicitly per position (no shift inside; -100 is
+ignored). Gradients come from autograd.
+"""
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Config:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    vocab_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.001
+
+    @staticmethod
+    def from_dict(d):
+        """Takes the keys above (all required) from d, a Hugging Face config.json dict; others are ignored."""
+        missing = [f.name for f in fields(Config) if f.name not in d]
+        if missing:
+            raise KeyError(f"config lacks {missing}")
+        return Config(**{f.name: d[f.name] for f in fields(Config)})
+
+
+def param_shapes(cfg):
+    """Every parameter's Hugging Face name -> shape (nn.Linear weights are (out, in)), in model order."""
+    H, hd, I = cfg.hidden_size, cfg.head_dim, cfg.moe_intermediate_size
+    nh, nkv, E, V = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_experts, cfg.vocab_size
+    s = {"model.embed_tokens.weight": (V, H)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        s[p + "input_layernorm.weight"] = (H,)
+        s[p + "self_attn.q_proj.weight"] = (nh * hd, H)
+        s[p + "self_attn.k_proj.weight"] = (nkv * hd, H)
+        s[p + "self_attn.v_proj.weight"] = (nkv * hd, H)
+        s[p + "self_attn.o_proj.weight"] = (H, nh * hd)
+        s[p + "self_attn.q_norm.weight"] = (hd,)
+        s[p + "self_attn.k_norm.weight"] = (hd,)
+        s[p + "post_attention_layernorm.weight"] = (H,)
+        s[p + "mlp.gate.weight"] = (E, H)
+        for e in range(E):
+            q = f"{p}mlp.experts.{e}."
+            s[q + "gate_proj.weight"] = (I, H)
+            s[q + "up_proj.weight"] = (I, H)
+            s[q + "down_proj.weight"] = (H, I)
+    s["model.norm.weight"] = (H,)
+    s["lm_head.weight"] = (V, H)
+    return s
+
+
+def init_params(cfg, seed=0, dtype=torch.float64):
+    """Random parameters for self-checks: norm weights near 1, matrices ~ N(0, 1/fan_in)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if len(shape) == 1:
+            out[name] = 1.0 + 0.2 * torch.randn(shape, generator=g, dtype=dtype)
+        else:
+            out[name] = torch.randn(shape, generator=g, dtype=dtype) / math.sqrt(shape[1])
+    out["model.embed_tokens.weight"] = torch.randn(param_shapes(cfg)["model.embed_tokens.weight"], generator=g,
+                                                   dtype=dtype)
+    return out
+
+
+# --- building blocks -------------------------------------------------------------------------------
+
+def rms_norm(x, w, eps):
+    """x (..., D) * rsqrt(mean(x^2) + eps) * w (D)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope_cos_sin(T, hd, theta, dtype):
+    """cos, sin (T, hd) for positions 0..T-1: angle pos * theta^(-2i/hd), i < hd/2, repeated twice."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))  # (hd/2)
+    pos = torch.arange(T, dtype=torch.float64)
+    ang = torch.outer(pos, inv_freq)  # (T, hd/2)
+    emb = torch.cat([ang, ang], dim=-1)  # (T, hd)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    """(..., hd): cat(-x2, x1) where x1, x2 are the two halves of the last dimension."""
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def attention(x, p, layer, cfg):
+    """x (B, T, H): the normed hidden states. Returns the o_proj output (B, T, H)."""
+    B, T, _ = x.shape
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    pre = f"model.layers.{layer}.self_attn."
+    q = (x @ p[pre + "q_proj.weight"].T).view(B, T, nh, hd)
+    k = (x @ p[pre + "k_proj.weight"].T).view(B, T, nkv, hd)
+    v = (x @ p[pre + "v_proj.weight"].T).view(B, T, nkv, hd)
+    # Qwen3: per-head RMSNorm over hd on q and k, before RoPE.
+    q = rms_norm(q, p[pre + "q_norm.weight"], cfg.rms_norm_eps)
+    k = rms_norm(k, p[pre + "k_norm.weight"], cfg.rms_norm_eps)
+    cos, sin = rope_cos_sin(T, hd, cfg.rope_theta, x.dtype)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over B and heads
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
+    # GQA: query head h reads kv head h // (nh / nkv).
+    k = k.repeat_interleave(nh // nkv, dim=1)
+    v = v.repeat_interleave(nh // nkv, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * hd ** -0.5  # (B, nh, T, T)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    o = torch.softmax(scores, dim=-1) @ v  # (B, nh, T, hd)
+    o = o.transpose(1, 2).reshape(B, T, nh * hd)
+    return o @ p[pre + "o_proj.weight"].T
+
+
+def expert_mlp(x, p, layer, e):
+    """x (n, H) -> (n, H): down(silu(gate(x)) * up(x))."""
+    pre = f"model.layers.{layer}.mlp.experts.{e}."
+    return (F.silu(x @ p[pre + "gate_proj.weight"].T) * (x @ p[pre + "up_proj.weight"].T)) @ p[pre + "down_proj.weight"].T
+
+
+def moe(x, p, layer, cfg):
+    """x (B, T, H): the normed hidden states. Returns (output (B, T, H), router logits (N, E),
+    tokens per expert (E) as a list of ints)."""
+    B, T, H = x.shape
+    xs = x.reshape(B * T, H)
+    logits = xs @ p[f"model.layers.{layer}.mlp.gate.weight"].T  # (N, E)
+    probs = torch.softmax(logits, dim=-1)
+    weights, sel = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # (N, k)
+    if cfg.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(xs)
+    counts = []
+    for e in range(cfg.num_experts):
+        tok, slot = torch.where(sel == e)  # the tokens routed to e and in which of their k slots
+        counts.append(int(tok.numel()))
+        if tok.numel() == 0:
+            continue
+        y = expert_mlp(xs[tok], p, layer, e) * weights[tok, slot, None]
+        out = out.index_add(0, tok, y)
+    return out.view(B, T, H), logits, counts
+
+
+def load_balancing_loss(router_logits, E, k):
+    """Hugging Face load_balancing_loss_func without an attention mask. router_logits: list over
+    layers of (N, E); the layers are concatenated to (L*N, E)."""
+    logits = torch.cat(router_logits, dim=0)
+    probs = torch.softmax(logits, dim=-1)
+    _, sel = torch.topk(probs, k, dim=-1)  # (L*N, k)
+    tokens_per_expert = F.one_hot(sel, E).to(probs.dtype).mean(dim=0)  # (k, E); no gradient path
+    router_prob_per_expert = probs.mean(dim=0)  # (E)
+    return E * torch.sum(tokens_per_expert * router_prob_per_expert[None, :])
+
+
+def forward(p, cfg, input_ids, targets):
+    """p: name -> tensor (all the same float dtype); input_ids, targets (B, T) integer tensors.
+    Returns a dict: logits (B, T, V), loss, ce_loss, aux_loss (scalars), router_logits (list of
+    (N, E)), expert_counts (L lists of E ints)."""
+    input_ids, targets = input_ids.long(), targets.long()
+    x = p["model.embed_tokens.weight"][input_ids]  # (B, T, H)
+    router_logits, counts = [], []
+    for i in range(cfg.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        x = x + attention(rms_norm(x, p[pre + "input_layernorm.weight"], cfg.rms_norm_eps), p, i, cfg)
+        y, logits_i, c = moe(rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg.rms_norm_eps), p, i, cfg)
+        x = x + y
+        router_logits.append(logits_i)
+        counts.append(c)
+    x = rms_norm(x, p["model.norm.weight"], cfg.rms_norm_eps)
+    logits = x @ p["lm_head.weight"].T  # (B, T, V)
+    ce = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.num_experts_per_tok)
+    loss = ce + cfg.router_aux_loss_coef * aux
+    return {"logits": logits, "loss": loss, "ce_loss": ce, "aux_loss": aux, "router_logits": router_logits,
+            "expert_counts": counts}
+
+
+def forward_backward(p, cfg, input_ids, targets):
+    """forward() on leaf copies of p that require grad; adds "grads": name -> d loss / d param."""
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in p.items()}
+    out = forward(leaves, cfg, input_ids, targets)
+    names = list(leaves)
+    grads = torch.autograd.grad(out["loss"], [leaves[n] for n in names], allow_unused=True)
+    out["grads"] = {n: (g if g is not None else torch.zeros_like(leaves[n])) for n, g in zip(names, grads)}
+    return out

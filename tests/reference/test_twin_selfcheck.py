@@ -1,0 +1,382 @@
+#!/usr/bin/python3
+"""Checks the PyTorch twin itself, so that the model-vs-twin test does not rest on trust:
+
+  (a) its attention equals a naive per-(batch, head, position) loop with explicit RoPE pairs;
+  (b) its MoE block equals a per-token loop (sorted top-k, explicit SwiGLU), and its aux loss and
+      whole forward (logits, ce, aux, loss) equal loop versions built from those naive blocks;
+  (c) torch.autograd.gradcheck (float64) of the whole loss w.r.t. several parameters, tiny config;
+  (d) safetensors_io roundtrips every dtype, a scalar, an empty tensor and metadata, and lays the
+      file out as the format says;
+  (e) check_case.py passes a case made from the twin's own outputs and fails (exit 1, naming the
+      tensor) a perturbed gradient, a NaN, a missing gradient, and a case without an empty expert.
+
+Run with /usr/bin/python3 (torch); exits non-zero on any failure.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import qwen3_moe_twin as twin  # noqa: E402
+import safetensors_io  # noqa: E402
+
+torch.set_default_dtype(torch.float64)
+
+TINY = dict(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6, vocab_size=11, rope_theta=10000.0,
+            rms_norm_eps=1e-6, norm_topk_prob=True, router_aux_loss_coef=0.05)
+# A wider GQA config (2 query heads per kv head, odd T) for the block comparisons.
+GQA = dict(hidden_size=12, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=6,
+           num_experts=5, num_experts_per_tok=3, moe_intermediate_size=7, vocab_size=13, rope_theta=500.0,
+           rms_norm_eps=1e-5, norm_topk_prob=False, router_aux_loss_coef=0.1)
+
+
+def batch(cfg, B, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    targets = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    targets.view(-1)[::4] = twin.IGNORE_INDEX
+    return ids, targets
+
+
+def assert_close(name, got, want, tol=1e-11):
+    got, want = torch.as_tensor(got), torch.as_tensor(want)
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} vs {tuple(want.shape)}"
+    assert torch.isfinite(got).all() and torch.isfinite(want).all(), f"{name}: not finite"
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    scale = max(want.abs().max().item() if want.numel() else 0.0, 1e-300)
+    assert err <= tol * max(scale, 1.0), f"{name}: max abs err {err:.3e} (scale {scale:.3e})"
+    print(f"  {name}: max abs err {err:.2e}")
+
+
+# --- naive versions, written from the description rather than from the twin -------------------------
+
+def rms_vec(v, w, eps):
+    return v / math.sqrt(float((v * v).sum()) / v.numel() + eps) * w
+
+
+def rope_vec(v, pos, theta):
+    """Rotates the pairs (i, i + hd/2) of one head vector by pos * theta^(-2i/hd)."""
+    hd = v.numel()
+    half = hd // 2
+    r = v.clone()
+    for i in range(half):
+        a = pos * theta ** (-2.0 * i / hd)
+        c, s = math.cos(a), math.sin(a)
+        r[i] = v[i] * c - v[i + half] * s
+        r[i + half] = v[i + half] * c + v[i] * s
+    return r
+
+
+def attention_naive(x, p, layer, cfg):
+    B, T, H = x.shape
+    nh, nkv, hd, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+    pre = f"model.layers.{layer}.self_attn."
+    Wq, Wk, Wv = p[pre + "q_proj.weight"], p[pre + "k_proj.weight"], p[pre + "v_proj.weight"]
+    qn, kn = p[pre + "q_norm.weight"], p[pre + "k_norm.weight"]
+    heads = torch.zeros(B, T, nh * hd)
+    for b in range(B):
+        for h in range(nh):
+            g = h // (nh // nkv)
+            rows_q, rows_kv = slice(h * hd, (h + 1) * hd), slice(g * hd, (g + 1) * hd)
+            qs = [rope_vec(rms_vec(Wq[rows_q] @ x[b, t], qn, eps), t, cfg.rope_theta) for t in range(T)]
+            ks = [rope_vec(rms_vec(Wk[rows_kv] @ x[b, s], kn, eps), s, cfg.rope_theta) for s in range(T)]
+            vs = [Wv[rows_kv] @ x[b, s] for s in range(T)]
+            for t in range(T):
+                scores = [float(qs[t] @ ks[s]) / math.sqrt(hd) for s in range(t + 1)]
+                m = max(scores)
+                w = [math.exp(a - m) for a in scores]
+                z = sum(w)
+                heads[b, t, rows_q] = sum(w[s] / z * vs[s] for s in range(t + 1))
+    return heads @ p[pre + "o_proj.weight"].T
+
+
+def moe_naive(x, p, layer, cfg):
+    B, T, H = x.shape
+    E, k = cfg.num_experts, cfg.num_experts_per_tok
+    pre = f"model.layers.{layer}.mlp."
+    out = torch.zeros(B, T, H)
+    logits_all = torch.zeros(B * T, E)
+    counts = [0] * E
+    for n in range(B * T):
+        b, t = divmod(n, T)
+        v = x[b, t]
+        logits = [float(p[pre + "gate.weight"][e] @ v) for e in range(E)]
+        logits_all[n] = torch.tensor(logits)
+        m = max(logits)
+        z = sum(math.exp(a - m) for a in logits)
+        probs = [math.exp(a - m) / z for a in logits]
+        chosen = sorted(range(E), key=lambda e: -probs[e])[:k]
+        w = [probs[e] for e in chosen]
+        if cfg.norm_topk_prob:
+            w = [a / sum(w) for a in w]
+        for e, we in zip(chosen, w):
+            counts[e] += 1
+            q = f"{pre}experts.{e}."
+            a = p[q + "gate_proj.weight"] @ v
+            silu = a / (1.0 + torch.exp(-a))
+            out[b, t] += we * (p[q + "down_proj.weight"] @ (silu * (p[q + "up_proj.weight"] @ v)))
+    return out, logits_all, counts
+
+
+def aux_naive(router_logits, E, k):
+    """E * sum_e (fraction of rows with e in their top k) * (mean router probability of e)."""
+    rows = torch.cat(router_logits, dim=0)
+    n = rows.shape[0]
+    frac, mean_p = [0.0] * E, [0.0] * E
+    for r in rows:
+        probs = torch.softmax(r, dim=0).tolist()
+        for e in sorted(range(E), key=lambda e: -probs[e])[:k]:
+            frac[e] += 1.0 / n
+        for e in range(E):
+            mean_p[e] += probs[e] / n
+    return E * sum(f * q for f, q in zip(frac, mean_p))
+
+
+def forward_naive(p, cfg, ids, targets):
+    eps = cfg.rms_norm_eps
+    B, T = ids.shape
+    x = torch.stack([torch.stack([p["model.embed_tokens.weight"][int(ids[b, t])] for t in range(T)])
+                     for b in range(B)])
+    norm = lambda y, w: torch.stack([torch.stack([rms_vec(y[b, t], w, eps) for t in range(T)]) for b in range(B)])
+    router = []
+    for i in range(cfg.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        x = x + attention_naive(norm(x, p[pre + "input_layernorm.weight"]), p, i, cfg)
+        y, logits, _ = moe_naive(norm(x, p[pre + "post_attention_layernorm.weight"]), p, i, cfg)
+        x = x + y
+        router.append(logits)
+    logits = norm(x, p["model.norm.weight"]) @ p["lm_head.weight"].T
+    total, count = 0.0, 0
+    for b in range(B):
+        for t in range(T):
+            y = int(targets[b, t])
+            if y == twin.IGNORE_INDEX:
+                continue
+            row = logits[b, t].tolist()
+            m = max(row)
+            total += m + math.log(sum(math.exp(a - m) for a in row)) - row[y]
+            count += 1
+    ce = total / count
+    aux = aux_naive(router, cfg.num_experts, cfg.num_experts_per_tok)
+    return logits, ce, aux, ce + cfg.router_aux_loss_coef * aux
+
+
+# --- the checks ----------------------------------------------------------------------------------
+
+def check_attention():
+    print("(a) attention vs a per-head loop")
+    for d, B, T in ((TINY, 2, 5), (GQA, 2, 9)):
+        cfg = twin.Config(**d)
+        p = twin.init_params(cfg, seed=1)
+        x = torch.randn(B, T, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+        for layer in range(cfg.num_hidden_layers):
+            assert_close(f"attention heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} layer {layer}",
+                         twin.attention(x, p, layer, cfg), attention_naive(x, p, layer, cfg))
+
+
+def check_moe_and_forward():
+    print("(b) MoE vs a per-token loop; aux loss and whole forward vs loop versions")
+    for d, B, T in ((TINY, 2, 5), (GQA, 2, 9)):
+        cfg = twin.Config(**d)
+        p = twin.init_params(cfg, seed=3)
+        x = torch.randn(B, T, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+        for layer in range(cfg.num_hidden_layers):
+            out, logits, counts = twin.moe(x, p, layer, cfg)
+            out_n, logits_n, counts_n = moe_naive(x, p, layer, cfg)
+            assert counts == counts_n, f"tokens per expert {counts} vs {counts_n}"
+            assert sum(counts) == B * T * cfg.num_experts_per_tok
+            assert_close(f"moe E={cfg.num_experts} k={cfg.num_experts_per_tok} layer {layer}", out, out_n)
+            assert_close(f"router logits layer {layer}", logits, logits_n)
+        ids, targets = batch(cfg, B, T, seed=5)
+        ref = twin.forward(p, cfg, ids, targets)
+        logits, ce, aux, loss = forward_naive(p, cfg, ids, targets)
+        assert_close("logits", ref["logits"], logits, 1e-10)
+        assert_close("ce_loss", ref["ce_loss"], torch.tensor(ce), 1e-10)
+        assert_close("aux_loss", ref["aux_loss"], torch.tensor(aux), 1e-10)
+        assert_close("loss", ref["loss"], torch.tensor(loss), 1e-10)
+        assert_close("aux by one-hot formula", ref["aux_loss"], twin.load_balancing_loss(
+            [r.detach() for r in ref["router_logits"]], cfg.num_experts, cfg.num_experts_per_tok), 1e-12)
+
+
+def check_gradcheck():
+    print("(c) gradcheck of the whole loss (float64, tiny config)")
+    cfg = twin.Config(**TINY)
+    p = twin.init_params(cfg, seed=6)
+    ids, targets = batch(cfg, 2, 5, seed=7)
+    names = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+             "model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+             "model.layers.0.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+             "model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
+             "model.layers.1.post_attention_layernorm.weight", "model.layers.0.mlp.gate.weight",
+             "model.layers.1.mlp.gate.weight", "model.layers.0.mlp.experts.1.gate_proj.weight",
+             "model.layers.1.mlp.experts.2.up_proj.weight", "model.layers.1.mlp.experts.3.down_proj.weight",
+             "model.norm.weight", "lm_head.weight"]
+
+    def loss_of(*ws):
+        q = dict(p)
+        q.update(zip(names, ws))
+        return twin.forward(q, cfg, ids, targets)["loss"]
+
+    inputs = tuple(p[n].clone().requires_grad_(True) for n in names)
+    # The top-k choice is piecewise constant; the margins here are far larger than eps, so the loss
+    # is smooth around this point and central differences apply.
+    assert torch.autograd.gradcheck(loss_of, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
+    print(f"  gradcheck passed for {len(names)} parameters")
+    # And forward_backward's grads are the same autograd grads.
+    grads = twin.forward_backward(p, cfg, ids, targets)["grads"]
+    direct = torch.autograd.grad(loss_of(*inputs), inputs)
+    for n, g in zip(names, direct):
+        assert torch.equal(grads[n], g), n
+    # An aux coefficient of 0 removes the aux term exactly.
+    cfg0 = twin.Config(**dict(TINY, router_aux_loss_coef=0.0))
+    out0 = twin.forward(p, cfg0, ids, targets)
+    assert out0["loss"].item() == out0["ce_loss"].item()
+
+
+def check_safetensors_io():
+    print("(d) safetensors_io roundtrip")
+    g = torch.Generator().manual_seed(8)
+    ts = {
+        "a.f32": torch.randn(3, 5, generator=g).float(),
+        "b.f64": torch.randn(2, 1, 2, 3, generator=g),
+        "c.bf16": torch.randn(7, generator=g).bfloat16(),
+        "d.f16": torch.randn(3, generator=g).half(),  # 6 bytes: would misalign what follows in name order
+        "e.i32": torch.randint(-1000, 1000, (4, 2), generator=g, dtype=torch.int32),
+        "f.i64": torch.tensor(-(1 << 40)),  # scalar
+        "g.empty": torch.zeros(0, 4),
+    }
+    meta = {"config": json.dumps({"x": 1}), "format": "pt"}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.safetensors")
+        safetensors_io.save(path, ts, meta)
+        got, got_meta = safetensors_io.load(path)
+        assert got_meta == meta, got_meta
+        assert sorted(got) == sorted(ts)
+        for n, t in ts.items():
+            assert got[n].dtype == t.dtype and got[n].shape == t.shape, (n, got[n].dtype, got[n].shape)
+            assert torch.equal(got[n], t), n
+        raw = open(path, "rb").read()
+        (n,) = struct.unpack("<Q", raw[:8])
+        assert n % 8 == 0
+        header = json.loads(raw[8:8 + n])
+        end = 0
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            b, f = e["data_offsets"]
+            assert b % ts[name].element_size() == 0, (name, b)
+            end = max(end, f)
+        assert end == len(raw) - 8 - n
+        # No metadata, and damaged files raise.
+        safetensors_io.save(path, {"x": torch.ones(2)})
+        assert safetensors_io.load(path)[1] == {}
+        open(path, "wb").write(raw[:-3])
+        try:
+            safetensors_io.load(path)
+            raise AssertionError("a truncated file loaded")
+        except safetensors_io.FormatError as e:
+            print(f"  truncated file rejected: {e}")
+    print("  roundtrip exact for F32 F64 BF16 F16 I32 I64, scalar, empty, metadata")
+
+
+def case_write(path, cfg, p32, ids, targets, *, drop=None, perturb=None, nan=None):
+    """A case file as dump_case.cpp writes it, with the twin's own outputs standing in for flatpeak's."""
+    ref = twin.forward_backward({n: t.double() for n, t in p32.items()}, cfg, ids, targets)
+    ts = dict(p32)
+    ts["input_ids"], ts["targets"] = ids.int(), targets.int()
+    ts["out.logits"] = ref["logits"].detach().float()
+    for n in ("loss", "ce_loss", "aux_loss"):
+        ts["out." + n] = ref[n].detach().float().reshape(1)
+    for n, g in ref["grads"].items():
+        ts["grad." + n] = g.float()
+    if perturb:
+        g = ts[perturb].clone()
+        i = int(g.abs().reshape(-1).argmax())
+        g.view(-1)[i] *= 1.0 + 1e-3
+        ts[perturb] = g
+    if nan:
+        ts[nan] = ts[nan].clone()
+        ts[nan].view(-1)[1] = float("nan")
+    if drop:
+        del ts[drop]
+    safetensors_io.save(path, ts, {"config": json.dumps(cfg.__dict__)})
+    return ref
+
+
+def run_check(path, *extra):
+    r = subprocess.run([sys.executable, os.path.join(HERE, "check_case.py"), path, *extra], capture_output=True,
+                       text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def check_check_case():
+    print("(e) check_case.py on cases made from the twin")
+    cfg = twin.Config(**TINY)
+    p = {n: t.float() for n, t in twin.init_params(cfg, seed=9).items()}
+    ids, targets = batch(cfg, 2, 7, seed=10)
+    # Note [An expert with no tokens] (as in dump_case.cpp): dimension 0 of every embedding is large
+    # and positive, and the last expert's router row strongly negative there.
+    p["model.embed_tokens.weight"][:, 0] += 3.0
+    for i in range(cfg.num_hidden_layers):
+        p[f"model.layers.{i}.mlp.gate.weight"][-1, 0] = -20.0
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "case.safetensors")
+        ref = case_write(path, cfg, p, ids, targets)
+        assert ref["expert_counts"][0][-1] == 0, ref["expert_counts"]
+        rc, out = run_check(path)
+        assert rc == 0 and "FAIL" not in out, out
+        print("  clean case: exit 0")
+        g = "grad.model.layers.1.self_attn.q_norm.weight"
+        case_write(path, cfg, p, ids, targets, perturb=g)
+        rc, out = run_check(path)
+        assert rc == 1 and any(g in line and "FAIL" in line for line in out.splitlines()), out
+        print("  gradient off by 1e-3 relative: exit 1, named")
+        case_write(path, cfg, p, ids, targets, nan="out.logits")
+        rc, out = run_check(path)
+        assert rc == 1 and any(line.startswith("logits") and "FAIL" in line for line in out.splitlines()), out
+        print("  NaN in logits: exit 1")
+        rc, out = run_check(path, "--rtol", "1e30")
+        assert rc == 1, "a NaN passed a huge tolerance:\n" + out
+        g = "grad.model.layers.0.mlp.experts.3.down_proj.weight"
+        case_write(path, cfg, p, ids, targets, drop=g)
+        rc, out = run_check(path)
+        assert rc == 1 and "missing tensor " + g in out, out
+        print("  missing gradient: exit 1, named")
+        for i in range(cfg.num_hidden_layers):  # undo the arrangement: every expert gets tokens
+            p[f"model.layers.{i}.mlp.gate.weight"][-1, 0] = 0.0
+        ref = case_write(path, cfg, p, ids, targets)
+        assert all(c > 0 for counts in ref["expert_counts"] for c in counts), ref["expert_counts"]
+        rc, out = run_check(path)
+        assert rc == 1 and "no expert went without tokens" in out, out
+        rc, out = run_check(path, "--allow-no-empty-expert")
+        assert rc == 0, out
+        print("  no empty expert: exit 1 (0 with --allow-no-empty-expert)")
+
+
+def main():
+    checks = [check_attention, check_moe_and_forward, check_gradcheck, check_safetensors_io, check_check_case]
+    failed = []
+    for c in checks:
+        try:
+            c()
+        except Exception as e:  # report every failing check, not only the first
+            import traceback
+            traceback.print_exc()
+            failed.append(c.__name__)
+    if failed:
+        print(f"FAILED: {failed}")
+        return 1
+    print(f"all {len(checks)} twin self-checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
