@@ -105,7 +105,7 @@ def expect_error(args, *fragments):
 
 def case_bad_inputs(tmp):
     out = os.path.join(tmp, "o")
-    base = ["train", "--config", tiny(), "--steps", "3", "--out", out, "--quiet"] + SMALL
+    base = ["train", "--config", tiny(), "--out", out, "--quiet"] + SMALL + ["--set", "train.steps=3"]
     bad_cfg = os.path.join(tmp, "bad.toml")
     open(bad_cfg, "w").write("[model\nhidden_size = 3\n")
     expect_error(["train", "--config", bad_cfg, "--out", out], "malformed TOML")
@@ -123,7 +123,8 @@ def case_bad_inputs(tmp):
     write_tokens(tf, [5] * 500 + [300])
     expect_error(base + ["--set", f"data.source={tf}"], "300")
     # NaN: an absurd learning rate blows the weights up; the run stops with a clear error, exit 1.
-    p = run(base + ["--set", "optim.lr=1e30", "--set", "optim.grad_clip=0", "--steps", "20"], expect_ok=False)
+    p = run(base + ["--set", "optim.lr=1e30", "--set", "optim.grad_clip=0", "--set", "optim.warmup_steps=0",
+                    "--steps", "20"], expect_ok=False)
     assert p.returncode == 1 and ("loss is" in p.stderr or "non-finite" in p.stderr), p.stderr
     # Unreadable checkpoints.
     ck = os.path.join(tmp, "ck")

@@ -1,10 +1,14 @@
 // SwiGLU: forward and backward against the scalar reference at sizes around SIMD widths; finite and
-// correct at |g| = 100 and beyond (Note [Stable sigmoid]); the reference backward against finite
-// differences. Dimensions: n elements.
+// correct at |g| = 100 and beyond (Note [Stable sigmoid]); the same bits for any sub-range and thread
+// count; the reference backward against finite differences. Dimensions: n elements.
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cstdio>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -45,8 +49,8 @@ const std::vector<int64_t> kSizes = {1,  3,  7,  8,  9,   15,  16,  17,   31,   
 
 }  // namespace
 
-// Same float formula in both, but the kernel's expf and the reference's std::exp<float> may come
-// from different code paths; a 1-ulp difference in exp moves s by < 1 ulp, so results agree within a
+// Same float formula in both, but the kernel's polynomial exp is within 1 ulp of the reference's
+// std::exp<float>; a 1-ulp difference in exp moves s by < 1 ulp, so results agree within a
 // few eps relative: each output is a product, except 1 + g (1 - s) in dg, which cancels near
 // g = -1.28 (where silu' = 0); its error is a few eps of 1 + |g (1 - s)|, so dg's tolerance is
 // 8 eps |da u| s (1 + |g (1 - s)|).
@@ -89,13 +93,65 @@ TEST(Swiglu, LargeGatesStayFinite) {
     const double gd = g[i], ud = u[i], dad = da[i];
     ops::ref::swiglu_forward<double>(&gd, &ud, &ad, 1);
     ops::ref::swiglu_backward<double>(&gd, &ud, &dad, &dgd, &dud, 1);
-    // Float results may underflow to 0 (or a subnormal) where the double ones are tiny.
-    EXPECT_NEAR(a[i], ad, 4e-7 * std::abs(ad) + 1e-37) << "a at g=" << g[i];
-    EXPECT_NEAR(du[i], dud, 4e-7 * std::abs(dud) + 1e-37) << "du at g=" << g[i];
-    EXPECT_NEAR(dg[i], dgd, 4e-6 * std::abs(dgd) + 1e-37) << "dg at g=" << g[i];
+    // Below g = -87 the kernel's exp is 0 (Note [Why SwiGLU has its own exp]) where the double one is
+    // below 1.7e-38: an absolute error under |g u da| 1.7e-38 < 1e-34 here.
+    EXPECT_NEAR(a[i], ad, 4e-7 * std::abs(ad) + 1e-34) << "a at g=" << g[i];
+    EXPECT_NEAR(du[i], dud, 4e-7 * std::abs(dud) + 1e-34) << "du at g=" << g[i];
+    EXPECT_NEAR(dg[i], dgd, 4e-6 * std::abs(dgd) + 1e-34) << "dg at g=" << g[i];
   }
   EXPECT_EQ(a[0], 150.0f);
   EXPECT_EQ(dg[0], 0.75f * 1.5f);
+}
+
+// A dense sweep of g over [-87, 30] with u = da = 1 against the double reference: the kernel's own exp
+// (Note [Why SwiGLU has its own exp], within 1 ulp) plus the roundings of 1 + e, the division and
+// two or three products keep a and du within 4 eps relative. dg also rounds 1 + g (1 - s), which
+// cancels near g = -1.28, so it is held to 8 eps of s (1 + |g (1 - s)|).
+TEST(Swiglu, DenseSweepAgainstDouble) {
+  const int64_t n = 117001;
+  std::vector<float> g(n), one(n, 1.0f), a(n), dg(n), du(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(-87.0 + 117.0 * static_cast<double>(i) / (n - 1));
+  ops::cpu::swiglu_forward(g.data(), one.data(), a.data(), n);
+  ops::cpu::swiglu_backward(g.data(), one.data(), one.data(), dg.data(), du.data(), n);
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double gd = g[i], s = 1.0 / (1.0 + std::exp(-gd)), silu = gd * s, dsilu = s * (1.0 + gd * (1.0 - s));
+    const double tol = 4 * FLT_EPSILON * std::abs(silu);
+    worst = std::max(worst, std::abs(a[i] - silu) / (FLT_EPSILON * std::abs(silu)));
+    ASSERT_TRUE(std::abs(a[i] - silu) <= tol) << "a at g=" << g[i] << ": expected " << silu << ", got " << a[i];
+    ASSERT_TRUE(std::abs(du[i] - silu) <= tol) << "du at g=" << g[i] << ": expected " << silu << ", got " << du[i];
+    const double tol_dg = 8 * FLT_EPSILON * s * (1.0 + std::abs(gd * (1.0 - s)));
+    ASSERT_TRUE(std::abs(dg[i] - dsilu) <= tol_dg) << "dg at g=" << g[i] << ": expected " << dsilu << ", got "
+                                                    << dg[i];
+  }
+  std::printf("swiglu a: worst relative error %.2f eps\n", worst);
+}
+
+// Element-wise with a padded 4-wide tail (Note [Why SwiGLU has its own exp]): an element gets the
+// same bits whether it is computed in a long range, at an odd offset, or in a tail, and for 1 or 2
+// threads.
+TEST(Swiglu, SameBitsForAnyRangeAndThreads) {
+  const int64_t n = 40003;
+  Rng rng(8);
+  const std::vector<float> g = random_vector<float>(n, rng, 5.0), u = random_vector<float>(n, rng, 1.0);
+  const std::vector<float> da = random_vector<float>(n, rng, 1.0);
+  std::vector<float> a(n), dg(n), du(n);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  ops::cpu::swiglu_forward(g.data(), u.data(), a.data(), n);
+  ops::cpu::swiglu_backward(g.data(), u.data(), da.data(), dg.data(), du.data(), n);
+  omp_set_num_threads(1);
+  for (const int64_t off : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4097}}) {
+    for (const int64_t len : {int64_t{1}, int64_t{3}, int64_t{5}, int64_t{8191}, n - off}) {
+      std::vector<float> a2(len), dg2(len), du2(len);
+      ops::cpu::swiglu_forward(g.data() + off, u.data() + off, a2.data(), len);
+      ops::cpu::swiglu_backward(g.data() + off, u.data() + off, da.data() + off, dg2.data(), du2.data(), len);
+      EXPECT_EQ(std::memcmp(a2.data(), a.data() + off, len * sizeof(float)), 0) << "a off=" << off << " len=" << len;
+      EXPECT_EQ(std::memcmp(dg2.data(), dg.data() + off, len * sizeof(float)), 0) << "dg off=" << off << " len=" << len;
+      EXPECT_EQ(std::memcmp(du2.data(), du.data() + off, len * sizeof(float)), 0) << "du off=" << off << " len=" << len;
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 // L = q . swiglu_forward(g, u) in double; dL/dg, dL/du from the reference backward (da = q) against
