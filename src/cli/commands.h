@@ -40,6 +40,7 @@ struct EvalOptions {
   int64_t batch = 1;
   std::string json;
   std::string device_mem = "unlimited";
+  std::string dump_logits;
 };
 void eval_register(CLI::App& app, EvalOptions& o);
 int eval_run(const EvalOptions& o);

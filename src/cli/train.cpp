@@ -9,6 +9,7 @@
 #include "data/loader.h"
 #include "data/token_file.h"
 #include "io/atomic_file.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -41,6 +42,8 @@ void eval_register(CLI::App& app, EvalOptions& o) {
   sub->add_option("--batch", o.batch, "sequences per forward pass");
   sub->add_option("--json", o.json, "write {loss, tokens, sequences, ...} here");
   sub->add_option("--device-mem", o.device_mem, "device memory capacity");
+  sub->add_option("--dump-logits", o.dump_logits,
+                  "write the first batch's inputs and logits (B, T, V) here as safetensors (scripts/interop)");
 }
 
 int eval_run(const EvalOptions& o) {
@@ -79,7 +82,17 @@ int eval_run(const EvalOptions& o) {
   double loss_sum = 0, aux_sum = 0;
   int64_t tokens = 0, sequences = 0;
   for (size_t i = 0; i < batches.size(); ++i) {
-    StepOutputs out = model.forward(batches[i]);
+    std::vector<float> logits;
+    const bool dump = i == 0 && !o.dump_logits.empty();
+    StepOutputs out = model.forward(batches[i], dump ? &logits : nullptr);
+    if (dump) {
+      const Batch& b = batches[i];
+      safetensors_write(o.dump_logits,
+                        {{"input_ids", DType::DType_I32, {b.B, b.T}, b.tokens.data()},
+                         {"targets", DType::DType_I32, {b.B, b.T}, b.targets.data()},
+                         {"logits", DType::DType_F32, {b.B, b.T, m.vocab_size}, logits.data()}},
+                        {});
+    }
     loss_sum += out.ce_loss * static_cast<double>(out.target_tokens);
     aux_sum += out.aux_loss * static_cast<double>(batches[i].B);
     tokens += out.target_tokens;

@@ -36,7 +36,9 @@ std::vector<LedgerEvent> run_events(const std::string& device, const RoutingProf
   model.init_weights(m.seed);
   Batch b = batch_random(B, T, m.vocab_size, 3);
   StepOutputs out = model.forward_backward(b);
-  if (device == "cpu") EXPECT_TRUE(std::isfinite(out.loss));
+  if (device == "cpu") {
+    EXPECT_TRUE(std::isfinite(out.loss));
+  }
   return be->device_ledger().events();
 }
 }  // namespace

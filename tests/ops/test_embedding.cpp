@@ -92,6 +92,10 @@ TEST(Embedding, BackwardBitwiseAcrossThreads) {
     ops::cpu::embedding_backward(tokens.data(), dout.data(), r[t].data(), n, H);
   }
   omp_set_num_threads(saved);
+  // Past the parallel threshold, still the reference's bits.
+  std::vector<float> want = dtable0;
+  ops::ref::embedding_backward<float>(tokens.data(), dout.data(), want.data(), n, H);
+  EXPECT_TRUE(vectors_equal(r[2], want, "embedding_backward (2 threads)", H));
   EXPECT_EQ(std::memcmp(r[0].data(), r[1].data(), r[0].size() * sizeof(float)), 0) << "1 vs 2 threads differ";
   EXPECT_EQ(std::memcmp(r[1].data(), r[2].data(), r[0].size() * sizeof(float)), 0) << "two runs differ";
 }
