@@ -22,7 +22,7 @@
 #include "memory/report.h"
 #include "model/model.h"
 #include "ops/gemm_profile.h"
-#include "sched/optim/adamw.h"
+#include "sched/optim/optimizer.h"
 #include "train/run_config.h"
 
 namespace fp::cli {
@@ -89,9 +89,10 @@ int bench_step_run(const BenchOptions& o) {
   const ModelConfig& m = cfg.model;
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   be->kernels_set(ops::kernels_cpu_gemm_profiled());
-  Model model(m, *be, cfg.moe.routing_profile);
+  Model model(m, *be, cfg.moe.routing_profile, cfg.schedules);
   model.init_weights(m.seed);
-  AdamW optim(model.params(), *be, cfg.optim);
+  std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, model.params(), *be);
+  Optimizer& optim = *optim_ptr;
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, cfg.data.seed);
   if (!o.case_path.empty()) {
     std::vector<std::vector<float>> host;

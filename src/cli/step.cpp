@@ -43,7 +43,7 @@ int step_run(const StepOptions& o) {
   log_info("{}: {} layers, hidden {}, {} experts (top-{}), vocab {}, {:.2f} M parameters; batch {} x {} tokens on {}",
            cfg.source, m.num_hidden_layers, m.hidden_size, m.num_experts, m.num_experts_per_tok, m.vocab_size,
            static_cast<double>(m.param_count()) / 1e6, cfg.train.batch_size, cfg.train.seq_len, be->name());
-  Model model(m, *be, profile);
+  Model model(m, *be, profile, cfg.schedules);
   model.init_weights(m.seed);
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, o.data_seed);
   be->device_ledger().peaks_reset();

@@ -59,7 +59,9 @@ struct RouterStats {
   std::vector<int64_t> counts;  // (E) routed copies per expert
   std::vector<double> prob_sum; // (E) sum over tokens of the router probability (empty on meta)
 };
-Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats);
+// The output x2 is allocated in category out_cat (checkpoints when it is the next layer's boundary).
+Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats,
+                         Category out_cat = Category::Category_activations, const std::string& out_name = "moe.x2");
 // dx (n, H): in d x2, out d x1. aux_bias (E) on the device: d loss / d probs of every token from
 // the load-balancing loss (may be undefined when the coefficient is 0). Frees `a`.
 void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, const Tensor& aux_bias,

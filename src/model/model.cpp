@@ -5,6 +5,8 @@
 #include <cmath>
 
 #include "model/blocks.h"
+#include "sched/ckpt/boundary_store.h"
+#include "sched/vocab/vocab_head.h"
 
 namespace fp {
 
@@ -24,8 +26,8 @@ void batch_validate(const Batch& b, int64_t V) {
   }
 }
 
-Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile)
-    : cfg_(cfg), be_(be), profile_(profile), params_(cfg, be) {
+Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, ModelSchedules sched)
+    : cfg_(cfg), be_(be), profile_(profile), sched_(sched), params_(cfg, be) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");
@@ -56,25 +58,25 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
     be_.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
   }
 
-  // Forward: keep only the layer boundaries (Note [Per-layer checkpointing]).
-  std::vector<Tensor> boundary(static_cast<size_t>(L));
+  // Forward: keep only the layer boundaries (Note [Per-layer checkpointing]), in the store of the
+  // checkpoint schedule (device, or SCO's host offload).
+  std::unique_ptr<BoundaryStore> store = boundary_store_create(sched_.ckpt, be_, L);
   std::vector<RouterStats> stats(static_cast<size_t>(L));
-  boundary[0] = be_.alloc_f32(Category::Category_checkpoints, {n, H}, "ckpt.layer0");
-  K.embedding_forward(tokens.i32(), params_.embed_tokens->w.f32(), boundary[0].f32(), n, H);
-  Tensor x;  // the running hidden state after the last layer computed
+  Tensor x = be_.alloc_f32(Category::Category_checkpoints, {n, H}, "ckpt.layer0");
+  K.embedding_forward(tokens.i32(), params_.embed_tokens->w.f32(), x.f32(), n, H);
   for (int64_t l = 0; l < L; ++l) {
     const LayerParams& lp = params_.layers[l];
-    Tensor x1 = attn_block_forward(s, lp, boundary[l], nullptr);
-    if (!backward) boundary[l].reset();  // evaluation keeps no boundary
-    Tensor x2 = moe_block_forward(s, lp, x1, nullptr, &stats[l]);
-    x1.reset();
-    if (l + 1 < L) {
-      boundary[l + 1] = be_.alloc_f32(Category::Category_checkpoints, {n, H}, fmt::format("ckpt.layer{}", l + 1));
-      K.copy(boundary[l + 1].f32(), x2.f32(), n * H);
-      x2.reset();
+    Tensor x1 = attn_block_forward(s, lp, x, nullptr);
+    if (backward) {
+      store->put(l, std::move(x));
     } else {
-      x = std::move(x2);
+      x.reset();  // evaluation keeps no boundary
     }
+    const bool last = l + 1 == L;
+    x = moe_block_forward(s, lp, x1, nullptr, &stats[l],
+                          last ? Category::Category_activations : Category::Category_checkpoints,
+                          last ? "final.x" : fmt::format("ckpt.layer{}", l + 1));
+    x1.reset();
   }
 
   // Load-balancing loss from the routing statistics of all layers.
@@ -105,8 +107,8 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   // Head: loss and d x_L.
   Tensor dx;
   if (backward) dx = be_.alloc_f32(Category::Category_activations, {n, H}, "grad.x");
-  HeadResult head = head_full_forward_backward(s, params_, x, targets, 1.0f / static_cast<float>(target_tokens), dx,
-                                               logits_out, backward);
+  HeadResult head = head_forward_backward(s, sched_.vocab, params_, x, targets,
+                                          1.0f / static_cast<float>(target_tokens), dx, logits_out, backward);
   x.reset();
   out.ce_loss = head.loss_sum / static_cast<double>(target_tokens);
   out.loss = out.ce_loss + cfg_.router_aux_loss_coef * out.aux_loss;
@@ -120,14 +122,16 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
     const LayerParams& lp = params_.layers[l];
     AttnActs attn;
     MoeActs moe;
-    Tensor x1 = attn_block_forward(s, lp, boundary[l], &attn);
+    const Tensor& xl = store->get(l);
+    Tensor x1 = attn_block_forward(s, lp, xl, &attn);
     Tensor x2 = moe_block_forward(s, lp, x1, &moe, nullptr);
     x2.reset();
     moe_block_backward(s, lp, x1, moe, aux_bias, dx);
     x1.reset();
-    attn_block_backward(s, lp, boundary[l], attn, dx);
-    boundary[l].reset();
+    attn_block_backward(s, lp, xl, attn, dx);
+    store->release(l);
   }
+  store->clear();
   K.embedding_backward(tokens.i32(), dx.f32(), params_.embed_tokens->g.f32(), n, H);
   be_.synchronize();
   return out;

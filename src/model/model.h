@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/schedules.h"
 
 namespace fp {
 
@@ -44,7 +45,8 @@ class Model {
  public:
   // Allocates parameters and gradients. The profile overrides the router (required on meta, where
   // the router computes nothing: "router" is an error there).
-  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {});
+  // sched: the schedule of each flattenable peak (plain variants by default).
+  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, ModelSchedules sched = {});
 
   // Deterministic initial weights (cpu); see ParamStore::init.
   void init_weights(uint64_t seed) { params_.init(seed); }
@@ -70,6 +72,7 @@ class Model {
   ModelConfig cfg_;
   Backend& be_;
   RoutingProfile profile_;
+  ModelSchedules sched_;
   ParamStore params_;
 };
 

@@ -11,7 +11,8 @@ constexpr Category kAct = Category::Category_activations;
 constexpr Category kDispatch = Category::Category_dispatch;
 }  // namespace
 
-Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats) {
+Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats,
+                         Category out_cat, const std::string& out_name) {
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
@@ -99,7 +100,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   }
   if (!keep) a.act.reset();
 
-  Tensor x2 = be.alloc_f32(kAct, {n, H}, "moe.x2");
+  Tensor x2 = be.alloc_f32(out_cat, {n, H}, out_name);
   K.copy(x2.f32(), x1.f32(), n * H);
   K.moe_combine_forward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), x2.f32(), n, k, H);
   if (!keep) {

@@ -54,7 +54,7 @@ void tensors_read(const SafetensorsFile& f, const std::string& path,
 
 }  // namespace
 
-std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const AdamW* optim,
+std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
                             const TrainerState& state, Backend& be) {
   const fs::path root(dir);
   fs::create_directories(root);
@@ -113,7 +113,7 @@ std::string checkpoint_resolve(const std::string& dir) {
               "pass the --out directory of a flatpeak train run, or a directory holding model.safetensors");
 }
 
-TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, AdamW* optim,
+TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, Optimizer* optim,
                              Backend& be) {
   const std::string ck = checkpoint_resolve(dir);
   const fs::path root(ck);

@@ -19,7 +19,7 @@
 
 #include "backend/backend.h"
 #include "model/params.h"
-#include "sched/optim/adamw.h"
+#include "sched/optim/optimizer.h"
 
 namespace fp {
 
@@ -30,7 +30,7 @@ struct TrainerState {
 };
 
 // Writes a checkpoint of `step` under dir (Note [Atomic checkpoints]). Returns the step directory.
-std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const AdamW* optim,
+std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
                             const TrainerState& state, Backend& be);
 
 // The directory of the latest complete checkpoint: dir itself when it holds model.safetensors, else
@@ -40,7 +40,7 @@ std::string checkpoint_resolve(const std::string& dir);
 // Loads weights (and, when optim is not null, the optimizer state) from a checkpoint directory into
 // already allocated tensors; every name, shape and dtype is checked, and the model config must
 // match cfg. Returns the trainer state (step 0 when the directory has none, e.g. weights only).
-TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, AdamW* optim,
+TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, Optimizer* optim,
                              Backend& be);
 
 }  // namespace fp

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/units.h"
 
 namespace fp {
 
@@ -24,7 +25,15 @@ struct Field {
   std::function<void(const toml::node&)> store;
 };
 
-std::vector<Field> schema(RunConfig& c, std::string& profile) {
+// Keys read as strings first and converted after validation.
+struct StringKeys {
+  std::string profile = "router";
+  std::string vocab_schedule = "full";
+  std::string ckpt_schedule = "device";
+  std::string ckpt_host_budget = "unlimited";
+};
+
+std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
   using K = Field::Kind;
   auto i64 = [](int64_t* p) { return [p](const toml::node& n) { *p = *n.value<int64_t>(); }; };
   auto f64 = [](double* p) { return [p](const toml::node& n) { *p = *n.value<double>(); }; };
@@ -59,13 +68,23 @@ std::vector<Field> schema(RunConfig& c, std::string& profile) {
       {"optim", "grad_clip", K::Kind_float, false, f64(&c.optim.grad_clip)},
       {"optim", "warmup_steps", K::Kind_int, false, i64(&c.optim.warmup_steps)},
       {"optim", "min_lr_ratio", K::Kind_float, false, f64(&c.optim.min_lr_ratio)},
+      {"optim", "schedule", K::Kind_string, false, str(&c.optim.schedule)},
+      {"optim", "bucket_params", K::Kind_int, false, i64(&c.optim.bucket_params)},
+      {"optim", "slots", K::Kind_int, false, i64(&c.optim.slots)},
+      {"optim", "update_on", K::Kind_string, false, str(&c.optim.update_on)},
+      {"vocab", "schedule", K::Kind_string, false, str(&strings.vocab_schedule)},
+      {"vocab", "block_tokens", K::Kind_int, false, i64(&c.schedules.vocab.block_tokens)},
+      {"vocab", "ring_mode", K::Kind_string, false, str(&c.schedules.vocab.ring_mode)},
+      {"vocab", "keep_strips", K::Kind_bool, false, b(&c.schedules.vocab.keep_strips)},
+      {"ckpt", "schedule", K::Kind_string, false, str(&strings.ckpt_schedule)},
+      {"ckpt", "host_budget", K::Kind_string, false, str(&strings.ckpt_host_budget)},
       {"data", "source", K::Kind_string, false, str(&c.data.source)},
       {"data", "pairs", K::Kind_int, false, i64(&c.data.pairs)},
       {"data", "loss_on", K::Kind_string, false, str(&c.data.loss_on)},
       {"data", "seed", K::Kind_int, false,
        [&c](const toml::node& n) { c.data.seed = static_cast<uint64_t>(*n.value<int64_t>()); }},
       {"moe", "routing_profile", K::Kind_string, false,
-       [&profile](const toml::node& n) { profile = *n.value<std::string>(); }},
+       [&strings](const toml::node& n) { strings.profile = *n.value<std::string>(); }},
   };
 }
 
@@ -129,15 +148,15 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
 
   RunConfig c;
   c.source = source;
-  std::string profile = "router";
-  std::vector<Field> fields = schema(c, profile);
+  StringKeys strings;
+  std::vector<Field> fields = schema(c, strings);
 
   // Unknown tables and keys first: a typo must not silently fall back to a default.
   for (auto&& [tkey, tnode] : doc) {
     const std::string tname(tkey.str());
     bool known_table = false;
     for (const Field& f : fields) known_table |= (f.table == tname);
-    FP_CHECK(known_table, "known tables: [model], [train], [optim], [data], [moe]", "{}: unknown table [{}]", source, tname);
+    FP_CHECK(known_table, "known tables: [model], [train], [optim], [data], [moe], [vocab], [ckpt]", "{}: unknown table [{}]", source, tname);
     const toml::table* t = tnode.as_table();
     FP_CHECK(t != nullptr, kConfigHint, "{}: '{}' must be a table ([{}])", source, tname, tname);
     for (auto&& [k, v] : *t) {
@@ -183,7 +202,33 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
   FP_CHECK(c.data.pairs >= 0, kConfigHint, "{}: data.pairs = {} must be >= 0", source, c.data.pairs);
   FP_CHECK(!c.data.source.empty(), "write \"recall\" or the path of a token file", "{}: data.source is empty",
            source);
-  c.moe.routing_profile = routing_profile_parse(profile);
+  c.moe.routing_profile = routing_profile_parse(strings.profile);
+  auto one_of = [&](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+    std::string list;
+    for (const char* o2 : ok) {
+      if (v == o2) return;
+      list += (list.empty() ? "\"" : ", \"") + std::string(o2) + "\"";
+    }
+    throw Error(fmt::format("{}: {} = \"{}\" is not one of {}", source, key, v, list), kConfigHint);
+  };
+  one_of("optim.schedule", o.schedule, {"device", "offload_serial", "offload_stream"});
+  one_of("optim.update_on", o.update_on, {"device", "host"});
+  FP_CHECK(o.bucket_params >= 1, kConfigHint, "{}: optim.bucket_params = {} must be >= 1", source, o.bucket_params);
+  FP_CHECK(o.slots >= 1, kConfigHint, "{}: optim.slots = {} must be >= 1", source, o.slots);
+  one_of("vocab.schedule", strings.vocab_schedule, {"full", "ring"});
+  c.schedules.vocab.kind =
+      strings.vocab_schedule == "ring" ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
+  one_of("vocab.ring_mode", c.schedules.vocab.ring_mode, {"weights", "activations", "auto"});
+  FP_CHECK(c.schedules.vocab.block_tokens >= 1, kConfigHint, "{}: vocab.block_tokens = {} must be >= 1", source,
+           c.schedules.vocab.block_tokens);
+  one_of("ckpt.schedule", strings.ckpt_schedule, {"device", "sco"});
+  c.schedules.ckpt.kind =
+      strings.ckpt_schedule == "sco" ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device;
+  try {
+    c.schedules.ckpt.host_budget = bytes_parse(strings.ckpt_host_budget);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: ckpt.host_budget: {}", source, e.what()), e.hint());
+  }
   const RoutingProfile& p = c.moe.routing_profile;
   if (p.kind == RoutingProfile::Kind::Kind_hot) {
     FP_CHECK(p.hot_experts >= c.model.num_experts_per_tok &&

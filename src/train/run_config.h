@@ -5,6 +5,10 @@
 //   [optim]  AdamW: lr, beta1, beta2, eps, weight_decay, grad_clip, warmup_steps, min_lr_ratio
 //   [data]   source ("recall" or a token file), pairs, loss_on, seed
 //   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (DESIGN.md, routing profiles)
+//   [vocab]  schedule = "full" | "ring", block_tokens, ring_mode, keep_strips        (Ring-DTP)
+//   [ckpt]   schedule = "device" | "sco", host_budget                                 (SCO)
+//   [optim]  also schedule = "device" | "offload_serial" | "offload_stream", bucket_params, slots,
+//            update_on                                                                (OffloadStreamAdamW)
 //
 // Unknown tables or keys, missing keys, wrong types and impossible values are fp::Error naming the
 // key (e.g. "model.num_attention_heads = 5 is not a multiple of model.num_key_value_heads = 2").
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/schedules.h"
 #include "sched/optim/adamw.h"
 
 namespace fp {
@@ -43,6 +48,7 @@ struct RunConfig {
   OptimConfig optim;
   DataConfig data;
   MoeConfig moe;
+  ModelSchedules schedules;  // [vocab], [ckpt]
   std::string source;  // file it came from, for messages
 };
 

@@ -82,7 +82,14 @@ nlohmann::json run_config_json(const RunConfig& c) {
             {"weight_decay", c.optim.weight_decay},
             {"grad_clip", c.optim.grad_clip},
             {"warmup_steps", c.optim.warmup_steps},
-            {"min_lr_ratio", c.optim.min_lr_ratio}}},
+            {"min_lr_ratio", c.optim.min_lr_ratio},
+            {"schedule", c.optim.schedule},
+            {"bucket_params", c.optim.bucket_params},
+            {"slots", c.optim.slots},
+            {"update_on", c.optim.update_on}}},
+          {"vocab",
+           {{"schedule", c.schedules.vocab.kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full"},
+            {"block_tokens", c.schedules.vocab.block_tokens}}},
           {"data", {{"source", c.data.source}, {"pairs", c.data.pairs}, {"loss_on", c.data.loss_on}, {"seed", c.data.seed}}},
           {"moe", {{"routing_profile", c.moe.routing_profile.str()}}}};
 }
@@ -121,9 +128,10 @@ int train_run(const TrainOptions& o) {
   fs::create_directories(o.out);
   const std::string run_json = run_config_json(cfg).dump();
 
-  Model model(m, *be, profile);
+  Model model(m, *be, profile, cfg.schedules);
   model.init_weights(m.seed);
-  AdamW optim(model.params(), *be, cfg.optim);
+  std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, model.params(), *be);
+  Optimizer& optim = *optim_ptr;
   int64_t start = 0;
   if (!o.resume.empty()) {
     TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, *be);
@@ -163,7 +171,7 @@ int train_run(const TrainOptions& o) {
       throw Error(fmt::format("the loss is {} at step {} (cross-entropy {}, aux {}); no update was applied", out.loss,
                               step, out.ce_loss, out.aux_loss),
                   fmt::format("lower optim.lr or check the data; the last checkpoint in {} is intact", o.out));
-    AdamW::StepStats os = optim.step(step, total);
+    Optimizer::StepStats os = optim.step(step, total);
     be->synchronize();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(batch.B * batch.T) / secs;

@@ -18,38 +18,35 @@
 #include "backend/backend.h"
 #include "model/params.h"
 #include "sched/optim/lr_schedule.h"
+#include "sched/optim/optimizer.h"
 
 namespace fp {
 
-class AdamW {
+class AdamW final : public Optimizer {
  public:
   // Allocates m and v (zero-filled) for every parameter of params, in the store's order. params and
   // be must outlive the optimizer.
   AdamW(ParamStore& params, Backend& be, const OptimConfig& cfg);
 
-  struct StepStats {
-    double grad_norm;   // global L2 norm of the gradients before clipping; NaN on meta (no data)
-    double lr;          // learning rate of this step
-    double clip_scale;  // factor applied to the gradients (1: no clipping; 1 on meta)
-  };
+  using StepStats = Optimizer::StepStats;
 
   // Applies step `step` (1-based, PyTorch's state["step"]) of a run of total_steps steps, reading the
   // gradients in params and updating the weights. step must be steps_taken() + 1 (an internal
   // invariant: bias correction depends on it). Throws fp::Error, before any parameter or moment is
   // touched, when the gradient norm is not finite (NaN/Inf in a gradient).
-  StepStats step(int64_t step, int64_t total_steps);
+  StepStats step(int64_t step, int64_t total_steps) override;
 
   // The moments, in the order of params.all(): m()[i] belongs to params.all()[i].
   const std::vector<Tensor>& m() const { return m_; }  // exp_avg, each shaped like its parameter
   const std::vector<Tensor>& v() const { return v_; }  // exp_avg_sq
   // For checkpoints: ("<param name>.exp_avg", &m_i), ("<param name>.exp_avg_sq", &v_i), parameter by
   // parameter. The pointers stay valid for the optimizer's lifetime; loading writes into their data.
-  std::vector<std::pair<std::string, const Tensor*>> state_tensors() const;
+  std::vector<std::pair<std::string, const Tensor*>> state_tensors() const override;
 
   // The last step applied (0 before any). A resumed run sets it to the checkpoint's step after loading
   // the moments.
-  int64_t steps_taken() const { return steps_taken_; }
-  void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
+  int64_t steps_taken() const override { return steps_taken_; }
+  void set_steps_taken(int64_t steps) override { steps_taken_ = steps; }
 
   const OptimConfig& config() const { return cfg_; }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace fp {
 
@@ -13,6 +14,11 @@ struct OptimConfig {
   double grad_clip = 1.0;      // max global gradient L2 norm; 0 = off
   int64_t warmup_steps = 10;   // linear warmup length; 0 = none
   double min_lr_ratio = 0.1;   // the cosine ends at lr * min_lr_ratio
+  // Where the state lives and how the update is scheduled (sched/optim/optimizer.h).
+  std::string schedule = "device";     // "device" | "offload_serial" | "offload_stream"
+  int64_t bucket_params = 1 << 20;     // offload_stream: parameters per bucket
+  int64_t slots = 2;                   // offload_stream: staging slots
+  std::string update_on = "device";    // offload_stream: "device" | "host"
 };
 
 // Learning rate of step `step` (1-based) of a run of total_steps steps:

@@ -1,0 +1,40 @@
+// The optimizer of a training run, by schedule (DESIGN.md, OffloadStreamAdamW):
+//   device          AdamW with fp32 m, v on the device (adamw.h): the plain variant.
+//   offload_serial  state in host memory; all gradients to host, CPU AdamW, all parameters back.
+//   offload_stream  the same state, pipelined through optim.slots staging slots of buckets.
+// Every variant computes the same update (ops/adamw.h), so results are comparable bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/params.h"
+#include "sched/optim/lr_schedule.h"
+
+namespace fp {
+
+class Optimizer {
+ public:
+  struct StepStats {
+    double grad_norm;   // global L2 norm of the gradients before clipping; NaN on meta (no data)
+    double lr;          // learning rate of this step
+    double clip_scale;  // factor applied to the gradients (1: no clipping)
+  };
+  virtual ~Optimizer() = default;
+  // Step `step` (1-based) of total_steps; reads params' gradients, updates their weights. Throws
+  // fp::Error before touching anything when the gradient norm is not finite.
+  virtual StepStats step(int64_t step, int64_t total_steps) = 0;
+  // ("<param>.exp_avg", m), ("<param>.exp_avg_sq", v) for checkpoints; device or host tensors.
+  virtual std::vector<std::pair<std::string, const Tensor*>> state_tensors() const = 0;
+  virtual int64_t steps_taken() const = 0;
+  virtual void set_steps_taken(int64_t steps) = 0;
+};
+
+// The optimizer of cfg's schedule over params.
+std::unique_ptr<Optimizer> optimizer_create(const OptimConfig& cfg, ParamStore& params, Backend& be);
+
+}  // namespace fp

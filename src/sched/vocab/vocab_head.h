@@ -1,0 +1,25 @@
+// The LM head and loss of one step, by vocabulary schedule: final RMSNorm, projection to the
+// vocabulary, mean cross-entropy, and in the same call the gradients (dxL, model.norm, lm_head).
+// Legend: n tokens, H hidden, V vocabulary.
+//
+//   full  (head_full.cpp)  logits, log-softmax and their gradient each (n, V) fp32: the plain variant.
+//   ring  (ring_dtp.cpp)   Ring-DTP: token blocks against the vocabulary with an online log-sum-exp;
+//                          only block_tokens x V (one rank) or n_blk x V/P strips exist at a time.
+#pragma once
+
+#include "model/blocks.h"
+#include "model/schedules.h"
+
+namespace fp {
+
+// Dispatches on s.sched->vocab (head_full_forward_backward or head_ring_forward_backward).
+HeadResult head_forward_backward(StepContext& s, const VocabSchedule& v, ParamStore& ps, const Tensor& xL,
+                                 const Tensor& targets, float scale, Tensor& dxL, std::vector<float>* logits_out,
+                                 bool backward);
+
+// Ring-DTP with the same contract as head_full_forward_backward (model/blocks.h).
+HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, ParamStore& ps, const Tensor& xL,
+                                      const Tensor& targets, float scale, Tensor& dxL, std::vector<float>* logits_out,
+                                      bool backward);
+
+}  // namespace fp
