@@ -72,10 +72,11 @@ double model_flops_per_step(const ModelConfig& m, int64_t B, int64_t T) {
 
 }  // namespace
 
-void bench_register(CLI::App& app, BenchOptions& o) {
-  CLI::App* bench = app.add_subcommand("bench", "benchmarks: baseline and flattened schedule in one run");
-  bench->require_subcommand(1);
-  CLI::App* step = bench->add_subcommand("step", "the training step: speed, memory, GEMM rate, MFU");
+void bench_step_register(CLI::App& bench, Runner& run) {
+  auto opts = std::make_shared<BenchOptions>();
+  BenchOptions& o = *opts;
+  CLI::App* step = bench.add_subcommand("step", "the training step: speed, memory, GEMM rate, MFU");
+  step->callback([&run, opts] { run = [opts] { return bench_step_run(*opts); }; });
   step->add_option("--config", o.config, "model configuration (TOML)")->required();
   step->add_option("--set", o.overrides, "override a config key (repeatable)");
   step->add_option("--repeats", o.repeats, "timed steps (median reported)");

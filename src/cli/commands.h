@@ -2,12 +2,18 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "train/trainer.h"
 
 namespace fp::cli {
+
+// Each subcommand registers itself on its parent and, when the command line selects it, sets `run`
+// to the function that executes it (main calls it inside the error handler).
+using Runner = std::function<int()>;
 
 // Options every run shares.
 struct CommonOptions {
@@ -26,11 +32,11 @@ struct StepOptions {
   std::string out;
   uint64_t data_seed = 1;
 };
-void step_register(CLI::App& app, StepOptions& o);
+void step_register(CLI::App& app, Runner& run);
 int step_run(const StepOptions& o);
 
 // flatpeak train (train/trainer.h holds the options).
-void train_register(CLI::App& app, TrainOptions& o);
+void train_register(CLI::App& app, Runner& run);
 
 // flatpeak eval: mean cross-entropy of a checkpoint on a token file, sequences of T in order.
 struct EvalOptions {
@@ -42,7 +48,7 @@ struct EvalOptions {
   std::string device_mem = "unlimited";
   std::string dump_logits;
 };
-void eval_register(CLI::App& app, EvalOptions& o);
+void eval_register(CLI::App& app, Runner& run);
 int eval_run(const EvalOptions& o);
 
 // flatpeak bench step (more benchmarks join as their schedules land).
@@ -54,7 +60,14 @@ struct BenchOptions {
   std::string json;
   std::string case_path;
 };
-void bench_register(CLI::App& app, BenchOptions& o);
+void bench_step_register(CLI::App& bench, Runner& run);
 int bench_step_run(const BenchOptions& o);
+
+// Further subcommands, each in its own file: bench vocab (bench_vocab.cpp), bench checkpoint
+// (bench_checkpoint.cpp), bench optimizer (bench_optimizer.cpp), plan (plan.cpp).
+void bench_vocab_register(CLI::App& bench, Runner& run);
+void bench_checkpoint_register(CLI::App& bench, Runner& run);
+void bench_optimizer_register(CLI::App& bench, Runner& run);
+void plan_register(CLI::App& app, Runner& run);
 
 }  // namespace fp::cli

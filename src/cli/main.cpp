@@ -1,4 +1,4 @@
-// flatpeak command line: train | eval | plan | bench (as they land) and step (one forward+backward).
+// flatpeak command line: train | eval | step | plan | bench <step|vocab|checkpoint|optimizer>.
 // Errors: fp::Error prints "error: ..." and "hint: ..." and exits 1; internal errors exit 2.
 #include <CLI/CLI.hpp>
 
@@ -13,24 +13,24 @@ int main(int argc, char** argv) {
   CLI::App app{"flatpeak: train long-context MoE models with every device-memory peak bounded at launch"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "flatpeak 0.1.0");
-  fp::cli::StepOptions step;
-  fp::cli::step_register(app, step);
-  fp::TrainOptions train;
-  fp::cli::train_register(app, train);
-  fp::cli::EvalOptions eval;
-  fp::cli::eval_register(app, eval);
-  fp::cli::BenchOptions bench;
-  fp::cli::bench_register(app, bench);
+  fp::cli::Runner run;
+  fp::cli::train_register(app, run);
+  fp::cli::eval_register(app, run);
+  fp::cli::step_register(app, run);
+  fp::cli::plan_register(app, run);
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks: the plain and the flattened schedule in one run");
+  bench->require_subcommand(1);
+  fp::cli::bench_step_register(*bench, run);
+  fp::cli::bench_vocab_register(*bench, run);
+  fp::cli::bench_checkpoint_register(*bench, run);
+  fp::cli::bench_optimizer_register(*bench, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
-    if (app.got_subcommand("step")) return fp::cli::step_run(step);
-    if (app.got_subcommand("train")) return fp::train_run(train);
-    if (app.got_subcommand("eval")) return fp::cli::eval_run(eval);
-    if (app.got_subcommand("bench")) return fp::cli::bench_step_run(bench);
+    if (run) return run();
   } catch (const fp::OutOfMemoryError& e) {
     std::fprintf(stderr, "error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 1;

@@ -24,8 +24,11 @@ void common_register(CLI::App& sub, CommonOptions& o) {
   sub.add_option("--host-mem", o.host_mem, "host memory for offload schedules (default unlimited)");
 }
 
-void step_register(CLI::App& app, StepOptions& o) {
+void step_register(CLI::App& app, Runner& run) {
+  auto opts = std::make_shared<StepOptions>();
+  StepOptions& o = *opts;
   CLI::App* sub = app.add_subcommand("step", "one forward+backward on a random batch: loss and per-category peaks");
+  sub->callback([&run, opts] { run = [opts] { return step_run(*opts); }; });
   common_register(*sub, o.common);
   sub->add_option("--out", o.out, "directory for memory_trace.json and step.json (created)");
   sub->add_option("--data-seed", o.data_seed, "seed of the random batch");

@@ -16,8 +16,11 @@
 
 namespace fp::cli {
 
-void train_register(CLI::App& app, TrainOptions& o) {
+void train_register(CLI::App& app, Runner& run) {
+  auto opts = std::make_shared<TrainOptions>();
+  TrainOptions& o = *opts;
   CLI::App* sub = app.add_subcommand("train", "train a model: progress per step, metrics.jsonl, checkpoints");
+  sub->callback([&run, opts] { run = [opts] { return train_run(*opts); }; });
   sub->add_option("--config", o.config, "model and run configuration (TOML), e.g. configs/tiny.toml")->required();
   sub->add_option("--set", o.overrides, "override a config key: --set table.key=value (repeatable)");
   sub->add_option("--device", o.device, "cpu (computes) or meta (allocations only: exact peaks at any scale)")
@@ -33,8 +36,11 @@ void train_register(CLI::App& app, TrainOptions& o) {
 }
 
 
-void eval_register(CLI::App& app, EvalOptions& o) {
+void eval_register(CLI::App& app, Runner& run) {
+  auto opts = std::make_shared<EvalOptions>();
+  EvalOptions& o = *opts;
   CLI::App* sub = app.add_subcommand("eval", "mean loss of a checkpoint on a token file");
+  sub->callback([&run, opts] { run = [opts] { return eval_run(*opts); }; });
   sub->add_option("--checkpoint", o.checkpoint, "checkpoint directory (a train --out directory or a step dir)")
       ->required();
   sub->add_option("--data", o.data, "token file in llm.c's format (see docs/data.md)")->required();
