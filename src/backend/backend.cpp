@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include <cmath>
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/meta/meta_backend.h"
 #include "core/error.h"
@@ -13,6 +15,12 @@ Backend::Backend(uint64_t device_capacity, uint64_t host_capacity, bool material
       h2d_(std::make_unique<Stream>("h2d", Stream::Mode::Mode_worker)),
       d2h_(std::make_unique<Stream>("d2h", Stream::Mode::Mode_worker)),
       kernels_(&k) {}
+
+void Backend::link_set_gbps(double gbps) {
+  FP_CHECK(gbps >= 0 && std::isfinite(gbps), "pass a link speed in GB/s, or 0 for none",
+           "emulated link speed {} GB/s is not a non-negative number", gbps);
+  link_gbps_ = gbps;
+}
 
 std::unique_ptr<Backend> backend_create(std::string_view name, uint64_t device_capacity, uint64_t host_capacity) {
   if (name == "cpu") return std::make_unique<CpuBackend>(device_capacity, host_capacity);

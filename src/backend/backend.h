@@ -60,6 +60,16 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, uint64_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, uint64_t bytes) = 0;
 
+  // Note [Emulated link]: for schedule studies on a machine without a device, the copy streams can
+  // emulate a host-device link of gbps GB/s (1e9 bytes per second, each direction on its own: PCIe
+  // is full duplex): a copy_async of b bytes on h2d_stream() or d2h_stream() then takes at least
+  // b / (gbps * 1e9) seconds (the cpu backend copies, then sleeps out the rest). 0 turns it off (the
+  // default); copies on the compute stream (device to device) and the blocking copies are never
+  // slowed. Figures measured with it are emulated, and reported as such. Applies to copies enqueued
+  // after the call.
+  void link_set_gbps(double gbps);
+  double link_gbps() const { return link_gbps_; }
+
   // Waits for every stream.
   void synchronize() {
     h2d_->synchronize();
@@ -76,6 +86,7 @@ class Backend {
   std::unique_ptr<Stream> h2d_;
   std::unique_ptr<Stream> d2h_;
   const ops::Kernels* kernels_;
+  double link_gbps_ = 0.0;  // Note [Emulated link]; 0 = off
 };
 
 // name: "cpu" or "meta" (fp::Error otherwise). Capacities in bytes (kUnlimitedBytes for none).

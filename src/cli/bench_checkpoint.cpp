@@ -1,17 +1,176 @@
-// flatpeak bench checkpoint: device vs SCO checkpoint boundaries: peaks and step time. Not implemented yet: registered so the command line lists it.
+// flatpeak bench checkpoint: the plain checkpoint store (every boundary on the device) against SCO
+// (sched/ckpt/sco.h) in the same process, on the same weights and batch.
+//
+// Checks first: one forward+backward of each must give bit-identical losses and gradients (cpu).
+// Then times forward+backward (the optimizer step is left out: it does not touch the boundaries and
+// would only dilute the ratio), the variants alternating step by step so drift hits both, and
+// reports per variant the checkpoints-category peak (also in boundaries of n x H fp32), the device
+// total peak, the host peak and the median step seconds, with the sco/device ratios.
+// Legend: L layers, n = batch_size * seq_len tokens, H hidden.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
 #include "cli/commands.h"
-#include "core/error.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "data/random_batch.h"
+#include "io/atomic_file.h"
+#include "model/model.h"
+#include "train/run_config.h"
 
 namespace fp::cli {
 
+namespace {
+
+struct BenchCheckpointOptions {
+  CommonOptions common;
+  int64_t layers = 0;  // 0: model.num_hidden_layers of the config
+  int repeats = 5;
+  int warmup = 1;
+  std::string json;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One variant: its own backend (its own ledgers), the model built from the same seed.
+struct Variant {
+  std::string name;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Model> model;
+  std::vector<double> seconds;
+  uint64_t ckpt_peak = 0, device_peak = 0, host_peak = 0;
+  double loss = 0;
+};
+
+double step_timed(Variant& v, const Batch& batch) {
+  v.be->device_ledger().peaks_reset();
+  v.be->host_ledger().peaks_reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  v.model->zero_grads();
+  v.loss = v.model->forward_backward(batch).loss;
+  v.be->synchronize();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  v.ckpt_peak = v.be->device_ledger().peak(Category::Category_checkpoints);
+  v.device_peak = v.be->device_ledger().total_peak();
+  v.host_peak = v.be->host_ledger().total_peak();
+  return s;
+}
+
+// Bit-identical loss and gradients, or an error naming the first difference.
+void variants_check(Variant& a, Variant& b) {
+  FP_CHECK(std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0, "this is a bug in the sco checkpoint store",
+           "bench checkpoint: loss differs: {} {:.17g} vs {} {:.17g}", a.name, a.loss, b.name, b.loss);
+  auto& pa = a.model->params().all();
+  auto& pb = b.model->params().all();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    FP_CHECK(std::memcmp(pa[i].g.data(), pb[i].g.data(), pa[i].g.bytes()) == 0,
+             "this is a bug in the sco checkpoint store", "bench checkpoint: gradient of {} differs between {} and {}",
+             pa[i].name, a.name, b.name);
+  }
+}
+
+nlohmann::json variant_json(const Variant& v, uint64_t boundary) {
+  return {{"checkpoints_peak_bytes", v.ckpt_peak},
+          {"checkpoints_peak_boundaries", static_cast<double>(v.ckpt_peak) / static_cast<double>(boundary)},
+          {"device_peak_bytes", v.device_peak},
+          {"host_peak_bytes", v.host_peak},
+          {"step_seconds_median", median(v.seconds)},
+          {"step_seconds", v.seconds}};
+}
+
+int bench_checkpoint_run(const BenchCheckpointOptions& o) {
+  std::vector<std::string> overrides = o.common.overrides;
+  if (o.layers > 0) overrides.push_back(fmt::format("model.num_hidden_layers={}", o.layers));
+  FP_CHECK(o.repeats >= 1 && o.warmup >= 0, "use --repeats >= 1 and --warmup >= 0", "bench checkpoint: --repeats {} --warmup {}",
+           o.repeats, o.warmup);
+  RunConfig cfg = config_load(o.common.config, overrides);
+  const ModelConfig& m = cfg.model;
+  RoutingProfile profile = cfg.moe.routing_profile;
+  if (o.common.device == "meta" && profile.kind == RoutingProfile::Kind::Kind_router) {
+    profile.kind = RoutingProfile::Kind::Kind_balanced;
+    log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
+  }
+  Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, cfg.data.seed);
+  const int64_t n = batch.B * batch.T, L = m.num_hidden_layers;
+  const uint64_t boundary = static_cast<uint64_t>(n * m.hidden_size) * 4;  // (n, H) fp32
+
+  Variant vars[2];
+  for (int i = 0; i < 2; ++i) {
+    Variant& v = vars[i];
+    ModelSchedules sched = cfg.schedules;
+    sched.ckpt.kind = i == 0 ? CkptSchedule::Kind::Kind_device : CkptSchedule::Kind::Kind_sco;
+    v.name = i == 0 ? "device" : "sco";
+    v.be = backend_create(o.common.device, bytes_parse(o.common.device_mem), bytes_parse(o.common.host_mem));
+    v.model = std::make_unique<Model>(m, *v.be, profile, sched);
+    if (v.be->computes()) v.model->init_weights(m.seed);
+  }
+  log_info("bench checkpoint: {} layers, {} x {} = {} tokens, hidden {}: one boundary {}; {} warmup + {} timed steps "
+           "(forward+backward) on {}",
+           L, batch.B, batch.T, n, m.hidden_size, bytes_format(boundary), o.warmup, o.repeats, o.common.device);
+
+  // Check first (one step each), then time; the check step also serves as warmup.
+  for (Variant& v : vars) step_timed(v, batch);
+  if (vars[0].be->computes()) variants_check(vars[0], vars[1]);
+  for (int i = 1; i < o.warmup; ++i)
+    for (Variant& v : vars) step_timed(v, batch);
+  for (int r = 0; r < o.repeats; ++r)
+    for (Variant& v : vars) v.seconds.push_back(step_timed(v, batch));
+
+  const Variant& d = vars[0];
+  const Variant& s = vars[1];
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  const double t_ratio = ratio(median(s.seconds), median(d.seconds));
+  fmt::print("{:<8} {:>14} {:>11} {:>14} {:>14} {:>12}\n", "variant", "ckpt peak", "boundaries", "device peak",
+             "host peak", "step s");
+  for (const Variant& v : vars)
+    fmt::print("{:<8} {:>14} {:>11.2f} {:>14} {:>14} {:>12.4f}\n", v.name, bytes_format(v.ckpt_peak),
+               static_cast<double>(v.ckpt_peak) / static_cast<double>(boundary), bytes_format(v.device_peak),
+               bytes_format(v.host_peak), median(v.seconds));
+  fmt::print("sco / device: checkpoints peak {:.3f}x, device peak {:.3f}x, step time {:.3f}x (medians of {}){}\n",
+             ratio(static_cast<double>(s.ckpt_peak), static_cast<double>(d.ckpt_peak)),
+             ratio(static_cast<double>(s.device_peak), static_cast<double>(d.device_peak)), t_ratio, o.repeats,
+             d.be->computes() ? "; losses and gradients bit-identical" : " (meta: times are not compute)");
+
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["bench"] = "checkpoint";
+    j["device"] = o.common.device;
+    j["layers"] = L;
+    j["tokens"] = n;
+    j["hidden"] = m.hidden_size;
+    j["boundary_bytes"] = boundary;
+    j["host_budget_bytes"] = cfg.schedules.ckpt.host_budget;
+    j["repeats"] = o.repeats;
+    j["checked_bitwise"] = d.be->computes();
+    j["variants"] = {{"device", variant_json(d, boundary)}, {"sco", variant_json(s, boundary)}};
+    j["ratio_sco_over_device"] = {
+        {"checkpoints_peak", ratio(static_cast<double>(s.ckpt_peak), static_cast<double>(d.ckpt_peak))},
+        {"device_peak", ratio(static_cast<double>(s.device_peak), static_cast<double>(d.device_peak))},
+        {"step_seconds", t_ratio}};
+    file_write_atomic(o.json, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
 void bench_checkpoint_register(CLI::App& parent, Runner& run) {
-  CLI::App* sub = parent.add_subcommand("checkpoint", "device vs SCO checkpoint boundaries: peaks and step time (not available yet)");
-  sub->allow_extras();
-  sub->callback([&run] {
-    run = [] () -> int {
-      throw Error("flatpeak bench checkpoint is not available yet", "it lands with SCO");
-    };
-  });
+  auto opts = std::make_shared<BenchCheckpointOptions>();
+  BenchCheckpointOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand("checkpoint", "device vs SCO checkpoint boundaries: peaks and step time");
+  sub->callback([&run, opts] { run = [opts] { return bench_checkpoint_run(*opts); }; });
+  common_register(*sub, o.common);
+  sub->add_option("--layers", o.layers, "model.num_hidden_layers (default: the config's)")->check(CLI::PositiveNumber);
+  sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported)");
+  sub->add_option("--warmup", o.warmup, "untimed steps per variant first (the first one is the bitwise check)");
+  sub->add_option("--json", o.json, "write the results here");
 }
 
 }  // namespace fp::cli

@@ -1,17 +1,275 @@
-// flatpeak bench vocab: full vs ring vocabulary projection: peaks and time. Not implemented yet: registered so the command line lists it.
+// flatpeak bench vocab: the LM head (final RMSNorm, projection to the vocabulary, mean cross-entropy,
+// forward and backward) with the full and the Ring-DTP vocabulary schedules in the same run, on random
+// inputs of N tokens, hidden H, vocabulary V; one rank.
+// Legend: N tokens, H hidden, V vocabulary.
+//
+// For each schedule, on a fresh backend (so each has its own ledger): the device peak, the peak of
+// category vocab, and (cpu) the median forward+backward seconds over --repeats after --warmup. On cpu
+// the ring's loss and gradients are first checked against the full head's (check, then time), and
+// PyTorch's F.linear + F.cross_entropy runs on the same shapes as a subprocess
+// (tests/reference/bench_vocab_torch.py: median seconds and max RSS). With --device meta nothing is
+// computed and only the peaks are reported (exact, at any N and V).
+//
+// The embedding table is freed before measuring: the head does not read it, and at V = 131072 it
+// would add 2 V H fp32 (weights and gradient) to both device peaks.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "backend/backend.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/units.h"
+#include "io/atomic_file.h"
+#include "sched/vocab/ring_dtp.h"
+#include "sched/vocab/vocab_head.h"
 
 namespace fp::cli {
 
+namespace {
+
+struct VocabBenchOptions {
+  int64_t tokens = 8192;
+  int64_t vocab = 32768;
+  int64_t hidden = 1024;
+  int64_t block_tokens = 1024;
+  std::string device = "cpu";
+  int repeats = 5;
+  int warmup = 1;
+  std::string json;
+  bool no_torch = false;
+  std::string torch_script = "tests/reference/bench_vocab_torch.py";
+  std::string python = "/usr/bin/python3";
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The head's configuration: only hidden_size, vocab_size and rms_norm_eps are read; no layer.
+ModelConfig head_config(const VocabBenchOptions& o) {
+  ModelConfig m;
+  m.hidden_size = o.hidden;
+  m.num_hidden_layers = 0;
+  m.num_attention_heads = 1;
+  m.num_key_value_heads = 1;
+  m.head_dim = 1;
+  m.num_experts = 1;
+  m.num_experts_per_tok = 1;
+  m.moe_intermediate_size = 1;
+  m.vocab_size = o.vocab;
+  m.rope_theta = 10000;
+  m.rms_norm_eps = 1e-6;
+  m.router_aux_loss_coef = 0;
+  m.seed = 1;
+  return m;
+}
+
+// What one schedule's run leaves behind (host copies only on cpu, from the first call).
+struct VariantResult {
+  uint64_t peak_bytes = 0, vocab_peak_bytes = 0;
+  std::vector<double> seconds;
+  double loss = std::nan("");
+  std::vector<float> dx, dW;  // (N, H), (V, H)
+};
+
+VariantResult variant_run(const VocabBenchOptions& o, VocabSchedule::Kind kind) {
+  const int64_t N = o.tokens, H = o.hidden, V = o.vocab;
+  auto be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
+  const ModelConfig cfg = head_config(o);
+  ParamStore ps(cfg, *be);
+  ps.embed_tokens->w.reset();  // not read by the head (see the file comment)
+  ps.embed_tokens->g.reset();
+  StepContext s(*be, cfg, RoutingProfile{});
+  s.B = 1;
+  s.T = N;
+  s.n = N;
+  Tensor xL = be->alloc_f32(Category::Category_activations, {N, H}, "bench.x");  // (N, H)
+  Tensor targets = be->alloc(Category::Category_activations, {N}, DType::DType_I32, "bench.targets");  // (N)
+  Tensor dx = be->alloc_f32(Category::Category_activations, {N, H}, "bench.dx");  // (N, H)
+  if (be->computes()) {
+    // The same inputs for both schedules: x ~ N(0, 1), lm_head ~ N(0, 0.02) (HF init), norm = 1,
+    // targets uniform with the last one ignored (as at the end of a sequence).
+    Rng rng(1);
+    std::vector<float> host(static_cast<size_t>(std::max(N, V) * H));
+    for (int64_t i = 0; i < N * H; ++i) host[i] = static_cast<float>(rng.normal());
+    be->copy_from_host(xL.data(), host.data(), xL.bytes());
+    for (int64_t i = 0; i < V * H; ++i) host[i] = static_cast<float>(0.02 * rng.normal());
+    be->copy_from_host(ps.lm_head->w.data(), host.data(), ps.lm_head->w.bytes());
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    for (auto& v : t) v = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+    t.back() = -100;
+    be->copy_from_host(targets.data(), t.data(), targets.bytes());
+    be->kernels().fill(ps.norm->w.f32(), 1.0f, H);
+  }
+  VocabSchedule v;
+  v.kind = kind;
+  v.block_tokens = o.block_tokens;
+  const float scale = 1.0f / static_cast<float>(N - 1 > 0 ? N - 1 : 1);
+  VariantResult r;
+  const int runs = be->computes() ? o.warmup + o.repeats : 1;
+  for (int i = 0; i < runs; ++i) {
+    be->kernels().fill(ps.lm_head->g.f32(), 0.0f, V * H);
+    be->kernels().fill(ps.norm->g.f32(), 0.0f, H);
+    be->device_ledger().peaks_reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    const HeadResult h = head_forward_backward(s, v, ps, xL, targets, scale, dx, nullptr, true);
+    be->synchronize();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= o.warmup) r.seconds.push_back(sec);
+    r.peak_bytes = std::max(r.peak_bytes, be->device_ledger().total_peak());
+    r.vocab_peak_bytes = std::max(r.vocab_peak_bytes, be->device_ledger().peak(Category::Category_vocab));
+    if (i == 0 && be->computes()) {
+      r.loss = h.loss_sum * static_cast<double>(scale);
+      r.dx.resize(static_cast<size_t>(N * H));
+      r.dW.resize(static_cast<size_t>(V * H));
+      be->copy_to_host(r.dx.data(), dx.data(), dx.bytes());
+      be->copy_to_host(r.dW.data(), ps.lm_head->g.data(), ps.lm_head->g.bytes());
+    }
+    log_info("bench vocab: {} run {}: {:.3f} s", kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full", i, sec);
+  }
+  return r;
+}
+
+// max_i |a_i - b_i| / max_i |b_i|.
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
+    m = std::max(m, std::abs(static_cast<double>(b[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+nlohmann::json variant_json(const VariantResult& r, bool timed) {
+  nlohmann::json j;
+  j["peak_bytes"] = r.peak_bytes;
+  j["vocab_peak_bytes"] = r.vocab_peak_bytes;
+  if (timed) {
+    j["seconds"] = median(r.seconds);
+    j["seconds_all"] = r.seconds;
+  } else {
+    j["seconds"] = nullptr;  // meta computes nothing
+  }
+  return j;
+}
+
+std::optional<nlohmann::json> torch_run(const VocabBenchOptions& o) {
+  FP_CHECK(std::filesystem::exists(o.torch_script), "run from the repository root, pass --torch-script PATH, or --no-torch",
+           "the PyTorch companion {} is not there", o.torch_script);
+  const std::string out = (std::filesystem::temp_directory_path() / fmt::format("bench_vocab_torch_{}.json", getpid())).string();
+  const std::string cmd = fmt::format("{} {} --tokens {} --vocab {} --hidden {} --repeats {} --warmup {} --json {}",
+                                      o.python, o.torch_script, o.tokens, o.vocab, o.hidden, o.repeats, o.warmup, out);
+  log_info("bench vocab: {}", cmd);
+  const int rc = std::system(cmd.c_str());
+  FP_CHECK(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "check that python3-torch is installed, or pass --no-torch",
+           "the PyTorch companion failed: {}", cmd);
+  std::ifstream f(out);
+  nlohmann::json j = nlohmann::json::parse(f);
+  std::filesystem::remove(out);
+  return j;
+}
+
+int bench_vocab_run(const VocabBenchOptions& o) {
+  FP_CHECK(o.tokens >= 2 && o.vocab >= 1 && o.hidden >= 1, "e.g. --tokens 8192 --vocab 32768 --hidden 1024",
+           "--tokens {} --vocab {} --hidden {}: need at least 2 tokens, a vocabulary and a hidden size", o.tokens,
+           o.vocab, o.hidden);
+  FP_CHECK(o.block_tokens >= 1, "e.g. --block-tokens 1024", "--block-tokens {} must be >= 1", o.block_tokens);
+  FP_CHECK(o.repeats >= 1 && o.warmup >= 0, "e.g. --repeats 5 --warmup 1", "--repeats {} --warmup {}", o.repeats,
+           o.warmup);
+  const bool timed = o.device == "cpu";
+  log_info("bench vocab: N {} V {} H {} block_tokens {} on {}", o.tokens, o.vocab, o.hidden, o.block_tokens, o.device);
+  VariantResult full = variant_run(o, VocabSchedule::Kind::Kind_full);
+  VariantResult ring = variant_run(o, VocabSchedule::Kind::Kind_ring);
+
+  nlohmann::json j;
+  j["tokens"] = o.tokens;
+  j["vocab"] = o.vocab;
+  j["hidden"] = o.hidden;
+  j["block_tokens"] = o.block_tokens;
+  j["device"] = o.device;
+  j["ranks"] = 1;
+  j["full"] = variant_json(full, timed);
+  j["ring"] = variant_json(ring, timed);
+  VocabSchedule v;
+  v.block_tokens = o.block_tokens;
+  j["ring"]["vocab_bytes_planned"] = ring_dtp_vocab_bytes(v, o.tokens, o.vocab);
+  nlohmann::json& ratios = j["ratios"];
+  ratios["vocab_peak_ring_over_full"] = static_cast<double>(ring.vocab_peak_bytes) / static_cast<double>(full.vocab_peak_bytes);
+  ratios["peak_ring_over_full"] = static_cast<double>(ring.peak_bytes) / static_cast<double>(full.peak_bytes);
+  ratios["vocab_peak_reduction"] = 1.0 - ratios["vocab_peak_ring_over_full"].get<double>();
+
+  fmt::print("bench vocab: N = {}, V = {}, H = {}, block_tokens = {}, one rank, device {}\n", o.tokens, o.vocab,
+             o.hidden, o.block_tokens, o.device);
+  if (timed) {
+    // Check first: the ring must compute what the full head computes.
+    const double loss_rel = std::abs(ring.loss - full.loss) / std::abs(full.loss);
+    const double dx_rel = max_rel_diff(ring.dx, full.dx), dW_rel = max_rel_diff(ring.dW, full.dW);
+    j["check"] = {{"loss_full", full.loss}, {"loss_ring", ring.loss}, {"loss_rel_diff", loss_rel},
+                  {"dx_max_rel_diff", dx_rel}, {"dW_max_rel_diff", dW_rel}};
+    fmt::print("check: loss full {:.7f} ring {:.7f} (rel diff {:.1e}); dx, dW max diff / max |full|: {:.1e}, {:.1e}\n",
+               full.loss, ring.loss, loss_rel, dx_rel, dW_rel);
+    FP_CHECK(loss_rel <= 1e-5 && dx_rel <= 1e-5 && dW_rel <= 1e-5, "this is a bug in Ring-DTP: please report it",
+             "the ring head disagrees with the full head");
+    ratios["seconds_ring_over_full"] = median(ring.seconds) / median(full.seconds);
+  }
+  fmt::print("| variant | device peak | vocab peak | fwd+bwd s (median of {}) |\n|---|---|---|---|\n", o.repeats);
+  auto row = [&](const char* name, const VariantResult& r) {
+    fmt::print("| {} | {} | {} | {} |\n", name, bytes_format(r.peak_bytes), bytes_format(r.vocab_peak_bytes),
+               timed ? fmt::format("{:.3f}", median(r.seconds)) : std::string("-"));
+  };
+  row("full", full);
+  row("ring", ring);
+  if (timed && !o.no_torch) {
+    std::optional<nlohmann::json> t = torch_run(o);
+    j["torch"] = *t;
+    ratios["seconds_ring_over_torch"] = median(ring.seconds) / (*t)["seconds"].get<double>();
+    fmt::print("| PyTorch F.linear + F.cross_entropy (torch {}, {} threads) | max RSS {} ({} over its inputs) | - | {:.3f} |\n",
+               (*t)["torch"].get<std::string>(), (*t)["threads"].get<int>(),
+               bytes_format((*t)["max_rss_bytes"].get<uint64_t>()), bytes_format((*t)["vocab_peak_bytes"].get<uint64_t>()),
+               (*t)["seconds"].get<double>());
+  }
+  fmt::print("ring / full: vocab peak {:.4f} ({:.1f}% below), device peak {:.4f}", ratios["vocab_peak_ring_over_full"].get<double>(),
+             100 * ratios["vocab_peak_reduction"].get<double>(), ratios["peak_ring_over_full"].get<double>());
+  if (timed) fmt::print(", time {:.3f}x", ratios["seconds_ring_over_full"].get<double>());
+  fmt::print("\n");
+  if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace
+
 void bench_vocab_register(CLI::App& parent, Runner& run) {
-  CLI::App* sub = parent.add_subcommand("vocab", "full vs ring vocabulary projection: peaks and time (not available yet)");
-  sub->allow_extras();
-  sub->callback([&run] {
-    run = [] () -> int {
-      throw Error("flatpeak bench vocab is not available yet", "it lands with Ring-DTP");
-    };
-  });
+  auto opts = std::make_shared<VocabBenchOptions>();
+  VocabBenchOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand("vocab", "full vs ring (Ring-DTP) vocabulary projection and loss: peaks and time");
+  sub->callback([&run, opts] { run = [opts] { return bench_vocab_run(*opts); }; });
+  sub->add_option("--tokens", o.tokens, "N, tokens per rank");
+  sub->add_option("--vocab", o.vocab, "V, vocabulary size");
+  sub->add_option("--hidden", o.hidden, "H, hidden size");
+  sub->add_option("--block-tokens", o.block_tokens, "ring: tokens per strip (vocab.block_tokens)");
+  sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
+      ->check(CLI::IsMember({"cpu", "meta"}));
+  sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
+  sub->add_option("--warmup", o.warmup, "untimed runs first");
+  sub->add_option("--json", o.json, "write the results here");
+  sub->add_flag("--no-torch", o.no_torch, "skip the PyTorch comparison (cpu)");
+  sub->add_option("--torch-script", o.torch_script, "the PyTorch companion script");
+  sub->add_option("--python", o.python, "the Python with torch");
 }
 
 }  // namespace fp::cli

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "model/blocks.h"
+#include "model/ring_attention.h"
 
 namespace fp {
 
@@ -67,8 +68,12 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
 
   a.o = be.alloc_f32(kAct, {n, nh * hd}, "attn.o");
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
-  K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nkv, hd,
-                      1.0f / std::sqrt(static_cast<float>(hd)));
+  if (s.comm.size() > 1) {
+    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse);
+  } else {
+    K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nkv, hd,
+                        1.0f / std::sqrt(static_cast<float>(hd)));
+  }
   if (!keep) {
     a.q.reset();
     a.k.reset();
@@ -99,8 +104,12 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   Tensor dq = be.alloc_f32(kAct, {n, nh * hd}, "attn.dq");
   Tensor dk = be.alloc_f32(kAct, {n, nkv * hd}, "attn.dk");
   Tensor dv = be.alloc_f32(kAct, {n, nkv * hd}, "attn.dv");
-  K.attention_backward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), d_o.f32(), dq.f32(), dk.f32(),
-                       dv.f32(), s.B, s.T, nh, nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
+  if (s.comm.size() > 1) {
+    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv);
+  } else {
+    K.attention_backward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), d_o.f32(), dq.f32(), dk.f32(),
+                         dv.f32(), s.B, s.T, nh, nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
+  }
   d_o.reset();
   a.o.reset();
   a.lse.reset();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -16,12 +17,14 @@ namespace fp {
 
 // What every block of one step shares.
 struct StepContext {
-  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p) : be(b), cfg(c), profile(p) {}
+  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm) : be(b), cfg(c), profile(p), comm(cm) {}
   Backend& be;
   const ModelConfig& cfg;
   RoutingProfile profile;
-  int64_t B = 0, T = 0, n = 0;
-  Tensor pos;  // (n) i32, position of each token in its sequence
+  Comm& comm;                // context-parallel ranks (size 1: one process)
+  int64_t B = 0, T = 0, n = 0;  // T: this rank's tokens per sequence
+  Tensor pos;                // (n) i32, position of each token in its sequence
+  std::vector<int32_t> seq_pos;  // (T) host: the positions of this rank's tokens in a sequence
   // Host scratch reused across layers (no allocation per layer once sized).
   std::vector<int32_t> host_topk;     // (n, k)
   std::vector<int32_t> host_rows;     // (m)

@@ -26,8 +26,8 @@ void batch_validate(const Batch& b, int64_t V) {
   }
 }
 
-Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, ModelSchedules sched)
-    : cfg_(cfg), be_(be), profile_(profile), sched_(sched), params_(cfg, be) {
+Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, ModelSchedules sched, Comm* comm)
+    : cfg_(cfg), be_(be), profile_(profile), sched_(sched), comm_(comm), params_(cfg, be) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");
@@ -36,15 +36,27 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, ModelS
 StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool backward) {
   batch_validate(batch, cfg_.vocab_size);
   const int64_t n = batch.B * batch.T, H = cfg_.hidden_size, L = cfg_.num_hidden_layers, E = cfg_.num_experts;
-  StepContext s(be_, cfg_, profile_);
+  static std::unique_ptr<Comm> single = comm_single();
+  Comm& comm = comm_ != nullptr ? *comm_ : *single;
+  StepContext s(be_, cfg_, profile_, comm);
   s.B = batch.B;
   s.T = batch.T;
   s.n = n;
   const ops::Kernels& K = be_.kernels();
 
+  // Targets of the whole (global) batch: the loss is their mean on every rank.
   int64_t target_tokens = 0;
   for (int32_t t : batch.targets) target_tokens += (t != -100);
+  comm.all_reduce_sum(&target_tokens, 1, DType::DType_I64);
   FP_CHECK(target_tokens > 0, "give at least one target that is not -100", "the batch has no target token");
+  if (batch.positions.empty()) {
+    s.seq_pos.resize(static_cast<size_t>(batch.T));
+    for (int64_t t = 0; t < batch.T; ++t) s.seq_pos[t] = static_cast<int32_t>(t);
+  } else {
+    FP_CHECK(static_cast<int64_t>(batch.positions.size()) == batch.T, "positions are (T)",
+             "batch positions has {} entries for T = {}", batch.positions.size(), batch.T);
+    s.seq_pos = batch.positions;
+  }
 
   // Inputs on the device.
   Tensor tokens = be_.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.tokens");
@@ -52,7 +64,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   s.pos = be_.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.positions");
   {
     std::vector<int32_t> pos(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i % batch.T);
+    for (int64_t i = 0; i < n; ++i) pos[i] = s.seq_pos[i % batch.T];
     be_.copy_from_host(tokens.data(), batch.tokens.data(), tokens.bytes());
     be_.copy_from_host(targets.data(), batch.targets.data(), targets.bytes());
     be_.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
@@ -90,7 +102,10 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
       count_total[e] += static_cast<double>(stats[l].counts[e]);
       if (!stats[l].prob_sum.empty()) prob_total[e] += stats[l].prob_sum[e];
     }
-  const double R = static_cast<double>(L * n);
+  // Over every rank's tokens: R rows of the concatenated router outputs.
+  comm.all_reduce_sum(count_total.data(), E, DType::DType_F64);
+  if (be_.computes()) comm.all_reduce_sum(prob_total.data(), E, DType::DType_F64);
+  const double R = static_cast<double>(L * n * comm.size());
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) aux += (count_total[e] / R) * (prob_total[e] / R);
   aux *= static_cast<double>(E);
@@ -110,6 +125,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   HeadResult head = head_forward_backward(s, sched_.vocab, params_, x, targets,
                                           1.0f / static_cast<float>(target_tokens), dx, logits_out, backward);
   x.reset();
+  if (be_.computes()) comm.all_reduce_sum(&head.loss_sum, 1, DType::DType_F64);
   out.ce_loss = head.loss_sum / static_cast<double>(target_tokens);
   out.loss = out.ce_loss + cfg_.router_aux_loss_coef * out.aux_loss;
   if (!backward) {
@@ -134,6 +150,10 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   store->clear();
   K.embedding_backward(tokens.i32(), dx.f32(), params_.embed_tokens->g.f32(), n, H);
   be_.synchronize();
+  // Parameters are replicated over the context-parallel ranks: each rank holds the gradient of its
+  // tokens' share of the loss, and their sum is the gradient of the whole batch.
+  if (comm.size() > 1)
+    for (Param& p : params_.all()) comm.all_reduce_sum(p.g.data(), p.g.numel(), DType::DType_F32);
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "model/schedules.h"
@@ -27,10 +28,13 @@
 namespace fp {
 
 // One step's tokens on this rank (host memory): B sequences of T tokens, row-major (B, T).
+// Under context parallelism T is this rank's share of each sequence and positions says which
+// positions of the sequence they are (data/context_split.h); empty positions mean 0..T-1.
 struct Batch {
   int64_t B = 0, T = 0;
-  std::vector<int32_t> tokens;   // (B, T) ids in [0, V)
-  std::vector<int32_t> targets;  // (B, T) ids in [0, V) or -100 (ignored)
+  std::vector<int32_t> tokens;     // (B, T) ids in [0, V)
+  std::vector<int32_t> targets;    // (B, T) ids in [0, V) or -100 (ignored)
+  std::vector<int32_t> positions;  // (T) ascending positions in the sequence, or empty
 };
 
 struct StepOutputs {
@@ -46,7 +50,10 @@ class Model {
   // Allocates parameters and gradients. The profile overrides the router (required on meta, where
   // the router computes nothing: "router" is an error there).
   // sched: the schedule of each flattenable peak (plain variants by default).
-  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, ModelSchedules sched = {});
+  // comm: the ranks this model is spread over (context parallel; parameters replicated and gradients
+  // summed over ranks for now); null: one process.
+  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, ModelSchedules sched = {},
+        Comm* comm = nullptr);
 
   // Deterministic initial weights (cpu); see ParamStore::init.
   void init_weights(uint64_t seed) { params_.init(seed); }
@@ -73,6 +80,7 @@ class Model {
   Backend& be_;
   RoutingProfile profile_;
   ModelSchedules sched_;
+  Comm* comm_;
   ParamStore params_;
 };
 

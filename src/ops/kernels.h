@@ -6,11 +6,13 @@
 
 #include "ops/adamw.h"
 #include "ops/attention.h"
+#include "ops/attention_block.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
 #include "ops/moe_permute.h"
+#include "ops/online_lse.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/router.h"
@@ -24,10 +26,12 @@ namespace fp::ops {
   X(rmsnorm_forward) X(rmsnorm_backward)                                                             \
   X(rope_forward) X(rope_backward)                                                                   \
   X(attention_forward) X(attention_backward)                                                         \
+  X(attention_block_forward) X(attention_block_backward)                                             \
   X(swiglu_forward) X(swiglu_backward)                                                               \
   X(router_forward) X(router_gather) X(router_backward)                                              \
   X(moe_gather) X(moe_combine_forward) X(moe_combine_backward) X(moe_scatter_add)                    \
   X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)                                    \
+  X(online_lse_init) X(online_lse_fold) X(online_lse_loss) X(online_lse_backward)                    \
   X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq)                      \
   X(adamw_update)
 

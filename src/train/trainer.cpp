@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,8 @@
 #include "backend/backend.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "comm/comm.h"
+#include "data/context_split.h"
 #include "data/loader.h"
 #include "data/recall_task.h"
 #include "data/token_file.h"
@@ -109,6 +113,36 @@ void metrics_truncate(const std::string& path, int64_t step) {
   file_write_atomic(path, kept);
 }
 
+// metrics for W ranks: each category's peak is the maximum over ranks, with the rank that holds it.
+void peaks_over_ranks(Comm& comm, const Ledger& led, nlohmann::json& j) {
+  const int W = comm.size();
+  std::vector<int64_t> mine(kNumCategories + 1), all(static_cast<size_t>(W) * (kNumCategories + 1));
+  for (int c = 0; c < kNumCategories; ++c) mine[c] = static_cast<int64_t>(led.peak(kAllCategories[c]));
+  mine[kNumCategories] = static_cast<int64_t>(led.total_peak());
+  comm.all_gather(mine.data(), all.data(), kNumCategories + 1, DType::DType_I64);
+  nlohmann::json peaks = nlohmann::json::object(), ranks = nlohmann::json::object();
+  for (int c = 0; c <= kNumCategories; ++c) {
+    int best = 0;
+    for (int r = 1; r < W; ++r)
+      if (all[r * (kNumCategories + 1) + c] > all[best * (kNumCategories + 1) + c]) best = r;
+    const int64_t v = all[best * (kNumCategories + 1) + c];
+    if (c == kNumCategories) {
+      j["device_peak_bytes"] = v;
+      j["device_peak_rank"] = best;
+    } else {
+      peaks[std::string(category_name(kAllCategories[c]))] = v;
+      ranks[std::string(category_name(kAllCategories[c]))] = best;
+    }
+  }
+  j["peak_bytes"] = peaks;
+  j["peak_rank"] = ranks;
+  j["ranks"] = W;
+  std::string binding = j["binding"];
+  for (auto it = peaks.begin(); it != peaks.end(); ++it)
+    if (it.value().get<int64_t>() > peaks[binding].get<int64_t>()) binding = it.key();
+  j["binding"] = binding;
+}
+
 }  // namespace
 
 int train_run(const TrainOptions& o) {
@@ -124,11 +158,13 @@ int train_run(const TrainOptions& o) {
     log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
   }
   const ModelConfig& m = cfg.model;
+  Comm& comm = comm_world();
+  const bool lead = comm.rank() == 0;  // rank 0 writes outputs and prints
   DataSource data(cfg);
-  fs::create_directories(o.out);
+  if (lead) fs::create_directories(o.out);
   const std::string run_json = run_config_json(cfg).dump();
 
-  Model model(m, *be, profile, cfg.schedules);
+  Model model(m, *be, profile, cfg.schedules, &comm);
   model.init_weights(m.seed);
   std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, model.params(), *be);
   Optimizer& optim = *optim_ptr;
@@ -141,28 +177,43 @@ int train_run(const TrainOptions& o) {
              o.resume, st.run_config, run_json);
     start = st.step;
     data.seek(st.data_position);
-    log_info("resumed from {} at step {}", checkpoint_resolve(o.resume), start);
+    if (lead) log_info("resumed from {} at step {}", checkpoint_resolve(o.resume), start);
   }
   FP_CHECK(start < total, "raise --steps to continue training", "the checkpoint is at step {} of {}: nothing to do",
            start, total);
 
-  log_info("{}: {:.2f} M parameters ({} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
+  if (lead)
+    log_info("{}: {:.2f} M parameters ({} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
            "{} steps on {} (device memory {}); outputs in {}",
            cfg.source, static_cast<double>(m.param_count()) / 1e6, m.num_hidden_layers, m.hidden_size,
            m.num_experts, m.num_experts_per_tok, m.vocab_size, cfg.train.batch_size, cfg.train.seq_len, total,
            be->name(), bytes_format(be->device_ledger().capacity()), o.out);
+  if (lead && comm.size() > 1)
+    log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence (context parallel, zig-zag pieces)",
+             comm.size(), comm.name(), cfg.train.seq_len / comm.size(), cfg.train.seq_len);
 
   const std::string metrics_path = o.out + "/metrics.jsonl";
-  metrics_truncate(metrics_path, start);
-  std::ofstream metrics(metrics_path, std::ios::app);
-  FP_CHECK(metrics.good(), "check that --out is writable", "cannot open '{}'", metrics_path);
+  std::ofstream metrics;
+  if (lead) {
+    metrics_truncate(metrics_path, start);
+    metrics.open(metrics_path, std::ios::app);
+    FP_CHECK(metrics.good(), "check that --out is writable", "cannot open '{}'", metrics_path);
+  }
 
   const int64_t ckpt_every = cfg.train.checkpoint_every;
+  // Note [Injected rank failure]: FLATPEAK_FAIL_RANK=R:S makes rank R fail at step S, so tests can show
+  // that one failed rank ends every rank promptly (cli/main.cpp). Unset in normal runs.
+  int fail_rank = -1;
+  int64_t fail_step = -1;
+  if (const char* f = std::getenv("FLATPEAK_FAIL_RANK")) std::sscanf(f, "%d:%ld", &fail_rank, &fail_step);
   std::vector<uint8_t> answer_mask;
   std::vector<float> logits;
   int64_t done_here = 0;
   for (int64_t step = start + 1; step <= total; ++step) {
-    Batch batch = data.next(data.is_recall() ? &answer_mask : nullptr);
+    FP_CHECK(!(comm.rank() == fail_rank && step == fail_step), "unset FLATPEAK_FAIL_RANK",
+             "injected failure at step {} (FLATPEAK_FAIL_RANK={}:{})", step, fail_rank, fail_step);
+    Batch global = data.next(data.is_recall() ? &answer_mask : nullptr);
+    Batch batch = context_slice(global, comm.rank(), comm.size());
     be->device_ledger().peaks_reset();
     const auto t0 = std::chrono::steady_clock::now();
     model.zero_grads();
@@ -174,9 +225,10 @@ int train_run(const TrainOptions& o) {
     Optimizer::StepStats os = optim.step(step, total);
     be->synchronize();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double tps = static_cast<double>(batch.B * batch.T) / secs;
+    const double tps = static_cast<double>(global.B * global.T) / secs;
     const Ledger& led = be->device_ledger();
     nlohmann::json j = ledger_peaks_json(led);
+    if (comm.size() > 1) peaks_over_ranks(comm, led, j);
     j["step"] = step;
     j["loss"] = out.loss;
     j["ce_loss"] = out.ce_loss;
@@ -187,12 +239,25 @@ int train_run(const TrainOptions& o) {
     j["seconds"] = secs;
     double acc = std::nan("");
     if (data.is_recall() && be->computes()) {
-      acc = recall_accuracy(logits, batch, answer_mask);
+      // This rank's answer positions, then the share over all ranks.
+      std::vector<uint8_t> mask = answer_mask;
+      if (comm.size() > 1) {
+        mask.clear();
+        for (int64_t sq = 0; sq < global.B; ++sq)
+          for (int32_t p : batch.positions) mask.push_back(answer_mask[sq * global.T + p]);
+      }
+      double answers = 0;
+      for (uint8_t a : mask) answers += a;
+      double counts[2] = {answers > 0 ? recall_accuracy(logits, batch, mask) * answers : 0.0, answers};
+      comm.all_reduce_sum(counts, 2, DType::DType_F64);
+      acc = counts[1] > 0 ? counts[0] / counts[1] : 0.0;
       j["recall_accuracy"] = acc;
     }
-    metrics << j.dump() << "\n";
-    metrics.flush();
-    if (!o.quiet)
+    if (lead) {
+      metrics << j.dump() << "\n";
+      metrics.flush();
+    }
+    if (lead && !o.quiet)
       fmt::print("step {:>{}}/{} | loss {:.4f} | aux {:.4f} | grad norm {:.3f} | lr {:.2e} | {:.0f} tok/s | peak {} ({}){}\n",
                  step, std::to_string(total).size(), total, out.loss, out.aux_loss, os.grad_norm, os.lr, tps,
                  bytes_format(led.total_peak()), j["binding"].get<std::string>(),
@@ -200,15 +265,21 @@ int train_run(const TrainOptions& o) {
     ++done_here;
     const bool stop = o.stop_after > 0 && done_here >= o.stop_after;
     if (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0)) {
-      TrainerState st{step, data.position(), run_json};
-      const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
-      if (!o.quiet) log_info("checkpoint: {}", where);
+      // Parameters and optimizer state are replicated: rank 0 writes them.
+      if (lead) {
+        TrainerState st{step, data.position(), run_json};
+        const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
+        if (!o.quiet) log_info("checkpoint: {}", where);
+      }
+      comm.barrier();
     }
     if (stop) break;
   }
   std::fflush(stdout);
-  trace_write_chrome(be->device_ledger(), o.out + "/memory_trace.json");
-  log_info("wrote {0}/metrics.jsonl, {0}/memory_trace.json and {0}/checkpoint/", o.out);
+  if (lead) {
+    trace_write_chrome(be->device_ledger(), o.out + "/memory_trace.json");
+    log_info("wrote {0}/metrics.jsonl, {0}/memory_trace.json (rank 0) and {0}/checkpoint/", o.out);
+  }
   return 0;
 }
 

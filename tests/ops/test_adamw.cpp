@@ -9,10 +9,13 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/rng.h"
 #include "ops/adamw.h"
+#include "ops/cpu/adamw_path.h"
 #include "ops/ref/adamw.h"
 
 namespace fp {
@@ -186,6 +189,73 @@ TEST(AdamwUpdate, SubRangesAndThreadCountsGiveIdenticalBits) {
   }
 }
 
+// The instruction-set paths (ops/cpu/adamw_path.h): each against the reference element by element,
+// and all of them bit for bit against the scalar path (Note [AdamW's AVX2 path has no FMA]), on odd
+// sizes around the 4- and 8-wide vectors and the kernel's blocks, at odd pointer offsets (unaligned
+// loads), over several steps. A path that fused a multiply-add would match the reference but fail
+// the memcmp.
+TEST(AdamwUpdate, EveryPathMatchesReferenceAndScalarBits) {
+  using ops::cpu::AdamwPath;
+  const std::vector<int64_t> sizes = {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 31, 33, 63, 65, 8191, 8193, 40009};
+  const std::vector<AdamwPath> paths = {AdamwPath::AdamwPath_scalar, AdamwPath::AdamwPath_sse,
+                                        AdamwPath::AdamwPath_avx2};
+  int tested = 0;
+  for (AdamwPath path : paths) {
+    if (!ops::cpu::adamw_path_available(path)) {
+      std::printf("adamw path %s: not available on this cpu, skipped\n", std::string(ops::cpu::adamw_path_name(path)).c_str());
+      continue;
+    }
+    ++tested;
+    for (int64_t n : sizes) {
+      for (int64_t shift : {0, 1, 3}) {  // start 4, 12 bytes past the allocation: unaligned vectors
+        Hyper h;
+        h.grad_scale = 0.73f;
+        State base = state_random(n + shift, 4000 + static_cast<uint64_t>(n));
+        State fast = base, scalar = base, ref = base;
+        std::vector<double> max_abs(n + shift);
+        for (int64_t i = 0; i < n + shift; ++i) max_abs[i] = std::abs(ref.param[i]);
+        for (int64_t step = 1; step <= 3; ++step) {
+          if (step > 1) {
+            grad_refresh(fast, 31 * step + static_cast<uint64_t>(n));
+            scalar.grad = ref.grad = fast.grad;
+          }
+          auto run = [&](State& s, AdamwPath p) {
+            ops::cpu::adamw_update_path(p, s.param.data() + shift, s.grad.data() + shift, s.m.data() + shift,
+                                        s.v.data() + shift, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                        h.grad_scale, step);
+          };
+          run(fast, path);
+          run(scalar, AdamwPath::AdamwPath_scalar);
+          ops::ref::adamw_update<float>(ref.param.data() + shift, ref.grad.data() + shift, ref.m.data() + shift,
+                                        ref.v.data() + shift, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                        h.grad_scale, step);
+          SCOPED_TRACE(::testing::Message() << "path " << ops::cpu::adamw_path_name(path) << " n " << n << " shift "
+                                            << shift << " step " << step);
+          std::vector<double> tol_param(n + shift);
+          for (int64_t i = 0; i < n + shift; ++i) {
+            max_abs[i] = std::max(max_abs[i], static_cast<double>(std::abs(ref.param[i])));
+            tol_param[i] = 4.0 * FLT_EPSILON * static_cast<double>(step) * max_abs[i];
+          }
+          ASSERT_TRUE(states_near(fast.m, ref.m, "m", tol_relative(ref.m, 2)));
+          ASSERT_TRUE(states_near(fast.v, ref.v, "v", tol_relative(ref.v, 2)));
+          ASSERT_TRUE(states_near(fast.param, ref.param, "param", tol_param));
+          for (const auto& [got, want, what] : {std::tuple{&fast.param, &scalar.param, "param"},
+                                                std::tuple{&fast.m, &scalar.m, "m"}, std::tuple{&fast.v, &scalar.v, "v"}}) {
+            for (int64_t i = 0; i < n + shift; ++i)
+              ASSERT_EQ(std::memcmp(&(*got)[i], &(*want)[i], sizeof(float)), 0)
+                  << what << " index " << i << ": scalar " << (*want)[i] << ", got " << (*got)[i];
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(tested, 2);  // scalar and SSE exist on every x86-64
+  // The kernel runs the widest available path.
+  EXPECT_TRUE(ops::cpu::adamw_path_available(ops::cpu::adamw_path_best()));
+  if (ops::cpu::adamw_path_available(AdamwPath::AdamwPath_avx2))
+    EXPECT_EQ(ops::cpu::adamw_path_best(), AdamwPath::AdamwPath_avx2);
+}
+
 // Two steps worked by hand: lr 0.1, beta1 0.9, beta2 0.99, eps 1e-8, wd 0.01, grad_scale 2.
 //   element 0: p = 1, grads 0.5 then -0.25 (g = 1, -0.5)
 //     step 1: p = 0.999; m = 0.1; v = 0.01; bc1 = 0.1, bc2 = 0.01; denom = 1 + 1e-8
@@ -249,6 +319,17 @@ TEST(AdamwUpdate, Timing) {
       v[i] += p[i];
     }
   });
+  for (ops::cpu::AdamwPath p : {ops::cpu::AdamwPath::AdamwPath_scalar, ops::cpu::AdamwPath::AdamwPath_sse,
+                                ops::cpu::AdamwPath::AdamwPath_avx2}) {
+    if (!ops::cpu::adamw_path_available(p)) continue;
+    step = 0;
+    const double t = median_seconds([&] {
+      ops::cpu::adamw_update_path(p, s.param.data(), s.grad.data(), s.m.data(), s.v.data(), n, h.lr, h.beta1, h.beta2,
+                                  h.eps, h.weight_decay, h.grad_scale, ++step);
+    });
+    std::printf("adamw_update path %s: %.3f ms (%.1f Mparams/s)\n", std::string(ops::cpu::adamw_path_name(p)).c_str(),
+                t * 1e3, n / t / 1e6);
+  }
   const double fast_gbs = 28.0 * n / fast_s / 1e9;
   const double stream_gbs = 28.0 * n / stream_s / 1e9;
   std::printf("adamw_update n=%lld threads=%d: fast %.3f ms (%.1f Mparams/s, %.1f GB/s), ref %.3f ms "

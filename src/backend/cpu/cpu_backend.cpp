@@ -1,6 +1,9 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace fp {
 
@@ -9,7 +12,27 @@ CpuBackend::CpuBackend(uint64_t device_capacity, uint64_t host_capacity)
 
 void CpuBackend::copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) {
   if (bytes == 0) return;
-  s.enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  // Note [Emulated link] (backend.h): only the copy streams cross the link.
+  Clock::time_point* link_free = &s == h2d_.get() ? &h2d_link_free_ : &s == d2h_.get() ? &d2h_link_free_ : nullptr;
+  if (link_free == nullptr || link_gbps_ <= 0) {
+    s.enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    return;
+  }
+  const auto link_time = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(static_cast<double>(bytes) / (link_gbps_ * 1e9)));
+  s.enqueue([dst, src, bytes, link_time, link_free] {
+    // The link is a clock per direction, touched only by its stream's worker. A copy that follows
+    // the previous one closely (within the sleep's usual overshoot) starts when the link became
+    // free, so a train of small copies is not slowed by one overshoot each; after a real gap the
+    // clock restarts now.
+    constexpr auto kBackToBack = std::chrono::microseconds(200);
+    const Clock::time_point now = Clock::now();
+    const Clock::time_point start = now - *link_free < kBackToBack ? *link_free : now;
+    const Clock::time_point end = start + link_time;
+    std::memcpy(dst, src, bytes);
+    std::this_thread::sleep_until(end);
+    *link_free = std::max(end, Clock::now());  // a memcpy slower than the link holds it longer
+  });
 }
 
 void CpuBackend::copy_to_host(void* dst, const void* src, uint64_t bytes) {

@@ -1,6 +1,8 @@
 // The cpu backend: real memory, ops/cpu kernels, copy streams on worker threads.
 #pragma once
 
+#include <chrono>
+
 #include "backend/backend.h"
 
 namespace fp {
@@ -13,6 +15,13 @@ class CpuBackend final : public Backend {
   void copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) override;
   void copy_to_host(void* dst, const void* src, uint64_t bytes) override;
   void copy_from_host(void* dst, const void* src, uint64_t bytes) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // Note [Emulated link]: when each direction of the emulated link becomes free; each is read and
+  // written only by its copy stream's worker thread.
+  Clock::time_point h2d_link_free_{};
+  Clock::time_point d2h_link_free_{};
 };
 
 }  // namespace fp

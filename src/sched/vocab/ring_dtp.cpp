@@ -1,11 +1,105 @@
+// LM head with Ring-DTP (DESIGN.md, Ring-DTP): the logits of the vocabulary projection exist only as
+// strips of block_tokens rows, folded into a per-token online log-sum-exp state (ops/online_lse.h), so
+// the vocab category holds one strip and 16 B per token instead of 3 x (n, V) fp32.
+// Legend: n tokens, H hidden, V vocabulary, n_blk = min(block_tokens, n) strip height.
+//
+// Note [Ring-DTP on one rank]: with one rank the ring has one shard, the whole vocabulary, so each
+// token block meets it once. Per block of n_blk tokens, in token order:
+//   strip (n_blk, V) = xn_blk W^T                                   GEMM 1
+//   fold the strip into (m, z, y) of the block's tokens, in vocabulary sub-blocks of
+//   kRingVocabSubBlock columns (ring_dtp.h), the same online fold the ring applies to its shards;
+//   after the sweep the block's lse = m + log z is final, and since the loss is the last node of the
+//   graph the block's gradient is formed in the same sweep, in place:
+//   strip <- scale (softmax - onehot)
+//   dxn_blk (n_blk, H) = strip W                                    GEMM 2
+//   dW (V, H) += strip^T xn_blk                                     GEMM 3
+// Three GEMMs like the full variant, nothing recomputed. dW accumulates in fp32 block after block in
+// token order, and every other reduction has a fixed order (ops/online_lse.h, BLAS splitting only
+// output rows/columns across threads), so the results are bitwise reproducible across runs and thread
+// counts. The working set (one strip and the state) is reserved once when the head starts and is the
+// same on the meta backend, so meta peaks are exact (ring_dtp_vocab_bytes).
+//
+// Note [Ring-DTP on P ranks] (not yet: it needs the comm layer): the kernels already take a shard
+// [v0, v1) and a running state, so the ring is a change of loop order only. Move weights: for round
+// i = 0..P-1, hold shard s = (r - i) mod P, and for each token block fold strip = xn_blk W_s^T into the
+// state (n); after P rounds the state is home and the loss known. Backward is a second ring pass that
+// recomputes each strip, applies online_lse_backward with the final (m, z), and accumulates dxn_blk
+// and dW_s (dW_s travels home with its shard). Move activations swaps what travels. The strip is then
+// (n_blk, V/P) and ring_dtp_vocab_bytes is called with V_shard = V / P.
+#include "sched/vocab/ring_dtp.h"
+
+#include <algorithm>
+#include <limits>
+
 #include "core/error.h"
 #include "sched/vocab/vocab_head.h"
 
 namespace fp {
 
-HeadResult head_ring_forward_backward(StepContext&, const VocabSchedule&, ParamStore&, const Tensor&, const Tensor&,
-                                      float, Tensor&, std::vector<float>*, bool) {
-  throw Error("vocab.schedule = \"ring\" is not available yet", "use vocab.schedule = \"full\"");
+HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, ParamStore& ps, const Tensor& xL,
+                                      const Tensor& targets, float scale, Tensor& dxL, std::vector<float>* logits_out,
+                                      bool backward) {
+  FP_CHECK(v.block_tokens >= 1, "set vocab.block_tokens to a positive number of tokens (e.g. 1024)",
+           "vocab.block_tokens is {}", v.block_tokens);
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const int64_t n = s.n, H = s.cfg.hidden_size, V = s.cfg.vocab_size;
+  const int64_t n_blk = ring_dtp_block_rows(v, n);
+  constexpr Category kAct = Category::Category_activations;
+  constexpr Category kVocab = Category::Category_vocab;
+  const float* W = ps.lm_head->w.f32();  // (V, H)
+
+  // The final RMSNorm, as in the full variant.
+  Tensor xn = be.alloc_f32(kAct, {n, H}, "head.xn");
+  Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");
+  K.rmsnorm_forward(xL.f32(), ps.norm->w.f32(), xn.f32(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
+
+  // The fixed working set (Note [Ring-DTP on one rank]).
+  Tensor strip = be.alloc_f32(kVocab, {n_blk, V}, "ring.strip");  // (n_blk, V) logits, then their gradient
+  Tensor m = be.alloc_f32(kVocab, {n}, "ring.m");                 // (n) running max
+  Tensor z = be.alloc(kVocab, {n}, DType::DType_F64, "ring.z");    // (n) running sum of exponentials
+  Tensor y = be.alloc_f32(kVocab, {n}, "ring.y");                 // (n) target logit
+  Tensor loss_sum = be.alloc(Category::Category_workspace, {1}, DType::DType_F64, "ring.loss_sum");
+  Tensor dxn;
+  if (backward) dxn = be.alloc_f32(kAct, {n, H}, "head.dxn");  // (n, H)
+  K.online_lse_init(m.f32(), z.f64(), y.f32(), n);
+  if (logits_out != nullptr && be.computes()) logits_out->resize(static_cast<size_t>(n * V));
+
+  for (int64_t t0 = 0; t0 < n; t0 += n_blk) {
+    const int64_t rows = std::min(n_blk, n - t0);
+    const float* x_blk = ptr_at(xn.f32(), t0 * H);          // (rows, H)
+    const int32_t* tgt_blk = ptr_at(targets.i32(), t0);     // (rows)
+    float* m_blk = ptr_at(m.f32(), t0);                     // (rows)
+    double* z_blk = ptr_at(z.f64(), t0);                    // (rows)
+    float* y_blk = ptr_at(y.f32(), t0);                     // (rows)
+    linear_forward(be, x_blk, W, strip.f32(), rows, H, V);  // strip (rows, V)
+    if (logits_out != nullptr && be.computes())
+      be.copy_to_host(logits_out->data() + t0 * V, strip.data(), static_cast<uint64_t>(rows * V) * sizeof(float));
+    for (int64_t c0 = 0; c0 < V; c0 += kRingVocabSubBlock) {
+      const int64_t c1 = std::min(V, c0 + kRingVocabSubBlock);
+      K.online_lse_fold(ptr_at(strip.f32(), c0), V, tgt_blk, rows, c0, c1, m_blk, z_blk, y_blk);
+    }
+    if (!backward) continue;
+    K.online_lse_backward(strip.f32(), V, tgt_blk, rows, 0, V, m_blk, z_blk, scale);
+    linear_backward_input(be, strip.f32(), W, ptr_at(dxn.f32(), t0 * H), rows, H, V);
+    linear_backward_weight(be, strip.f32(), x_blk, ps.lm_head->g.f32(), rows, H, V);
+  }
+
+  HeadResult r;
+  K.online_lse_loss(m.f32(), z.f64(), y.f32(), targets.i32(), n, loss_sum.f64());
+  double host = std::numeric_limits<double>::quiet_NaN();
+  if (be.computes()) be.copy_to_host(&host, loss_sum.data(), sizeof(double));
+  r.loss_sum = host;
+  loss_sum.reset();
+  y.reset();
+  z.reset();
+  m.reset();
+  strip.reset();
+  if (!backward) return r;
+
+  xn.reset();
+  K.rmsnorm_backward(xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+  return r;
 }
 
 }  // namespace fp

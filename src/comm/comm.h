@@ -1,0 +1,59 @@
+// Communication between the ranks of a run: one interface over an existing engine (MPI now, NCCL with
+// the CUDA backend later). `single` is the one-process world and needs no MPI at run time.
+//
+// Buffers are data pointers of this process (device tensors of the cpu backend are host memory; a
+// CUDA backend's NCCL engine takes device pointers). A null pointer means "no data" (the meta
+// backend): the call still takes place on every rank, so collectives stay matched, but moves nothing.
+// Counts are elements of the given dtype (f32, f64, i64, i32, or bytes for raw transfers).
+//
+// Errors: every engine call goes through one checking macro (FP_MPI_CHECK in mpi_comm.cpp) that
+// names the call, file and line and throws fp::Error. A rank that fails calls abort(): every rank of
+// the run exits non-zero promptly (Note [A failed rank stops the run] in cli/main.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "core/dtype.h"
+
+namespace fp {
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual std::string_view name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place, element-wise over ranks: data (n) = sum (or max) of every rank's data (n).
+  virtual void all_reduce_sum(void* data, int64_t n, DType t) = 0;
+  virtual void all_reduce_max(void* data, int64_t n, DType t) = 0;
+  // recv (size * n) = every rank's send (n), in rank order.
+  virtual void all_gather(const void* send, void* recv, int64_t n, DType t) = 0;
+  // recv (n) = sum over ranks of their send[rank() * n, (rank() + 1) * n); send is (size * n).
+  virtual void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t) = 0;
+  // Rank r sends send_counts[d] elements to rank d (from send, packed by destination in rank order)
+  // and receives recv_counts[s] elements from rank s (into recv, packed by source in rank order).
+  virtual void all_to_all_v(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
+                            DType t) = 0;
+  // Sends `n` elements to dst while receiving `n_recv` from src (a ring shift when dst = rank + 1,
+  // src = rank - 1). send and recv must not overlap.
+  virtual void send_recv(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src, DType t) = 0;
+  virtual void barrier() = 0;
+  // Ends every rank of the run with this exit code (never returns).
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// The single-process world (rank 0 of 1): collectives are copies or nothing.
+std::unique_ptr<Comm> comm_single();
+// MPI's world when this process was started by mpirun (and flatpeak was built with MPI), else
+// comm_single(). Initialises MPI on first use.
+std::unique_ptr<Comm> comm_create();
+// The process's world communicator, created by comm_create() on first use (the CLI's entry point
+// calls it first, so MPI starts before any work).
+Comm& comm_world();
+// True when the environment says this process was started by mpirun/srun with more than one rank.
+bool comm_launched_by_mpi();
+
+}  // namespace fp

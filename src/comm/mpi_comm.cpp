@@ -1,0 +1,144 @@
+// The MPI engine (OpenMPI). Built only when CMake finds MPI (FLATPEAK_HAVE_MPI); otherwise
+// comm_create() always gives the single-process world and says so when launched under mpirun.
+#include "comm/comm.h"
+#include "core/error.h"
+
+#ifdef FLATPEAK_HAVE_MPI
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <vector>
+
+// Every MPI call goes through this macro: on failure it names the call, file and line and the MPI
+// error text, and throws fp::Error (the communicator returns errors instead of aborting).
+#define FP_MPI_CHECK(call)                                                                            \
+  do {                                                                                                \
+    const int fp_mpi_rc = (call);                                                                     \
+    if (fp_mpi_rc != MPI_SUCCESS) ::fp::mpi_fail(#call, __FILE__, __LINE__, fp_mpi_rc);               \
+  } while (0)
+
+namespace fp {
+
+[[noreturn]] void mpi_fail(const char* call, const char* file, int line, int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(fmt::format("MPI call {} failed at {}:{}: {}", call, file, line, std::string(text, len)),
+              "another rank may have failed first; see its error above");
+}
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::DType_F32: return MPI_FLOAT;
+    case DType::DType_F64: return MPI_DOUBLE;
+    case DType::DType_I32: return MPI_INT32_T;
+    case DType::DType_I64: return MPI_INT64_T;
+    case DType::DType_BF16:
+    case DType::DType_F16: return MPI_UINT16_T;  // moved, never reduced
+  }
+  return MPI_BYTE;
+}
+
+int count_of(int64_t n) {
+  FP_ASSERT(n >= 0 && n <= INT_MAX, "MPI message of {} elements exceeds the int count", n);
+  return static_cast<int>(n);
+}
+
+class MpiComm final : public Comm {
+ public:
+  MpiComm() {
+    int inited = 0;
+    FP_MPI_CHECK(MPI_Initialized(&inited));
+    if (!inited) {
+      int provided = 0;
+      FP_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+    }
+    FP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    FP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    FP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    FP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiComm() override {
+    MPI_Comm_free(&comm_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+  std::string_view name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce_sum(void* data, int64_t n, DType t) override { reduce(data, n, t, MPI_SUM); }
+  void all_reduce_max(void* data, int64_t n, DType t) override { reduce(data, n, t, MPI_MAX); }
+
+  void all_gather(const void* send, void* recv, int64_t n, DType t) override {
+    if (send == nullptr || recv == nullptr) n = 0;
+    FP_MPI_CHECK(MPI_Allgather(send, count_of(n), mpi_type(t), recv, count_of(n), mpi_type(t), comm_));
+  }
+  void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t) override {
+    if (send == nullptr || recv == nullptr) n = 0;
+    FP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count_of(n), mpi_type(t), MPI_SUM, comm_));
+  }
+  void all_to_all_v(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
+                    DType t) override {
+    const bool none = send == nullptr || recv == nullptr;
+    std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
+    int64_t so = 0, ro = 0;
+    for (int i = 0; i < size_; ++i) {
+      sc[i] = none ? 0 : count_of(send_counts[i]);
+      rc[i] = none ? 0 : count_of(recv_counts[i]);
+      sd[i] = count_of(so);
+      rd[i] = count_of(ro);
+      so += sc[i];
+      ro += rc[i];
+    }
+    FP_MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(), mpi_type(t),
+                               comm_));
+  }
+  void send_recv(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src, DType t) override {
+    if (send == nullptr) n = 0;
+    if (recv == nullptr) n_recv = 0;
+    FP_MPI_CHECK(MPI_Sendrecv(send, count_of(n), mpi_type(t), dst, kTagShift, recv, count_of(n_recv), mpi_type(t),
+                              src, kTagShift, comm_, MPI_STATUS_IGNORE));
+  }
+  void barrier() override { FP_MPI_CHECK(MPI_Barrier(comm_)); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  static constexpr int kTagShift = 17;
+  void reduce(void* data, int64_t n, DType t, MPI_Op op) {
+    if (data == nullptr) n = 0;
+    FP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), mpi_type(t), op, comm_));
+  }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> comm_create() {
+  if (!comm_launched_by_mpi()) return comm_single();
+  return std::make_unique<MpiComm>();
+}
+
+}  // namespace fp
+
+#else  // !FLATPEAK_HAVE_MPI
+
+namespace fp {
+
+std::unique_ptr<Comm> comm_create() {
+  FP_CHECK(!comm_launched_by_mpi(), "install OpenMPI (apt-get install libopenmpi-dev openmpi-bin) and rebuild",
+           "launched by mpirun, but this flatpeak was built without MPI");
+  return comm_single();
+}
+
+}  // namespace fp
+
+#endif

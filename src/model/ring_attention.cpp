@@ -1,0 +1,96 @@
+#include "model/ring_attention.h"
+
+#include <cmath>
+
+#include "data/context_split.h"
+
+namespace fp {
+
+namespace {
+
+constexpr Category kComm = Category::Category_comm;
+
+struct RingGeometry {
+  int rank, world;
+  int64_t T;  // global tokens per sequence
+  int next() const { return (rank + 1) % world; }
+  int prev() const { return (rank + world - 1) % world; }
+  // The rank whose block this rank holds after `step` hops.
+  int source(int step) const { return ((rank - step) % world + world) % world; }
+};
+
+RingGeometry ring_geometry(const StepContext& s) {
+  return {s.comm.rank(), s.comm.size(), s.T * s.comm.size()};
+}
+
+// Sends `t` to the next rank and receives the previous rank's into `into` (same shape).
+void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into) {
+  s.comm.send_recv(t.data(), t.numel(), g.next(), into.data(), into.numel(), g.prev(), DType::DType_F32);
+}
+
+}  // namespace
+
+void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
+                            Tensor& lse) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, N = s.T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const RingGeometry g = ring_geometry(s);
+  const Shape kv_shape = k.shape();
+  Tensor kb[2] = {be.alloc_f32(kComm, kv_shape, "ring.k0"), be.alloc_f32(kComm, kv_shape, "ring.k1")};
+  Tensor vb[2] = {be.alloc_f32(kComm, kv_shape, "ring.v0"), be.alloc_f32(kComm, kv_shape, "ring.v1")};
+  K.copy(kb[0].f32(), k.f32(), k.numel());
+  K.copy(vb[0].f32(), v.f32(), v.numel());
+  for (int step = 0; step < g.world; ++step) {
+    const int cur = step % 2;
+    const std::vector<int32_t> k_pos = context_positions(g.T, g.source(step), g.world);
+    K.attention_block_forward(q.f32(), kb[cur].f32(), vb[cur].f32(), s.seq_pos.data(), k_pos.data(), o.f32(),
+                              lse.f32(), step == 0, s.B, N, N, nh, nkv, hd, scale);
+    if (step + 1 < g.world) {
+      ring_shift(s, g, kb[cur], kb[1 - cur]);
+      ring_shift(s, g, vb[cur], vb[1 - cur]);
+    }
+  }
+}
+
+void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, N = s.T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const RingGeometry g = ring_geometry(s);
+  const Shape kv_shape = k.shape();
+  Tensor kb[2] = {be.alloc_f32(kComm, kv_shape, "ring.k0"), be.alloc_f32(kComm, kv_shape, "ring.k1")};
+  Tensor vb[2] = {be.alloc_f32(kComm, kv_shape, "ring.v0"), be.alloc_f32(kComm, kv_shape, "ring.v1")};
+  Tensor dkb[2] = {be.alloc_f32(kComm, kv_shape, "ring.dk0"), be.alloc_f32(kComm, kv_shape, "ring.dk1")};
+  Tensor dvb[2] = {be.alloc_f32(kComm, kv_shape, "ring.dv0"), be.alloc_f32(kComm, kv_shape, "ring.dv1")};
+  K.copy(kb[0].f32(), k.f32(), k.numel());
+  K.copy(vb[0].f32(), v.f32(), v.numel());
+  K.fill(dkb[0].f32(), 0.0f, dk.numel());
+  K.fill(dvb[0].f32(), 0.0f, dv.numel());
+  K.fill(dq.f32(), 0.0f, dq.numel());
+  // W rounds of compute, each followed by a hop: after the last hop every block (with its complete
+  // dK/dV) is back at its home rank.
+  for (int step = 0; step < g.world; ++step) {
+    const int cur = step % 2;
+    const std::vector<int32_t> k_pos = context_positions(g.T, g.source(step), g.world);
+    K.attention_block_backward(q.f32(), kb[cur].f32(), vb[cur].f32(), o.f32(), lse.f32(), dout.f32(),
+                               s.seq_pos.data(), k_pos.data(), dq.f32(), dkb[cur].f32(), dvb[cur].f32(), s.B, N, N,
+                               nh, nkv, hd, scale);
+    if (step + 1 < g.world) {
+      ring_shift(s, g, kb[cur], kb[1 - cur]);
+      ring_shift(s, g, vb[cur], vb[1 - cur]);
+    }
+    ring_shift(s, g, dkb[cur], dkb[1 - cur]);
+    ring_shift(s, g, dvb[cur], dvb[1 - cur]);
+  }
+  const int home = g.world % 2;  // the buffer that received the last hop
+  K.copy(dk.f32(), dkb[home].f32(), dk.numel());
+  K.copy(dv.f32(), dvb[home].f32(), dv.numel());
+}
+
+}  // namespace fp

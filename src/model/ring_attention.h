@@ -1,0 +1,26 @@
+// Ring attention over the context-parallel ranks (DESIGN.md; issue "Multi-process training").
+// Legend: B sequences, N = T / W tokens per rank (zig-zag pieces, data/context_split.h), nh/nkv
+// heads, hd head_dim.
+//
+// Forward: each rank keeps its queries; the K/V blocks of all ranks travel the ring (rank r sends to
+// r + 1 and receives from r - 1), and each arriving block's partial attention, causal by global
+// positions, is merged into the running (o, lse) with the log-sum-exp rule. Exact: the same function
+// as attention over the whole sequence, only the summation order differs.
+// Backward: with the final o and lse, K/V travel the ring again together with their dK/dV
+// accumulators; each rank adds its queries' contribution; after W hops every block is home with its
+// complete dK/dV, and each rank's dQ has seen every block.
+// Transfers are blocking send_recv for now (the overlap with the block's compute comes with the
+// stream-ordered comm of the schedules). Buffers: category comm, two blocks of K and V (and dK/dV).
+#pragma once
+
+#include "model/blocks.h"
+
+namespace fp {
+
+// q (B, N, nh, hd), k, v (B, N, nkv, hd) -> o (B, N, nh, hd), lse (B, nh, N).
+void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse);
+// dout (B, N, nh, hd) -> dq (B, N, nh, hd), dk, dv (B, N, nkv, hd), overwritten.
+void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+
+}  // namespace fp

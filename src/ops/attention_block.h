@@ -1,0 +1,47 @@
+// Grouped-query attention of a block of queries against a block of keys/values, masked by GLOBAL token
+// positions, with a running (o, lse) that merges the partial results of successive key blocks: the
+// kernels of ring attention (context parallelism). Each rank keeps its queries while the key/value
+// blocks of all ranks pass by; after every block has been merged, (o, lse) equal the causal attention
+// of ops/attention.h over the whole sequence (to rounding). Backward: with the final (o, lse), each
+// (query block, key block) pair adds its terms to dq of the queries and to dk, dv of the keys.
+// Dimensions: B sequences, Tq queries and Tk keys of each sequence in this block pair, nh query heads,
+// nkv key/value heads (nh % nkv == 0; query head h reads kv head h / (nh / nkv)), hd head_dim, scale
+// usually hd^-0.5. Layouts as in ops/attention.h: (B, T, heads, hd) rows, (B, nh, T) log-sum-exps.
+//
+// Masking: key j is visible to query i iff k_pos[j] <= q_pos[i]. q_pos (Tq) and k_pos (Tk) are the
+// global positions (the same for every sequence b), each ascending (not necessarily contiguous; equal
+// positions allowed); the zig-zag pieces of data/context_split.h are. A query that sees no key of the
+// block gets nothing from it.
+#pragma once
+
+#include <cstdint>
+
+namespace fp::ops::cpu {
+
+// Folds the block (k, v) into the running state of the queries q.
+// q (B, Tq, nh, hd); k, v (B, Tk, nkv, hd); q_pos (Tq), k_pos (Tk) ascending.
+// first = true: o (B, Tq, nh, hd), lse (B, nh, Tq) := this block's attention and log-sum-exp; a query
+//   with no visible key gets o = 0, lse = -inf. Their previous contents are not read.
+// first = false: merged with the previous state by the log-sum-exp rule
+//   lse' = log(exp(lse) + exp(lse_b)),  o' = o exp(lse - lse') + o_b exp(lse_b - lse'),
+//   where (o_b, lse_b) are this block's; a query with no visible key here keeps (o, lse) bit for bit,
+//   and one whose state is still (0, -inf) takes (o_b, lse_b). Never NaN for finite inputs.
+// With first = true and q_pos = k_pos = 0 .. T-1 this is attention_forward of ops/attention.h.
+// Deterministic: each query row is computed by one thread in a fixed order.
+void attention_block_forward(const float* q, const float* k, const float* v, const int32_t* q_pos,
+                             const int32_t* k_pos, float* o, float* lse, bool first, int64_t B, int64_t Tq,
+                             int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, float scale);
+
+// The block pair's share of the gradient, ADDED to dq, dk, dv. o, lse are the FINAL forward state of the
+// queries (after every key block was merged), dout (B, Tq, nh, hd) the gradient of o. The probabilities
+// P = exp(scale q.k - lse) are recomputed tile by tile and D = rowsum(dout * o) inside (no extra input:
+// it costs Tq * nh * hd per tile row, nothing next to the tile products). Summed over all key blocks
+// this is attention_backward of ops/attention.h.
+// dq (B, Tq, nh, hd) += scale dS K;  dk (B, Tk, nkv, hd) += scale dS^T Q;  dv (B, Tk, nkv, hd) += P^T dout,
+// with dS = P (dO V^T - D). Deterministic: the same bits for any thread count.
+void attention_block_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
+                              const float* dout, const int32_t* q_pos, const int32_t* k_pos, float* dq, float* dk,
+                              float* dv, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
+                              float scale);
+
+}  // namespace fp::ops::cpu

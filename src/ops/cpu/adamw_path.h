@@ -1,0 +1,30 @@
+// The instruction-set paths of the cpu AdamW kernel (ops/cpu/adamw.cpp), for tests and benchmarks
+// that compare them. Dimensions: n elements.
+//
+// Every path computes the same bits (Note [AdamW is element-wise], ops/adamw.h): they differ only in
+// how many elements one instruction handles. ops::cpu::adamw_update runs adamw_path_best().
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace fp::ops::cpu {
+
+enum class AdamwPath {
+  AdamwPath_scalar,  // one element at a time (the tail of the others)
+  AdamwPath_sse,     // 4 wide, part of x86-64
+  AdamwPath_avx2,    // 8 wide, when the cpu has AVX2 (checked at run time)
+};
+
+std::string_view adamw_path_name(AdamwPath p);
+// Whether this build and this cpu can run p.
+bool adamw_path_available(AdamwPath p);
+// The widest available path.
+AdamwPath adamw_path_best();
+
+// ops::cpu::adamw_update on an explicit path (asserts adamw_path_available(path)); same arguments,
+// same contract, same threading.
+void adamw_update_path(AdamwPath path, float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, float grad_scale, int64_t step);
+
+}  // namespace fp::ops::cpu

@@ -1,0 +1,53 @@
+#include "plan/routing_counts.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace fp::plan {
+
+namespace {
+// Integers i in [0, x) with i mod M == r (0 <= r < M).
+int64_t count_below(int64_t x, int64_t M, int64_t r) { return x / M + (x % M > r ? 1 : 0); }
+// Integers i in [a, b) with i mod M == r.
+int64_t count_in(int64_t a, int64_t b, int64_t M, int64_t r) {
+  return b <= a ? 0 : count_below(b, M, r) - count_below(a, M, r);
+}
+int64_t mod(int64_t a, int64_t M) { return ((a % M) + M) % M; }
+}  // namespace
+
+std::vector<int64_t> routing_counts(const RoutingProfile& p, int64_t N, int64_t k, int64_t E) {
+  FP_CHECK(p.kind != RoutingProfile::Kind::Kind_router, "plan with routing=balanced or routing=hot:R:H",
+           "the model's own router is data dependent: the planner needs a routing profile");
+  std::vector<int64_t> c(static_cast<size_t>(E), 0);
+  if (p.kind == RoutingProfile::Kind::Kind_balanced) {
+    // token i, slot j -> (i + j) mod E
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t j = 0; j < k; ++j) c[e] += count_in(0, N, E, mod(e - j, E));
+    return c;
+  }
+  const int64_t h = p.hot_experts;
+  FP_CHECK(h >= k && E - h >= k, "a hot profile hot:R:H needs top-k <= H <= experts - top-k",
+           "routing hot:{}:{} with k = {} and E = {}", p.hot_fraction, h, k, E);
+  const int64_t n_hot = static_cast<int64_t>(std::floor(p.hot_fraction * static_cast<double>(N)));
+  // the first n_hot tokens: slot j -> j mod h; the others: slot j -> h + (i + j) mod (E - h)
+  for (int64_t j = 0; j < k; ++j) c[j % h] += n_hot;
+  for (int64_t e = h; e < E; ++e)
+    for (int64_t j = 0; j < k; ++j) c[e] += count_in(n_hot, N, E - h, mod(e - h - j, E - h));
+  return c;
+}
+
+int64_t routes_received_max(const RoutingProfile& p, int64_t N, int64_t k, int64_t E, int64_t ep) {
+  const std::vector<int64_t> c = routing_counts(p, N, k, E);
+  const int64_t per = E / ep;
+  int64_t best = 0;
+  for (int64_t g = 0; g < ep; ++g) {
+    int64_t sum = 0;
+    for (int64_t e = g * per; e < (g + 1) * per; ++e) sum += c[e];
+    best = std::max(best, sum);
+  }
+  return ep * best;
+}
+
+}  // namespace fp::plan

@@ -1,0 +1,381 @@
+// Host-offloaded AdamW: the serial step and the streamed one (offload.h). Dimensions: P parameters,
+// B_max the largest bucket, S slots.
+#include "sched/optim/offload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "ops/adamw.h"
+
+namespace fp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Rows of a device staging slot (4, B_max).
+enum SlotRow : int64_t { SlotRow_grad = 0, SlotRow_param = 1, SlotRow_m = 2, SlotRow_v = 3 };
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Buckets
+
+OffloadPlan offload_plan_make(const std::vector<int64_t>& param_sizes, int64_t bucket_params) {
+  FP_CHECK(bucket_params >= 1, "set optim.bucket_params to a positive count (default 1048576)",
+           "optim.bucket_params = {} must be >= 1", bucket_params);
+  OffloadPlan plan;
+  OffloadBucket cur;
+  auto close = [&] {
+    if (cur.elements == 0) return;
+    plan.largest = std::max(plan.largest, cur.elements);
+    plan.buckets.push_back(cur);
+    cur = OffloadBucket{};
+    cur.first_segment = static_cast<int64_t>(plan.segments.size());
+  };
+  for (size_t i = 0; i < param_sizes.size(); ++i) {
+    const int64_t n = param_sizes[i];
+    int64_t off = 0;
+    while (off < n) {
+      int64_t take = std::min(n - off, bucket_params - cur.elements);
+      if (take < n - off) {
+        // The parameter continues in the next bucket: end this piece on an aligned offset.
+        const int64_t aligned = (off + take) / kOffloadAlign * kOffloadAlign - off;
+        if (aligned > 0) {
+          take = aligned;
+        } else if (cur.elements > 0) {
+          close();  // no aligned piece fits: the parameter starts the next bucket
+          continue;
+        }  // else: an empty bucket smaller than the alignment takes the unaligned piece
+      }
+      plan.segments.push_back({static_cast<int64_t>(i), off, take, cur.elements});
+      ++cur.segments;
+      cur.elements += take;
+      off += take;
+      if (cur.elements == bucket_params) close();
+    }
+  }
+  close();
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared: host state, norm, clipping, master sync
+
+OffloadAdamW::OffloadAdamW(ParamStore& params, Backend& be, const OptimConfig& cfg)
+    : params_(params), be_(be), cfg_(cfg) {
+  const size_t n = params_.all().size();
+  master_.reserve(n);
+  m_.reserve(n);
+  v_.reserve(n);
+  for (const Param& p : params_.all()) {
+    master_.emplace_back(be_.alloc_host(Category::Category_optimizer, p.w.shape(), DType::DType_F32, p.name + ".master"));
+    Tensor& m = m_.emplace_back(
+        be_.alloc_host(Category::Category_optimizer, p.w.shape(), DType::DType_F32, p.name + ".exp_avg"));
+    Tensor& v = v_.emplace_back(
+        be_.alloc_host(Category::Category_optimizer, p.w.shape(), DType::DType_F32, p.name + ".exp_avg_sq"));
+    // Host memory: written directly (null on meta, where nothing exists to zero).
+    if (m.data() != nullptr) std::memset(m.data(), 0, m.bytes());
+    if (v.data() != nullptr) std::memset(v.data(), 0, v.bytes());
+  }
+  sumsq_ = be_.alloc_f32(Category::Category_workspace, {1}, "adamw.grad_sumsq");
+}
+
+double OffloadAdamW::grad_norm_compute() {
+  // AdamW::grad_norm_compute, operation for operation: one device reduction and one scalar read per
+  // parameter, summed in double in parameter order. The same bits as AdamW's norm, hence the same
+  // clipping coefficient: the variants can agree bit for bit.
+  const auto& k = be_.kernels();
+  double total = 0.0;
+  for (const Param& p : params_.all()) {
+    k.reduce_sumsq(p.g.f32(), p.g.numel(), sumsq_.f32());
+    float s = 0.0f;
+    be_.copy_to_host(&s, sumsq_.data(), sizeof(float));
+    total += static_cast<double>(s);
+  }
+  return std::sqrt(total);
+}
+
+void OffloadAdamW::master_sync() {
+  // The device weights are the truth before the first step (init or checkpoint load).
+  be_.d2h_stream().wait(grads_ready_);
+  size_t i = 0;
+  for (const Param& p : params_.all()) {
+    be_.copy_async(be_.d2h_stream(), master_[i].data(), p.w.data(), p.w.bytes());
+    ++i;
+  }
+  Event done;
+  be_.d2h_stream().record(done);
+  done.synchronize();
+  master_synced_ = true;
+}
+
+OffloadAdamW::StepStats OffloadAdamW::step(int64_t step, int64_t total_steps) {
+  FP_ASSERT(step == steps_taken_ + 1, "OffloadAdamW::step({}) after step {}: steps must follow each other (resume "
+            "sets set_steps_taken)", step, steps_taken_);
+  const auto t0 = Clock::now();
+  times_ = OffloadTimes{};
+  StepStats st{};
+  st.lr = lr_at(cfg_, step, total_steps);
+  st.clip_scale = 1.0;
+  // The norm and clipping of AdamW::step (adamw.cpp), identically: the same guard, the same
+  // coefficient. Global over every gradient, so it must finish before any bucket is updated.
+  if (be_.computes()) {
+    st.grad_norm = grad_norm_compute();
+    FP_CHECK(std::isfinite(st.grad_norm), "lower optim.lr or check the data",
+             "non-finite gradient norm at step {} ({}): a gradient holds NaN or Inf; no update was applied", step,
+             st.grad_norm);
+    if (cfg_.grad_clip > 0) {
+      const double coef = cfg_.grad_clip / (st.grad_norm + 1e-6);
+      if (coef < 1.0) st.clip_scale = coef;
+    }
+  } else {
+    st.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  }
+  // The copy streams read the gradients and overwrite the weights: both only after everything the
+  // compute stream issued so far (the backward that wrote them, the norm that read them).
+  be_.compute_stream().record(grads_ready_);
+  times_.norm_s = seconds_since(t0);
+  if (!master_synced_) master_sync();
+  update_apply(st, step);
+  steps_taken_ = step;
+  times_.total_s = seconds_since(t0);
+  return st;
+}
+
+void OffloadAdamW::update_range(bool host, int64_t i, float* param, const float* grad, float* m, float* v,
+                                int64_t length, const StepStats& st, int64_t step) {
+  // No decay on 1-D parameters (RMSNorm weights), as AdamW::step.
+  const Param& p = params_.all()[static_cast<size_t>(i)];
+  const double wd = p.w.shape().rank >= 2 ? cfg_.weight_decay : 0.0;
+  const auto t0 = Clock::now();
+  if (host) {
+    // Host operands: the cpu kernel itself (any backend's host memory is the cpu's), not the backend
+    // table (a device kernel cannot read host memory). Nothing exists to update on meta.
+    if (be_.computes())
+      ops::cpu::adamw_update(param, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
+                             static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(wd),
+                             static_cast<float>(st.clip_scale), step);
+  } else {
+    be_.kernels().adamw_update(param, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
+                               static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(wd),
+                               static_cast<float>(st.clip_scale), step);
+  }
+  times_.update_s += seconds_since(t0);
+}
+
+std::vector<std::pair<std::string, const Tensor*>> OffloadAdamW::state_tensors() const {
+  std::vector<std::pair<std::string, const Tensor*>> out;
+  out.reserve(2 * m_.size());
+  size_t i = 0;
+  for (const Param& p : params_.all()) {
+    out.emplace_back(p.name + ".exp_avg", &m_[i]);
+    out.emplace_back(p.name + ".exp_avg_sq", &v_[i]);
+    ++i;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serial
+
+OffloadSerialAdamW::OffloadSerialAdamW(ParamStore& params, Backend& be, const OptimConfig& cfg)
+    : OffloadAdamW(params, be, cfg) {
+  grad_host_.reserve(params_.all().size());
+  for (const Param& p : params_.all())
+    grad_host_.emplace_back(be_.alloc_host(Category::Category_grads, p.g.shape(), DType::DType_F32, p.name + ".grad_host"));
+}
+
+void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {
+  Stream& d2h = be_.d2h_stream();
+  Stream& h2d = be_.h2d_stream();
+  auto t0 = Clock::now();
+  // 1. Every gradient to the host.
+  d2h.wait(grads_ready_);
+  size_t i = 0;
+  for (const Param& p : params_.all()) {
+    be_.copy_async(d2h, grad_host_[i].data(), p.g.data(), p.g.bytes());
+    ++i;
+  }
+  Event down;
+  d2h.record(down);
+  down.synchronize();
+  times_.down_s = seconds_since(t0);
+  // 2. CPU AdamW over everything, parameter by parameter, while the device waits.
+  for (i = 0; i < master_.size(); ++i)
+    update_range(/*host=*/true, static_cast<int64_t>(i), master_[i].f32(), grad_host_[i].f32(), m_[i].f32(),
+                 v_[i].f32(), master_[i].numel(), st, step);
+  // 3. Every weight back.
+  t0 = Clock::now();
+  h2d.wait(grads_ready_);
+  i = 0;
+  for (Param& p : params_.all()) {
+    be_.copy_async(h2d, p.w.data(), master_[i].data(), p.w.bytes());
+    ++i;
+  }
+  Event up;
+  h2d.record(up);
+  be_.compute_stream().wait(up);  // the next forward reads the new weights
+  up.synchronize();
+  times_.up_s = seconds_since(t0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamed
+
+OffloadStreamAdamW::OffloadStreamAdamW(ParamStore& params, Backend& be, const OptimConfig& cfg)
+    : OffloadAdamW(params, be, cfg) {
+  FP_CHECK(cfg_.update_on == "device" || cfg_.update_on == "host", "set optim.update_on = \"device\" or \"host\"",
+           "optim.update_on = \"{}\" is not a placement", cfg_.update_on);
+  FP_CHECK(cfg_.slots >= 1, "set optim.slots to 1 or more (default 2)", "optim.slots = {} must be >= 1", cfg_.slots);
+  on_device_ = cfg_.update_on == "device";
+  std::vector<int64_t> sizes;
+  for (const Param& p : params_.all()) sizes.push_back(p.w.numel());
+  plan_ = offload_plan_make(sizes, cfg_.bucket_params);
+  // The fixed working set, reserved at launch (Plan before allocating, STYLE.md).
+  for (int64_t s = 0; s < cfg_.slots && plan_.largest > 0; ++s) {
+    if (on_device_) {
+      slots_.push_back(be_.alloc_f32(Category::Category_optimizer, {4, plan_.largest}, fmt::format("optim.slot{}", s)));
+    } else {
+      host_slots_.push_back(be_.alloc_host(Category::Category_optimizer, {plan_.largest}, DType::DType_F32,
+                                           fmt::format("optim.host_slot{}", s)));
+    }
+  }
+}
+
+void OffloadStreamAdamW::update_apply(const StepStats& st, int64_t step) {
+  if (on_device_) {
+    step_on_device(st, step);
+  } else {
+    step_on_host(st, step);
+  }
+}
+
+void OffloadStreamAdamW::step_on_device(const StepStats& st, int64_t step) {
+  Stream& h2d = be_.h2d_stream();
+  Stream& d2h = be_.d2h_stream();
+  Stream& compute = be_.compute_stream();
+  const auto& segs = plan_.segments;
+  const int64_t n_buckets = static_cast<int64_t>(plan_.buckets.size());
+  const int64_t S = static_cast<int64_t>(slots_.size());
+  const int64_t row = plan_.largest;  // elements per slot row
+  std::vector<Event> uploaded(static_cast<size_t>(n_buckets)), updated(static_cast<size_t>(n_buckets));
+  std::vector<Event> slot_free(static_cast<size_t>(S));
+
+  // master, m, v of bucket g -> slot g mod S, once the slot's previous bucket is written back.
+  auto upload = [&](int64_t g) {
+    const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
+    float* slot = slots_[static_cast<size_t>(g % S)].f32();  // (4, B_max)
+    h2d.wait(slot_free[static_cast<size_t>(g % S)]);
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      const size_t i = static_cast<size_t>(sg.param);
+      const uint64_t bytes = static_cast<uint64_t>(sg.length) * sizeof(float);
+      be_.copy_async(h2d, slot + SlotRow_param * row + sg.slot_offset, master_[i].f32() + sg.offset, bytes);
+      be_.copy_async(h2d, slot + SlotRow_m * row + sg.slot_offset, m_[i].f32() + sg.offset, bytes);
+      be_.copy_async(h2d, slot + SlotRow_v * row + sg.slot_offset, v_[i].f32() + sg.offset, bytes);
+    }
+    h2d.record(uploaded[static_cast<size_t>(g)]);
+  };
+
+  for (int64_t g = 0; g < std::min(S, n_buckets); ++g) upload(g);
+  for (int64_t g = 0; g < n_buckets; ++g) {
+    const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
+    const size_t s = static_cast<size_t>(g % S);
+    float* slot = slots_[s].f32();  // (4, B_max)
+    // Update on the device: gather the gradients, update the slot, scatter the weights.
+    compute.wait(uploaded[static_cast<size_t>(g)]);
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      const Param& p = params_.all()[static_cast<size_t>(sg.param)];
+      be_.copy_async(compute, slot + SlotRow_grad * row + sg.slot_offset, p.g.f32() + sg.offset,
+                     static_cast<uint64_t>(sg.length) * sizeof(float));
+    }
+    // Per segment: weight decay differs between parameters (matrices vs norm weights).
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      const int64_t o = sg.slot_offset;
+      update_range(/*host=*/false, sg.param, slot + SlotRow_param * row + o, slot + SlotRow_grad * row + o,
+                   slot + SlotRow_m * row + o, slot + SlotRow_v * row + o, sg.length, st, step);
+    }
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      Param& p = params_.all()[static_cast<size_t>(sg.param)];
+      be_.copy_async(compute, p.w.f32() + sg.offset, slot + SlotRow_param * row + sg.slot_offset,
+                     static_cast<uint64_t>(sg.length) * sizeof(float));
+    }
+    compute.record(updated[static_cast<size_t>(g)]);
+    // master, m, v back to the host; then the slot takes bucket g + S.
+    d2h.wait(updated[static_cast<size_t>(g)]);
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      const size_t i = static_cast<size_t>(sg.param);
+      const uint64_t bytes = static_cast<uint64_t>(sg.length) * sizeof(float);
+      be_.copy_async(d2h, master_[i].f32() + sg.offset, slot + SlotRow_param * row + sg.slot_offset, bytes);
+      be_.copy_async(d2h, m_[i].f32() + sg.offset, slot + SlotRow_m * row + sg.slot_offset, bytes);
+      be_.copy_async(d2h, v_[i].f32() + sg.offset, slot + SlotRow_v * row + sg.slot_offset, bytes);
+    }
+    d2h.record(slot_free[s]);
+    if (g + S < n_buckets) upload(g + S);
+  }
+  // The host state is final once the last write-back landed.
+  Event done;
+  d2h.record(done);
+  done.synchronize();
+}
+
+void OffloadStreamAdamW::step_on_host(const StepStats& st, int64_t step) {
+  Stream& h2d = be_.h2d_stream();
+  Stream& d2h = be_.d2h_stream();
+  const auto& segs = plan_.segments;
+  const int64_t n_buckets = static_cast<int64_t>(plan_.buckets.size());
+  const int64_t S = static_cast<int64_t>(host_slots_.size());
+  std::vector<Event> downloaded(static_cast<size_t>(n_buckets));
+
+  // Gradients of bucket g -> host slot g mod S. Issued only after the previous bucket of that slot
+  // was updated (program order on the host), so no event guards the refill.
+  auto download = [&](int64_t g) {
+    const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
+    float* slot = host_slots_[static_cast<size_t>(g % S)].f32();  // (B_max)
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      const Param& p = params_.all()[static_cast<size_t>(sg.param)];
+      be_.copy_async(d2h, slot + sg.slot_offset, p.g.f32() + sg.offset, static_cast<uint64_t>(sg.length) * sizeof(float));
+    }
+    d2h.record(downloaded[static_cast<size_t>(g)]);
+  };
+
+  d2h.wait(grads_ready_);
+  h2d.wait(grads_ready_);  // the weights are overwritten only after the backward read them
+  for (int64_t g = 0; g < std::min(S, n_buckets); ++g) download(g);
+  for (int64_t g = 0; g < n_buckets; ++g) {
+    const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
+    float* slot = host_slots_[static_cast<size_t>(g % S)].f32();  // (B_max)
+    downloaded[static_cast<size_t>(g)].synchronize();
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      const size_t i = static_cast<size_t>(sg.param);
+      update_range(/*host=*/true, sg.param, master_[i].f32() + sg.offset, slot + sg.slot_offset,
+                   m_[i].f32() + sg.offset, v_[i].f32() + sg.offset, sg.length, st, step);
+    }
+    // The new weights go up straight from the master (final for this step: nothing writes it again).
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      Param& p = params_.all()[static_cast<size_t>(sg.param)];
+      be_.copy_async(h2d, p.w.f32() + sg.offset, master_[static_cast<size_t>(sg.param)].f32() + sg.offset,
+                     static_cast<uint64_t>(sg.length) * sizeof(float));
+    }
+    if (g + S < n_buckets) download(g + S);
+  }
+  Event up;
+  h2d.record(up);
+  be_.compute_stream().wait(up);  // the next forward reads the new weights
+  up.synchronize();
+}
+
+}  // namespace fp

@@ -1,0 +1,308 @@
+// Ring-DTP (sched/vocab/ring_dtp.cpp) against the full vocabulary head on the same inputs, through the
+// public head functions: loss, d x_L, d model.norm, d lm_head and the logits within 1e-6 relative, on
+// odd token counts, vocabularies not divisible by the block sizes (and spanning several vocabulary
+// sub-blocks), ignored targets; bitwise equal across runs and thread counts; its vocab peak the fixed
+// working set whatever n; meta allocating as cpu; and whole-model training, ring vs full, 10 AdamW steps.
+// Legend: n tokens, H hidden, V vocabulary.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/rng.h"
+#include "core/units.h"
+#include "data/random_batch.h"
+#include "model/model.h"
+#include "sched/optim/adamw.h"
+#include "sched/vocab/ring_dtp.h"
+#include "sched/vocab/vocab_head.h"
+
+namespace fp {
+
+namespace {
+
+ModelConfig head_config(int64_t H, int64_t V) {
+  ModelConfig m;
+  m.hidden_size = H;
+  m.num_hidden_layers = 0;  // the head alone: embedding, final norm, lm_head
+  m.num_attention_heads = 1;
+  m.num_key_value_heads = 1;
+  m.head_dim = 8;
+  m.num_experts = 1;
+  m.num_experts_per_tok = 1;
+  m.moe_intermediate_size = 8;
+  m.vocab_size = V;
+  m.rope_theta = 10000;
+  m.rms_norm_eps = 1e-6;
+  m.norm_topk_prob = true;
+  m.router_aux_loss_coef = 0;
+  m.seed = 3;
+  return m;
+}
+
+void host_to(Backend& be, Tensor& t, const std::vector<float>& v) {
+  ASSERT_EQ(static_cast<int64_t>(v.size()), t.numel());
+  be.copy_from_host(t.data(), v.data(), t.bytes());
+}
+std::vector<float> to_host(Backend& be, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  be.copy_to_host(v.data(), t.data(), t.bytes());
+  return v;
+}
+
+struct HeadCase {
+  int64_t n, H, V, block_tokens;
+};
+
+struct HeadOut {
+  double loss_sum = 0;
+  std::vector<float> dx, dnorm, dW, logits;
+  uint64_t vocab_peak = 0;
+};
+
+// One head call on fixed random inputs: xL ~ N(0, 1), norm weight ~ 1 + N(0, 0.1), lm_head ~ N(0, 0.5)
+// (logits of a few units, so the softmax is far from uniform), targets uniform with every fourth one
+// and the first ignored. The gradients start from a nonzero value to check they are accumulated.
+HeadOut head_run(const HeadCase& c, VocabSchedule::Kind kind, bool want_logits = true) {
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  const ModelConfig cfg = head_config(c.H, c.V);
+  ParamStore ps(cfg, *be);
+  Rng rng(11);
+  std::vector<float> x(c.n * c.H), w(c.H), W(c.V * c.H), g0(c.V * c.H), gn0(c.H);
+  for (float& v : x) v = static_cast<float>(rng.normal());
+  for (float& v : w) v = static_cast<float>(1.0 + 0.1 * rng.normal());
+  for (float& v : W) v = static_cast<float>(0.5 * rng.normal());
+  for (float& v : g0) v = static_cast<float>(0.01 * rng.normal());
+  for (float& v : gn0) v = static_cast<float>(0.01 * rng.normal());
+  std::vector<int32_t> tg(c.n);
+  int64_t count = 0;
+  for (int64_t t = 0; t < c.n; ++t) {
+    tg[t] = (t % 4 == 0) ? -100 : static_cast<int32_t>(rng.below(c.V));
+    count += tg[t] != -100;
+  }
+  if (count == 0) {
+    tg[c.n - 1] = static_cast<int32_t>(c.V - 1);
+    count = 1;
+  }
+  host_to(*be, ps.norm->w, w);
+  host_to(*be, ps.lm_head->w, W);
+  host_to(*be, ps.lm_head->g, g0);
+  host_to(*be, ps.norm->g, gn0);
+
+  StepContext s(*be, cfg, RoutingProfile{});
+  s.B = 1;
+  s.T = c.n;
+  s.n = c.n;
+  Tensor xL = be->alloc_f32(Category::Category_activations, {c.n, c.H}, "xL");
+  host_to(*be, xL, x);
+  Tensor targets = be->alloc(Category::Category_activations, {c.n}, DType::DType_I32, "targets");
+  be->copy_from_host(targets.data(), tg.data(), targets.bytes());
+  Tensor dx = be->alloc_f32(Category::Category_activations, {c.n, c.H}, "dx");
+
+  VocabSchedule v;
+  v.kind = kind;
+  v.block_tokens = c.block_tokens;
+  HeadOut o;
+  be->device_ledger().peaks_reset();
+  const HeadResult r = head_forward_backward(s, v, ps, xL, targets, 1.0f / static_cast<float>(count), dx,
+                                             want_logits ? &o.logits : nullptr, true);
+  o.loss_sum = r.loss_sum;
+  o.dx = to_host(*be, dx);
+  o.dnorm = to_host(*be, ps.norm->g);
+  o.dW = to_host(*be, ps.lm_head->g);
+  o.vocab_peak = be->device_ledger().peak(Category::Category_vocab);
+  return o;
+}
+
+// Element by element: |got - want| <= rel (|want_i| + rms(want)). The rms term is the scale of the
+// summation errors (a sum's rounding is relative to the sum of its terms' magnitudes, not to the
+// result, which may cancel); rel = 1e-6 is ~8 float ulps.
+::testing::AssertionResult near_rel(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                                    const std::string& what) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << want.size();
+  double ss = 0;
+  for (const float v : want) ss += static_cast<double>(v) * v;
+  const double rms = std::sqrt(ss / static_cast<double>(std::max<size_t>(want.size(), 1)));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = got[i], w = want[i], tol = rel * (std::abs(w) + rms);
+    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol))
+      return ::testing::AssertionFailure() << what << " at " << i << ": expected " << w << ", got " << g
+                                           << " (tolerance " << tol << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const std::vector<HeadCase> kCases = {
+    {37, 24, 1001, 8},     // odd n, blocks of 8 (last one 5 rows), V < one sub-block
+    {37, 16, 16389, 16},   // V = 2 sub-blocks + 5 columns
+    {21, 20, 257, 64},     // block_tokens > n: one strip of n rows
+    {1, 8, 9, 1},          // one token
+    {64, 32, 8192, 32},    // exact multiples
+};
+
+}  // namespace
+
+TEST(RingDtp, MatchesFullHead) {
+  for (const HeadCase& c : kCases) {
+    const std::string where = "n=" + std::to_string(c.n) + " H=" + std::to_string(c.H) + " V=" + std::to_string(c.V) +
+                              " block=" + std::to_string(c.block_tokens);
+    const HeadOut full = head_run(c, VocabSchedule::Kind::Kind_full);
+    const HeadOut ring = head_run(c, VocabSchedule::Kind::Kind_ring);
+    ASSERT_TRUE(std::isfinite(ring.loss_sum)) << where;
+    EXPECT_NEAR(ring.loss_sum, full.loss_sum, 1e-6 * std::abs(full.loss_sum)) << where;
+    EXPECT_TRUE(near_rel(ring.logits, full.logits, 1e-6, "logits " + where));
+    EXPECT_TRUE(near_rel(ring.dx, full.dx, 1e-6, "dxL " + where));
+    EXPECT_TRUE(near_rel(ring.dnorm, full.dnorm, 1e-6, "d model.norm " + where));
+    EXPECT_TRUE(near_rel(ring.dW, full.dW, 1e-6, "d lm_head " + where));
+  }
+}
+
+// Forward only (evaluation): the same loss, no gradient touched.
+TEST(RingDtp, ForwardOnlyLoss) {
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ModelConfig m = head_config(16, 333);
+  m.num_hidden_layers = 1;
+  m.num_attention_heads = 2;
+  m.num_key_value_heads = 1;
+  m.num_experts = 3;
+  m.num_experts_per_tok = 2;
+  m.router_aux_loss_coef = 0.01;
+  const Batch b = batch_random(3, 13, m.vocab_size, 5);
+  double loss[2];
+  for (int k = 0; k < 2; ++k) {
+    ModelSchedules sched;
+    sched.vocab.kind = k ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
+    sched.vocab.block_tokens = 7;
+    Model model(m, *be, RoutingProfile{}, sched);
+    model.init_weights(2);
+    loss[k] = model.forward(b).ce_loss;
+    for (const Param& p : model.params().all()) {
+      const std::vector<float> g = to_host(*be, p.g);
+      for (const float v : g) ASSERT_EQ(v, 0.0f) << p.name;
+    }
+  }
+  EXPECT_NEAR(loss[1], loss[0], 1e-6 * loss[0]);
+}
+
+// Fixed reduction orders: two runs, and 1 vs 2 threads (BLAS and our kernels), give the same bits.
+TEST(RingDtp, BitwiseAcrossRunsAndThreadCounts) {
+  const HeadCase c = {203, 64, 16389, 64};
+  const int saved = omp_get_max_threads();
+  HeadOut out[3];
+  for (int k = 0; k < 3; ++k) {
+    omp_set_num_threads(k == 0 ? 1 : 2);
+    out[k] = head_run(c, VocabSchedule::Kind::Kind_ring, false);
+  }
+  omp_set_num_threads(saved);
+  for (int k = 1; k < 3; ++k) {
+    const std::string what = k == 1 ? "1 vs 2 threads" : "two runs";
+    EXPECT_EQ(std::memcmp(&out[k].loss_sum, &out[k - 1].loss_sum, sizeof(double)), 0) << what;
+    EXPECT_TRUE(same_bits(out[k].dx, out[k - 1].dx)) << "dxL " << what;
+    EXPECT_TRUE(same_bits(out[k].dnorm, out[k - 1].dnorm)) << "d model.norm " << what;
+    EXPECT_TRUE(same_bits(out[k].dW, out[k - 1].dW)) << "d lm_head " << what;
+  }
+}
+
+// The vocab category holds one strip and 16 B of state per token: doubling n adds only state.
+TEST(RingDtp, VocabPeakIsTheFixedWorkingSet) {
+  for (const int64_t n : {int64_t{37}, int64_t{74}, int64_t{300}}) {
+    const HeadCase c = {n, 8, 1001, 16};
+    VocabSchedule v;
+    v.block_tokens = c.block_tokens;
+    const HeadOut ring = head_run(c, VocabSchedule::Kind::Kind_ring, false);
+    EXPECT_EQ(ring.vocab_peak, ring_dtp_vocab_bytes(v, n, c.V)) << "n=" << n;
+    EXPECT_EQ(ring.vocab_peak, 16ull * 1001 * 4 + static_cast<uint64_t>(n) * 16) << "n=" << n;
+  }
+}
+
+// Meta performs the identical allocations (so meta peaks are exact); at long context the ring's vocab
+// peak stays one strip while the full head's is 3 x n x V fp32.
+TEST(RingDtp, MetaAllocatesAsCpuAndFlattensTheVocabPeak) {
+  ModelConfig m = head_config(24, 50);
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.num_experts = 6;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 20;
+  m.router_aux_loss_coef = 0.01;
+  ModelSchedules sched;
+  sched.vocab.kind = VocabSchedule::Kind::Kind_ring;
+  sched.vocab.block_tokens = 16;
+  const RoutingProfile p = routing_profile_parse("balanced");
+  std::vector<LedgerEvent> ev[2];
+  for (int k = 0; k < 2; ++k) {
+    auto be = backend_create(k ? "meta" : "cpu", kUnlimitedBytes, kUnlimitedBytes);
+    Model model(m, *be, p, sched);
+    model.init_weights(1);
+    model.forward_backward(batch_random(2, 37, m.vocab_size, 3));
+    ev[k] = be->device_ledger().events();
+  }
+  ASSERT_EQ(ev[0].size(), ev[1].size());
+  for (size_t i = 0; i < ev[0].size(); ++i) {
+    ASSERT_EQ(ev[0][i].alloc, ev[1][i].alloc) << i;
+    ASSERT_EQ(ev[0][i].tag, ev[1][i].tag) << i;
+    ASSERT_EQ(ev[0][i].bytes, ev[1][i].bytes) << i << " " << ev[0][i].tag;
+    ASSERT_EQ(ev[0][i].total_after, ev[1][i].total_after) << i;
+  }
+
+  m.vocab_size = 32000;
+  const int64_t n = 131072;
+  auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+  sched.vocab.block_tokens = 1024;
+  Model model(m, *be, p, sched);
+  model.forward_backward(batch_random(1, n, m.vocab_size, 1));
+  const uint64_t ring = be->device_ledger().peak(Category::Category_vocab);
+  EXPECT_EQ(ring, ring_dtp_vocab_bytes(sched.vocab, n, m.vocab_size));
+  EXPECT_LT(ring, 3ull * n * 32000 * 4 / 100);  // over 99% below the full head's peak
+}
+
+// Whole-model training: 10 AdamW steps with the ring head follow the full head's losses and weights
+// within 1e-5 relative.
+TEST(RingDtp, TrainingMatchesFullHead) {
+  ModelConfig m = head_config(24, 97);
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.num_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 16;
+  m.router_aux_loss_coef = 0.01;
+  const int64_t steps = 10;
+  OptimConfig oc;
+  oc.warmup_steps = 2;
+  std::vector<double> losses[2];
+  std::vector<std::vector<float>> weights[2];
+  for (int k = 0; k < 2; ++k) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    ModelSchedules sched;
+    sched.vocab.kind = k ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
+    sched.vocab.block_tokens = 9;
+    Model model(m, *be, RoutingProfile{}, sched);
+    model.init_weights(4);
+    AdamW opt(model.params(), *be, oc);
+    for (int64_t s = 1; s <= steps; ++s) {
+      model.zero_grads();
+      const StepOutputs out = model.forward_backward(batch_random(2, 23, m.vocab_size, 100 + s));
+      losses[k].push_back(out.loss);
+      opt.step(s, steps);
+    }
+    for (const Param& p : model.params().all()) weights[k].push_back(to_host(*be, p.w));
+  }
+  for (int64_t s = 0; s < steps; ++s)
+    EXPECT_NEAR(losses[1][s], losses[0][s], 1e-5 * std::abs(losses[0][s])) << "step " << s + 1;
+  EXPECT_LT(losses[0].back(), losses[0].front());  // it trains
+  for (size_t i = 0; i < weights[0].size(); ++i)
+    EXPECT_TRUE(near_rel(weights[1][i], weights[0][i], 1e-5, "weights of parameter " + std::to_string(i)));
+}
+
+}  // namespace fp

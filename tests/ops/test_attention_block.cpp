@@ -1,0 +1,647 @@
+// Block attention by global positions (ops/attention_block.h), the kernels of ring attention:
+//   - the tiled cpu kernel against the scalar reference (first block, merge into a running state, and
+//     backward with += accumulation) on contiguous, offset, zig-zag, fully visible, fully masked, tied
+//     and random sorted positions, at sizes around and across the 64-token tiles, several head groupings;
+//   - the ring: the zig-zag pieces of W ranks, every rank folding every rank's key block in ring order,
+//     reassembled, against attention_forward / attention_backward of the whole sequence (ops/attention.h);
+//   - the double reference backward of two merged blocks against central finite differences;
+//   - bitwise determinism across thread counts and runs; no NaN from queries that see no key;
+//   - a benchmark (disabled; see docs/benchmarks.md): the ring's block calls against the whole sequence.
+// Dimensions: B sequences, T tokens of the whole sequence, W ranks, C = T / (2W) tokens per zig-zag
+// chunk, Tq / Tk queries / keys of a block pair, nh query heads, nkv kv heads, hd head_dim.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/attention.h"
+#include "ops/attention_block.h"
+#include "ops/ref/attention.h"
+#include "ops/ref/attention_block.h"
+
+namespace fp {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <class T>
+std::vector<T> random_vector(int64_t n, Rng& rng, double stddev = 1.0) {
+  std::vector<T> v(n);
+  for (T& x : v) {
+    x = static_cast<T>(stddev * rng.normal());
+    if (x == T(0)) x = T(0.5);
+  }
+  return v;
+}
+
+double rms_finite(const std::vector<double>& x) {
+  double s = 0;
+  int64_t n = 0;
+  for (double v : x)
+    if (std::isfinite(v)) s += v * v, ++n;
+  return n ? std::sqrt(s / static_cast<double>(n)) : 0.0;
+}
+
+// |got - want| <= rel * (|want| + rms(want)) element by element (as in test_attention.cpp: the rms term
+// judges an element small through cancellation by the size of the terms around it). A -inf expected
+// (a log-sum-exp of no key) must be -inf exactly; any other non-finite value fails.
+template <class W>
+::testing::AssertionResult all_near(const std::vector<float>& got, const std::vector<W>& want, double rel,
+                                    const std::string& what) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
+  const std::vector<double> wd(want.begin(), want.end());
+  const double mag = rms_finite(wd);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = got[i], w = wd[i];
+    if (w == -std::numeric_limits<double>::infinity() && g == w) continue;
+    const double tol = rel * (std::abs(w) + mag);
+    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol)) {
+      return ::testing::AssertionFailure() << what << " at element " << i << ": expected " << w << ", got " << g
+                                           << " (tolerance " << tol << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult all_finite_or_neg_inf(const std::vector<float>& x, const std::string& what) {
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::isnan(x[i]) || x[i] == std::numeric_limits<float>::infinity())
+      return ::testing::AssertionFailure() << what << " at element " << i << " is " << x[i];
+  return ::testing::AssertionSuccess();
+}
+
+bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The global positions rank r of W holds: zig-zag chunks r and 2W-1-r of C = T / (2W) tokens each.
+std::vector<int32_t> zigzag_positions(int64_t T, int W, int r) {
+  const int64_t C = T / (2 * W);
+  std::vector<int32_t> pos;
+  for (const int64_t chunk : {int64_t{r}, int64_t{2 * W - 1 - r}})
+    for (int64_t t = 0; t < C; ++t) pos.push_back(static_cast<int32_t>(chunk * C + t));
+  return pos;
+}
+
+// The rows of the tokens pos (n) of x (B, T, heads, hd): (B, n, heads, hd).
+std::vector<float> rows_gather(const std::vector<float>& x, const std::vector<int32_t>& pos, int64_t B, int64_t T,
+                               int64_t width) {
+  const int64_t n = static_cast<int64_t>(pos.size());
+  std::vector<float> out(B * n * width);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(x.data() + (b * T + pos[t]) * width, width, out.data() + (b * n + t) * width);
+  return out;
+}
+
+// x (B, T, heads, hd) rows pos := piece (B, n, heads, hd).
+void rows_scatter(std::vector<float>& x, const std::vector<float>& piece, const std::vector<int32_t>& pos, int64_t B,
+                  int64_t T, int64_t width) {
+  const int64_t n = static_cast<int64_t>(pos.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(piece.data() + (b * n + t) * width, width, x.data() + (b * T + pos[t]) * width);
+}
+
+// lse (B, nh, T) columns pos := piece (B, nh, n).
+void lse_scatter(std::vector<float>& lse, const std::vector<float>& piece, const std::vector<int32_t>& pos, int64_t B,
+                 int64_t nh, int64_t T) {
+  const int64_t n = static_cast<int64_t>(pos.size());
+  for (int64_t bh = 0; bh < B * nh; ++bh)
+    for (int64_t t = 0; t < n; ++t) lse[bh * T + pos[t]] = piece[bh * n + t];
+}
+
+// One block pair: shapes, positions and random inputs. q is drawn wider than k so that the softmax is
+// peaked and the running max moves between key tiles.
+struct BlockCase {
+  std::string name;
+  int64_t B, nh, nkv, hd;
+  std::vector<int32_t> q_pos, k_pos;
+  int64_t Tq() const { return static_cast<int64_t>(q_pos.size()); }
+  int64_t Tk() const { return static_cast<int64_t>(k_pos.size()); }
+  std::string label() const {
+    return name + " B=" + std::to_string(B) + " Tq=" + std::to_string(Tq()) + " Tk=" + std::to_string(Tk()) +
+           " nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" + std::to_string(hd);
+  }
+};
+
+struct BlockInputs {
+  std::vector<float> q, k, v, dout;
+  std::vector<float> o0, lse0;       // a previous running state: (B, Tq, nh, hd), (B, nh, Tq)
+  std::vector<float> dq0, dk0, dv0;  // gradients already accumulated by other blocks
+  float scale;
+  BlockInputs(const BlockCase& c, uint64_t seed) {
+    Rng rng(seed);
+    const int64_t nq = c.B * c.Tq() * c.nh * c.hd, nk = c.B * c.Tk() * c.nkv * c.hd;
+    q = random_vector<float>(nq, rng, 2.0);
+    k = random_vector<float>(nk, rng);
+    v = random_vector<float>(nk, rng);
+    dout = random_vector<float>(nq, rng);
+    o0 = random_vector<float>(nq, rng);
+    lse0 = random_vector<float>(c.B * c.nh * c.Tq(), rng, 2.0);
+    // A quarter of the rows still empty (0, -inf), as left by blocks none of whose keys they saw.
+    for (int64_t bh = 0; bh < c.B * c.nh; ++bh)
+      for (int64_t i = 0; i < c.Tq(); ++i) {
+        if (rng.below(4) != 0) continue;
+        lse0[bh * c.Tq() + i] = kNegInf;
+        const int64_t b = bh / c.nh, h = bh % c.nh;
+        std::fill_n(o0.data() + ((b * c.Tq() + i) * c.nh + h) * c.hd, c.hd, 0.0f);
+      }
+    dq0 = random_vector<float>(nq, rng);
+    dk0 = random_vector<float>(nk, rng);
+    dv0 = random_vector<float>(nk, rng);
+    scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  }
+};
+
+enum class Layout { kContiguous, kOffset, kBefore, kAfter, kTies, kRandom };
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::kContiguous: return "contiguous";
+    case Layout::kOffset: return "offset";
+    case Layout::kBefore: return "keys-before";
+    case Layout::kAfter: return "keys-after";
+    case Layout::kTies: return "ties";
+    case Layout::kRandom: return "random";
+  }
+  return "?";
+}
+
+// Ascending positions of Tq queries and Tk keys laid out as l.
+void positions_make(Layout l, int64_t Tq, int64_t Tk, Rng& rng, std::vector<int32_t>& qp, std::vector<int32_t>& kp) {
+  qp.resize(Tq);
+  kp.resize(Tk);
+  for (int64_t i = 0; i < Tq; ++i) {
+    switch (l) {
+      case Layout::kContiguous: qp[i] = static_cast<int32_t>(10 + i); break;  // keys from 10 too: a staircase
+      case Layout::kOffset: qp[i] = static_cast<int32_t>(10 + Tk / 2 + i); break;  // a staircase shifted right
+      case Layout::kBefore: qp[i] = static_cast<int32_t>(Tk + 3 + i); break;       // sees every key
+      case Layout::kAfter: qp[i] = static_cast<int32_t>(i); break;                 // sees no key
+      case Layout::kTies: qp[i] = static_cast<int32_t>(i / 3); break;
+      case Layout::kRandom: qp[i] = static_cast<int32_t>((i ? qp[i - 1] : rng.below(20)) + rng.below(4)); break;
+    }
+  }
+  for (int64_t j = 0; j < Tk; ++j) {
+    switch (l) {
+      case Layout::kContiguous:
+      case Layout::kOffset: kp[j] = static_cast<int32_t>(10 + j); break;
+      case Layout::kBefore: kp[j] = static_cast<int32_t>(j); break;
+      case Layout::kAfter: kp[j] = static_cast<int32_t>(Tq + j); break;
+      case Layout::kTies: kp[j] = static_cast<int32_t>(j / 2); break;
+      case Layout::kRandom: kp[j] = static_cast<int32_t>((j ? kp[j - 1] : rng.below(20)) + rng.below(4)); break;
+    }
+  }
+}
+
+std::vector<BlockCase> block_cases() {
+  const std::vector<std::pair<int64_t, int64_t>> heads = {{1, 1}, {4, 2}, {6, 3}, {4, 1}};
+  const std::vector<int64_t> hds = {24, 8, 64, 5};
+  std::vector<BlockCase> cases;
+  Rng rng(2024);
+  int64_t n = 0;
+  auto add = [&](std::string name, std::vector<int32_t> qp, std::vector<int32_t> kp) {
+    const auto [nh, nkv] = heads[n % heads.size()];
+    cases.push_back({std::move(name), 1 + n % 2, nh, nkv, hds[(n / 2) % hds.size()], std::move(qp), std::move(kp)});
+    ++n;
+  };
+  for (const Layout l : {Layout::kContiguous, Layout::kOffset, Layout::kBefore, Layout::kAfter, Layout::kTies,
+                         Layout::kRandom})
+    for (const auto& [Tq, Tk] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {5, 70}, {63, 64}, {64, 64}, {65, 130}, {130, 65}, {200, 129}}) {
+      std::vector<int32_t> qp, kp;
+      positions_make(l, Tq, Tk, rng, qp, kp);
+      add(layout_name(l), qp, kp);
+    }
+  // The block pairs of a zig-zag ring of 3 ranks: diagonal, fully visible and fully masked chunk pairs.
+  for (const int64_t C : {1, 33, 70})
+    for (int r = 0; r < 3; ++r)
+      for (int s = 0; s < 3; ++s)
+        add("zigzag W=3 C=" + std::to_string(C) + " r=" + std::to_string(r) + " s=" + std::to_string(s),
+            zigzag_positions(6 * C, 3, r), zigzag_positions(6 * C, 3, s));
+  return cases;
+}
+
+static_assert(ops::cpu::kAttentionTileQ == 64 && ops::cpu::kAttentionTileK == 64,
+              "the sizes below straddle 64-token tiles; revisit them if the tiles change");
+
+// Both sides float, as in test_attention.cpp (Attention.MatchesReference): the kernel sums scores in
+// register blocks and the softmax over key tiles with rescaling, the reference in plain order; 2e-5 of
+// the magnitude is ~5x the largest difference seen, while a wrong mask, merge or skipped tile shows up
+// at 1e-2 and above.
+TEST(AttentionBlock, MatchesReference) {
+  uint64_t seed = 1;
+  for (const BlockCase& c : block_cases()) {
+    const BlockInputs in(c, seed++);
+    const int64_t B = c.B, Tq = c.Tq(), Tk = c.Tk(), nh = c.nh, nkv = c.nkv, hd = c.hd;
+    const double rel = 2e-5;
+    // first = true: the previous contents (NaN here) are never read.
+    std::vector<float> o(in.q.size(), NAN), lse(B * nh * Tq, NAN), o_ref(in.q.size(), NAN), lse_ref(lse.size(), NAN);
+    ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
+                                      lse.data(), true, B, Tq, Tk, nh, nkv, hd, in.scale);
+    ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
+                                             o_ref.data(), lse_ref.data(), true, B, Tq, Tk, nh, nkv, hd, in.scale);
+    EXPECT_TRUE(all_near(o, o_ref, rel, "first o " + c.label()));
+    EXPECT_TRUE(all_near(lse, lse_ref, rel, "first lse " + c.label()));
+    // first = false: merged into a previous state with some empty rows.
+    o = o_ref = in.o0;
+    lse = lse_ref = in.lse0;
+    ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
+                                      lse.data(), false, B, Tq, Tk, nh, nkv, hd, in.scale);
+    ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
+                                             o_ref.data(), lse_ref.data(), false, B, Tq, Tk, nh, nkv, hd, in.scale);
+    EXPECT_TRUE(all_near(o, o_ref, rel, "merged o " + c.label()));
+    EXPECT_TRUE(all_near(lse, lse_ref, rel, "merged lse " + c.label()));
+    // Backward from the merged state (a final state whose lse covers more than this block), added to
+    // gradients already holding other blocks' terms; both sides from the same state.
+    std::vector<float> dq = in.dq0, dk = in.dk0, dv = in.dv0, dq_ref = in.dq0, dk_ref = in.dk0, dv_ref = in.dv0;
+    ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
+                                       c.q_pos.data(), c.k_pos.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh,
+                                       nkv, hd, in.scale);
+    ops::ref::attention_block_backward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(),
+                                              in.dout.data(), c.q_pos.data(), c.k_pos.data(), dq_ref.data(),
+                                              dk_ref.data(), dv_ref.data(), B, Tq, Tk, nh, nkv, hd, in.scale);
+    // The increments, not the sums, are what the kernel computes: compare them (the random starting
+    // values would otherwise set the magnitude and hide an error in a small increment).
+    auto increment = [](std::vector<float> x, const std::vector<float>& x0) {
+      for (size_t i = 0; i < x.size(); ++i) x[i] -= x0[i];
+      return x;
+    };
+    EXPECT_TRUE(all_near(increment(dq, in.dq0), increment(dq_ref, in.dq0), rel, "dq " + c.label()));
+    EXPECT_TRUE(all_near(increment(dk, in.dk0), increment(dk_ref, in.dk0), rel, "dk " + c.label()));
+    EXPECT_TRUE(all_near(increment(dv, in.dv0), increment(dv_ref, in.dv0), rel, "dv " + c.label()));
+    if (::testing::Test::HasFailure()) return;  // one case's dump is enough
+  }
+}
+
+// The ring of W ranks in one process: rank r holds the zig-zag pieces pos[r] of the sequence; at step s
+// it receives the keys/values of rank (r - s) mod W and folds them (first at s = 0, its own block).
+// Backward: the same ring order, dq accumulating at home, dk/dv into the travelling block's owner.
+struct RingResult {
+  std::vector<float> o, lse, dq, dk, dv;  // reassembled in the whole-sequence layouts
+};
+
+struct RingProblem {
+  int64_t B, T, nh, nkv, hd;
+  std::vector<float> q, k, v, dout;  // (B, T, nh, hd), (B, T, nkv, hd) x2, (B, T, nh, hd)
+  float scale;
+  RingProblem(int64_t B_, int64_t T_, int64_t nh_, int64_t nkv_, int64_t hd_, uint64_t seed)
+      : B(B_), T(T_), nh(nh_), nkv(nkv_), hd(hd_) {
+    Rng rng(seed);
+    q = random_vector<float>(B * T * nh * hd, rng, 2.0);
+    k = random_vector<float>(B * T * nkv * hd, rng);
+    v = random_vector<float>(B * T * nkv * hd, rng);
+    dout = random_vector<float>(B * T * nh * hd, rng);
+    scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  }
+  std::string label(int W) const {
+    return "W=" + std::to_string(W) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+           " nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" + std::to_string(hd);
+  }
+};
+
+// Each rank's inputs, gathered once (the ring's data movement is not the kernels' business).
+struct RingPieces {
+  std::vector<std::vector<int32_t>> pos;                       // [r] (N) global positions, N = T / W
+  std::vector<std::vector<float>> q, k, v, dout;               // [r] (B, N, heads, hd)
+  std::vector<std::vector<float>> o, lse, dq, dk, dv;          // [r] running state and gradients
+  RingPieces(const RingProblem& p, int W) {
+    for (int r = 0; r < W; ++r) {
+      pos.push_back(zigzag_positions(p.T, W, r));
+      q.push_back(rows_gather(p.q, pos[r], p.B, p.T, p.nh * p.hd));
+      k.push_back(rows_gather(p.k, pos[r], p.B, p.T, p.nkv * p.hd));
+      v.push_back(rows_gather(p.v, pos[r], p.B, p.T, p.nkv * p.hd));
+      dout.push_back(rows_gather(p.dout, pos[r], p.B, p.T, p.nh * p.hd));
+      o.emplace_back(q[r].size());
+      lse.emplace_back(p.B * p.nh * static_cast<int64_t>(pos[r].size()));
+      dq.emplace_back(q[r].size());
+      dk.emplace_back(k[r].size());
+      dv.emplace_back(k[r].size());
+    }
+  }
+};
+
+void ring_forward(const RingProblem& p, RingPieces& x, int W) {
+  const int64_t N = p.T / W;
+  for (int r = 0; r < W; ++r)
+    for (int s = 0; s < W; ++s) {
+      const int src = (r - s + W) % W;
+      ops::cpu::attention_block_forward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.pos[r].data(),
+                                        x.pos[src].data(), x.o[r].data(), x.lse[r].data(), s == 0, p.B, N, N, p.nh,
+                                        p.nkv, p.hd, p.scale);
+    }
+}
+
+void ring_backward(const RingProblem& p, RingPieces& x, int W) {
+  const int64_t N = p.T / W;
+  for (int r = 0; r < W; ++r) {
+    std::fill(x.dq[r].begin(), x.dq[r].end(), 0.0f);
+    std::fill(x.dk[r].begin(), x.dk[r].end(), 0.0f);
+    std::fill(x.dv[r].begin(), x.dv[r].end(), 0.0f);
+  }
+  for (int r = 0; r < W; ++r)
+    for (int s = 0; s < W; ++s) {
+      const int src = (r - s + W) % W;
+      ops::cpu::attention_block_backward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.o[r].data(),
+                                         x.lse[r].data(), x.dout[r].data(), x.pos[r].data(), x.pos[src].data(),
+                                         x.dq[r].data(), x.dk[src].data(), x.dv[src].data(), p.B, N, N, p.nh, p.nkv,
+                                         p.hd, p.scale);
+    }
+}
+
+RingResult ring_run(const RingProblem& p, int W) {
+  RingPieces x(p, W);
+  ring_forward(p, x, W);
+  ring_backward(p, x, W);
+  RingResult out{std::vector<float>(p.q.size()), std::vector<float>(p.B * p.nh * p.T), std::vector<float>(p.q.size()),
+                 std::vector<float>(p.k.size()), std::vector<float>(p.k.size())};
+  for (int r = 0; r < W; ++r) {
+    rows_scatter(out.o, x.o[r], x.pos[r], p.B, p.T, p.nh * p.hd);
+    lse_scatter(out.lse, x.lse[r], x.pos[r], p.B, p.nh, p.T);
+    rows_scatter(out.dq, x.dq[r], x.pos[r], p.B, p.T, p.nh * p.hd);
+    rows_scatter(out.dk, x.dk[r], x.pos[r], p.B, p.T, p.nkv * p.hd);
+    rows_scatter(out.dv, x.dv[r], x.pos[r], p.B, p.T, p.nkv * p.hd);
+  }
+  return out;
+}
+
+RingResult whole_run(const RingProblem& p) {
+  RingResult out{std::vector<float>(p.q.size()), std::vector<float>(p.B * p.nh * p.T), std::vector<float>(p.q.size()),
+                 std::vector<float>(p.k.size()), std::vector<float>(p.k.size())};
+  ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(), p.B, p.T, p.nh, p.nkv,
+                              p.hd, p.scale);
+  ops::cpu::attention_backward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(), p.dout.data(),
+                               out.dq.data(), out.dk.data(), out.dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale);
+  return out;
+}
+
+}  // namespace
+
+// The ring reproduces the whole sequence. Both sides are the same float kernels; what differs is the
+// order of the sums: the ring merges W partial softmaxes by the log-sum-exp rule and adds W partial
+// gradients per element, so each side carries its own rounding, and the two are about equally far from
+// the exact answer (RingMatchesDoubleReference). Measured over these cases with the all_near metric:
+// o, lse within 1.4e-6 of each other (tolerance 3e-6, ~25 eps), dq, dk, dv within 6.7e-6 (tolerance
+// 1.5e-5: each gradient sums up to T terms of both signs). A key block dropped or folded twice, a wrong
+// position or a wrong merge is off by 1e-2 or more.
+TEST(AttentionBlock, RingMatchesWholeSequence) {
+  const std::vector<std::pair<int64_t, int64_t>> heads = {{4, 2}, {3, 1}, {2, 2}};
+  const std::vector<int64_t> hds = {24, 64, 8};
+  uint64_t seed = 300;
+  int64_t n = 0;
+  for (const int W : {1, 2, 3, 4})
+    for (const int64_t C : {1, 7, 33, 64, 70}) {
+      const auto [nh, nkv] = heads[n % heads.size()];
+      const RingProblem p(1 + n % 2, 2 * W * C, nh, nkv, hds[n % hds.size()], seed++);
+      ++n;
+      const RingResult ring = ring_run(p, W), whole = whole_run(p);
+      if (W == 1) {
+        // One rank holds the whole sequence in order: the same tiles, the same sums, the same bits
+        // (Note [Merging partial attention], ops/cpu/attention_block.cpp).
+        EXPECT_TRUE(bits_equal(ring.o, whole.o)) << "o " << p.label(W);
+        EXPECT_TRUE(bits_equal(ring.lse, whole.lse)) << "lse " << p.label(W);
+        EXPECT_TRUE(bits_equal(ring.dq, whole.dq)) << "dq " << p.label(W);
+        EXPECT_TRUE(bits_equal(ring.dk, whole.dk)) << "dk " << p.label(W);
+        EXPECT_TRUE(bits_equal(ring.dv, whole.dv)) << "dv " << p.label(W);
+      }
+      EXPECT_TRUE(all_near(ring.o, whole.o, 3e-6, "o " + p.label(W)));
+      EXPECT_TRUE(all_near(ring.lse, whole.lse, 3e-6, "lse " + p.label(W)));
+      EXPECT_TRUE(all_near(ring.dq, whole.dq, 1.5e-5, "dq " + p.label(W)));
+      EXPECT_TRUE(all_near(ring.dk, whole.dk, 1.5e-5, "dk " + p.label(W)));
+      EXPECT_TRUE(all_near(ring.dv, whole.dv, 1.5e-5, "dv " + p.label(W)));
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+// The ring is as exact as the whole-sequence kernel: both against the double reference of the whole
+// sequence on the same float inputs, within the bounds test_attention.cpp holds attention_forward to
+// (1e-5 of the magnitude; measured worst: ring 8e-6, whole 8e-6, on the gradients).
+TEST(AttentionBlock, RingMatchesDoubleReference) {
+  for (const auto& [W, C] : std::vector<std::pair<int, int64_t>>{{4, 33}, {3, 70}}) {
+    const RingProblem p(1, 2 * W * C, 4, 2, 24, 500 + W);
+    const RingResult ring = ring_run(p, W), whole = whole_run(p);
+    const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
+    const std::vector<double> dout(p.dout.begin(), p.dout.end());
+    std::vector<double> o(q.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(k.size());
+    ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv,
+                                        p.hd, p.scale);
+    ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
+                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale);
+    for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
+      const std::string l = std::string(who) + " " + p.label(W);
+      EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
+      EXPECT_TRUE(all_near(got->lse, lse, 1e-5, "lse vs double " + l));
+      EXPECT_TRUE(all_near(got->dq, dq, 1e-5, "dq vs double " + l));
+      EXPECT_TRUE(all_near(got->dk, dk, 1e-5, "dk vs double " + l));
+      EXPECT_TRUE(all_near(got->dv, dv, 1e-5, "dv vs double " + l));
+    }
+  }
+}
+
+// Two blocks merged into one state, in double: L = sum w * o_final for a random w. The gradient is the
+// sum of the two block backwards from the final (o, lse): dq from both, dk/dv of each block from its
+// own call. Against central differences of the forward (h = 1e-5: truncation ~h^2, rounding ~1e-16 / h,
+// both far under 1e-7). The positions make query 0 see no key at all (o = 0, lse = -inf: gradient 0),
+// queries 1-3 see no key of the block folded first (the merge's empty-state branch), and ties.
+TEST(AttentionBlock, ReferenceBackwardMatchesFiniteDifferences) {
+  const int64_t B = 2, nh = 4, nkv = 2, hd = 5;
+  const std::vector<int32_t> q_pos = {0, 2, 3, 3, 7, 9};  // (Tq)
+  const std::vector<int32_t> k1_pos = {1, 2, 3, 4};        // (Tk1) folded second
+  const std::vector<int32_t> k2_pos = {5, 6, 7, 8, 9};     // (Tk2) folded first
+  const int64_t Tq = 6, Tk1 = 4, Tk2 = 5;
+  Rng rng(11);
+  std::vector<double> q = random_vector<double>(B * Tq * nh * hd, rng, 1.5);
+  std::vector<double> k1 = random_vector<double>(B * Tk1 * nkv * hd, rng);
+  std::vector<double> v1 = random_vector<double>(B * Tk1 * nkv * hd, rng);
+  std::vector<double> k2 = random_vector<double>(B * Tk2 * nkv * hd, rng);
+  std::vector<double> v2 = random_vector<double>(B * Tk2 * nkv * hd, rng);
+  const std::vector<double> w = random_vector<double>(q.size(), rng);
+  const double scale = 0.6;
+  std::vector<double> o(q.size()), lse(B * nh * Tq);
+  auto loss = [&] {
+    ops::ref::attention_block_forward<double>(q.data(), k2.data(), v2.data(), q_pos.data(), k2_pos.data(), o.data(),
+                                              lse.data(), true, B, Tq, Tk2, nh, nkv, hd, scale);
+    ops::ref::attention_block_forward<double>(q.data(), k1.data(), v1.data(), q_pos.data(), k1_pos.data(), o.data(),
+                                              lse.data(), false, B, Tq, Tk1, nh, nkv, hd, scale);
+    double L = 0;
+    for (size_t i = 0; i < o.size(); ++i) L += w[i] * o[i];
+    return L;
+  };
+  loss();
+  ASSERT_EQ(lse[0], -std::numeric_limits<double>::infinity());  // query 0 of (b 0, h 0) saw nothing
+  std::vector<double> dq(q.size()), dk1(k1.size()), dv1(v1.size()), dk2(k2.size()), dv2(v2.size());
+  ops::ref::attention_block_backward<double>(q.data(), k1.data(), v1.data(), o.data(), lse.data(), w.data(),
+                                             q_pos.data(), k1_pos.data(), dq.data(), dk1.data(), dv1.data(), B, Tq,
+                                             Tk1, nh, nkv, hd, scale);
+  ops::ref::attention_block_backward<double>(q.data(), k2.data(), v2.data(), o.data(), lse.data(), w.data(),
+                                             q_pos.data(), k2_pos.data(), dq.data(), dk2.data(), dv2.data(), B, Tq,
+                                             Tk2, nh, nkv, hd, scale);
+  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double h = 1e-5, saved = x[i];
+      x[i] = saved + h;
+      const double lp = loss();
+      x[i] = saved - h;
+      const double lm = loss();
+      x[i] = saved;
+      const double fd = (lp - lm) / (2 * h);
+      ASSERT_TRUE(std::isfinite(grad[i])) << name << "[" << i << "]";
+      ASSERT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "]";
+    }
+  };
+  check(q, dq, "dq");
+  check(k1, dk1, "dk1");
+  check(v1, dv1, "dv1");
+  check(k2, dk2, "dk2");
+  check(v2, dv2, "dv2");
+}
+
+// The contract promises the same bits for any thread count: a ring of 3 ranks (diagonal, visible and
+// masked block pairs, chunks straddling tiles), forward and backward, 1 thread vs 2, and a second run.
+TEST(AttentionBlock, BitwiseDeterministicAcrossThreadsAndRuns) {
+  const int saved = omp_get_max_threads();
+  const int W = 3;
+  const RingProblem p(2, 2 * W * 70, 4, 2, 24, 77);
+  omp_set_num_threads(1);
+  const RingResult one = ring_run(p, W);
+  omp_set_num_threads(2);
+  const RingResult two = ring_run(p, W);
+  const RingResult again = ring_run(p, W);
+  omp_set_num_threads(saved);
+  for (const RingResult* other : {&two, &again}) {
+    EXPECT_TRUE(bits_equal(one.o, other->o)) << "o";
+    EXPECT_TRUE(bits_equal(one.lse, other->lse)) << "lse";
+    EXPECT_TRUE(bits_equal(one.dq, other->dq)) << "dq";
+    EXPECT_TRUE(bits_equal(one.dk, other->dk)) << "dk";
+    EXPECT_TRUE(bits_equal(one.dv, other->dv)) << "dv";
+  }
+}
+
+// Queries that see no key of a block: first = true leaves exactly (0, -inf); merging a fully masked
+// block keeps the state bit for bit (also a still-empty one); merging a visible block into an empty
+// state gives that block's result; the backward of a fully masked block adds exactly nothing. No NaN.
+TEST(AttentionBlock, QueriesWithoutKeysGiveNoNaN) {
+  const int64_t B = 2, Tq = 70, Tk = 65, nh = 4, nkv = 2, hd = 24;
+  std::vector<int32_t> q_pos(Tq), k_late(Tk), k_early(Tk);
+  for (int64_t i = 0; i < Tq; ++i) q_pos[i] = static_cast<int32_t>(100 + i);
+  for (int64_t j = 0; j < Tk; ++j) k_late[j] = static_cast<int32_t>(500 + j);  // after every query
+  for (int64_t j = 0; j < Tk; ++j) k_early[j] = static_cast<int32_t>(130 + j);  // queries 0..29 see none
+  Rng rng(5);
+  const std::vector<float> q = random_vector<float>(B * Tq * nh * hd, rng, 2.0);
+  const std::vector<float> k = random_vector<float>(B * Tk * nkv * hd, rng);
+  const std::vector<float> v = random_vector<float>(B * Tk * nkv * hd, rng);
+  const std::vector<float> dout = random_vector<float>(q.size(), rng);
+  const float scale = 0.2f;
+  auto fwd = [&](const std::vector<int32_t>& kp, std::vector<float>& o, std::vector<float>& lse, bool first) {
+    ops::cpu::attention_block_forward(q.data(), k.data(), v.data(), q_pos.data(), kp.data(), o.data(), lse.data(),
+                                      first, B, Tq, Tk, nh, nkv, hd, scale);
+  };
+  std::vector<float> o(q.size(), NAN), lse(B * nh * Tq, NAN);
+  fwd(k_late, o, lse, true);
+  EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return x == 0.0f && !std::signbit(x); }));
+  EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return x == kNegInf; }));
+  const std::vector<float> o_empty = o, lse_empty = lse;
+  fwd(k_late, o, lse, false);  // empty into empty
+  EXPECT_TRUE(bits_equal(o, o_empty) && bits_equal(lse, lse_empty));
+  fwd(k_early, o, lse, false);  // a partly visible block into the empty state = that block alone
+  std::vector<float> o_first(q.size()), lse_first(lse.size());
+  fwd(k_early, o_first, lse_first, true);
+  EXPECT_TRUE(bits_equal(o, o_first) && bits_equal(lse, lse_first));
+  EXPECT_TRUE(all_finite_or_neg_inf(o, "o"));
+  EXPECT_TRUE(all_finite_or_neg_inf(lse, "lse"));
+  EXPECT_EQ(lse[0], kNegInf);                                       // query 0 sees nothing yet
+  EXPECT_TRUE(std::isfinite(lse[Tq - 1]));                          // the last query sees keys
+  const std::vector<float> o_state = o, lse_state = lse;
+  fwd(k_late, o, lse, false);  // a masked block into a partly empty state
+  EXPECT_TRUE(bits_equal(o, o_state) && bits_equal(lse, lse_state));
+  // Backward with this (partly empty) final state: the masked block adds 0, the visible one finite terms.
+  std::vector<float> dq(q.size(), 1.0f), dk(k.size(), 1.0f), dv(k.size(), 1.0f);
+  ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), q_pos.data(),
+                                     k_late.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, scale);
+  EXPECT_TRUE(std::all_of(dq.begin(), dq.end(), [](float x) { return x == 1.0f; }));
+  EXPECT_TRUE(std::all_of(dk.begin(), dk.end(), [](float x) { return x == 1.0f; }));
+  EXPECT_TRUE(std::all_of(dv.begin(), dv.end(), [](float x) { return x == 1.0f; }));
+  ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), q_pos.data(),
+                                     k_early.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, scale);
+  EXPECT_TRUE(all_finite_or_neg_inf(dq, "dq") && all_finite_or_neg_inf(dk, "dk") && all_finite_or_neg_inf(dv, "dv"));
+  // Query 0 of (b 0, h 0) saw no key anywhere: its dq is untouched.
+  EXPECT_TRUE(std::all_of(dq.begin(), dq.begin() + hd, [](float x) { return x == 1.0f; }));
+}
+
+// Benchmark (disabled in the suite; docs/benchmarks.md has the command and the table): the W * W block
+// calls of a zig-zag ring against attention_forward / attention_backward on the whole sequence, the
+// same causal work, in the same run; each repeat times both, medians of the repeats.
+// FP_BENCH_JSON=path also writes the JSON there.
+TEST(AttentionBlock, DISABLED_BenchRingVsWholeSequence) {
+  const int64_t B = 1, T = 2048, nh = 8, nkv = 2, hd = 64;
+  const int repeats = 7;
+  const RingProblem p(B, T, nh, nkv, hd, 9);
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](auto t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  std::string json = "{\"bench\": \"attention_block\", \"B\": 1, \"T\": 2048, \"nh\": 8, \"nkv\": 2, \"hd\": 64, "
+                     "\"threads\": " + std::to_string(omp_get_max_threads()) +
+                     ", \"repeats\": " + std::to_string(repeats) + ", \"rows\": [";
+  std::printf("attention_block vs attention, B=%lld T=%lld nh=%lld nkv=%lld hd=%lld, %d threads, median of %d\n",
+              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(nh),
+              static_cast<long long>(nkv), static_cast<long long>(hd), omp_get_max_threads(), repeats);
+  std::printf("%3s | %12s %12s %7s | %12s %12s %7s\n", "W", "whole fwd s", "ring fwd s", "ratio", "whole bwd s",
+              "ring bwd s", "ratio");
+  for (const int W : {2, 4}) {
+    RingPieces x(p, W);
+    RingResult whole{std::vector<float>(p.q.size()), std::vector<float>(B * nh * T), std::vector<float>(p.q.size()),
+                     std::vector<float>(p.k.size()), std::vector<float>(p.k.size())};
+    std::vector<double> wf, wb, rf, rb;
+    for (int rep = 0; rep < repeats; ++rep) {
+      auto t0 = Clock::now();
+      ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(), B, T, nh,
+                                  nkv, hd, p.scale);
+      wf.push_back(seconds(t0));
+      t0 = Clock::now();
+      ops::cpu::attention_backward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(),
+                                   p.dout.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), B, T, nh, nkv,
+                                   hd, p.scale);
+      wb.push_back(seconds(t0));
+      t0 = Clock::now();
+      ring_forward(p, x, W);
+      rf.push_back(seconds(t0));
+      t0 = Clock::now();
+      ring_backward(p, x, W);  // includes zeroing the ranks' gradient buffers (3 x T rows: negligible)
+      rb.push_back(seconds(t0));
+    }
+    // Check before trusting the times: the ring's output is the whole sequence's.
+    std::vector<float> o(p.q.size());
+    for (int r = 0; r < W; ++r) rows_scatter(o, x.o[r], x.pos[r], B, T, nh * hd);
+    EXPECT_TRUE(all_near(o, whole.o, 2e-6, "bench o"));
+    const double mwf = median(wf), mrf = median(rf), mwb = median(wb), mrb = median(rb);
+    std::printf("%3d | %12.4f %12.4f %7.3f | %12.4f %12.4f %7.3f\n", W, mwf, mrf, mrf / mwf, mwb, mrb, mrb / mwb);
+    char row[512];
+    std::snprintf(row, sizeof row,
+                  "%s{\"W\": %d, \"whole_fwd_s\": %.5f, \"ring_fwd_s\": %.5f, \"fwd_ratio\": %.4f, "
+                  "\"whole_bwd_s\": %.5f, \"ring_bwd_s\": %.5f, \"bwd_ratio\": %.4f}",
+                  W == 2 ? "" : ", ", W, mwf, mrf, mrf / mwf, mwb, mrb, mrb / mwb);
+    json += row;
+  }
+  json += "]}";
+  std::printf("%s\n", json.c_str());
+  if (const char* path = std::getenv("FP_BENCH_JSON")) {
+    if (FILE* f = std::fopen(path, "w")) {
+      std::fprintf(f, "%s\n", json.c_str());
+      std::fclose(f);
+    }
+  }
+}
+
+}  // namespace fp
