@@ -30,6 +30,7 @@ struct BenchCheckpointOptions {
   int64_t layers = 0;  // 0: model.num_hidden_layers of the config
   int repeats = 5;
   int warmup = 1;
+  double link_gbps = 0;  // Note [Emulated link] (backend/backend.h); 0: plain memcpy
   std::string json;
 };
 
@@ -108,20 +109,26 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
     sched.ckpt.kind = i == 0 ? CkptSchedule::Kind::Kind_device : CkptSchedule::Kind::Kind_sco;
     v.name = i == 0 ? "device" : "sco";
     v.be = backend_create(o.common.device, bytes_parse(o.common.device_mem), bytes_parse(o.common.host_mem));
+    v.be->link_set_gbps(o.link_gbps);
     v.model = std::make_unique<Model>(m, *v.be, profile, sched);
     if (v.be->computes()) v.model->init_weights(m.seed);
   }
   log_info("bench checkpoint: {} layers, {} x {} = {} tokens, hidden {}: one boundary {}; {} warmup + {} timed steps "
-           "(forward+backward) on {}",
-           L, batch.B, batch.T, n, m.hidden_size, bytes_format(boundary), o.warmup, o.repeats, o.common.device);
+           "(forward+backward) on {}{}",
+           L, batch.B, batch.T, n, m.hidden_size, bytes_format(boundary), o.warmup, o.repeats, o.common.device,
+           o.link_gbps > 0 ? fmt::format(", copies over an emulated {} GB/s link", o.link_gbps) : "");
 
   // Check first (one step each), then time; the check step also serves as warmup.
   for (Variant& v : vars) step_timed(v, batch);
   if (vars[0].be->computes()) variants_check(vars[0], vars[1]);
   for (int i = 1; i < o.warmup; ++i)
     for (Variant& v : vars) step_timed(v, batch);
+  // Alternating order (device, sco, sco, device, ...) so a drift in machine load hits both alike.
   for (int r = 0; r < o.repeats; ++r)
-    for (Variant& v : vars) v.seconds.push_back(step_timed(v, batch));
+    for (int i = 0; i < 2; ++i) {
+      Variant& v = vars[(r + i) % 2];
+      v.seconds.push_back(step_timed(v, batch));
+    }
 
   const Variant& d = vars[0];
   const Variant& s = vars[1];
@@ -148,6 +155,7 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
     j["boundary_bytes"] = boundary;
     j["host_budget_bytes"] = cfg.schedules.ckpt.host_budget;
     j["repeats"] = o.repeats;
+    j["link_gbps_emulated"] = o.link_gbps;
     j["checked_bitwise"] = d.be->computes();
     j["variants"] = {{"device", variant_json(d, boundary)}, {"sco", variant_json(s, boundary)}};
     j["ratio_sco_over_device"] = {
@@ -170,6 +178,9 @@ void bench_checkpoint_register(CLI::App& parent, Runner& run) {
   sub->add_option("--layers", o.layers, "model.num_hidden_layers (default: the config's)")->check(CLI::PositiveNumber);
   sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported)");
   sub->add_option("--warmup", o.warmup, "untimed steps per variant first (the first one is the bitwise check)");
+  sub->add_option("--link-gbps", o.link_gbps,
+                  "emulate a host-device link of this many GB/s for the copy streams (0: plain memcpy)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--json", o.json, "write the results here");
 }
 

@@ -1,17 +1,519 @@
-// flatpeak bench optimizer: device / offload_serial / offload_stream AdamW. Not implemented yet: registered so the command line lists it.
+// flatpeak bench optimizer: the optimizer step of every schedule (DESIGN.md, OffloadStreamAdamW) in
+// one run: device AdamW, offload_serial, offload_stream with the update on the device and on the
+// host, for each slot count, with the copies native (memcpy) and over each emulated link
+// (Note [Emulated link], backend.h; figures with it are emulated and labelled so).
+//
+// Reports per variant the median step time, its ratio to offload_serial in the same link mode, the
+// time the overlap model predicts (Note [OffloadStream pipeline]: each stage timed in the serial run
+// of that mode, per bucket, through the pipeline's dependencies), the device bytes of optimizer
+// state and staging, the host bytes, and whether the weights and moments equal offload_serial's bit
+// for bit (and the device AdamW's within 1e-6) after all the steps. Then the CPU AdamW kernel's
+// throughput against the memory-bandwidth limit: 28 bytes per parameter (16 read, 12 written) at
+// the copy bandwidth measured in the same run (threaded memcpy of a large buffer, bytes read plus
+// written). Dimensions: P parameters, b a bucket's elements, S slots.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/units.h"
+#include "io/atomic_file.h"
+#include "model/params.h"
+#include "ops/adamw.h"
+#include "ops/cpu/adamw_path.h"
+#include "sched/optim/offload.h"
+#include "sched/optim/optimizer.h"
+#include "train/run_config.h"
 
 namespace fp::cli {
 
+namespace {
+
+struct BenchOptimizerOptions {
+  std::string params = "50M";
+  std::string config;  // a run config whose [model] and [optim] to use instead of --params
+  std::vector<std::string> overrides;
+  int64_t bucket_params = 0;  // 0: optim.bucket_params (1048576 by default)
+  std::vector<int64_t> slots = {2};
+  std::vector<double> link_gbps;  // emulated links (GB/s), each run after the native copies
+  int repeats = 5;
+  int warmup = 1;
+  std::string json;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// "50M" -> 50000000: K, M, G are powers of 1000 (parameter counts, not bytes).
+int64_t count_parse(const std::string& s) {
+  const std::string hint = "write a parameter count such as 50000000, 50M or 1.5G";
+  FP_CHECK(!s.empty(), hint, "empty parameter count");
+  double scale = 1;
+  std::string num = s;
+  switch (s.back()) {
+    case 'K': case 'k': scale = 1e3; num.pop_back(); break;
+    case 'M': case 'm': scale = 1e6; num.pop_back(); break;
+    case 'G': case 'g': scale = 1e9; num.pop_back(); break;
+    default: break;
+  }
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(num, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FP_CHECK(used == num.size() && x * scale >= 1, hint, "'{}' is not a parameter count", s);
+  return static_cast<int64_t>(std::llround(x * scale));
+}
+
+// A Qwen3-MoE layout of about P parameters: 2 layers of H = 512 with 4 x 128 query heads, 2 kv heads,
+// experts of width 512 (0.79 M parameters per expert: the tensors an MoE optimizer streams) as many
+// as fill P, vocabulary 4096.
+ModelConfig bench_model(int64_t P) {
+  ModelConfig m;
+  m.hidden_size = 512;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 128;
+  m.moe_intermediate_size = 512;
+  m.vocab_size = 4096;
+  m.num_experts = 1;
+  m.num_experts_per_tok = 1;
+  const int64_t fixed = m.param_count() - m.num_hidden_layers * (3 * 512 * 512 + 512);
+  const int64_t per_expert = m.num_hidden_layers * (3 * 512 * 512 + 512);
+  m.num_experts = std::max<int64_t>(1, (P - fixed + per_expert / 2) / per_expert);
+  return m;
+}
+
+// Memory bandwidth, bytes moved (read + written) per second, medians of `repeats`:
+//   memcpy_one      glibc memcpy of a large buffer on one thread (what a copy stream does)
+//   memcpy_threads  the same split over the OpenMP threads
+//   adamw_traffic   a loop with AdamW's exact traffic (read 4 arrays, write 3 of them back, 28 B per
+//                   element) and no arithmetic to speak of, on the OpenMP threads: the bandwidth an
+//                   AdamW pass could reach. memcpy's streaming stores can be slower than this on a VM.
+// The limit used is the largest of the three (the strictest target).
+struct Bandwidth {
+  double memcpy_one = 0, memcpy_threads = 0, adamw_traffic = 0;
+  double best() const { return std::max({memcpy_one, memcpy_threads, adamw_traffic}); }
+};
+Bandwidth bandwidth_measure(uint64_t bytes, int repeats) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  const int64_t n = static_cast<int64_t>(bytes / 16);  // 4 float arrays of n in the two buffers
+  float* p = reinterpret_cast<float*>(a.data());
+  float* g = p + n;
+  float* m = reinterpret_cast<float*>(b.data());
+  float* v = m + n;
+  std::vector<double> one, all, traffic;
+  for (int r = 0; r < repeats + 1; ++r) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    const double t1 = seconds_since(t0);
+    t0 = Clock::now();
+#pragma omp parallel
+    {
+      const uint64_t nt = static_cast<uint64_t>(omp_get_num_threads()), id = static_cast<uint64_t>(omp_get_thread_num());
+      const uint64_t chunk = (bytes + nt - 1) / nt, lo = std::min(bytes, id * chunk), hi = std::min(bytes, lo + chunk);
+      std::memcpy(a.data() + lo, b.data() + lo, hi - lo);
+    }
+    const double t2 = seconds_since(t0);
+    t0 = Clock::now();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] += g[i];
+      m[i] -= g[i];
+      v[i] += p[i];
+    }
+    const double t3 = seconds_since(t0);
+    if (r == 0) continue;  // first touch
+    one.push_back(2.0 * static_cast<double>(bytes) / t1);
+    all.push_back(2.0 * static_cast<double>(bytes) / t2);
+    traffic.push_back(28.0 * static_cast<double>(n) / t3);
+  }
+  return {median(one), median(all), median(traffic)};
+}
+
+// Parameters per second of the CPU AdamW kernel over P elements on `path`; median of repeats.
+double adamw_rate_measure(ops::cpu::AdamwPath path, int64_t P, int repeats) {
+  std::vector<float> w(static_cast<size_t>(P)), g(w.size()), m(w.size(), 0.0f), v(w.size(), 0.0f);
+  Rng rng(5);
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = static_cast<float>(rng.uniform() - 0.5);
+    g[i] = static_cast<float>(1e-3 * (rng.uniform() - 0.5));
+  }
+  std::vector<double> rates;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const auto t0 = Clock::now();
+    ops::cpu::adamw_update_path(path, w.data(), g.data(), m.data(), v.data(), P, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f,
+                                r + 1);
+    const double t = seconds_since(t0);
+    if (r > 0) rates.push_back(static_cast<double>(P) / t);
+  }
+  return median(rates);
+}
+
+// Stage times of one bucket (seconds) and the pipeline's dependencies (Note [OffloadStream pipeline]):
+// in(g) starts when its stream is free and, for g >= S, when the slot's previous bucket released it
+// (after its out stage on the device, after its update on the host); update(g) after in(g); out(g)
+// after update(g). Returns the end of the last out stage.
+struct Stages {
+  double in = 0, update = 0, out = 0;
+};
+double pipeline_simulate(const std::vector<Stages>& b, int64_t S, bool slot_held_through_out) {
+  const size_t n = b.size();
+  std::vector<double> in_end(n), up_end(n), out_end(n);
+  for (size_t g = 0; g < n; ++g) {
+    double start = g > 0 ? in_end[g - 1] : 0.0;
+    if (g >= static_cast<size_t>(S)) {
+      const size_t prev = g - static_cast<size_t>(S);
+      start = std::max(start, slot_held_through_out ? out_end[prev] : up_end[prev]);
+    }
+    in_end[g] = start + b[g].in;
+    up_end[g] = std::max(in_end[g], g > 0 ? up_end[g - 1] : 0.0) + b[g].update;
+    out_end[g] = std::max(up_end[g], g > 0 ? out_end[g - 1] : 0.0) + b[g].out;
+  }
+  return n ? out_end[n - 1] : 0.0;
+}
+
+struct Variant {
+  std::string name;  // "device", "offload_serial", "offload_stream/device S=2", ...
+  OptimConfig cfg;
+  double link = 0;   // GB/s, 0 = native copies
+  std::unique_ptr<Optimizer> opt;  // the timed instance
+  std::vector<double> step_s;
+  std::vector<OffloadTimes> times;  // offload variants: the parts of each timed step
+  OffloadTimes times_median;
+  uint64_t device_optimizer = 0, host_optimizer = 0, host_grads = 0;
+  std::vector<float> final_state;  // check: weights, then m and v, after kCheckSteps steps
+  double model_s = std::nan("");
+  bool bits_equal_serial = false;
+  double max_rel_vs_device = std::nan("");
+};
+
+constexpr int kCheckSteps = 2;
+
+void weights_set(Backend& be, ParamStore& ps, const std::vector<float>& w) {
+  size_t off = 0;
+  for (Param& p : ps.all()) {
+    be.copy_from_host(p.w.data(), w.data() + off, p.w.bytes());
+    off += static_cast<size_t>(p.w.numel());
+  }
+}
+
+// The check, before any timing: kCheckSteps steps from the weights w0 (the gradients stay as set);
+// keeps the weights and moments, and the optimizer's device and host bytes (it is alone then).
+void variant_check(Backend& be, ParamStore& ps, const std::vector<float>& w0, int64_t P, Variant& v) {
+  weights_set(be, ps, w0);
+  be.link_set_gbps(v.link);
+  std::unique_ptr<Optimizer> opt = optimizer_create(v.cfg, ps, be);
+  v.device_optimizer = be.device_ledger().current(Category::Category_optimizer);
+  v.host_optimizer = be.host_ledger().current(Category::Category_optimizer);
+  v.host_grads = be.host_ledger().current(Category::Category_grads);
+  for (int i = 1; i <= kCheckSteps; ++i) opt->step(i, kCheckSteps);
+  be.synchronize();
+  be.link_set_gbps(0);
+  v.final_state.resize(static_cast<size_t>(3 * P));
+  size_t at = 0;
+  for (const Param& p : ps.all()) {
+    be.copy_to_host(v.final_state.data() + at, p.w.data(), p.w.bytes());
+    at += static_cast<size_t>(p.w.numel());
+  }
+  for (const auto& [name, t] : opt->state_tensors()) {
+    be.copy_to_host(v.final_state.data() + at, t->data(), t->bytes());
+    at += static_cast<size_t>(t->numel());
+  }
+}
+
+OffloadTimes times_median(const std::vector<OffloadTimes>& times) {
+  auto med = [&](double OffloadTimes::*f) {
+    std::vector<double> x;
+    for (const OffloadTimes& t : times) x.push_back(t.*f);
+    return median(x);
+  };
+  OffloadTimes m;
+  m.norm_s = med(&OffloadTimes::norm_s);
+  m.down_s = med(&OffloadTimes::down_s);
+  m.update_s = med(&OffloadTimes::update_s);
+  m.up_s = med(&OffloadTimes::up_s);
+  m.total_s = med(&OffloadTimes::total_s);
+  return m;
+}
+
+// The overlap model of a streamed variant from the serial run of the same link mode: per parameter,
+// d2h and h2d seconds per 4 bytes and the update's seconds; the device-side gather and scatter (4 B
+// read and 4 B written each, per parameter) at the one-thread memcpy bandwidth (the compute stream's
+// copies on the cpu backend).
+double model_predict(const Variant& serial, const OptimConfig& c, const std::vector<int64_t>& sizes, int64_t P,
+                     double d2d_bw) {
+  const OffloadTimes& t = serial.times_median;
+  const double down = t.down_s / static_cast<double>(P), up = t.up_s / static_cast<double>(P);
+  const double upd = t.update_s / static_cast<double>(P);
+  const bool on_device = c.update_on == "device";
+  const OffloadPlan plan = offload_plan_make(sizes, c.bucket_params);
+  std::vector<Stages> st;
+  for (const OffloadBucket& b : plan.buckets) {
+    const double n = static_cast<double>(b.elements);
+    if (on_device) {
+      st.push_back({3 * up * n, upd * n + 16.0 * n / d2d_bw, 3 * down * n});  // 12 B up, 12 B down
+    } else {
+      st.push_back({down * n, upd * n, up * n});  // 4 B down, 4 B up
+    }
+  }
+  return t.norm_s + pipeline_simulate(st, c.slots, on_device);
+}
+
+std::string link_label(double gbps) { return gbps > 0 ? fmt::format("emulated {:g} GB/s", gbps) : "native memcpy"; }
+
+int bench_optimizer_run(const BenchOptimizerOptions& o) {
+  FP_CHECK(o.repeats >= 5, "medians need at least 5 repeats", "--repeats {} is below 5", o.repeats);
+  for (double l : o.link_gbps) FP_CHECK(l > 0, "--link-gbps takes GB/s (1e9 bytes/s) above 0", "--link-gbps {}", l);
+  for (int64_t S : o.slots) FP_CHECK(S >= 1, "--slots takes counts of 1 or more", "--slots {}", S);
+  OptimConfig base;
+  ModelConfig mcfg;
+  if (!o.config.empty()) {
+    const RunConfig rc = config_load(o.config, o.overrides);
+    mcfg = rc.model;
+    base = rc.optim;
+  } else {
+    mcfg = bench_model(count_parse(o.params));
+  }
+  if (o.bucket_params > 0) base.bucket_params = o.bucket_params;
+  const int64_t P = mcfg.param_count();
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore ps(mcfg, *be);
+  std::vector<int64_t> sizes;
+  for (const Param& p : ps.all()) sizes.push_back(p.w.numel());
+  // Weights ~ U(-0.5, 0.5), gradients ~ 1e-4 U(-0.5, 0.5), set once (every step reads the same).
+  std::vector<float> w0(static_cast<size_t>(P));
+  {
+    Rng rng(1);
+    for (float& x : w0) x = static_cast<float>(rng.uniform() - 0.5);
+    std::vector<float> g(w0.size());
+    for (float& x : g) x = static_cast<float>(1e-4 * (rng.uniform() - 0.5));
+    size_t off = 0;
+    for (Param& p : ps.all()) {
+      be->copy_from_host(p.g.data(), g.data() + off, p.g.bytes());
+      off += static_cast<size_t>(p.g.numel());
+    }
+  }
+  const int threads = omp_get_max_threads();
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  log_info("bench optimizer: {:.1f} M parameters in {} tensors, bucket {} parameters, {} threads (OMP_WAIT_POLICY {}), "
+           "{} warmup + {} timed steps per variant", static_cast<double>(P) / 1e6, sizes.size(), base.bucket_params,
+           threads, wait_policy ? wait_policy : "unset", o.warmup, o.repeats);
+
+  // The physical limit: memory bandwidth and the CPU AdamW kernel on P parameters.
+  const uint64_t bw_bytes = std::max<uint64_t>(uint64_t{256} << 20, static_cast<uint64_t>(P) * 4);
+  const Bandwidth bw = bandwidth_measure(bw_bytes, o.repeats);
+  const ops::cpu::AdamwPath best = ops::cpu::adamw_path_best();
+  nlohmann::json paths = nlohmann::json::object();
+  for (ops::cpu::AdamwPath p : {ops::cpu::AdamwPath::AdamwPath_scalar, ops::cpu::AdamwPath::AdamwPath_sse,
+                                ops::cpu::AdamwPath::AdamwPath_avx2})
+    if (ops::cpu::adamw_path_available(p))
+      paths[std::string(ops::cpu::adamw_path_name(p))] = adamw_rate_measure(p, P, o.repeats);
+  const double adamw_rate = paths[std::string(ops::cpu::adamw_path_name(best))].get<double>();
+  const double limit = bw.best() / 28.0;
+
+  // The variants: device AdamW once (no copies), then per link mode serial and the streamed ones.
+  std::vector<Variant> variants;
+  std::vector<double> links = {0.0};
+  links.insert(links.end(), o.link_gbps.begin(), o.link_gbps.end());
+  {
+    Variant d;
+    d.name = "device";
+    d.cfg = base;
+    d.cfg.schedule = "device";
+    variants.push_back(std::move(d));
+  }
+  for (double link : links) {
+    Variant s;
+    s.name = "offload_serial";
+    s.cfg = base;
+    s.cfg.schedule = "offload_serial";
+    s.link = link;
+    variants.push_back(std::move(s));
+    for (int64_t S : o.slots) {
+      for (const char* where : {"device", "host"}) {
+        Variant v;
+        v.name = fmt::format("offload_stream/{} S={}", where, S);
+        v.cfg = base;
+        v.cfg.schedule = "offload_stream";
+        v.cfg.update_on = where;
+        v.cfg.slots = S;
+        v.link = link;
+        variants.push_back(std::move(v));
+      }
+    }
+  }
+
+  // 1. Check: every offload variant against offload_serial of its mode (bits) and the device AdamW.
+  for (Variant& v : variants) variant_check(*be, ps, w0, P, v);
+  const Variant& device = variants.front();
+  bool all_equal = true;
+  const Variant* serial = nullptr;
+  for (Variant& v : variants) {
+    if (v.cfg.schedule == "device") continue;
+    if (v.cfg.schedule == "offload_serial") serial = &v;
+    v.bits_equal_serial =
+        std::memcmp(v.final_state.data(), serial->final_state.data(), v.final_state.size() * sizeof(float)) == 0;
+    double rel = 0;
+    for (size_t i = 0; i < v.final_state.size(); ++i) {
+      const double a = v.final_state[i], b = device.final_state[i];
+      rel = std::max(rel, b != 0 ? std::abs(a - b) / std::abs(b) : std::abs(a));
+    }
+    v.max_rel_vs_device = rel;
+    all_equal = all_equal && v.bits_equal_serial && rel <= 1e-6;
+  }
+  for (Variant& v : variants) std::vector<float>().swap(v.final_state);
+  FP_CHECK(all_equal, "this is a bug in the offload schedules: report it with the command line",
+           "an offload variant differs from offload_serial (bits) or from the device AdamW (> 1e-6)");
+
+  // 2. Time, round-robin over the variants (all alive at once): load from elsewhere on the machine
+  // falls on every variant alike. The weights drift between variants; times do not depend on them.
+  for (Variant& v : variants) v.opt = optimizer_create(v.cfg, ps, *be);
+  const int total = o.warmup + o.repeats;
+  for (int i = 0; i < total; ++i) {
+    for (Variant& v : variants) {
+      be->link_set_gbps(v.link);
+      const auto t0 = Clock::now();
+      v.opt->step(i + 1, total);
+      be->synchronize();
+      const double t = seconds_since(t0);
+      be->link_set_gbps(0);
+      if (i < o.warmup) continue;  // the first step also copies the master from the weights
+      v.step_s.push_back(t);
+      if (const auto* off = dynamic_cast<const OffloadAdamW*>(v.opt.get())) v.times.push_back(off->last_times());
+    }
+  }
+  for (Variant& v : variants) {
+    v.opt.reset();
+    if (!v.times.empty()) v.times_median = times_median(v.times);
+  }
+  for (Variant& v : variants) {
+    if (v.cfg.schedule == "offload_serial") serial = &v;
+    if (v.cfg.schedule == "offload_stream") v.model_s = model_predict(*serial, v.cfg, sizes, P, bw.memcpy_one);
+  }
+
+  // Report.
+  fmt::print("flatpeak bench optimizer: {:.2f} M parameters ({} tensors), bucket {} parameters, {} threads "
+             "(OMP_WAIT_POLICY {}); median of {} steps, variants interleaved\n",
+             static_cast<double>(P) / 1e6, sizes.size(), base.bucket_params, threads,
+             wait_policy ? wait_policy : "unset", o.repeats);
+  fmt::print("memory bandwidth ({} buffers, bytes read + written): memcpy {:.1f} GB/s on one thread, {:.1f} GB/s on {}; "
+             "AdamW-traffic loop {:.1f} GB/s\n",
+             bytes_format(bw_bytes), bw.memcpy_one / 1e9, bw.memcpy_threads / 1e9, threads, bw.adamw_traffic / 1e9);
+  fmt::print("CPU AdamW ({}, {} threads): {:.1f} M params/s = {:.0f}% of the limit {:.1f} M params/s (28 B/param at "
+             "{:.1f} GB/s, the best bandwidth above)",
+             ops::cpu::adamw_path_name(best), threads, adamw_rate / 1e6, 100 * adamw_rate / limit, limit / 1e6,
+             bw.best() / 1e9);
+  for (auto& [name, rate] : paths.items()) fmt::print("; {} {:.1f}", name, rate.get<double>() / 1e6);
+  fmt::print("\n\n{:<26} {:<20} {:>9} {:>10} {:>9} {:>9} {:>12} {:>12} {:>8}\n", "variant", "copies", "step s",
+             "vs serial", "model s", "update s", "device opt", "host opt+g", "check");
+  nlohmann::json jv = nlohmann::json::array();
+  for (const Variant& v : variants) {
+    const double t = median(v.step_s);
+    double vs = std::nan("");
+    for (const Variant& s : variants)
+      if (s.cfg.schedule == "offload_serial" && s.link == v.link) vs = median(s.step_s) / t;
+    const bool is_device = v.cfg.schedule == "device";
+    fmt::print("{:<26} {:<20} {:>9.4f} {:>9.2f}x {:>9} {:>9} {:>12} {:>12} {:>8}\n", v.name,
+               is_device ? "-" : link_label(v.link), t, vs,
+               std::isnan(v.model_s) ? "-" : fmt::format("{:.4f}", v.model_s),
+               is_device ? "-" : fmt::format("{:.4f}", v.times_median.update_s), bytes_format(v.device_optimizer),
+               bytes_format(v.host_optimizer + v.host_grads), is_device ? "-" : (v.bits_equal_serial ? "bits" : "DIFF"));
+    nlohmann::json j = {{"variant", v.name},
+                        {"schedule", v.cfg.schedule},
+                        {"update_on", v.cfg.schedule == "offload_stream" ? v.cfg.update_on : ""},
+                        {"slots", v.cfg.slots},
+                        {"bucket_params", v.cfg.bucket_params},
+                        {"link_gbps", v.link},
+                        {"link", is_device ? "none" : (v.link > 0 ? "emulated" : "native")},
+                        {"step_seconds", v.step_s},
+                        {"step_seconds_median", t},
+                        {"speedup_vs_serial", is_device ? nlohmann::json(nullptr) : nlohmann::json(vs)},
+                        {"device_optimizer_bytes", v.device_optimizer},
+                        {"host_optimizer_bytes", v.host_optimizer},
+                        {"host_grads_bytes", v.host_grads}};
+    if (!is_device) {
+      j["bits_equal_serial"] = v.bits_equal_serial;
+      j["max_rel_diff_vs_device"] = v.max_rel_vs_device;
+      j["norm_seconds"] = v.times_median.norm_s;
+      j["update_seconds"] = v.times_median.update_s;
+    }
+    if (v.cfg.schedule == "offload_serial") {
+      j["down_seconds"] = v.times_median.down_s;
+      j["up_seconds"] = v.times_median.up_s;
+    }
+    if (!std::isnan(v.model_s)) j["model_seconds"] = v.model_s;
+    jv.push_back(j);
+  }
+  fmt::print("\ncheck: weights and moments after {} steps equal offload_serial's bit for bit (and the device AdamW's "
+             "within 1e-6). model s: the overlap model, per bucket max(in, update, out, slot occupancy / S) through the "
+             "pipeline, from the serial run's stage times in the same mode. update s: time inside update kernels. "
+             "Emulated-link rows are emulated figures; no GPU figure is measured here.\n", kCheckSteps);
+  nlohmann::json out = {{"engine", "flatpeak"},
+                        {"bench", "optimizer"},
+                        {"params", P},
+                        {"tensors", sizes.size()},
+                        {"threads", threads},
+                        {"omp_wait_policy", wait_policy ? wait_policy : "unset"},
+                        {"repeats", o.repeats},
+                        {"warmup", o.warmup},
+                        {"bandwidth_bytes", bw_bytes},
+                        {"memcpy_one_thread_bytes_per_s", bw.memcpy_one},
+                        {"memcpy_threads_bytes_per_s", bw.memcpy_threads},
+                        {"adamw_traffic_loop_bytes_per_s", bw.adamw_traffic},
+                        {"cpu_adamw_path", std::string(ops::cpu::adamw_path_name(best))},
+                        {"cpu_adamw_params_per_s", adamw_rate},
+                        {"cpu_adamw_params_per_s_by_path", paths},
+                        {"cpu_adamw_limit_params_per_s", limit},
+                        {"cpu_adamw_fraction_of_limit", adamw_rate / limit},
+                        {"all_bits_equal", all_equal},
+                        {"variants", jv}};
+  if (!o.json.empty()) file_write_atomic(o.json, out.dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace
+
 void bench_optimizer_register(CLI::App& parent, Runner& run) {
-  CLI::App* sub = parent.add_subcommand("optimizer", "device / offload_serial / offload_stream AdamW (not available yet)");
-  sub->allow_extras();
-  sub->callback([&run] {
-    run = [] () -> int {
-      throw Error("flatpeak bench optimizer is not available yet", "it lands with OffloadStreamAdamW");
-    };
-  });
+  auto opts = std::make_shared<BenchOptimizerOptions>();
+  BenchOptimizerOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand(
+      "optimizer", "device / offload_serial / offload_stream AdamW: step time, memory, CPU AdamW vs bandwidth");
+  sub->callback([&run, opts] { run = [opts] { return bench_optimizer_run(*opts); }; });
+  sub->add_option("--params", o.params, "parameter count of the synthetic MoE layout (50M, 1.5G, ...)");
+  sub->add_option("--config", o.config, "use this run config's [model] and [optim] instead of --params");
+  sub->add_option("--set", o.overrides, "override a config key (repeatable; with --config)");
+  sub->add_option("--bucket-params", o.bucket_params, "parameters per bucket (default: optim.bucket_params)");
+  sub->add_option("--slots", o.slots, "staging slot counts to run, comma separated")->delimiter(',');
+  sub->add_option("--link-gbps", o.link_gbps,
+                  "also run over an emulated host-device link of X GB/s (1e9 bytes/s per direction; comma "
+                  "separated for several): copies take bytes / X seconds")
+      ->delimiter(',');
+  sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported, >= 5)");
+  sub->add_option("--warmup", o.warmup, "untimed steps first (the first copies the master)");
+  sub->add_option("--json", o.json, "write the results here");
 }
 
 }  // namespace fp::cli

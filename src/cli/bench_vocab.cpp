@@ -28,6 +28,7 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
+#include "comm/comm.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -79,70 +80,139 @@ ModelConfig head_config(const VocabBenchOptions& o) {
   return m;
 }
 
-// What one schedule's run leaves behind (host copies only on cpu, from the first call).
-struct VariantResult {
+// One schedule on its own backend (its own ledger), with the same inputs as the other.
+struct Variant {
+  explicit Variant(VocabSchedule::Kind k) : kind(k) {}
+  VocabSchedule::Kind kind;
+  ModelConfig cfg;  // the head's (head_config); s refers to it
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Comm> comm;
+  std::unique_ptr<ParamStore> ps;
+  std::unique_ptr<StepContext> s;
+  Tensor xL, targets, dx;  // (N, H), (N) i32, (N, H)
+  // Results: peaks over all runs, seconds of the timed runs, host copies from the first run (cpu).
   uint64_t peak_bytes = 0, vocab_peak_bytes = 0;
   std::vector<double> seconds;
   double loss = std::nan("");
-  std::vector<float> dx, dW;  // (N, H), (V, H)
+  std::vector<float> dx_host, dW_host;  // (N, H), (V, H)
 };
 
-VariantResult variant_run(const VocabBenchOptions& o, VocabSchedule::Kind kind) {
-  const int64_t N = o.tokens, H = o.hidden, V = o.vocab;
-  auto be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
-  const ModelConfig cfg = head_config(o);
-  ParamStore ps(cfg, *be);
-  ps.embed_tokens->w.reset();  // not read by the head (see the file comment)
-  ps.embed_tokens->g.reset();
-  StepContext s(*be, cfg, RoutingProfile{});
-  s.B = 1;
-  s.T = N;
-  s.n = N;
-  Tensor xL = be->alloc_f32(Category::Category_activations, {N, H}, "bench.x");  // (N, H)
-  Tensor targets = be->alloc(Category::Category_activations, {N}, DType::DType_I32, "bench.targets");  // (N)
-  Tensor dx = be->alloc_f32(Category::Category_activations, {N, H}, "bench.dx");  // (N, H)
-  if (be->computes()) {
-    // The same inputs for both schedules: x ~ N(0, 1), lm_head ~ N(0, 0.02) (HF init), norm = 1,
-    // targets uniform with the last one ignored (as at the end of a sequence).
-    Rng rng(1);
-    std::vector<float> host(static_cast<size_t>(std::max(N, V) * H));
-    for (int64_t i = 0; i < N * H; ++i) host[i] = static_cast<float>(rng.normal());
-    be->copy_from_host(xL.data(), host.data(), xL.bytes());
-    for (int64_t i = 0; i < V * H; ++i) host[i] = static_cast<float>(0.02 * rng.normal());
-    be->copy_from_host(ps.lm_head->w.data(), host.data(), ps.lm_head->w.bytes());
-    std::vector<int32_t> t(static_cast<size_t>(N));
-    for (auto& v : t) v = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
-    t.back() = -100;
-    be->copy_from_host(targets.data(), t.data(), targets.bytes());
-    be->kernels().fill(ps.norm->w.f32(), 1.0f, H);
+// The same inputs for both schedules: x ~ N(0, 1), lm_head ~ N(0, 0.02) (HF init), norm = 1, targets
+// uniform with the last one ignored (as at the end of a sequence). Host copies for the fp64 check.
+struct Inputs {
+  std::vector<float> x, W;  // (N, H), (V, H)
+  std::vector<int32_t> targets;  // (N)
+};
+
+Inputs inputs_make(const VocabBenchOptions& o) {
+  Inputs in;
+  Rng rng(1);
+  in.x.resize(static_cast<size_t>(o.tokens * o.hidden));
+  in.W.resize(static_cast<size_t>(o.vocab * o.hidden));
+  in.targets.resize(static_cast<size_t>(o.tokens));
+  for (float& v : in.x) v = static_cast<float>(rng.normal());
+  for (float& v : in.W) v = static_cast<float>(0.02 * rng.normal());
+  for (int32_t& t : in.targets) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(o.vocab)));
+  in.targets.back() = -100;
+  return in;
+}
+
+void variant_setup(Variant& v, const VocabBenchOptions& o, const Inputs* in) {
+  const int64_t N = o.tokens, H = o.hidden;
+  v.be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
+  v.comm = comm_single();  // one rank
+  v.cfg = head_config(o);
+  v.ps = std::make_unique<ParamStore>(v.cfg, *v.be);
+  v.ps->embed_tokens->w.reset();  // not read by the head (see the file comment)
+  v.ps->embed_tokens->g.reset();
+  v.s = std::make_unique<StepContext>(*v.be, v.cfg, RoutingProfile{}, *v.comm);
+  v.s->B = 1;
+  v.s->T = N;
+  v.s->n = N;
+  v.xL = v.be->alloc_f32(Category::Category_activations, {N, H}, "bench.x");
+  v.targets = v.be->alloc(Category::Category_activations, {N}, DType::DType_I32, "bench.targets");
+  v.dx = v.be->alloc_f32(Category::Category_activations, {N, H}, "bench.dx");
+  if (in != nullptr) {
+    v.be->copy_from_host(v.xL.data(), in->x.data(), v.xL.bytes());
+    v.be->copy_from_host(v.ps->lm_head->w.data(), in->W.data(), v.ps->lm_head->w.bytes());
+    v.be->copy_from_host(v.targets.data(), in->targets.data(), v.targets.bytes());
+    v.be->kernels().fill(v.ps->norm->w.f32(), 1.0f, H);
   }
-  VocabSchedule v;
-  v.kind = kind;
-  v.block_tokens = o.block_tokens;
-  const float scale = 1.0f / static_cast<float>(N - 1 > 0 ? N - 1 : 1);
-  VariantResult r;
-  const int runs = be->computes() ? o.warmup + o.repeats : 1;
-  for (int i = 0; i < runs; ++i) {
-    be->kernels().fill(ps.lm_head->g.f32(), 0.0f, V * H);
-    be->kernels().fill(ps.norm->g.f32(), 0.0f, H);
-    be->device_ledger().peaks_reset();
-    const auto t0 = std::chrono::steady_clock::now();
-    const HeadResult h = head_forward_backward(s, v, ps, xL, targets, scale, dx, nullptr, true);
-    be->synchronize();
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (i >= o.warmup) r.seconds.push_back(sec);
-    r.peak_bytes = std::max(r.peak_bytes, be->device_ledger().total_peak());
-    r.vocab_peak_bytes = std::max(r.vocab_peak_bytes, be->device_ledger().peak(Category::Category_vocab));
-    if (i == 0 && be->computes()) {
-      r.loss = h.loss_sum * static_cast<double>(scale);
-      r.dx.resize(static_cast<size_t>(N * H));
-      r.dW.resize(static_cast<size_t>(V * H));
-      be->copy_to_host(r.dx.data(), dx.data(), dx.bytes());
-      be->copy_to_host(r.dW.data(), ps.lm_head->g.data(), ps.lm_head->g.bytes());
+}
+
+float loss_scale(const VocabBenchOptions& o) { return 1.0f / static_cast<float>(o.tokens - 1); }
+
+// One forward+backward of the head; run index i (the first `warmup` are not timed).
+void variant_run_once(Variant& v, const VocabBenchOptions& o, int i) {
+  const int64_t V = o.vocab, H = o.hidden;
+  Backend& be = *v.be;
+  VocabSchedule sched;
+  sched.kind = v.kind;
+  sched.block_tokens = o.block_tokens;
+  be.kernels().fill(v.ps->lm_head->g.f32(), 0.0f, V * H);
+  be.kernels().fill(v.ps->norm->g.f32(), 0.0f, H);
+  be.device_ledger().peaks_reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  const HeadResult h = head_forward_backward(*v.s, sched, *v.ps, v.xL, v.targets, loss_scale(o), v.dx, nullptr, true);
+  be.synchronize();
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (i >= o.warmup) v.seconds.push_back(sec);
+  v.peak_bytes = std::max(v.peak_bytes, be.device_ledger().total_peak());
+  v.vocab_peak_bytes = std::max(v.vocab_peak_bytes, be.device_ledger().peak(Category::Category_vocab));
+  if (i == 0 && be.computes()) {
+    v.loss = h.loss_sum * static_cast<double>(loss_scale(o));
+    v.dx_host.resize(static_cast<size_t>(v.dx.numel()));
+    v.dW_host.resize(static_cast<size_t>(V * H));
+    be.copy_to_host(v.dx_host.data(), v.dx.data(), v.dx.bytes());
+    be.copy_to_host(v.dW_host.data(), v.ps->lm_head->g.data(), v.ps->lm_head->g.bytes());
+  }
+  if (be.computes())
+    log_info("bench vocab: {} run {}: {:.3f} s", v.kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full", i, sec);
+}
+
+// d x (H) of token t in float64 from the inputs: RMSNorm (weight 1, eps 1e-6), logits, softmax, the
+// loss gradient scaled by `scale`, back through the projection and the norm. The oracle both heads
+// are measured against (their difference alone cannot say which one rounds more).
+std::vector<double> dx_row_fp64(const Inputs& in, int64_t t, int64_t V, int64_t H, double scale) {
+  const float* x = in.x.data() + t * H;  // (H)
+  double ss = 0;
+  for (int64_t h = 0; h < H; ++h) ss += static_cast<double>(x[h]) * x[h];
+  const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(H) + 1e-6);
+  std::vector<double> xn(static_cast<size_t>(H)), logit(static_cast<size_t>(V)), dxn(static_cast<size_t>(H), 0.0);
+  for (int64_t h = 0; h < H; ++h) xn[h] = x[h] * rstd;
+  double m = -INFINITY;
+  for (int64_t j = 0; j < V; ++j) {
+    const float* w = in.W.data() + j * H;  // (H)
+    double acc = 0;
+    for (int64_t h = 0; h < H; ++h) acc += xn[h] * w[h];
+    logit[j] = acc;
+    m = std::max(m, acc);
+  }
+  double z = 0;
+  for (int64_t j = 0; j < V; ++j) z += std::exp(logit[j] - m);
+  const int32_t target = in.targets[t];
+  for (int64_t j = 0; j < V; ++j) {
+    const double d = target == -100 ? 0.0 : scale * (std::exp(logit[j] - m) / z - (j == target ? 1.0 : 0.0));
+    const float* w = in.W.data() + j * H;
+    for (int64_t h = 0; h < H; ++h) dxn[h] += d * w[h];
+  }
+  double dot = 0;
+  for (int64_t h = 0; h < H; ++h) dot += dxn[h] * x[h];
+  std::vector<double> dx(static_cast<size_t>(H));
+  for (int64_t h = 0; h < H; ++h) dx[h] = rstd * dxn[h] - x[h] * rstd * rstd * rstd / static_cast<double>(H) * dot;
+  return dx;
+}
+
+// max over sampled rows and h of |got - fp64| / max |fp64|.
+double dx_error_vs_fp64(const std::vector<float>& got, const std::vector<std::vector<double>>& ref,
+                        const std::vector<int64_t>& rows, int64_t H) {
+  double d = 0, m = 0;
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      d = std::max(d, std::abs(static_cast<double>(got[rows[r] * H + h]) - ref[r][h]));
+      m = std::max(m, std::abs(ref[r][h]));
     }
-    log_info("bench vocab: {} run {}: {:.3f} s", kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full", i, sec);
-  }
-  return r;
+  return m > 0 ? d / m : d;
 }
 
 // max_i |a_i - b_i| / max_i |b_i|.
@@ -155,7 +225,7 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m > 0 ? d / m : d;
 }
 
-nlohmann::json variant_json(const VariantResult& r, bool timed) {
+nlohmann::json variant_json(const Variant& r, bool timed) {
   nlohmann::json j;
   j["peak_bytes"] = r.peak_bytes;
   j["vocab_peak_bytes"] = r.vocab_peak_bytes;
@@ -193,8 +263,17 @@ int bench_vocab_run(const VocabBenchOptions& o) {
            o.warmup);
   const bool timed = o.device == "cpu";
   log_info("bench vocab: N {} V {} H {} block_tokens {} on {}", o.tokens, o.vocab, o.hidden, o.block_tokens, o.device);
-  VariantResult full = variant_run(o, VocabSchedule::Kind::Kind_full);
-  VariantResult ring = variant_run(o, VocabSchedule::Kind::Kind_ring);
+  std::optional<Inputs> in;
+  if (timed) in = inputs_make(o);
+  Variant full(VocabSchedule::Kind::Kind_full), ring(VocabSchedule::Kind::Kind_ring);
+  variant_setup(full, o, in ? &*in : nullptr);
+  variant_setup(ring, o, in ? &*in : nullptr);
+  // Interleaved (full, ring, full, ...) so a change in the machine's load hits both alike.
+  const int runs = timed ? o.warmup + o.repeats : 1;
+  for (int i = 0; i < runs; ++i) {
+    variant_run_once(full, o, i);
+    variant_run_once(ring, o, i);
+  }
 
   nlohmann::json j;
   j["tokens"] = o.tokens;
@@ -218,17 +297,26 @@ int bench_vocab_run(const VocabBenchOptions& o) {
   if (timed) {
     // Check first: the ring must compute what the full head computes.
     const double loss_rel = std::abs(ring.loss - full.loss) / std::abs(full.loss);
-    const double dx_rel = max_rel_diff(ring.dx, full.dx), dW_rel = max_rel_diff(ring.dW, full.dW);
-    j["check"] = {{"loss_full", full.loss}, {"loss_ring", ring.loss}, {"loss_rel_diff", loss_rel},
-                  {"dx_max_rel_diff", dx_rel}, {"dW_max_rel_diff", dW_rel}};
-    fmt::print("check: loss full {:.7f} ring {:.7f} (rel diff {:.1e}); dx, dW max diff / max |full|: {:.1e}, {:.1e}\n",
-               full.loss, ring.loss, loss_rel, dx_rel, dW_rel);
+    const double dx_rel = max_rel_diff(ring.dx_host, full.dx_host), dW_rel = max_rel_diff(ring.dW_host, full.dW_host);
+    // Both heads against float64 on a few tokens: the scale of fp32 rounding the difference is measured by.
+    std::vector<int64_t> rows;
+    for (int64_t r = 0; r < 8; ++r) rows.push_back(r * (o.tokens - 1) / 7);
+    std::vector<std::vector<double>> ref;
+    for (const int64_t t : rows) ref.push_back(dx_row_fp64(*in, t, o.vocab, o.hidden, loss_scale(o)));
+    const double full_err = dx_error_vs_fp64(full.dx_host, ref, rows, o.hidden);
+    const double ring_err = dx_error_vs_fp64(ring.dx_host, ref, rows, o.hidden);
+    j["check"] = {{"loss_full", full.loss},       {"loss_ring", ring.loss},      {"loss_rel_diff", loss_rel},
+                  {"dx_max_rel_diff", dx_rel},    {"dW_max_rel_diff", dW_rel},   {"dx_rows_vs_fp64", rows},
+                  {"dx_full_err_vs_fp64", full_err}, {"dx_ring_err_vs_fp64", ring_err}};
+    fmt::print("check: loss full {:.7f} ring {:.7f} (rel diff {:.1e}); ring vs full, max diff / max |full|: dx {:.1e}, "
+               "dW {:.1e}; dx of {} tokens vs float64: full {:.1e}, ring {:.1e}\n",
+               full.loss, ring.loss, loss_rel, dx_rel, dW_rel, rows.size(), full_err, ring_err);
     FP_CHECK(loss_rel <= 1e-5 && dx_rel <= 1e-5 && dW_rel <= 1e-5, "this is a bug in Ring-DTP: please report it",
              "the ring head disagrees with the full head");
     ratios["seconds_ring_over_full"] = median(ring.seconds) / median(full.seconds);
   }
   fmt::print("| variant | device peak | vocab peak | fwd+bwd s (median of {}) |\n|---|---|---|---|\n", o.repeats);
-  auto row = [&](const char* name, const VariantResult& r) {
+  auto row = [&](const char* name, const Variant& r) {
     fmt::print("| {} | {} | {} | {} |\n", name, bytes_format(r.peak_bytes), bytes_format(r.vocab_peak_bytes),
                timed ? fmt::format("{:.3f}", median(r.seconds)) : std::string("-"));
   };

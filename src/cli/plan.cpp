@@ -1,17 +1,106 @@
-// flatpeak plan: closed-form per-category peaks at full scale and the reach of each schedule. Not implemented yet: registered so the command line lists it.
+// flatpeak plan: closed-form per-category peaks of one training step at full scale, the binding
+// category, the host memory needed, and the largest context that fits for the baseline and for
+// flatpeak (src/plan/plan.h). No device, no allocation: it runs in milliseconds for any model.
+//
+//   flatpeak plan --model FILE --context T [--ranks W] [--device-mem SIZE] [--host-mem SIZE]
+//                 [--schedule baseline|flatpeak|key=value ...] [--json FILE] [--plot FILE]
+#include <fstream>
+#include <memory>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/units.h"
+#include "io/atomic_file.h"
+#include "plan/model_file.h"
+#include "plan/plan.h"
+#include "plan/plan_json.h"
+#include "plan/plot_svg.h"
 
 namespace fp::cli {
 
-void plan_register(CLI::App& parent, Runner& run) {
-  CLI::App* sub = parent.add_subcommand("plan", "closed-form per-category peaks at full scale and the reach of each schedule (not available yet)");
-  sub->allow_extras();
-  sub->callback([&run] {
-    run = [] () -> int {
-      throw Error("flatpeak plan is not available yet", "it lands with the planner");
+namespace {
+
+struct PlanOptions {
+  std::string model;
+  std::string context;
+  int64_t ranks = 0;  // 0: the preset's, else 1
+  std::string device_mem = "unlimited";
+  std::string host_mem = "unlimited";
+  std::vector<std::string> schedule;
+  std::string json;
+  std::string plot;
+};
+
+int plan_run(const PlanOptions& o) {
+  const plan::Model m = plan::model_load(o.model);
+  plan::Input in;
+  in.model = m.cfg;
+  in.context = plan::context_parse(o.context);
+  in.settings.layout.ranks = o.ranks > 0 ? o.ranks : (m.default_ranks > 0 ? m.default_ranks : 1);
+  in.device_mem = bytes_parse(o.device_mem);
+  in.host_mem = bytes_parse(o.host_mem);
+  for (const std::string& item : o.schedule) plan::settings_apply(in.settings, item);
+
+  const plan::Result r = plan::plan_step(in);
+  fmt::print("{}", plan::plan_table(m, in, r));
+
+  // Reach: the same sizes, layout and dtypes with the baseline's and flatpeak's schedule families.
+  nlohmann::ordered_json reach = nullptr;
+  if (in.device_mem != kUnlimitedBytes) {
+    plan::Input base = in, flat = in;
+    plan::schedules_set_baseline(base.settings.sched);
+    plan::schedules_set_flatpeak(flat.settings.sched);
+    const plan::Reach rb = plan::plan_reach(base), rf = plan::plan_reach(flat);
+    auto line = [](const plan::Reach& x) {
+      if (x.max_context == 0) return std::string("nothing fits");
+      return fmt::format("{} tokens ({}{}; binding there: {})", x.max_context, plan::context_format(x.max_pow2),
+                         x.capped ? ", capped" : " as a power of two", category_name(x.at_max.binding));
     };
-  });
+    fmt::print("reach at {} per rank, host {}: baseline {}; flatpeak {}\n", bytes_format(in.device_mem),
+               bytes_format(in.host_mem), line(rb), line(rf));
+    reach = {{"baseline", plan::reach_json(rb)}, {"flatpeak", plan::reach_json(rf)}};
+  } else {
+    fmt::print("reach: give --device-mem to search the largest context that fits\n");
+  }
+
+  if (!o.json.empty()) {
+    nlohmann::ordered_json j = plan::plan_json(m, in, r);
+    j["reach"] = reach;
+    file_write_atomic(o.json, j.dump(2) + "\n");
+    fmt::print("wrote {}\n", o.json);
+  }
+  if (!o.plot.empty()) {
+    // From 4K (or one token per rank) to twice the requested context, at least 1M.
+    int hi = 20;
+    while ((int64_t{1} << hi) < 2 * in.context && hi < 34) ++hi;
+    const std::vector<plan::PlotPanel> panels = plan::peaks_plot_panels(in, 12, hi);
+    const std::string title = fmt::format("{}: peak per rank vs context, {} rank(s)", m.name, in.settings.layout.ranks);
+    file_write_atomic(o.plot, plan::peaks_plot_svg(title, panels, in.device_mem));
+    fmt::print("wrote {}\n", o.plot);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void plan_register(CLI::App& parent, Runner& run) {
+  auto opts = std::make_shared<PlanOptions>();
+  PlanOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand(
+      "plan", "closed-form per-category peaks at full scale, the binding category and the reach of each schedule");
+  sub->callback([&run, opts] { run = [opts] { return plan_run(*opts); }; });
+  sub->add_option("--model", o.model,
+                  "model: a preset (configs/models/*.toml), a run config, or a Hugging Face config.json")
+      ->required();
+  sub->add_option("--context", o.context, "context length T: 1048576, 1M, 128K")->required();
+  sub->add_option("--ranks", o.ranks, "ranks W (default: the preset's, else 1)");
+  sub->add_option("--device-mem", o.device_mem, "device memory per rank: 80GB, 141GB, 96GiB (default unlimited)");
+  sub->add_option("--host-mem", o.host_mem, "host memory per rank for offloads (default unlimited)");
+  sub->add_option("--schedule", o.schedule,
+                  "baseline (default) | flatpeak | key=value (dispatch= vocab= ckpt= optim= cp= ep= batch= "
+                  "routing= dtype= dtype.weights= ...; repeatable, applied in order)");
+  sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
+  sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");
 }
 
 }  // namespace fp::cli

@@ -11,6 +11,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
+#include "ops/gemm_tiled.h"
 #include "ops/moe_permute.h"
 #include "ops/online_lse.h"
 #include "ops/rmsnorm.h"
@@ -21,7 +22,7 @@
 namespace fp::ops {
 
 #define FP_KERNEL_LIST(X)                                                                            \
-  X(gemm)                                                                                            \
+  X(gemm) X(gemm_tiled)                                                                              \
   X(embedding_forward) X(embedding_backward)                                                         \
   X(rmsnorm_forward) X(rmsnorm_backward)                                                             \
   X(rope_forward) X(rope_backward)                                                                   \

@@ -22,13 +22,14 @@ constexpr Category kWs = Category::Category_workspace;
 // Note [Which plans are validated]: a formula is "validated" once the engine runs that schedule and
 // tests/model/test_plan_vs_meta.cpp checks the plan against a meta run of it. Flip a flag here in
 // the same change that adds its configurations to that test.
+// On more than one rank every formula is predicted (multi_rank), whatever the schedule.
 struct Validated {
   bool multi_rank = false;       // FSDP sharding, context parallel, expert parallel (MPI, later)
   bool pipelined_llep = false;   // needs expert parallelism (multi-rank)
-  bool ring = false;             // Ring-DTP
-  bool sco = false;              // SCO
-  bool offload_serial = false;   // serial host AdamW
-  bool offload_stream = false;   // OffloadStreamAdamW
+  bool ring = true;              // Ring-DTP on one rank (sched/vocab/ring_dtp.cpp)
+  bool sco = true;               // SCO (sched/ckpt/sco.cpp)
+  bool offload_serial = true;    // serial host AdamW (sched/optim/offload.cpp)
+  bool offload_stream = true;    // OffloadStreamAdamW, update on the device or the host
 };
 constexpr Validated kValidated{};
 

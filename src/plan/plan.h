@@ -63,12 +63,13 @@ struct Schedules {
   Ckpt ckpt = Ckpt::Ckpt_device;
   Optim optim = Optim::Optim_auto;
   int64_t block_tokens = 1024;    // ring: n_blk, tokens per strip
-  int64_t vocab_strips = 0;       // ring: strips live at once (0: 1 on one rank, 2 on a ring of P > 1)
+  int64_t vocab_strips = 0;       // ring: strips (n_blk, V/P) live at once (0: 1, as the engine's one-rank head)
   std::string ring_mode = "auto"; // ring, P > 1: weights | activations | auto (activations when N <= V/P)
   int64_t chunk_tokens = 4096;    // pipelined_llep: c, tokens per source per chunk
   int64_t max_chunks = 64;        // pipelined_llep: K_max
   int64_t bucket_params = 1 << 20;  // offload_stream: parameters per bucket (optim.bucket_params)
   int64_t slots = 2;                // offload_stream: staging slots (optim.slots)
+  bool update_on_host = false;      // offload_stream: optim.update_on = "host" (default "device")
   uint64_t ckpt_host_budget = kUnlimitedBytes;  // sco: host bytes for boundaries (also capped by host mem)
 };
 
@@ -97,7 +98,7 @@ void schedules_set_flatpeak(Schedules& s);
 //   dispatch=standard|pipelined_llep  vocab=full|ring  ckpt=device|sco
 //   optim=auto|device|offload_serial|offload_stream
 //   block_tokens= vocab_strips= ring_mode= chunk_tokens= max_chunks= bucket_params= slots=
-//   ckpt_host_budget=SIZE  cp= ep= batch= routing=balanced|hot:R:H
+//   update_on=device|host ckpt_host_budget=SIZE  cp= ep= batch= routing=balanced|hot:R:H
 //   dtype=D (all) dtype.weights= dtype.grads= dtype.activations= dtype.master= dtype.moments=
 //   dtype.logits= dtype.router=
 // Throws fp::Error naming the item.
@@ -133,7 +134,8 @@ struct Sizes {
   std::string ring_mode;        // ring, P > 1: resolved "weights" | "activations"
   int64_t params_total = 0;     // P
   int64_t params_per_rank = 0;  // P / W shard
-  int64_t boundaries_offloaded = 0;  // sco: boundaries that fit the host budget
+  int64_t boundaries_offloaded = 0;  // sco: boundaries that went to host
+  int64_t bucket_largest = 0;        // offload_stream: B_max, elements of the largest bucket
 };
 
 struct Result {

@@ -353,8 +353,8 @@ void head_full(Step& s) {
   Id logp = d.alloc(kVocab, s.lg(N * V), "head.logp");      // (N, V)
   Id tok_loss = d.alloc(kWs, s.f32(N), "head.token_loss");
   Id sum = d.alloc(kWs, s.f32(1), "head.loss_sum");
+  d.free(sum);  // scope end: destroyed in reverse order
   d.free(tok_loss);
-  d.free(sum);
   Id dlogits = d.alloc(kVocab, s.lg(N * V), "head.dlogits");  // (N, V)
   d.free(logp);
   d.free(logits);
@@ -368,42 +368,128 @@ void head_full(Step& s) {
   d.free(unit);
 }
 
-// Predicted (Ring-DTP, DESIGN.md). One rank: token blocks of n_blk against the whole vocabulary with
-// the online log-sum-exp, the block's gradient computed in the same sweep. P ranks: n_blk x V/P
-// strips around the ring, the shards (move weights) or the activations (move activations) in flight.
+// Ring-DTP (sched/vocab/ring_dtp.cpp). One rank (exact, Note [Ring-DTP on one rank]): a working set
+// reserved when the head starts, one strip (n_blk, V) and the online state m (N) f32, z (N) f64,
+// y (N) f32, the block's gradient formed in place in the strip. P ranks (predicted, Note [Ring-DTP on
+// P ranks]): the strip is (n_blk, V/P) (vocab_strips of them), and the shards (move weights) or the
+// activations (move activations) are in flight.
 void head_ring(Step& s) {
   PeakReplay& d = s.d;
   const int64_t N = s.N, H = s.H, P = s.z.vocab_ring;
   const int64_t nb = std::min(s.sched.block_tokens, N), Vp = ceil_div(s.V, P);
-  const int64_t strips = s.sched.vocab_strips > 0 ? s.sched.vocab_strips : (P == 1 ? 1 : 2);
+  const int64_t strips = s.sched.vocab_strips > 0 ? s.sched.vocab_strips : 1;
   Id xn = d.alloc(kAct, s.act(N * H), "head.xn");
   Id rstd = d.alloc(kAct, s.f32(N), "head.rstd");
-  Id state = d.alloc(kWs, s.f32(3 * N), "ring.mzy");  // running (m, z, y) per token
-  Id tok_loss = d.alloc(kWs, s.f32(N), "head.token_loss");
+  Id strip = d.alloc(kVocab, static_cast<uint64_t>(strips) * s.lg(nb * Vp), "ring.strip");  // (n_blk, V/P)
+  Id m = d.alloc(kVocab, s.f32(N), "ring.m");
+  Id z = d.alloc(kVocab, static_cast<uint64_t>(N) * 8, "ring.z");  // f64
+  Id y = d.alloc(kVocab, s.f32(N), "ring.y");
+  Id loss_sum = d.alloc(kWs, 8, "ring.loss_sum");  // (1) f64
   Id dxn = d.alloc(kAct, s.act(N * H), "head.dxn");
   Id comm = kNone;
   if (P > 1) {
     if (s.z.ring_mode == "weights")  // the shard being used and the one arriving, dW travelling home
       comm = d.alloc(kComm, 2 * s.wt(Vp * H) + 2 * s.f32(Vp * H), "ring.shards");
     else  // the batch, its running state, and dX travelling
-      comm = d.alloc(kComm, 2 * s.act(N * H) + 2 * s.f32(N * H) + 2 * s.f32(3 * N), "ring.activations");
+      comm = d.alloc(kComm, 2 * s.act(N * H) + 2 * s.f32(N * H) + 2 * 16 * static_cast<uint64_t>(N),
+                     "ring.activations");
+    d.free(comm);
   }
-  Id strip = d.alloc(kVocab, static_cast<uint64_t>(strips) * s.lg(nb * Vp), "ring.strips");  // strips x (n_blk, V/P)
+  d.free(loss_sum);
+  d.free(y);
+  d.free(z);
+  d.free(m);
   d.free(strip);
-  d.free(comm);
-  d.free(tok_loss);
-  d.free(state);
   d.free(xn);
   d.free(dxn);
   d.free(rstd);
 }
 
-// ---- boundaries (sched/ckpt/boundary_store.h; SCO predicted) ---------------------------------------
+// ---- boundaries (sched/ckpt/boundary_store.h DeviceBoundaryStore, sched/ckpt/sco.h ScoBoundaryStore)
 struct Boundaries {
-  std::vector<Id> dev;   // (N, H) on the device, per layer
-  std::vector<Id> host;  // (N, H) on the host, per layer (sco)
-  int64_t offloaded = 0; // sco: layers [0, offloaded) go to host
+  std::vector<Id> dev;          // (N, H) on the device, per layer
+  std::vector<Id> host;         // (N, H) on the host, per layer (sco)
+  std::vector<bool> offloaded;  // sco: the boundary went to host
+  Id pending = kNone;           // sco: the device copy whose offload is in flight
+  uint64_t host_used = 0;       // sco: bytes of boundaries on the host
 };
+
+// ScoBoundaryStore::put: finish the previous offload (free its device copy), then send x_l to host
+// unless it is the last boundary or it would exceed the budget or the host capacity.
+void sco_put(Step& s, Boundaries& b, int64_t l, Id& x, uint64_t budget, uint64_t host_cap) {
+  s.d.free(b.pending);
+  const uint64_t bytes = s.act(s.N * s.H);
+  const bool fits_budget = bytes <= budget - std::min(budget, b.host_used);
+  const bool fits_host = host_cap == kUnlimitedBytes || s.h.total_current() + bytes <= host_cap;
+  if (l + 1 == s.L || !fits_budget || !fits_host) {
+    b.dev[l] = x;
+  } else {
+    b.host[l] = s.h.alloc(kCkpt, bytes, "sco.host.layer");
+    b.host_used += bytes;
+    b.offloaded[l] = true;
+    b.pending = x;
+  }
+  x = kNone;
+}
+
+// ScoBoundaryStore::get: restore x_l unless prefetched, and prefetch x_{l-1}.
+void sco_get(Step& s, Boundaries& b, int64_t l) {
+  if (b.offloaded[l] && b.dev[l] == kNone) b.dev[l] = s.d.alloc(kCkpt, s.act(s.N * s.H), "ckpt.layer.restored");
+  if (l > 0 && b.offloaded[l - 1] && b.dev[l - 1] == kNone)
+    b.dev[l - 1] = s.d.alloc(kCkpt, s.act(s.N * s.H), "ckpt.layer.restored");
+}
+
+// The largest bucket of offload_plan_make (sched/optim/offload.cpp) over parameters of these sizes,
+// in order: a bucket that splits a parameter ends on a multiple of kOffloadAlign = 16 elements.
+int64_t bucket_largest(const std::vector<int64_t>& sizes, int64_t bucket) {
+  constexpr int64_t kAlign = 16;
+  int64_t largest = 0, cur = 0;
+  auto close = [&] {
+    largest = std::max(largest, cur);
+    cur = 0;
+  };
+  for (const int64_t n : sizes) {
+    int64_t off = 0;
+    while (off < n) {
+      int64_t take = std::min(n - off, bucket - cur);
+      if (take < n - off) {
+        const int64_t aligned = (off + take) / kAlign * kAlign - off;
+        if (aligned > 0) {
+          take = aligned;
+        } else if (cur > 0) {
+          close();
+          continue;
+        }
+      }
+      if (cur == 0 && take == bucket && n - off > bucket && off % kAlign == 0 && bucket % kAlign == 0) {
+        // Whole aligned buckets inside one long parameter: the loop would close them one by one.
+        largest = std::max(largest, bucket);
+        off += (n - off - 1) / bucket * bucket;
+        continue;
+      }
+      cur += take;
+      off += take;
+      if (cur == bucket) close();
+    }
+  }
+  close();
+  return largest;
+}
+
+// Parameter sizes in ParamStore order (model/params.cpp).
+std::vector<int64_t> param_sizes(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.moe_intermediate_size;
+  const int64_t Q = c.num_attention_heads * hd, Kv = c.num_key_value_heads * hd;
+  std::vector<int64_t> v = {c.vocab_size * H};
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int64_t n : {H, Q * H, Kv * H, Kv * H, H * Q, hd, hd, H, c.num_experts * H}) v.push_back(n);
+    for (int64_t e = 0; e < c.num_experts; ++e)
+      for (int j = 0; j < 3; ++j) v.push_back(I * H);
+  }
+  v.push_back(H);
+  v.push_back(c.vocab_size * H);
+  return v;
+}
 
 }  // namespace
 
@@ -475,59 +561,59 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
   s.unit_params = dense_layer + (z.ranks / z.ep > 1 ? (s.E / z.ep) * 3 * s.I * H : 0);
   s.z = z;
 
-  // ---- persistent: ParamStore (params, grads), then the optimizer's state.
+  // ---- persistent: ParamStore (params, grads), then the optimizer (sched/optim/optimizer.cpp).
   const uint64_t wb = dtype_size(set.dtypes.weights), gb = dtype_size(set.dtypes.grads);
-  const uint64_t master_b = set.dtypes.weights == set.dtypes.master ? 0 : dtype_size(set.dtypes.master);
-  const uint64_t mom_b = dtype_size(set.dtypes.moments);
+  const uint64_t master_b = dtype_size(set.dtypes.master), mom_b = dtype_size(set.dtypes.moments);
   const int64_t P = z.params_per_rank;
-  Id params = dev.alloc(kParams, P * wb, "params");
-  Id grads = dev.alloc(kGrads, P * gb, "grads");
+  dev.alloc(kParams, P * wb, "params");
+  dev.alloc(kGrads, P * gb, "grads");
   const Optim optim = r.sched.optim;
-  FP_ASSERT(optim != Optim::Optim_auto, "plan_step receives a resolved optimizer schedule");
-  Id opt_state = kNone, sumsq = kNone;
-  Id host_state = kNone, host_grads = kNone;
+  FP_ASSERT(optim != Optim::Optim_auto, "step_replay receives a resolved optimizer schedule");
   if (optim == Optim::Optim_device) {
-    opt_state = dev.alloc(kOpt, P * (2 * mom_b + master_b), "adamw.m_v");  // m, v (+ master)
+    // AdamW (adamw.cpp): m and v on the device, and a master copy when the weights are not fp32.
+    const uint64_t master_dev = set.dtypes.weights == set.dtypes.master ? 0 : master_b;
+    dev.alloc(kOpt, P * (2 * mom_b + master_dev), "adamw.m_v");
   } else {
-    // Predicted: master weights, m and v in (pinned) host memory.
-    host_state = host.alloc(kOpt, P * (dtype_size(set.dtypes.master) + 2 * mom_b), "host.master_m_v");
+    // OffloadAdamW (offload.cpp): fp32 master, m, v in (pinned) host memory, 12 B per parameter.
+    host.alloc(kOpt, P * (master_b + 2 * mom_b), "host.master_m_v");
+    if (optim == Optim::Optim_offload_serial) {
+      host.alloc(kGrads, P * gb, "host.grads");  // every gradient comes down for the CPU update
+    } else {
+      // OffloadStreamAdamW: S staging slots of the largest bucket, reserved at construction; on the
+      // device (update there) rows grad, param, m, v: 16 B per element; on the host: the gradient.
+      const int64_t largest = s.multi ? std::min<int64_t>(r.sched.bucket_params, P)  // predicted: shards
+                                      : bucket_largest(param_sizes(c), r.sched.bucket_params);
+      z.bucket_largest = largest;
+      for (int64_t k = 0; k < r.sched.slots && largest > 0; ++k) {
+        if (r.sched.update_on_host)
+          host.alloc(kOpt, static_cast<uint64_t>(largest) * 4, "optim.host_slot");
+        else
+          dev.alloc(kOpt, static_cast<uint64_t>(largest) * 16, "optim.slot");  // (4, B_max) f32
+      }
+    }
   }
-  sumsq = dev.alloc(kWs, 4, "adamw.grad_sumsq");  // (1)
+  dev.alloc(kWs, 4, "adamw.grad_sumsq");  // (1)
 
   // ---- the step (model.cpp)
   Id tokens = dev.alloc(kAct, s.i32(N), "input.tokens");
   Id targets = dev.alloc(kAct, s.i32(N), "input.targets");
   Id pos = dev.alloc(kAct, s.i32(N), "input.positions");
+  const bool sco = r.sched.ckpt == Ckpt::Ckpt_sco;
   Boundaries b;
   b.dev.assign(static_cast<size_t>(L), kNone);
   b.host.assign(static_cast<size_t>(L), kNone);
-  const bool sco = r.sched.ckpt == Ckpt::Ckpt_sco;
-  if (sco) {
-    // Predicted (SCO): boundaries go to host in layer order until the budget is used up; the host
-    // memory left after the optimizer's state bounds the budget.
-    uint64_t budget = r.sched.ckpt_host_budget;
-    if (in.host_mem != kUnlimitedBytes) {
-      const uint64_t left = in.host_mem > host.total_current() ? in.host_mem - host.total_current() : 0;
-      budget = std::min(budget, left);
-    }
-    const uint64_t one = s.act(N * H);
-    b.offloaded = budget == kUnlimitedBytes ? L : std::min<int64_t>(L, static_cast<int64_t>(budget / one));
-    z.boundaries_offloaded = b.offloaded;
-  }
+  b.offloaded.assign(static_cast<size_t>(L), false);
   Id embed_unit = kNone;
   if (s.multi) embed_unit = dev.alloc(kParams, s.wt(s.V * H), "fsdp.embed_tokens");  // gathered (V, H)
   Id x = dev.alloc(kCkpt, s.act(N * H), "ckpt.layer0");
   dev.free(embed_unit);
-  Id pending = kNone;  // sco: a boundary whose copy to host is in flight
   for (int64_t l = 0; l < L; ++l) {
     Id unit = kNone;
     if (s.multi) unit = dev.alloc(kParams, s.wt(s.unit_params), "fsdp.layer");
     AttnIds attn;
     Id x1 = attn_forward(s, attn, false);
-    if (sco && l < b.offloaded) {
-      b.host[l] = host.alloc(kCkpt, s.act(N * H), "sco.host_boundary");
-      pending = x;  // freed once its copy is done: predicted after the next boundary exists
-      x = kNone;
+    if (sco) {
+      sco_put(s, b, l, x, r.sched.ckpt_host_budget, in.host_mem);
     } else {
       b.dev[l] = x;
       x = kNone;
@@ -535,10 +621,10 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
     const bool last = l + 1 == L;
     MoeIds moe;
     x = moe_forward(s, moe, false, last ? kAct : kCkpt);
-    dev.free(pending);
     dev.free(x1);
     dev.free(unit);
   }
+  z.boundaries_offloaded = std::count(b.offloaded.begin(), b.offloaded.end(), true);
 
   Id aux_bias = kNone;
   if (c.router_aux_loss_coef != 0.0) aux_bias = dev.alloc(kWs, s.f32(s.E), "moe.aux_bias");  // (E)
@@ -555,10 +641,9 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
       unit = dev.alloc(kParams, s.wt(s.unit_params), "fsdp.layer");
       unit_grad = dev.alloc(kGrads, s.gr(s.unit_params), "fsdp.layer.grad");  // unsharded, then reduce-scatter
     }
-    if (sco && l < b.offloaded) {
-      // Predicted: restore l (unless prefetched) and prefetch l - 1 while l recomputes: two on device.
-      if (b.dev[l] == kNone) b.dev[l] = dev.alloc(kCkpt, s.act(N * H), "sco.restore");
-      if (l > 0 && l - 1 < b.offloaded) b.dev[l - 1] = dev.alloc(kCkpt, s.act(N * H), "sco.restore");
+    if (sco) {
+      if (l == L - 1) dev.free(b.pending);
+      sco_get(s, b, l);
     }
     AttnIds attn;
     MoeIds moe;
@@ -568,38 +653,21 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
     moe_backward(s, moe);
     dev.free(x1);
     attn_backward(s, attn);
-    dev.free(b.dev[l]);
+    dev.free(b.dev[l]);  // store->release(l)
     dev.free(unit_grad);
     dev.free(unit);
   }
-  for (Id& hb : b.host) host.free(hb);  // store->clear()
   if (s.multi) {
     Id g = dev.alloc(kGrads, s.gr(s.V * H), "fsdp.embed_tokens.grad");  // unsharded, then reduce-scatter
     dev.free(g);
   }
-  dev.free(dx);
+  dev.free(dx);  // end of Model::step: destroyed in reverse order
   dev.free(aux_bias);
-  dev.free(pos);
+  for (Id& hb : b.host) host.free(hb);  // the store and its host buffers
   dev.free(targets);
   dev.free(tokens);
-
-  // ---- optimizer step (sched/optim): the device variant allocates nothing more.
-  if (optim == Optim::Optim_offload_stream) {
-    // Predicted (OffloadStreamAdamW, update on the device): S staging slots of the largest bucket,
-    // 16 B per parameter (fp32 master, m, v, gradient).
-    const int64_t bucket = std::min<int64_t>(r.sched.bucket_params, P);
-    Id staging = dev.alloc(kOpt, static_cast<uint64_t>(r.sched.slots) * bucket * 16, "offload.staging");
-    dev.free(staging);
-  } else if (optim == Optim::Optim_offload_serial) {
-    // Predicted: every gradient copied to host (fp32) for the CPU update, parameters copied back in place.
-    host_grads = host.alloc(kGrads, P * 4, "host.grads");
-    host.free(host_grads);
-  }
-  (void)params;
-  (void)grads;
-  (void)opt_state;
-  (void)sumsq;
-  (void)host_state;
+  dev.free(pos);
+  // The optimizer step allocates nothing: every variant reserved its working set at construction.
   (void)expert_layer;
 
   // ---- results

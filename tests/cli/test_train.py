@@ -71,7 +71,13 @@ def case_kill_during_checkpoint(tmp):
     for i in range(6):
         args = cfg + (["--resume", d] if os.path.exists(os.path.join(d, "checkpoint")) else [])
         p = subprocess.Popen([ARGS.bin] + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0.8, 2.5))
+        # Wait (on a loaded machine, start-up is slow) until this run writes checkpoints, then kill it at
+        # a random moment, most likely in the middle of writing one.
+        deadline = time.time() + 120
+        while p.poll() is None and time.time() < deadline and not any(
+                n.endswith(".tmp") or n.startswith("step-") for n in (os.listdir(d) if os.path.isdir(d) else [])):
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.1, 1.0))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             kills += 1

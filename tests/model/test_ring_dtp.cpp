@@ -93,7 +93,8 @@ HeadOut head_run(const HeadCase& c, VocabSchedule::Kind kind, bool want_logits =
   host_to(*be, ps.lm_head->g, g0);
   host_to(*be, ps.norm->g, gn0);
 
-  StepContext s(*be, cfg, RoutingProfile{});
+  std::unique_ptr<Comm> comm = comm_single();
+  StepContext s(*be, cfg, RoutingProfile{}, *comm);
   s.B = 1;
   s.T = c.n;
   s.n = c.n;
@@ -118,21 +119,22 @@ HeadOut head_run(const HeadCase& c, VocabSchedule::Kind kind, bool want_logits =
   return o;
 }
 
-// Element by element: |got - want| <= rel (|want_i| + rms(want)). The rms term is the scale of the
-// summation errors (a sum's rounding is relative to the sum of its terms' magnitudes, not to the
-// result, which may cancel); rel = 1e-6 is ~8 float ulps.
+// Element by element: |got_i - want_i| <= rel max_j |want_j|, relative to the tensor's magnitude. The
+// gradients are sums whose terms cancel (softmax - onehot sums to 0 over a row), so their rounding
+// scales with the terms, not with an element that may have cancelled to almost nothing; two exact
+// evaluations in a different order differ by a few ulps of the largest terms. rel = 1e-6 is ~8 ulps.
 ::testing::AssertionResult near_rel(const std::vector<float>& got, const std::vector<float>& want, double rel,
                                     const std::string& what) {
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << want.size();
-  double ss = 0;
-  for (const float v : want) ss += static_cast<double>(v) * v;
-  const double rms = std::sqrt(ss / static_cast<double>(std::max<size_t>(want.size(), 1)));
+  double mag = 0;
+  for (const float v : want) mag = std::max(mag, std::abs(static_cast<double>(v)));
+  const double tol = rel * mag;
   for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = want[i], tol = rel * (std::abs(w) + rms);
+    const double g = got[i], w = want[i];
     if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol))
       return ::testing::AssertionFailure() << what << " at " << i << ": expected " << w << ", got " << g
-                                           << " (tolerance " << tol << ")";
+                                           << " (tolerance " << tol << " = " << rel << " x max |expected|)";
   }
   return ::testing::AssertionSuccess();
 }
@@ -266,8 +268,10 @@ TEST(RingDtp, MetaAllocatesAsCpuAndFlattensTheVocabPeak) {
   EXPECT_LT(ring, 3ull * n * 32000 * 4 / 100);  // over 99% below the full head's peak
 }
 
-// Whole-model training: 10 AdamW steps with the ring head follow the full head's losses and weights
-// within 1e-5 relative.
+// Whole-model training: 10 AdamW steps on one batch with the ring head follow the full head's losses
+// within 1e-5 relative. The weights are compared too, within 1e-4 of their magnitude: AdamW divides
+// each gradient by its own running rms, so an element whose gradient is nearly 0 moves by up to lr
+// whatever its rounding, and the last-ulp differences of the two heads show there.
 TEST(RingDtp, TrainingMatchesFullHead) {
   ModelConfig m = head_config(24, 97);
   m.num_hidden_layers = 2;
@@ -280,6 +284,7 @@ TEST(RingDtp, TrainingMatchesFullHead) {
   const int64_t steps = 10;
   OptimConfig oc;
   oc.warmup_steps = 2;
+  const Batch batch = batch_random(2, 23, m.vocab_size, 100);
   std::vector<double> losses[2];
   std::vector<std::vector<float>> weights[2];
   for (int k = 0; k < 2; ++k) {
@@ -292,17 +297,16 @@ TEST(RingDtp, TrainingMatchesFullHead) {
     AdamW opt(model.params(), *be, oc);
     for (int64_t s = 1; s <= steps; ++s) {
       model.zero_grads();
-      const StepOutputs out = model.forward_backward(batch_random(2, 23, m.vocab_size, 100 + s));
-      losses[k].push_back(out.loss);
+      losses[k].push_back(model.forward_backward(batch).loss);
       opt.step(s, steps);
     }
     for (const Param& p : model.params().all()) weights[k].push_back(to_host(*be, p.w));
   }
   for (int64_t s = 0; s < steps; ++s)
     EXPECT_NEAR(losses[1][s], losses[0][s], 1e-5 * std::abs(losses[0][s])) << "step " << s + 1;
-  EXPECT_LT(losses[0].back(), losses[0].front());  // it trains
+  EXPECT_LT(losses[0].back(), losses[0].front() - 0.1);  // it trains
   for (size_t i = 0; i < weights[0].size(); ++i)
-    EXPECT_TRUE(near_rel(weights[1][i], weights[0][i], 1e-5, "weights of parameter " + std::to_string(i)));
+    EXPECT_TRUE(near_rel(weights[1][i], weights[0][i], 1e-4, "weights of parameter " + std::to_string(i)));
 }
 
 }  // namespace fp

@@ -122,11 +122,17 @@ void expect_bitwise_equal(const TrainResult& a, const TrainResult& b, const std:
   }
 }
 
+// The plain run of the 4-layer model, 10 steps, shared by the tests that compare against it.
+const TrainResult& device_reference() {
+  static const TrainResult r = train(tiny_config(4), schedules(CkptSchedule::Kind::Kind_device), 10);
+  return r;
+}
+
 }  // namespace
 
 TEST(Sco, TenStepsBitIdenticalToDevice) {
   const ModelConfig m = tiny_config(4);
-  const TrainResult dev = train(m, schedules(CkptSchedule::Kind::Kind_device), 10);
+  const TrainResult& dev = device_reference();
   const TrainResult sco = train(m, schedules(CkptSchedule::Kind::Kind_sco), 10);
   ASSERT_TRUE(std::isfinite(dev.losses.back()));
   EXPECT_NE(dev.losses.front(), dev.losses.back());  // the weights did move
@@ -163,7 +169,7 @@ TEST(Sco, CheckpointsPeakIsTwoBoundariesWhateverTheDepth) {
 
 TEST(Sco, RandomCopyDelaysChangeNothing) {
   const ModelConfig m = tiny_config(4);
-  const TrainResult dev = train(m, schedules(CkptSchedule::Kind::Kind_device), 10);
+  const TrainResult& dev = device_reference();
   for (int rep = 0; rep < 2; ++rep) {
     const TrainResult sco = train(m, schedules(CkptSchedule::Kind::Kind_sco), 10, /*delays=*/true);
     expect_bitwise_equal(dev, sco, "sco with delayed copy streams vs device");

@@ -7,6 +7,7 @@
 // Dimensions: P parameters in all, B_max the largest bucket, S slots.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -161,7 +162,7 @@ TEST(OffloadPlan, CoversEveryElementOnceInOrderWithAlignedCuts) {
   const std::vector<int64_t> sizes = {8, 100, 3, 4096, 17, 1, 777, 64};
   int64_t total = 0;
   for (int64_t n : sizes) total += n;
-  for (int64_t bucket : {1, 5, 16, 37, 100, 1000, 5000, int64_t{1} << 20}) {
+  for (int64_t bucket : std::vector<int64_t>{1, 5, 16, 37, 100, 1000, 5000, int64_t{1} << 20}) {
     SCOPED_TRACE(::testing::Message() << "bucket_params " << bucket);
     const OffloadPlan plan = offload_plan_make(sizes, bucket);
     // Segments in order tile every parameter; buckets tile the segments.
@@ -188,7 +189,9 @@ TEST(OffloadPlan, CoversEveryElementOnceInOrderWithAlignedCuts) {
         ASSERT_GT(s.length, 0);
         // A cut inside a parameter lands on an aligned offset (buckets below the alignment excepted).
         const bool cut = s.offset + s.length < sizes[param];
-        if (cut && bucket >= kOffloadAlign) ASSERT_EQ((s.offset + s.length) % kOffloadAlign, 0) << "segment " << j;
+        if (cut && bucket >= kOffloadAlign) {
+          ASSERT_EQ((s.offset + s.length) % kOffloadAlign, 0) << "segment " << j;
+        }
         off += s.length;
         slot_off += s.length;
         seen += s.length;
@@ -198,7 +201,9 @@ TEST(OffloadPlan, CoversEveryElementOnceInOrderWithAlignedCuts) {
     EXPECT_EQ(next_segment, static_cast<int64_t>(plan.segments.size()));
     EXPECT_EQ(seen, total);
     EXPECT_EQ(plan.largest, largest);
-    if (bucket >= total) EXPECT_EQ(plan.buckets.size(), 1u);
+    if (bucket >= total) {
+      EXPECT_EQ(plan.buckets.size(), 1u);
+    }
   }
 }
 
@@ -431,7 +436,9 @@ TEST(OffloadAdamW, LedgersHoldOnlyTheStagingOnTheDevice) {
         for (const Param& p : ps.all()) sizes.push_back(p.w.numel());
       }
       const uint64_t largest = static_cast<uint64_t>(offload_plan_make(sizes, bucket).largest);
-      if (bucket >= static_cast<int64_t>(P)) EXPECT_EQ(largest, P);  // one bucket: as large as the model
+      if (bucket >= static_cast<int64_t>(P)) {
+        EXPECT_EQ(largest, P);  // one bucket: as large as the model
+      }
       EXPECT_LE(largest, static_cast<uint64_t>(bucket));
       // Device placement: S x B_max x 16 B on the device, nothing extra on the host.
       cases.push_back({stream_config("device", bucket, slots), static_cast<uint64_t>(slots) * largest * 16, 12 * P, 0});
@@ -482,23 +489,29 @@ TEST(EmulatedLink, CopiesOnTheCopyStreamsTakeBytesOverRate) {
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   const uint64_t bytes = uint64_t{8} << 20;  // 8 MiB at 1 GB/s: 8.4 ms
   std::vector<char> a(bytes, 1), b(bytes, 0);
-  auto timed = [&](Stream& s, int pieces) {
+  auto timed_once = [&](Stream& s, int pieces) {
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t piece = bytes / static_cast<uint64_t>(pieces);
     for (int i = 0; i < pieces; ++i) be->copy_async(s, b.data() + i * piece, a.data() + i * piece, piece);
     s.synchronize();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  // Upper bounds are checked on the fastest of a few tries: a loaded machine only slows things down.
+  auto timed = [&](Stream& s, int pieces) {
+    double best = timed_once(s, pieces);
+    for (int r = 0; r < 4; ++r) best = std::min(best, timed_once(s, pieces));
+    return best;
+  };
   const double link_s = static_cast<double>(bytes) / 1e9;
   be->link_set_gbps(1.0);
+  EXPECT_EQ(be->link_gbps(), 1.0);
   for (Stream* s : {&be->h2d_stream(), &be->d2h_stream()}) {
     SCOPED_TRACE(s->name());
-    EXPECT_GE(timed(*s, 1), link_s);
-    // 256 back-to-back pieces: the link clock carries over, so one sleep's overshoot is not paid 256
-    // times (each would add ~0.1 ms: +3x).
-    const double many = timed(*s, 256);
-    EXPECT_GE(many, link_s);
-    EXPECT_LT(many, 1.6 * link_s);
+    EXPECT_GE(timed_once(*s, 1), link_s);
+    // 256 back-to-back pieces of 33 us each: the link clock carries over, so a sleep's overshoot
+    // (~60 us here) is not paid once per piece (that would be ~2.8x).
+    EXPECT_GE(timed_once(*s, 256), link_s);
+    EXPECT_LT(timed(*s, 256), 1.8 * link_s);
   }
   EXPECT_EQ(b, a);
   // The compute stream (device to device) never crosses the link; off again means plain copies.

@@ -28,10 +28,11 @@ void CpuBackend::copy_async(Stream& s, void* dst, const void* src, uint64_t byte
     constexpr auto kBackToBack = std::chrono::microseconds(200);
     const Clock::time_point now = Clock::now();
     const Clock::time_point start = now - *link_free < kBackToBack ? *link_free : now;
-    const Clock::time_point end = start + link_time;
     std::memcpy(dst, src, bytes);
+    // A memcpy slower than the link holds it for as long as the memcpy took.
+    const Clock::time_point end = start + std::max(link_time, Clock::now() - now);
+    *link_free = end;
     std::this_thread::sleep_until(end);
-    *link_free = std::max(end, Clock::now());  // a memcpy slower than the link holds it longer
   });
 }
 

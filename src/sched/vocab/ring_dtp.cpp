@@ -14,9 +14,9 @@
 //   dxn_blk (n_blk, H) = strip W                                    GEMM 2
 //   dW (V, H) += strip^T xn_blk                                     GEMM 3
 // Three GEMMs like the full variant, nothing recomputed. dW accumulates in fp32 block after block in
-// token order, and every other reduction has a fixed order (ops/online_lse.h, BLAS splitting only
-// output rows/columns across threads), so the results are bitwise reproducible across runs and thread
-// counts. The working set (one strip and the state) is reserved once when the head starts and is the
+// token order, the GEMMs cut their outputs into a fixed grid of tiles (ops/gemm_tiled.h: OpenBLAS's
+// own threading changes the bits with the thread count), and every other reduction has a fixed order
+// (ops/online_lse.h, rmsnorm), so the results are bitwise reproducible across runs and thread counts. The working set (one strip and the state) is reserved once when the head starts and is the
 // same on the meta backend, so meta peaks are exact (ring_dtp_vocab_bytes).
 //
 // Note [Ring-DTP on P ranks] (not yet: it needs the comm layer): the kernels already take a shard
@@ -72,7 +72,7 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
     float* m_blk = ptr_at(m.f32(), t0);                     // (rows)
     double* z_blk = ptr_at(z.f64(), t0);                    // (rows)
     float* y_blk = ptr_at(y.f32(), t0);                     // (rows)
-    linear_forward(be, x_blk, W, strip.f32(), rows, H, V);  // strip (rows, V)
+    K.gemm_tiled(false, true, rows, V, H, 1.0f, x_blk, H, W, H, 0.0f, strip.f32(), V);  // strip (rows, V)
     if (logits_out != nullptr && be.computes())
       be.copy_to_host(logits_out->data() + t0 * V, strip.data(), static_cast<uint64_t>(rows * V) * sizeof(float));
     for (int64_t c0 = 0; c0 < V; c0 += kRingVocabSubBlock) {
@@ -81,8 +81,8 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
     }
     if (!backward) continue;
     K.online_lse_backward(strip.f32(), V, tgt_blk, rows, 0, V, m_blk, z_blk, scale);
-    linear_backward_input(be, strip.f32(), W, ptr_at(dxn.f32(), t0 * H), rows, H, V);
-    linear_backward_weight(be, strip.f32(), x_blk, ps.lm_head->g.f32(), rows, H, V);
+    K.gemm_tiled(false, false, rows, H, V, 1.0f, strip.f32(), V, W, H, 0.0f, ptr_at(dxn.f32(), t0 * H), H);
+    K.gemm_tiled(true, false, V, H, rows, 1.0f, strip.f32(), V, x_blk, H, 1.0f, ps.lm_head->g.f32(), H);
   }
 
   HeadResult r;

@@ -1,0 +1,26 @@
+// The planner's reports: JSON (flatpeak plan --json) and a text table (the CLI's stdout).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "plan/plan.h"
+
+namespace fp::plan {
+
+// What a category's number is: "exact (validated against meta)" or "predicted, not yet validated
+// against meta" (Note [Which plans are validated] in plan.cpp).
+std::string category_status(const Result& r, Category c);
+
+// Every per-category peak with its status and formula, the step peak, binding category, host memory,
+// layout, dtypes, schedules, what is predicted, and the model's notes. Bytes are integers.
+nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& r);
+// {"max_context": T, "max_context_str": "128K", "max_pow2": .., "capped": .., "step_peak_at_max": ..,
+//  "binding_at_max": "..", "schedule": {...}}; max_context 0 when nothing fits.
+nlohmann::ordered_json reach_json(const Reach& r);
+
+// The human report: one line per category (peak, bytes at the step peak, status), the step peak
+// against the device memory, the binding category and the host memory needed.
+std::string plan_table(const Model& m, const Input& in, const Result& r);
+
+}  // namespace fp::plan

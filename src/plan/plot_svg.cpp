@@ -1,0 +1,187 @@
+// Plain SVG of per-category peaks against the context length (plot_svg.h).
+#include "plan/plot_svg.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace fp::plan {
+
+namespace {
+
+// One colour per category (kAllCategories order), then the step peak in black.
+constexpr const char* kColors[kNumCategories] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += ch;
+    }
+  }
+  return out;
+}
+
+std::string si_bytes(double b) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB", "EB"};
+  int u = 0;
+  while (b >= 1000.0 && u < 6) {
+    b /= 1000.0;
+    ++u;
+  }
+  return fmt::format("{:g} {}", std::round(b), units[u]);
+}
+
+struct Frame {
+  double x0, y0, w, h;       // plot area in pixels (y0 top)
+  double lx0, lx1, ly0, ly1; // log2 T range, log10 bytes range
+  double px(double t) const { return x0 + (std::log2(t) - lx0) / (lx1 - lx0) * w; }
+  double py(double bytes) const {
+    const double l = std::clamp(std::log10(bytes), ly0, ly1);
+    return y0 + h - (l - ly0) / (ly1 - ly0) * h;
+  }
+};
+
+// A series as polylines, broken where the value is 0 (no point on a log axis).
+std::string series_svg(const Frame& f, const std::vector<int64_t>& t, const std::vector<uint64_t>& v,
+                       const std::string& color, double width, const std::string& dash) {
+  std::string out, pts;
+  auto flush = [&] {
+    if (!pts.empty())
+      out += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"{}\"{} points=\"{}\"/>\n", color, width,
+                         dash.empty() ? "" : " stroke-dasharray=\"" + dash + "\"", pts);
+    pts.clear();
+  };
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (v[i] == 0) {
+      flush();
+      continue;
+    }
+    pts += fmt::format("{:.1f},{:.1f} ", f.px(static_cast<double>(t[i])), f.py(static_cast<double>(v[i])));
+  }
+  flush();
+  return out;
+}
+
+}  // namespace
+
+std::string peaks_plot_svg(const std::string& title, const std::vector<PlotPanel>& panels, uint64_t device_mem) {
+  FP_ASSERT(!panels.empty());
+  const double pw = 460, ph = 340, left = 80, top = 60, gap = 110;
+  const double width = left + panels.size() * pw + (panels.size() - 1) * gap + 40, height = top + ph + 150;
+  // Shared axes over every panel.
+  int64_t tmin = INT64_MAX, tmax = 0;
+  double bmin = 1e300, bmax = 1;
+  for (const PlotPanel& p : panels)
+    for (size_t i = 0; i < p.contexts.size(); ++i) {
+      tmin = std::min(tmin, p.contexts[i]);
+      tmax = std::max(tmax, p.contexts[i]);
+      const Result& r = p.results[i];
+      bmax = std::max(bmax, static_cast<double>(r.step_peak));
+      for (uint64_t b : r.peak)
+        if (b > 0) bmin = std::min(bmin, static_cast<double>(b));
+    }
+  if (tmax == 0) tmin = tmax = 1;
+  if (device_mem != kUnlimitedBytes) bmax = std::max(bmax, static_cast<double>(device_mem));
+  bmin = std::max(bmin, bmax / 1e8);  // eight decades at most: tiny workspaces sit on the floor
+  Frame f{0, top, pw, ph, std::log2(static_cast<double>(tmin)), std::log2(static_cast<double>(tmax)),
+          std::floor(std::log10(bmin)), std::ceil(std::log10(bmax))};
+  if (f.lx1 <= f.lx0) f.lx1 = f.lx0 + 1;
+  if (f.ly1 <= f.ly0) f.ly1 = f.ly0 + 1;
+
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" viewBox=\"0 0 {0:.0f} {1:.0f}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{2:.0f}\" y=\"24\" font-size=\"16\" text-anchor=\"middle\">{3}</text>\n",
+      width, height, width / 2, xml_escape(title));
+  for (size_t p = 0; p < panels.size(); ++p) {
+    const PlotPanel& panel = panels[p];
+    f.x0 = left + p * (pw + gap);
+    s += fmt::format("<g>\n<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"14\" text-anchor=\"middle\">{}</text>\n",
+                     f.x0 + pw / 2, top - 10, xml_escape(panel.title));
+    s += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" stroke=\"#333\"/>\n",
+                     f.x0, f.y0, pw, ph);
+    for (double l = f.ly0; l <= f.ly1 + 1e-9; l += 1) {  // decades
+      const double y = f.py(std::pow(10.0, l));
+      s += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", f.x0, y,
+                       f.x0 + pw, y);
+      s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", f.x0 - 6, y + 4,
+                       si_bytes(std::pow(10.0, l)));
+    }
+    for (double l = std::ceil(f.lx0); l <= f.lx1 + 1e-9; l += 1) {  // powers of two of T
+      const double x = f.px(std::pow(2.0, l));
+      s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.0f}\" x2=\"{:.1f}\" y2=\"{:.0f}\" stroke=\"#eee\"/>\n", x, f.y0, x,
+                       f.y0 + ph);
+      if (static_cast<int64_t>(l) % 2 == 0 || f.lx1 - f.lx0 <= 8)
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{:.0f}\" text-anchor=\"middle\">{}</text>\n", x, f.y0 + ph + 16,
+                         context_format(static_cast<int64_t>(std::llround(std::pow(2.0, l)))));
+    }
+    s += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" text-anchor=\"middle\">context length T (tokens)</text>\n",
+                     f.x0 + pw / 2, f.y0 + ph + 36);
+    if (p == 0)
+      s += fmt::format("<text transform=\"translate({:.0f},{:.0f}) rotate(-90)\" text-anchor=\"middle\">peak per rank "
+                       "(bytes, log)</text>\n",
+                       f.x0 - 62, f.y0 + ph / 2);
+    if (device_mem != kUnlimitedBytes) {
+      const double y = f.py(static_cast<double>(device_mem));
+      s += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"red\" "
+                       "stroke-dasharray=\"6,4\"/>\n",
+                       f.x0, y, f.x0 + pw, y);
+    }
+    for (Category cat : kAllCategories) {
+      std::vector<uint64_t> v;
+      for (const Result& r : panel.results) v.push_back(r.peak[static_cast<int>(cat)]);
+      s += series_svg(f, panel.contexts, v, kColors[static_cast<int>(cat)], 1.6, "");
+    }
+    std::vector<uint64_t> total;
+    for (const Result& r : panel.results) total.push_back(r.step_peak);
+    s += series_svg(f, panel.contexts, total, "black", 3, "");
+    s += "</g>\n";
+  }
+  // Legend under the panels.
+  double lx = left, ly = top + ph + 70;
+  auto entry = [&](const std::string& label, const std::string& color, double w, const std::string& dash) {
+    s += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"{}\" stroke-width=\"{}\"{}/>\n",
+                     lx, ly, lx + 22, ly, color, w, dash.empty() ? "" : " stroke-dasharray=\"" + dash + "\"");
+    s += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n", lx + 27, ly + 4, xml_escape(label));
+    lx += 130;
+    if (lx + 130 > width) {
+      lx = left;
+      ly += 20;
+    }
+  };
+  for (Category cat : kAllCategories) entry(std::string(category_name(cat)), kColors[static_cast<int>(cat)], 1.6, "");
+  entry("step peak", "black", 3, "");
+  if (device_mem != kUnlimitedBytes) entry("device memory " + si_bytes(static_cast<double>(device_mem)), "red", 1, "6,4");
+  s += "</svg>\n";
+  return s;
+}
+
+std::vector<PlotPanel> peaks_plot_panels(const Input& in, int lo_log2, int hi_log2) {
+  std::vector<PlotPanel> panels(2);
+  panels[0].title = "baseline";
+  panels[1].title = "flatpeak (PipelinedLLEP + Ring-DTP + SCO + OffloadStreamAdamW)";
+  for (size_t p = 0; p < panels.size(); ++p) {
+    Input x = in;
+    if (p == 0)
+      schedules_set_baseline(x.settings.sched);
+    else
+      schedules_set_flatpeak(x.settings.sched);
+    const int64_t cp = x.settings.layout.cp > 0 ? x.settings.layout.cp : x.settings.layout.ranks;
+    for (int l = lo_log2; l <= hi_log2; ++l) {
+      x.context = int64_t{1} << l;
+      if (x.context * x.settings.layout.batch < cp) continue;
+      panels[p].contexts.push_back(x.context);
+      panels[p].results.push_back(plan_step(x));
+    }
+  }
+  return panels;
+}
+
+}  // namespace fp::plan

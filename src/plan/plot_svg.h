@@ -1,0 +1,27 @@
+// flatpeak plan --plot: the peak of every category and the step's peak against the context length,
+// baseline and flatpeak side by side, as plain SVG text (no dependency).
+// Axes: x log2 of the context T, y log10 of bytes per rank; a dashed line at the device memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+
+namespace fp::plan {
+
+struct PlotPanel {
+  std::string title;              // e.g. "baseline"
+  std::vector<int64_t> contexts;  // T of each point, ascending
+  std::vector<Result> results;    // the plan at each T (same length)
+};
+
+// An SVG document (UTF-8 text). device_mem kUnlimitedBytes: no capacity line.
+std::string peaks_plot_svg(const std::string& title, const std::vector<PlotPanel>& panels, uint64_t device_mem);
+
+// Plans of `in` at T = 2^lo .. 2^hi (T below the context-parallel degree skipped) with the panel's
+// schedules: one panel per schedule family set (baseline, flatpeak).
+std::vector<PlotPanel> peaks_plot_panels(const Input& in, int lo_log2, int hi_log2);
+
+}  // namespace fp::plan
