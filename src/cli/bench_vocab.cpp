@@ -315,7 +315,8 @@ int bench_vocab_run(const VocabBenchOptions& o) {
              "the ring head disagrees with the full head");
     ratios["seconds_ring_over_full"] = median(ring.seconds) / median(full.seconds);
   }
-  fmt::print("| variant | device peak | vocab peak | fwd+bwd s (median of {}) |\n|---|---|---|---|\n", o.repeats);
+  fmt::print("| variant | device peak | vocab peak | fwd+bwd s {} |\n|---|---|---|---|\n",
+             timed ? fmt::format("(median of {})", o.repeats) : std::string("(meta: not computed)"));
   auto row = [&](const char* name, const Variant& r) {
     fmt::print("| {} | {} | {} | {} |\n", name, bytes_format(r.peak_bytes), bytes_format(r.vocab_peak_bytes),
                timed ? fmt::format("{:.3f}", median(r.seconds)) : std::string("-"));

@@ -76,7 +76,7 @@ void label(const Input& in, Result& r) {
   f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco ? "2 x N x H x a (+ boundaries beyond the host budget)"
                                                         : "L x N x H x a";
   if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
-    f[static_cast<int>(kDisp)] = "2 x E_p x k x c_eff x H x a (+ one chunk's y) + 2 x N k x 4 ids";
+    f[static_cast<int>(kDisp)] = "2 x E_p x k x c_eff x H x a (a chunk's received rows and their outputs) + 2 x N k x 4 ids";
   else
     f[static_cast<int>(kDisp)] = multi ? "2 x N k x 4 ids + recompute: R x H (xs) + N k x H (ys) + N k x H (dys) x a, "
                                          "R = routes the hottest rank receives"

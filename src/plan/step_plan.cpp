@@ -268,26 +268,27 @@ void moe_backward_standard(Step& s, MoeIds& a) {
 }
 
 // Predicted (PipelinedLLEP, DESIGN.md): each source sends at most c_eff tokens per chunk, so an
-// expert side holds at most rows_chunk = E_p * k * c_eff rows per chunk; two chunks are in flight
-// (chunk i computes while i+1 is dispatched): dispatch <= 2 * E_p * k * c_eff * H * bytes. The
-// backward recomputes the experts chunk by chunk, so the layer keeps only the token side.
+// expert side holds at most rows_chunk = E_p * k * c_eff rows per chunk, and a chunk's buffers are
+// released before the next chunk allocates: the received rows and their expert outputs,
+// dispatch <= 2 * E_p * k * c_eff * H * bytes. The backward recomputes the experts chunk by chunk,
+// so the layer keeps only the token side.
 void chunk_expert_forward(Step& s, bool for_backward) {
   PeakReplay& d = s.d;
   const int64_t H = s.H, I = s.I, rc = s.rows_chunk;
-  Id recv = d.alloc(kDisp, 2 * s.act(rc * H), "llep.recv2");  // 2 x (rc, H)
+  Id recv = d.alloc(kDisp, s.act(rc * H), "llep.recv");  // (rc, H)
   Id g = d.alloc(kAct, s.act(rc * I), "llep.g");
   Id u = d.alloc(kAct, s.act(rc * I), "llep.u");
   Id act = d.alloc(kAct, s.act(rc * I), "llep.act");
   if (!for_backward) {
     d.free(g);
     d.free(u);
-    Id ys = d.alloc(kDisp, s.act(rc * H), "llep.ys");
+    Id ys = d.alloc(kDisp, s.act(rc * H), "llep.ys");  // (rc, H)
     d.free(act);
-    d.free(ys);
     d.free(recv);
+    d.free(ys);
     return;
   }
-  Id dys = d.alloc(kDisp, s.act(rc * H), "llep.dys");
+  Id dys = d.alloc(kDisp, s.act(rc * H), "llep.dys");  // (rc, H) received output gradients
   Id dact = d.alloc(kAct, s.act(rc * I), "llep.dact");
   d.free(dys);
   d.free(act);
@@ -296,7 +297,7 @@ void chunk_expert_forward(Step& s, bool for_backward) {
   d.free(dact);
   d.free(g);
   d.free(u);
-  Id dxs = d.alloc(kDisp, s.act(rc * H), "llep.dxs");
+  Id dxs = d.alloc(kDisp, s.act(rc * H), "llep.dxs");  // (rc, H) input gradients going back
   d.free(dg);
   d.free(du);
   d.free(recv);

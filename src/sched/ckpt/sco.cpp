@@ -2,6 +2,7 @@
 #include "sched/ckpt/sco.h"
 
 #include <fmt/format.h>
+#include <algorithm>
 
 #include "core/error.h"
 

@@ -1,0 +1,375 @@
+// The planner alone (no backend): settings, model files, routing counts, the closed forms of the
+// plain schedules, the multi-rank and flattened predictions, the reach search and the SVG.
+// Its agreement with meta runs is tests/model/test_plan_vs_meta.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/routing.h"
+#include "plan/model_file.h"
+#include "plan/plan.h"
+#include "plan/plan_json.h"
+#include "plan/plot_svg.h"
+#include "plan/routing_counts.h"
+
+namespace fp::plan {
+
+namespace {
+
+constexpr Category kParams = Category::Category_params;
+constexpr Category kGrads = Category::Category_grads;
+constexpr Category kOpt = Category::Category_optimizer;
+constexpr Category kCkpt = Category::Category_checkpoints;
+constexpr Category kDisp = Category::Category_dispatch;
+constexpr Category kVocab = Category::Category_vocab;
+constexpr Category kWs = Category::Category_workspace;
+
+uint64_t at(const CategoryBytes& b, Category c) { return b[static_cast<int>(c)]; }
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.hidden_size = 64;
+  m.num_hidden_layers = 3;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 16;
+  m.num_experts = 8;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 48;
+  m.vocab_size = 1000;
+  m.router_aux_loss_coef = 0.01;
+  return m;
+}
+
+Input input(const ModelConfig& m, int64_t T, std::initializer_list<const char*> items = {}) {
+  Input in;
+  in.model = m;
+  in.context = T;
+  for (const char* it : items) settings_apply(in.settings, it);
+  return in;
+}
+
+std::string source_path(const std::string& rel) { return std::string(FLATPEAK_SOURCE_DIR) + "/" + rel; }
+
+}  // namespace
+
+TEST(PlanSettings, PresetsAndKeys) {
+  Settings s;
+  EXPECT_EQ(s.sched.vocab, Vocab::Vocab_full);
+  EXPECT_EQ(s.sched.optim, Optim::Optim_auto);
+  EXPECT_EQ(s.dtypes.weights, DType::DType_BF16);
+  EXPECT_EQ(s.dtypes.master, DType::DType_F32);
+  settings_apply(s, "flatpeak");
+  EXPECT_EQ(s.sched.dispatch, Dispatch::Dispatch_pipelined_llep);
+  EXPECT_EQ(s.sched.vocab, Vocab::Vocab_ring);
+  EXPECT_EQ(s.sched.ckpt, Ckpt::Ckpt_sco);
+  EXPECT_EQ(s.sched.optim, Optim::Optim_offload_stream);
+  settings_apply(s, "vocab=full");
+  EXPECT_EQ(s.sched.vocab, Vocab::Vocab_full);
+  settings_apply(s, "baseline");
+  EXPECT_EQ(s.sched.dispatch, Dispatch::Dispatch_standard);
+  settings_apply(s, "dtype=f32");
+  EXPECT_EQ(s.dtypes.weights, DType::DType_F32);
+  EXPECT_EQ(s.dtypes.activations, DType::DType_F32);
+  settings_apply(s, "dtype.activations=bf16");
+  EXPECT_EQ(s.dtypes.activations, DType::DType_BF16);
+  EXPECT_EQ(s.dtypes.grads, DType::DType_F32);
+  settings_apply(s, "routing=hot:0.9:16");
+  EXPECT_EQ(s.routing.kind, RoutingProfile::Kind::Kind_hot);
+  settings_apply(s, "cp=4");
+  settings_apply(s, "ckpt_host_budget=1GiB");
+  EXPECT_EQ(s.layout.cp, 4);
+  EXPECT_EQ(s.sched.ckpt_host_budget, uint64_t{1} << 30);
+  settings_apply(s, "update_on=host");
+  EXPECT_TRUE(s.sched.update_on_host);
+  for (const char* bad : {"vocab=rings", "nokey", "=3", "frobnicate=1", "slots=0", "slots=two", "routing=router",
+                          "routing=hot:2:3", "dtype=f8", "ring_mode=sideways"}) {
+    Settings t;
+    EXPECT_THROW(settings_apply(t, bad), Error) << bad;
+  }
+  try {
+    settings_apply(s, "vocab=rings");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("full|ring"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("dispatch="), std::string::npos);
+  }
+}
+
+TEST(PlanSettings, ContextLengths) {
+  EXPECT_EQ(context_parse("1M"), 1 << 20);
+  EXPECT_EQ(context_parse("128K"), 1 << 17);
+  EXPECT_EQ(context_parse("1000"), 1000);
+  for (const char* bad : {"", "M", "1.5M", "-3", "0", "12Q"}) EXPECT_THROW(context_parse(bad), Error) << bad;
+  EXPECT_EQ(context_format(1 << 20), "1M");
+  EXPECT_EQ(context_format(3 << 17), "384K");
+  EXPECT_EQ(context_format(1000), "1000");
+}
+
+// The closed-form counts equal the profile's own assignment, token by token.
+TEST(PlanRouting, CountsEqualTheProfileAssignment) {
+  for (const char* prof : {"balanced", "hot:0.9:4", "hot:0.5:3", "hot:1:2", "hot:0:5", "hot:0.37:6"})
+    for (int64_t N : {1, 7, 64, 1000})
+      for (auto [k, E] : {std::pair<int64_t, int64_t>{2, 8}, {1, 5}, {3, 12}, {2, 7}}) {
+        const RoutingProfile p = routing_profile_parse(prof);
+        if (p.kind == RoutingProfile::Kind::Kind_hot && (p.hot_experts < k || E - p.hot_experts < k)) continue;
+        std::vector<int32_t> idx(static_cast<size_t>(N * k));
+        routing_profile_assign(p, N, k, E, idx.data());
+        std::vector<int64_t> want(static_cast<size_t>(E), 0);
+        for (int32_t e : idx) ++want[e];
+        EXPECT_EQ(routing_counts(p, N, k, E), want) << prof << " N " << N << " k " << k << " E " << E;
+      }
+}
+
+TEST(PlanRouting, HottestRankReceives) {
+  // balanced: every rank receives about N k; with E a multiple of ep exactly N k when E | N.
+  EXPECT_EQ(routes_received_max(routing_profile_parse("balanced"), 64, 2, 8, 4), 64 * 2);
+  // hot:1:2 with k = 2: every token sends slot 0 to expert 0 and slot 1 to expert 1, both on rank 0
+  // (4 experts per rank): rank 0 receives every route of every rank.
+  EXPECT_EQ(routes_received_max(routing_profile_parse("hot:1:2"), 100, 2, 16, 4), 4 * 100 * 2);
+  EXPECT_THROW(routing_counts(RoutingProfile{}, 10, 2, 8), Error);
+}
+
+// One rank, plain schedules: the closed forms DESIGN.md and the Notes state.
+TEST(PlanOneRank, ClosedFormsOfThePlainSchedules) {
+  const ModelConfig m = small_model();
+  const int64_t T = 512, B = 2, N = T * B, H = m.hidden_size, L = m.num_hidden_layers, V = m.vocab_size,
+                E = m.num_experts, k = m.num_experts_per_tok, P = m.param_count();
+  const Result r = plan_step(input(m, T, {"batch=2", "optim=device"}));  // bf16 weights, grads, activations
+  EXPECT_EQ(r.sizes.tokens, N);
+  EXPECT_EQ(at(r.peak, kParams), static_cast<uint64_t>(P) * 2);
+  EXPECT_EQ(at(r.peak, kGrads), static_cast<uint64_t>(P) * 2);
+  EXPECT_EQ(at(r.peak, kOpt), static_cast<uint64_t>(P) * 12);  // fp32 master + m + v
+  EXPECT_EQ(at(r.peak, kCkpt), static_cast<uint64_t>(L * N * H) * 2);
+  EXPECT_EQ(at(r.peak, kVocab), static_cast<uint64_t>(3 * N * V) * 4);  // fp32 logits, log-softmax, grad
+  EXPECT_EQ(at(r.peak, kDisp), static_cast<uint64_t>(2 * N * k) * 4 + static_cast<uint64_t>(3 * N * k * H) * 2);
+  EXPECT_EQ(at(r.peak, kWs), 4 + 4 * static_cast<uint64_t>(E) + 4 * static_cast<uint64_t>(N) + 4);
+  EXPECT_EQ(at(r.peak, Category::Category_comm), 0u);
+  for (bool v : r.validated) EXPECT_TRUE(v);
+  EXPECT_TRUE(r.predicted.empty());
+  // The step peak is a simultaneous maximum: at least every persistent category plus the largest
+  // transient one, at most the sum of all peaks.
+  uint64_t sum = 0;
+  for (uint64_t b : r.peak) sum += b;
+  EXPECT_LE(r.step_peak, sum);
+  EXPECT_GE(r.step_peak, at(r.peak, kParams) + at(r.peak, kGrads) + at(r.peak, kOpt) + at(r.peak, kVocab));
+  uint64_t at_sum = 0;
+  for (uint64_t b : r.at_peak) at_sum += b;
+  EXPECT_EQ(at_sum, r.step_peak);
+  EXPECT_EQ(r.binding, kVocab);  // 3 x N x V fp32 dominates this small model
+  EXPECT_EQ(r.peak_tag, "head.dlogits");
+  // f32 weights: no separate master copy.
+  EXPECT_EQ(at(plan_step(input(m, T, {"dtype=f32", "optim=device"})).peak, kOpt), static_cast<uint64_t>(P) * 8);
+}
+
+TEST(PlanOneRank, PeaksGrowWithTheContext) {
+  const ModelConfig m = small_model();
+  for (const char* sched : {"baseline", "flatpeak"}) {
+    uint64_t prev = 0;
+    for (int64_t T = 16; T <= (1 << 16); T *= 2) {
+      const Result r = plan_step(input(m, T, {sched}));
+      EXPECT_GE(r.step_peak, prev) << sched << " T " << T;
+      prev = r.step_peak;
+    }
+  }
+}
+
+TEST(PlanOneRank, FlattenedSchedulesBoundTheirCategories) {
+  const ModelConfig m = small_model();
+  const int64_t T = 1 << 15, H = m.hidden_size;
+  const Result base = plan_step(input(m, T, {"baseline", "optim=device"}));
+  const Result flat = plan_step(input(m, T, {"vocab=ring", "ckpt=sco", "optim=offload_stream"}));
+  // SCO: the last boundary stays and one more is in flight or restored: 2 x N x H.
+  EXPECT_EQ(at(flat.peak, kCkpt), static_cast<uint64_t>(2 * T * H) * 2);
+  EXPECT_EQ(flat.sizes.boundaries_offloaded, m.num_hidden_layers - 1);
+  // Ring-DTP on one rank: one (n_blk, V) strip plus 16 B of online state per token.
+  EXPECT_EQ(at(flat.peak, kVocab), static_cast<uint64_t>(1024 * m.vocab_size) * 4 + 16 * static_cast<uint64_t>(T));
+  // OffloadStream: S x B_max x 16 on the device; the state (12 B per parameter) on the host.
+  EXPECT_EQ(at(flat.peak, kOpt), 2 * static_cast<uint64_t>(flat.sizes.bucket_largest) * 16);
+  EXPECT_EQ(at(flat.host_peak, kOpt), static_cast<uint64_t>(m.param_count()) * 12 +
+                                          0 /* update on the device: no host slots */);
+  EXPECT_EQ(at(flat.host_peak, kCkpt), static_cast<uint64_t>((m.num_hidden_layers - 1) * T * H) * 2);
+  EXPECT_LT(flat.step_peak, base.step_peak);
+  EXPECT_TRUE(flat.predicted.empty());  // all three are validated on one rank
+}
+
+TEST(PlanOneRank, AutoOptimizerOffloadsWhenTheDeviceOneDoesNotFit) {
+  const ModelConfig m = small_model();
+  Input in = input(m, 64);
+  const Result dev = plan_step(input(m, 64, {"optim=device"}));
+  const Result off = plan_step(input(m, 64, {"optim=offload_serial"}));
+  ASSERT_LT(off.step_peak, dev.step_peak);
+  in.device_mem = dev.step_peak;
+  EXPECT_EQ(plan_step(in).sched.optim, Optim::Optim_device);
+  in.device_mem = dev.step_peak - 1;
+  const Result r = plan_step(in);
+  EXPECT_EQ(r.sched.optim, Optim::Optim_offload_serial);
+  EXPECT_TRUE(r.fits());
+  EXPECT_EQ(r.host_needed, static_cast<uint64_t>(m.param_count()) * (12 + 2));  // state + bf16 gradient copy
+}
+
+TEST(PlanMultiRank, ShardsAndPredictions) {
+  const ModelConfig m = small_model();
+  const int64_t W = 4, T = 4096;
+  const Result r = plan_step(input(m, T, {"optim=device"}), nullptr, nullptr);
+  Input in = input(m, T, {"optim=device"});
+  in.settings.layout.ranks = W;
+  const Result mr = plan_step(in);
+  EXPECT_EQ(mr.sizes.tokens, T / W);
+  EXPECT_EQ(mr.sizes.ep, 4);
+  EXPECT_EQ(mr.sizes.params_per_rank, (m.param_count() + W - 1) / W);
+  // params: the shard plus the largest gathered unit (here the LM head, V x H + H, in the head).
+  EXPECT_EQ(at(mr.peak, kParams),
+            static_cast<uint64_t>(mr.sizes.params_per_rank) * 2 + static_cast<uint64_t>(m.vocab_size * 64 + 64) * 2);
+  EXPECT_LT(mr.step_peak, r.step_peak);
+  for (bool v : mr.validated) EXPECT_FALSE(v);
+  ASSERT_FALSE(mr.predicted.empty());
+  EXPECT_NE(mr.predicted[0].find("W > 1"), std::string::npos);
+  // a hot profile sends more routes to the hottest rank than the balanced one
+  settings_apply(in.settings, "routing=hot:0.9:2");
+  const Result hot = plan_step(in);
+  EXPECT_GT(hot.sizes.routes_received, mr.sizes.routes_received);
+  EXPECT_GT(at(hot.peak, kDisp), at(mr.peak, kDisp));
+  // PipelinedLLEP bounds dispatch whatever the skew: 2 x E_p x k x c_eff x H x a (+ the 2 x m ids).
+  settings_apply(in.settings, "dispatch=pipelined_llep");
+  settings_apply(in.settings, "chunk_tokens=128");
+  const Result llep = plan_step(in);
+  EXPECT_EQ(llep.sizes.chunk_tokens, 128);
+  EXPECT_EQ(llep.sizes.chunks, T / W / 128);
+  EXPECT_EQ(at(llep.peak, kDisp), 2 * static_cast<uint64_t>(W * 2 * 128 * 64) * 2 + 8 * static_cast<uint64_t>(T / W * 2));
+  settings_apply(in.settings, "routing=balanced");
+  EXPECT_EQ(at(plan_step(in).peak, kDisp), at(llep.peak, kDisp));
+  // Errors: ep must divide E and W, cp must divide W.
+  Input bad = input(m, T, {"ep=3"});
+  bad.settings.layout.ranks = 6;
+  EXPECT_THROW(plan_step(bad), Error);
+  bad = input(m, T, {"cp=3"});
+  bad.settings.layout.ranks = 4;
+  EXPECT_THROW(plan_step(bad), Error);
+}
+
+TEST(PlanReach, LargestContextThatFits) {
+  const ModelConfig m = small_model();
+  for (const char* sched : {"baseline", "flatpeak"}) {
+    Input in = input(m, 1, {sched});
+    in.device_mem = 256ull << 20;
+    const Reach r = plan_reach(in);
+    ASSERT_GT(r.max_context, 0) << sched;
+    EXPECT_FALSE(r.capped);
+    in.context = r.max_context;
+    EXPECT_TRUE(plan_step(in).fits()) << sched;
+    in.context = r.max_context + 1;
+    EXPECT_FALSE(plan_step(in).fits()) << sched;
+    in.context = r.max_pow2;
+    EXPECT_TRUE(plan_step(in).fits());
+    EXPECT_GT(2 * r.max_pow2, r.max_context);
+  }
+  Input in = input(m, 1, {"baseline"});
+  in.device_mem = 1000;  // not even the parameters
+  EXPECT_EQ(plan_reach(in).max_context, 0);
+  in.device_mem = kUnlimitedBytes;
+  EXPECT_TRUE(plan_reach(in, 1 << 14).capped);
+  // flatpeak reaches further than the baseline
+  Input b = input(m, 1, {"baseline"}), f = input(m, 1, {"flatpeak"});
+  b.device_mem = f.device_mem = 64ull << 20;
+  EXPECT_GT(plan_reach(f).max_context, 2 * plan_reach(b).max_context);
+}
+
+TEST(PlanModelFile, HuggingFaceConfigs) {
+  const Model q = model_from_hf_json(
+      R"({"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+          "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+          "intermediate_size": 6144, "vocab_size": 151936, "model_type": "qwen3_moe"})",
+      "qwen3-30b.json");
+  EXPECT_EQ(q.cfg.moe_intermediate_size, 768);  // the expert width, not the dense one
+  EXPECT_EQ(q.cfg.head_dim, 128);
+  EXPECT_NEAR(static_cast<double>(q.cfg.param_count()) / 1e9, 30.5, 0.5);
+  EXPECT_TRUE(q.notes.empty());
+  const Model mx = model_from_hf_json(
+      R"({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 14336, "vocab_size": 32000,
+          "model_type": "mixtral", "sliding_window": null})",
+      "mixtral.json");
+  EXPECT_EQ(mx.cfg.head_dim, 128);  // hidden / heads
+  EXPECT_EQ(mx.cfg.moe_intermediate_size, 14336);
+  EXPECT_NEAR(static_cast<double>(mx.cfg.param_count()) / 1e9, 46.7, 0.2);
+  try {
+    model_from_hf_json(R"({"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 10,
+                           "num_experts_per_tok": 1, "intermediate_size": 4})",
+                       "x.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_local_experts"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model_from_hf_json("{not json", "y.json"), Error);
+}
+
+TEST(PlanModelFile, PresetsLoad) {
+  struct Want {
+    const char* file;
+    double params_b;  // published total, billions
+    double tol;       // relative
+  };
+  // Paper: about 120 / 241 / 667 B. gpt-oss-120b 116.8 B, Qwen3-235B 235 B, Mixtral-8x22B 141 B; DeepSeek-V3
+  // 671 B, planned with its 3 dense layers as MoE layers and MLA as GQA (said in its notes): +4%.
+  for (const Want& w : {Want{"configs/models/paper-7l.toml", 120, 0.03}, Want{"configs/models/paper-14l.toml", 241, 0.02},
+                        Want{"configs/models/paper-39l.toml", 667, 0.02}, Want{"configs/models/gpt-oss-120b.json", 116.8, 0.02},
+                        Want{"configs/models/qwen3-235b-a22b.json", 235, 0.02},
+                        Want{"configs/models/mixtral-8x22b.json", 141, 0.02},
+                        Want{"configs/models/deepseek-v3.json", 671, 0.06}}) {
+    const Model m = model_load(source_path(w.file));
+    const double p = static_cast<double>(m.cfg.param_count()) / 1e9;
+    EXPECT_NEAR(p / w.params_b, 1.0, w.tol) << w.file << ": " << p << " B";
+  }
+  EXPECT_EQ(model_load(source_path("configs/models/paper-39l.toml")).default_ranks, 64);
+  const Model ds = model_load(source_path("configs/models/deepseek-v3.json"));
+  // MLA: k + v of 576 numbers per token and layer, like its compressed cache.
+  EXPECT_EQ(2 * ds.cfg.num_key_value_heads * ds.cfg.head_dim, 512 + 64);
+  EXPECT_EQ(ds.cfg.num_experts, 256);
+  ASSERT_FALSE(ds.notes.empty());
+  EXPECT_NE(ds.notes[0].find("MLA approximated by GQA"), std::string::npos);
+  // a run config's [model] table works too
+  EXPECT_EQ(model_load(source_path("configs/tiny.toml")).cfg.hidden_size, 64);
+  EXPECT_THROW(model_from_toml("[model]\nhidden_size = 8\n", "partial.toml"), Error);
+}
+
+TEST(PlanReport, JsonAndTable) {
+  Model m;
+  m.name = "small";
+  m.cfg = small_model();
+  Input in = input(m.cfg, 4096, {"flatpeak"});
+  in.settings.layout.ranks = 2;
+  const Result r = plan_step(in);
+  const nlohmann::ordered_json j = plan_json(m, in, r);
+  EXPECT_EQ(j["peaks"]["vocab"]["status"], "predicted, not yet validated against meta");
+  EXPECT_EQ(j["step_peak"].get<uint64_t>(), r.step_peak);
+  EXPECT_EQ(j["layout"]["tokens_per_rank"], 2048);
+  EXPECT_TRUE(j["device_mem"].is_null());
+  EXPECT_FALSE(j["predicted"].empty());
+  const Result one = plan_step(input(m.cfg, 512, {"optim=device"}));
+  EXPECT_EQ(plan_json(m, input(m.cfg, 512, {"optim=device"}), one)["peaks"]["params"]["status"],
+            "exact (validated against meta)");
+  const std::string t = plan_table(m, in, r);
+  EXPECT_NE(t.find("step peak"), std::string::npos);
+  EXPECT_NE(t.find("predicted"), std::string::npos);
+}
+
+TEST(PlanPlot, SvgHasBothPanelsAndEveryCategory) {
+  Input in = input(small_model(), 1);
+  in.device_mem = 1ull << 30;
+  const std::vector<PlotPanel> panels = peaks_plot_panels(in, 10, 16);
+  ASSERT_EQ(panels.size(), 2u);
+  EXPECT_EQ(panels[0].contexts.size(), 7u);
+  const std::string svg = peaks_plot_svg("small <model> & co", panels, in.device_mem);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find("small &lt;model&gt; &amp; co"), std::string::npos);
+  EXPECT_EQ(svg.find("<model>"), std::string::npos);
+  for (Category c : kAllCategories) EXPECT_NE(svg.find(">" + std::string(category_name(c)) + "<"), std::string::npos);
+  EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);  // the device-memory line
+  // every open tag closes (a cheap well-formedness check)
+  EXPECT_EQ(std::count(svg.begin(), svg.end(), '<'), std::count(svg.begin(), svg.end(), '>'));
+  EXPECT_GE(static_cast<int>(std::count(svg.begin(), svg.end(), '\n')), 40);
+}
+
+}  // namespace fp::plan
