@@ -7,10 +7,12 @@
 // time the overlap model predicts (Note [OffloadStream pipeline]: each stage timed in the serial run
 // of that mode, per bucket, through the pipeline's dependencies), the device bytes of optimizer
 // state and staging, the host bytes, and whether the weights and moments equal offload_serial's bit
-// for bit (and the device AdamW's within 1e-6) after all the steps. Then the CPU AdamW kernel's
+// for bit (and the device AdamW's within 1e-6) after a check run before the timing, and the bus
+// floor (Note [Bus floor]). Then the CPU AdamW kernel's
 // throughput against the memory-bandwidth limit: 28 bytes per parameter (16 read, 12 written) at
-// the copy bandwidth measured in the same run (threaded memcpy of a large buffer, bytes read plus
-// written). Dimensions: P parameters, b a bucket's elements, S slots.
+// the best memory bandwidth measured in the same run (memcpy of a large buffer on one thread and on
+// all, and a loop with AdamW's traffic and no arithmetic on the kernel's own arrays, alternating
+// with the kernel; bytes read plus written). Dimensions: P parameters, b a bucket's elements, S slots.
 #include <omp.h>
 
 #include <algorithm>
@@ -86,45 +88,53 @@ int64_t count_parse(const std::string& s) {
   return static_cast<int64_t>(std::llround(x * scale));
 }
 
-// A Qwen3-MoE layout of about P parameters: 2 layers of H = 512 with 4 x 128 query heads, 2 kv heads,
-// experts of width 512 (0.79 M parameters per expert: the tensors an MoE optimizer streams) as many
-// as fill P, vocabulary 4096.
+// A Qwen3-MoE layout of about P parameters: 2 layers, vocabulary 4096, hidden H = 512 (halved while
+// the embeddings would exceed a quarter of P, down to 32), head_dim min(128, H), experts of width H
+// (3 H^2 parameters each: the tensors an MoE optimizer streams) as many as fill P.
 ModelConfig bench_model(int64_t P) {
   ModelConfig m;
-  m.hidden_size = 512;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 128;
-  m.moe_intermediate_size = 512;
   m.vocab_size = 4096;
+  m.hidden_size = 512;
+  while (m.hidden_size > 32 && 2 * m.vocab_size * m.hidden_size > P / 4) m.hidden_size /= 2;
+  m.num_hidden_layers = 2;
+  m.head_dim = std::min<int64_t>(128, m.hidden_size);
+  m.num_attention_heads = std::max<int64_t>(1, m.hidden_size / m.head_dim);
+  m.num_key_value_heads = m.num_attention_heads >= 2 ? 2 : 1;
+  m.moe_intermediate_size = m.hidden_size;
   m.num_experts = 1;
   m.num_experts_per_tok = 1;
-  const int64_t fixed = m.param_count() - m.num_hidden_layers * (3 * 512 * 512 + 512);
-  const int64_t per_expert = m.num_hidden_layers * (3 * 512 * 512 + 512);
+  const int64_t H = m.hidden_size;
+  const int64_t per_expert = m.num_hidden_layers * (3 * H * H + H);  // its FFN and router row, all layers
+  const int64_t fixed = m.param_count() - per_expert;
   m.num_experts = std::max<int64_t>(1, (P - fixed + per_expert / 2) / per_expert);
   return m;
 }
 
-// Memory bandwidth, bytes moved (read + written) per second, medians of `repeats`:
-//   memcpy_one      glibc memcpy of a large buffer on one thread (what a copy stream does)
-//   memcpy_threads  the same split over the OpenMP threads
-//   adamw_traffic   a loop with AdamW's exact traffic (read 4 arrays, write 3 of them back, 28 B per
-//                   element) and no arithmetic to speak of, on the OpenMP threads: the bandwidth an
-//                   AdamW pass could reach. memcpy's streaming stores can be slower than this on a VM.
-// The limit used is the largest of the three (the strictest target).
+// Memory bandwidth, bytes moved (read + written) per second by glibc memcpy of a large buffer, on one
+// thread (what a copy stream does) and split over the OpenMP threads; medians of `repeats`.
 struct Bandwidth {
-  double memcpy_one = 0, memcpy_threads = 0, adamw_traffic = 0;
-  double best() const { return std::max({memcpy_one, memcpy_threads, adamw_traffic}); }
+  double memcpy_one = 0, memcpy_threads = 0;
 };
+
+// AdamW's traffic without its arithmetic, split over the threads like the kernel (ops/cpu/adamw.cpp).
+void adamw_traffic_loop(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                        int64_t n) {
+  constexpr int64_t kBlock = 8192;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t hi = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < hi; ++i) {
+      p[i] += g[i];
+      m[i] -= g[i];
+      v[i] += g[i];
+    }
+  }
+}
+
 Bandwidth bandwidth_measure(uint64_t bytes, int repeats) {
   std::vector<char> a(bytes, 1), b(bytes, 2);
-  const int64_t n = static_cast<int64_t>(bytes / 16);  // 4 float arrays of n in the two buffers
-  float* p = reinterpret_cast<float*>(a.data());
-  float* g = p + n;
-  float* m = reinterpret_cast<float*>(b.data());
-  float* v = m + n;
-  std::vector<double> one, all, traffic;
+  std::vector<double> one, all;
   for (int r = 0; r < repeats + 1; ++r) {
     auto t0 = Clock::now();
     std::memcpy(b.data(), a.data(), bytes);
@@ -137,39 +147,48 @@ Bandwidth bandwidth_measure(uint64_t bytes, int repeats) {
       std::memcpy(a.data() + lo, b.data() + lo, hi - lo);
     }
     const double t2 = seconds_since(t0);
-    t0 = Clock::now();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      p[i] += g[i];
-      m[i] -= g[i];
-      v[i] += p[i];
-    }
-    const double t3 = seconds_since(t0);
     if (r == 0) continue;  // first touch
     one.push_back(2.0 * static_cast<double>(bytes) / t1);
     all.push_back(2.0 * static_cast<double>(bytes) / t2);
-    traffic.push_back(28.0 * static_cast<double>(n) / t3);
   }
-  return {median(one), median(all), median(traffic)};
+  return {median(one), median(all)};
 }
 
-// Parameters per second of the CPU AdamW kernel over P elements on `path`; median of repeats.
-double adamw_rate_measure(ops::cpu::AdamwPath path, int64_t P, int repeats) {
+// Parameters per second of the CPU AdamW kernel over P elements on each available path, and of the
+// AdamW-traffic loop on the same arrays, the passes alternating (so load from elsewhere on the
+// machine falls on both alike); medians of repeats.
+struct AdamwRates {
+  nlohmann::json by_path = nlohmann::json::object();  // path name -> parameters per second
+  double traffic_loop = 0;                              // elements per second of adamw_traffic_loop
+};
+AdamwRates adamw_rates_measure(int64_t P, int repeats) {
   std::vector<float> w(static_cast<size_t>(P)), g(w.size()), m(w.size(), 0.0f), v(w.size(), 0.0f);
   Rng rng(5);
   for (size_t i = 0; i < w.size(); ++i) {
     w[i] = static_cast<float>(rng.uniform() - 0.5);
     g[i] = static_cast<float>(1e-3 * (rng.uniform() - 0.5));
   }
-  std::vector<double> rates;
+  std::vector<ops::cpu::AdamwPath> paths;
+  for (ops::cpu::AdamwPath p : {ops::cpu::AdamwPath::AdamwPath_scalar, ops::cpu::AdamwPath::AdamwPath_sse,
+                                ops::cpu::AdamwPath::AdamwPath_avx2})
+    if (ops::cpu::adamw_path_available(p)) paths.push_back(p);
+  std::vector<std::vector<double>> rates(paths.size());
+  std::vector<double> loop;
   for (int r = 0; r < repeats + 1; ++r) {
+    for (size_t k = 0; k < paths.size(); ++k) {
+      const auto t0 = Clock::now();
+      ops::cpu::adamw_update_path(paths[k], w.data(), g.data(), m.data(), v.data(), P, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                  1.0f, r + 1);
+      if (r > 0) rates[k].push_back(static_cast<double>(P) / seconds_since(t0));
+    }
     const auto t0 = Clock::now();
-    ops::cpu::adamw_update_path(path, w.data(), g.data(), m.data(), v.data(), P, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f,
-                                r + 1);
-    const double t = seconds_since(t0);
-    if (r > 0) rates.push_back(static_cast<double>(P) / t);
+    adamw_traffic_loop(w.data(), g.data(), m.data(), v.data(), P);
+    if (r > 0) loop.push_back(static_cast<double>(P) / seconds_since(t0));
   }
-  return median(rates);
+  AdamwRates out;
+  for (size_t k = 0; k < paths.size(); ++k) out.by_path[std::string(ops::cpu::adamw_path_name(paths[k]))] = median(rates[k]);
+  out.traffic_loop = median(loop);
+  return out;
 }
 
 // Stage times of one bucket (seconds) and the pipeline's dependencies (Note [OffloadStream pipeline]):
@@ -205,9 +224,11 @@ struct Variant {
   OffloadTimes times_median;
   uint64_t device_optimizer = 0, host_optimizer = 0, host_grads = 0;
   std::vector<float> final_state;  // check: weights, then m and v, after kCheckSteps steps
-  double model_s = std::nan("");
+  double model_s = std::nan("");  // the overlap model (offload_stream)
+  double floor_s = std::nan("");  // memory traffic / best bandwidth (Note [Bus floor])
   bool bits_equal_serial = false;
   double max_rel_vs_device = std::nan("");
+  int64_t largest_bucket = 0;  // offload_stream: B_max
 };
 
 constexpr int kCheckSteps = 2;
@@ -229,6 +250,7 @@ void variant_check(Backend& be, ParamStore& ps, const std::vector<float>& w0, in
   v.device_optimizer = be.device_ledger().current(Category::Category_optimizer);
   v.host_optimizer = be.host_ledger().current(Category::Category_optimizer);
   v.host_grads = be.host_ledger().current(Category::Category_grads);
+  if (const auto* st = dynamic_cast<const OffloadStreamAdamW*>(opt.get())) v.largest_bucket = st->plan().largest;
   for (int i = 1; i <= kCheckSteps; ++i) opt->step(i, kCheckSteps);
   be.synchronize();
   be.link_set_gbps(0);
@@ -282,6 +304,19 @@ double model_predict(const Variant& serial, const OptimConfig& c, const std::vec
   return t.norm_s + pipeline_simulate(st, c.slots, on_device);
 }
 
+// Note [Bus floor]: on the cpu backend the "device", the host and the copies share one memory bus,
+// so a step moves at least these bytes per parameter through it (read + written): the norm reads the
+// gradient (4); the update reads param, grad, m, v and writes param, m, v (28); a copy of b bytes
+// reads and writes b (2b). offload_serial and the host placement copy 4 B down and 4 B up (16);
+// the device placement copies 12 B up and 12 B down (48) and gathers the gradient and scatters the
+// weight inside the device (16). With the copies native, no overlap can beat this floor; an emulated
+// link only adds sleeps, so the overlap model governs there.
+double bus_bytes_per_param(const OptimConfig& c) {
+  if (c.schedule == "device") return 4 + 28;
+  if (c.schedule == "offload_stream" && c.update_on == "device") return 4 + 28 + 48 + 16;
+  return 4 + 28 + 16;
+}
+
 std::string link_label(double gbps) { return gbps > 0 ? fmt::format("emulated {:g} GB/s", gbps) : "native memcpy"; }
 
 int bench_optimizer_run(const BenchOptimizerOptions& o) {
@@ -326,13 +361,13 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
   const uint64_t bw_bytes = std::max<uint64_t>(uint64_t{256} << 20, static_cast<uint64_t>(P) * 4);
   const Bandwidth bw = bandwidth_measure(bw_bytes, o.repeats);
   const ops::cpu::AdamwPath best = ops::cpu::adamw_path_best();
-  nlohmann::json paths = nlohmann::json::object();
-  for (ops::cpu::AdamwPath p : {ops::cpu::AdamwPath::AdamwPath_scalar, ops::cpu::AdamwPath::AdamwPath_sse,
-                                ops::cpu::AdamwPath::AdamwPath_avx2})
-    if (ops::cpu::adamw_path_available(p))
-      paths[std::string(ops::cpu::adamw_path_name(p))] = adamw_rate_measure(p, P, o.repeats);
+  const AdamwRates rates = adamw_rates_measure(P, o.repeats);
+  const nlohmann::json& paths = rates.by_path;
   const double adamw_rate = paths[std::string(ops::cpu::adamw_path_name(best))].get<double>();
-  const double limit = bw.best() / 28.0;
+  // The limit: 28 B per parameter at the best of the bandwidths measured in this run.
+  const double traffic_bw = 28.0 * rates.traffic_loop;
+  const double best_bw = std::max({bw.memcpy_one, bw.memcpy_threads, traffic_bw});
+  const double limit = best_bw / 28.0;
 
   // The variants: device AdamW once (no copies), then per link mode serial and the streamed ones.
   std::vector<Variant> variants;
@@ -388,30 +423,37 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
   FP_CHECK(all_equal, "this is a bug in the offload schedules: report it with the command line",
            "an offload variant differs from offload_serial (bits) or from the device AdamW (> 1e-6)");
 
-  // 2. Time, round-robin over the variants (all alive at once): load from elsewhere on the machine
-  // falls on every variant alike. The weights drift between variants; times do not depend on them.
-  for (Variant& v : variants) v.opt = optimizer_create(v.cfg, ps, *be);
+  // 2. Time, link mode by link mode (the device AdamW with the native copies), round-robin over the
+  // mode's variants, all alive at once: load from elsewhere on the machine falls on every variant
+  // alike. The weights drift from variant to variant; the times do not depend on them.
   const int total = o.warmup + o.repeats;
-  for (int i = 0; i < total; ++i) {
-    for (Variant& v : variants) {
-      be->link_set_gbps(v.link);
-      const auto t0 = Clock::now();
-      v.opt->step(i + 1, total);
-      be->synchronize();
-      const double t = seconds_since(t0);
-      be->link_set_gbps(0);
-      if (i < o.warmup) continue;  // the first step also copies the master from the weights
-      v.step_s.push_back(t);
-      if (const auto* off = dynamic_cast<const OffloadAdamW*>(v.opt.get())) v.times.push_back(off->last_times());
+  for (double link : links) {
+    std::vector<Variant*> group;
+    for (Variant& v : variants)
+      if (v.cfg.schedule == "device" ? link == 0.0 : v.link == link) group.push_back(&v);
+    for (Variant* v : group) v->opt = optimizer_create(v->cfg, ps, *be);
+    for (int i = 0; i < total; ++i) {
+      for (Variant* v : group) {
+        be->link_set_gbps(v->link);
+        const auto t0 = Clock::now();
+        v->opt->step(i + 1, total);
+        be->synchronize();
+        const double t = seconds_since(t0);
+        be->link_set_gbps(0);
+        if (i < o.warmup) continue;  // the first step also copies the master from the weights
+        v->step_s.push_back(t);
+        if (const auto* off = dynamic_cast<const OffloadAdamW*>(v->opt.get())) v->times.push_back(off->last_times());
+      }
     }
-  }
-  for (Variant& v : variants) {
-    v.opt.reset();
-    if (!v.times.empty()) v.times_median = times_median(v.times);
+    for (Variant* v : group) {
+      v->opt.reset();
+      if (!v->times.empty()) v->times_median = times_median(v->times);
+    }
   }
   for (Variant& v : variants) {
     if (v.cfg.schedule == "offload_serial") serial = &v;
     if (v.cfg.schedule == "offload_stream") v.model_s = model_predict(*serial, v.cfg, sizes, P, bw.memcpy_one);
+    v.floor_s = bus_bytes_per_param(v.cfg) * static_cast<double>(P) / best_bw;
   }
 
   // Report.
@@ -419,16 +461,16 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
              "(OMP_WAIT_POLICY {}); median of {} steps, variants interleaved\n",
              static_cast<double>(P) / 1e6, sizes.size(), base.bucket_params, threads,
              wait_policy ? wait_policy : "unset", o.repeats);
-  fmt::print("memory bandwidth ({} buffers, bytes read + written): memcpy {:.1f} GB/s on one thread, {:.1f} GB/s on {}; "
-             "AdamW-traffic loop {:.1f} GB/s\n",
-             bytes_format(bw_bytes), bw.memcpy_one / 1e9, bw.memcpy_threads / 1e9, threads, bw.adamw_traffic / 1e9);
+  fmt::print("memory bandwidth (bytes read + written): memcpy of {} {:.1f} GB/s on one thread, {:.1f} GB/s on {}; "
+             "AdamW-traffic loop on the kernel's arrays {:.1f} GB/s\n",
+             bytes_format(bw_bytes), bw.memcpy_one / 1e9, bw.memcpy_threads / 1e9, threads, traffic_bw / 1e9);
   fmt::print("CPU AdamW ({}, {} threads): {:.1f} M params/s = {:.0f}% of the limit {:.1f} M params/s (28 B/param at "
              "{:.1f} GB/s, the best bandwidth above)",
              ops::cpu::adamw_path_name(best), threads, adamw_rate / 1e6, 100 * adamw_rate / limit, limit / 1e6,
-             bw.best() / 1e9);
+             best_bw / 1e9);
   for (auto& [name, rate] : paths.items()) fmt::print("; {} {:.1f}", name, rate.get<double>() / 1e6);
-  fmt::print("\n\n{:<26} {:<20} {:>9} {:>10} {:>9} {:>9} {:>12} {:>12} {:>8}\n", "variant", "copies", "step s",
-             "vs serial", "model s", "update s", "device opt", "host opt+g", "check");
+  fmt::print("\n\n{:<26} {:<20} {:>9} {:>10} {:>9} {:>9} {:>9} {:>12} {:>12} {:>6}\n", "variant", "copies", "step s",
+             "vs serial", "model s", "floor s", "update s", "device opt", "host opt+g", "check");
   nlohmann::json jv = nlohmann::json::array();
   for (const Variant& v : variants) {
     const double t = median(v.step_s);
@@ -436,9 +478,9 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
     for (const Variant& s : variants)
       if (s.cfg.schedule == "offload_serial" && s.link == v.link) vs = median(s.step_s) / t;
     const bool is_device = v.cfg.schedule == "device";
-    fmt::print("{:<26} {:<20} {:>9.4f} {:>9.2f}x {:>9} {:>9} {:>12} {:>12} {:>8}\n", v.name,
+    fmt::print("{:<26} {:<20} {:>9.4f} {:>9.2f}x {:>9} {:>9.4f} {:>9} {:>12} {:>12} {:>6}\n", v.name,
                is_device ? "-" : link_label(v.link), t, vs,
-               std::isnan(v.model_s) ? "-" : fmt::format("{:.4f}", v.model_s),
+               std::isnan(v.model_s) ? "-" : fmt::format("{:.4f}", v.model_s), v.floor_s,
                is_device ? "-" : fmt::format("{:.4f}", v.times_median.update_s), bytes_format(v.device_optimizer),
                bytes_format(v.host_optimizer + v.host_grads), is_device ? "-" : (v.bits_equal_serial ? "bits" : "DIFF"));
     nlohmann::json j = {{"variant", v.name},
@@ -446,6 +488,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
                         {"update_on", v.cfg.schedule == "offload_stream" ? v.cfg.update_on : ""},
                         {"slots", v.cfg.slots},
                         {"bucket_params", v.cfg.bucket_params},
+                        {"largest_bucket", v.largest_bucket},
                         {"link_gbps", v.link},
                         {"link", is_device ? "none" : (v.link > 0 ? "emulated" : "native")},
                         {"step_seconds", v.step_s},
@@ -465,11 +508,15 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
       j["up_seconds"] = v.times_median.up_s;
     }
     if (!std::isnan(v.model_s)) j["model_seconds"] = v.model_s;
+    j["bus_floor_seconds"] = v.floor_s;
+    j["bus_bytes_per_param"] = bus_bytes_per_param(v.cfg);
     jv.push_back(j);
   }
   fmt::print("\ncheck: weights and moments after {} steps equal offload_serial's bit for bit (and the device AdamW's "
              "within 1e-6). model s: the overlap model, per bucket max(in, update, out, slot occupancy / S) through the "
-             "pipeline, from the serial run's stage times in the same mode. update s: time inside update kernels. "
+             "pipeline, from the serial run's stage times in the same mode. floor s: bytes through the one memory bus / "
+             "the best bandwidth (Note [Bus floor]: what native copies cannot beat). update s: time inside update "
+             "kernels. "
              "Emulated-link rows are emulated figures; no GPU figure is measured here.\n", kCheckSteps);
   nlohmann::json out = {{"engine", "flatpeak"},
                         {"bench", "optimizer"},
@@ -482,7 +529,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
                         {"bandwidth_bytes", bw_bytes},
                         {"memcpy_one_thread_bytes_per_s", bw.memcpy_one},
                         {"memcpy_threads_bytes_per_s", bw.memcpy_threads},
-                        {"adamw_traffic_loop_bytes_per_s", bw.adamw_traffic},
+                        {"adamw_traffic_loop_bytes_per_s", traffic_bw},
                         {"cpu_adamw_path", std::string(ops::cpu::adamw_path_name(best))},
                         {"cpu_adamw_params_per_s", adamw_rate},
                         {"cpu_adamw_params_per_s_by_path", paths},

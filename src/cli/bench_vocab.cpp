@@ -12,6 +12,7 @@
 //
 // The embedding table is freed before measuring: the head does not read it, and at V = 131072 it
 // would add 2 V H fp32 (weights and gradient) to both device peaks.
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,6 +56,14 @@ struct VocabBenchOptions {
   std::string python = "/usr/bin/python3";
 };
 
+// User + system CPU seconds of this process so far, every thread.
+double process_cpu_seconds() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -92,7 +101,7 @@ struct Variant {
   Tensor xL, targets, dx;  // (N, H), (N) i32, (N, H)
   // Results: peaks over all runs, seconds of the timed runs, host copies from the first run (cpu).
   uint64_t peak_bytes = 0, vocab_peak_bytes = 0;
-  std::vector<double> seconds;
+  std::vector<double> seconds, cpu_seconds;  // wall, and CPU time of the process (all threads)
   double loss = std::nan("");
   std::vector<float> dx_host, dW_host;  // (N, H), (V, H)
 };
@@ -152,11 +161,16 @@ void variant_run_once(Variant& v, const VocabBenchOptions& o, int i) {
   be.kernels().fill(v.ps->lm_head->g.f32(), 0.0f, V * H);
   be.kernels().fill(v.ps->norm->g.f32(), 0.0f, H);
   be.device_ledger().peaks_reset();
+  const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   const HeadResult h = head_forward_backward(*v.s, sched, *v.ps, v.xL, v.targets, loss_scale(o), v.dx, nullptr, true);
   be.synchronize();
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (i >= o.warmup) v.seconds.push_back(sec);
+  const double cpu = process_cpu_seconds() - cpu0;
+  if (i >= o.warmup) {
+    v.seconds.push_back(sec);
+    v.cpu_seconds.push_back(cpu);
+  }
   v.peak_bytes = std::max(v.peak_bytes, be.device_ledger().total_peak());
   v.vocab_peak_bytes = std::max(v.vocab_peak_bytes, be.device_ledger().peak(Category::Category_vocab));
   if (i == 0 && be.computes()) {
@@ -167,7 +181,8 @@ void variant_run_once(Variant& v, const VocabBenchOptions& o, int i) {
     be.copy_to_host(v.dW_host.data(), v.ps->lm_head->g.data(), v.ps->lm_head->g.bytes());
   }
   if (be.computes())
-    log_info("bench vocab: {} run {}: {:.3f} s", v.kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full", i, sec);
+    log_info("bench vocab: {} run {}: {:.3f} s (cpu {:.3f} s)", v.kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full",
+             i, sec, cpu);
 }
 
 // d x (H) of token t in float64 from the inputs: RMSNorm (weight 1, eps 1e-6), logits, softmax, the
@@ -232,6 +247,8 @@ nlohmann::json variant_json(const Variant& r, bool timed) {
   if (timed) {
     j["seconds"] = median(r.seconds);
     j["seconds_all"] = r.seconds;
+    j["cpu_seconds"] = median(r.cpu_seconds);
+    j["cpu_seconds_all"] = r.cpu_seconds;
   } else {
     j["seconds"] = nullptr;  // meta computes nothing
   }
@@ -314,12 +331,14 @@ int bench_vocab_run(const VocabBenchOptions& o) {
     FP_CHECK(loss_rel <= 1e-5 && dx_rel <= 1e-5 && dW_rel <= 1e-5, "this is a bug in Ring-DTP: please report it",
              "the ring head disagrees with the full head");
     ratios["seconds_ring_over_full"] = median(ring.seconds) / median(full.seconds);
+    ratios["cpu_seconds_ring_over_full"] = median(ring.cpu_seconds) / median(full.cpu_seconds);
   }
-  fmt::print("| variant | device peak | vocab peak | fwd+bwd s {} |\n|---|---|---|---|\n",
+  fmt::print("| variant | device peak | vocab peak | fwd+bwd s {} | process cpu s |\n|---|---|---|---|---|\n",
              timed ? fmt::format("(median of {})", o.repeats) : std::string("(meta: not computed)"));
   auto row = [&](const char* name, const Variant& r) {
-    fmt::print("| {} | {} | {} | {} |\n", name, bytes_format(r.peak_bytes), bytes_format(r.vocab_peak_bytes),
-               timed ? fmt::format("{:.3f}", median(r.seconds)) : std::string("-"));
+    fmt::print("| {} | {} | {} | {} | {} |\n", name, bytes_format(r.peak_bytes), bytes_format(r.vocab_peak_bytes),
+               timed ? fmt::format("{:.3f}", median(r.seconds)) : std::string("-"),
+               timed ? fmt::format("{:.3f}", median(r.cpu_seconds)) : std::string("-"));
   };
   row("full", full);
   row("ring", ring);
@@ -327,14 +346,16 @@ int bench_vocab_run(const VocabBenchOptions& o) {
     std::optional<nlohmann::json> t = torch_run(o);
     j["torch"] = *t;
     ratios["seconds_ring_over_torch"] = median(ring.seconds) / (*t)["seconds"].get<double>();
-    fmt::print("| PyTorch F.linear + F.cross_entropy (torch {}, {} threads) | max RSS {} ({} over its inputs) | - | {:.3f} |\n",
+    fmt::print("| PyTorch F.linear + F.cross_entropy (torch {}, {} threads) | max RSS {} ({} over its inputs) | - | {:.3f} | {:.3f} |\n",
                (*t)["torch"].get<std::string>(), (*t)["threads"].get<int>(),
                bytes_format((*t)["max_rss_bytes"].get<uint64_t>()), bytes_format((*t)["vocab_peak_bytes"].get<uint64_t>()),
-               (*t)["seconds"].get<double>());
+               (*t)["seconds"].get<double>(), (*t)["cpu_seconds"].get<double>());
   }
   fmt::print("ring / full: vocab peak {:.4f} ({:.1f}% below), device peak {:.4f}", ratios["vocab_peak_ring_over_full"].get<double>(),
              100 * ratios["vocab_peak_reduction"].get<double>(), ratios["peak_ring_over_full"].get<double>());
-  if (timed) fmt::print(", time {:.3f}x", ratios["seconds_ring_over_full"].get<double>());
+  if (timed)
+    fmt::print(", time {:.3f}x (process cpu time {:.3f}x)", ratios["seconds_ring_over_full"].get<double>(),
+               ratios["cpu_seconds_ring_over_full"].get<double>());
   fmt::print("\n");
   if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
   return 0;

@@ -19,14 +19,17 @@ constexpr Category kVocab = Category::Category_vocab;
 constexpr Category kComm = Category::Category_comm;
 constexpr Category kWs = Category::Category_workspace;
 
-// Note [Which plans are validated]: a formula is "validated" once the engine runs that schedule and
-// tests/model/test_plan_vs_meta.cpp checks the plan against a meta run of it. Flip a flag here in
-// the same change that adds its configurations to that test.
-// On more than one rank every formula is predicted (multi_rank), whatever the schedule.
+// Note [Which plans are validated]: a formula is "validated" once the engine runs that schedule or
+// layout and tests/model/test_plan_vs_meta.cpp checks the plan against a meta run of it (multi-rank
+// layouts through a comm of W ranks that moves nothing, which allocates what every rank of a real
+// run allocates). Flip a flag here in the same change that adds its configurations to that test.
 struct Validated {
-  bool multi_rank = false;       // FSDP sharding, context parallel, expert parallel (MPI, later)
-  bool pipelined_llep = false;   // needs expert parallelism (multi-rank)
-  bool ring = true;              // Ring-DTP on one rank (sched/vocab/ring_dtp.cpp)
+  bool context_parallel = true;  // model/ring_attention.cpp: K/V (and dK/dV) blocks in comm
+  bool fsdp = false;             // parameter sharding with gathered units (not in the engine yet)
+  bool expert_parallel = false;  // all-to-all dispatch over ep ranks (not in the engine yet)
+  bool pipelined_llep = false;   // needs expert parallelism
+  bool ring_one_rank = true;     // Ring-DTP with a replicated LM head (sched/vocab/ring_dtp.cpp)
+  bool ring_p_ranks = false;     // Ring-DTP over P > 1 vocabulary shards
   bool sco = true;               // SCO (sched/ckpt/sco.cpp)
   bool offload_serial = true;    // serial host AdamW (sched/optim/offload.cpp)
   bool offload_stream = true;    // OffloadStreamAdamW, update on the device or the host
@@ -35,55 +38,74 @@ constexpr Validated kValidated{};
 
 void label(const Input& in, Result& r) {
   const Schedules& s = r.sched;
+  const Sizes& z = r.sizes;
   r.validated.fill(true);
   auto predict = [&](bool validated, std::string what, std::initializer_list<Category> cats) {
     if (validated) return;
     r.predicted.push_back(std::move(what));
     for (Category c : cats) r.validated[static_cast<int>(c)] = false;
   };
-  const std::initializer_list<Category> all = {kParams, kGrads, kOpt, kAct, kCkpt, kDisp, kVocab, kComm, kWs};
-  if (r.sizes.ranks > 1)
-    predict(kValidated.multi_rank, "W > 1: FSDP sharding, context parallel, expert parallel", all);
+  if (z.cp > 1) predict(kValidated.context_parallel, "cp > 1: context parallel (ring attention)", {kComm, kAct});
+  if (z.fsdp > 1) predict(kValidated.fsdp, "fsdp > 1: FSDP sharding (gathered units)", {kParams, kGrads, kOpt});
+  if (z.ep > 1)
+    predict(kValidated.expert_parallel, "ep > 1: expert parallel (all-to-all buffers, hottest rank)",
+            {kParams, kGrads, kOpt, kDisp, kAct});
   if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
     predict(kValidated.pipelined_llep, "dispatch=pipelined_llep (PipelinedLLEP)", {kDisp, kAct});
-  if (s.vocab == Vocab::Vocab_ring) predict(kValidated.ring, "vocab=ring (Ring-DTP)", {kVocab, kAct, kWs, kComm});
+  if (s.vocab == Vocab::Vocab_ring) {
+    if (z.vocab_ring > 1)
+      predict(kValidated.ring_p_ranks, "vocab=ring over P > 1 shards (Ring-DTP)", {kVocab, kAct, kWs, kComm});
+    else
+      predict(kValidated.ring_one_rank, "vocab=ring (Ring-DTP)", {kVocab, kAct, kWs});
+  }
   if (s.ckpt == Ckpt::Ckpt_sco) predict(kValidated.sco, "ckpt=sco (SCO)", {kCkpt});
   if (s.optim == Optim::Optim_offload_serial)
     predict(kValidated.offload_serial, "optim=offload_serial (serial host AdamW)", {kOpt});
   if (s.optim == Optim::Optim_offload_stream)
     predict(kValidated.offload_stream, "optim=offload_stream (OffloadStreamAdamW)", {kOpt});
 
-  const bool multi = r.sizes.ranks > 1;
-  const std::string shard = multi ? "P/W" : "P";
+  const bool sharded = z.params_per_rank != z.params_total;
+  const std::string shard = sharded ? "P_rank (dense / fsdp + experts / max(ep, fsdp))" : "P";
   auto& f = r.formula;
   f[static_cast<int>(kParams)] =
-      multi ? "P/W x w + the gathered FSDP unit x w (one layer's attention, router and norms [+ its local experts "
-              "when ep < W], the embedding, or the LM head)"
-            : "P x w";
+      z.fsdp > 1 ? shard + " x w + the gathered FSDP unit x w (one layer's attention, router and norms [+ its local "
+                           "experts when fsdp > ep], the embedding, or the LM head)"
+                 : shard + " x w";
   f[static_cast<int>(kGrads)] =
-      multi ? "P/W x g + the unsharded gradient of the unit in backward x g (before its reduce-scatter)" : "P x g";
+      z.fsdp > 1 ? shard + " x g + the unsharded gradient of the unit in backward x g (before its reduce-scatter)"
+                 : shard + " x g";
   switch (s.optim) {
     case Optim::Optim_device:
-      f[static_cast<int>(kOpt)] =
-          shard + " x (m + v [+ master when weights are not fp32]): " + (in.settings.dtypes.weights == in.settings.dtypes.master ? "8 B" : "12 B") + " per parameter";
+      f[static_cast<int>(kOpt)] = shard + " x (m + v [+ master when weights are not the master dtype]): " +
+                                  (in.settings.dtypes.weights == in.settings.dtypes.master ? "8 B" : "12 B") +
+                                  " per parameter in fp32";
       break;
-    case Optim::Optim_offload_serial: f[static_cast<int>(kOpt)] = "0 (master, m, v on the host: " + shard + " x 12 B)"; break;
-    case Optim::Optim_offload_stream: f[static_cast<int>(kOpt)] = "slots x min(bucket, " + shard + ") x 16 B staging"; break;
+    case Optim::Optim_offload_serial:
+      f[static_cast<int>(kOpt)] = "0 (master, m, v on the host: " + shard + " x 12 B, + the gradient copy)";
+      break;
+    case Optim::Optim_offload_stream:
+      f[static_cast<int>(kOpt)] = "slots x B_max x 16 B staging (B_max: the largest bucket, <= bucket_params)";
+      break;
     case Optim::Optim_auto: break;
   }
   f[static_cast<int>(kAct)] =
       "replayed: inputs 3 N x 4 + dx N H a + one layer's recompute and backward (N x {H, Q, Kv}, Re x I); or the head";
-  f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco ? "2 x N x H x a (+ boundaries beyond the host budget)"
-                                                        : "L x N x H x a";
+  f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco
+                                   ? "2 x N x H x a (the last boundary and one restored; + boundaries beyond the host budget)"
+                                   : "L x N x H x a";
   if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
     f[static_cast<int>(kDisp)] = "2 x E_p x k x c_eff x H x a (a chunk's received rows and their outputs) + 2 x N k x 4 ids";
   else
-    f[static_cast<int>(kDisp)] = multi ? "2 x N k x 4 ids + recompute: R x H (xs) + N k x H (ys) + N k x H (dys) x a, "
-                                         "R = routes the hottest rank receives"
-                                       : "2 x N k x 4 ids + 3 x N k x H x a (xs, ys, dys in the recompute)";
-  f[static_cast<int>(kVocab)] = s.vocab == Vocab::Vocab_ring ? "strips x n_blk x V/P x l" : "3 x N x V x l (logits, log-softmax, gradient)";
-  f[static_cast<int>(kComm)] = multi ? "context-parallel K/V ring (+ Ring-DTP shards or activations in flight)" : "0";
-  f[static_cast<int>(kWs)] = s.vocab == Vocab::Vocab_ring ? "4 + 4E + 16 N (running m, z, y and token losses)"
+    f[static_cast<int>(kDisp)] = z.ep > 1 ? "2 x N k x 4 ids + recompute: R x H (x) + N k x H (y) + N k x H (dy) x a, "
+                                            "R = routes the hottest rank receives"
+                                          : "2 x N k x 4 ids + 3 x N k x H x a (xs, ys, dys in the recompute)";
+  f[static_cast<int>(kVocab)] = s.vocab == Vocab::Vocab_ring
+                                    ? "strips x n_blk x V/P x l + 16 B x N (online m f32, z f64, y f32)"
+                                    : "3 x N x V x l (logits, log-softmax, gradient)";
+  f[static_cast<int>(kComm)] = z.cp > 1 ? "backward ring attention: 2 x (k, v) x N x Kv x a + 2 x (dk, dv) x N x Kv x 4"
+                                          " (+ Ring-DTP shards or activations in flight)"
+                                        : "0";
+  f[static_cast<int>(kWs)] = s.vocab == Vocab::Vocab_ring ? "4 + 4E + 8 (grad norm, aux-loss bias, f64 loss sum)"
                                                           : "4 (grad norm) + 4E (aux-loss bias) + 4N + 4 (token losses)";
 }
 

@@ -65,8 +65,8 @@ struct Schedules {
   int64_t block_tokens = 1024;    // ring: n_blk, tokens per strip
   int64_t vocab_strips = 0;       // ring: strips (n_blk, V/P) live at once (0: 1, as the engine's one-rank head)
   std::string ring_mode = "auto"; // ring, P > 1: weights | activations | auto (activations when N <= V/P)
-  int64_t chunk_tokens = 4096;    // pipelined_llep: c, tokens per source per chunk
-  int64_t max_chunks = 64;        // pipelined_llep: K_max
+  int64_t chunk_tokens = 1024;    // pipelined_llep: c, tokens per source per chunk (a proposal: not in the engine yet)
+  int64_t max_chunks = 128;       // pipelined_llep: K_max
   int64_t bucket_params = 1 << 20;  // offload_stream: parameters per bucket (optim.bucket_params)
   int64_t slots = 2;                // offload_stream: staging slots (optim.slots)
   bool update_on_host = false;      // offload_stream: optim.update_on = "host" (default "device")
@@ -77,6 +77,7 @@ struct Layout {
   int64_t ranks = 1;  // W
   int64_t cp = 0;     // context-parallel degree; 0: W (the sequence is split over every rank)
   int64_t ep = 0;     // expert-parallel degree; 0: gcd(E, W)
+  int64_t fsdp = 0;   // parameter-sharding degree; 0: W. fsdp=1 ep=1: replicated parameters (the engine today)
   int64_t batch = 1;  // B, sequences per data-parallel group (W / cp groups)
 };
 
@@ -124,16 +125,16 @@ struct Input {
 
 // The resolved layout of a plan.
 struct Sizes {
-  int64_t ranks = 1, cp = 1, ep = 1, dp = 1;
+  int64_t ranks = 1, cp = 1, ep = 1, fsdp = 1, dp = 1;
   int64_t tokens = 0;           // N, tokens per rank
   int64_t routes_sent = 0;      // m = N*k
   int64_t routes_received = 0;  // R: the hottest rank's received routes (standard EP); m on one rank
   int64_t chunks = 0;           // pipelined_llep: K
   int64_t chunk_tokens = 0;     // pipelined_llep: c_eff
-  int64_t vocab_ring = 1;       // ring: P
+  int64_t vocab_ring = 1;       // ring: P, the LM head's vocabulary shards (= fsdp)
   std::string ring_mode;        // ring, P > 1: resolved "weights" | "activations"
   int64_t params_total = 0;     // P
-  int64_t params_per_rank = 0;  // P / W shard
+  int64_t params_per_rank = 0;  // dense / fsdp + experts / max(ep, fsdp)
   int64_t boundaries_offloaded = 0;  // sco: boundaries that went to host
   int64_t bucket_largest = 0;        // offload_stream: B_max, elements of the largest bucket
 };

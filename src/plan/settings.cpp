@@ -12,7 +12,7 @@ namespace {
 constexpr const char* kKeysHint =
     "items: baseline | flatpeak | dispatch=standard|pipelined_llep | vocab=full|ring | ckpt=device|sco | "
     "optim=auto|device|offload_serial|offload_stream | block_tokens= vocab_strips= ring_mode= chunk_tokens= "
-    "max_chunks= bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | cp= ep= batch= | routing=balanced|hot:R:H | "
+    "max_chunks= bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | cp= ep= fsdp= batch= | routing=balanced|hot:R:H | "
     "dtype=D | dtype.weights= dtype.grads= dtype.activations= dtype.master= dtype.moments= dtype.logits= "
     "dtype.router=";
 
@@ -101,6 +101,7 @@ void settings_apply(Settings& s, std::string_view item) {
   else if (key == "ckpt_host_budget") sc.ckpt_host_budget = bytes_parse(v);
   else if (key == "cp") s.layout.cp = int_parse(key, v, 1);
   else if (key == "ep") s.layout.ep = int_parse(key, v, 1);
+  else if (key == "fsdp") s.layout.fsdp = int_parse(key, v, 1);
   else if (key == "batch") s.layout.batch = int_parse(key, v, 1);
   else if (key == "routing") {
     s.routing = routing_profile_parse(std::string(v), "--schedule routing");

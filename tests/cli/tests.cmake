@@ -5,3 +5,15 @@ foreach(case resume_bit_exact kill_during_checkpoint bad_inputs demo_loss_falls 
   add_test(NAME cli_${case} COMMAND ${FP_CLI_PY} ${case})
   set_tests_properties(cli_${case} PROPERTIES LABELS cli TIMEOUT 600)
 endforeach()
+# flatpeak plan (tests/cli/test_plan.py): presets with JSON and SVG, plan vs `step --device meta`, errors.
+foreach(case presets_json_plot matches_meta_step bad_inputs)
+  add_test(NAME cli_plan_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_plan.py
+           --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
+  set_tests_properties(cli_plan_${case} PROPERTIES LABELS cli TIMEOUT 120)
+endforeach()
+# Optimizer schedules (tests/cli/test_optim.py): offload training and resume vs the device AdamW, bench optimizer.
+foreach(case train_resume_offload bench_smoke)
+  add_test(NAME cli_optim_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_optim.py
+           --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
+  set_tests_properties(cli_optim_${case} PROPERTIES LABELS cli TIMEOUT 300)
+endforeach()

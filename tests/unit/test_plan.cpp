@@ -222,9 +222,16 @@ TEST(PlanMultiRank, ShardsAndPredictions) {
   EXPECT_EQ(at(mr.peak, kParams),
             static_cast<uint64_t>(mr.sizes.params_per_rank) * 2 + static_cast<uint64_t>(m.vocab_size * 64 + 64) * 2);
   EXPECT_LT(mr.step_peak, r.step_peak);
-  for (bool v : mr.validated) EXPECT_FALSE(v);
-  ASSERT_FALSE(mr.predicted.empty());
-  EXPECT_NE(mr.predicted[0].find("W > 1"), std::string::npos);
+  // FSDP and EP are predicted (params, grads, optimizer, dispatch, activations); context parallelism
+  // and what only scales with N are validated.
+  for (Category c : {kParams, kGrads, kOpt, kDisp, Category::Category_activations})
+    EXPECT_FALSE(mr.validated[static_cast<int>(c)]) << category_name(c);
+  for (Category c : {kCkpt, kVocab, kWs, Category::Category_comm})
+    EXPECT_TRUE(mr.validated[static_cast<int>(c)]) << category_name(c);
+  ASSERT_EQ(mr.predicted.size(), 2u);
+  EXPECT_NE(mr.predicted[0].find("fsdp > 1"), std::string::npos);
+  EXPECT_NE(mr.predicted[1].find("ep > 1"), std::string::npos);
+  EXPECT_GT(at(mr.peak, Category::Category_comm), 0u);  // ring attention's K/V blocks
   // a hot profile sends more routes to the hottest rank than the balanced one
   settings_apply(in.settings, "routing=hot:0.9:2");
   const Result hot = plan_step(in);

@@ -35,7 +35,7 @@ struct AdamwScalars {
 };
 
 // Note [AdamW is element-wise] (ops/adamw.h): every element goes through the same sequence of float
-// operations, in the 4-wide body and in the scalar tail alike. Add, multiply, divide and sqrt are
+// operations, in the 8- and 4-wide bodies and in the scalar tail alike. Add, multiply, divide and sqrt are
 // correctly rounded in both (addps/addss, sqrtps/sqrtss, ...), so an element gets the same bits
 // wherever a range starts or ends. The order follows torch.optim.AdamW (single-tensor path):
 // v + ((1 - beta2) * g) * g as addcmul does, denom = sqrt(v) / sqrt(bc2) + eps, then
@@ -44,9 +44,12 @@ struct AdamwScalars {
 // Note [Why AdamW uses SSE intrinsics]: g++ 12 does not vectorise a loop calling std::sqrt unless
 // -fno-math-errno is given (sqrt of a negative must set errno, so the call stays behind a branch),
 // and neither the optimize attribute nor the pragma lifts it. The body is written once with SSE
-// (part of x86-64, no -march needed); the scalar loop is both the tail and the path elsewhere. No FMA
-// exists in the baseline target, so both paths round identically; a build with -march=<FMA cpu>
-// must compile this file with -ffp-contract=off (test_adamw's sub-range memcmp test catches it).
+// (part of x86-64, no -march needed) and again with AVX2 for cpus that have it (chosen at run time,
+// ops/cpu/adamw_path.h); the scalar loop is both the tail and the path elsewhere. No FMA exists in
+// the baseline target, so all paths round identically; a build with -march=<FMA cpu> must compile
+// this file with -ffp-contract=off (test_adamw's sub-range and path memcmp tests catch it).
+// AVX-512 would be the same body at 16 wide; it is not written because no machine here has it to
+// test it, and the pass is memory bound (the paths' rates differ by ~10-20%, docs/benchmarks.md).
 inline void adamw_element(float& param, float grad, float& m, float& v, const AdamwScalars& s) {
   const float g = grad * s.grad_scale;
   const float mi = s.beta1 * m + s.one_minus_beta1 * g;

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
+#include "data/context_split.h"
 #include "data/random_batch.h"
 #include "model/model.h"
 #include "plan/plan.h"
@@ -97,9 +99,33 @@ std::string first_difference(const std::vector<LedgerEvent>& real, const std::ve
   return "the sequences agree";
 }
 
-// One training step as the trainer runs it; compares its ledgers with the plan.
-void check_case(const Case& c, const char* device, const Sched& sc = {}) {
-  SCOPED_TRACE(fmt::format("{} on {}, {}", c.name, device, sc.str()));
+// Rank 0 of a world of W ranks in which nothing moves: with the meta backend (no data) a step
+// allocates exactly what rank 0 of a real context-parallel run allocates (sizes never depend on the
+// data, and every rank's piece has N = B T / W tokens), so multi-rank plans are checked in one
+// process.
+class MetaWorldComm final : public Comm {
+ public:
+  explicit MetaWorldComm(int world) : world_(world) {}
+  std::string_view name() const override { return "meta-world"; }
+  int rank() const override { return 0; }
+  int size() const override { return world_; }
+  void all_reduce_sum(void*, int64_t, DType) override {}
+  void all_reduce_max(void*, int64_t, DType) override {}
+  void all_gather(const void*, void*, int64_t, DType) override {}
+  void reduce_scatter_sum(const void*, void*, int64_t, DType) override {}
+  void all_to_all_v(const void*, const int64_t*, void*, const int64_t*, DType) override {}
+  void send_recv(const void*, int64_t, int, void*, int64_t, int, DType) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int) override { std::abort(); }
+
+ private:
+  int world_;
+};
+
+// One training step as the trainer runs it; compares its ledgers with the plan. world > 1: rank 0
+// of a context-parallel run (replicated parameters: the engine's layout today), meta only.
+void check_case(const Case& c, const char* device, const Sched& sc = {}, int world = 1) {
+  SCOPED_TRACE(fmt::format("{} on {}, {}, W = {}", c.name, device, sc.str(), world));
   const ModelConfig m = case_config(c);
   auto be = backend_create(device, kUnlimitedBytes, sc.host_mem);
   ModelSchedules ms;
@@ -107,7 +133,8 @@ void check_case(const Case& c, const char* device, const Sched& sc = {}) {
   ms.vocab.block_tokens = sc.block_tokens;
   ms.ckpt.kind = std::string(sc.ckpt) == "sco" ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device;
   ms.ckpt.host_budget = sc.host_budget;
-  Model model(m, *be, routing_profile_parse(c.routing), ms);
+  MetaWorldComm comm(world);
+  Model model(m, *be, routing_profile_parse(c.routing), ms, world > 1 ? &comm : nullptr);
   model.init_weights(m.seed);
   OptimConfig oc;
   oc.schedule = sc.optim;
@@ -117,12 +144,16 @@ void check_case(const Case& c, const char* device, const Sched& sc = {}) {
   std::unique_ptr<Optimizer> opt = optimizer_create(oc, model.params(), *be);
   model.zero_grads();
   Batch batch = batch_random(c.B, c.T, c.V, 11);
+  if (world > 1) batch = context_slice(batch, 0, world);
   model.forward_backward(batch);
   opt->step(1, 1);
   const Ledger& led = be->device_ledger();
 
   plan::PeakReplay dev(/*record_events=*/true), host;
-  const plan::Result r = plan::plan_step(case_input(c, sc), &dev, &host);
+  plan::Input in = case_input(c, sc);
+  for (const std::string& item : {std::string("fsdp=1"), std::string("ep=1")}) plan::settings_apply(in.settings, item);
+  in.settings.layout.ranks = world;
+  const plan::Result r = plan::plan_step(in, &dev, &host);
   bool all_equal = true;
   for (Category cat : kAllCategories) {
     EXPECT_EQ(r.peak[static_cast<int>(cat)], led.peak(cat)) << category_name(cat);
@@ -135,6 +166,7 @@ void check_case(const Case& c, const char* device, const Sched& sc = {}) {
   for (Category cat : kAllCategories)
     EXPECT_EQ(r.host_peak[static_cast<int>(cat)], be->host_ledger().peak(cat)) << "host " << category_name(cat);
   EXPECT_TRUE(r.predicted.empty());
+  if (world > 1) EXPECT_GT(led.peak(Category::Category_comm), 0u);  // the ring's K/V blocks exist
   if (!all_equal) ADD_FAILURE() << first_difference(led.events(), dev.events());
 }
 
@@ -227,6 +259,17 @@ TEST(PlanVsMeta, CpuRunsOfTheFlattenedSchedulesAgree) {
     if (std::string(c.name) == "odd_everything")
       check_case(c, "cpu", {.vocab = "ring", .block_tokens = 50, .ckpt = "sco", .optim = "offload_stream",
                             .bucket_params = 999});
+}
+
+// Context parallelism (ring attention over zig-zag pieces, replicated parameters): rank 0 of W.
+TEST(PlanVsMeta, ContextParallelRanksAreExact) {
+  for (int world : {2, 4, 8})
+    for (const char* name : {"tiny", "mqa", "deep", "odd_everything", "long_context", "qwen3_30b_like"})
+      for (const Case& c : kMetaCases) {
+        if (std::string(c.name) != name || c.T % (2 * world) != 0) continue;
+        check_case(c, "meta", {}, world);
+        check_case(c, "meta", {.vocab = "ring", .block_tokens = 100, .ckpt = "sco", .optim = "offload_stream"}, world);
+      }
 }
 
 // bf16 plans scale the same sequence: a category made only of activation-dtype tensors halves.
