@@ -10,3 +10,10 @@ if(FLATPEAK_HAVE_MPI)
     set_tests_properties(mpi_${case} PROPERTIES LABELS mpi TIMEOUT 900 RUN_SERIAL TRUE)
   endforeach()
 endif()
+# SCO on 2 ranks: bit-identical to device boundaries (issue 7).
+if(FLATPEAK_HAVE_MPI)
+  add_test(NAME mpi_sco
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/dist/sco_dist.py --bin-dir ${PROJECT_BINARY_DIR}
+                   --configs ${PROJECT_SOURCE_DIR}/configs)
+  set_tests_properties(mpi_sco PROPERTIES LABELS mpi TIMEOUT 600 RUN_SERIAL TRUE)
+endif()
