@@ -1,11 +1,16 @@
 // flatpeak bench vocab: the LM head (final RMSNorm, projection to the vocabulary, mean cross-entropy,
 // forward and backward) with the full and the Ring-DTP vocabulary schedules in the same run, on random
-// inputs of N tokens, hidden H, vocabulary V; one rank.
-// Legend: N tokens, H hidden, V vocabulary.
+// inputs of N tokens per rank, hidden H, vocabulary V; one rank, or W ranks under mpirun.
+// Legend: N tokens per rank, H hidden, V vocabulary, W ranks.
 //
-// For each schedule, on a fresh backend (so each has its own ledger): the device peak, the peak of
-// category vocab, and (cpu) the median forward+backward seconds over --repeats after --warmup. On cpu
-// the ring's loss and gradients are first checked against the full head's (check, then time), and
+// Variants: full (every rank its own (N, V) logits against the whole, replicated lm_head) and ring;
+// with W > 1 ranks the ring runs in each requested mode (--ring-mode) with both backward options,
+// recomputing the strips and keeping them (vocab.keep_strips). For each variant, on a fresh backend
+// (its own ledger): the device peak, the peaks of categories vocab and comm (largest over the ranks),
+// and (cpu) the median forward+backward seconds over --repeats after --warmup (each run's time is
+// the slowest rank's) with where it went: GEMMs, the softmax/log-sum-exp work, waiting on the ring's
+// transfers (means over the ranks). On cpu every ring variant is first checked against the full head
+// (check, then time); with one rank both heads are also checked against float64 on a few tokens, and
 // PyTorch's F.linear + F.cross_entropy runs on the same shapes as a subprocess
 // (tests/reference/bench_vocab_torch.py: median seconds and max RSS). With --device meta nothing is
 // computed and only the peaks are reported (exact, at any N and V).
@@ -35,6 +40,7 @@
 #include "core/rng.h"
 #include "core/units.h"
 #include "io/atomic_file.h"
+#include "ops/gemm_profile.h"
 #include "sched/vocab/ring_dtp.h"
 #include "sched/vocab/vocab_head.h"
 
@@ -47,6 +53,7 @@ struct VocabBenchOptions {
   int64_t vocab = 32768;
   int64_t hidden = 1024;
   int64_t block_tokens = 1024;
+  std::string ring_mode = "auto";  // W > 1: weights | activations | auto | both
   std::string device = "cpu";
   int repeats = 5;
   int warmup = 1;
@@ -65,6 +72,7 @@ double process_cpu_seconds() {
 }
 
 double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -89,52 +97,59 @@ ModelConfig head_config(const VocabBenchOptions& o) {
   return m;
 }
 
-// One schedule on its own backend (its own ledger), with the same inputs as the other.
+// One schedule on its own backend (its own ledger), with the same inputs as the others.
 struct Variant {
-  explicit Variant(VocabSchedule::Kind k) : kind(k) {}
-  VocabSchedule::Kind kind;
+  Variant(std::string n, VocabSchedule v) : name(std::move(n)), sched(std::move(v)) {}
+  std::string name;  // "full", "ring", "ring_weights", "ring_weights_keep_strips", ...
+  VocabSchedule sched;
+  bool ring() const { return sched.kind == VocabSchedule::Kind::Kind_ring; }
   ModelConfig cfg;  // the head's (head_config); s refers to it
   std::unique_ptr<Backend> be;
-  std::unique_ptr<Comm> comm;
   std::unique_ptr<ParamStore> ps;
   std::unique_ptr<StepContext> s;
   Tensor xL, targets, dx;  // (N, H), (N) i32, (N, H)
-  // Results: peaks over all runs, seconds of the timed runs, host copies from the first run (cpu).
-  uint64_t peak_bytes = 0, vocab_peak_bytes = 0;
+  // Results: peaks over all runs and ranks, per timed run the slowest rank's seconds, and the
+  // breakdown of each timed run (means over the ranks), host copies from the first run (cpu).
+  uint64_t peak_bytes = 0, vocab_peak_bytes = 0, comm_peak_bytes = 0;
   std::vector<double> seconds, cpu_seconds;  // wall, and CPU time of the process (all threads)
+  std::vector<double> gemm_s, softmax_s, comm_wait_s;
+  uint64_t comm_bytes = 0;  // sent by one rank in one run (the largest over the ranks)
   double loss = std::nan("");
   std::vector<float> dx_host, dW_host;  // (N, H), (V, H)
 };
 
-// The same inputs for both schedules: x ~ N(0, 1), lm_head ~ N(0, 0.02) (HF init), norm = 1, targets
-// uniform with the last one ignored (as at the end of a sequence). Host copies for the fp64 check.
+// The same inputs for every variant: lm_head ~ N(0, 0.02) (HF init), the same on every rank; x
+// ~ N(0, 1) and targets uniform, each rank its own tokens, the last one ignored (as at the end of a
+// sequence); norm = 1. Host copies for the checks.
 struct Inputs {
   std::vector<float> x, W;  // (N, H), (V, H)
   std::vector<int32_t> targets;  // (N)
 };
 
-Inputs inputs_make(const VocabBenchOptions& o) {
+Inputs inputs_make(const VocabBenchOptions& o, int rank) {
   Inputs in;
   Rng rng(1);
-  in.x.resize(static_cast<size_t>(o.tokens * o.hidden));
   in.W.resize(static_cast<size_t>(o.vocab * o.hidden));
-  in.targets.resize(static_cast<size_t>(o.tokens));
-  for (float& v : in.x) v = static_cast<float>(rng.normal());
   for (float& v : in.W) v = static_cast<float>(0.02 * rng.normal());
-  for (int32_t& t : in.targets) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(o.vocab)));
+  Rng tok(2 + static_cast<uint64_t>(rank));
+  in.x.resize(static_cast<size_t>(o.tokens * o.hidden));
+  in.targets.resize(static_cast<size_t>(o.tokens));
+  for (float& v : in.x) v = static_cast<float>(tok.normal());
+  for (int32_t& t : in.targets) t = static_cast<int32_t>(tok.below(static_cast<uint64_t>(o.vocab)));
   in.targets.back() = -100;
   return in;
 }
 
-void variant_setup(Variant& v, const VocabBenchOptions& o, const Inputs* in) {
+void variant_setup(Variant& v, const VocabBenchOptions& o, const Inputs* in, Comm& comm) {
   const int64_t N = o.tokens, H = o.hidden;
   v.be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
-  v.comm = comm_single();  // one rank
+  // The full head's GEMMs are timed by the kernel table (the ring times its own, RingDtpStats).
+  if (o.device == "cpu" && !v.ring()) v.be->kernels_set(ops::kernels_cpu_gemm_profiled());
   v.cfg = head_config(o);
   v.ps = std::make_unique<ParamStore>(v.cfg, *v.be);
   v.ps->embed_tokens->w.reset();  // not read by the head (see the file comment)
   v.ps->embed_tokens->g.reset();
-  v.s = std::make_unique<StepContext>(*v.be, v.cfg, RoutingProfile{}, *v.comm);
+  v.s = std::make_unique<StepContext>(*v.be, v.cfg, RoutingProfile{}, comm);
   v.s->B = 1;
   v.s->T = N;
   v.s->n = N;
@@ -149,40 +164,68 @@ void variant_setup(Variant& v, const VocabBenchOptions& o, const Inputs* in) {
   }
 }
 
-float loss_scale(const VocabBenchOptions& o) { return 1.0f / static_cast<float>(o.tokens - 1); }
+// 1 / (target tokens of all ranks): each rank's last token is ignored.
+float loss_scale(const VocabBenchOptions& o, int W) {
+  return 1.0f / static_cast<float>(W * (o.tokens - 1));
+}
+
+double max_over_ranks(Comm& comm, double v) {
+  comm.all_reduce_max(&v, 1, DType::DType_F64);
+  return v;
+}
+double mean_over_ranks(Comm& comm, double v) {
+  comm.all_reduce_sum(&v, 1, DType::DType_F64);
+  return v / comm.size();
+}
 
 // One forward+backward of the head; run index i (the first `warmup` are not timed).
-void variant_run_once(Variant& v, const VocabBenchOptions& o, int i) {
+void variant_run_once(Variant& v, const VocabBenchOptions& o, Comm& comm, int i) {
   const int64_t V = o.vocab, H = o.hidden;
   Backend& be = *v.be;
-  VocabSchedule sched;
-  sched.kind = v.kind;
-  sched.block_tokens = o.block_tokens;
   be.kernels().fill(v.ps->lm_head->g.f32(), 0.0f, V * H);
   be.kernels().fill(v.ps->norm->g.f32(), 0.0f, H);
   be.device_ledger().peaks_reset();
+  RingDtpStats st;
+  ops::GemmProfile& gp = ops::gemm_profile();
+  gp = {};
+  comm.barrier();  // every rank starts the clock together
   const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
-  const HeadResult h = head_forward_backward(*v.s, sched, *v.ps, v.xL, v.targets, loss_scale(o), v.dx, nullptr, true);
+  const float scale = loss_scale(o, comm.size());
+  const HeadResult h =
+      v.ring() ? head_ring_forward_backward(*v.s, v.sched, *v.ps, v.xL, v.targets, scale, v.dx, nullptr, true, &st)
+               : head_forward_backward(*v.s, v.sched, *v.ps, v.xL, v.targets, scale, v.dx, nullptr, true);
   be.synchronize();
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double cpu = process_cpu_seconds() - cpu0;
+  const double gemm = v.ring() ? st.gemm_s : gp.seconds;
+  // The full head's rest is its log-softmax, loss and gradient (and the norm, small).
+  const double softmax = v.ring() ? st.lse_s : sec - gemm;
   if (i >= o.warmup) {
-    v.seconds.push_back(sec);
-    v.cpu_seconds.push_back(cpu);
+    v.seconds.push_back(max_over_ranks(comm, sec));
+    v.cpu_seconds.push_back(max_over_ranks(comm, cpu));
+    v.gemm_s.push_back(mean_over_ranks(comm, gemm));
+    v.softmax_s.push_back(mean_over_ranks(comm, softmax));
+    v.comm_wait_s.push_back(mean_over_ranks(comm, st.comm_wait_s));
   }
-  v.peak_bytes = std::max(v.peak_bytes, be.device_ledger().total_peak());
-  v.vocab_peak_bytes = std::max(v.vocab_peak_bytes, be.device_ledger().peak(Category::Category_vocab));
+  v.comm_bytes = static_cast<uint64_t>(max_over_ranks(comm, static_cast<double>(st.comm_bytes)));
+  const Ledger& led = be.device_ledger();
+  v.peak_bytes = std::max(v.peak_bytes, static_cast<uint64_t>(max_over_ranks(comm, static_cast<double>(led.total_peak()))));
+  v.vocab_peak_bytes = std::max(
+      v.vocab_peak_bytes, static_cast<uint64_t>(max_over_ranks(comm, static_cast<double>(led.peak(Category::Category_vocab)))));
+  v.comm_peak_bytes = std::max(
+      v.comm_peak_bytes, static_cast<uint64_t>(max_over_ranks(comm, static_cast<double>(led.peak(Category::Category_comm)))));
   if (i == 0 && be.computes()) {
-    v.loss = h.loss_sum * static_cast<double>(loss_scale(o));
+    double loss_sum = h.loss_sum;
+    comm.all_reduce_sum(&loss_sum, 1, DType::DType_F64);
+    v.loss = loss_sum * static_cast<double>(scale);
     v.dx_host.resize(static_cast<size_t>(v.dx.numel()));
     v.dW_host.resize(static_cast<size_t>(V * H));
     be.copy_to_host(v.dx_host.data(), v.dx.data(), v.dx.bytes());
     be.copy_to_host(v.dW_host.data(), v.ps->lm_head->g.data(), v.ps->lm_head->g.bytes());
   }
-  if (be.computes())
-    log_info("bench vocab: {} run {}: {:.3f} s (cpu {:.3f} s)", v.kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full",
-             i, sec, cpu);
+  if (be.computes() && comm.rank() == 0)
+    log_info("bench vocab: {} run {}: {:.3f} s (cpu {:.3f} s)", v.name, i, sec, cpu);
 }
 
 // d x (H) of token t in float64 from the inputs: RMSNorm (weight 1, eps 1e-6), logits, softmax, the
@@ -230,28 +273,37 @@ double dx_error_vs_fp64(const std::vector<float>& got, const std::vector<std::ve
   return m > 0 ? d / m : d;
 }
 
-// max_i |a_i - b_i| / max_i |b_i|.
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+// max_i |a_i - b_i| / max_i |b_i| over [begin, end).
+double max_rel_diff(const float* a, const float* b, int64_t count) {
   double d = 0, m = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
+  for (int64_t i = 0; i < count; ++i) {
     d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
     m = std::max(m, std::abs(static_cast<double>(b[i])));
   }
   return m > 0 ? d / m : d;
 }
 
-nlohmann::json variant_json(const Variant& r, bool timed) {
+nlohmann::json variant_json(const Variant& r, bool timed, int W) {
   nlohmann::json j;
+  if (r.ring()) {
+    j["keep_strips"] = r.sched.keep_strips;
+    if (W > 1) j["ring_mode"] = r.sched.ring_mode;
+  }
   j["peak_bytes"] = r.peak_bytes;
   j["vocab_peak_bytes"] = r.vocab_peak_bytes;
+  j["comm_peak_bytes"] = r.comm_peak_bytes;
   if (timed) {
     j["seconds"] = median(r.seconds);
     j["seconds_all"] = r.seconds;
     j["cpu_seconds"] = median(r.cpu_seconds);
     j["cpu_seconds_all"] = r.cpu_seconds;
+    j["breakdown_seconds"] = {{"gemm", median(r.gemm_s)},
+                              {"softmax", median(r.softmax_s)},
+                              {"comm_wait", median(r.comm_wait_s)}};
   } else {
     j["seconds"] = nullptr;  // meta computes nothing
   }
+  j["comm_bytes_per_rank"] = r.comm_bytes;
   return j;
 }
 
@@ -271,6 +323,37 @@ std::optional<nlohmann::json> torch_run(const VocabBenchOptions& o) {
   return j;
 }
 
+// The variants of this run: full, then the ring (one rank), or on W ranks each requested mode with
+// the strips recomputed and kept.
+std::vector<Variant> variants_make(const VocabBenchOptions& o, int W) {
+  std::vector<Variant> vs;
+  VocabSchedule full;
+  full.kind = VocabSchedule::Kind::Kind_full;
+  vs.emplace_back("full", full);
+  VocabSchedule ring;
+  ring.kind = VocabSchedule::Kind::Kind_ring;
+  ring.block_tokens = o.block_tokens;
+  if (W == 1) {
+    vs.emplace_back("ring", ring);
+    return vs;
+  }
+  std::vector<std::string> modes;
+  if (o.ring_mode == "both") {
+    modes = {"weights", "activations"};
+  } else {
+    // auto resolved here (as the head does), so the variant's name says what ran.
+    const RingMode m = ring_dtp_mode(VocabSchedule{.ring_mode = o.ring_mode}, o.tokens, o.vocab, W);
+    modes = {m == RingMode::RingMode_weights ? "weights" : "activations"};
+  }
+  for (const std::string& mode : modes)
+    for (const bool keep : {false, true}) {
+      ring.ring_mode = mode;
+      ring.keep_strips = keep;
+      vs.emplace_back("ring_" + mode + (keep ? "_keep_strips" : ""), ring);
+    }
+  return vs;
+}
+
 int bench_vocab_run(const VocabBenchOptions& o) {
   FP_CHECK(o.tokens >= 2 && o.vocab >= 1 && o.hidden >= 1, "e.g. --tokens 8192 --vocab 32768 --hidden 1024",
            "--tokens {} --vocab {} --hidden {}: need at least 2 tokens, a vocabulary and a hidden size", o.tokens,
@@ -278,19 +361,22 @@ int bench_vocab_run(const VocabBenchOptions& o) {
   FP_CHECK(o.block_tokens >= 1, "e.g. --block-tokens 1024", "--block-tokens {} must be >= 1", o.block_tokens);
   FP_CHECK(o.repeats >= 1 && o.warmup >= 0, "e.g. --repeats 5 --warmup 1", "--repeats {} --warmup {}", o.repeats,
            o.warmup);
+  Comm& comm = comm_world();
+  const int W = comm.size();
+  const bool lead = comm.rank() == 0;
   const bool timed = o.device == "cpu";
-  log_info("bench vocab: N {} V {} H {} block_tokens {} on {}", o.tokens, o.vocab, o.hidden, o.block_tokens, o.device);
+  if (lead)
+    log_info("bench vocab: N {} per rank, V {}, H {}, block_tokens {}, {} rank(s) on {}", o.tokens, o.vocab, o.hidden,
+             o.block_tokens, W, o.device);
   std::optional<Inputs> in;
-  if (timed) in = inputs_make(o);
-  Variant full(VocabSchedule::Kind::Kind_full), ring(VocabSchedule::Kind::Kind_ring);
-  variant_setup(full, o, in ? &*in : nullptr);
-  variant_setup(ring, o, in ? &*in : nullptr);
-  // Interleaved (full, ring, full, ...) so a change in the machine's load hits both alike.
+  if (timed) in = inputs_make(o, comm.rank());
+  std::vector<Variant> vs = variants_make(o, W);
+  for (Variant& v : vs) variant_setup(v, o, in ? &*in : nullptr, comm);
+  // Interleaved (full, ring, ..., full, ring, ...) so a change in the machine's load hits all alike.
   const int runs = timed ? o.warmup + o.repeats : 1;
-  for (int i = 0; i < runs; ++i) {
-    variant_run_once(full, o, i);
-    variant_run_once(ring, o, i);
-  }
+  for (int i = 0; i < runs; ++i)
+    for (Variant& v : vs) variant_run_once(v, o, comm, i);
+  const Variant& full = vs.front();
 
   nlohmann::json j;
   j["tokens"] = o.tokens;
@@ -298,66 +384,106 @@ int bench_vocab_run(const VocabBenchOptions& o) {
   j["hidden"] = o.hidden;
   j["block_tokens"] = o.block_tokens;
   j["device"] = o.device;
-  j["ranks"] = 1;
-  j["full"] = variant_json(full, timed);
-  j["ring"] = variant_json(ring, timed);
-  VocabSchedule v;
-  v.block_tokens = o.block_tokens;
-  j["ring"]["vocab_bytes_planned"] = ring_dtp_vocab_bytes(v, o.tokens, o.vocab);
+  j["ranks"] = W;
+  for (const Variant& v : vs) j[v.name] = variant_json(v, timed, W);
+  std::vector<int64_t> ns(static_cast<size_t>(W), o.tokens);
+  for (Variant& v : vs) {
+    if (!v.ring()) continue;
+    const RingMode mode = ring_dtp_mode(v.sched, o.tokens, o.vocab, W);
+    const uint64_t planned = W == 1 ? ring_dtp_vocab_bytes(v.sched, o.tokens, o.vocab)
+                                    : ring_dtp_working_set(v.sched, mode, 0, ns, o.vocab, o.hidden, true).vocab_bytes;
+    j[v.name]["vocab_bytes_planned"] = planned;  // rank 0's
+  }
   nlohmann::json& ratios = j["ratios"];
-  ratios["vocab_peak_ring_over_full"] = static_cast<double>(ring.vocab_peak_bytes) / static_cast<double>(full.vocab_peak_bytes);
-  ratios["peak_ring_over_full"] = static_cast<double>(ring.peak_bytes) / static_cast<double>(full.peak_bytes);
-  ratios["vocab_peak_reduction"] = 1.0 - ratios["vocab_peak_ring_over_full"].get<double>();
-
-  fmt::print("bench vocab: N = {}, V = {}, H = {}, block_tokens = {}, one rank, device {}\n", o.tokens, o.vocab,
-             o.hidden, o.block_tokens, o.device);
+  for (const Variant& v : vs) {
+    if (!v.ring()) continue;
+    nlohmann::json& r = ratios[v.name + "_over_full"];
+    r["vocab_peak"] = static_cast<double>(v.vocab_peak_bytes) / static_cast<double>(full.vocab_peak_bytes);
+    r["vocab_peak_reduction"] = 1.0 - r["vocab_peak"].get<double>();
+    r["peak"] = static_cast<double>(v.peak_bytes) / static_cast<double>(full.peak_bytes);
+    if (timed) {
+      r["seconds"] = median(v.seconds) / median(full.seconds);
+      r["cpu_seconds"] = median(v.cpu_seconds) / median(full.cpu_seconds);
+    }
+  }
+  if (lead)
+    fmt::print("bench vocab: N = {} per rank, V = {}, H = {}, block_tokens = {}, {} rank(s), device {}\n", o.tokens,
+               o.vocab, o.hidden, o.block_tokens, W, o.device);
   if (timed) {
-    // Check first: the ring must compute what the full head computes.
-    const double loss_rel = std::abs(ring.loss - full.loss) / std::abs(full.loss);
-    const double dx_rel = max_rel_diff(ring.dx_host, full.dx_host), dW_rel = max_rel_diff(ring.dW_host, full.dW_host);
-    // Both heads against float64 on a few tokens: the scale of fp32 rounding the difference is measured by.
+    // Check first: every ring variant must compute what the full head computes. The full head's dW
+    // on W ranks is its own tokens' share: summed over the ranks it is the whole gradient, which
+    // each ring rank holds for its shard's rows.
+    std::vector<float> dW_full = full.dW_host;
+    comm.all_reduce_sum(dW_full.data(), static_cast<int64_t>(dW_full.size()), DType::DType_F32);
+    const VocabShard sh = W == 1 ? VocabShard{0, o.vocab} : ring_dtp_shard(o.vocab, W, comm.rank());
+    nlohmann::json& check = j["check"];
+    check["loss_full"] = full.loss;
+    for (const Variant& v : vs) {
+      if (!v.ring()) continue;
+      const double loss_rel = std::abs(v.loss - full.loss) / std::abs(full.loss);
+      const double dx_rel = max_over_ranks(
+          comm, max_rel_diff(v.dx_host.data(), full.dx_host.data(), static_cast<int64_t>(full.dx_host.size())));
+      const double dW_rel = max_over_ranks(comm, max_rel_diff(v.dW_host.data() + sh.v0 * o.hidden,
+                                                              dW_full.data() + sh.v0 * o.hidden, sh.rows * o.hidden));
+      check[v.name] = {{"loss", v.loss}, {"loss_rel_diff", loss_rel}, {"dx_max_rel_diff", dx_rel},
+                       {"dW_max_rel_diff", dW_rel}};
+      if (lead)
+        fmt::print("check {}: loss full {:.7f} ring {:.7f} (rel diff {:.1e}); vs full, max diff / max |full|: dx "
+                   "{:.1e}, dW {:.1e}\n",
+                   v.name, full.loss, v.loss, loss_rel, dx_rel, dW_rel);
+      FP_CHECK(loss_rel <= 1e-5 && dx_rel <= 1e-5 && dW_rel <= 1e-5, "this is a bug in Ring-DTP: please report it",
+               "{} disagrees with the full head", v.name);
+    }
+    // Every head against float64 on a few of each rank's tokens: the scale of fp32 rounding the
+    // differences above are measured by (two exact fp32 evaluations in different orders differ by
+    // about the sum of their errors).
     std::vector<int64_t> rows;
     for (int64_t r = 0; r < 8; ++r) rows.push_back(r * (o.tokens - 1) / 7);
     std::vector<std::vector<double>> ref;
-    for (const int64_t t : rows) ref.push_back(dx_row_fp64(*in, t, o.vocab, o.hidden, loss_scale(o)));
-    const double full_err = dx_error_vs_fp64(full.dx_host, ref, rows, o.hidden);
-    const double ring_err = dx_error_vs_fp64(ring.dx_host, ref, rows, o.hidden);
-    j["check"] = {{"loss_full", full.loss},       {"loss_ring", ring.loss},      {"loss_rel_diff", loss_rel},
-                  {"dx_max_rel_diff", dx_rel},    {"dW_max_rel_diff", dW_rel},   {"dx_rows_vs_fp64", rows},
-                  {"dx_full_err_vs_fp64", full_err}, {"dx_ring_err_vs_fp64", ring_err}};
-    fmt::print("check: loss full {:.7f} ring {:.7f} (rel diff {:.1e}); ring vs full, max diff / max |full|: dx {:.1e}, "
-               "dW {:.1e}; dx of {} tokens vs float64: full {:.1e}, ring {:.1e}\n",
-               full.loss, ring.loss, loss_rel, dx_rel, dW_rel, rows.size(), full_err, ring_err);
-    FP_CHECK(loss_rel <= 1e-5 && dx_rel <= 1e-5 && dW_rel <= 1e-5, "this is a bug in Ring-DTP: please report it",
-             "the ring head disagrees with the full head");
-    ratios["seconds_ring_over_full"] = median(ring.seconds) / median(full.seconds);
-    ratios["cpu_seconds_ring_over_full"] = median(ring.cpu_seconds) / median(full.cpu_seconds);
+    for (const int64_t t : rows) ref.push_back(dx_row_fp64(*in, t, o.vocab, o.hidden, loss_scale(o, W)));
+    check["dx_rows_vs_fp64"] = rows;
+    std::string line = fmt::format("check: dx of {} tokens per rank vs float64, max diff / max |fp64|:", rows.size());
+    for (const Variant& v : vs) {
+      const double err = max_over_ranks(comm, dx_error_vs_fp64(v.dx_host, ref, rows, o.hidden));
+      check["dx_err_vs_fp64"][v.name] = err;
+      line += fmt::format(" {} {:.1e}", v.name, err);
+    }
+    if (lead) fmt::print("{}\n", line);
   }
-  fmt::print("| variant | device peak | vocab peak | fwd+bwd s {} | process cpu s |\n|---|---|---|---|---|\n",
-             timed ? fmt::format("(median of {})", o.repeats) : std::string("(meta: not computed)"));
-  auto row = [&](const char* name, const Variant& r) {
-    fmt::print("| {} | {} | {} | {} | {} |\n", name, bytes_format(r.peak_bytes), bytes_format(r.vocab_peak_bytes),
-               timed ? fmt::format("{:.3f}", median(r.seconds)) : std::string("-"),
-               timed ? fmt::format("{:.3f}", median(r.cpu_seconds)) : std::string("-"));
-  };
-  row("full", full);
-  row("ring", ring);
-  if (timed && !o.no_torch) {
+  if (lead) {
+    fmt::print("| variant | device peak | vocab peak | comm peak | fwd+bwd s {} | GEMM s | softmax s | comm wait s | "
+               "process cpu s |\n|---|---|---|---|---|---|---|---|---|\n",
+               timed ? fmt::format("(median of {})", o.repeats) : std::string("(meta: not computed)"));
+    const auto sec = [&](const std::vector<double>& v) {
+      return timed ? fmt::format("{:.3f}", median(v)) : std::string("-");
+    };
+    for (const Variant& v : vs)
+      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", v.name, bytes_format(v.peak_bytes),
+                 bytes_format(v.vocab_peak_bytes), bytes_format(v.comm_peak_bytes), sec(v.seconds), sec(v.gemm_s),
+                 sec(v.softmax_s), sec(v.comm_wait_s), sec(v.cpu_seconds));
+  }
+  if (timed && W == 1 && !o.no_torch) {
     std::optional<nlohmann::json> t = torch_run(o);
     j["torch"] = *t;
-    ratios["seconds_ring_over_torch"] = median(ring.seconds) / (*t)["seconds"].get<double>();
-    fmt::print("| PyTorch F.linear + F.cross_entropy (torch {}, {} threads) | max RSS {} ({} over its inputs) | - | {:.3f} | {:.3f} |\n",
+    ratios["ring_over_torch"]["seconds"] = median(vs[1].seconds) / (*t)["seconds"].get<double>();
+    fmt::print("| PyTorch F.linear + F.cross_entropy (torch {}, {} threads) | max RSS {} ({} over its inputs) | - | - | "
+               "{:.3f} | - | - | - | {:.3f} |\n",
                (*t)["torch"].get<std::string>(), (*t)["threads"].get<int>(),
                bytes_format((*t)["max_rss_bytes"].get<uint64_t>()), bytes_format((*t)["vocab_peak_bytes"].get<uint64_t>()),
                (*t)["seconds"].get<double>(), (*t)["cpu_seconds"].get<double>());
   }
-  fmt::print("ring / full: vocab peak {:.4f} ({:.1f}% below), device peak {:.4f}", ratios["vocab_peak_ring_over_full"].get<double>(),
-             100 * ratios["vocab_peak_reduction"].get<double>(), ratios["peak_ring_over_full"].get<double>());
-  if (timed)
-    fmt::print(", time {:.3f}x (process cpu time {:.3f}x)", ratios["seconds_ring_over_full"].get<double>(),
-               ratios["cpu_seconds_ring_over_full"].get<double>());
-  fmt::print("\n");
-  if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
+  if (lead) {
+    for (const Variant& v : vs) {
+      if (!v.ring()) continue;
+      const nlohmann::json& r = ratios[v.name + "_over_full"];
+      fmt::print("{} / full: vocab peak {:.4f} ({:.1f}% below), device peak {:.4f}", v.name, r["vocab_peak"].get<double>(),
+                 100 * r["vocab_peak_reduction"].get<double>(), r["peak"].get<double>());
+      if (timed)
+        fmt::print(", time {:.3f}x (process cpu time {:.3f}x)", r["seconds"].get<double>(), r["cpu_seconds"].get<double>());
+      fmt::print("\n");
+    }
+    if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
+  }
   return 0;
 }
 
@@ -372,12 +498,14 @@ void bench_vocab_register(CLI::App& parent, Runner& run) {
   sub->add_option("--vocab", o.vocab, "V, vocabulary size");
   sub->add_option("--hidden", o.hidden, "H, hidden size");
   sub->add_option("--block-tokens", o.block_tokens, "ring: tokens per strip (vocab.block_tokens)");
+  sub->add_option("--ring-mode", o.ring_mode, "ring on W > 1 ranks: weights, activations, auto (vocab.ring_mode) or both")
+      ->check(CLI::IsMember({"weights", "activations", "auto", "both"}));
   sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
       ->check(CLI::IsMember({"cpu", "meta"}));
   sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
   sub->add_option("--warmup", o.warmup, "untimed runs first");
   sub->add_option("--json", o.json, "write the results here");
-  sub->add_flag("--no-torch", o.no_torch, "skip the PyTorch comparison (cpu)");
+  sub->add_flag("--no-torch", o.no_torch, "skip the PyTorch comparison (cpu, one rank)");
   sub->add_option("--torch-script", o.torch_script, "the PyTorch companion script");
   sub->add_option("--python", o.python, "the Python with torch");
 }

@@ -68,6 +68,7 @@ int bench_step_run(const BenchOptions& o);
 void bench_vocab_register(CLI::App& bench, Runner& run);
 void bench_checkpoint_register(CLI::App& bench, Runner& run);
 void bench_optimizer_register(CLI::App& bench, Runner& run);
+void bench_dispatch_register(CLI::App& bench, Runner& run);  // bench dispatch (bench_dispatch.cpp)
 void plan_register(CLI::App& app, Runner& run);
 
 }  // namespace fp::cli

@@ -1,4 +1,4 @@
-// flatpeak command line: train | eval | step | plan | bench <step|vocab|checkpoint|optimizer>.
+// flatpeak command line: train | eval | step | plan | bench <step|vocab|checkpoint|optimizer|dispatch>.
 // Errors: fp::Error prints "error: ..." and "hint: ..." and exits 1; internal errors exit 2.
 #include <CLI/CLI.hpp>
 
@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   fp::cli::bench_vocab_register(*bench, run);
   fp::cli::bench_checkpoint_register(*bench, run);
   fp::cli::bench_optimizer_register(*bench, run);
+  fp::cli::bench_dispatch_register(*bench, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

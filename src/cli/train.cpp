@@ -33,6 +33,9 @@ void train_register(CLI::App& app, Runner& run) {
   sub->add_option("--stop-after", o.stop_after,
                   "stop after this many steps of this invocation, with a checkpoint (preemptible jobs)");
   sub->add_flag("--quiet", o.quiet, "no progress lines");
+  sub->add_option("--link-gbps", o.link_gbps,
+                  "emulate a host-device link of X GB/s for the offload copies (schedule studies; 0: off)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 

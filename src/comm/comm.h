@@ -3,7 +3,9 @@
 //
 // Buffers are data pointers of this process (device tensors of the cpu backend are host memory; a
 // CUDA backend's NCCL engine takes device pointers). A null pointer means "no data" (the meta
-// backend): the call still takes place on every rank, so collectives stay matched, but moves nothing.
+// backend): the call still takes place on every rank, so collectives stay matched, but that buffer
+// moves nothing (its counts are taken as 0; in all_to_all_v and send_recv each side on its own, since
+// an empty cpu tensor has a null pointer too while the rank's other side may hold data).
 // Counts are elements of the given dtype (f32, f64, i64, i32, or bytes for raw transfers).
 //
 // Errors: every engine call goes through one checking macro (FP_MPI_CHECK in mpi_comm.cpp) that
@@ -18,6 +20,13 @@
 #include "core/dtype.h"
 
 namespace fp {
+
+// A send_recv in flight (Comm::send_recv_start). Both buffers belong to the engine until test() has
+// returned true or wait() has returned. A default-constructed request is complete.
+struct CommRequest {
+  int64_t slot = -1;  // the engine's handle; -1: nothing in flight
+  bool active() const { return slot >= 0; }
+};
 
 class Comm {
  public:
@@ -40,6 +49,19 @@ class Comm {
   // Sends `n` elements to dst while receiving `n_recv` from src (a ring shift when dst = rank + 1,
   // src = rank - 1). send and recv must not overlap.
   virtual void send_recv(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src, DType t) = 0;
+  // send_recv without blocking (Note [Overlapping a ring hop] in sched/vocab/ring_dtp_ring.cpp):
+  // starts the same transfer and returns at once. test() drives it (MPI moves a large message only
+  // inside MPI calls) and returns true once it completed; wait() blocks until it has. Transfers in
+  // flight at once between the same pair of ranks are matched in the order they were started, so
+  // every rank must start its transfers in the same order. The default runs the blocking send_recv
+  // at start: an engine without nonblocking calls stays correct, only without overlap.
+  virtual CommRequest send_recv_start(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src,
+                                      DType t) {
+    send_recv(send, n, dst, recv, n_recv, src, t);
+    return {};
+  }
+  virtual bool test(CommRequest& r) { return !r.active(); }
+  virtual void wait(CommRequest& r) { r.slot = -1; }
   virtual void barrier() = 0;
   // Ends every rank of the run with this exit code (never returns).
   [[noreturn]] virtual void abort(int code) = 0;

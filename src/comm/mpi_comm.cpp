@@ -6,6 +6,7 @@
 #ifdef FLATPEAK_HAVE_MPI
 #include <mpi.h>
 
+#include <array>
 #include <climits>
 #include <cstdlib>
 #include <vector>
@@ -84,12 +85,14 @@ class MpiComm final : public Comm {
   }
   void all_to_all_v(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
                     DType t) override {
-    const bool none = send == nullptr || recv == nullptr;
+    // Each side on its own: a null send (meta) sends nothing, a null receive (meta) takes nothing. An
+    // empty cpu tensor also has a null pointer, but then its counts are 0 anyway, and the other side of
+    // this rank (say, rows it sends while receiving none) must still move.
     std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
     int64_t so = 0, ro = 0;
     for (int i = 0; i < size_; ++i) {
-      sc[i] = none ? 0 : count_of(send_counts[i]);
-      rc[i] = none ? 0 : count_of(recv_counts[i]);
+      sc[i] = send == nullptr ? 0 : count_of(send_counts[i]);
+      rc[i] = recv == nullptr ? 0 : count_of(recv_counts[i]);
       sd[i] = count_of(so);
       rd[i] = count_of(ro);
       so += sc[i];
@@ -104,6 +107,41 @@ class MpiComm final : public Comm {
     FP_MPI_CHECK(MPI_Sendrecv(send, count_of(n), mpi_type(t), dst, kTagShift, recv, count_of(n_recv), mpi_type(t),
                               src, kTagShift, comm_, MPI_STATUS_IGNORE));
   }
+  CommRequest send_recv_start(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src,
+                              DType t) override {
+    if (send == nullptr) n = 0;
+    if (recv == nullptr) n_recv = 0;
+    // A free slot, or a new one: the pool grows to the most transfers ever in flight at once, then
+    // starting a transfer allocates nothing.
+    int64_t slot;
+    if (free_slots_.empty()) {
+      slot = static_cast<int64_t>(slots_.size());
+      slots_.push_back({MPI_REQUEST_NULL, MPI_REQUEST_NULL});
+    } else {
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
+    MPI_Request* q = slots_[slot].data();
+    // The receive first, so a rank that sends to itself (P = 1) finds it posted.
+    FP_MPI_CHECK(MPI_Irecv(recv, count_of(n_recv), mpi_type(t), src, kTagStart, comm_, &q[0]));
+    FP_MPI_CHECK(MPI_Isend(send, count_of(n), mpi_type(t), dst, kTagStart, comm_, &q[1]));
+    return CommRequest{slot};
+  }
+  bool test(CommRequest& r) override {
+    if (!r.active()) return true;
+    int done = 0;
+    FP_MPI_CHECK(MPI_Testall(2, slots_[r.slot].data(), &done, MPI_STATUSES_IGNORE));
+    if (done) slot_release(r);
+    return done != 0;
+  }
+  void wait(CommRequest& r) override {
+    if (!r.active()) return;
+    MPI_Status st[2];
+    const int rc = MPI_Waitall(2, slots_[r.slot].data(), st);
+    if (rc == MPI_ERR_IN_STATUS) FP_MPI_CHECK(st[0].MPI_ERROR != MPI_SUCCESS ? st[0].MPI_ERROR : st[1].MPI_ERROR);
+    FP_MPI_CHECK(rc);
+    slot_release(r);
+  }
   void barrier() override { FP_MPI_CHECK(MPI_Barrier(comm_)); }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
@@ -112,12 +150,19 @@ class MpiComm final : public Comm {
 
  private:
   static constexpr int kTagShift = 17;
+  static constexpr int kTagStart = 18;  // send_recv_start: apart from the blocking shifts
+  void slot_release(CommRequest& r) {
+    free_slots_.push_back(r.slot);
+    r.slot = -1;
+  }
   void reduce(void* data, int64_t n, DType t, MPI_Op op) {
     if (data == nullptr) n = 0;
     FP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), mpi_type(t), op, comm_));
   }
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  std::vector<std::array<MPI_Request, 2>> slots_;  // (receive, send) of each transfer started
+  std::vector<int64_t> free_slots_;
 };
 
 }  // namespace

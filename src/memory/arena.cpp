@@ -45,6 +45,7 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
     category_ = o.category_;
     bytes_ = o.bytes_;
     name_ = std::move(o.name_);
+    view_ = o.view_;
     o.arena_ = nullptr;
     o.data_ = nullptr;
     o.bytes_ = 0;
@@ -52,11 +53,28 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
   return *this;
 }
 
+Tensor Tensor::view(const Tensor& base, int64_t offset, const Shape& shape, std::string name) {
+  FP_ASSERT(base.defined() && offset >= 0 && offset + shape.numel() <= base.numel(),
+            "view {} at {} outside tensor '{}' {}", shape.str(), offset, base.name_, base.shape_.str());
+  Tensor t;
+  t.arena_ = base.arena_;
+  const uint64_t skip = static_cast<uint64_t>(offset) * dtype_size(base.dtype_);
+  t.data_ = base.data_ == nullptr ? nullptr : static_cast<char*>(base.data_) + skip;
+  t.shape_ = shape;
+  t.dtype_ = base.dtype_;
+  t.category_ = base.category_;
+  t.bytes_ = static_cast<uint64_t>(shape.numel()) * dtype_size(base.dtype_);
+  t.name_ = std::move(name);
+  t.view_ = true;
+  return t;
+}
+
 void Tensor::reset() {
   if (arena_ != nullptr) {
-    arena_->release(data_, category_, bytes_, name_, shape_, dtype_);
+    if (!view_) arena_->release(data_, category_, bytes_, name_, shape_, dtype_);
     arena_ = nullptr;
     data_ = nullptr;
+    view_ = false;
   }
 }
 

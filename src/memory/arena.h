@@ -6,6 +6,9 @@
 //
 // A Tensor is a move-only owning handle: it names its category, shape and dtype, and gives its bytes
 // back to its arena when destroyed or reset(). Every device allocation in flatpeak is a Tensor.
+// A view (Tensor::view) is a non-owning Tensor over part of another one: the same interface, no
+// allocation, nothing given back; it must not outlive its base (FSDP: a parameter's full-shaped
+// weight inside the gathered unit of its layer, model/params.h).
 #pragma once
 
 #include <cstdint>
@@ -47,8 +50,13 @@ class Tensor {
   Tensor& operator=(Tensor&& o) noexcept;
   ~Tensor() { reset(); }
 
-  // Gives the bytes back; the tensor becomes undefined.
+  // A non-owning view of `shape` starting `offset` elements into base (same dtype, category and
+  // arena; null data when base has none, as on meta). Asserts that it lies inside base.
+  static Tensor view(const Tensor& base, int64_t offset, const Shape& shape, std::string name);
+
+  // Gives the bytes back (a view gives nothing back); the tensor becomes undefined.
   void reset();
+  bool is_view() const { return view_; }
 
   bool defined() const { return arena_ != nullptr; }
   // Data pointers: null on the meta backend (kernels there do nothing).
@@ -73,6 +81,7 @@ class Tensor {
   Category category_ = Category::Category_workspace;
   uint64_t bytes_ = 0;
   std::string name_;
+  bool view_ = false;  // a view owns nothing (Tensor::view)
 };
 
 }  // namespace fp

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -15,19 +16,31 @@
 
 namespace fp {
 
+class ExpertDispatch;  // sched/dispatch/dispatch.h
+// What an expert dispatch keeps from its forward for its backward: each variant's own subclass
+// (sched/dispatch/dispatch.h). Destroying it frees its tensors.
+struct DispatchActs {
+  virtual ~DispatchActs() = default;
+};
+
 // What every block of one step shares.
 struct StepContext {
   StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm) : be(b), cfg(c), profile(p), comm(cm) {}
   Backend& be;
   const ModelConfig& cfg;
   RoutingProfile profile;
-  Comm& comm;                // context-parallel ranks (size 1: one process)
+  Comm& comm;                // context-parallel ranks (size 1: one process); experts sharded over them
+  ExpertDispatch* dispatch = nullptr;  // the step's expert dispatch (expert_dispatch_create); null: local (W = 1)
+  // (n, H) the current MoE block's normed tokens (MoeActs::h2), set only while s.dispatch->forward with
+  // keep and s.dispatch->backward run (null otherwise): a dispatch that recomputes in backward may
+  // re-gather its rows from it (token of row i: host_rows[i]) instead of keeping xs.
+  const Tensor* moe_h2 = nullptr;
   int64_t B = 0, T = 0, n = 0;  // T: this rank's tokens per sequence
   Tensor pos;                // (n) i32, position of each token in its sequence
   std::vector<int32_t> seq_pos;  // (T) host: the positions of this rank's tokens in a sequence
   // Host scratch reused across layers (no allocation per layer once sized).
   std::vector<int32_t> host_topk;     // (n, k)
-  std::vector<int32_t> host_rows;     // (m)
+  std::vector<int32_t> host_rows;     // (m) token of each routed copy in expert order (the current MoE block)
   std::vector<int32_t> host_slot;     // (n, k)
   std::vector<float> host_probs;      // (n, E)
 };
@@ -47,15 +60,16 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
 void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx);
 
 // ---- MoE block: x2 = x1 + sum_j w_j expert_{e_j}(rmsnorm(x1))
+// The routed copies go to their experts through s.dispatch (sched/dispatch/dispatch.h): with W > 1
+// only the experts this rank owns (model/layout.h) are read and get gradients.
 struct MoeActs {
   Tensor h2, rstd2;            // (n, H), (n)
   Tensor probs;                // (n, E) router softmax
   Tensor topk_idx, topk_w;     // (n, k) i32, (n, k)
   Tensor rows, slot_pos;       // (m) i32, (n, k) i32: expert order <-> token order
   std::vector<int64_t> offsets;  // (E + 1) rows of each expert in expert order (host)
-  Tensor xs;                   // (m, H) routed copies in expert order (dispatch)
-  Tensor g, u, act;            // (m, I) gate, up, silu(g)*u
-  Tensor ys;                   // (m, H) expert outputs (dispatch)
+  std::unique_ptr<DispatchActs> dispatch;  // what the expert dispatch keeps (routed copies, FFN intermediates)
+  Tensor ys;                   // (m, H) expert outputs in expert order (dispatch)
 };
 // Per-layer routing statistics for the load-balancing loss (host).
 struct RouterStats {

@@ -6,9 +6,17 @@
 
 #include "model/blocks.h"
 #include "sched/ckpt/boundary_store.h"
+#include "sched/dispatch/dispatch.h"
 #include "sched/vocab/vocab_head.h"
 
 namespace fp {
+
+namespace {
+// Whether Ring-DTP's multi-rank path reads this rank's lm_head rows (ParamStore::lm_head_shard())
+// rather than a slice of the whole, gathered lm_head. Until it does, the ring head gets the gathered
+// lm_head as the plain head does (its dW rows are then reduce-scattered like any unit gradient).
+constexpr bool kRingReadsLmHeadShard = true;
+}  // namespace
 
 void batch_validate(const Batch& b, int64_t V) {
   const int64_t n = b.B * b.T;
@@ -27,7 +35,7 @@ void batch_validate(const Batch& b, int64_t V) {
 }
 
 Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, ModelSchedules sched, Comm* comm)
-    : cfg_(cfg), be_(be), profile_(profile), sched_(sched), comm_(comm), params_(cfg, be) {
+    : cfg_(cfg), be_(be), profile_(profile), sched_(sched), comm_(comm), params_(cfg, be, comm) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");
@@ -42,6 +50,9 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   s.B = batch.B;
   s.T = batch.T;
   s.n = n;
+  // The expert dispatch of this step (local with one rank, expert parallel otherwise).
+  std::unique_ptr<ExpertDispatch> dispatch = expert_dispatch_create(sched_, s);
+  s.dispatch = dispatch.get();
   const ops::Kernels& K = be_.kernels();
 
   // Targets of the whole (global) batch: the loss is their mean on every rank.
@@ -71,13 +82,18 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   }
 
   // Forward: keep only the layer boundaries (Note [Per-layer checkpointing]), in the store of the
-  // checkpoint schedule (device, or SCO's host offload).
+  // checkpoint schedule (device, or SCO's host offload). With W ranks each unit of dense weights is
+  // gathered right before its use and freed right after (Note [FSDP layout] in params.h); on one rank
+  // the unit calls do nothing.
   std::unique_ptr<BoundaryStore> store = boundary_store_create(sched_.ckpt, be_, L);
   std::vector<RouterStats> stats(static_cast<size_t>(L));
+  params_.unit_gather(params_.unit_embed());
   Tensor x = be_.alloc_f32(Category::Category_checkpoints, {n, H}, "ckpt.layer0");
   K.embedding_forward(tokens.i32(), params_.embed_tokens->w.f32(), x.f32(), n, H);
+  params_.unit_release(params_.unit_embed());
   for (int64_t l = 0; l < L; ++l) {
     const LayerParams& lp = params_.layers[l];
+    params_.unit_gather(params_.unit_layer(l));
     Tensor x1 = attn_block_forward(s, lp, x, nullptr);
     if (backward) {
       store->put(l, std::move(x));
@@ -89,6 +105,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
                           last ? Category::Category_activations : Category::Category_checkpoints,
                           last ? "final.x" : fmt::format("ckpt.layer{}", l + 1));
     x1.reset();
+    params_.unit_release(params_.unit_layer(l));
   }
 
   // Load-balancing loss from the routing statistics of all layers.
@@ -119,11 +136,19 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
     be_.copy_from_host(aux_bias.data(), bias.data(), aux_bias.bytes());
   }
 
-  // Head: loss and d x_L.
+  // Head: loss and d x_L. The plain head reads the whole lm_head (the FSDP2 baseline: every rank
+  // computes its N x V logits); Ring-DTP reads only this rank's rows (lm_head_shard()) once its
+  // multi-rank path does, and then only model.norm is gathered.
   Tensor dx;
   if (backward) dx = be_.alloc_f32(Category::Category_activations, {n, H}, "grad.x");
+  const bool head_reads_shard = sched_.vocab.kind == VocabSchedule::Kind::Kind_ring && kRingReadsLmHeadShard;
+  const int64_t head_unit = head_reads_shard ? params_.unit_norm() : params_.unit_head();
+  params_.unit_gather(head_unit);
+  if (backward) params_.unit_grad_begin(head_unit);
   HeadResult head = head_forward_backward(s, sched_.vocab, params_, x, targets,
                                           1.0f / static_cast<float>(target_tokens), dx, logits_out, backward);
+  if (backward) params_.unit_grad_reduce(head_unit);
+  params_.unit_release(head_unit);
   x.reset();
   if (be_.computes()) comm.all_reduce_sum(&head.loss_sum, 1, DType::DType_F64);
   out.ce_loss = head.loss_sum / static_cast<double>(target_tokens);
@@ -136,6 +161,8 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   // Backward with recompute, last layer first.
   for (int64_t l = L - 1; l >= 0; --l) {
     const LayerParams& lp = params_.layers[l];
+    params_.unit_gather(params_.unit_layer(l));
+    params_.unit_grad_begin(params_.unit_layer(l));
     AttnActs attn;
     MoeActs moe;
     const Tensor& xl = store->get(l);
@@ -146,14 +173,17 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
     x1.reset();
     attn_block_backward(s, lp, xl, attn, dx);
     store->release(l);
+    // Each rank's gradient is that of its tokens' share of the loss; the shards get the sum.
+    params_.unit_grad_reduce(params_.unit_layer(l));
+    params_.unit_release(params_.unit_layer(l));
   }
   store->clear();
+  params_.unit_grad_begin(params_.unit_embed());
   K.embedding_backward(tokens.i32(), dx.f32(), params_.embed_tokens->g.f32(), n, H);
+  params_.unit_grad_reduce(params_.unit_embed());
   be_.synchronize();
-  // Parameters are replicated over the context-parallel ranks: each rank holds the gradient of its
-  // tokens' share of the loss, and their sum is the gradient of the whole batch.
-  if (comm.size() > 1)
-    for (Param& p : params_.all()) comm.all_reduce_sum(p.g.data(), p.g.numel(), DType::DType_F32);
+  // Every gradient is final: the dense shards got the sum over ranks by reduce-scatter, and each
+  // expert's owner received every rank's tokens for it (the dispatch), so nothing is left to sum.
   return out;
 }
 

@@ -50,8 +50,8 @@ class Model {
   // Allocates parameters and gradients. The profile overrides the router (required on meta, where
   // the router computes nothing: "router" is an error there).
   // sched: the schedule of each flattenable peak (plain variants by default).
-  // comm: the ranks this model is spread over (context parallel; parameters replicated and gradients
-  // summed over ranks for now); null: one process.
+  // comm: the ranks this model is spread over (context parallel over the tokens; dense parameters
+  // sharded FSDP-style, Note [FSDP layout] in model/params.h); null: one process.
   Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, ModelSchedules sched = {},
         Comm* comm = nullptr);
 
@@ -59,8 +59,9 @@ class Model {
   void init_weights(uint64_t seed) { params_.init(seed); }
   void zero_grads() { params_.zero_grads(); }
 
-  // Forward, loss and backward; gradients are accumulated into the params' .g. Validates the
-  // batch (shapes, token ids, targets) with fp::Error first. logits_out (tests): the (B, T, V) logits.
+  // Forward, loss and backward; gradients are accumulated into the params' local_g() (their .g on one
+  // rank). Validates the batch (shapes, token ids, targets) with fp::Error first. logits_out (tests):
+  // the (B, T, V) logits.
   StepOutputs forward_backward(const Batch& batch, std::vector<float>* logits_out = nullptr) {
     return step(batch, logits_out, true);
   }

@@ -1,14 +1,24 @@
-// MoE block of a decoder layer (single rank, plain dispatch), forward and backward.
+// MoE block of a decoder layer, forward and backward: norm, router, expert order, the expert dispatch
+// (sched/dispatch/dispatch.h), combine.
 // Legend: n tokens, H hidden, E experts, k experts per token, m = n * k routed copies, I expert width.
 #include "model/blocks.h"
 #include "model/routing.h"
 #include "ops/moe_routing.h"
+#include "sched/dispatch/dispatch.h"
 
 namespace fp {
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
 constexpr Category kDispatch = Category::Category_dispatch;
+
+// The step's dispatch; without one (a StepContext built by hand, one rank) the local one.
+ExpertDispatch& expert_dispatch(StepContext& s) {
+  if (s.dispatch != nullptr) return *s.dispatch;
+  FP_ASSERT(s.comm.size() == 1, "a multi-rank step needs s.dispatch (expert_dispatch_create)");
+  thread_local std::unique_ptr<ExpertDispatch> local = dispatch_local_create();
+  return *local;
+}
 }  // namespace
 
 Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats,
@@ -16,8 +26,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
-                I = c.moe_intermediate_size, m = n * k;
+  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, m = n * k;
   MoeActs local;
   MoeActs& a = keep ? *keep : local;
 
@@ -67,8 +76,8 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   be.copy_from_host(a.rows.data(), s.host_rows.data(), a.rows.bytes());
   be.copy_from_host(a.slot_pos.data(), s.host_slot.data(), a.slot_pos.bytes());
 
-  a.xs = be.alloc_f32(kDispatch, {m, H}, "moe.xs");
-  K.moe_gather(a.h2.f32(), a.rows.i32(), a.xs.f32(), m, H);
+  Tensor xs = be.alloc_f32(kDispatch, {m, H}, "moe.xs");  // (m, H) routed copies in expert order
+  K.moe_gather(a.h2.f32(), a.rows.i32(), xs.f32(), m, H);
   if (!keep) {
     a.h2.reset();
     a.rstd2.reset();
@@ -77,28 +86,10 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     a.rows.reset();
   }
 
-  a.g = be.alloc_f32(kAct, {m, I}, "moe.g");
-  a.u = be.alloc_f32(kAct, {m, I}, "moe.u");
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = a.offsets[e], ne = a.offsets[e + 1] - r0;
-    if (ne == 0) continue;
-    linear_forward(be, ptr_at(a.xs.f32(), r0 * H), lp.gate_proj[e]->w.f32(), ptr_at(a.g.f32(), r0 * I), ne, H, I);
-    linear_forward(be, ptr_at(a.xs.f32(), r0 * H), lp.up_proj[e]->w.f32(), ptr_at(a.u.f32(), r0 * I), ne, H, I);
-  }
-  a.act = be.alloc_f32(kAct, {m, I}, "moe.act");
-  K.swiglu_forward(a.g.f32(), a.u.f32(), a.act.f32(), m * I);
-  if (!keep) {
-    a.xs.reset();
-    a.g.reset();
-    a.u.reset();
-  }
-  a.ys = be.alloc_f32(kDispatch, {m, H}, "moe.ys");
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = a.offsets[e], ne = a.offsets[e + 1] - r0;
-    if (ne == 0) continue;
-    linear_forward(be, ptr_at(a.act.f32(), r0 * I), lp.down_proj[e]->w.f32(), ptr_at(a.ys.f32(), r0 * H), ne, I, H);
-  }
-  if (!keep) a.act.reset();
+  // The experts, wherever they live: the dispatch takes xs and returns ys (m, H) in the same order.
+  s.moe_h2 = keep ? &a.h2 : nullptr;  // freed above unless kept
+  a.ys = expert_dispatch(s).forward(s, lp, std::move(xs), a.offsets, keep ? &a.dispatch : nullptr);
+  s.moe_h2 = nullptr;
 
   Tensor x2 = be.alloc_f32(out_cat, {n, H}, out_name);
   K.copy(x2.f32(), x1.f32(), n * H);
@@ -116,8 +107,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
-                I = c.moe_intermediate_size, m = n * k;
+  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, m = n * k;
 
   // combine: x2 = x1 + sum_j w_j ys[slot_j]; the residual part stays in dx.
   Tensor dys = be.alloc_f32(kDispatch, {m, H}, "moe.dys");
@@ -126,43 +116,10 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   a.ys.reset();
   a.topk_w.reset();
 
-  // down_proj
-  Tensor dact = be.alloc_f32(kAct, {m, I}, "moe.dact");
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = a.offsets[e], ne = a.offsets[e + 1] - r0;
-    if (ne == 0) continue;
-    linear_backward_input(be, ptr_at(dys.f32(), r0 * H), lp.down_proj[e]->w.f32(), ptr_at(dact.f32(), r0 * I), ne, I,
-                          H);
-    linear_backward_weight(be, ptr_at(dys.f32(), r0 * H), ptr_at(a.act.f32(), r0 * I), lp.down_proj[e]->g.f32(), ne,
-                           I, H);
-  }
-  dys.reset();
-  a.act.reset();
-
-  // SwiGLU
-  Tensor dg = be.alloc_f32(kAct, {m, I}, "moe.dg");
-  Tensor du = be.alloc_f32(kAct, {m, I}, "moe.du");
-  K.swiglu_backward(a.g.f32(), a.u.f32(), dact.f32(), dg.f32(), du.f32(), m * I);
-  dact.reset();
-  a.g.reset();
-  a.u.reset();
-
-  // gate_proj, up_proj
-  Tensor dxs = be.alloc_f32(kDispatch, {m, H}, "moe.dxs");
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = a.offsets[e], ne = a.offsets[e + 1] - r0;
-    if (ne == 0) continue;
-    float* dxs_e = ptr_at(dxs.f32(), r0 * H);
-    linear_backward_input(be, ptr_at(dg.f32(), r0 * I), lp.gate_proj[e]->w.f32(), dxs_e, ne, H, I);
-    linear_backward_input(be, ptr_at(du.f32(), r0 * I), lp.up_proj[e]->w.f32(), dxs_e, ne, H, I, 1.0f);
-    linear_backward_weight(be, ptr_at(dg.f32(), r0 * I), ptr_at(a.xs.f32(), r0 * H), lp.gate_proj[e]->g.f32(), ne, H,
-                           I);
-    linear_backward_weight(be, ptr_at(du.f32(), r0 * I), ptr_at(a.xs.f32(), r0 * H), lp.up_proj[e]->g.f32(), ne, H,
-                           I);
-  }
-  dg.reset();
-  du.reset();
-  a.xs.reset();
+  // The experts' backward, wherever they live: dys (m, H) -> dxs (m, H); owned experts' weight gradients.
+  s.moe_h2 = &a.h2;
+  Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(dys), a.offsets, std::move(a.dispatch));
+  s.moe_h2 = nullptr;
 
   // back to token order
   Tensor dh2 = be.alloc_f32(kAct, {n, H}, "moe.dh2");

@@ -1,65 +1,239 @@
+// Parameter store and its FSDP layout (Note [FSDP layout] in params.h).
+// Legend: W ranks, R rows of a parameter, C its row length, Rp = ceil(R / W).
 #include "model/params.h"
+
+#include <algorithm>
 
 #include "core/rng.h"
 
 namespace fp {
 
-ParamStore::ParamStore(const ModelConfig& cfg, Backend& be) : be_(be), cfg_(cfg) {
+namespace {
+
+int64_t row_length(const Shape& s) { return s.rank == 0 || s[0] == 0 ? 0 : s.numel() / s[0]; }
+
+// shape with its dim 0 replaced by rows.
+Shape with_rows(const Shape& s, int64_t rows) {
+  Shape out = s;
+  out.dims[0] = rows;
+  return out;
+}
+
+// Element `off` of an f32 tensor, keeping null (meta) data null.
+float* ptr_at_elems(const Tensor& t, int64_t off) { return t.f32() == nullptr ? nullptr : t.f32() + off; }
+
+}  // namespace
+
+RowBlock row_block(int64_t R, int rank, int world) {
+  RowBlock b;
+  b.rows_padded = (R + world - 1) / world;
+  b.row0 = std::min<int64_t>(R, rank * b.rows_padded);
+  b.rows = std::min<int64_t>(R, b.row0 + b.rows_padded) - b.row0;
+  return b;
+}
+
+ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm) : be_(be), cfg_(cfg), comm_(comm) {
+  if (comm_ == nullptr) {
+    single_ = comm_single();
+    comm_ = single_.get();
+  }
+  const bool fsdp = comm_->size() > 1;
+  const Placement dense = fsdp ? Placement::Placement_rows : Placement::Placement_whole;
+  const int W = comm_->size();
+  experts_ = expert_layout(comm_->rank(), W, cfg.num_experts);  // a user error unless W divides E
   const int64_t H = cfg.hidden_size, hd = cfg.head_dim, I = cfg.moe_intermediate_size;
-  embed_tokens = add("model.embed_tokens.weight", {cfg.vocab_size, H});
+  embed_tokens = add("model.embed_tokens.weight", {cfg.vocab_size, H}, dense);
   layers.resize(cfg.num_hidden_layers);
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     LayerParams& l = layers[i];
-    l.input_layernorm = add(p + "input_layernorm.weight", {H});
-    l.q_proj = add(p + "self_attn.q_proj.weight", {cfg.num_attention_heads * hd, H});
-    l.k_proj = add(p + "self_attn.k_proj.weight", {cfg.num_key_value_heads * hd, H});
-    l.v_proj = add(p + "self_attn.v_proj.weight", {cfg.num_key_value_heads * hd, H});
-    l.o_proj = add(p + "self_attn.o_proj.weight", {H, cfg.num_attention_heads * hd});
-    l.q_norm = add(p + "self_attn.q_norm.weight", {hd});
-    l.k_norm = add(p + "self_attn.k_norm.weight", {hd});
-    l.post_attention_layernorm = add(p + "post_attention_layernorm.weight", {H});
-    l.gate = add(p + "mlp.gate.weight", {cfg.num_experts, H});
+    l.input_layernorm = add(p + "input_layernorm.weight", {H}, dense);
+    l.q_proj = add(p + "self_attn.q_proj.weight", {cfg.num_attention_heads * hd, H}, dense);
+    l.k_proj = add(p + "self_attn.k_proj.weight", {cfg.num_key_value_heads * hd, H}, dense);
+    l.v_proj = add(p + "self_attn.v_proj.weight", {cfg.num_key_value_heads * hd, H}, dense);
+    l.o_proj = add(p + "self_attn.o_proj.weight", {H, cfg.num_attention_heads * hd}, dense);
+    l.q_norm = add(p + "self_attn.q_norm.weight", {hd}, dense);
+    l.k_norm = add(p + "self_attn.k_norm.weight", {hd}, dense);
+    l.post_attention_layernorm = add(p + "post_attention_layernorm.weight", {H}, dense);
+    l.gate = add(p + "mlp.gate.weight", {cfg.num_experts, H}, dense);
     for (int64_t e = 0; e < cfg.num_experts; ++e) {
       const std::string q = fmt::format("{}mlp.experts.{}.", p, e);
-      l.gate_proj.push_back(add(q + "gate_proj.weight", {I, H}));
-      l.up_proj.push_back(add(q + "up_proj.weight", {I, H}));
-      l.down_proj.push_back(add(q + "down_proj.weight", {H, I}));
+      const int owner = expert_owner(e, W, cfg.num_experts);
+      l.gate_proj.push_back(add(q + "gate_proj.weight", {I, H}, Placement::Placement_whole, owner));
+      l.up_proj.push_back(add(q + "up_proj.weight", {I, H}, Placement::Placement_whole, owner));
+      l.down_proj.push_back(add(q + "down_proj.weight", {H, I}, Placement::Placement_whole, owner));
     }
   }
-  norm = add("model.norm.weight", {H});
-  lm_head = add("lm_head.weight", {cfg.vocab_size, H});
+  norm = add("model.norm.weight", {H}, dense);
+  lm_head = add("lm_head.weight", {cfg.vocab_size, H}, dense);
+
+  if (!fsdp) return;
+  unit_add("fsdp.embed_tokens", {embed_tokens});
+  for (const LayerParams& l : layers)
+    unit_add("fsdp.layer", {l.input_layernorm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.q_norm, l.k_norm,
+                            l.post_attention_layernorm, l.gate});
+  unit_add("fsdp.lm_head", {norm, lm_head});
+  unit_add("fsdp.norm", {norm});
 }
 
-Param* ParamStore::add(const std::string& name, const Shape& shape) {
+Param* ParamStore::add(const std::string& name, const Shape& shape, Placement placement, int owner) {
+  const bool rows = placement == Placement::Placement_rows;
+  ParamInfo& info = layout_.emplace_back(ParamInfo{name, shape, placement, rows ? -1 : owner, nullptr});
+  if (!rows && owner != comm_->rank()) return nullptr;  // another rank's expert
   Param& p = params_.emplace_back();
+  info.local = &p;
   p.name = name;
-  p.w = be_.alloc_f32(Category::Category_params, shape, name);
-  p.g = be_.alloc_f32(Category::Category_grads, shape, name + ".grad");
+  p.shape = shape;
+  p.placement = placement;
+  if (placement == Placement::Placement_rows) {
+    p.block = row_block(shape[0], comm_->rank(), comm_->size());
+    const Shape local = with_rows(shape, p.block.rows_padded);
+    p.w_shard = be_.alloc_f32(Category::Category_params, local, name);
+    p.g_shard = be_.alloc_f32(Category::Category_grads, local, name + ".grad");
+    // Padding rows must read as zero: the gathered weight and the reduce-scatter see them.
+    be_.kernels().fill(p.w_shard.f32(), 0.0f, p.w_shard.numel());
+  } else {
+    p.block = RowBlock{0, shape[0], shape[0]};
+    p.w = be_.alloc_f32(Category::Category_params, shape, name);
+    p.g = be_.alloc_f32(Category::Category_grads, shape, name + ".grad");
+  }
+  by_name_[name] = &p;
   return &p;
 }
 
+void ParamStore::unit_add(const std::string& name, std::vector<Param*> params) {
+  Unit& u = units_.emplace_back();
+  u.name = name;
+  for (Param* p : params) {
+    FP_ASSERT(p->placement == Placement::Placement_rows, "unit {} holds '{}', which is not row-sharded", name, p->name);
+    u.offset.push_back(u.numel);
+    u.numel += comm_->size() * p->block.rows_padded * row_length(p->shape);
+  }
+  u.params = std::move(params);
+}
+
 Param* ParamStore::find(const std::string& name) {
-  for (Param& p : params_)
-    if (p.name == name) return &p;
-  return nullptr;
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
 }
 
 void ParamStore::init(uint64_t seed) {
   if (!be_.computes()) return;
+  // The stream of numbers runs over the full tensors in HF order whatever W is, so every layout starts
+  // from the same model.
   Rng rng(seed);
   std::vector<float> host;
-  for (Param& p : params_) {
-    host.resize(static_cast<size_t>(p.w.numel()));
-    const bool is_norm = p.w.shape().rank == 1;
+  for (const ParamInfo& p : layout_) {
+    host.resize(static_cast<size_t>(p.shape.numel()));
+    const bool is_norm = p.shape.rank == 1;
     for (float& v : host) v = is_norm ? 1.0f : static_cast<float>(0.02 * rng.normal());
-    be_.copy_from_host(p.w.data(), host.data(), p.w.bytes());
+    full_scatter(p, host.data(), p.local ? &p.local->local_w() : nullptr);
   }
   zero_grads();
 }
 
 void ParamStore::zero_grads() {
-  for (Param& p : params_) be_.kernels().fill(p.g.f32(), 0.0f, p.g.numel());
+  for (Param& p : params_) be_.kernels().fill(p.local_g().f32(), 0.0f, p.local_g().numel());
+}
+
+// ---- FSDP units
+
+void ParamStore::unit_gather(int64_t ui) {
+  if (units_.empty()) return;
+  Unit& u = units_[static_cast<size_t>(ui)];
+  FP_ASSERT(!u.w.defined(), "unit {} {} is already gathered", ui, u.name);
+  u.w = be_.alloc_f32(Category::Category_params, {u.numel}, u.name);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    Param& p = *u.params[i];
+    // Rank r's Rp rows land at rows [r Rp, (r + 1) Rp): the first R rows are the tensor in order.
+    comm_->all_gather(p.w_shard.data(), ptr_at_elems(u.w, u.offset[i]), p.w_shard.numel(), DType::DType_F32);
+    p.w = Tensor::view(u.w, u.offset[i], p.shape, p.name);
+  }
+}
+
+void ParamStore::unit_release(int64_t ui) {
+  if (units_.empty()) return;
+  Unit& u = units_[static_cast<size_t>(ui)];
+  for (Param* p : u.params) p->w.reset();
+  u.w.reset();
+}
+
+void ParamStore::unit_grad_begin(int64_t ui) {
+  if (units_.empty()) return;
+  Unit& u = units_[static_cast<size_t>(ui)];
+  FP_ASSERT(!u.g.defined(), "unit {} {} already has its gradient", ui, u.name);
+  const ops::Kernels& K = be_.kernels();
+  u.g = be_.alloc_f32(Category::Category_grads, {u.numel}, u.name + ".grad");
+  K.fill(u.g.f32(), 0.0f, u.numel);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    Param& p = *u.params[i];
+    const int64_t n = p.g_shard.numel();  // Rp C
+    K.copy(ptr_at_elems(u.g, u.offset[i] + comm_->rank() * n), p.g_shard.f32(), n);
+    p.g = Tensor::view(u.g, u.offset[i], p.shape, p.name + ".grad");
+  }
+}
+
+void ParamStore::unit_grad_reduce(int64_t ui) {
+  if (units_.empty()) return;
+  Unit& u = units_[static_cast<size_t>(ui)];
+  FP_ASSERT(u.g.defined(), "unit {} {} has no gradient to reduce", ui, u.name);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    Param& p = *u.params[i];
+    // Padding rows of the unsharded gradient are zero (nothing writes past row R), so the shard's
+    // padding stays zero.
+    comm_->reduce_scatter_sum(ptr_at_elems(u.g, u.offset[i]), p.g_shard.data(), p.g_shard.numel(), DType::DType_F32);
+    p.g.reset();
+  }
+  u.g.reset();
+}
+
+ParamShard ParamStore::lm_head_shard() {
+  ParamShard s;
+  s.row0 = lm_head->block.row0;
+  s.rows = lm_head->block.rows;
+  s.rows_padded = lm_head->block.rows_padded;
+  s.w = lm_head->local_w().f32();
+  s.g = lm_head->local_g().f32();
+  return s;
+}
+
+// ---- whole tensors
+
+void ParamStore::full_gather(const ParamInfo& p, const Tensor* local, float* host) {
+  const int64_t numel = p.shape.numel();
+  const int me = comm_->rank();
+  if (p.placement == Placement::Placement_whole) {
+    // The owner has it: a copy on rank 0, else one point-to-point transfer to rank 0.
+    if (p.owner == 0) {
+      if (me == 0) be_.copy_to_host(host, local->data(), static_cast<uint64_t>(numel) * sizeof(float));
+    } else if (me == p.owner) {
+      std::vector<float> mine(static_cast<size_t>(numel));
+      be_.copy_to_host(mine.data(), local->data(), local->bytes());
+      comm_->send_recv(mine.data(), numel, 0, nullptr, 0, 0, DType::DType_F32);
+    } else if (me == 0) {
+      comm_->send_recv(nullptr, 0, p.owner, host, numel, p.owner, DType::DType_F32);
+    }
+    return;
+  }
+  // Every rank's padded rows, in rank order: the first R rows are the tensor.
+  const int64_t n = local->numel();  // Rp C
+  std::vector<float> mine(static_cast<size_t>(n)), all(static_cast<size_t>(n * comm_->size()));
+  be_.copy_to_host(mine.data(), local->data(), local->bytes());
+  comm_->all_gather(mine.data(), all.data(), n, DType::DType_F32);
+  if (me == 0) std::copy(all.begin(), all.begin() + numel, host);
+}
+
+void ParamStore::full_scatter(const ParamInfo& p, const float* host, Tensor* local) {
+  if (local == nullptr) return;  // another rank's expert
+  if (p.placement == Placement::Placement_whole) {
+    be_.copy_from_host(local->data(), host, local->bytes());
+    return;
+  }
+  const int64_t C = row_length(p.shape);
+  const RowBlock b = row_block(p.shape[0], comm_->rank(), comm_->size());
+  std::vector<float> mine(static_cast<size_t>(local->numel()), 0.0f);  // (Rp, C), padding zero
+  std::copy(host + b.row0 * C, host + (b.row0 + b.rows) * C, mine.begin());
+  be_.copy_from_host(local->data(), mine.data(), local->bytes());
 }
 
 }  // namespace fp

@@ -1,24 +1,87 @@
-// Parameters with Hugging Face names (Qwen3MoeForCausalLM), each with its gradient.
+// Parameters with Hugging Face names (Qwen3MoeForCausalLM), each with its gradient, laid out over the
+// W ranks of a run.
 //
 // Legend: H hidden, V vocabulary, nh/nkv query/key-value heads, hd head_dim, E experts,
-// I expert FFN width. Linear weights are stored (out, in) like nn.Linear.
+// I expert FFN width, W ranks, R rows of a parameter (its dim 0), C = numel / R its row length,
+// Rp = ceil(R / W) rows per rank. Linear weights are stored (out, in) like nn.Linear.
+//
+// Note [FSDP layout]: with W > 1 ranks every dense parameter (embedding, attention, norms, router,
+// final norm, LM head) is sharded along dim 0 in contiguous blocks: rank r holds rows
+// [r Rp, min((r + 1) Rp, R)) in shard tensors of Rp rows, so every rank sends the same count to
+// all_gather and receives the same from reduce_scatter (the last ranks' padding rows stay zero; a
+// rank may hold no real row at all). The shard keeps the tensor's rank (AdamW decays rank >= 2 only).
+// Parameters are grouped into units gathered together right before use and freed right after:
+//   fsdp.embed_tokens  the embedding (forward only: its backward needs no weight)
+//   fsdp.layer         one layer's dense weights (both norms, q/k/v/o, q_norm, k_norm, the router)
+//   fsdp.lm_head       model.norm + lm_head (the plain "full" head: every rank computes N x V logits)
+//   fsdp.norm          model.norm alone (Ring-DTP reads its own lm_head rows, lm_head_shard())
+// A gathered unit is one buffer (category params) of W Rp rows per parameter, filled by one all_gather
+// per parameter in HF order; while it is gathered, each of its params' w is a full-shaped view into it
+// (Tensor::view), so the blocks read p.w exactly as on one rank. In backward the unit's unsharded
+// gradient ("<unit>.grad", category grads) takes the blocks' += and is then reduce-scattered into the
+// shards: the sum over ranks runs in the comm's fixed order, so results are deterministic for a W.
+// Experts are not sharded by rows: expert parallelism gives rank r experts [r E/W, (r + 1) E/W) whole
+// (model/layout.h); the others are not allocated on r at all (their LayerParams entries are null), and
+// the owner's gradient already sums every rank's tokens (the dispatch brings them), so an expert's
+// gradient needs no reduction.
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "model/config.h"
+#include "model/layout.h"
 
 namespace fp {
 
-struct Param {
-  std::string name;  // Hugging Face tensor name
-  Tensor w;          // category params
-  Tensor g;          // category grads, accumulated (+=) by backward
+// How one parameter is laid out over the ranks (Note [FSDP layout]).
+enum class Placement {
+  Placement_whole,  // one rank holds the whole tensor (one process; an expert on its owner)
+  Placement_rows,   // FSDP: every rank holds a block of rows
 };
 
+// The block of rows of an (R, C) tensor that `rank` of `world` holds: [row0, row0 + rows), in shard
+// tensors of rows_padded = ceil(R / world) rows (the same on every rank).
+struct RowBlock {
+  int64_t row0 = 0, rows = 0, rows_padded = 0;
+};
+RowBlock row_block(int64_t R, int rank, int world);
+
+struct Param {
+  std::string name;  // Hugging Face tensor name
+  Shape shape;       // the full (Hugging Face) shape
+  Placement placement = Placement::Placement_whole;
+  // What the blocks read and accumulate into, full-shaped (shape). whole: the storage
+  // (categories params, grads). rows: views into the gathered unit while it is gathered (w) and into
+  // its unsharded gradient during its backward (g); undefined otherwise.
+  Tensor w;
+  Tensor g;  // accumulated (+=) by backward
+  // rows only: this rank's rows, (rows_padded, shape[1:]), categories params and grads.
+  Tensor w_shard, g_shard;
+  RowBlock block;  // rows: which rows; whole: all R of them
+
+  // The storage this rank owns, updates (optimizer) and saves (checkpoints): the shard or the tensor.
+  Tensor& local_w() { return placement == Placement::Placement_rows ? w_shard : w; }
+  Tensor& local_g() { return placement == Placement::Placement_rows ? g_shard : g; }
+  const Tensor& local_w() const { return placement == Placement::Placement_rows ? w_shard : w; }
+  const Tensor& local_g() const { return placement == Placement::Placement_rows ? g_shard : g; }
+};
+
+// One parameter of the model as every rank sees it (ParamStore::layout()).
+struct ParamInfo {
+  std::string name;
+  Shape shape;          // the full shape
+  Placement placement;
+  int owner = 0;        // whole: the rank that holds it; rows: -1 (every rank holds rows)
+  Param* local = nullptr;  // this rank's Param; null when another rank holds the whole tensor
+};
+
+// With W > 1 the entries of the experts another rank owns are null (Note [FSDP layout]).
 struct LayerParams {
   Param* input_layernorm;           // (H)
   Param* q_proj;                    // (nh*hd, H)
@@ -34,20 +97,72 @@ struct LayerParams {
   std::vector<Param*> down_proj;    // E x (H, I)
 };
 
+// This rank's rows of lm_head (V, H) (Ring-DTP's vocabulary shard): rows [row0, row0 + rows) of the
+// vocabulary; w and g point at (rows_padded, H) buffers whose padding rows are zero (null on meta).
+// On one rank: all V rows of lm_head's w and g.
+struct ParamShard {
+  int64_t row0 = 0, rows = 0, rows_padded = 0;
+  float* w = nullptr;
+  float* g = nullptr;
+};
+
 class ParamStore {
  public:
-  // Allocates every weight (params) and gradient (grads) on the backend, in HF order.
-  ParamStore(const ModelConfig& cfg, Backend& be);
+  // Allocates every weight (params) and gradient (grads) on the backend, in HF order, laid out over
+  // comm's ranks (Note [FSDP layout]); comm null or of one rank: every parameter whole. comm must
+  // outlive the store.
+  ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm = nullptr);
 
   // cpu: linear weights and embeddings ~ N(0, 0.02) (HF initializer_range), norms = 1; deterministic
-  // in seed. meta: nothing to write.
+  // in seed and the same numbers for any W (every rank draws the full tensors, keeps its rows).
+  // meta: nothing to write.
   void init(uint64_t seed);
+  // Zeroes this rank's gradient storage (local_g of every parameter).
   void zero_grads();
 
+  // The parameters this rank holds storage for, in HF order.
   std::deque<Param>& all() { return params_; }
   const std::deque<Param>& all() const { return params_; }
-  // nullptr when there is no such name.
+  // nullptr when there is no such name or this rank holds none of it.
   Param* find(const std::string& name);
+  // Every parameter of the model, in HF order: the same list on every rank.
+  const std::vector<ParamInfo>& layout() const { return layout_; }
+  // The experts of every layer this rank holds (all of them on one rank).
+  const ExpertLayout& experts() const { return experts_; }
+
+  Comm& comm() const { return *comm_; }
+  int rank() const { return comm_->rank(); }
+  int world() const { return comm_->size(); }
+  bool sharded() const { return comm_->size() > 1; }
+
+  // ---- FSDP units (Note [FSDP layout]); on one rank every call below does nothing.
+  int64_t unit_embed() const { return 0; }
+  int64_t unit_layer(int64_t l) const { return 1 + l; }
+  int64_t unit_head() const { return 1 + cfg_.num_hidden_layers; }  // model.norm + lm_head
+  int64_t unit_norm() const { return 2 + cfg_.num_hidden_layers; }  // model.norm alone
+  // Allocates the unit's buffer ("fsdp.<unit>", category params), all-gathers its parameters into it
+  // and points their w at it.
+  void unit_gather(int64_t u);
+  // Frees the gathered buffer; the unit's w become undefined.
+  void unit_release(int64_t u);
+  // Allocates the unit's unsharded gradient ("fsdp.<unit>.grad", category grads), zero but for this
+  // rank's rows, which start from its shard gradients (so backward keeps accumulating), and points
+  // the unit's g at it.
+  void unit_grad_begin(int64_t u);
+  // Reduce-scatters the unsharded gradient into the shard gradients (sum over ranks) and frees it.
+  void unit_grad_reduce(int64_t u);
+
+  // This rank's rows of lm_head (Ring-DTP's vocabulary shard), see ParamShard.
+  ParamShard lm_head_shard();
+
+  // ---- whole tensors (checkpoints). Collective: every rank calls them for the same parameter of
+  // layout(), in the same order. local is this rank's storage laid out like p.local->local_w() (the
+  // weights, or an optimizer moment of p), device or host memory of the backend; null when the rank
+  // holds none of p.
+  // Rank 0 receives p's full tensor (numel of p.shape) into host; other ranks may pass null.
+  void full_gather(const ParamInfo& p, const Tensor* local, float* host);
+  // Every rank passes the full tensor (numel of p.shape) in host and keeps its part in local.
+  void full_scatter(const ParamInfo& p, const float* host, Tensor* local);
 
   Param* embed_tokens = nullptr;  // (V, H)
   Param* norm = nullptr;          // (H)
@@ -55,11 +170,29 @@ class ParamStore {
   std::vector<LayerParams> layers;
 
  private:
-  Param* add(const std::string& name, const Shape& shape);
+  // One group of row-sharded parameters gathered together.
+  struct Unit {
+    std::string name;             // "fsdp.layer", ...
+    std::vector<Param*> params;   // HF order
+    std::vector<int64_t> offset;  // first element of each param in the gathered buffer
+    int64_t numel = 0;            // sum over params of W Rp C
+    Tensor w;                     // (numel) category params, while gathered
+    Tensor g;                     // (numel) category grads, during the unit's backward
+  };
+  // owner: the rank holding a whole tensor (-1 for rows); another rank's tensor is not allocated
+  // here (returns null).
+  Param* add(const std::string& name, const Shape& shape, Placement placement, int owner = 0);
+  void unit_add(const std::string& name, std::vector<Param*> params);
 
   Backend& be_;
   const ModelConfig cfg_;
+  std::unique_ptr<Comm> single_;  // the one-process world when no comm is given
+  Comm* comm_;
   std::deque<Param> params_;  // a deque: Param* stay valid as it grows
+  std::vector<ParamInfo> layout_;
+  ExpertLayout experts_;
+  std::unordered_map<std::string, Param*> by_name_;
+  std::vector<Unit> units_;   // embed, layers 0..L-1, head, norm (empty on one rank)
 };
 
 }  // namespace fp

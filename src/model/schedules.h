@@ -1,6 +1,6 @@
 // Which schedule each flattenable peak uses (DESIGN.md, "The four schedules"). Every family keeps its
 // plain variant, so a run can compare them side by side. Parsed from the run config
-// (train/run_config.h: [vocab], [ckpt], [optim], [moe]).
+// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined]).
 #pragma once
 
 #include <cstdint>
@@ -26,9 +26,24 @@ struct CkptSchedule {
   uint64_t host_budget = kUnlimitedBytes;   // sco: host bytes for boundaries; the rest stay on device
 };
 
+// Expert dispatch (sched/dispatch/dispatch.h): how routed copies reach their experts when W > 1.
+struct DispatchSchedule {
+  enum class Kind { Kind_standard, Kind_llep, Kind_pipelined_llep };
+  Kind kind = Kind::Kind_standard;  // moe.dispatch
+  // llep and pipelined_llep: the least-loaded plan (sched/dispatch/llep_plan.h)
+  double lambda = 1.3;                 // llep.lambda: plan only when max/mean rank load >= lambda
+  double alpha = 1.0;                  // llep.alpha: per-rank cap = alpha * mean load
+  int64_t min_tokens_per_gemm = 1024;  // llep.min_tokens_per_gemm: smallest spilled piece that leaves work
+  // pipelined_llep: chunks (sched/dispatch/chunk_plan.h)
+  int64_t chunk_cap = 1024;            // pipelined.chunk_cap: c, tokens per source per chunk
+  int64_t max_chunks = 128;            // pipelined.max_chunks: K_max
+  bool strided = true;                 // pipelined.membership: "strided" (true) | "contiguous"
+};
+
 struct ModelSchedules {
   VocabSchedule vocab;
   CkptSchedule ckpt;
+  DispatchSchedule dispatch;
 };
 
 }  // namespace fp

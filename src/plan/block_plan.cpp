@@ -2,8 +2,10 @@
 // allocation and free for free: model/attention_block.cpp with model/ring_attention.cpp,
 // model/moe_block.cpp, sched/vocab/head_full.cpp, sched/vocab/ring_dtp.cpp. A change in any of them
 // must be mirrored here; tests/model/test_plan_vs_meta.cpp fails otherwise and prints the first
-// event that differs. Expert-parallel buffers, PipelinedLLEP, FSDP units and Ring-DTP over P > 1
-// ranks are predicted from DESIGN.md (Note [Which plans are validated] in plan.cpp).
+// event that differs (one rank, and rank r of W through a comm that moves nothing). Standard EP
+// (sched/dispatch/standard.cpp), FSDP units and Ring-DTP over P ranks (sched/vocab/ring_dtp_ring.cpp)
+// are validated at the engine's layout (cp = ep = fsdp = W); PipelinedLLEP is predicted from
+// DESIGN.md (Note [Which plans are validated] in plan.cpp).
 // Legend: see step_replay.h.
 #include <algorithm>
 
@@ -111,26 +113,19 @@ void router_forward(Step& s, MoeIds& a) {
   a.slot_pos = d.alloc(kDisp, s.i32(N * s.k), "moe.slot_pos");     // (N, k)
 }
 
-Id moe_forward_standard(Step& s, MoeIds& a, bool keep, Category out_cat) {
+// The expert side of standard EP's forward (sched/dispatch/standard.cpp): the received rows
+// source-major, regrouped by local expert (Note [Receive-side grouping]: a second (R, H) buffer and the
+// two (R) permutations), the FFN, and the outputs put back source-major. Returns y_send (R, H).
+Id ep_forward_expert_side(Step& s, MoeIds& a, Id& xs, bool keep) {
   PeakReplay& d = s.d;
-  const int64_t N = s.N, H = s.H, I = s.I, Re = s.Re;
-  router_forward(s, a);
-  if (!s.ep) {
-    a.x_exp = d.alloc(kDisp, s.act(s.m * H), "moe.xs");  // (m, H)
-  } else {
-    // Predicted (standard EP): the send buffer in destination order, the all-to-all, then the
-    // receive buffer of every route that lands here; the send buffer is done after the exchange.
-    Id send = d.alloc(kDisp, s.act(s.m * H), "ep.send");   // (m, H)
-    a.x_exp = d.alloc(kDisp, s.act(Re * H), "ep.recv");    // (R, H)
-    d.free(send);
-  }
-  if (!keep) {
-    d.free(a.h2);
-    d.free(a.rstd2);
-    d.free(a.probs);
-    d.free(a.topk_idx);
-    d.free(a.rows);
-  }
+  const int64_t H = s.H, I = s.I, Re = s.Re;
+  Id recv = d.alloc(kDisp, s.act(Re * H), "ep.recv");  // (R, H) source-major
+  d.free(xs);
+  a.perm = d.alloc(kDisp, s.i32(Re), "ep.perm");      // (R)
+  a.unperm = d.alloc(kDisp, s.i32(Re), "ep.unperm");  // (R)
+  a.x_exp = d.alloc(kDisp, s.act(Re * H), "ep.x");    // (R, H) grouped by local expert
+  d.free(recv);
+  if (!keep) d.free(a.perm);
   a.g = d.alloc(kAct, s.act(Re * I), "moe.g");
   a.u = d.alloc(kAct, s.act(Re * I), "moe.u");
   a.act = d.alloc(kAct, s.act(Re * I), "moe.act");
@@ -139,14 +134,44 @@ Id moe_forward_standard(Step& s, MoeIds& a, bool keep, Category out_cat) {
     d.free(a.g);
     d.free(a.u);
   }
-  if (!s.ep) {
-    a.ys = d.alloc(kDisp, s.act(s.m * H), "moe.ys");  // (m, H)
-  } else {
-    Id y_exp = d.alloc(kDisp, s.act(Re * H), "ep.y_send");  // (R, H)
-    a.ys = d.alloc(kDisp, s.act(s.m * H), "ep.y_recv");     // (m, H) back on the token side
-    d.free(y_exp);
-  }
+  Id y = d.alloc(kDisp, s.act(Re * H), "ep.y");  // (R, H) grouped
   if (!keep) d.free(a.act);
+  Id y_send = d.alloc(kDisp, s.act(Re * H), "ep.y_send");  // (R, H) source-major
+  d.free(y);
+  if (!keep) d.free(a.unperm);
+  return y_send;
+}
+
+Id moe_forward_standard(Step& s, MoeIds& a, bool keep, Category out_cat) {
+  PeakReplay& d = s.d;
+  const int64_t N = s.N, H = s.H, I = s.I, Re = s.Re;
+  router_forward(s, a);
+  Id xs = d.alloc(kDisp, s.act(s.m * H), "moe.xs");  // (m, H) routed copies in expert order
+  if (!keep) {
+    d.free(a.h2);
+    d.free(a.rstd2);
+    d.free(a.probs);
+    d.free(a.topk_idx);
+    d.free(a.rows);
+  }
+  if (!s.ep) {
+    // The local dispatch (sched/dispatch/local.cpp): the FFN runs on xs in place.
+    a.x_exp = xs;
+    a.g = d.alloc(kAct, s.act(Re * I), "moe.g");
+    a.u = d.alloc(kAct, s.act(Re * I), "moe.u");
+    a.act = d.alloc(kAct, s.act(Re * I), "moe.act");
+    if (!keep) {
+      d.free(a.x_exp);
+      d.free(a.g);
+      d.free(a.u);
+    }
+    a.ys = d.alloc(kDisp, s.act(s.m * H), "moe.ys");  // (m, H)
+    if (!keep) d.free(a.act);
+  } else {
+    Id y_send = ep_forward_expert_side(s, a, xs, keep);
+    a.ys = d.alloc(kDisp, s.act(s.m * H), "moe.ys");  // (m, H) back on the token side
+    d.free(y_send);
+  }
   Id x2 = d.alloc(out_cat, s.act(N * H), out_cat == kCkpt ? "ckpt.layer" : "moe.x2");
   if (!keep) {
     d.free(a.ys);
@@ -175,31 +200,39 @@ void moe_backward_tail(Step& s, MoeIds& a, Id& dw, Id& dh2) {
 void moe_backward_standard(Step& s, MoeIds& a) {
   PeakReplay& d = s.d;
   const int64_t N = s.N, H = s.H, I = s.I, Re = s.Re;
-  Id dys = d.alloc(kDisp, s.act(s.m * H), s.ep ? "ep.dy_send" : "moe.dys");  // (m, H)
-  Id dw = d.alloc(kAct, s.rt(N * s.k), "moe.dw");                               // (N, k)
+  Id dys = d.alloc(kDisp, s.act(s.m * H), "moe.dys");  // (m, H)
+  Id dw = d.alloc(kAct, s.rt(N * s.k), "moe.dw");       // (N, k)
   d.free(a.ys);
   d.free(a.topk_w);
+  Id dy = dys;  // (Re, H) what the FFN backward reads
   if (s.ep) {
-    Id dys_exp = d.alloc(kDisp, s.act(Re * H), "ep.dy_recv");  // (R, H)
+    // sched/dispatch/standard.cpp: received source-major, regrouped like the forward's rows.
+    Id dy_recv = d.alloc(kDisp, s.act(Re * H), "ep.dy_recv");  // (R, H)
     d.free(dys);
-    dys = dys_exp;
+    dy = d.alloc(kDisp, s.act(Re * H), "ep.dy");  // (R, H) grouped
+    d.free(dy_recv);
+    d.free(a.perm);
   }
+  // sched/dispatch/expert_ffn.cpp
   Id dact = d.alloc(kAct, s.act(Re * I), "moe.dact");
-  d.free(dys);
+  d.free(dy);
   d.free(a.act);
   Id dg = d.alloc(kAct, s.act(Re * I), "moe.dg");
   Id du = d.alloc(kAct, s.act(Re * I), "moe.du");
   d.free(dact);
   d.free(a.g);
   d.free(a.u);
-  Id dxs = d.alloc(kDisp, s.act(Re * H), s.ep ? "ep.dx_send" : "moe.dxs");
+  Id dx = d.alloc(kDisp, s.act(Re * H), s.ep ? "ep.dx" : "moe.dxs");  // (Re, H)
   d.free(dg);
   d.free(du);
   d.free(a.x_exp);
+  Id dxs = dx;  // (m, H) back in the token side's expert order
   if (s.ep) {
-    Id dx_tok = d.alloc(kDisp, s.act(s.m * H), "ep.dx_recv");  // (m, H)
-    d.free(dxs);
-    dxs = dx_tok;
+    Id dx_send = d.alloc(kDisp, s.act(Re * H), "ep.dx_send");  // (R, H) source-major
+    d.free(dx);
+    d.free(a.unperm);
+    dxs = d.alloc(kDisp, s.act(s.m * H), "moe.dxs");
+    d.free(dx_send);
   }
   Id dh2 = d.alloc(kAct, s.act(N * H), "moe.dh2");
   d.free(dxs);
@@ -283,12 +316,16 @@ void moe_backward(Step& s, MoeIds& a) {
     moe_backward_standard(s, a);
 }
 
-// ---- head (sched/vocab/head_full.cpp; Ring-DTP predicted) ------------------------------------------
+// ---- head (sched/vocab/head_full.cpp, sched/vocab/ring_dtp.cpp) ------------------------------------------
 void head_full(Step& s) {
   PeakReplay& d = s.d;
   const int64_t N = s.N, H = s.H, V = s.V;
   Id unit = kNone, unit_grad = kNone;
-  if (s.fsdp) unit = d.alloc(kParams, s.wt(V * H + H), "fsdp.lm_head");  // gathered (V, H) + norm
+  // Gathered lm_head (V, H) + model.norm (H), fsdp blocks of rows each; its unsharded gradient is
+  // allocated before the head runs (model.cpp: unit_grad_begin), reduce-scattered after it.
+  const int64_t F = s.z.fsdp, unit_numel = F * (ceil_div(V, F) * H + ceil_div(H, F));
+  if (s.fsdp) unit = d.alloc(kParams, s.wt(unit_numel), "fsdp.lm_head");
+  if (s.fsdp) unit_grad = d.alloc(kGrads, s.gr(unit_numel), "fsdp.lm_head.grad");
   Id xn = d.alloc(kAct, s.act(N * H), "head.xn");
   Id rstd = d.alloc(kAct, s.f32(N), "head.rstd");
   Id logits = d.alloc(kVocab, s.lg(N * V), "head.logits");  // (N, V)
@@ -300,7 +337,6 @@ void head_full(Step& s) {
   Id dlogits = d.alloc(kVocab, s.lg(N * V), "head.dlogits");  // (N, V)
   d.free(logp);
   d.free(logits);
-  if (s.fsdp) unit_grad = d.alloc(kGrads, s.gr(V * H + H), "fsdp.lm_head.grad");  // unsharded, then reduce-scatter
   Id dxn = d.alloc(kAct, s.act(N * H), "head.dxn");
   d.free(dlogits);
   d.free(xn);
@@ -310,32 +346,50 @@ void head_full(Step& s) {
   d.free(unit);
 }
 
-// Ring-DTP (sched/vocab/ring_dtp.cpp). One rank (exact, Note [Ring-DTP on one rank]): a working set
+// Ring-DTP (sched/vocab/ring_dtp.cpp). One rank (Note [Ring-DTP on one rank]): a working set
 // reserved when the head starts, one strip (n_blk, V) and the online state m (N) f32, z (N) f64,
-// y (N) f32, the block's gradient formed in place in the strip. P ranks (predicted, Note [Ring-DTP on
-// P ranks]): the strip is (n_blk, V/P) (vocab_strips of them), and the shards (move weights) or the
-// activations (move activations) are in flight.
+// y (N) f32, the block's gradient formed in place in the strip. P ranks (sched/vocab/ring_dtp_ring.cpp,
+// ring_dtp_working_set in sched/vocab/ring_dtp.h): head.dxn first, then the strip (n_blk, V/P) and
+// the state, and one comm buffer for what is in flight: the shard in use and the one arriving, and in
+// backward three dW partial sums (move weights), or the batch in use and the one arriving with its
+// targets and running state, and in backward three dX partial sums (move activations). Every rank
+// holds N tokens here, so n_max = N. keep_strips keeps the pass's strips instead of one: (N, V) when
+// the weights move, (P N, rows of this rank's shard) when the activations do: Vp rows, the most any
+// rank holds (the last ranks may hold fewer).
 void head_ring(Step& s) {
   PeakReplay& d = s.d;
   const int64_t N = s.N, H = s.H, P = s.z.vocab_ring;
   const int64_t nb = std::min(s.sched.block_tokens, N), Vp = ceil_div(s.V, P);
+  // Ring-DTP reads this rank's lm_head rows (ParamStore::lm_head_shard()): only model.norm is
+  // gathered, and its unsharded gradient exists while the head runs (model.cpp).
+  const int64_t F = s.z.fsdp;
+  Id unit = kNone, unit_grad = kNone;
+  if (s.fsdp) unit = d.alloc(kParams, s.wt(F * ceil_div(H, F)), "fsdp.norm");
+  if (s.fsdp) unit_grad = d.alloc(kGrads, s.gr(F * ceil_div(H, F)), "fsdp.norm.grad");  // then reduce-scatter
   const int64_t strips = s.sched.vocab_strips > 0 ? s.sched.vocab_strips : 1;
   Id xn = d.alloc(kAct, s.act(N * H), "head.xn");
   Id rstd = d.alloc(kAct, s.f32(N), "head.rstd");
-  Id strip = d.alloc(kVocab, static_cast<uint64_t>(strips) * s.lg(nb * Vp), "ring.strip");  // (n_blk, V/P)
+  Id dxn = kNone;
+  if (P > 1) dxn = d.alloc(kAct, s.act(N * H), "head.dxn");
+  Id strip = kNone;
+  if (P > 1 && s.sched.keep_strips)  // the whole pass: (N, V) (weights) or (P N, Vp) (activations)
+    strip = d.alloc(kVocab, s.z.ring_mode == "weights" ? s.lg(N * s.V) : s.lg(P * N * Vp), "ring.strips_kept");
+  else
+    strip = d.alloc(kVocab, static_cast<uint64_t>(strips) * s.lg(nb * Vp), "ring.strip");  // (n_blk, V/P)
   Id m = d.alloc(kVocab, s.f32(N), "ring.m");
   Id z = d.alloc(kVocab, static_cast<uint64_t>(N) * 8, "ring.z");  // f64
   Id y = d.alloc(kVocab, s.f32(N), "ring.y");
   Id loss_sum = d.alloc(kWs, 8, "ring.loss_sum");  // (1) f64
-  Id dxn = d.alloc(kAct, s.act(N * H), "head.dxn");
   Id comm = kNone;
   if (P > 1) {
-    if (s.z.ring_mode == "weights")  // the shard being used and the one arriving, dW travelling home
-      comm = d.alloc(kComm, 2 * s.wt(Vp * H) + 2 * s.f32(Vp * H), "ring.shards");
-    else  // the batch, its running state, and dX travelling
-      comm = d.alloc(kComm, 2 * s.act(N * H) + 2 * s.f32(N * H) + 2 * 16 * static_cast<uint64_t>(N),
-                     "ring.activations");
+    const uint64_t n = static_cast<uint64_t>(N);
+    if (s.z.ring_mode == "weights")  // 2 shards (Vp, H), 3 dW partial sums (Vp, H) f32
+      comm = d.alloc(kComm, 2 * s.wt(Vp * H) + 3 * s.f32(Vp * H), "ring.shards");
+    else  // 2 batches (N, H) with targets i32 and state m f32, z f64, y f32; 3 dX partial sums (N, H) f32
+      comm = d.alloc(kComm, 2 * (s.act(N * H) + 4 * n + 16 * n) + 3 * s.f32(N * H), "ring.activations");
     d.free(comm);
+  } else {
+    dxn = d.alloc(kAct, s.act(N * H), "head.dxn");
   }
   d.free(loss_sum);
   d.free(y);
@@ -345,6 +399,8 @@ void head_ring(Step& s) {
   d.free(xn);
   d.free(dxn);
   d.free(rstd);
+  d.free(unit_grad);
+  d.free(unit);
 }
 
 }  // namespace fp::plan::detail

@@ -20,16 +20,20 @@ constexpr Category kComm = Category::Category_comm;
 constexpr Category kWs = Category::Category_workspace;
 
 // Note [Which plans are validated]: a formula is "validated" once the engine runs that schedule or
-// layout and tests/model/test_plan_vs_meta.cpp checks the plan against a meta run of it (multi-rank
-// layouts through a comm of W ranks that moves nothing, which allocates what every rank of a real
-// run allocates). Flip a flag here in the same change that adds its configurations to that test.
+// layout and tests/model/test_plan_vs_meta.cpp checks the plan against a meta run of it: the whole
+// allocation sequence, event for event, and every peak. Multi-rank layouts run through a comm of W
+// ranks that moves no device data and answers the host count exchanges as W identically routing
+// ranks would, which allocates what the hottest rank of a real run allocates. The engine's layout on
+// W > 1 ranks is cp = ep = fsdp = W (context parallel over every rank, every dense parameter
+// sharded by rows, E / W experts per rank, the vocabulary ring over W); another layout is a
+// prediction. Flip a flag here in the same change that adds its configurations to that test.
 struct Validated {
   bool context_parallel = true;  // model/ring_attention.cpp: K/V (and dK/dV) blocks in comm
-  bool fsdp = false;             // parameter sharding with gathered units (not in the engine yet)
-  bool expert_parallel = false;  // all-to-all dispatch over ep ranks (not in the engine yet)
-  bool pipelined_llep = false;   // needs expert parallelism
+  bool fsdp = true;              // model/params.cpp: row shards, gathered units, unsharded unit gradients
+  bool expert_parallel = true;   // sched/dispatch/standard.cpp: all-to-all-v, receive-side grouping
+  bool pipelined_llep = false;   // sched/dispatch/pipelined_llep.cpp: not yet mirrored by the plan
   bool ring_one_rank = true;     // Ring-DTP with a replicated LM head (sched/vocab/ring_dtp.cpp)
-  bool ring_p_ranks = false;     // Ring-DTP over P > 1 vocabulary shards
+  bool ring_p_ranks = true;      // Ring-DTP over P = W vocabulary shards (sched/vocab/ring_dtp_ring.cpp)
   bool sco = true;               // SCO (sched/ckpt/sco.cpp)
   bool offload_serial = true;    // serial host AdamW (sched/optim/offload.cpp)
   bool offload_stream = true;    // OffloadStreamAdamW, update on the device or the host
@@ -45,6 +49,12 @@ void label(const Input& in, Result& r) {
     r.predicted.push_back(std::move(what));
     for (Category c : cats) r.validated[static_cast<int>(c)] = false;
   };
+  const bool engine_layout = z.cp == z.ranks && z.ep == z.ranks && z.fsdp == z.ranks;
+  if (z.ranks > 1 && !engine_layout)
+    predict(false,
+            fmt::format("layout cp = {}, ep = {}, fsdp = {} on {} ranks (the engine runs cp = ep = fsdp = W)", z.cp,
+                        z.ep, z.fsdp, z.ranks),
+            {kParams, kGrads, kOpt, kAct, kDisp, kComm, kVocab});
   if (z.cp > 1) predict(kValidated.context_parallel, "cp > 1: context parallel (ring attention)", {kComm, kAct});
   if (z.fsdp > 1) predict(kValidated.fsdp, "fsdp > 1: FSDP sharding (gathered units)", {kParams, kGrads, kOpt});
   if (z.ep > 1)
@@ -57,6 +67,8 @@ void label(const Input& in, Result& r) {
       predict(kValidated.ring_p_ranks, "vocab=ring over P > 1 shards (Ring-DTP)", {kVocab, kAct, kWs, kComm});
     else
       predict(kValidated.ring_one_rank, "vocab=ring (Ring-DTP)", {kVocab, kAct, kWs});
+    // The engine keeps one strip; several live strips are a proposal.
+    predict(s.vocab_strips <= 1, "vocab_strips > 1 (several Ring-DTP strips live at once)", {kVocab});
   }
   if (s.ckpt == Ckpt::Ckpt_sco) predict(kValidated.sco, "ckpt=sco (SCO)", {kCkpt});
   if (s.optim == Optim::Optim_offload_serial)
@@ -65,7 +77,8 @@ void label(const Input& in, Result& r) {
     predict(kValidated.offload_stream, "optim=offload_stream (OffloadStreamAdamW)", {kOpt});
 
   const bool sharded = z.params_per_rank != z.params_total;
-  const std::string shard = sharded ? "P_rank (dense / fsdp + experts / max(ep, fsdp))" : "P";
+  const std::string shard =
+      sharded ? "P_rank (dense / fsdp, ceil(R / fsdp) rows per tensor, + experts / max(ep, fsdp))" : "P";
   auto& f = r.formula;
   f[static_cast<int>(kParams)] =
       z.fsdp > 1 ? shard + " x w + the gathered FSDP unit x w (one layer's attention, router and norms [+ its local "
@@ -96,8 +109,9 @@ void label(const Input& in, Result& r) {
   if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
     f[static_cast<int>(kDisp)] = "2 x E_p x k x c_eff x H x a (a chunk's received rows and their outputs) + 2 x N k x 4 ids";
   else
-    f[static_cast<int>(kDisp)] = z.ep > 1 ? "2 x N k x 4 ids + recompute: R x H (x) + N k x H (y) + N k x H (dy) x a, "
-                                            "R = routes the hottest rank receives"
+    f[static_cast<int>(kDisp)] = z.ep > 1 ? "2 x N k x 4 + 2 x R x 4 ids + 3 x R x H x a (in the recompute: the rows "
+                                            "grouped by expert and two of y, y_send, dy_recv, dy), R = routes the "
+                                            "hottest rank receives (>= N k)"
                                           : "2 x N k x 4 ids + 3 x N k x H x a (xs, ys, dys in the recompute)";
   f[static_cast<int>(kVocab)] = s.vocab == Vocab::Vocab_ring
                                     ? "strips x n_blk x V/P x l + 16 B x N (online m f32, z f64, y f32)"

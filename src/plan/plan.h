@@ -10,13 +10,17 @@
 //
 // How a plan is computed: Note [Why the planner replays instead of summing] (plan/replay.h); the
 // step's allocation sequence is in plan/step_plan.cpp. What is exact and what is predicted:
-//   exact      one rank (W = 1) with the plain schedules (dispatch standard, vocab full, ckpt device,
-//              optim device): the same sequence as model.cpp, so with every dtype f32 the plan equals
-//              a `--device meta` run per category and in total (tests/model/test_plan_vs_meta.cpp).
-//              Other dtypes scale the bytes of the same sequence.
-//   predicted  multi-rank layouts (FSDP sharding, context parallel, expert parallel) and the flattened
-//              schedules until each lands in the engine: formulas from DESIGN.md, flagged per category
-//              (Result::validated, and "predicted, not yet validated against meta" in the JSON).
+//   exact      every schedule and layout the engine runs: one rank, and the hottest rank of the
+//              engine's W-rank layout (cp = ep = fsdp = W: ring attention, FSDP row shards with
+//              gathered units, standard expert parallelism, Ring-DTP over W shards), with the plain
+//              schedules and with Ring-DTP, SCO and the offload optimizers: the same allocation
+//              sequence as model.cpp, so with every dtype f32 the plan equals a `--device meta` run
+//              event for event, per category and in total (tests/model/test_plan_vs_meta.cpp). Other
+//              dtypes scale the bytes of the same sequence.
+//   predicted  other multi-rank layouts (cp < W, ep or fsdp != W), PipelinedLLEP and several live
+//              Ring-DTP strips: formulas from DESIGN.md, flagged per category (Result::validated, and
+//              "predicted, not yet validated against meta" in the JSON; Note [Which plans are
+//              validated] in plan.cpp).
 #pragma once
 
 #include <array>
@@ -65,6 +69,7 @@ struct Schedules {
   int64_t block_tokens = 1024;    // ring: n_blk, tokens per strip
   int64_t vocab_strips = 0;       // ring: strips (n_blk, V/P) live at once (0: 1, as the engine's one-rank head)
   std::string ring_mode = "auto"; // ring, P > 1: weights | activations | auto (activations when N <= V/P)
+  bool keep_strips = false;       // ring, P > 1: keep the pass's strips for backward (vocab.keep_strips)
   int64_t chunk_tokens = 1024;    // pipelined_llep: c, tokens per source per chunk (a proposal: not in the engine yet)
   int64_t max_chunks = 128;       // pipelined_llep: K_max
   int64_t bucket_params = 1 << 20;  // offload_stream: parameters per bucket (optim.bucket_params)
@@ -77,7 +82,7 @@ struct Layout {
   int64_t ranks = 1;  // W
   int64_t cp = 0;     // context-parallel degree; 0: W (the sequence is split over every rank)
   int64_t ep = 0;     // expert-parallel degree; 0: gcd(E, W)
-  int64_t fsdp = 0;   // parameter-sharding degree; 0: W. fsdp=1 ep=1: replicated parameters (the engine today)
+  int64_t fsdp = 0;   // parameter-sharding degree; 0: W (the engine: cp = ep = fsdp = W; fsdp=1 ep=1 replicates)
   int64_t batch = 1;  // B, sequences per data-parallel group (W / cp groups)
 };
 
@@ -98,7 +103,7 @@ void schedules_set_flatpeak(Schedules& s);
 // Applies one --schedule item: "baseline", "flatpeak", or key=value with keys
 //   dispatch=standard|pipelined_llep  vocab=full|ring  ckpt=device|sco
 //   optim=auto|device|offload_serial|offload_stream
-//   block_tokens= vocab_strips= ring_mode= chunk_tokens= max_chunks= bucket_params= slots=
+//   block_tokens= vocab_strips= ring_mode= keep_strips=true|false chunk_tokens= max_chunks= bucket_params= slots=
 //   update_on=device|host ckpt_host_budget=SIZE  cp= ep= batch= routing=balanced|hot:R:H
 //   dtype=D (all) dtype.weights= dtype.grads= dtype.activations= dtype.master= dtype.moments=
 //   dtype.logits= dtype.router=
@@ -134,7 +139,7 @@ struct Sizes {
   int64_t vocab_ring = 1;       // ring: P, the LM head's vocabulary shards (= fsdp)
   std::string ring_mode;        // ring, P > 1: resolved "weights" | "activations"
   int64_t params_total = 0;     // P
-  int64_t params_per_rank = 0;  // dense / fsdp + experts / max(ep, fsdp)
+  int64_t params_per_rank = 0;  // dense / fsdp (each tensor ceil(R / fsdp) rows) + experts / max(ep, fsdp)
   int64_t boundaries_offloaded = 0;  // sco: boundaries that went to host
   int64_t bucket_largest = 0;        // offload_stream: B_max, elements of the largest bucket
 };

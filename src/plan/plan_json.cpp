@@ -66,6 +66,7 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
   const Sizes& z = r.sizes;
   j["layout"] = {{"cp", z.cp},
                  {"ep", z.ep},
+                 {"fsdp", z.fsdp},
                  {"dp", z.dp},
                  {"batch", in.settings.layout.batch},
                  {"tokens_per_rank", z.tokens},

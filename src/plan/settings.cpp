@@ -11,8 +11,8 @@ namespace {
 
 constexpr const char* kKeysHint =
     "items: baseline | flatpeak | dispatch=standard|pipelined_llep | vocab=full|ring | ckpt=device|sco | "
-    "optim=auto|device|offload_serial|offload_stream | block_tokens= vocab_strips= ring_mode= chunk_tokens= "
-    "max_chunks= bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | cp= ep= fsdp= batch= | routing=balanced|hot:R:H | "
+    "optim=auto|device|offload_serial|offload_stream | block_tokens= vocab_strips= ring_mode= keep_strips= "
+    "chunk_tokens= max_chunks= bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | cp= ep= fsdp= batch= | routing=balanced|hot:R:H | "
     "dtype=D | dtype.weights= dtype.grads= dtype.activations= dtype.master= dtype.moments= dtype.logits= "
     "dtype.router=";
 
@@ -90,6 +90,9 @@ void settings_apply(Settings& s, std::string_view item) {
     FP_CHECK(v == "auto" || v == "weights" || v == "activations", kKeysHint,
              "--schedule ring_mode={}: not one of auto|weights|activations", v);
     sc.ring_mode = std::string(v);
+  } else if (key == "keep_strips") {
+    FP_CHECK(v == "true" || v == "false", kKeysHint, "--schedule keep_strips={}: not one of true|false", v);
+    sc.keep_strips = v == "true";
   } else if (key == "chunk_tokens") sc.chunk_tokens = int_parse(key, v, 1);
   else if (key == "max_chunks") sc.max_chunks = int_parse(key, v, 1);
   else if (key == "bucket_params") sc.bucket_params = int_parse(key, v, 1);

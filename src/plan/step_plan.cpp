@@ -3,13 +3,15 @@
 // persistent state, the step's orchestration, the checkpoint boundaries and the optimizer. The
 // blocks and heads are in block_plan.cpp. Legend: step_replay.h.
 //
-// The one-rank sequence mirrors, allocation for allocation and free for free:
-//   model/params.cpp (ParamStore), sched/optim/adamw.cpp and offload.cpp (the optimizers, which
-//   reserve their working set at construction), model/model.cpp (Model::step),
-//   sched/ckpt/boundary_store.h (DeviceBoundaryStore) and sched/ckpt/sco.cpp (ScoBoundaryStore).
+// The sequence mirrors, allocation for allocation and free for free, on one rank and on rank r of W:
+//   model/params.cpp (ParamStore: FSDP shards of Rp = ceil(R / W) rows, this rank's E / W experts,
+//   Note [FSDP layout]), sched/optim/adamw.cpp and offload.cpp (the optimizers, which reserve their
+//   working set at construction over the local storage), model/model.cpp (Model::step: the gathered
+//   units and their unsharded gradients), sched/ckpt/boundary_store.h (DeviceBoundaryStore) and
+//   sched/ckpt/sco.cpp (ScoBoundaryStore).
 // A change in any of them must be mirrored here; tests/model/test_plan_vs_meta.cpp fails otherwise
-// and prints the first event that differs. FSDP units (s.fsdp) and the shard's offload buckets are
-// predicted from DESIGN.md (flagged in Result::predicted) until the engine runs them.
+// and prints the first event that differs. Layouts other than the engine's (fsdp or ep != W, cp < W)
+// are predicted (flagged in Result::predicted).
 #include <algorithm>
 #include <numeric>
 
@@ -94,18 +96,27 @@ int64_t bucket_largest(const std::vector<int64_t>& sizes, int64_t bucket) {
   return largest;
 }
 
-// Parameter sizes in ParamStore order (model/params.cpp).
-std::vector<int64_t> param_sizes(const ModelConfig& c) {
-  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.moe_intermediate_size;
-  const int64_t Q = c.num_attention_heads * hd, Kv = c.num_key_value_heads * hd;
-  std::vector<int64_t> v = {c.vocab_size * H};
+// Elements of an (R, C) tensor's block of rows on one of W ranks, padded to ceil(R / W) rows
+// (model/params.h, Note [FSDP layout]).
+int64_t rows_local(int64_t R, int64_t C, int64_t W) { return ceil_div(R, W) * C; }
+
+// The sizes of one rank's parameters in ParamStore order (model/params.cpp): every dense tensor as a
+// block of rows over fsdp ranks, the E / ep experts of the rank whole (sharded by rows over the
+// fsdp / ep ranks that share them when fsdp > ep: predicted, the engine runs fsdp = ep = W).
+std::vector<int64_t> param_sizes_local(const ModelConfig& c, int64_t fsdp, int64_t ep) {
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.moe_intermediate_size, F = fsdp;
+  const int64_t Q = c.num_attention_heads * hd, Kv = c.num_key_value_heads * hd, X = std::max<int64_t>(fsdp / ep, 1);
+  std::vector<int64_t> v = {rows_local(c.vocab_size, H, F)};
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    for (int64_t n : {H, Q * H, Kv * H, Kv * H, H * Q, hd, hd, H, c.num_experts * H}) v.push_back(n);
-    for (int64_t e = 0; e < c.num_experts; ++e)
-      for (int j = 0; j < 3; ++j) v.push_back(I * H);
+    for (int64_t n : {rows_local(H, 1, F), rows_local(Q, H, F), rows_local(Kv, H, F), rows_local(Kv, H, F),
+                      rows_local(H, Q, F), rows_local(hd, 1, F), rows_local(hd, 1, F), rows_local(H, 1, F),
+                      rows_local(c.num_experts, H, F)})
+      v.push_back(n);
+    for (int64_t e = 0; e < c.num_experts / ep; ++e)
+      for (int64_t n : {rows_local(I, H, X), rows_local(I, H, X), rows_local(H, I, X)}) v.push_back(n);
   }
-  v.push_back(H);
-  v.push_back(c.vocab_size * H);
+  v.push_back(rows_local(H, 1, F));
+  v.push_back(rows_local(c.vocab_size, H, F));
   return v;
 }
 
@@ -137,11 +148,11 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
   FP_CHECK(in.context * lay.batch >= z.cp, "give at least one token per rank",
            "context {} x batch {} is less than cp = {} ranks", in.context, lay.batch, z.cp);
   z.tokens = ceil_div(in.context * lay.batch, z.cp);
-  // Per rank: the dense parameters sharded over fsdp ranks; the experts spread over ep ranks and,
-  // when fsdp > ep, sharded further (FSDP2 over expert parallelism).
+  // Per rank: the dense parameters sharded over fsdp ranks by blocks of rows; the experts spread over
+  // ep ranks and, when fsdp > ep, sharded further (FSDP2 over expert parallelism).
   z.params_total = c.param_count();
-  const int64_t expert_params = c.num_hidden_layers * c.num_experts * 3 * c.moe_intermediate_size * c.hidden_size;
-  z.params_per_rank = ceil_div(z.params_total - expert_params, z.fsdp) + ceil_div(expert_params, std::max(z.ep, z.fsdp));
+  const std::vector<int64_t> local_sizes = param_sizes_local(c, z.fsdp, z.ep);
+  z.params_per_rank = std::accumulate(local_sizes.begin(), local_sizes.end(), int64_t{0});
 
   PeakReplay local_dev, local_host;
   PeakReplay& dev = device_replay ? *device_replay : local_dev;
@@ -181,7 +192,11 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
     z.ring_mode = r.sched.ring_mode == "auto" ? (N <= Vp ? "activations" : "weights") : r.sched.ring_mode;
     FP_CHECK(r.sched.block_tokens >= 1, "vocab block_tokens is >= 1", "block_tokens = {}", r.sched.block_tokens);
   }
-  const int64_t dense_layer = 2 * H + 2 * s.Q * H + 2 * s.Kv * H + 2 * c.head_dim + s.E * H;
+  // A gathered unit holds fsdp blocks of rows of each of its tensors (padding included).
+  const int64_t F = z.fsdp;
+  const int64_t dense_layer = F * (2 * rows_local(H, 1, F) + rows_local(s.Q, H, F) + rows_local(H, s.Q, F) +
+                                   2 * rows_local(s.Kv, H, F) + 2 * rows_local(c.head_dim, 1, F) +
+                                   rows_local(s.E, H, F));
   s.unit_params = dense_layer + (z.fsdp > z.ep ? (s.E / z.ep) * 3 * s.I * H : 0);
   s.z = z;
 
@@ -205,8 +220,7 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
     } else {
       // OffloadStreamAdamW: S staging slots of the largest bucket, reserved at construction; on the
       // device (update there) rows grad, param, m, v: 16 B per element; on the host: the gradient.
-      const int64_t largest = P != z.params_total ? std::min<int64_t>(r.sched.bucket_params, P)  // predicted: shards
-                                                  : bucket_largest(param_sizes(c), r.sched.bucket_params);
+      const int64_t largest = bucket_largest(local_sizes, r.sched.bucket_params);  // over this rank's tensors
       z.bucket_largest = largest;
       for (int64_t k = 0; k < r.sched.slots && largest > 0; ++k) {
         if (r.sched.update_on_host)
@@ -228,7 +242,7 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
   b.host.assign(static_cast<size_t>(L), kNone);
   b.offloaded.assign(static_cast<size_t>(L), false);
   Id embed_unit = kNone;
-  if (s.fsdp) embed_unit = dev.alloc(kParams, s.wt(s.V * H), "fsdp.embed_tokens");  // gathered (V, H)
+  if (s.fsdp) embed_unit = dev.alloc(kParams, s.wt(F * rows_local(s.V, H, F)), "fsdp.embed_tokens");  // (V, H)
   Id x = dev.alloc(kCkpt, s.act(N * H), "ckpt.layer0");
   dev.free(embed_unit);
   for (int64_t l = 0; l < L; ++l) {
@@ -282,7 +296,7 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
     dev.free(unit);
   }
   if (s.fsdp) {
-    Id g = dev.alloc(kGrads, s.gr(s.V * H), "fsdp.embed_tokens.grad");  // unsharded, then reduce-scatter
+    Id g = dev.alloc(kGrads, s.gr(F * rows_local(s.V, H, F)), "fsdp.embed_tokens.grad");  // then reduce-scatter
     dev.free(g);
   }
   dev.free(dx);  // end of Model::step: destroyed in reverse order

@@ -42,8 +42,8 @@ struct Step {
   PeakReplay& h;  // host
   Sizes z;
   int64_t N = 0, H = 0, Q = 0, Kv = 0, nh = 0, nkv = 0, E = 0, k = 0, I = 0, V = 0, L = 0, m = 0, Re = 0;
-  bool fsdp = false;   // fsdp > 1: parameters sharded, each layer's unit gathered (predicted)
-  bool ep = false;     // ep > 1: experts spread over ranks, all-to-all send/receive buffers (predicted)
+  bool fsdp = false;   // fsdp > 1: parameters sharded by rows, each unit gathered before use
+  bool ep = false;     // ep > 1: experts spread over ranks, all-to-all send/receive buffers
   int64_t rows_chunk = 0;  // pipelined_llep: rows an expert side holds per chunk (the launch bound)
   int64_t unit_params = 0; // fsdp > 1: parameters of one gathered layer unit
 
@@ -64,7 +64,8 @@ struct AttnIds {
 };
 struct MoeIds {
   Id h2 = kNone, rstd2 = kNone, probs = kNone, topk_idx = kNone, topk_w = kNone, rows = kNone, slot_pos = kNone;
-  Id x_exp = kNone;  // (Re, H) rows in expert order on the expert side (the engine's moe.xs)
+  Id x_exp = kNone;  // (Re, H) rows in expert order on the expert side (moe.xs, or ep.x grouped)
+  Id perm = kNone, unperm = kNone;  // (R) i32, standard EP's receive-side grouping
   Id g = kNone, u = kNone, act = kNone;  // (Re, I)
   Id ys = kNone;     // (m, H) expert outputs back in the token side's expert order (moe.ys)
 };
@@ -72,10 +73,11 @@ struct MoeIds {
 // model/attention_block.cpp: returns x1 (N, H); with keep, everything backward needs stays in a.
 Id attn_forward(Step& s, AttnIds& a, bool keep);
 void attn_backward(Step& s, AttnIds& a);
-// model/moe_block.cpp (standard dispatch) or PipelinedLLEP (predicted): returns x2 (N, H) in out_cat.
+// model/moe_block.cpp with sched/dispatch/local.cpp (one rank) or standard.cpp (ep > 1), or PipelinedLLEP
+// (predicted): returns x2 (N, H) in out_cat.
 Id moe_forward(Step& s, MoeIds& a, bool keep, Category out_cat);
 void moe_backward(Step& s, MoeIds& a);
-// sched/vocab/head_full.cpp and sched/vocab/ring_dtp.cpp (P > 1 predicted).
+// sched/vocab/head_full.cpp, and sched/vocab/ring_dtp.cpp with ring_dtp_ring.cpp (P = W ranks).
 void head_full(Step& s);
 void head_ring(Step& s);
 

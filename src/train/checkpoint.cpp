@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
@@ -25,51 +26,88 @@ void fsync_dir(const fs::path& dir) {
   }
 }
 
-// Copies device tensors to host buffers and writes them as one safetensors file.
-void tensors_write(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                   Backend& be) {
-  std::vector<std::vector<float>> host(tensors.size());
-  std::vector<SafetensorsView> views;
-  views.reserve(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = *tensors[i].second;
-    host[i].resize(static_cast<size_t>(t.numel()));
-    be.copy_to_host(host[i].data(), t.data(), t.bytes());
-    views.push_back({tensors[i].first, DType::DType_F32, t.shape(), host[i].data()});
-  }
-  safetensors_write(path, views, {{"format", "pt"}});
+// One tensor of a checkpoint file: its name, the parameter whose layout it shares, and this rank's
+// storage of it (the parameter's local_w, or an optimizer moment shaped like it; null when another
+// rank holds the parameter).
+struct Item {
+  std::string name;
+  const ParamInfo* param;
+  const Tensor* local;
+};
+
+std::vector<Item> weight_items(ParamStore& params) {
+  std::vector<Item> out;
+  for (const ParamInfo& p : params.layout())
+    out.push_back({p.name, &p, p.local != nullptr ? &p.local->local_w() : nullptr});
+  return out;
 }
 
-void tensors_read(const SafetensorsFile& f, const std::string& path,
-                  const std::vector<std::pair<std::string, Tensor*>>& tensors, Backend& be) {
-  std::vector<float> host;
-  for (const auto& [name, t] : tensors) {
-    FP_CHECK(f.has(name), "the checkpoint was written for another model; check --config",
-             "checkpoint '{}' has no tensor '{}'", path, name);
-    host.resize(static_cast<size_t>(t->numel()));
-    f.read_f32(name, t->shape(), host.data());
-    be.copy_from_host(t->data(), host.data(), t->bytes());
+// "<param>.exp_avg", "<param>.exp_avg_sq" of every parameter of the model, in layout order.
+std::vector<Item> state_items(ParamStore& params, const Optimizer& optim) {
+  std::unordered_map<std::string, const Tensor*> mine;
+  for (const auto& [name, t] : optim.state_tensors()) mine[name] = t;
+  std::vector<Item> out;
+  for (const ParamInfo& p : params.layout())
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      const std::string name = p.name + suffix;
+      auto it = mine.find(name);
+      FP_ASSERT((it != mine.end()) == (p.local != nullptr), "optimizer state '{}' and its parameter disagree", name);
+      out.push_back({name, &p, it != mine.end() ? it->second : nullptr});
+    }
+  FP_ASSERT(out.size() == 2 * params.layout().size());
+  return out;
+}
+
+// Note [Checkpoints over W ranks]: the files hold whole tensors under their Hugging Face names
+// whatever W wrote them. Saving gathers each tensor to rank 0 (ParamStore::full_gather, collective,
+// tensor by tensor in the same order on every rank), which alone writes; loading lets every rank read
+// the file and keep its own rows (full_scatter). So any W loads a checkpoint of any other W.
+void tensors_write(const std::string& path, const std::vector<Item>& items, ParamStore& params) {
+  const bool lead = params.rank() == 0;
+  std::vector<std::vector<float>> host(items.size());  // rank 0: each (numel of the full shape)
+  std::vector<SafetensorsView> views;
+  views.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ParamInfo& p = *items[i].param;
+    if (lead) host[i].resize(static_cast<size_t>(p.shape.numel()));
+    params.full_gather(p, items[i].local, lead ? host[i].data() : nullptr);
+    views.push_back({items[i].name, DType::DType_F32, p.shape, host[i].data()});
+  }
+  if (lead) safetensors_write(path, views, {{"format", "pt"}});
+}
+
+void tensors_read(const SafetensorsFile& f, const std::string& path, const std::vector<Item>& items,
+                  ParamStore& params) {
+  std::vector<float> host;  // (numel of the full shape)
+  for (const Item& it : items) {
+    FP_CHECK(f.has(it.name), "the checkpoint was written for another model; check --config",
+             "checkpoint '{}' has no tensor '{}'", path, it.name);
+    host.resize(static_cast<size_t>(it.param->shape.numel()));
+    f.read_f32(it.name, it.param->shape, host.data());
+    params.full_scatter(*it.param, host.data(), const_cast<Tensor*>(it.local));
   }
 }
 
 }  // namespace
 
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
-                            const TrainerState& state, Backend& be) {
+                            const TrainerState& state, Backend& /*be: params' own backend moves the data*/) {
   const fs::path root(dir);
-  fs::create_directories(root);
   const std::string name = fmt::format("step-{:08d}", state.step);
   const fs::path tmp = root / (name + ".tmp");
   const fs::path final_dir = root / name;
   std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp);
-
-  std::vector<std::pair<std::string, const Tensor*>> weights;
-  for (const Param& p : params.all()) weights.emplace_back(p.name, &p.w);
-  tensors_write((tmp / "model.safetensors").string(), weights, be);
+  // Every rank takes part in the gathers (Note [Checkpoints over W ranks]); rank 0 alone touches files.
+  const bool lead = params.rank() == 0;
+  if (lead) {
+    fs::create_directories(root);
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp);
+  }
+  tensors_write((tmp / "model.safetensors").string(), weight_items(params), params);
+  if (optim != nullptr) tensors_write((tmp / "optimizer.safetensors").string(), state_items(params, *optim), params);
+  if (!lead) return final_dir.string();
   file_write_atomic((tmp / "config.json").string(), model_config_hf_json(cfg) + "\n");
-  if (optim != nullptr) tensors_write((tmp / "optimizer.safetensors").string(), optim->state_tensors(), be);
   nlohmann::json js = {{"format_version", kFormatVersion},
                        {"step", state.step},
                        {"data_position", state.data_position},
@@ -114,7 +152,7 @@ std::string checkpoint_resolve(const std::string& dir) {
 }
 
 TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, Optimizer* optim,
-                             Backend& be) {
+                             Backend& /*be: params' own backend moves the data*/) {
   const std::string ck = checkpoint_resolve(dir);
   const fs::path root(ck);
   TrainerState state;
@@ -139,9 +177,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   {
     const std::string path = (root / "model.safetensors").string();
     SafetensorsFile f(path);
-    std::vector<std::pair<std::string, Tensor*>> weights;
-    for (Param& p : params.all()) weights.emplace_back(p.name, &p.w);
-    tensors_read(f, path, weights, be);
+    tensors_read(f, path, weight_items(params), params);
   }
   const fs::path state_path = root / "trainer_state.json";
   if (fs::exists(state_path)) {
@@ -163,9 +199,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
     FP_CHECK(fs::exists(path), "resume needs a checkpoint written by flatpeak train (with optimizer state)",
              "checkpoint '{}' has no optimizer.safetensors", ck);
     SafetensorsFile f(path);
-    std::vector<std::pair<std::string, Tensor*>> st;
-    for (const auto& [name, t] : optim->state_tensors()) st.emplace_back(name, const_cast<Tensor*>(t));
-    tensors_read(f, path, st, be);
+    tensors_read(f, path, state_items(params, *optim), params);
     optim->set_steps_taken(state.step);
   }
   return state;

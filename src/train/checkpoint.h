@@ -30,6 +30,8 @@ struct TrainerState {
 };
 
 // Writes a checkpoint of `step` under dir (Note [Atomic checkpoints]). Returns the step directory.
+// Collective over params.comm(): every rank calls it; the whole tensors are gathered to rank 0, which
+// alone writes (Note [Checkpoints over W ranks] in checkpoint.cpp: the files do not depend on W).
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
                             const TrainerState& state, Backend& be);
 
@@ -40,6 +42,7 @@ std::string checkpoint_resolve(const std::string& dir);
 // Loads weights (and, when optim is not null, the optimizer state) from a checkpoint directory into
 // already allocated tensors; every name, shape and dtype is checked, and the model config must
 // match cfg. Returns the trainer state (step 0 when the directory has none, e.g. weights only).
+// On W ranks every rank reads the files and keeps its own rows (a checkpoint of any W loads).
 TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, Optimizer* optim,
                              Backend& be);
 

@@ -31,6 +31,8 @@ struct StringKeys {
   std::string vocab_schedule = "full";
   std::string ckpt_schedule = "device";
   std::string ckpt_host_budget = "unlimited";
+  std::string dispatch = "standard";
+  std::string membership = "strided";
 };
 
 std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
@@ -85,6 +87,13 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
        [&c](const toml::node& n) { c.data.seed = static_cast<uint64_t>(*n.value<int64_t>()); }},
       {"moe", "routing_profile", K::Kind_string, false,
        [&strings](const toml::node& n) { strings.profile = *n.value<std::string>(); }},
+      {"moe", "dispatch", K::Kind_string, false, str(&strings.dispatch)},
+      {"llep", "lambda", K::Kind_float, false, f64(&c.schedules.dispatch.lambda)},
+      {"llep", "alpha", K::Kind_float, false, f64(&c.schedules.dispatch.alpha)},
+      {"llep", "min_tokens_per_gemm", K::Kind_int, false, i64(&c.schedules.dispatch.min_tokens_per_gemm)},
+      {"pipelined", "chunk_cap", K::Kind_int, false, i64(&c.schedules.dispatch.chunk_cap)},
+      {"pipelined", "max_chunks", K::Kind_int, false, i64(&c.schedules.dispatch.max_chunks)},
+      {"pipelined", "membership", K::Kind_string, false, str(&strings.membership)},
   };
 }
 
@@ -156,7 +165,7 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
     const std::string tname(tkey.str());
     bool known_table = false;
     for (const Field& f : fields) known_table |= (f.table == tname);
-    FP_CHECK(known_table, "known tables: [model], [train], [optim], [data], [moe], [vocab], [ckpt]", "{}: unknown table [{}]", source, tname);
+    FP_CHECK(known_table, "known tables: [model], [train], [optim], [data], [moe], [vocab], [ckpt], [llep], [pipelined]", "{}: unknown table [{}]", source, tname);
     const toml::table* t = tnode.as_table();
     FP_CHECK(t != nullptr, kConfigHint, "{}: '{}' must be a table ([{}])", source, tname, tname);
     for (auto&& [k, v] : *t) {
@@ -228,6 +237,23 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
     c.schedules.ckpt.host_budget = bytes_parse(strings.ckpt_host_budget);
   } catch (const Error& e) {
     throw Error(fmt::format("{}: ckpt.host_budget: {}", source, e.what()), e.hint());
+  }
+  {
+    DispatchSchedule& d = c.schedules.dispatch;
+    one_of("moe.dispatch", strings.dispatch, {"standard", "llep", "pipelined_llep"});
+    d.kind = strings.dispatch == "llep"             ? DispatchSchedule::Kind::Kind_llep
+             : strings.dispatch == "pipelined_llep" ? DispatchSchedule::Kind::Kind_pipelined_llep
+                                                    : DispatchSchedule::Kind::Kind_standard;
+    FP_CHECK(std::isfinite(d.lambda) && d.lambda > 0, "1.3 plans once the busiest rank has 30% more than the mean",
+             "{}: llep.lambda = {} must be > 0", source, d.lambda);
+    FP_CHECK(std::isfinite(d.alpha) && d.alpha > 0, "1.0 caps every rank at the mean load",
+             "{}: llep.alpha = {} must be > 0", source, d.alpha);
+    FP_CHECK(d.min_tokens_per_gemm >= 1, kConfigHint, "{}: llep.min_tokens_per_gemm = {} must be >= 1", source,
+             d.min_tokens_per_gemm);
+    FP_CHECK(d.chunk_cap >= 1, kConfigHint, "{}: pipelined.chunk_cap = {} must be >= 1", source, d.chunk_cap);
+    FP_CHECK(d.max_chunks >= 1, kConfigHint, "{}: pipelined.max_chunks = {} must be >= 1", source, d.max_chunks);
+    one_of("pipelined.membership", strings.membership, {"strided", "contiguous"});
+    d.strided = strings.membership == "strided";
   }
   const RoutingProfile& p = c.moe.routing_profile;
   if (p.kind == RoutingProfile::Kind::Kind_hot) {

@@ -5,6 +5,9 @@
 //   [optim]  AdamW: lr, beta1, beta2, eps, weight_decay, grad_clip, warmup_steps, min_lr_ratio
 //   [data]   source ("recall" or a token file), pairs, loss_on, seed
 //   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (DESIGN.md, routing profiles)
+//            dispatch = "standard" | "llep" | "pipelined_llep"       (expert dispatch with W > 1)
+//   [llep]   lambda, alpha, min_tokens_per_gemm                      (LLEP plan)
+//   [pipelined] chunk_cap, max_chunks, membership = "strided" | "contiguous"  (PipelinedLLEP)
 //   [vocab]  schedule = "full" | "ring", block_tokens, ring_mode, keep_strips        (Ring-DTP)
 //   [ckpt]   schedule = "device" | "sco", host_budget                                 (SCO)
 //   [optim]  also schedule = "device" | "offload_serial" | "offload_stream", bucket_params, slots,
@@ -48,7 +51,7 @@ struct RunConfig {
   OptimConfig optim;
   DataConfig data;
   MoeConfig moe;
-  ModelSchedules schedules;  // [vocab], [ckpt]
+  ModelSchedules schedules;  // [vocab], [ckpt], moe.dispatch, [llep], [pipelined]
   std::string source;  // file it came from, for messages
 };
 

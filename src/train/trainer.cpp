@@ -152,6 +152,7 @@ int train_run(const TrainOptions& o) {
   RunConfig cfg = config_load(o.config, overrides);
   const int64_t total = cfg.train.steps;
   auto be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
+  if (o.link_gbps > 0) be->link_set_gbps(o.link_gbps);  // Note [Emulated link] (backend/backend.h)
   RoutingProfile profile = cfg.moe.routing_profile;
   if (!be->computes() && profile.kind == RoutingProfile::Kind::Kind_router) {
     profile.kind = RoutingProfile::Kind::Kind_balanced;
@@ -191,6 +192,8 @@ int train_run(const TrainOptions& o) {
   if (lead && comm.size() > 1)
     log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence (context parallel, zig-zag pieces)",
              comm.size(), comm.name(), cfg.train.seq_len / comm.size(), cfg.train.seq_len);
+  if (lead && o.link_gbps > 0)
+    log_info("copy streams over an EMULATED {} GB/s host-device link: offload timings are emulated", o.link_gbps);
 
   const std::string metrics_path = o.out + "/metrics.jsonl";
   std::ofstream metrics;
@@ -264,13 +267,12 @@ int train_run(const TrainOptions& o) {
                  std::isnan(acc) ? std::string() : fmt::format(" | recall acc {:.3f}", acc));
     ++done_here;
     const bool stop = o.stop_after > 0 && done_here >= o.stop_after;
-    if (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0)) {
-      // Parameters and optimizer state are replicated: rank 0 writes them.
-      if (lead) {
-        TrainerState st{step, data.position(), run_json};
-        const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
-        if (!o.quiet) log_info("checkpoint: {}", where);
-      }
+    // meta holds no numbers to save: its runs measure peaks and write no checkpoint.
+    if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
+      // Collective: the shards are gathered to rank 0, which writes them.
+      TrainerState st{step, data.position(), run_json};
+      const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
+      if (lead && !o.quiet) log_info("checkpoint: {}", where);
       comm.barrier();
     }
     if (stop) break;
@@ -278,7 +280,8 @@ int train_run(const TrainOptions& o) {
   std::fflush(stdout);
   if (lead) {
     trace_write_chrome(be->device_ledger(), o.out + "/memory_trace.json");
-    log_info("wrote {0}/metrics.jsonl, {0}/memory_trace.json (rank 0) and {0}/checkpoint/", o.out);
+    log_info("wrote {0}/metrics.jsonl, {0}/memory_trace.json (rank 0){1}", o.out,
+             be->computes() ? fmt::format(" and {}/checkpoint/", o.out) : std::string(" (meta: no checkpoint)"));
   }
   return 0;
 }

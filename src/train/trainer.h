@@ -20,6 +20,7 @@ struct TrainOptions {
   std::string resume;         // checkpoint directory to continue from
   int64_t stop_after = 0;     // stop (with a checkpoint) after this many steps of this invocation
   bool quiet = false;         // no progress lines
+  double link_gbps = 0;       // > 0: the copy streams emulate a host-device link of this many GB/s
 };
 
 // Returns the process exit code; throws fp::Error on bad input (config, data, checkpoint, NaN loss,

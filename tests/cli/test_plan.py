@@ -26,6 +26,7 @@ def presets_json_plot(a, tmp):
     """Every preset plans at 1M with its JSON (statuses, reach) and SVG."""
     models = sorted(os.listdir(os.path.join(a.configs, "models")))
     assert len(models) >= 7, models
+    predicted_seen = False
     for m in models:
         out_json, out_svg = os.path.join(tmp, m + ".json"), os.path.join(tmp, m + ".svg")
         p = run([a.bin, "plan", "--model", os.path.join(a.configs, "models", m), "--context", "1M", "--ranks", "64",
@@ -35,15 +36,23 @@ def presets_json_plot(a, tmp):
         assert set(j["peaks"]) == set(CATEGORIES), j["peaks"].keys()
         total_at_peak = sum(j["peaks"][c]["at_step_peak"] for c in CATEGORIES)
         assert total_at_peak == j["step_peak"], (m, total_at_peak, j["step_peak"])
-        # 64 ranks with FSDP and EP: predicted until the engine runs them, and said so per category
-        assert j["peaks"]["params"]["status"] == "predicted, not yet validated against meta", j["peaks"]["params"]
-        assert any("fsdp" in x for x in j["predicted"]), j["predicted"]
+        # 64 ranks: the engine's layout (cp = ep = fsdp = W, E divisible by W) is validated against meta;
+        # another (mixtral: 8 experts, ep = 8) is predicted, and said so per category
+        lay = j["layout"]
+        if lay["cp"] == lay["ep"] == lay["fsdp"] == 64:
+            assert j["peaks"]["params"]["status"] == "exact (validated against meta)", (m, j["peaks"]["params"])
+            assert j["predicted"] == [], (m, j["predicted"])
+        else:
+            assert j["peaks"]["params"]["status"] == "predicted, not yet validated against meta", j["peaks"]["params"]
+            assert any("layout" in x for x in j["predicted"]), j["predicted"]
+            predicted_seen = True
         for sched in ("baseline", "flatpeak"):
             r = j["reach"][sched]
             assert r["max_context"] > 0 and not r["capped"], (m, sched, r)
         assert j["reach"]["flatpeak"]["max_context"] > j["reach"]["baseline"]["max_context"], (m, j["reach"])
         xml.dom.minidom.parse(out_svg)  # well-formed
         assert open(out_svg).read().count("<polyline") >= 18
+    assert predicted_seen  # a layout the engine does not run is flagged
     # one rank, plain, f32: every category exact
     out_json = os.path.join(tmp, "tiny.json")
     run([a.bin, "plan", "--model", os.path.join(a.configs, "tiny.toml"), "--context", "256", "--schedule",

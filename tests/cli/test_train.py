@@ -77,6 +77,11 @@ def case_kill_during_checkpoint(tmp):
         while p.poll() is None and time.time() < deadline and not any(
                 n.endswith(".tmp") or n.startswith("step-") for n in (os.listdir(d) if os.path.isdir(d) else [])):
             time.sleep(0.05)
+        if i == 5 and not os.path.exists(os.path.join(d, "checkpoint")):
+            # Every kill so far landed before the first checkpoint completed (a loaded machine writes
+            # slowly): let this run complete one, so the resume below is exercised too.
+            while p.poll() is None and time.time() < deadline and not os.path.exists(os.path.join(d, "checkpoint")):
+                time.sleep(0.05)
         time.sleep(rng.uniform(0.1, 1.0))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)

@@ -12,7 +12,7 @@ foreach(case presets_json_plot matches_meta_step bad_inputs)
   set_tests_properties(cli_plan_${case} PROPERTIES LABELS cli TIMEOUT 120)
 endforeach()
 # Optimizer schedules (tests/cli/test_optim.py): offload training and resume vs the device AdamW, bench optimizer.
-foreach(case train_resume_offload bench_smoke)
+foreach(case train_resume_offload train_emulated_link bench_smoke)
   add_test(NAME cli_optim_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_optim.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
   set_tests_properties(cli_optim_${case} PROPERTIES LABELS cli TIMEOUT 300)

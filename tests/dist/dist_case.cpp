@@ -1,6 +1,9 @@
 // One forward+backward of a small model on W ranks (run under mpirun, or alone for W = 1): every rank
-// takes its zig-zag piece of the same global batch; rank 0 writes the loss and every (summed)
-// parameter gradient to a safetensors file, for dist_check.py to compare across W.
+// takes its zig-zag piece of the same global batch; the dense parameters are sharded FSDP-style
+// (model/params.h), so every gradient is gathered whole to rank 0, which writes the loss and every
+// parameter gradient to a safetensors file, for dist_check.py to compare across W, with each rank's
+// ledger figures: out.ledger (W, 4) i64 = current params bytes after the step, peak params, peak
+// grads, current grads.
 //
 //   dist_case OUT.safetensors
 #include <cstdio>
@@ -24,8 +27,9 @@ int main(int argc, char** argv) {
   try {
     ModelConfig m;
     m.hidden_size = 32, m.num_hidden_layers = 2, m.num_attention_heads = 4, m.num_key_value_heads = 2;
-    m.head_dim = 8, m.num_experts = 6, m.num_experts_per_tok = 2, m.moe_intermediate_size = 24;
-    m.vocab_size = 64, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
+    m.head_dim = 8, m.num_experts = 8, m.num_experts_per_tok = 2, m.moe_intermediate_size = 24;
+    // V = 66: not a multiple of 4, so the last ranks hold padding rows of embed_tokens and lm_head.
+    m.vocab_size = 66, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
     m.rms_norm_eps = 1e-6, m.seed = 3;
     RecallTaskConfig rc;
     rc.vocab_size = m.vocab_size, rc.seq_len = 200, rc.pairs = 2, rc.seed = 4, rc.loss_on = LossOn::LossOn_all;
@@ -33,22 +37,32 @@ int main(int argc, char** argv) {
     Model model(m, *be, RoutingProfile{}, ModelSchedules{}, &comm);
     model.init_weights(m.seed);
     // Larger q/k weights: attention far from uniform, so the ring's merge is really exercised.
+    // (Each rank scales its own rows: the same weights for any W.)
     for (Param& p : model.params().all())
       if (p.name.find("q_proj") != std::string::npos || p.name.find("k_proj") != std::string::npos)
-        be->kernels().scale_inplace(p.w.f32(), 10.0f, p.w.numel());
+        be->kernels().scale_inplace(p.local_w().f32(), 10.0f, p.local_w().numel());
     Batch global = recall_batch(rc, 0, 2, nullptr);
     Batch local = context_slice(global, comm.rank(), comm.size());
+    be->device_ledger().peaks_reset();
     StepOutputs out = model.forward_backward(local);
+    const Ledger& led = be->device_ledger();
+    int64_t mine[4] = {static_cast<int64_t>(led.current(Category::Category_params)),
+                       static_cast<int64_t>(led.peak(Category::Category_params)),
+                       static_cast<int64_t>(led.peak(Category::Category_grads)),
+                       static_cast<int64_t>(led.current(Category::Category_grads))};
+    std::vector<int64_t> ledger(static_cast<size_t>(4 * comm.size()));
+    comm.all_gather(mine, ledger.data(), 4, DType::DType_I64);
+    std::vector<std::vector<float>> host;
+    std::vector<SafetensorsView> views;
+    for (const ParamInfo& p : model.params().layout()) {  // collective: every rank, the same order
+      host.emplace_back(comm.rank() == 0 ? static_cast<size_t>(p.shape.numel()) : 0);
+      model.params().full_gather(p, p.local ? &p.local->local_g() : nullptr, host.back().data());
+      views.push_back({"grad." + p.name, DType::DType_F32, p.shape, host.back().data()});
+    }
     if (comm.rank() == 0) {
-      std::vector<std::vector<float>> host;
-      std::vector<SafetensorsView> views;
-      for (Param& p : model.params().all()) {
-        host.emplace_back(static_cast<size_t>(p.g.numel()));
-        be->copy_to_host(host.back().data(), p.g.data(), p.g.bytes());
-        views.push_back({"grad." + p.name, DType::DType_F32, p.g.shape(), host.back().data()});
-      }
       double losses[3] = {out.loss, out.ce_loss, out.aux_loss};
       views.push_back({"out.losses", DType::DType_F64, {3}, losses});
+      views.push_back({"out.ledger", DType::DType_I64, {comm.size(), 4}, ledger.data()});
       safetensors_write(argv[1], views, {{"ranks", std::to_string(comm.size())}});
       std::printf("W=%d loss %.9f (ce %.9f, aux %.9f)\n", comm.size(), out.loss, out.ce_loss, out.aux_loss);
     }

@@ -2,13 +2,18 @@
 """Multi-process acceptance tests (ctest label mpi): W ranks against one process.
 
 usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
-  grads      dist_case on W = 1, 2, 4: loss within 1e-5 relative, every gradient within 1e-4 norm-relative
-  train      10 steps of flatpeak train on W = 2 and 4 track the single-process losses within 1e-4
-  ckpt       a checkpoint written by 2 ranks resumes in one process and vice versa
+  grads      dist_case on W = 1, 2, 4: loss within 1e-5 relative, every gradient within 1e-4 norm-relative,
+             every rank's params/grads bytes (shards, one gathered unit) as the FSDP layout implies
+  train      10 steps of flatpeak train on W = 2 and 4 track the single-process losses within 1e-4; meta
+             runs peak like cpu in params, grads, optimizer, checkpoints, vocab
+  ckpt       checkpoints written by 2 or 4 ranks equal one process's and resume on 1 or 2 ranks, and vice
+             versa, with the same losses within 1e-5
   failure    a failing rank ends every rank non-zero within 30 s, the error printed once
+  bench      (not a test) docs/benchmarks.md's Multi-process table: per-rank peaks, tokens/s at W = 1, 2, 4
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -35,12 +40,51 @@ def ok(p, what):
     return p
 
 
+def fsdp_expected(shapes, w, rank):
+    """Bytes the FSDP layout (src/model/params.h, Note [FSDP layout]) puts on `rank` of `w`:
+    (shards, largest gathered unit, largest unsharded unit gradient). Dense parameters are cut in
+    blocks of ceil(R / w) rows (padded); a unit holds w such blocks per parameter. Rank r holds
+    experts [r E/w, (r + 1) E/w) whole and no other."""
+    def rows_padded(shape):
+        return -(-shape[0] // w) * (math.prod(shape) // shape[0])
+    def expert(name):
+        return int(name.split(".mlp.experts.")[1].split(".")[0])
+    n_exp = max(expert(k) for k in shapes if ".mlp.experts." in k) + 1
+    shards, units = 0, {}
+    for name, shape in shapes.items():
+        if ".mlp.experts." in name:
+            if expert(name) // (n_exp // w) == rank:
+                shards += math.prod(shape)
+            continue
+        shards += rows_padded(shape) if w > 1 else math.prod(shape)
+        if name.startswith("model.layers."):
+            unit = "layer" + name.split(".")[2]
+        elif name == "model.embed_tokens.weight":
+            unit = "embed"
+        else:
+            unit = "head"  # model.norm + lm_head
+        units[unit] = units.get(unit, 0) + w * rows_padded(shape)
+    largest = max(units.values()) if w > 1 else 0
+    return 4 * shards, 4 * largest, 4 * largest
+
+
 def case_grads(tmp):
     files = {}
     for w in (1, 2, 4):
         f = os.path.join(tmp, f"w{w}.safetensors")
         ok(mpirun(w, [os.path.join(A.bin_dir, "tests", "dist_case"), f]), f"dist_case W={w}")
         files[w], _ = safetensors_io.load(f)
+        # The ledger of every rank: shards only between steps; one gathered unit (params) and one
+        # unsharded unit gradient (grads) at a time during the step.
+        shapes = {k[5:]: list(v.shape) for k, v in files[w].items() if k.startswith("grad.")}
+        led = files[w]["out.ledger"].tolist()
+        for r in range(w):
+            shards, unit, unit_grad = fsdp_expected(shapes, w, r)
+            got = dict(zip(("params", "params_peak", "grads_peak", "grads"), led[r]))
+            want = {"params": shards, "params_peak": shards + unit, "grads_peak": shards + unit_grad, "grads": shards}
+            assert got == want, f"W={w} rank {r} ledger {got}, FSDP layout implies {want}"
+        print(f"W={w}: per-rank params {[l[0] for l in led]} B, peaks params {[l[1] for l in led]} B, "
+              f"grads {[l[2] for l in led]} B: as the FSDP and expert layouts imply")
     ref = files[1]
     worst = 0.0
     for w in (2, 4):
@@ -82,12 +126,25 @@ def case_train(tmp):
         assert len(got) == 10 and rel <= 1e-4, (got, ref)
         m = json.loads(open(os.path.join(d, "metrics.jsonl")).readline())
         assert m["ranks"] == w and "peak_rank" in m, m
+        # meta allocates what cpu does: the sharded parameters, gathered units and optimizer shards
+        # (the categories that do not depend on the routing) peak alike.
+        dm = os.path.join(tmp, f"meta{w}")
+        ok(mpirun(w, train_args(dm, 10, ["--device", "meta", "--stop-after", "2"])), f"meta on {w} ranks")
+        got_meta = [json.loads(l) for l in open(os.path.join(dm, "metrics.jsonl")) if l.strip()][1]["peak_bytes"]
+        got_cpu = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if l.strip()][1]["peak_bytes"]
+        for cat in ("params", "grads", "optimizer", "checkpoints", "vocab"):
+            assert got_meta[cat] == got_cpu[cat], f"W={w} {cat}: meta {got_meta[cat]} B, cpu {got_cpu[cat]} B"
+        print(f"W={w}: meta peaks params/grads/optimizer {got_meta['params']}/{got_meta['grads']}/"
+              f"{got_meta['optimizer']} B, as on cpu")
 
 
 def case_ckpt(tmp):
     ref_dir = os.path.join(tmp, "ref")
     ok(mpirun(1, train_args(ref_dir, 4)), "reference run")
     ref = losses(ref_dir)
+    # One process stops at step 2: the checkpoint every W must write.
+    c = os.path.join(tmp, "c")
+    ok(mpirun(1, train_args(c, 4, ["--stop-after", "2"])), "one process, first half (reference checkpoint)")
     # 2 ranks write, one process resumes.
     a = os.path.join(tmp, "a")
     ok(mpirun(2, train_args(a, 4, ["--stop-after", "2"])), "2 ranks, first half")
@@ -96,11 +153,29 @@ def case_ckpt(tmp):
     b = os.path.join(tmp, "b")
     ok(mpirun(1, train_args(b, 4, ["--stop-after", "2"])), "one process, first half")
     ok(mpirun(2, train_args(b, 4, ["--resume", b])), "2 ranks resume")
-    for d in (a, b):
-        got = losses(d)
-        rel = max(abs(x - y) / abs(y) for x, y in zip(got, ref))
-        print(f"{os.path.basename(d)}: losses {['%.6f' % x for x in got]} within {rel:.2e} of one process")
-        assert len(got) == 4 and rel <= 1e-4
+    # 4 ranks write, 2 ranks resume (other row blocks than the writer's).
+    d = os.path.join(tmp, "d")
+    ok(mpirun(4, train_args(d, 4, ["--stop-after", "2"])), "4 ranks, first half")
+    step2 = {w: os.path.join(x, "step-00000002") for w, x in ((1, c), (2, a), (4, d))}
+    ok(mpirun(2, train_args(d, 4, ["--resume", d])), "2 ranks resume")
+    # The files do not depend on W: the same names and full shapes, the same values up to rounding.
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        want, _ = safetensors_io.load(os.path.join(step2[1], f))
+        for w in (2, 4):
+            got, _ = safetensors_io.load(os.path.join(step2[w], f))
+            assert sorted(got) == sorted(want), f"W={w} {f}: other tensor names"
+            worst = 0.0
+            for name, t in want.items():
+                assert got[name].shape == t.shape, f"W={w} {f} {name}: shape {got[name].shape} vs {t.shape}"
+                err = (got[name].double() - t.double()).norm().item() / max(t.double().norm().item(), 1e-30)
+                worst = max(worst, err)
+                assert err <= 1e-5, f"W={w} {f} {name}: norm-relative difference {err:.2e}"
+            print(f"W={w} {f}: {len(want)} whole tensors as one process wrote them (worst {worst:.2e})")
+    for x in (a, b, d):
+        got = losses(x)
+        rel = max(abs(u - v) / abs(v) for u, v in zip(got, ref))
+        print(f"{os.path.basename(x)}: losses {['%.6f' % u for u in got]} within {rel:.2e} of one process")
+        assert len(got) == 4 and rel <= 1e-5
 
 
 def case_failure(tmp):
@@ -128,11 +203,43 @@ def case_failure(tmp):
     print("a failed rank ends the run promptly; each error printed once")
 
 
+def case_bench(tmp):
+    """Not a ctest: the Multi-process table of docs/benchmarks.md. W = 1, 2, 4 in one run on the same
+    global batch (2 x 1024 tokens of configs/tiny.toml); per W the per-rank peak of every category (the
+    maximum over ranks, exact) and the median tokens/s over the steps after the first."""
+    cats = ["activations", "checkpoints", "vocab", "dispatch", "comm", "params", "grads", "optimizer"]
+    rows = {}
+    for w in (1, 2, 4):
+        d = os.path.join(tmp, f"bench{w}")
+        ok(mpirun(w, train_args(d, A.steps, ["--set", "train.seq_len=1024"])), f"bench on {w} ranks")
+        lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if l.strip()]
+        tps = sorted(l["tokens_per_s"] for l in lines[1:])
+        last = lines[-1]
+        rows[w] = {"device_peak_bytes": last["device_peak_bytes"], "peak_bytes": last["peak_bytes"],
+                   "peak_rank": last.get("peak_rank", {}), "tokens_per_s_median": tps[len(tps) // 2],
+                   "tokens_per_s": [l["tokens_per_s"] for l in lines[1:]], "loss": last["loss"]}
+    print("| W | device peak | " + " | ".join(cats) + " | tokens/s (median) |")
+    print("|---" * (len(cats) + 3) + "|")
+    for w, r in rows.items():
+        cells = [f"{r['peak_bytes'][c]:,}" + (f" ({r['peak_bytes'][c] / rows[1]['peak_bytes'][c]:.2f}x)"
+                                              if w > 1 and rows[1]["peak_bytes"][c] else "") for c in cats]
+        print(f"| {w} | {r['device_peak_bytes']:,} ({r['device_peak_bytes'] / rows[1]['device_peak_bytes']:.2f}x) | "
+              + " | ".join(cells) + f" | {r['tokens_per_s_median']:.0f} |")
+    losses = {w: r["loss"] for w, r in rows.items()}
+    print(f"last-step losses {losses}")
+    if A.json:
+        with open(A.json, "w") as f:
+            json.dump({"command": "tests/dist/dist_check.py bench", "steps": A.steps, "global_batch": [2, 1024],
+                       "ranks": rows}, f, indent=1)
+
+
 def main():
     global A
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--configs", required=True)
+    ap.add_argument("--json", help="bench: write the figures here")
+    ap.add_argument("--steps", type=int, default=7, help="bench: training steps per W (the first is not timed)")
     ap.add_argument("case")
     A = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="flatpeak_dist_")

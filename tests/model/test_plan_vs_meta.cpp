@@ -4,12 +4,16 @@
 // backend at small scale. On a mismatch the first allocation event that differs is printed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "data/context_split.h"
 #include "data/random_batch.h"
 #include "model/model.h"
 #include "plan/plan.h"
+#include "plan/routing_counts.h"
 #include "sched/optim/adamw.h"
 #include "sched/optim/optimizer.h"
 
@@ -28,6 +32,8 @@ struct Case {
 struct Sched {
   const char* vocab = "full";          // full | ring
   int64_t block_tokens = 1024;         // ring
+  const char* ring_mode = "auto";      // ring, W > 1: weights | activations | auto
+  bool keep_strips = false;            // ring, W > 1
   const char* ckpt = "device";         // device | sco
   uint64_t host_budget = kUnlimitedBytes;  // sco
   uint64_t host_mem = kUnlimitedBytes;     // host arena capacity (sco places boundaries by it too)
@@ -36,9 +42,10 @@ struct Sched {
   int64_t slots = 2;                   // offload_stream
   const char* update_on = "device";    // offload_stream
   std::string str() const {
-    return fmt::format("vocab={} block_tokens={} ckpt={} host_budget={} host_mem={} optim={} bucket={} slots={} "
-                       "update_on={}",
-                       vocab, block_tokens, ckpt, host_budget, host_mem, optim, bucket_params, slots, update_on);
+    return fmt::format("vocab={} block_tokens={} ring_mode={} keep_strips={} ckpt={} host_budget={} host_mem={} "
+                       "optim={} bucket={} slots={} update_on={}",
+                       vocab, block_tokens, ring_mode, keep_strips, ckpt, host_budget, host_mem, optim, bucket_params,
+                       slots, update_on);
   }
 };
 
@@ -66,6 +73,7 @@ plan::Input case_input(const Case& c, const Sched& sc = {}) {
   for (const std::string& item :
        {std::string("dtype=f32"), fmt::format("batch={}", c.B), fmt::format("routing={}", c.routing),
         fmt::format("vocab={}", sc.vocab), fmt::format("block_tokens={}", sc.block_tokens),
+        fmt::format("ring_mode={}", sc.ring_mode), fmt::format("keep_strips={}", sc.keep_strips),
         fmt::format("ckpt={}", sc.ckpt), fmt::format("optim={}", sc.optim),
         fmt::format("bucket_params={}", sc.bucket_params), fmt::format("slots={}", sc.slots),
         fmt::format("update_on={}", sc.update_on)})
@@ -99,41 +107,101 @@ std::string first_difference(const std::vector<LedgerEvent>& real, const std::ve
   return "the sequences agree";
 }
 
-// Rank 0 of a world of W ranks in which nothing moves: with the meta backend (no data) a step
-// allocates exactly what rank 0 of a real context-parallel run allocates (sizes never depend on the
-// data, and every rank's piece has N = B T / W tokens), so multi-rank plans are checked in one
-// process.
+// Rank r of a world of W ranks that all route their tokens alike (the routing profiles depend on
+// the token index only): with the meta backend (no data) a step allocates exactly what rank r of a
+// real run allocates, since sizes never depend on the data and every rank's piece has N = B T / W
+// tokens, so multi-rank plans are checked in one process. Device buffers (null on meta) move
+// nothing; host buffers (the counts behind the sizes: EP's count exchange, LLEP's loads, Ring-DTP's
+// token counts) get what the W identical ranks would send: in all_to_all_v every source sends what
+// this rank sends itself, all_gather repeats this rank's block, the sums are W times this rank's.
 class MetaWorldComm final : public Comm {
  public:
-  explicit MetaWorldComm(int world) : world_(world) {}
+  MetaWorldComm(int world, int rank) : world_(world), rank_(rank) {}
   std::string_view name() const override { return "meta-world"; }
-  int rank() const override { return 0; }
+  int rank() const override { return rank_; }
   int size() const override { return world_; }
-  void all_reduce_sum(void*, int64_t, DType) override {}
-  void all_reduce_max(void*, int64_t, DType) override {}
-  void all_gather(const void*, void*, int64_t, DType) override {}
-  void reduce_scatter_sum(const void*, void*, int64_t, DType) override {}
-  void all_to_all_v(const void*, const int64_t*, void*, const int64_t*, DType) override {}
-  void send_recv(const void*, int64_t, int, void*, int64_t, int, DType) override {}
+  void all_reduce_sum(void* data, int64_t n, DType t) override { scale(data, data, n, t); }
+  void all_reduce_max(void*, int64_t, DType) override {}  // the max of W equal values
+  void all_gather(const void* send, void* recv, int64_t n, DType t) override {
+    if (send == nullptr || recv == nullptr) return;
+    const size_t b = static_cast<size_t>(n) * dtype_size(t);
+    for (int r = 0; r < world_; ++r) std::memmove(static_cast<char*>(recv) + r * b, send, b);
+  }
+  void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t) override {
+    if (send == nullptr || recv == nullptr) return;
+    scale(static_cast<const char*>(send) + static_cast<size_t>(rank_ * n) * dtype_size(t), recv, n, t);
+  }
+  void all_to_all_v(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
+                    DType t) override {
+    if (send == nullptr || recv == nullptr) return;
+    const size_t b = dtype_size(t);
+    int64_t self_off = 0, recv_off = 0;  // elements
+    for (int d = 0; d < rank_; ++d) self_off += send_counts[d];
+    for (int src = 0; src < world_; ++src) {
+      const int64_t n = std::min(send_counts[rank_], recv_counts[src]);
+      std::memmove(static_cast<char*>(recv) + recv_off * b, static_cast<const char*>(send) + self_off * b, n * b);
+      recv_off += recv_counts[src];
+    }
+  }
+  void send_recv(const void* send, int64_t n, int, void* recv, int64_t n_recv, int, DType t) override {
+    if (send != nullptr && recv != nullptr) std::memmove(recv, send, std::min(n, n_recv) * dtype_size(t));
+  }
   void barrier() override {}
   [[noreturn]] void abort(int) override { std::abort(); }
 
  private:
-  int world_;
+  // out (n) = W x in (n), host data of the integer and floating dtypes the engine reduces.
+  void scale(const void* in, void* out, int64_t n, DType t) const {
+    if (in == nullptr || out == nullptr) return;
+    for (int64_t i = 0; i < n; ++i) {
+      switch (t) {
+        case DType::DType_F32: static_cast<float*>(out)[i] = static_cast<const float*>(in)[i] * world_; break;
+        case DType::DType_F64: static_cast<double*>(out)[i] = static_cast<const double*>(in)[i] * world_; break;
+        case DType::DType_I32: static_cast<int32_t*>(out)[i] = static_cast<const int32_t*>(in)[i] * world_; break;
+        case DType::DType_I64: static_cast<int64_t*>(out)[i] = static_cast<const int64_t*>(in)[i] * world_; break;
+        default: FP_ASSERT(false, "MetaWorldComm cannot sum dtype {}", static_cast<int>(t));
+      }
+    }
+  }
+  int world_, rank_;
 };
 
-// One training step as the trainer runs it; compares its ledgers with the plan. world > 1: rank 0
-// of a context-parallel run (replicated parameters: the engine's layout today), meta only.
+// The rank the plan describes: the one that receives the most routes under standard EP (the plan
+// is the hottest rank's; the first of equals).
+int hottest_rank(const Case& c, int world) {
+  if (world == 1) return 0;
+  const int64_t N = c.B * c.T / world;
+  const std::vector<int64_t> counts = plan::routing_counts(routing_profile_parse(c.routing), N, c.k, c.E);
+  const int64_t per = c.E / world;
+  int best = 0;
+  int64_t best_sum = -1;
+  for (int r = 0; r < world; ++r) {
+    int64_t sum = 0;
+    for (int64_t e = r * per; e < (r + 1) * per; ++e) sum += counts[e];
+    if (sum > best_sum) {
+      best = r;
+      best_sum = sum;
+    }
+  }
+  return best;
+}
+
+// One training step as the trainer runs it; compares its ledgers with the plan. world > 1: the
+// hottest rank of the engine's layout (context parallel over W, FSDP over W, experts E / W per rank,
+// the vocabulary ring over W), meta only.
 void check_case(const Case& c, const char* device, const Sched& sc = {}, int world = 1) {
-  SCOPED_TRACE(fmt::format("{} on {}, {}, W = {}", c.name, device, sc.str(), world));
+  const int rank = hottest_rank(c, world);
+  SCOPED_TRACE(fmt::format("{} on {}, {}, W = {}, rank {}", c.name, device, sc.str(), world, rank));
   const ModelConfig m = case_config(c);
   auto be = backend_create(device, kUnlimitedBytes, sc.host_mem);
   ModelSchedules ms;
   ms.vocab.kind = std::string(sc.vocab) == "ring" ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
   ms.vocab.block_tokens = sc.block_tokens;
+  ms.vocab.ring_mode = sc.ring_mode;
+  ms.vocab.keep_strips = sc.keep_strips;
   ms.ckpt.kind = std::string(sc.ckpt) == "sco" ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device;
   ms.ckpt.host_budget = sc.host_budget;
-  MetaWorldComm comm(world);
+  MetaWorldComm comm(world, rank);
   Model model(m, *be, routing_profile_parse(c.routing), ms, world > 1 ? &comm : nullptr);
   model.init_weights(m.seed);
   OptimConfig oc;
@@ -144,15 +212,17 @@ void check_case(const Case& c, const char* device, const Sched& sc = {}, int wor
   std::unique_ptr<Optimizer> opt = optimizer_create(oc, model.params(), *be);
   model.zero_grads();
   Batch batch = batch_random(c.B, c.T, c.V, 11);
-  if (world > 1) batch = context_slice(batch, 0, world);
+  if (world > 1) batch = context_slice(batch, rank, world);
   model.forward_backward(batch);
   opt->step(1, 1);
   const Ledger& led = be->device_ledger();
 
   plan::PeakReplay dev(/*record_events=*/true), host;
   plan::Input in = case_input(c, sc);
-  for (const std::string& item : {std::string("fsdp=1"), std::string("ep=1")}) plan::settings_apply(in.settings, item);
   in.settings.layout.ranks = world;
+  for (const std::string& item : {fmt::format("cp={}", world), fmt::format("ep={}", world),
+                                  fmt::format("fsdp={}", world)})
+    plan::settings_apply(in.settings, item);
   const plan::Result r = plan::plan_step(in, &dev, &host);
   bool all_equal = true;
   for (Category cat : kAllCategories) {
@@ -166,8 +236,11 @@ void check_case(const Case& c, const char* device, const Sched& sc = {}, int wor
   for (Category cat : kAllCategories)
     EXPECT_EQ(r.host_peak[static_cast<int>(cat)], be->host_ledger().peak(cat)) << "host " << category_name(cat);
   EXPECT_TRUE(r.predicted.empty());
-  if (world > 1) EXPECT_GT(led.peak(Category::Category_comm), 0u);  // the ring's K/V blocks exist
+  if (world > 1) {
+    EXPECT_GT(led.peak(Category::Category_comm), 0u);  // the ring's K/V blocks exist
+  }
   if (!all_equal) ADD_FAILURE() << first_difference(led.events(), dev.events());
+  EXPECT_EQ(first_difference(led.events(), dev.events()), "the sequences agree");
 }
 
 // >= 20 configurations: layers, hidden, heads (MHA, GQA, MQA, head_dim != H / heads), experts,
@@ -197,6 +270,9 @@ const Case kMetaCases[] = {
     {"paper_hidden_slice", 2, 7168, 64, 8, 128, 384, 8, 2048, 200000, 1, 2048},
     {"mixtral_like_slice", 2, 6144, 48, 8, 128, 8, 2, 16384, 32000, 1, 8192},
     {"gpt_oss_like_slice", 3, 2880, 64, 8, 64, 128, 4, 2880, 201088, 2, 1024},
+    // On 4 and 8 ranks the balanced profile loads rank 1 most (its experts get the extra routes), and
+    // no row count divides by W (FSDP padding rows, a short last vocabulary shard).
+    {"uneven_ranks", 2, 34, 5, 1, 6, 8, 3, 24, 203, 1, 80},
 };
 
 }  // namespace
@@ -261,14 +337,20 @@ TEST(PlanVsMeta, CpuRunsOfTheFlattenedSchedulesAgree) {
                             .bucket_params = 999});
 }
 
-// Context parallelism (ring attention over zig-zag pieces, replicated parameters): rank 0 of W.
+// W ranks as the engine lays them out (ring attention over zig-zag pieces, FSDP over W, standard
+// expert parallelism with E / W experts per rank, Ring-DTP over W vocabulary shards): the hottest rank.
 TEST(PlanVsMeta, ContextParallelRanksAreExact) {
   for (int world : {2, 4, 8})
-    for (const char* name : {"tiny", "mqa", "deep", "odd_everything", "long_context", "qwen3_30b_like"})
+    for (const char* name : {"tiny", "mqa", "deep", "odd_everything", "long_context", "hot_routing",
+                             "hot_routing_skewed", "uneven_ranks", "qwen3_30b_like"})
       for (const Case& c : kMetaCases) {
-        if (std::string(c.name) != name || c.T % (2 * world) != 0) continue;
+        if (std::string(c.name) != name || c.T % (2 * world) != 0 || c.E % world != 0) continue;
         check_case(c, "meta", {}, world);
         check_case(c, "meta", {.vocab = "ring", .block_tokens = 100, .ckpt = "sco", .optim = "offload_stream"}, world);
+        // both ring modes whatever auto picks (activations when N <= V / W)
+        for (const char* mode : {"weights", "activations"})
+          for (bool keep : {false, true})
+            check_case(c, "meta", {.vocab = "ring", .block_tokens = 64, .ring_mode = mode, .keep_strips = keep}, world);
       }
 }
 

@@ -84,7 +84,7 @@ TEST(PlanSettings, PresetsAndKeys) {
   settings_apply(s, "update_on=host");
   EXPECT_TRUE(s.sched.update_on_host);
   for (const char* bad : {"vocab=rings", "nokey", "=3", "frobnicate=1", "slots=0", "slots=two", "routing=router",
-                          "routing=hot:2:3", "dtype=f8", "ring_mode=sideways"}) {
+                          "routing=hot:2:3", "dtype=f8", "ring_mode=sideways", "keep_strips=yes"}) {
     Settings t;
     EXPECT_THROW(settings_apply(t, bad), Error) << bad;
   }
@@ -222,15 +222,27 @@ TEST(PlanMultiRank, ShardsAndPredictions) {
   EXPECT_EQ(at(mr.peak, kParams),
             static_cast<uint64_t>(mr.sizes.params_per_rank) * 2 + static_cast<uint64_t>(m.vocab_size * 64 + 64) * 2);
   EXPECT_LT(mr.step_peak, r.step_peak);
-  // FSDP and EP are predicted (params, grads, optimizer, dispatch, activations); context parallelism
-  // and what only scales with N are validated.
+  // The engine's layout (cp = ep = fsdp = W) is validated against meta in every category
+  // (tests/model/test_plan_vs_meta.cpp), Ring-DTP over the W shards too.
+  for (bool v : mr.validated) EXPECT_TRUE(v);
+  EXPECT_TRUE(mr.predicted.empty());
+  Input ring = in;
+  settings_apply(ring.settings, "vocab=ring");
+  EXPECT_TRUE(plan_step(ring).predicted.empty());
+  settings_apply(ring.settings, "vocab_strips=2");  // the engine keeps one strip
+  ASSERT_EQ(plan_step(ring).predicted.size(), 1u);
+  EXPECT_FALSE(plan_step(ring).validated[static_cast<int>(kVocab)]);
+  // Another layout is a prediction, and says which categories it touches.
+  Input other = in;
+  settings_apply(other.settings, "ep=2");
+  const Result half_ep = plan_step(other);
+  ASSERT_FALSE(half_ep.predicted.empty());
+  EXPECT_NE(half_ep.predicted[0].find("layout cp = 4, ep = 2, fsdp = 4"), std::string::npos);
   for (Category c : {kParams, kGrads, kOpt, kDisp, Category::Category_activations})
-    EXPECT_FALSE(mr.validated[static_cast<int>(c)]) << category_name(c);
-  for (Category c : {kCkpt, kVocab, kWs, Category::Category_comm})
-    EXPECT_TRUE(mr.validated[static_cast<int>(c)]) << category_name(c);
-  ASSERT_EQ(mr.predicted.size(), 2u);
-  EXPECT_NE(mr.predicted[0].find("fsdp > 1"), std::string::npos);
-  EXPECT_NE(mr.predicted[1].find("ep > 1"), std::string::npos);
+    EXPECT_FALSE(half_ep.validated[static_cast<int>(c)]) << category_name(c);
+  for (Category c : {kCkpt, kWs}) EXPECT_TRUE(half_ep.validated[static_cast<int>(c)]) << category_name(c);
+  // experts spread over 2 ranks, sharded over the 2 that share them: the same parameters per rank
+  EXPECT_EQ(half_ep.sizes.params_per_rank, mr.sizes.params_per_rank);
   EXPECT_GT(at(mr.peak, Category::Category_comm), 0u);  // ring attention's K/V blocks
   // a hot profile sends more routes to the hottest rank than the balanced one
   settings_apply(in.settings, "routing=hot:0.9:2");
@@ -348,7 +360,9 @@ TEST(PlanReport, JsonAndTable) {
   in.settings.layout.ranks = 2;
   const Result r = plan_step(in);
   const nlohmann::ordered_json j = plan_json(m, in, r);
-  EXPECT_EQ(j["peaks"]["vocab"]["status"], "predicted, not yet validated against meta");
+  // flatpeak on 2 ranks: PipelinedLLEP is predicted, Ring-DTP over the 2 shards is validated
+  EXPECT_EQ(j["peaks"]["dispatch"]["status"], "predicted, not yet validated against meta");
+  EXPECT_EQ(j["peaks"]["vocab"]["status"], "exact (validated against meta)");
   EXPECT_EQ(j["step_peak"].get<uint64_t>(), r.step_peak);
   EXPECT_EQ(j["layout"]["tokens_per_rank"], 2048);
   EXPECT_TRUE(j["device_mem"].is_null());

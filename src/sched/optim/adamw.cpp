@@ -10,27 +10,16 @@ AdamW::AdamW(ParamStore& params, Backend& be, const OptimConfig& cfg) : params_(
   m_.reserve(params_.all().size());
   v_.reserve(params_.all().size());
   for (const Param& p : params_.all()) {
-    Tensor& m = m_.emplace_back(be_.alloc_f32(Category::Category_optimizer, p.w.shape(), p.name + ".exp_avg"));
-    Tensor& v = v_.emplace_back(be_.alloc_f32(Category::Category_optimizer, p.w.shape(), p.name + ".exp_avg_sq"));
+    const Shape& shape = p.local_w().shape();  // the FSDP shard on W ranks
+    Tensor& m = m_.emplace_back(be_.alloc_f32(Category::Category_optimizer, shape, p.name + ".exp_avg"));
+    Tensor& v = v_.emplace_back(be_.alloc_f32(Category::Category_optimizer, shape, p.name + ".exp_avg_sq"));
     k.fill(m.f32(), 0.0f, m.numel());
     k.fill(v.f32(), 0.0f, v.numel());
   }
   sumsq_ = be_.alloc_f32(Category::Category_workspace, {1}, "adamw.grad_sumsq");
 }
 
-double AdamW::grad_norm_compute() {
-  // One reduction and one scalar read per parameter. Each reduce_sumsq is deterministic and the host
-  // sum runs in parameter order, so the norm (and hence the clipping) is reproducible bit for bit.
-  const auto& k = be_.kernels();
-  double total = 0.0;
-  for (const Param& p : params_.all()) {
-    k.reduce_sumsq(p.g.f32(), p.g.numel(), sumsq_.f32());
-    float s = 0.0f;
-    be_.copy_to_host(&s, sumsq_.data(), sizeof(float));
-    total += static_cast<double>(s);
-  }
-  return std::sqrt(total);
-}
+double AdamW::grad_norm_compute() { return grad_norm_global(params_, be_, sumsq_); }
 
 AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
   FP_ASSERT(step == steps_taken_ + 1, "AdamW::step({}) after step {}: steps must follow each other (resume sets "
@@ -57,8 +46,9 @@ AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
   size_t i = 0;
   for (Param& p : params_.all()) {
     // No decay on 1-D parameters (RMSNorm weights), as in the usual GPT/Qwen training recipes.
-    const double wd = p.w.shape().rank >= 2 ? cfg_.weight_decay : 0.0;
-    k.adamw_update(p.w.f32(), p.g.f32(), m_[i].f32(), v_[i].f32(), p.w.numel(), static_cast<float>(st.lr),
+    const double wd = p.shape.rank >= 2 ? cfg_.weight_decay : 0.0;
+    Tensor& w = p.local_w();
+    k.adamw_update(w.f32(), p.local_g().f32(), m_[i].f32(), v_[i].f32(), w.numel(), static_cast<float>(st.lr),
                    static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
                    static_cast<float>(wd), static_cast<float>(st.clip_scale), step);
     ++i;

@@ -6,8 +6,9 @@
 // the learning rate of the schedule (lr_schedule.h), then the update of each parameter in order.
 // Weight decay applies to matrices and embeddings (rank >= 2), not to 1-D norm weights.
 //
-// Device memory: m and v of every parameter, category optimizer (2 x the parameter bytes), and one
-// float in category workspace for the per-parameter sum of squares.
+// Device memory: m and v of every parameter's local storage (its FSDP shard on W ranks), category
+// optimizer (2 x the local parameter bytes), and one float in category workspace for the
+// per-parameter sum of squares.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,7 @@ class AdamW final : public Optimizer {
   StepStats step(int64_t step, int64_t total_steps) override;
 
   // The moments, in the order of params.all(): m()[i] belongs to params.all()[i].
-  const std::vector<Tensor>& m() const { return m_; }  // exp_avg, each shaped like its parameter
+  const std::vector<Tensor>& m() const { return m_; }  // exp_avg, each shaped like its local_w()
   const std::vector<Tensor>& v() const { return v_; }  // exp_avg_sq
   // For checkpoints: ("<param name>.exp_avg", &m_i), ("<param name>.exp_avg_sq", &v_i), parameter by
   // parameter. The pointers stay valid for the optimizer's lifetime; loading writes into their data.
@@ -51,15 +52,14 @@ class AdamW final : public Optimizer {
   const OptimConfig& config() const { return cfg_; }
 
  private:
-  // sqrt of the sum over parameters of sum(g^2), accumulated in double on the host in parameter order
-  // (fixed order: the same bits for any thread count).
+  // grad_norm_global (optimizer.h): the same bits for any thread count, on every rank.
   double grad_norm_compute();
 
   ParamStore& params_;
   Backend& be_;
   const OptimConfig cfg_;
-  std::vector<Tensor> m_;  // (numel of param i) each, category optimizer
-  std::vector<Tensor> v_;  // (numel of param i) each, category optimizer
+  std::vector<Tensor> m_;  // shaped like param i's local_w() (its FSDP shard), category optimizer
+  std::vector<Tensor> v_;  // shaped like param i's local_w(), category optimizer
   Tensor sumsq_;           // (1) category workspace: reduce_sumsq's output
   int64_t steps_taken_ = 0;
 };

@@ -74,11 +74,11 @@ OffloadAdamW::OffloadAdamW(ParamStore& params, Backend& be, const OptimConfig& c
   m_.reserve(n);
   v_.reserve(n);
   for (const Param& p : params_.all()) {
-    master_.emplace_back(be_.alloc_host(Category::Category_optimizer, p.w.shape(), DType::DType_F32, p.name + ".master"));
-    Tensor& m = m_.emplace_back(
-        be_.alloc_host(Category::Category_optimizer, p.w.shape(), DType::DType_F32, p.name + ".exp_avg"));
-    Tensor& v = v_.emplace_back(
-        be_.alloc_host(Category::Category_optimizer, p.w.shape(), DType::DType_F32, p.name + ".exp_avg_sq"));
+    const Shape& shape = p.local_w().shape();  // the FSDP shard on W ranks
+    master_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, DType::DType_F32, p.name + ".master"));
+    Tensor& m = m_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, DType::DType_F32, p.name + ".exp_avg"));
+    Tensor& v =
+        v_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, DType::DType_F32, p.name + ".exp_avg_sq"));
     // Host memory: written directly (null on meta, where nothing exists to zero).
     if (m.data() != nullptr) std::memset(m.data(), 0, m.bytes());
     if (v.data() != nullptr) std::memset(v.data(), 0, v.bytes());
@@ -86,27 +86,14 @@ OffloadAdamW::OffloadAdamW(ParamStore& params, Backend& be, const OptimConfig& c
   sumsq_ = be_.alloc_f32(Category::Category_workspace, {1}, "adamw.grad_sumsq");
 }
 
-double OffloadAdamW::grad_norm_compute() {
-  // AdamW::grad_norm_compute, operation for operation: one device reduction and one scalar read per
-  // parameter, summed in double in parameter order. The same bits as AdamW's norm, hence the same
-  // clipping coefficient: the variants can agree bit for bit.
-  const auto& k = be_.kernels();
-  double total = 0.0;
-  for (const Param& p : params_.all()) {
-    k.reduce_sumsq(p.g.f32(), p.g.numel(), sumsq_.f32());
-    float s = 0.0f;
-    be_.copy_to_host(&s, sumsq_.data(), sizeof(float));
-    total += static_cast<double>(s);
-  }
-  return std::sqrt(total);
-}
+double OffloadAdamW::grad_norm_compute() { return grad_norm_global(params_, be_, sumsq_); }
 
 void OffloadAdamW::master_sync() {
   // The device weights are the truth before the first step (init or checkpoint load).
   be_.d2h_stream().wait(grads_ready_);
   size_t i = 0;
   for (const Param& p : params_.all()) {
-    be_.copy_async(be_.d2h_stream(), master_[i].data(), p.w.data(), p.w.bytes());
+    be_.copy_async(be_.d2h_stream(), master_[i].data(), p.local_w().data(), p.local_w().bytes());
     ++i;
   }
   Event done;
@@ -152,7 +139,7 @@ void OffloadAdamW::update_range(bool host, int64_t i, float* param, const float*
                                 int64_t length, const StepStats& st, int64_t step) {
   // No decay on 1-D parameters (RMSNorm weights), as AdamW::step.
   const Param& p = params_.all()[static_cast<size_t>(i)];
-  const double wd = p.w.shape().rank >= 2 ? cfg_.weight_decay : 0.0;
+  const double wd = p.shape.rank >= 2 ? cfg_.weight_decay : 0.0;
   const auto t0 = Clock::now();
   if (host) {
     // Host operands: the cpu kernel itself (any backend's host memory is the cpu's), not the backend
@@ -188,7 +175,8 @@ OffloadSerialAdamW::OffloadSerialAdamW(ParamStore& params, Backend& be, const Op
     : OffloadAdamW(params, be, cfg) {
   grad_host_.reserve(params_.all().size());
   for (const Param& p : params_.all())
-    grad_host_.emplace_back(be_.alloc_host(Category::Category_grads, p.g.shape(), DType::DType_F32, p.name + ".grad_host"));
+    grad_host_.emplace_back(
+        be_.alloc_host(Category::Category_grads, p.local_g().shape(), DType::DType_F32, p.name + ".grad_host"));
 }
 
 void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {
@@ -199,7 +187,7 @@ void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {
   d2h.wait(grads_ready_);
   size_t i = 0;
   for (const Param& p : params_.all()) {
-    be_.copy_async(d2h, grad_host_[i].data(), p.g.data(), p.g.bytes());
+    be_.copy_async(d2h, grad_host_[i].data(), p.local_g().data(), p.local_g().bytes());
     ++i;
   }
   Event down;
@@ -215,7 +203,7 @@ void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {
   h2d.wait(grads_ready_);
   i = 0;
   for (Param& p : params_.all()) {
-    be_.copy_async(h2d, p.w.data(), master_[i].data(), p.w.bytes());
+    be_.copy_async(h2d, p.local_w().data(), master_[i].data(), p.local_w().bytes());
     ++i;
   }
   Event up;
@@ -235,7 +223,7 @@ OffloadStreamAdamW::OffloadStreamAdamW(ParamStore& params, Backend& be, const Op
   FP_CHECK(cfg_.slots >= 1, "set optim.slots to 1 or more (default 2)", "optim.slots = {} must be >= 1", cfg_.slots);
   on_device_ = cfg_.update_on == "device";
   std::vector<int64_t> sizes;
-  for (const Param& p : params_.all()) sizes.push_back(p.w.numel());
+  for (const Param& p : params_.all()) sizes.push_back(p.local_w().numel());
   plan_ = offload_plan_make(sizes, cfg_.bucket_params);
   // The fixed working set, reserved at launch (Plan before allocating, STYLE.md).
   for (int64_t s = 0; s < cfg_.slots && plan_.largest > 0; ++s) {
@@ -293,7 +281,7 @@ void OffloadStreamAdamW::step_on_device(const StepStats& st, int64_t step) {
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      be_.copy_async(compute, slot + SlotRow_grad * row + sg.slot_offset, p.g.f32() + sg.offset,
+      be_.copy_async(compute, slot + SlotRow_grad * row + sg.slot_offset, p.local_g().f32() + sg.offset,
                      static_cast<uint64_t>(sg.length) * sizeof(float));
     }
     // Per segment: weight decay differs between parameters (matrices vs norm weights).
@@ -306,7 +294,7 @@ void OffloadStreamAdamW::step_on_device(const StepStats& st, int64_t step) {
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      be_.copy_async(compute, p.w.f32() + sg.offset, slot + SlotRow_param * row + sg.slot_offset,
+      be_.copy_async(compute, p.local_w().f32() + sg.offset, slot + SlotRow_param * row + sg.slot_offset,
                      static_cast<uint64_t>(sg.length) * sizeof(float));
     }
     compute.record(updated[static_cast<size_t>(g)]);
@@ -345,7 +333,8 @@ void OffloadStreamAdamW::step_on_host(const StepStats& st, int64_t step) {
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      be_.copy_async(d2h, slot + sg.slot_offset, p.g.f32() + sg.offset, static_cast<uint64_t>(sg.length) * sizeof(float));
+      be_.copy_async(d2h, slot + sg.slot_offset, p.local_g().f32() + sg.offset,
+                     static_cast<uint64_t>(sg.length) * sizeof(float));
     }
     d2h.record(downloaded[static_cast<size_t>(g)]);
   };
@@ -367,7 +356,7 @@ void OffloadStreamAdamW::step_on_host(const StepStats& st, int64_t step) {
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      be_.copy_async(h2d, p.w.f32() + sg.offset, master_[static_cast<size_t>(sg.param)].f32() + sg.offset,
+      be_.copy_async(h2d, p.local_w().f32() + sg.offset, master_[static_cast<size_t>(sg.param)].f32() + sg.offset,
                      static_cast<uint64_t>(sg.length) * sizeof(float));
     }
     if (g + S < n_buckets) download(g + S);

@@ -98,7 +98,7 @@ class OffloadAdamW : public Optimizer {
     master_synced_ = false;
   }
 
-  // Host state in the order of params.all(), each shaped like its parameter.
+  // Host state in the order of params.all(), each shaped like its parameter's local_w() (FSDP shard).
   const std::vector<Tensor>& master() const { return master_; }
   const std::vector<Tensor>& m() const { return m_; }
   const std::vector<Tensor>& v() const { return v_; }

@@ -34,7 +34,14 @@ class Optimizer {
   virtual void set_steps_taken(int64_t steps) = 0;
 };
 
-// The optimizer of cfg's schedule over params.
+// The optimizer of cfg's schedule over params. Each rank updates only the storage it holds
+// (Param::local_w: its FSDP shards and whole tensors), so optimizer state exists for owned shards only.
 std::unique_ptr<Optimizer> optimizer_create(const OptimConfig& cfg, ParamStore& params, Backend& be);
+
+// The L2 norm of the whole model's gradient, the same bits on every rank and in every variant: per
+// parameter one device reduction of its local gradient into sumsq (1) and one scalar read, summed in
+// double in parameter order, then summed over the ranks of params.comm() (all_reduce in the comm's
+// fixed order; every element of the gradient lives on one rank). Only when the backend computes.
+double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq);
 
 }  // namespace fp

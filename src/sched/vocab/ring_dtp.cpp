@@ -16,16 +16,12 @@
 // Three GEMMs like the full variant, nothing recomputed. dW accumulates in fp32 block after block in
 // token order, the GEMMs cut their outputs into a fixed grid of tiles (ops/gemm_tiled.h: OpenBLAS's
 // own threading changes the bits with the thread count), and every other reduction has a fixed order
-// (ops/online_lse.h, rmsnorm), so the results are bitwise reproducible across runs and thread counts. The working set (one strip and the state) is reserved once when the head starts and is the
-// same on the meta backend, so meta peaks are exact (ring_dtp_vocab_bytes).
+// (ops/online_lse.h, rmsnorm), so the results are bitwise reproducible across runs and thread counts.
+// The working set (one strip and the state) is reserved once when the head starts and is the same on
+// the meta backend, so meta peaks are exact (ring_dtp_vocab_bytes).
 //
-// Note [Ring-DTP on P ranks] (not yet: it needs the comm layer): the kernels already take a shard
-// [v0, v1) and a running state, so the ring is a change of loop order only. Move weights: for round
-// i = 0..P-1, hold shard s = (r - i) mod P, and for each token block fold strip = xn_blk W_s^T into the
-// state (n); after P rounds the state is home and the loss known. Backward is a second ring pass that
-// recomputes each strip, applies online_lse_backward with the final (m, z), and accumulates dxn_blk
-// and dW_s (dW_s travels home with its shard). Move activations swaps what travels. The strip is then
-// (n_blk, V/P) and ring_dtp_vocab_bytes is called with V_shard = V / P.
+// With P > 1 ranks the ring itself runs in ring_dtp_ring.cpp (Note [Ring-DTP on P ranks]); the final
+// RMSNorm around it is the same.
 #include "sched/vocab/ring_dtp.h"
 
 #include <algorithm>
@@ -38,7 +34,7 @@ namespace fp {
 
 HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, ParamStore& ps, const Tensor& xL,
                                       const Tensor& targets, float scale, Tensor& dxL, std::vector<float>* logits_out,
-                                      bool backward) {
+                                      bool backward, RingDtpStats* stats) {
   FP_CHECK(v.block_tokens >= 1, "set vocab.block_tokens to a positive number of tokens (e.g. 1024)",
            "vocab.block_tokens is {}", v.block_tokens);
   Backend& be = s.be;
@@ -47,12 +43,25 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   const int64_t n_blk = ring_dtp_block_rows(v, n);
   constexpr Category kAct = Category::Category_activations;
   constexpr Category kVocab = Category::Category_vocab;
-  const float* W = ps.lm_head->w.f32();  // (V, H)
+  double* gemm_s = stats != nullptr ? &stats->gemm_s : nullptr;
+  double* lse_s = stats != nullptr ? &stats->lse_s : nullptr;
 
   // The final RMSNorm, as in the full variant.
   Tensor xn = be.alloc_f32(kAct, {n, H}, "head.xn");
   Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");
   K.rmsnorm_forward(xL.f32(), ps.norm->w.f32(), xn.f32(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
+
+  if (s.comm.size() > 1) {
+    Tensor dxn;
+    if (backward) dxn = be.alloc_f32(kAct, {n, H}, "head.dxn");  // (n, H)
+    HeadResult r;
+    r.loss_sum = ring_dtp_p_ranks(s, v, ps, xn, targets, scale, dxn, logits_out, backward, stats);
+    xn.reset();
+    if (backward)
+      K.rmsnorm_backward(xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+    return r;
+  }
+  const float* W = ps.lm_head->w.f32();  // (V, H)
 
   // The fixed working set (Note [Ring-DTP on one rank]).
   Tensor strip = be.alloc_f32(kVocab, {n_blk, V}, "ring.strip");  // (n_blk, V) logits, then their gradient
@@ -72,15 +81,22 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
     float* m_blk = ptr_at(m.f32(), t0);                     // (rows)
     double* z_blk = ptr_at(z.f64(), t0);                    // (rows)
     float* y_blk = ptr_at(y.f32(), t0);                     // (rows)
-    K.gemm_tiled(false, true, rows, V, H, 1.0f, x_blk, H, W, H, 0.0f, strip.f32(), V);  // strip (rows, V)
+    {
+      RingDtpTimer t(gemm_s);
+      K.gemm_tiled(false, true, rows, V, H, 1.0f, x_blk, H, W, H, 0.0f, strip.f32(), V);  // strip (rows, V)
+    }
     if (logits_out != nullptr && be.computes())
       be.copy_to_host(logits_out->data() + t0 * V, strip.data(), static_cast<uint64_t>(rows * V) * sizeof(float));
-    for (int64_t c0 = 0; c0 < V; c0 += kRingVocabSubBlock) {
-      const int64_t c1 = std::min(V, c0 + kRingVocabSubBlock);
-      K.online_lse_fold(ptr_at(strip.f32(), c0), V, tgt_blk, rows, c0, c1, m_blk, z_blk, y_blk);
+    {
+      RingDtpTimer t(lse_s);
+      for (int64_t c0 = 0; c0 < V; c0 += kRingVocabSubBlock) {
+        const int64_t c1 = std::min(V, c0 + kRingVocabSubBlock);
+        K.online_lse_fold(ptr_at(strip.f32(), c0), V, tgt_blk, rows, c0, c1, m_blk, z_blk, y_blk);
+      }
+      if (backward) K.online_lse_backward(strip.f32(), V, tgt_blk, rows, 0, V, m_blk, z_blk, scale);
     }
     if (!backward) continue;
-    K.online_lse_backward(strip.f32(), V, tgt_blk, rows, 0, V, m_blk, z_blk, scale);
+    RingDtpTimer t(gemm_s);
     K.gemm_tiled(false, false, rows, H, V, 1.0f, strip.f32(), V, W, H, 0.0f, ptr_at(dxn.f32(), t0 * H), H);
     K.gemm_tiled(true, false, V, H, rows, 1.0f, strip.f32(), V, x_blk, H, 1.0f, ps.lm_head->g.f32(), H);
   }

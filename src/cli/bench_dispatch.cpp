@@ -1,0 +1,453 @@
+// flatpeak bench dispatch: one MoE block (norm, router, dispatch, experts, combine; forward keeping
+// what backward needs, then backward) with the expert dispatch variants standard, llep and
+// pipelined_llep (strided and contiguous chunks) in the same run, on W ranks under mpirun (W = 1
+// works: every variant then moves rows to itself). The routing profile overrides the router's
+// choice (DESIGN.md, routing profiles), so the skew is set and meta runs allocate like cpu runs.
+// Legend: N tokens per rank, H hidden, I expert width, E experts, k top-k, W ranks, m = N k,
+// c chunk cap, K chunks, c_eff tokens per source per chunk.
+//
+// Per variant, on a fresh backend (its own ledger), the largest over the ranks of: the dispatch
+// category's peak, the device peak, the receive-side peak (the buffers holding rows a rank computes:
+// received rows, their grouped copies, outputs, output gradients; found by tag on the ledger's
+// timeline), the rows a rank computes (load ratio max / mean over the ranks), and on cpu the median
+// forward+backward seconds over --repeats after --warmup (each run's time is the slowest rank's;
+// variants interleaved). Chunked variants add K, c_eff, chunk_send_ratio (the largest send to one
+// rank in a chunk over the mean send per rank, max over chunks and ranks) and recv_frac_of_bound (the
+// largest receive in a chunk over W k c_eff). On cpu every variant is first checked against standard
+// (check, then time): the block's output and input gradient, the router's and the owned experts'
+// weight gradients. With --device meta nothing is computed or moved (counts and plans are real), so
+// the paper's scale runs in seconds.
+//
+// The block's parameters are built here, as expert parallelism lays them out: the router and the
+// norm on every rank, the experts only on their owner (the others are never read).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "comm/comm.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/units.h"
+#include "io/atomic_file.h"
+#include "model/blocks.h"
+#include "model/layout.h"
+#include "sched/dispatch/dispatch.h"
+#include "sched/dispatch/llep.h"
+
+namespace fp::cli {
+
+namespace {
+
+struct DispatchBenchOptions {
+  int64_t tokens = 2048;
+  int64_t experts = 16;
+  int64_t top_k = 2;
+  int64_t hidden = 256;
+  int64_t intermediate = 512;
+  std::string profile = "hot:0.95:4";
+  int64_t chunk_cap = 1024;
+  int64_t max_chunks = 128;
+  double lambda = 1.3;
+  double alpha = 1.0;
+  int64_t min_tokens_per_gemm = 1024;
+  std::string device = "cpu";
+  int repeats = 5;
+  int warmup = 1;
+  std::string json;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+ModelConfig block_config(const DispatchBenchOptions& o) {
+  ModelConfig m;
+  m.hidden_size = o.hidden;
+  m.num_hidden_layers = 1;
+  m.num_attention_heads = 1;
+  m.num_key_value_heads = 1;
+  m.head_dim = 1;
+  m.num_experts = o.experts;
+  m.num_experts_per_tok = o.top_k;
+  m.moe_intermediate_size = o.intermediate;
+  m.vocab_size = 2;
+  m.rope_theta = 10000;
+  m.rms_norm_eps = 1e-6;
+  m.norm_topk_prob = true;
+  m.router_aux_loss_coef = 0;  // no aux bias: the block's gradient is the dispatch's
+  m.seed = 1;
+  return m;
+}
+
+// The tensors the MoE block reads: post_attention_layernorm (H), the router gate (E, H), and this
+// rank's experts gate_proj / up_proj (I, H), down_proj (H, I); other experts null.
+struct BlockParams {
+  std::deque<Param> store;
+  LayerParams lp{};
+};
+
+Param* param_add(BlockParams& p, Backend& be, const std::string& name, const Shape& shape, double scale, Rng* rng,
+                 double fill) {
+  Param& q = p.store.emplace_back();
+  q.name = name;
+  q.shape = shape;
+  q.w = be.alloc_f32(Category::Category_params, shape, name);
+  q.g = be.alloc_f32(Category::Category_grads, shape, name + ".grad");
+  if (be.computes()) {
+    std::vector<float> h(static_cast<size_t>(shape.numel()));
+    for (float& v : h) v = rng ? static_cast<float>(scale * rng->normal()) : static_cast<float>(fill);
+    be.copy_from_host(q.w.data(), h.data(), q.w.bytes());
+    be.kernels().fill(q.g.f32(), 0.0f, q.g.numel());
+  }
+  return &q;
+}
+
+// Same numbers on every rank and for every variant: the router and expert e drawn from seeds of their own.
+void block_params_make(BlockParams& p, Backend& be, const ModelConfig& c, const ExpertLayout& mine) {
+  const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
+  p.lp.post_attention_layernorm = param_add(p, be, "post_attention_layernorm.weight", {H}, 0, nullptr, 1.0);
+  Rng router(11);
+  p.lp.gate = param_add(p, be, "mlp.gate.weight", {E, H}, 0.02, &router, 0);
+  p.lp.gate_proj.assign(static_cast<size_t>(E), nullptr);
+  p.lp.up_proj.assign(static_cast<size_t>(E), nullptr);
+  p.lp.down_proj.assign(static_cast<size_t>(E), nullptr);
+  for (int64_t e = mine.first; e < mine.first + mine.count; ++e) {
+    Rng r(1000 + static_cast<uint64_t>(e));
+    const std::string base = fmt::format("mlp.experts.{}.", e);
+    p.lp.gate_proj[e] = param_add(p, be, base + "gate_proj.weight", {I, H}, 1.0 / std::sqrt(H), &r, 0);
+    p.lp.up_proj[e] = param_add(p, be, base + "up_proj.weight", {I, H}, 1.0 / std::sqrt(H), &r, 0);
+    p.lp.down_proj[e] = param_add(p, be, base + "down_proj.weight", {H, I}, 1.0 / std::sqrt(I), &r, 0);
+  }
+}
+
+// The buffers that hold rows a rank computes (the receive side of each variant's dispatch).
+bool receive_side(const std::string& t) {
+  static const char* kTags[] = {"ep.recv",     "ep.x",         "ep.y",     "ep.y_send",  "ep.dy_recv", "ep.dy",
+                                "ep.dx",       "ep.dx_send",   "llep.recv", "llep.x",    "llep.y",     "llep.y_send",
+                                "llep.dy_recv", "llep.dy",     "llep.dx",  "llep.dx_send", "pllep.recv", "pllep.recv_x",
+                                "pllep.y",     "pllep.dy",     "pllep.dx"};
+  for (const char* k : kTags)
+    if (t == k) return true;
+  return false;
+}
+
+struct Variant {
+  std::string name;  // standard, llep, pipelined_llep_strided, pipelined_llep_contiguous
+  DispatchSchedule sched;
+  std::unique_ptr<Backend> be;
+  BlockParams params;
+  Tensor x1, dx2;  // (N, H) inputs of every run
+  // Results (this rank; reduced over the ranks for the report).
+  uint64_t dispatch_peak = 0, peak = 0, receive_peak = 0, activations_peak = 0, comm_peak = 0;
+  std::vector<double> seconds;  // per timed run, the slowest rank's
+  int64_t rows_computed = 0;    // DispatchStats::rows_received of the last run
+  LlepStats stats;
+  std::vector<float> x2_host, dx1_host, grads_host;  // first run (cpu): the checks
+};
+
+std::unique_ptr<ExpertDispatch> dispatch_make(const DispatchSchedule& d, const StepContext& s) {
+  switch (d.kind) {
+    case DispatchSchedule::Kind::Kind_llep: return dispatch_llep_create(d);
+    case DispatchSchedule::Kind::Kind_pipelined_llep: return dispatch_pipelined_llep_create(d, s);
+    case DispatchSchedule::Kind::Kind_standard: break;
+  }
+  return dispatch_standard_create();
+}
+
+std::vector<float> host_of(Backend& be, const Tensor& t) {
+  std::vector<float> h(static_cast<size_t>(t.numel()));
+  be.copy_to_host(h.data(), t.data(), t.bytes());
+  return h;
+}
+
+// One forward (keeping) + backward of the block. Returns this rank's seconds.
+double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile& prof, Comm& comm, bool first) {
+  Backend& be = *v.be;
+  const int64_t n = v.x1.dim(0), H = cfg.hidden_size;
+  StepContext s(be, cfg, prof, comm);
+  s.B = 1, s.T = n, s.n = n;
+  std::unique_ptr<ExpertDispatch> dispatch = dispatch_make(v.sched, s);
+  s.dispatch = dispatch.get();
+  Tensor dx = be.alloc_f32(Category::Category_activations, {n, H}, "dx");  // (N, H) d x2 in, d x1 out
+  be.kernels().copy(dx.f32(), v.dx2.f32(), n * H);
+  be.device_ledger().peaks_reset();
+  be.device_ledger().events_clear();
+  comm.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  MoeActs acts;
+  Tensor x2 = moe_block_forward(s, v.params.lp, v.x1, &acts, nullptr);
+  if (first && be.computes()) v.x2_host = host_of(be, x2);
+  x2.reset();
+  moe_block_backward(s, v.params.lp, v.x1, acts, Tensor(), dx);
+  be.synchronize();
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Ledger& led = be.device_ledger();
+  v.dispatch_peak = std::max(v.dispatch_peak, led.peak(Category::Category_dispatch));
+  v.activations_peak = std::max(v.activations_peak, led.peak(Category::Category_activations));
+  v.comm_peak = std::max(v.comm_peak, led.peak(Category::Category_comm));
+  v.peak = std::max(v.peak, led.total_peak());
+  uint64_t cur = 0;
+  for (const LedgerEvent& ev : led.events()) {
+    if (!receive_side(ev.tag)) continue;
+    cur = ev.alloc ? cur + ev.bytes : cur - ev.bytes;
+    v.receive_peak = std::max(v.receive_peak, cur);
+  }
+  v.rows_computed = dispatch->last().rows_received;
+  if (const LlepStats* st = llep_stats(*dispatch)) v.stats = *st;
+  if (first && be.computes()) {
+    v.dx1_host = host_of(be, dx);
+    v.grads_host.clear();
+    for (const Param& p : v.params.store) {
+      const std::vector<float> g = host_of(be, p.g);
+      v.grads_host.insert(v.grads_host.end(), g.begin(), g.end());
+    }
+  }
+  return sec;
+}
+
+// max |got - ref| / max |ref|
+double max_rel(const std::vector<float>& got, const std::vector<float>& ref) {
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    mag = std::max(mag, std::fabs(static_cast<double>(ref[i])));
+  }
+  return mag > 0 ? diff / mag : diff;
+}
+
+template <class T>
+T max_over_ranks(Comm& comm, T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    double d = static_cast<double>(v);
+    comm.all_reduce_max(&d, 1, DType::DType_F64);
+    return static_cast<T>(d);
+  } else {
+    int64_t d = static_cast<int64_t>(v);
+    comm.all_reduce_max(&d, 1, DType::DType_I64);
+    return static_cast<T>(d);
+  }
+}
+
+int bench_dispatch_run(const DispatchBenchOptions& o) {
+  FP_CHECK(o.tokens >= 1 && o.experts >= 1 && o.top_k >= 1 && o.top_k <= o.experts && o.hidden >= 1 &&
+               o.intermediate >= 1,
+           "e.g. --tokens 2048 --experts 16 --top-k 2 --hidden 256 --intermediate 512",
+           "--tokens {} --experts {} --top-k {} --hidden {} --intermediate {}: need positive sizes and k <= E",
+           o.tokens, o.experts, o.top_k, o.hidden, o.intermediate);
+  FP_CHECK(o.chunk_cap >= 1 && o.max_chunks >= 1, "e.g. --chunk-cap 1024 --max-chunks 128",
+           "--chunk-cap {} --max-chunks {} must be >= 1", o.chunk_cap, o.max_chunks);
+  FP_CHECK(o.repeats >= 1 && o.warmup >= 0, "e.g. --repeats 5 --warmup 1", "--repeats {} --warmup {}", o.repeats,
+           o.warmup);
+  FP_CHECK(o.device == "cpu" || o.device == "meta", "--device cpu or --device meta", "--device {}", o.device);
+  const RoutingProfile prof = routing_profile_parse(o.profile, "--profile");
+  FP_CHECK(prof.kind != RoutingProfile::Kind::Kind_router, "--profile balanced or --profile hot:R:H",
+           "--profile router: the benchmark sets the routing (and meta computes no router)");
+  if (prof.kind == RoutingProfile::Kind::Kind_hot)
+    FP_CHECK(prof.hot_experts >= o.top_k && o.experts - prof.hot_experts >= o.top_k,
+             "a hot token's k slots go to k distinct hot experts and a cold token's to k distinct cold ones",
+             "--profile {} needs --top-k ({}) <= H <= --experts - --top-k ({})", o.profile, o.top_k,
+             o.experts - o.top_k);
+  Comm& comm = comm_world();
+  const int W = comm.size(), rank = comm.rank();
+  const bool lead = rank == 0, timed = o.device == "cpu";
+  const ModelConfig cfg = block_config(o);
+  const ExpertLayout mine = expert_layout(rank, W, o.experts);
+  if (lead)
+    log_info("bench dispatch: N {} per rank, E {}, k {}, H {}, I {}, profile {}, {} rank(s) on {}", o.tokens,
+             o.experts, o.top_k, o.hidden, o.intermediate, o.profile, W, o.device);
+
+  std::vector<Variant> vs;
+  auto add = [&](const std::string& name, DispatchSchedule::Kind kind, bool strided) {
+    Variant& v = vs.emplace_back();
+    v.name = name;
+    v.sched.kind = kind;
+    v.sched.lambda = o.lambda;
+    v.sched.alpha = o.alpha;
+    v.sched.min_tokens_per_gemm = o.min_tokens_per_gemm;
+    v.sched.chunk_cap = o.chunk_cap;
+    v.sched.max_chunks = o.max_chunks;
+    v.sched.strided = strided;
+  };
+  add("standard", DispatchSchedule::Kind::Kind_standard, true);
+  add("llep", DispatchSchedule::Kind::Kind_llep, true);
+  add("pipelined_llep_strided", DispatchSchedule::Kind::Kind_pipelined_llep, true);
+  add("pipelined_llep_contiguous", DispatchSchedule::Kind::Kind_pipelined_llep, false);
+  for (Variant& v : vs) {
+    v.be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
+    block_params_make(v.params, *v.be, cfg, mine);
+    v.x1 = v.be->alloc_f32(Category::Category_activations, {o.tokens, o.hidden}, "x1");
+    v.dx2 = v.be->alloc_f32(Category::Category_activations, {o.tokens, o.hidden}, "dx2");
+    if (timed) {
+      Rng r(100 + static_cast<uint64_t>(rank));
+      std::vector<float> h(static_cast<size_t>(o.tokens * o.hidden));
+      for (float& x : h) x = static_cast<float>(r.normal());
+      v.be->copy_from_host(v.x1.data(), h.data(), v.x1.bytes());
+      for (float& x : h) x = static_cast<float>(r.normal());
+      v.be->copy_from_host(v.dx2.data(), h.data(), v.dx2.bytes());
+    }
+  }
+  // Interleaved (standard, llep, ..., standard, llep, ...) so a change in the machine's load hits all alike.
+  const int runs = timed ? o.warmup + o.repeats : 1;
+  for (int i = 0; i < runs; ++i)
+    for (Variant& v : vs) {
+      const double sec = max_over_ranks(comm, variant_run_once(v, cfg, prof, comm, i == 0));
+      if (timed && i >= o.warmup) v.seconds.push_back(sec);
+    }
+
+  // Check first: every variant computes what standard computes (on this rank's tokens and experts).
+  nlohmann::json j;
+  if (timed) {
+    const Variant& ref = vs.front();
+    for (size_t i = 1; i < vs.size(); ++i) {
+      const Variant& v = vs[i];
+      const double e_x2 = max_over_ranks(comm, max_rel(v.x2_host, ref.x2_host));
+      const double e_dx = max_over_ranks(comm, max_rel(v.dx1_host, ref.dx1_host));
+      const double e_g = max_over_ranks(comm, max_rel(v.grads_host, ref.grads_host));
+      j["check"][v.name] = {{"x2_max_rel_diff", e_x2}, {"dx1_max_rel_diff", e_dx}, {"grads_max_rel_diff", e_g}};
+      if (lead)
+        fmt::print("check {} vs standard, max diff / max |standard|: x2 {:.1e}, dx1 {:.1e}, weight gradients {:.1e}\n",
+                   v.name, e_x2, e_dx, e_g);
+      FP_CHECK(e_x2 <= 1e-5 && e_dx <= 1e-5 && e_g <= 1e-5, "this is a bug in the dispatch: please report it",
+               "{} disagrees with standard", v.name);
+    }
+  }
+
+  j["tokens"] = o.tokens;
+  j["experts"] = o.experts;
+  j["top_k"] = o.top_k;
+  j["hidden"] = o.hidden;
+  j["intermediate"] = o.intermediate;
+  j["profile"] = o.profile;
+  j["chunk_cap"] = o.chunk_cap;
+  j["max_chunks"] = o.max_chunks;
+  j["lambda"] = o.lambda;
+  j["alpha"] = o.alpha;
+  j["min_tokens_per_gemm"] = o.min_tokens_per_gemm;
+  j["device"] = o.device;
+  j["ranks"] = W;
+  j["repeats"] = timed ? o.repeats : 0;
+  for (Variant& v : vs) {
+    nlohmann::json& r = j[v.name];
+    std::vector<int64_t> rows(static_cast<size_t>(W));
+    comm.all_gather(&v.rows_computed, rows.data(), 1, DType::DType_I64);
+    int64_t mx = 0, sum = 0;
+    for (int64_t x : rows) {
+      mx = std::max(mx, x);
+      sum += x;
+    }
+    r["dispatch_peak_bytes"] = max_over_ranks(comm, v.dispatch_peak);
+    r["peak_bytes"] = max_over_ranks(comm, v.peak);
+    r["receive_side_peak_bytes"] = max_over_ranks(comm, v.receive_peak);
+    r["activations_peak_bytes"] = max_over_ranks(comm, v.activations_peak);
+    r["comm_peak_bytes"] = max_over_ranks(comm, v.comm_peak);
+    r["rows_computed_max"] = mx;
+    r["rank_load_max_over_mean"] = sum > 0 ? static_cast<double>(mx) * W / static_cast<double>(sum) : 1.0;
+    if (timed) {
+      r["seconds"] = median(v.seconds);
+      r["seconds_all"] = v.seconds;
+    }
+    if (v.sched.kind != DispatchSchedule::Kind::Kind_standard) {
+      r["plan_active"] = v.stats.active;
+      r["native_imbalance"] = v.stats.imbalance;
+      r["guest_experts_max"] = max_over_ranks(comm, v.stats.guests);
+    }
+    if (v.sched.kind == DispatchSchedule::Kind::Kind_pipelined_llep) {
+      r["chunks"] = v.stats.chunks;
+      r["c_eff"] = v.stats.c_eff;
+      r["chunk_send_ratio"] = max_over_ranks(comm, v.stats.chunk_send_ratio);
+      r["recv_frac_of_bound"] = max_over_ranks(
+          comm, static_cast<double>(v.stats.chunk_recv_max) / static_cast<double>(v.stats.chunk_recv_bound));
+      r["chunk_bound_bytes"] = v.stats.chunk_bound_bytes;
+      r["chunk_bound_exceeded"] = r["receive_side_peak_bytes"].get<uint64_t>() > v.stats.chunk_bound_bytes;
+    }
+  }
+  for (const Variant& v : vs) {
+    if (v.name == "standard") continue;
+    for (const char* base : {"standard", "llep"}) {
+      if (v.name == base) continue;
+      nlohmann::json& r = j["ratios"][v.name + "_over_" + base];
+      const nlohmann::json& b = j[base];
+      const auto ratio = [&](const char* key) {
+        return j[v.name][key].get<double>() / std::max(b[key].get<double>(), 1e-300);
+      };
+      r["dispatch_peak"] = ratio("dispatch_peak_bytes");
+      r["dispatch_peak_reduction"] = 1.0 - r["dispatch_peak"].get<double>();
+      r["receive_side_peak"] = ratio("receive_side_peak_bytes");
+      r["peak"] = ratio("peak_bytes");
+      if (timed) r["seconds"] = ratio("seconds");
+    }
+  }
+  if (lead) {
+    fmt::print("bench dispatch: N = {} per rank, E = {}, k = {}, H = {}, I = {}, profile {}, c = {}, K_max = {}, {} "
+               "rank(s), device {}\n",
+               o.tokens, o.experts, o.top_k, o.hidden, o.intermediate, o.profile, o.chunk_cap, o.max_chunks, W,
+               o.device);
+    fmt::print("| variant | dispatch peak | receive-side peak | device peak | rank load max/mean | fwd+bwd s {} | K | "
+               "chunk send ratio | recv / bound |\n|---|---|---|---|---|---|---|---|---|\n",
+               timed ? fmt::format("(median of {})", o.repeats) : std::string("(meta: not computed)"));
+    for (const Variant& v : vs) {
+      const nlohmann::json& r = j[v.name];
+      const bool chunked = v.sched.kind == DispatchSchedule::Kind::Kind_pipelined_llep;
+      fmt::print("| {} | {} | {} | {} | {:.3f} | {} | {} | {} | {} |\n", v.name,
+                 bytes_format(r["dispatch_peak_bytes"].get<uint64_t>()),
+                 bytes_format(r["receive_side_peak_bytes"].get<uint64_t>()), bytes_format(r["peak_bytes"].get<uint64_t>()),
+                 r["rank_load_max_over_mean"].get<double>(),
+                 timed ? fmt::format("{:.3f}", r["seconds"].get<double>()) : std::string("-"),
+                 chunked ? std::to_string(r["chunks"].get<int64_t>()) : std::string("-"),
+                 chunked ? fmt::format("{:.2f}", r["chunk_send_ratio"].get<double>()) : std::string("-"),
+                 chunked ? fmt::format("{:.3f}", r["recv_frac_of_bound"].get<double>()) : std::string("-"));
+    }
+    for (const Variant& v : vs) {
+      if (v.sched.kind != DispatchSchedule::Kind::Kind_pipelined_llep) continue;
+      const nlohmann::json& r = j["ratios"][v.name + "_over_llep"];
+      fmt::print("{} / llep: dispatch peak {:.4f} ({:.1f}% below), receive side {:.4f}, device peak {:.4f}", v.name,
+                 r["dispatch_peak"].get<double>(), 100 * r["dispatch_peak_reduction"].get<double>(),
+                 r["receive_side_peak"].get<double>(), r["peak"].get<double>());
+      if (timed) fmt::print(", time {:.3f}x", r["seconds"].get<double>());
+      fmt::print("; chunk buffers within the launch bound {}: {}\n",
+                 bytes_format(j[v.name]["chunk_bound_bytes"].get<uint64_t>()),
+                 j[v.name]["chunk_bound_exceeded"].get<bool>() ? "NO" : "yes");
+    }
+    if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+void bench_dispatch_register(CLI::App& parent, Runner& run) {
+  auto opts = std::make_shared<DispatchBenchOptions>();
+  DispatchBenchOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand(
+      "dispatch", "standard vs llep vs pipelined_llep expert dispatch (one MoE block): peaks, loads, time");
+  sub->callback([&run, opts] { run = [opts] { return bench_dispatch_run(*opts); }; });
+  sub->add_option("--tokens", o.tokens, "N, tokens per rank");
+  sub->add_option("--experts", o.experts, "E, experts (a multiple of the rank count)");
+  sub->add_option("--top-k", o.top_k, "k, experts per token");
+  sub->add_option("--hidden", o.hidden, "H, hidden size");
+  sub->add_option("--intermediate", o.intermediate, "I, expert FFN width");
+  sub->add_option("--profile", o.profile, "routing profile: balanced or hot:R:H");
+  sub->add_option("--chunk-cap", o.chunk_cap, "c, tokens per source per chunk (pipelined.chunk_cap)");
+  sub->add_option("--max-chunks", o.max_chunks, "K_max (pipelined.max_chunks)");
+  sub->add_option("--lambda", o.lambda, "llep.lambda");
+  sub->add_option("--alpha", o.alpha, "llep.alpha");
+  sub->add_option("--min-tokens-per-gemm", o.min_tokens_per_gemm, "llep.min_tokens_per_gemm");
+  sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
+      ->check(CLI::IsMember({"cpu", "meta"}));
+  sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
+  sub->add_option("--warmup", o.warmup, "untimed runs first");
+  sub->add_option("--json", o.json, "write the results here");
+}
+
+}  // namespace fp::cli

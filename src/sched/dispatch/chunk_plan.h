@@ -1,0 +1,47 @@
+// PipelinedLLEP chunking (DESIGN.md, "PipelinedLLEP"): which of a source's tokens travel in which
+// chunk, and what that bounds. Pure host arithmetic; identical on every rank because every rank has
+// the same n (tokens per rank) and the same settings.
+//
+// Legend: n tokens per source rank (N in DESIGN.md), k top-k, W expert-parallel ranks (E_p), H hidden,
+// c = pipelined.chunk_cap, K_max = pipelined.max_chunks.
+//   K = min(ceil(n / c), K_max), c_eff = ceil(n / K)
+//   contiguous: chunk i = tokens [i c_eff, (i + 1) c_eff)
+//   strided:    chunk i = tokens {i, i + K, i + 2K, ...}   (spreads a skewed prefix over every chunk)
+// Either way a chunk holds at most c_eff tokens of each source, so a destination receives at most
+// W * k * c_eff copies per chunk, whatever the router does, and the chunk's dispatch buffers (received
+// copies and their expert outputs) are at most chunk_dispatch_bound_bytes: fixed at launch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fp {
+
+enum class ChunkMembership { ChunkMembership_strided, ChunkMembership_contiguous };
+
+struct ChunkPlan {
+  int64_t n = 0;      // tokens per source
+  int64_t K = 1;      // chunks (>= 1)
+  int64_t c_eff = 0;  // most tokens of one source in one chunk
+  ChunkMembership membership = ChunkMembership::ChunkMembership_strided;
+
+  int64_t chunk_of(int64_t token) const;
+  // Tokens of one source in chunk i (contiguous chunks at the end may be short or empty).
+  int64_t tokens_in(int64_t i) const;
+  // The tokens of chunk i, ascending: out (tokens_in(i)).
+  void tokens(int64_t i, std::vector<int32_t>& out) const;
+};
+
+// Asserts n >= 1, chunk_cap >= 1, max_chunks >= 1 (the config checks the user's values).
+ChunkPlan chunk_plan_build(int64_t n, int64_t chunk_cap, int64_t max_chunks, ChunkMembership membership);
+
+// The most copies a destination receives in one chunk: W * k * c_eff.
+int64_t chunk_recv_bound(int64_t W, int64_t k, int64_t c_eff);
+// The dispatch buffers of one chunk at the bound: 2 * W * k * c_eff * H * elem_bytes.
+uint64_t chunk_dispatch_bound_bytes(int64_t W, int64_t k, int64_t c_eff, int64_t H, uint64_t elem_bytes);
+
+// send (K, W): copies this source sends to each rank in each chunk; dest (n, k) the rank of every
+// routed copy (llep_route_dest).
+void chunk_send_counts(const ChunkPlan& plan, const int32_t* dest, int64_t k, int64_t W, std::vector<int64_t>& send);
+
+}  // namespace fp

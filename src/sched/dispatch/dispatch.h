@@ -1,0 +1,87 @@
+// Expert dispatch: the schedules that take a rank's routed token copies to the experts that compute
+// them and bring the outputs back (DESIGN.md, "PipelinedLLEP"). One interface, several variants:
+//
+//   local           (local.cpp)     W = 1: every expert is here; the expert FFN runs on xs directly,
+//                                   no comm: the model's plain single-rank path.
+//   standard        (standard.cpp)  expert parallelism: rank r owns experts [r E_p, (r+1) E_p)
+//                                   (model/layout.h); count exchange, all-to-all-v of the rows, a
+//                                   receive-side permutation grouping each local expert's rows, the
+//                                   FFN, the permutation back, all-to-all-v back. Its receive buffers
+//                                   are sized by the actual routing, so they grow under skew: the
+//                                   plain variant that PipelinedLLEP flattens.
+//   llep            (llep.cpp)      LLEP: the least-loaded plan (llep_plan.h) moves pieces of hot experts
+//                                   to other ranks with the experts' weights; standard below lambda.
+//   pipelined_llep  (pipelined_llep.cpp) LLEP's plan dispatched in K chunks (chunk_plan.h): what a rank
+//                                   receives at once is bounded at launch. Reads s.host_rows (the token
+//                                   of each row of xs, set by moe_block_forward) for chunk membership.
+//
+// Legend: n tokens on this rank, k experts per token, m = n * k routed copies, H hidden, I expert FFN
+// width, E experts, W ranks, E_p = E / W, R = rows this rank computes (under standard: every route of
+// every rank that lands on its experts).
+//
+// Contract of every variant
+// - Input: xs (m, H), this rank's routed copies in expert order (the counting sort of
+//   ops/moe_routing.h: expert by expert, and within an expert tokens then slots in order), category
+//   dispatch; offsets (E + 1) on the host: the rows of global expert e are [offsets[e], offsets[e+1]).
+//   The counts are real on every backend (on meta they come from the routing profile).
+// - forward returns ys (m, H) in category dispatch, in the same order: ys[i] = expert_e(xs[i]) for the
+//   expert e whose range holds i. Ownership of xs passes to the call: the variant frees it as soon as
+//   it is done with it (or keeps it in its DispatchActs when backward needs it).
+// - keep == nullptr (the checkpointed forward): everything the call allocated, except ys, is freed
+//   before it returns. keep != nullptr (the recompute before backward): *keep receives the variant's
+//   own DispatchActs subclass with what its backward needs.
+// - backward takes dys (m, H) (d loss / d ys, category dispatch, ownership passes) and the acts of that
+//   forward (freed here), and returns dxs (m, H) = d loss / d xs in category dispatch. Weight gradients
+//   accumulate (+=) into lp's .g of the experts this rank owns, and only those: with W > 1 a variant
+//   never dereferences lp.gate_proj[e] / up_proj[e] / down_proj[e] of an expert it does not own (they
+//   may be nullptr). A variant that computes a foreign expert sends its weight gradient home.
+// - Every rank calls forward and backward the same number of times in the same order (collectives
+//   stay matched), also on meta, where data pointers are null, comm calls move nothing and the ledger
+//   sees exactly the allocations of a cpu run with the same routing.
+// - Deterministic: fixed order of every reduction (weight gradients accumulate row blocks in a fixed
+//   order; the comm engine is deterministic for a fixed W).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "model/blocks.h"
+#include "model/schedules.h"
+
+namespace fp {
+
+// What the last forward moved, for tests and benchmarks (rows of H values).
+struct DispatchStats {
+  int64_t rows_sent = 0;      // rows of xs this rank sent to other ranks (0 with W = 1)
+  int64_t rows_received = 0;  // R: rows this rank computed (its own included)
+};
+
+class ExpertDispatch {
+ public:
+  virtual ~ExpertDispatch() = default;
+  virtual std::string_view name() const = 0;
+
+  // xs (m, H) -> ys (m, H); see the contract above.
+  virtual Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
+                         std::unique_ptr<DispatchActs>* keep) = 0;
+  // dys (m, H) -> dxs (m, H); acts: what forward left in *keep (same offsets).
+  virtual Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
+                          std::unique_ptr<DispatchActs> acts) = 0;
+
+  const DispatchStats& last() const { return last_; }
+
+ protected:
+  DispatchStats last_;
+};
+
+// W = 1: the expert FFN in place (no comm).
+std::unique_ptr<ExpertDispatch> dispatch_local_create();
+// Standard expert parallelism over s.comm (W > 1; W = 1 works too, moving rows to itself).
+std::unique_ptr<ExpertDispatch> dispatch_standard_create();
+// The dispatch of a step: local when s.comm.size() == 1, otherwise the variant the schedules name
+// (moe.dispatch: standard, llep or pipelined_llep, llep.h). Checks that W divides E (model.num_experts).
+std::unique_ptr<ExpertDispatch> expert_dispatch_create(const ModelSchedules& sched, const StepContext& s);
+
+}  // namespace fp

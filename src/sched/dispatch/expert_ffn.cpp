@@ -1,0 +1,95 @@
+// The expert FFN over rows grouped by expert (see expert_ffn.h).
+// Legend: r rows, H hidden, I expert FFN width, G groups.
+#include "sched/dispatch/expert_ffn.h"
+
+#include "model/blocks.h"
+
+namespace fp {
+
+namespace {
+constexpr Category kAct = Category::Category_activations;
+constexpr Category kDispatch = Category::Category_dispatch;
+}  // namespace
+
+ExpertWeights expert_weights(const LayerParams& lp, int64_t e) {
+  const Param& g = *lp.gate_proj[e];
+  const Param& u = *lp.up_proj[e];
+  const Param& d = *lp.down_proj[e];
+  return {g.w.f32(), u.w.f32(), d.w.f32(), g.g.f32(), u.g.f32(), d.g.f32()};
+}
+
+Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
+                          std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name) {
+  const ops::Kernels& K = be.kernels();
+  const int64_t G = static_cast<int64_t>(w.size()), H = c.hidden_size, I = c.moe_intermediate_size;
+  FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
+  const int64_t r = offsets[G];
+  a.g = be.alloc_f32(kAct, {r, I}, "moe.g");  // (r, I)
+  a.u = be.alloc_f32(kAct, {r, I}, "moe.u");  // (r, I)
+  for (int64_t i = 0; i < G; ++i) {
+    const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
+    if (ne == 0) continue;
+    linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].gate, ptr_at(a.g.f32(), r0 * I), ne, H, I);
+    linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].up, ptr_at(a.u.f32(), r0 * I), ne, H, I);
+  }
+  a.act = be.alloc_f32(kAct, {r, I}, "moe.act");  // (r, I)
+  K.swiglu_forward(a.g.f32(), a.u.f32(), a.act.f32(), r * I);
+  if (!keep) {
+    a.x.reset();
+    a.g.reset();
+    a.u.reset();
+  }
+  Tensor y = be.alloc_f32(kDispatch, {r, H}, y_name);  // (r, H)
+  for (int64_t i = 0; i < G; ++i) {
+    const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
+    if (ne == 0) continue;
+    linear_forward(be, ptr_at(a.act.f32(), r0 * I), w[i].down, ptr_at(y.f32(), r0 * H), ne, I, H);
+  }
+  if (!keep) a.act.reset();
+  return y;
+}
+
+Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
+                           std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name) {
+  const ops::Kernels& K = be.kernels();
+  const int64_t G = static_cast<int64_t>(w.size()), H = c.hidden_size, I = c.moe_intermediate_size;
+  FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
+  const int64_t r = offsets[G];
+
+  // down_proj
+  Tensor dact = be.alloc_f32(kAct, {r, I}, "moe.dact");  // (r, I)
+  for (int64_t i = 0; i < G; ++i) {
+    const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
+    if (ne == 0) continue;
+    linear_backward_input(be, ptr_at(dy.f32(), r0 * H), w[i].down, ptr_at(dact.f32(), r0 * I), ne, I, H);
+    linear_backward_weight(be, ptr_at(dy.f32(), r0 * H), ptr_at(a.act.f32(), r0 * I), w[i].d_down, ne, I, H);
+  }
+  dy.reset();
+  a.act.reset();
+
+  // SwiGLU
+  Tensor dg = be.alloc_f32(kAct, {r, I}, "moe.dg");  // (r, I)
+  Tensor du = be.alloc_f32(kAct, {r, I}, "moe.du");  // (r, I)
+  K.swiglu_backward(a.g.f32(), a.u.f32(), dact.f32(), dg.f32(), du.f32(), r * I);
+  dact.reset();
+  a.g.reset();
+  a.u.reset();
+
+  // gate_proj, up_proj
+  Tensor dx = be.alloc_f32(kDispatch, {r, H}, dx_name);  // (r, H)
+  for (int64_t i = 0; i < G; ++i) {
+    const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
+    if (ne == 0) continue;
+    float* dx_i = ptr_at(dx.f32(), r0 * H);
+    linear_backward_input(be, ptr_at(dg.f32(), r0 * I), w[i].gate, dx_i, ne, H, I);
+    linear_backward_input(be, ptr_at(du.f32(), r0 * I), w[i].up, dx_i, ne, H, I, 1.0f);
+    linear_backward_weight(be, ptr_at(dg.f32(), r0 * I), ptr_at(a.x.f32(), r0 * H), w[i].d_gate, ne, H, I);
+    linear_backward_weight(be, ptr_at(du.f32(), r0 * I), ptr_at(a.x.f32(), r0 * H), w[i].d_up, ne, H, I);
+  }
+  dg.reset();
+  du.reset();
+  a.x.reset();
+  return dx;
+}
+
+}  // namespace fp

@@ -1,0 +1,50 @@
+// The expert FFN (SwiGLU: down(silu(gate x) * up x)) over rows grouped by expert, forward and
+// backward: the compute every dispatch variant shares once the rows are where they are computed.
+// Legend: r rows here, H hidden, I expert FFN width, G groups (experts computed here).
+//
+// Group i covers rows [offsets[i], offsets[i + 1]) (offsets (G + 1), offsets[0] = 0, r = offsets[G])
+// and uses the weights w[i]: pointers, so a variant may compute with weights it received (LLEP) as
+// well as with the owner's parameters. Empty groups are skipped (their weights are never read).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace fp {
+
+// One expert's weights (nn.Linear layout) and where its gradients accumulate (+=).
+struct ExpertWeights {
+  const float* gate = nullptr;  // (I, H)
+  const float* up = nullptr;    // (I, H)
+  const float* down = nullptr;  // (H, I)
+  float* d_gate = nullptr;      // (I, H)
+  float* d_up = nullptr;        // (I, H)
+  float* d_down = nullptr;      // (H, I)
+};
+// The weights and gradients of expert e of a layer's parameters (the caller owns e).
+ExpertWeights expert_weights(const LayerParams& lp, int64_t e);
+
+struct ExpertActs {
+  Tensor x;          // (r, H) input rows, grouped (set by the caller; category dispatch)
+  Tensor g, u, act;  // (r, I) gate, up, silu(g) * u (category activations)
+};
+
+// In: a.x. Returns y (r, H) in category dispatch, named y_name. keep = false: a.x and every
+// intermediate are freed as soon as consumed (a is empty on return); keep = true: a.x, a.g, a.u,
+// a.act stay for expert_ffn_backward. Allocation order (the ledger's timeline; W = 1 is the model's
+// plain single-rank sequence): g, u, act, [free x, g, u], y, [free act].
+Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
+                          std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name);
+
+// In: dy (r, H) (freed here once consumed) and a as left by a forward with keep = true (freed here).
+// Returns dx (r, H) in category dispatch, named dx_name; accumulates each group's weight gradients
+// into w[i].d_*. Allocation order: dact, [free dy, act], dg, du, [free dact, g, u], dx, [free dg, du, x].
+Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
+                           std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name);
+
+}  // namespace fp

@@ -1,0 +1,349 @@
+// PipelinedLLEP (DESIGN.md, "PipelinedLLEP"; dispatch.h contract): LLEP's plan, dispatched in K chunks
+// (chunk_plan.h), so that what a rank receives at once is bounded at launch, whatever the router does.
+// Legend: n tokens of this rank, m = n k routed copies, H hidden, I expert width, E experts, W ranks,
+// K chunks, c_eff tokens of one source per chunk, m_i this rank's copies in chunk i (<= k c_eff),
+// r_i the rows this rank computes in chunk i (<= W k c_eff).
+//
+// Every routed copy goes to the rank LLEP's plan names (llep_plan.h: by its global position); the
+// chunks only decide *when*: chunk i carries the copies of this rank's tokens in chunk i (contiguous
+// or strided membership), so a destination receives at most W k c_eff rows per chunk.
+//
+// Forward, chunk by chunk (category dispatch; `pllep.send`, `pllep.back` are token side, at most
+// m_i rows; `pllep.recv`, `pllep.y` expert side, r_i rows):
+//   pllep.send (m_i, H)   xs rows of the chunk, by destination -> all-to-all-v -> pllep.recv (r_i, H);
+//                         send freed
+//   FFN                   on the received rows as they are: one group per (source, expert) block,
+//                         no regrouping copy; g, u, act (r_i, I) activations; recv freed, pllep.y (r_i, H)
+//   pllep.back (m_i, H)   all-to-all-v back; y freed; the rows are copied into the output; back freed
+// The output is xs itself (each chunk's rows of xs are sent before its results overwrite them), so
+// the token side holds one (m, H) buffer. With keep, backward needs the rows again: when the MoE block
+// offers its normed tokens (s.moe_h2) they are gathered from there (pllep.tokens (m) i32: the token of
+// each chunk row), otherwise xs stays for backward and the output is a new moe.ys (m, H).
+//
+// With keep (the forward before backward), each chunk's FFN intermediates g, u, act (r_i, I, category
+// activations) are kept, but not its received rows: Note [Why PipelinedLLEP sends the rows again].
+// Backward, per chunk: the chunk's xs rows travel again (pllep.recv_x (r_i, H)), its dys rows travel
+// (pllep.dy (r_i, H)), the FFN backward gives pllep.dx (r_i, H), which travels back into the rows of
+// dys (the returned dxs is dys, overwritten in place). Guest weight gradients go home at the end
+// (llep.h).
+//
+// Expert-side buffers at once: forward recv then y, with keep recv + y; backward recv_x + dy, then
+// recv_x + dx: at most 2 r_i rows <= 2 W k c_eff, so the bound 2 W k c_eff H x 4 bytes
+// (chunk_dispatch_bound_bytes) holds; tests/dist/llep_case.cpp checks it on the ledger's timeline.
+//
+// Note [Why PipelinedLLEP sends the rows again]
+// Keeping each chunk's received rows for backward would keep all K chunks' rows at once: R rows, the
+// receive volume the schedule exists to bound. Backward needs them (the weight gradients of gate and
+// up are dg^T x), so the chunk's rows are sent again: communication only, no recompute. The FFN
+// intermediates (I wide) are kept, as LLEP and standard keep theirs: the same R I floats in category
+// activations, so the expert FLOPs equal LLEP's. (Recomputing them instead would bound the
+// activations too, at the price of one expert forward per layer.)
+#include <algorithm>
+
+#include "sched/dispatch/chunk_plan.h"
+#include "sched/dispatch/llep.h"
+
+namespace fp {
+
+namespace {
+
+constexpr Category kDispatch = Category::Category_dispatch;
+
+// Host bookkeeping of one layer's chunks (built in forward, used again by backward).
+struct ChunkLayout {
+  ChunkPlan cp;
+  int64_t W = 1;
+  std::vector<int32_t> rows;          // (m) xs rows, chunk by chunk, within a chunk by destination then row
+  std::vector<int64_t> first;         // (K + 1) chunk i's rows are rows[first[i], first[i+1])
+  std::vector<int64_t> send_elems;    // (K, W) floats this rank sends each rank per chunk
+  std::vector<int64_t> recv_elems;    // (K, W) floats this rank receives from each rank per chunk
+  std::vector<int64_t> block_expert;  // blocks arriving, chunk by chunk, source-major: the expert ...
+  std::vector<int64_t> block_rows;    // ... and its rows
+  std::vector<int64_t> block_first;   // (K + 1) chunk i's blocks
+};
+
+struct PipelinedActs : DispatchActs {
+  LlepLayer layer;
+  ChunkLayout chunks;
+  GuestExperts guests;          // received weights kept for backward
+  Tensor xs;                    // (m, H) the routed copies, sent again chunk by chunk in backward, unless ...
+  Tensor tokens;                // (m) i32 ... the rows are gathered again from s.moe_h2: the token of each chunk row
+  Tensor rows;                  // (m) i32 device copy of chunks.rows
+  std::vector<ExpertActs> ffn;  // (K) each chunk's g, u, act (r_i, I); x is not kept
+};
+
+class PipelinedLlepDispatch : public LlepDispatchBase {
+ public:
+  PipelinedLlepDispatch(const DispatchSchedule& sched, uint64_t bound_bytes) : sched_(sched), params_(llep_params(sched)) {
+    stats_.chunk_bound_bytes = bound_bytes;
+  }
+  std::string_view name() const override { return "pipelined_llep"; }
+
+  Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
+                 std::unique_ptr<DispatchActs>* keep) override {
+    Backend& be = s.be;
+    const ops::Kernels& K = be.kernels();
+    const int64_t H = s.cfg.hidden_size, m = xs.dim(0);
+    PipelinedActs scratch;
+    PipelinedActs* a = &scratch;
+    if (keep) {
+      auto acts = std::make_unique<PipelinedActs>();
+      a = acts.get();
+      *keep = std::move(acts);
+    }
+    llep_layer_build(s, params_, offsets, a->layer);
+    chunks_build(s, offsets, *a);
+    const ChunkLayout& C = a->chunks;
+
+    a->rows = be.alloc(kDispatch, {m}, DType::DType_I32, "pllep.rows");  // (m)
+    be.copy_from_host(a->rows.data(), C.rows.data(), a->rows.bytes());
+    // Backward sends the rows again: from the block's h2 when the block offers it (then xs can take
+    // the outputs in place, as without keep), else from xs kept here (then the output is new).
+    const bool regather = keep && s.moe_h2 != nullptr;
+    if (regather) {
+      host_tokens_.resize(static_cast<size_t>(m));
+      for (int64_t j = 0; j < m; ++j) host_tokens_[j] = s.host_rows[C.rows[j]];
+      a->tokens = be.alloc(kDispatch, {m}, DType::DType_I32, "pllep.tokens");  // (m)
+      be.copy_from_host(a->tokens.data(), host_tokens_.data(), a->tokens.bytes());
+    }
+    Tensor out;  // (m, H) expert order
+    if (keep && !regather) out = be.alloc_f32(kDispatch, {m, H}, "moe.ys");
+
+    a->guests.weights_start(s, lp, a->layer);  // overlaps the first chunk's all-to-all
+    if (keep) a->ffn.resize(static_cast<size_t>(C.cp.K));
+    for (int64_t i = 0; i < C.cp.K; ++i) {
+      const int64_t mi = C.first[i + 1] - C.first[i], ri = recv_rows(C, i, H);
+      Tensor send = be.alloc_f32(kDispatch, {mi, H}, "pllep.send");  // (m_i, H)
+      K.moe_gather(xs.f32(), ptr_at(a->rows.i32(), C.first[i]), send.f32(), mi, H);
+      ExpertActs scratch;
+      ExpertActs& ffn = keep ? a->ffn[i] : scratch;
+      ffn.x = be.alloc_f32(kDispatch, {ri, H}, "pllep.recv");  // (r_i, H) source-major
+      exchange(s, send, ffn.x, C, i, false);
+      send.reset();
+      if (i == 0) a->guests.weights_wait(s);
+      groups_fill(s, lp, *a, i);
+      Tensor y = expert_ffn_forward(be, s.cfg, weights_, offsets_, ffn, keep != nullptr, "pllep.y");  // (r_i, H)
+      ffn.x.reset();  // sent again in backward (Note [Why PipelinedLLEP sends the rows again])
+      Tensor back = be.alloc_f32(kDispatch, {mi, H}, "pllep.back");  // (m_i, H)
+      exchange(s, y, back, C, i, true);
+      y.reset();
+      rows_scatter(be, back.f32(), C.rows.data() + C.first[i], out.defined() ? out.f32() : xs.f32(), mi, H);
+    }
+    if (out.defined()) {
+      a->xs = std::move(xs);
+      return out;
+    }
+    if (!keep) a->guests.release();
+    return xs;  // overwritten chunk by chunk with the expert outputs
+  }
+
+  Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
+                  std::unique_ptr<DispatchActs> acts) override {
+    Backend& be = s.be;
+    const ops::Kernels& K = be.kernels();
+    auto* a = dynamic_cast<PipelinedActs*>(acts.get());
+    FP_ASSERT(a != nullptr, "pipelined_llep backward needs the acts of a pipelined_llep forward with keep");
+    const int64_t H = s.cfg.hidden_size;
+    const ChunkLayout& C = a->chunks;
+
+    a->guests.grads_zero(s);
+    for (int64_t i = 0; i < C.cp.K; ++i) {
+      const int64_t mi = C.first[i + 1] - C.first[i], ri = recv_rows(C, i, H);
+      const int32_t* rows_i = ptr_at(a->rows.i32(), C.first[i]);
+      groups_fill(s, lp, *a, i);
+      ExpertActs& ffn = a->ffn[i];  // g, u, act kept by the forward; x comes again
+      {
+        Tensor send = be.alloc_f32(kDispatch, {mi, H}, "pllep.send_x");  // (m_i, H)
+        if (a->tokens.defined()) {
+          FP_ASSERT(s.moe_h2 != nullptr, "pipelined_llep: the forward gathered from s.moe_h2, the backward has none");
+          K.moe_gather(s.moe_h2->f32(), ptr_at(a->tokens.i32(), C.first[i]), send.f32(), mi, H);
+        } else {
+          K.moe_gather(a->xs.f32(), rows_i, send.f32(), mi, H);
+        }
+        ffn.x = be.alloc_f32(kDispatch, {ri, H}, "pllep.recv_x");  // (r_i, H)
+        exchange(s, send, ffn.x, C, i, false);
+      }
+      Tensor dy = be.alloc_f32(kDispatch, {ri, H}, "pllep.dy");  // (r_i, H)
+      {
+        Tensor send = be.alloc_f32(kDispatch, {mi, H}, "pllep.send_dy");  // (m_i, H)
+        K.moe_gather(dys.f32(), rows_i, send.f32(), mi, H);
+        exchange(s, send, dy, C, i, false);
+      }
+      Tensor dx = expert_ffn_backward(be, s.cfg, weights_, offsets_, ffn, dy, "pllep.dx");  // (r_i, H)
+      Tensor back = be.alloc_f32(kDispatch, {mi, H}, "pllep.back");  // (m_i, H)
+      exchange(s, dx, back, C, i, true);
+      dx.reset();
+      // The chunk's rows of dys were sent above: they take the input gradients now.
+      rows_scatter(be, back.f32(), C.rows.data() + C.first[i], dys.f32(), mi, H);
+    }
+    a->xs.reset();
+    a->tokens.reset();
+    a->rows.reset();
+    a->guests.grads_start(s);
+    a->guests.grads_finish(s, lp);
+    a->guests.release();
+    (void)offsets;
+    return dys;  // now d loss / d xs
+  }
+
+ private:
+  // r_i: the rows this rank receives in chunk i.
+  static int64_t recv_rows(const ChunkLayout& C, int64_t i, int64_t H) {
+    int64_t r = 0;
+    for (int64_t s = 0; s < C.W; ++s) r += C.recv_elems[i * C.W + s];
+    return r / H;
+  }
+
+  // Chunk i's rows: to the experts (back = false: send by destination -> recv by source) or back.
+  void exchange(StepContext& s, const Tensor& from, Tensor& to, const ChunkLayout& C, int64_t i, bool back) {
+    const int W = s.comm.size();
+    const int64_t* sc = (back ? C.recv_elems.data() : C.send_elems.data()) + i * W;
+    const int64_t* rc = (back ? C.send_elems.data() : C.recv_elems.data()) + i * W;
+    s.comm.all_to_all_v(comm_ptr(s.be, from), sc, comm_ptr(s.be, to), rc, DType::DType_F32);
+  }
+
+  // The chunk layout of this layer: membership, per-chunk rows by destination, and (one all-to-all
+  // of counts) what every chunk brings from every source.
+  void chunks_build(StepContext& s, std::span<const int64_t> offsets, PipelinedActs& a) {
+    const int W = s.comm.size();
+    const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok;
+    const int64_t m = offsets[E];
+    ChunkLayout& C = a.chunks;
+    // n_max, not n: K and c_eff must be the same on every rank (every chunk is one collective).
+    C.cp = chunk_plan_build(std::max<int64_t>(a.layer.n_max, 1), sched_.chunk_cap, sched_.max_chunks,
+                            sched_.strided ? ChunkMembership::ChunkMembership_strided
+                                           : ChunkMembership::ChunkMembership_contiguous);
+    const int64_t Kc = C.cp.K;
+    C.W = W;
+    FP_ASSERT(static_cast<int64_t>(s.host_rows.size()) == m, "pipelined_llep: s.host_rows holds {} rows, xs {}",
+              s.host_rows.size(), m);
+
+    // Each row's destination (the plan's pieces) and chunk (its token's).
+    row_dest_.resize(static_cast<size_t>(m));
+    for (const LlepPiece& pc : a.layer.pieces)
+      for (int64_t i = pc.begin; i < pc.end; ++i) row_dest_[offsets[pc.expert] + i] = pc.dest;
+    row_chunk_.resize(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) row_chunk_[r] = C.cp.chunk_of(s.host_rows[r]);
+
+    // Counting sort by (chunk, destination), stable in the row (expert order within a destination).
+    std::vector<int64_t>& cnt = counts_;  // (K * W + 1)
+    cnt.assign(static_cast<size_t>(Kc * W + 1), 0);
+    for (int64_t r = 0; r < m; ++r) ++cnt[row_chunk_[r] * W + row_dest_[r] + 1];
+    C.send_elems.assign(static_cast<size_t>(Kc * W), 0);
+    for (int64_t j = 0; j < Kc * W; ++j) C.send_elems[j] = cnt[j + 1] * H;
+    for (int64_t j = 0; j < Kc * W; ++j) cnt[j + 1] += cnt[j];
+    C.first.assign(static_cast<size_t>(Kc + 1), 0);
+    for (int64_t i = 0; i <= Kc; ++i) C.first[i] = cnt[i * W];
+    C.rows.resize(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) C.rows[cnt[row_chunk_[r] * W + row_dest_[r]]++] = static_cast<int32_t>(r);
+
+    // Per (destination, chunk, expert) counts, exchanged so that each rank knows its blocks.
+    send_blocks_.assign(static_cast<size_t>(W * Kc * E), 0);  // (W, K, E)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) ++send_blocks_[(row_dest_[r] * Kc + row_chunk_[r]) * E + e];
+    recv_blocks_.assign(static_cast<size_t>(W * Kc * E), 0);  // (W sources, K, E)
+    pair_counts_.assign(static_cast<size_t>(W), Kc * E);
+    s.comm.all_to_all_v(send_blocks_.data(), pair_counts_.data(), recv_blocks_.data(), pair_counts_.data(),
+                        DType::DType_I64);
+    C.recv_elems.assign(static_cast<size_t>(Kc * W), 0);
+    C.block_expert.clear();
+    C.block_rows.clear();
+    C.block_first.assign(1, 0);
+    int64_t recv_max = 0;
+    double send_ratio = 0;
+    for (int64_t i = 0; i < Kc; ++i) {
+      int64_t ri = 0;
+      for (int src = 0; src < W; ++src)
+        for (int64_t e = 0; e < E; ++e) {
+          const int64_t c = recv_blocks_[(src * Kc + i) * E + e];
+          if (c == 0) continue;
+          C.recv_elems[i * W + src] += c * H;
+          ri += c;
+          // Adjacent blocks of one expert (the last of a source, the first of the next) merge: one GEMM.
+          if (!C.block_expert.empty() && static_cast<int64_t>(C.block_expert.size()) > C.block_first.back() &&
+              C.block_expert.back() == e)
+            C.block_rows.back() += c;
+          else {
+            C.block_expert.push_back(e);
+            C.block_rows.push_back(c);
+          }
+        }
+      C.block_first.push_back(static_cast<int64_t>(C.block_expert.size()));
+      recv_max = std::max(recv_max, ri);
+      int64_t mx = 0, sum = 0;
+      for (int d = 0; d < W; ++d) {
+        mx = std::max(mx, C.send_elems[i * W + d]);
+        sum += C.send_elems[i * W + d];
+      }
+      if (sum > 0) send_ratio = std::max(send_ratio, static_cast<double>(mx) * W / static_cast<double>(sum));
+    }
+    const LlepPlan& plan = a.layer.plan;
+    stats_ = {plan.active, plan.imbalance, plan.load_ratio(), static_cast<int64_t>(a.layer.guests.size())};
+    stats_.chunks = Kc;
+    stats_.c_eff = C.cp.c_eff;
+    stats_.chunk_send_ratio = send_ratio;
+    stats_.chunk_recv_max = recv_max;
+    stats_.chunk_recv_bound = chunk_recv_bound(W, k, C.cp.c_eff);
+    stats_.chunk_bound_bytes = chunk_dispatch_bound_bytes(W, k, C.cp.c_eff, H, sizeof(float));
+    // Expert side at once: 2 r_i rows (see the file comment).
+    stats_.chunk_peak_bytes = 2 * static_cast<uint64_t>(recv_max) * static_cast<uint64_t>(H) * sizeof(float);
+    FP_ASSERT(recv_max <= stats_.chunk_recv_bound, "pipelined_llep: {} rows in one chunk over the bound {}", recv_max,
+              stats_.chunk_recv_bound);
+    int64_t sent_away = 0, R = 0;
+    for (int64_t i = 0; i < Kc; ++i)
+      for (int d = 0; d < W; ++d) {
+        if (d != s.comm.rank()) sent_away += C.send_elems[i * W + d] / H;
+        R += C.recv_elems[i * W + d] / H;
+      }
+    last_ = {sent_away, R};
+  }
+
+  // The FFN groups of chunk i (offsets_, weights_): one per arriving block.
+  void groups_fill(const StepContext& s, const LayerParams& lp, PipelinedActs& a, int64_t i) {
+    const ChunkLayout& C = a.chunks;
+    const int me = s.comm.rank();
+    const std::vector<int64_t>& guests = a.layer.guests;
+    offsets_.assign(1, 0);
+    weights_.clear();
+    for (int64_t b = C.block_first[i]; b < C.block_first[i + 1]; ++b) {
+      const int64_t e = C.block_expert[b];
+      offsets_.push_back(offsets_.back() + C.block_rows[b]);
+      if (a.layer.plan.home(e) == me) {
+        weights_.push_back(expert_weights(lp, e));
+      } else {
+        const auto it = std::lower_bound(guests.begin(), guests.end(), e);
+        FP_ASSERT(it != guests.end() && *it == e, "pipelined_llep: expert {} is neither owned nor a guest here", e);
+        weights_.push_back(a.guests.weights(it - guests.begin()));
+      }
+    }
+  }
+
+  DispatchSchedule sched_;
+  LlepParams params_;
+  // Host scratch reused across layers.
+  std::vector<int32_t> row_dest_, host_tokens_;
+  std::vector<int64_t> row_chunk_, counts_, send_blocks_, recv_blocks_, pair_counts_, offsets_;
+  std::vector<ExpertWeights> weights_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExpertDispatch> dispatch_pipelined_llep_create(const DispatchSchedule& sched, const StepContext& s) {
+  const int64_t W = s.comm.size(), k = s.cfg.num_experts_per_tok, H = s.cfg.hidden_size;
+  const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(s.n, 1), sched.chunk_cap, sched.max_chunks,
+                                        sched.strided ? ChunkMembership::ChunkMembership_strided
+                                                      : ChunkMembership::ChunkMembership_contiguous);
+  const uint64_t bound = chunk_dispatch_bound_bytes(W, k, cp.c_eff, H, sizeof(float));
+  // The launch-time reservation: the expert-side chunk buffers never exceed `bound`, so a device
+  // that cannot hold it fails here, before the step, naming the key that sizes it.
+  const Ledger& ledger = s.be.device().ledger();
+  const uint64_t used = ledger.total_current();
+  FP_CHECK(ledger.capacity() >= used && bound <= ledger.capacity() - used,
+           "lower pipelined.chunk_cap (or pipelined.max_chunks is capping K), or raise --device-mem",
+           "pipelined_llep: the chunk dispatch buffers need up to {} bytes (2 x W {} x k {} x c_eff {} x H {} x 4 B) "
+           "but the device has {} of {} bytes free at launch",
+           bound, W, k, cp.c_eff, H, ledger.capacity() - std::min(used, ledger.capacity()), ledger.capacity());
+  return std::make_unique<PipelinedLlepDispatch>(sched, bound);
+}
+
+}  // namespace fp

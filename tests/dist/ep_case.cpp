@@ -1,0 +1,409 @@
+// Standard expert parallelism, dispatch level (run under mpirun -np W; W = 1 runs the standard
+// dispatch sending rows to itself). For each routing profile, every rank takes its own block of
+// tokens through one MoE block (forward as checkpointed, forward again keeping, backward) with the
+// experts sharded (sched/dispatch/standard.cpp), and checks against the single-rank computation of
+// the same blocks (the local dispatch, every expert on one rank), computed on every rank:
+//   - the block's output x2 and input gradient dx1, residual path removed, within 1e-6 (max-relative);
+//   - every weight gradient (router, post_attention_layernorm, each expert's three matrices), summed
+//     over ranks, within 1e-6 (norm-relative: see norm_rel); a rank's gradients of experts it does not
+//     own stay exactly zero, and those experts' weights are NaN on the expert-parallel side (reading
+//     one would poison every output);
+//   - the dispatch-category peak equals the bytes its receive count R implies (Note [Standard
+//     dispatch peak]), with R counted from the reference routing of all blocks;
+//   - for the profiles (not the router), the meta backend performs exactly the cpu run's peaks.
+//
+//   ep_case [PROFILE ...]     default: router balanced hot:0.95:2 hot:1:2
+//   ep_case bench [--tokens N] [--hidden H] [--experts E] [--top-k k] [--ffn I] [--profiles P,P]
+//                 [--device cpu|meta] [--repeats 5] [--json FILE]      (docs/benchmarks.md)
+//
+// Legend: n_b tokens of block b (rank b's tokens, sizes differ per rank), H hidden, E experts, k top-k,
+// m = n k, I expert width, W ranks, R rows a rank computes.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "core/rng.h"
+#include "core/units.h"
+#include "model/blocks.h"
+#include "model/layout.h"
+#include "model/params.h"
+#include "sched/dispatch/dispatch.h"
+
+using namespace fp;
+
+namespace {
+
+constexpr double kTol = 1e-6;
+constexpr Category kDispatch = Category::Category_dispatch;
+
+ModelConfig config_make() {
+  ModelConfig m;
+  // Odd sizes (no multiple of a SIMD width); 8 experts so that W = 1, 2, 4 all divide them.
+  m.hidden_size = 27, m.num_hidden_layers = 1, m.num_attention_heads = 3, m.num_key_value_heads = 1;
+  m.head_dim = 9, m.num_experts = 8, m.num_experts_per_tok = 2, m.moe_intermediate_size = 19;
+  m.vocab_size = 16, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
+  m.rms_norm_eps = 1e-6, m.seed = 5;
+  return m;
+}
+
+int64_t block_tokens(int b) { return 29 + 7 * b; }  // n_b: unequal, so sends and receives differ
+
+std::vector<float> random_vec(int64_t count, uint64_t seed, double scale) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v) x = static_cast<float>(scale * rng.normal());
+  return v;
+}
+
+std::vector<float> host_of(Backend& be, const Tensor& t) {
+  std::vector<float> h(static_cast<size_t>(t.numel()));
+  be.copy_to_host(h.data(), t.data(), t.bytes());
+  return h;
+}
+
+Tensor device_of(Backend& be, Category c, const Shape& shape, const std::vector<float>& h, const std::string& name) {
+  Tensor t = be.alloc_f32(c, shape, name);
+  if (be.computes()) be.copy_from_host(t.data(), h.data(), t.bytes());
+  return t;
+}
+
+// max |got - ref| / max |ref|; infinite when anything is not finite.
+double max_rel(const std::vector<float>& got, const std::vector<float>& ref) {
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    mag = std::max(mag, std::fabs(static_cast<double>(ref[i])));
+  }
+  return mag > 0 ? diff / mag : diff;
+}
+
+struct BlockResult {
+  std::vector<float> x2, dx1;  // (n_b, H) x2 - x1 and dx1 - dx2: the block's part, residual removed
+  std::vector<int64_t> counts; // (E) routed copies per expert
+  uint64_t dispatch_peak = 0;
+  std::array<uint64_t, kNumCategories> peaks{};
+};
+
+// One MoE block on `be` for block b's tokens: forward as checkpointed (no keep), forward keeping,
+// backward with a fixed upstream gradient. Gradients accumulate into lp's .g.
+BlockResult block_run(Backend& be, Comm& comm, ExpertDispatch* dispatch, const ModelConfig& cfg, RoutingProfile prof,
+                      const LayerParams& lp, int b, int64_t n) {
+  const int64_t H = cfg.hidden_size, E = cfg.num_experts;
+  StepContext s(be, cfg, prof, comm);
+  s.B = 1, s.T = n, s.n = n;
+  s.dispatch = dispatch;
+  BlockResult r;
+  be.device_ledger().peaks_reset();
+  // Inputs: random on cpu; nothing to draw on meta (it holds no data).
+  const bool data = be.computes();
+  const std::vector<float> x1_host = data ? random_vec(n * H, 1000 + b, 1.0) : std::vector<float>{};
+  const std::vector<float> dx2_host = data ? random_vec(n * H, 2000 + b, 1.0) : std::vector<float>{};
+  Tensor x1 = device_of(be, Category::Category_activations, {n, H}, x1_host, "x1");
+  Tensor aux_bias = device_of(be, Category::Category_workspace, {E}, random_vec(E, 3000, 0.1), "aux_bias");
+  RouterStats stats;
+  Tensor x2 = moe_block_forward(s, lp, x1, nullptr, &stats);
+  r.counts = stats.counts;
+  // The block's own part, without the residual (which would hide an error in the experts' part).
+  if (be.computes()) r.x2 = host_of(be, x2);
+  for (size_t i = 0; i < r.x2.size(); ++i) r.x2[i] -= x1_host[i];
+  x2.reset();
+  MoeActs acts;
+  Tensor x2b = moe_block_forward(s, lp, x1, &acts, nullptr);
+  x2b.reset();
+  Tensor dx = device_of(be, Category::Category_activations, {n, H}, dx2_host, "dx");
+  moe_block_backward(s, lp, x1, acts, aux_bias, dx);
+  if (be.computes()) r.dx1 = host_of(be, dx);
+  for (size_t i = 0; i < r.dx1.size(); ++i) r.dx1[i] -= dx2_host[i];
+  r.dispatch_peak = be.device_ledger().peak(kDispatch);
+  for (int c = 0; c < kNumCategories; ++c) r.peaks[c] = be.device_ledger().peak(static_cast<Category>(c));
+  return r;
+}
+
+// Expert weights 10x the initial scale: the experts' part of x2 then is of the order of x1, so that
+// comparing x2 - x1 is not dominated by the rounding of the residual sum.
+void experts_scale(Backend& be, const LayerParams& lp, int64_t E) {
+  for (int64_t e = 0; e < E; ++e)
+    for (Param* p : {lp.gate_proj[e], lp.up_proj[e], lp.down_proj[e]})
+      be.kernels().scale_inplace(p->w.f32(), 10.0f, p->w.numel());
+}
+
+// Every gradient the MoE block writes, in a fixed order: name and host copy.
+std::vector<std::pair<std::string, std::vector<float>>> moe_grads(Backend& be, const LayerParams& lp, int64_t E) {
+  std::vector<std::pair<std::string, std::vector<float>>> g;
+  g.push_back({lp.gate->name, host_of(be, lp.gate->g)});
+  g.push_back({lp.post_attention_layernorm->name, host_of(be, lp.post_attention_layernorm->g)});
+  for (int64_t e = 0; e < E; ++e)
+    for (const Param* p : {lp.gate_proj[e], lp.up_proj[e], lp.down_proj[e]}) g.push_back({p->name, host_of(be, p->g)});
+  return g;
+}
+
+// Note [Standard dispatch peak]: with m = n k rows sent and R received, the dispatch category of one
+// MoE block (checkpointed forward, forward keeping, backward) peaks at
+//   8m (rows, slot_pos: i32) + 8R (perm, unperm: i32) + 4H max(3R, 2R + m, R + 2m)
+// 3R: the grouped input kept for backward plus the grouped output and its source-major copy (forward),
+// or plus the received output gradient and its grouped copy (backward); 2R + m: kept input, output in
+// source-major order and ys / dy_recv and dys; R + 2m: kept input, ys and dys (combine backward).
+uint64_t standard_peak(int64_t m, int64_t R, int64_t H) {
+  return static_cast<uint64_t>(8 * m + 8 * R + 4 * H * std::max({3 * R, 2 * R + m, R + 2 * m}));
+}
+
+// |got - ref| / |ref| (2-norms); infinite when anything is not finite. For weight gradients: sums over
+// up to W n k rows whose order differs from the reference's, so one element may carry a relative
+// rounding error several times larger than the tensor's.
+double norm_rel(const std::vector<float>& got, const std::vector<float>& ref) {
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) return INFINITY;
+    const double d = static_cast<double>(got[i]) - ref[i];
+    diff += d * d;
+    mag += static_cast<double>(ref[i]) * ref[i];
+  }
+  return mag > 0 ? std::sqrt(diff / mag) : std::sqrt(diff);
+}
+
+// Returns the number of failed checks on this rank.
+int profile_check(Comm& comm, const std::string& profile_str) {
+  const ModelConfig cfg = config_make();
+  const RoutingProfile prof = routing_profile_parse(profile_str);
+  const int W = comm.size(), rank = comm.rank();
+  const int64_t E = cfg.num_experts, H = cfg.hidden_size, k = cfg.num_experts_per_tok;
+  const ExpertLayout mine = expert_layout(rank, W, E);
+  int failed = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      std::fprintf(stderr, "FAIL [rank %d, %s]: %s\n", rank, profile_str.c_str(), what.c_str());
+      ++failed;
+    }
+  };
+
+  // Reference: the single-rank computation (local dispatch) of every block, on every rank.
+  auto be_ref = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore ps_ref(cfg, *be_ref);
+  ps_ref.init(cfg.seed);
+  experts_scale(*be_ref, ps_ref.layers[0], E);
+  std::unique_ptr<Comm> single = comm_single();
+  std::unique_ptr<ExpertDispatch> local = dispatch_local_create();
+  std::vector<BlockResult> ref;
+  for (int b = 0; b < W; ++b)
+    ref.push_back(block_run(*be_ref, *single, local.get(), cfg, prof, ps_ref.layers[0], b, block_tokens(b)));
+  const auto g_ref = moe_grads(*be_ref, ps_ref.layers[0], E);
+
+  // Expert parallel: this rank's block; experts it does not own are poisoned (never to be read).
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore ps(cfg, *be);
+  ps.init(cfg.seed);
+  const LayerParams& lp = ps.layers[0];
+  experts_scale(*be, lp, E);
+  for (int64_t e = 0; e < E; ++e) {
+    if (mine.owns(e)) continue;
+    for (Param* p : {lp.gate_proj[e], lp.up_proj[e], lp.down_proj[e]})
+      be->kernels().fill(p->w.f32(), NAN, p->w.numel());
+  }
+  std::unique_ptr<ExpertDispatch> standard = dispatch_standard_create();
+  BlockResult got = block_run(*be, comm, standard.get(), cfg, prof, lp, rank, block_tokens(rank));
+
+  const double e_x2 = max_rel(got.x2, ref[rank].x2), e_dx = max_rel(got.dx1, ref[rank].dx1);
+  check(e_x2 <= kTol, fmt::format("output x2 differs: max-relative {:.3e}", e_x2));
+  check(e_dx <= kTol, fmt::format("input gradient differs: max-relative {:.3e}", e_dx));
+  double worst = std::max(e_x2, e_dx);
+
+  auto g_ep = moe_grads(*be, lp, E);
+  for (int64_t e = 0; e < E; ++e) {
+    if (mine.owns(e)) continue;
+    for (size_t i = static_cast<size_t>(2 + 3 * e); i < static_cast<size_t>(5 + 3 * e); ++i) {
+      double mx = 0;
+      for (float v : g_ep[i].second) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+      check(mx == 0, fmt::format("{}: a rank that does not own expert {} wrote its gradient", g_ep[i].first, e));
+    }
+  }
+  for (size_t i = 0; i < g_ep.size(); ++i) {
+    comm.all_reduce_sum(g_ep[i].second.data(), static_cast<int64_t>(g_ep[i].second.size()), DType::DType_F32);
+    const double err = norm_rel(g_ep[i].second, g_ref[i].second);
+    worst = std::max(worst, err);
+    check(err <= kTol, fmt::format("gradient {} differs: norm-relative {:.3e}", g_ref[i].first, err));
+  }
+
+  // The receive count from the reference routing: every block's routes to this rank's experts.
+  int64_t R = 0;
+  for (int b = 0; b < W; ++b)
+    for (int64_t e = mine.first; e < mine.first + mine.count; ++e) R += ref[b].counts[e];
+  const int64_t m = block_tokens(rank) * k;
+  check(standard->last().rows_received == R,
+        fmt::format("the dispatch computed {} rows, the routing sends it {}", standard->last().rows_received, R));
+  const uint64_t want = standard_peak(m, R, H);
+  check(got.dispatch_peak == want,
+        fmt::format("dispatch peak {} B, the receive count R = {} (m = {}) implies {} B", got.dispatch_peak, R, m,
+                    want));
+
+  // Meta: the same allocations with null data (the profiles give the routing; the router needs data).
+  std::string meta_note;
+  if (prof.kind != RoutingProfile::Kind::Kind_router) {
+    auto be_meta = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+    ParamStore ps_meta(cfg, *be_meta);
+    std::unique_ptr<ExpertDispatch> standard_meta = dispatch_standard_create();
+    BlockResult meta =
+        block_run(*be_meta, comm, standard_meta.get(), cfg, prof, ps_meta.layers[0], rank, block_tokens(rank));
+    for (int c = 0; c < kNumCategories; ++c)
+      check(meta.peaks[c] == got.peaks[c], fmt::format("meta peak of {} is {} B, the cpu run's {} B",
+                                                       category_name(static_cast<Category>(c)), meta.peaks[c],
+                                                       got.peaks[c]));
+    meta_note = ", meta peaks equal";
+  }
+
+  // Per-rank receive counts and peaks, printed by rank 0 (the skew of the plain variant).
+  std::vector<int64_t> rs(static_cast<size_t>(W)), peaks(static_cast<size_t>(W));
+  const int64_t peak_mine = static_cast<int64_t>(got.dispatch_peak);
+  comm.all_gather(&R, rs.data(), 1, DType::DType_I64);
+  comm.all_gather(&peak_mine, peaks.data(), 1, DType::DType_I64);
+  comm.all_reduce_max(&worst, 1, DType::DType_F64);
+  if (rank == 0) {
+    std::string per;
+    for (int r = 0; r < W; ++r) per += fmt::format(" [rank {}: R {}, dispatch peak {} B]", r, rs[r], peaks[r]);
+    std::printf("W=%d %-11s worst relative error %.2e%s;%s\n", W, profile_str.c_str(), worst, meta_note.c_str(),
+                per.c_str());
+  }
+  return failed;
+}
+
+// ---- bench: the same tokens through one MoE block with the experts replicated on every rank (the
+// local dispatch: the layout before expert parallelism, no comm) and with standard expert
+// parallelism, in one run. Per rank: the dispatch-category peak and R; per variant: the median over
+// repeats of the slowest rank's forward (checkpointed) + forward (keeping) + backward seconds.
+struct BenchArgs {
+  int64_t tokens = 2048, hidden = 128, experts = 16, top_k = 2, ffn = 128;
+  std::vector<std::string> profiles = {"balanced", "hot:0.95:2"};
+  std::string device = "cpu", json;
+  int repeats = 5;
+};
+
+BenchArgs bench_args_parse(int argc, char** argv) {
+  BenchArgs a;
+  for (int i = 2; i < argc; ++i) {
+    const std::string k = argv[i];
+    FP_CHECK(i + 1 < argc, "every bench option takes a value", "{} has no value", k);
+    const std::string v = argv[++i];
+    if (k == "--tokens") a.tokens = std::stoll(v);
+    else if (k == "--hidden") a.hidden = std::stoll(v);
+    else if (k == "--experts") a.experts = std::stoll(v);
+    else if (k == "--top-k") a.top_k = std::stoll(v);
+    else if (k == "--ffn") a.ffn = std::stoll(v);
+    else if (k == "--device") a.device = v;
+    else if (k == "--repeats") a.repeats = std::stoi(v);
+    else if (k == "--json") a.json = v;
+    else if (k == "--profiles") {
+      a.profiles.clear();
+      for (size_t p = 0, q; p <= v.size(); p = q + 1) {
+        q = v.find(',', p);
+        if (q == std::string::npos) q = v.size();
+        a.profiles.push_back(v.substr(p, q - p));
+      }
+    } else {
+      FP_CHECK(false, "options: --tokens --hidden --experts --top-k --ffn --profiles --device --repeats --json",
+               "unknown bench option {}", k);
+    }
+  }
+  return a;
+}
+
+int bench_run(Comm& comm, const BenchArgs& a) {
+  ModelConfig cfg = config_make();
+  cfg.hidden_size = a.hidden, cfg.num_experts = a.experts, cfg.num_experts_per_tok = a.top_k;
+  cfg.moe_intermediate_size = a.ffn;
+  const int W = comm.size(), rank = comm.rank();
+  const bool meta = a.device == "meta";
+  const int repeats = meta ? 1 : a.repeats;
+  std::unique_ptr<Comm> single = comm_single();
+  nlohmann::json out = {{"ranks", W}, {"tokens_per_rank", a.tokens}, {"hidden", a.hidden}, {"experts", a.experts},
+                        {"top_k", a.top_k}, {"ffn", a.ffn}, {"device", a.device}, {"repeats", repeats},
+                        {"runs", nlohmann::json::array()}};
+  if (rank == 0)
+    std::printf("W=%d, %ld tokens per rank, H %ld, E %ld, top-%ld, I %ld, %s; dispatch peak per rank in bytes\n", W,
+                a.tokens, a.hidden, a.experts, a.top_k, a.ffn, a.device.c_str());
+  for (const std::string& profile : a.profiles) {
+    const RoutingProfile prof = routing_profile_parse(profile);
+    double base_peak = 0, base_sec = 0;
+    for (const char* variant : {"replicated", "standard"}) {
+      const bool ep = std::string(variant) == "standard";
+      auto be = backend_create(a.device, kUnlimitedBytes, kUnlimitedBytes);
+      ParamStore ps(cfg, *be);
+      if (!meta) ps.init(cfg.seed);
+      std::unique_ptr<ExpertDispatch> d = ep ? dispatch_standard_create() : dispatch_local_create();
+      std::vector<double> secs;
+      int64_t peak = 0;
+      for (int r = 0; r < repeats; ++r) {
+        comm.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        BlockResult res = block_run(*be, ep ? comm : *single, d.get(), cfg, prof, ps.layers[0], rank, a.tokens);
+        double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        comm.all_reduce_max(&sec, 1, DType::DType_F64);
+        secs.push_back(sec);
+        peak = static_cast<int64_t>(res.dispatch_peak);
+      }
+      std::sort(secs.begin(), secs.end());
+      const double sec = secs[secs.size() / 2];
+      const int64_t R = d->last().rows_received;
+      std::vector<int64_t> peaks(static_cast<size_t>(W)), rs(static_cast<size_t>(W));
+      comm.all_gather(&peak, peaks.data(), 1, DType::DType_I64);
+      comm.all_gather(&R, rs.data(), 1, DType::DType_I64);
+      const double pmax = static_cast<double>(*std::max_element(peaks.begin(), peaks.end()));
+      double pmean = 0, rmean = 0;
+      for (int r = 0; r < W; ++r) pmean += static_cast<double>(peaks[r]) / W, rmean += static_cast<double>(rs[r]) / W;
+      const double rmax = static_cast<double>(*std::max_element(rs.begin(), rs.end()));
+      if (!ep) base_peak = pmax, base_sec = sec;
+      if (rank == 0) {
+        std::string per;
+        for (int r = 0; r < W; ++r) per += fmt::format(" {}", peaks[r]);
+        std::printf("  %-11s %-10s max %11.0f (x%.2f of replicated)  R max/mean %.2f  %s  per rank:%s\n",
+                    profile.c_str(), variant, pmax, pmax / base_peak, rmean > 0 ? rmax / rmean : 0.0,
+                    meta ? "" : fmt::format("{:.4f} s (x{:.2f})", sec, sec / base_sec).c_str(), per.c_str());
+        out["runs"].push_back({{"profile", profile}, {"variant", variant}, {"dispatch_peak_bytes", peaks},
+                               {"rows_received", rs}, {"dispatch_peak_max", pmax}, {"dispatch_peak_mean", pmean},
+                               {"peak_ratio_vs_replicated", pmax / base_peak},
+                               {"load_max_over_mean", rmean > 0 ? rmax / rmean : 0.0},
+                               {"seconds_median", meta ? nlohmann::json(nullptr) : nlohmann::json(sec)},
+                               {"time_ratio_vs_replicated",
+                                meta ? nlohmann::json(nullptr) : nlohmann::json(sec / base_sec)}});
+      }
+    }
+  }
+  if (rank == 0 && !a.json.empty()) {
+    std::FILE* f = std::fopen(a.json.c_str(), "w");
+    FP_CHECK(f != nullptr, "give a writable --json path", "cannot write {}", a.json);
+    std::fputs(out.dump(2).c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Comm& comm = comm_world();
+  try {
+    if (argc > 1 && std::string(argv[1]) == "bench") {
+      const int rc = bench_run(comm, bench_args_parse(argc, argv));
+      comm.barrier();
+      return rc;
+    }
+    std::vector<std::string> profiles;
+    for (int i = 1; i < argc; ++i) profiles.push_back(argv[i]);
+    if (profiles.empty()) profiles = {"router", "balanced", "hot:0.95:2", "hot:1:2"};
+    int64_t failed = 0;
+    for (const std::string& p : profiles) failed += profile_check(comm, p);
+    comm.all_reduce_sum(&failed, 1, DType::DType_I64);
+    if (comm.rank() == 0) std::printf(failed == 0 ? "ep_case: all checks passed\n" : "ep_case: %ld FAILED\n", failed);
+    comm.barrier();
+    return failed == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error [rank %d]: %s\n", comm.rank(), e.what());
+    comm.abort(1);
+  }
+}

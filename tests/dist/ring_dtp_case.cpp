@@ -1,0 +1,304 @@
+// Ring-DTP on W ranks (sched/vocab/ring_dtp_ring.cpp) against the full vocabulary head of one process
+// on the same global batch. Run under mpirun -np W (W = 1 runs too: the one-rank path).
+//
+//   head:  for every case, ring mode (weights, activations, auto) and keep_strips off/on: the loss
+//          (summed over ranks), every rank's d x_L rows, d model.norm (summed over ranks) and its
+//          vocabulary shard's rows of d lm_head within 1e-6 of the full head (relative to the
+//          tensor's largest element, element by element); lm_head's other rows untouched (bitwise);
+//          two runs bitwise equal. Cases: odd token counts, ranks with different counts, V not
+//          divisible by W, the sub-block or the strip height, a shard with no id at all (V < W Vp),
+//          ignored targets (-100), a target in every shard.
+//   model: 10 AdamW steps of a small MoE model, ring (both modes) vs full on the same W ranks:
+//          losses within 1e-5 relative.
+//
+// Every rank computes the full head of the whole global batch itself (small sizes), so nothing but
+// the verdicts is exchanged. Exits non-zero on the first failing check, naming it (rank, index,
+// expected, got).
+// Legend: W ranks, ns (W) tokens of each rank, N their sum, H hidden, V vocabulary.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "core/rng.h"
+#include "core/units.h"
+#include "data/context_split.h"
+#include "data/random_batch.h"
+#include "model/model.h"
+#include "sched/optim/adamw.h"
+#include "sched/vocab/ring_dtp.h"
+#include "sched/vocab/vocab_head.h"
+
+using namespace fp;
+
+namespace {
+
+int g_failures = 0;
+
+void fail(Comm& comm, const std::string& what) {
+  std::fprintf(stderr, "FAILED [rank %d]: %s\n", comm.rank(), what.c_str());
+  ++g_failures;
+}
+
+ModelConfig head_config(int64_t H, int64_t V) {
+  ModelConfig m;
+  m.hidden_size = H;
+  m.num_hidden_layers = 0;  // the head alone
+  m.num_attention_heads = 1;
+  m.num_key_value_heads = 1;
+  m.head_dim = 8;
+  m.num_experts = 1;
+  m.num_experts_per_tok = 1;
+  m.moe_intermediate_size = 8;
+  m.vocab_size = V;
+  m.rope_theta = 10000;
+  m.rms_norm_eps = 1e-6;
+  m.norm_topk_prob = true;
+  m.router_aux_loss_coef = 0;
+  m.seed = 3;
+  return m;
+}
+
+struct Case {
+  const char* name;
+  int64_t n, n_step;  // rank r holds n + r n_step tokens
+  int64_t H, V, block_tokens;
+};
+
+// The global inputs, the same on every rank: x (N, H) ~ N(0, 1), norm ~ 1 + N(0, 0.1), lm_head
+// ~ N(0, 0.5) (logits of a few units), lm_head's g starts at g0 ~ N(0, 0.01) (the head accumulates),
+// targets uniform with every fourth ignored, and one target in every non-empty shard.
+struct Inputs {
+  std::vector<int64_t> ns, off;  // (W) tokens of each rank and the first of them
+  int64_t N = 0;
+  std::vector<float> x, norm_w, W, g0;  // (N, H), (H), (V, H), (V, H)
+  std::vector<int32_t> targets;         // (N)
+  int64_t count = 0;                    // targets not ignored
+};
+
+Inputs inputs_make(const Case& c, int world) {
+  Inputs in;
+  for (int r = 0; r < world; ++r) {
+    in.off.push_back(in.N);
+    in.ns.push_back(c.n + r * c.n_step);
+    in.N += in.ns.back();
+  }
+  Rng rng(11);
+  in.x.resize(in.N * c.H);
+  in.norm_w.resize(c.H);
+  in.W.resize(c.V * c.H);
+  in.g0.resize(c.V * c.H);
+  for (float& v : in.x) v = static_cast<float>(rng.normal());
+  for (float& v : in.norm_w) v = static_cast<float>(1.0 + 0.1 * rng.normal());
+  for (float& v : in.W) v = static_cast<float>(0.5 * rng.normal());
+  for (float& v : in.g0) v = static_cast<float>(0.01 * rng.normal());
+  in.targets.resize(in.N);
+  for (int64_t t = 0; t < in.N; ++t)
+    in.targets[t] = t % 4 == 0 ? -100 : static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.V)));
+  for (int s = 0; s < world; ++s) {
+    const VocabShard sh = ring_dtp_shard(c.V, world, s);
+    if (sh.rows > 0) in.targets[(4 * s + 1) % in.N] = static_cast<int32_t>(sh.v0 + (s % sh.rows));
+  }
+  for (const int32_t t : in.targets) in.count += t != -100;
+  return in;
+}
+
+struct HeadOut {
+  double loss_sum = 0;
+  std::vector<float> dx, dnorm, dW;  // (n, H), (H), (V, H) the whole of lm_head's g
+};
+
+// One head call on tokens [t0, t0 + n) of the global batch, on comm's ranks.
+HeadOut head_run(const Case& c, const Inputs& in, Comm& comm, int64_t t0, int64_t n, const VocabSchedule& v) {
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  const ModelConfig cfg = head_config(c.H, c.V);
+  ParamStore ps(cfg, *be);
+  be->copy_from_host(ps.norm->w.data(), in.norm_w.data(), ps.norm->w.bytes());
+  be->copy_from_host(ps.lm_head->w.data(), in.W.data(), ps.lm_head->w.bytes());
+  be->copy_from_host(ps.lm_head->g.data(), in.g0.data(), ps.lm_head->g.bytes());
+  be->kernels().fill(ps.norm->g.f32(), 0.0f, c.H);
+  StepContext s(*be, cfg, RoutingProfile{}, comm);
+  s.B = 1;
+  s.T = n;
+  s.n = n;
+  Tensor xL = be->alloc_f32(Category::Category_activations, {n, c.H}, "xL");
+  be->copy_from_host(xL.data(), in.x.data() + t0 * c.H, xL.bytes());
+  Tensor targets = be->alloc(Category::Category_activations, {n}, DType::DType_I32, "targets");
+  be->copy_from_host(targets.data(), in.targets.data() + t0, targets.bytes());
+  Tensor dx = be->alloc_f32(Category::Category_activations, {n, c.H}, "dx");
+  HeadOut o;
+  o.loss_sum = head_forward_backward(s, v, ps, xL, targets, 1.0f / static_cast<float>(in.count), dx, nullptr, true)
+                   .loss_sum;
+  o.dx.resize(n * c.H);
+  o.dnorm.resize(c.H);
+  o.dW.resize(c.V * c.H);
+  be->copy_to_host(o.dx.data(), dx.data(), dx.bytes());
+  be->copy_to_host(o.dnorm.data(), ps.norm->g.data(), ps.norm->g.bytes());
+  be->copy_to_host(o.dW.data(), ps.lm_head->g.data(), ps.lm_head->g.bytes());
+  return o;
+}
+
+// got[i] vs want[i] for i in [0, count), |got - want| <= rel max_j |want_j over the whole tensor|
+// (the gradients' terms cancel, so rounding scales with the tensor, not with one element). Raises
+// *worst to the largest |got - want| / mag seen.
+void near(Comm& comm, const float* got, const float* want, int64_t count, double mag, double rel,
+          const std::string& what, double* worst) {
+  const double tol = rel * mag;
+  for (int64_t i = 0; i < count; ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!std::isfinite(got[i]) || !(d <= tol)) {
+      char msg[160];
+      std::snprintf(msg, sizeof msg, " at %lld: expected %.9g, got %.9g (tolerance %.3g)", static_cast<long long>(i),
+                    static_cast<double>(want[i]), static_cast<double>(got[i]), tol);
+      fail(comm, what + msg);
+      return;
+    }
+    *worst = std::max(*worst, d / mag);
+  }
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (const float a : v) m = std::max(m, std::abs(static_cast<double>(a)));
+  return m;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void head_case(Comm& comm, const Case& c) {
+  const int W = comm.size(), r = comm.rank();
+  const Inputs in = inputs_make(c, W);
+  std::unique_ptr<Comm> single = comm_single();
+  VocabSchedule full;
+  full.kind = VocabSchedule::Kind::Kind_full;
+  const HeadOut ref = head_run(c, in, *single, 0, in.N, full);
+  const double mag_dx = max_abs(ref.dx), mag_dn = max_abs(ref.dnorm);
+  std::vector<float> dW_ref(ref.dW.size());  // the gradient alone, for its magnitude
+  for (size_t i = 0; i < dW_ref.size(); ++i) dW_ref[i] = ref.dW[i] - in.g0[i];
+  const double mag_dW = max_abs(dW_ref);
+  const VocabShard sh = ring_dtp_shard(c.V, W, r);
+  const int64_t n = in.ns[r], t0 = in.off[r];
+  double worst = 0;  // the largest error seen, relative to its tensor's magnitude
+
+  for (const char* mode : {"weights", "activations", "auto"})
+    for (const bool keep : {false, true}) {
+      VocabSchedule v;
+      v.kind = VocabSchedule::Kind::Kind_ring;
+      v.block_tokens = c.block_tokens;
+      v.ring_mode = mode;
+      v.keep_strips = keep;
+      const std::string where = std::string(c.name) + ", W=" + std::to_string(W) + ", mode " + mode +
+                                (keep ? ", keep_strips" : "");
+      HeadOut o[2];
+      for (HeadOut& h : o) h = head_run(c, in, comm, t0, n, v);
+      double loss = o[0].loss_sum;
+      comm.all_reduce_sum(&loss, 1, DType::DType_F64);
+      const double loss_err = std::abs(loss - ref.loss_sum) / std::abs(ref.loss_sum);
+      if (!(loss_err <= 1e-6))
+        fail(comm, where + ": loss sum " + std::to_string(loss) + " vs full " + std::to_string(ref.loss_sum));
+      worst = std::max(worst, loss_err);
+      near(comm, o[0].dx.data(), ref.dx.data() + t0 * c.H, n * c.H, mag_dx, 1e-6, where + ": d x_L", &worst);
+      std::vector<float> dnorm = o[0].dnorm;
+      comm.all_reduce_sum(dnorm.data(), c.H, DType::DType_F32);
+      near(comm, dnorm.data(), ref.dnorm.data(), c.H, mag_dn, 1e-6, where + ": d model.norm (summed over ranks)",
+           &worst);
+      near(comm, o[0].dW.data() + sh.v0 * c.H, ref.dW.data() + sh.v0 * c.H, sh.rows * c.H, mag_dW, 1e-6,
+           where + ": d lm_head, this rank's shard", &worst);
+      // Rows outside the shard: untouched (the sum over ranks is then the whole gradient).
+      for (int64_t i = 0; i < c.V * c.H; ++i) {
+        const bool mine = i >= sh.v0 * c.H && i < (sh.v0 + sh.rows) * c.H;
+        if (!mine && std::memcmp(&o[0].dW[i], &in.g0[i], sizeof(float)) != 0) {
+          fail(comm, where + ": lm_head's g changed outside this rank's shard at " + std::to_string(i));
+          break;
+        }
+      }
+      if (std::memcmp(&o[0].loss_sum, &o[1].loss_sum, sizeof(double)) != 0 || !same_bits(o[0].dx, o[1].dx) ||
+          !same_bits(o[0].dnorm, o[1].dnorm) || !same_bits(o[0].dW, o[1].dW))
+        fail(comm, where + ": two runs differ");
+    }
+  comm.all_reduce_max(&worst, 1, DType::DType_F64);
+  if (r == 0 && g_failures == 0)
+    std::printf("head: %s (W=%d): 3 modes x keep_strips off/on: loss, dx, dnorm, dW within %.1e of full "
+                "(relative to the tensor's magnitude), bitwise repeatable\n", c.name, W, worst);
+}
+
+// 10 AdamW steps of a small model on comm's ranks with the given vocabulary schedule.
+std::vector<double> train_losses(Comm& comm, const VocabSchedule& v) {
+  ModelConfig m = head_config(32, 97);
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.num_experts = 8;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 24;
+  m.router_aux_loss_coef = 0.02;
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ModelSchedules sched;
+  sched.vocab = v;
+  Model model(m, *be, RoutingProfile{}, sched, &comm);
+  // On W > 1 ranks lm_head is FSDP-sharded by rows: the ring reads and writes its shard alone.
+  if (comm.size() > 1 && model.params().lm_head->placement != Placement::Placement_rows)
+    fail(comm, "the model's lm_head is not row-sharded: the ring's FSDP path is not tested");
+  model.init_weights(5);
+  OptimConfig oc;
+  oc.warmup_steps = 2;
+  AdamW opt(model.params(), *be, oc);
+  const Batch global = batch_random(2, 40, m.vocab_size, 100);
+  const Batch local = context_slice(global, comm.rank(), comm.size());
+  std::vector<double> losses;
+  const int64_t steps = 10;
+  for (int64_t s = 1; s <= steps; ++s) {
+    model.zero_grads();
+    losses.push_back(model.forward_backward(local).loss);
+    opt.step(s, steps);
+  }
+  return losses;
+}
+
+void model_case(Comm& comm) {
+  VocabSchedule full;
+  const std::vector<double> ref = train_losses(comm, full);
+  for (const char* mode : {"weights", "activations"}) {
+    VocabSchedule v;
+    v.kind = VocabSchedule::Kind::Kind_ring;
+    v.block_tokens = 7;
+    v.ring_mode = mode;
+    const std::vector<double> got = train_losses(comm, v);
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(got[i] - ref[i]) / std::abs(ref[i]));
+    if (!(worst <= 1e-5)) fail(comm, "training, ring " + std::string(mode) + ": losses differ by " + std::to_string(worst));
+    if (comm.rank() == 0)
+      std::printf("model: 10 steps on W=%d, ring (%s) vs full: losses within %.1e (first %.6f, last %.6f)\n",
+                  comm.size(), mode, worst, ref.front(), ref.back());
+  }
+  if (!(ref.back() < ref.front() - 0.1)) fail(comm, "training does not train");
+}
+
+}  // namespace
+
+int main() {
+  Comm& comm = comm_world();
+  try {
+    const std::vector<Case> cases = {
+        {"odd n, V not divisible by W or the strip", 37, 0, 24, 1001, 8},
+        {"ranks with different n, V over two sub-blocks", 21, 6, 16, 16389, 16},
+        {"V < W Vp: a shard with no id", 9, 0, 8, 5, 4},
+        {"one strip (block_tokens > n)", 13, 0, 20, 257, 100},
+    };
+    for (const Case& c : cases) head_case(comm, c);
+    model_case(comm);
+    int bad = g_failures;
+    comm.all_reduce_max(&bad, 1, DType::DType_I32);
+    if (comm.rank() == 0) std::printf(bad ? "ring_dtp_case: FAILED\n" : "ring_dtp_case: all passed\n");
+    comm.barrier();
+    return bad ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error [rank %d]: %s\n", comm.rank(), e.what());
+    comm.abort(1);
+  }
+}
