@@ -29,7 +29,8 @@ Category category_parse(std::string_view s) {
 std::string_view category_hint(Category c) {
   switch (c) {
     case Category::Category_dispatch:
-      return "expert dispatch is flattened by PipelinedLLEP: set moe.dispatch = \"pipelined_llep\" "
+      return "the rows this rank receives from other ranks' routes (they grow with routing skew) are "
+             "flattened by PipelinedLLEP: set moe.dispatch = \"pipelined_llep\" "
              "(its buffer is bounded at launch by 2 * E_p * k * c_eff * H * bytes; lower pipelined.chunk_cap)";
     case Category::Category_vocab:
       return "the vocabulary projection is flattened by Ring-DTP: set vocab.schedule = \"ring\" "
@@ -41,8 +42,8 @@ std::string_view category_hint(Category c) {
       return "optimizer state is flattened by OffloadStreamAdamW: set optim.schedule = \"offload_stream\" "
              "(state lives in host memory; the device holds slots x largest bucket x 16 B of staging)";
     case Category::Category_activations:
-      return "activations are recomputed per layer already; shorten the sequence, or split it over more "
-             "ranks (context parallel: mpirun -np W)";
+      return "activations (including the MoE block's own n * top-k routed copies) are recomputed per layer "
+             "already; shorten the sequence, or split it over more ranks (context parallel: mpirun -np W)";
     case Category::Category_params:
     case Category::Category_grads:
       return "dense parameters and gradients are sharded over ranks: run on more ranks (mpirun -np W), "

@@ -12,8 +12,14 @@ enum class Category : uint8_t {
   Category_params,
   Category_grads,
   Category_optimizer,
+  // Per-layer intermediates, including the MoE block's token side: this rank's own m = n k routed
+  // copies (moe.rows, moe.slot_pos, moe.xs, moe.ys, moe.dys, moe.dxs), sized by the config alone.
   Category_activations,
   Category_checkpoints,
+  // Expert dispatch: the buffers sized by the routes this rank receives from other ranks (received
+  // rows, their grouping and outputs, the send/return buffers of LLEP and PipelinedLLEP): they grow
+  // with routing skew under the standard dispatch, and PipelinedLLEP bounds them at launch. Empty
+  // on one rank (the local dispatch receives nothing).
   Category_dispatch,
   Category_vocab,
   Category_comm,

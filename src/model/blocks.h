@@ -61,7 +61,9 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
 // ---- MoE block: x2 = x1 + sum_j w_j expert_{e_j}(rmsnorm(x1))
 // The routed copies go to their experts through s.dispatch (sched/dispatch/dispatch.h): with W > 1
-// only the experts this rank owns (model/layout.h) are read and get gradients.
+// only the experts this rank owns (model/layout.h) are read and get gradients. The token side (this
+// rank's own m = n k routed copies: rows, slot_pos, xs, ys, dys, dxs) is category activations, sized
+// by the config; category dispatch holds only what the dispatch receives from other ranks.
 struct MoeActs {
   Tensor h2, rstd2;            // (n, H), (n)
   Tensor probs;                // (n, E) router softmax
@@ -69,7 +71,7 @@ struct MoeActs {
   Tensor rows, slot_pos;       // (m) i32, (n, k) i32: expert order <-> token order
   std::vector<int64_t> offsets;  // (E + 1) rows of each expert in expert order (host)
   std::unique_ptr<DispatchActs> dispatch;  // what the expert dispatch keeps (routed copies, FFN intermediates)
-  Tensor ys;                   // (m, H) expert outputs in expert order (dispatch)
+  Tensor ys;                   // (m, H) expert outputs in expert order (activations)
 };
 // Per-layer routing statistics for the load-balancing loss (host).
 struct RouterStats {

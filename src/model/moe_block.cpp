@@ -10,7 +10,6 @@ namespace fp {
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
-constexpr Category kDispatch = Category::Category_dispatch;
 
 // The step's dispatch; without one (a StepContext built by hand, one rank) the local one.
 ExpertDispatch& expert_dispatch(StepContext& s) {
@@ -71,12 +70,12 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
         for (int64_t e = 0; e < E; ++e) stats->prob_sum[e] += s.host_probs[t * E + e];
     }
   }
-  a.rows = be.alloc(kDispatch, {m}, DType::DType_I32, "moe.rows");
-  a.slot_pos = be.alloc(kDispatch, {n, k}, DType::DType_I32, "moe.slot_pos");
+  a.rows = be.alloc(kAct, {m}, DType::DType_I32, "moe.rows");
+  a.slot_pos = be.alloc(kAct, {n, k}, DType::DType_I32, "moe.slot_pos");
   be.copy_from_host(a.rows.data(), s.host_rows.data(), a.rows.bytes());
   be.copy_from_host(a.slot_pos.data(), s.host_slot.data(), a.slot_pos.bytes());
 
-  Tensor xs = be.alloc_f32(kDispatch, {m, H}, "moe.xs");  // (m, H) routed copies in expert order
+  Tensor xs = be.alloc_f32(kAct, {m, H}, "moe.xs");  // (m, H) routed copies in expert order
   K.moe_gather(a.h2.f32(), a.rows.i32(), xs.f32(), m, H);
   if (!keep) {
     a.h2.reset();
@@ -110,7 +109,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, m = n * k;
 
   // combine: x2 = x1 + sum_j w_j ys[slot_j]; the residual part stays in dx.
-  Tensor dys = be.alloc_f32(kDispatch, {m, H}, "moe.dys");
+  Tensor dys = be.alloc_f32(kAct, {m, H}, "moe.dys");
   Tensor dw = be.alloc_f32(kAct, {n, k}, "moe.dw");
   K.moe_combine_backward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), dx.f32(), dys.f32(), dw.f32(), n, k, H);
   a.ys.reset();

@@ -109,8 +109,8 @@ void router_forward(Step& s, MoeIds& a) {
   a.topk_idx = d.alloc(kAct, s.i32(N * s.k), "moe.topk_idx");      // (N, k)
   a.topk_w = d.alloc(kAct, s.rt(N * s.k), "moe.topk_w");           // (N, k)
   d.free(logits);
-  a.rows = d.alloc(kDisp, s.i32(s.m), "moe.rows");                 // (m)
-  a.slot_pos = d.alloc(kDisp, s.i32(N * s.k), "moe.slot_pos");     // (N, k)
+  a.rows = d.alloc(kAct, s.i32(s.m), "moe.rows");                  // (m)
+  a.slot_pos = d.alloc(kAct, s.i32(N * s.k), "moe.slot_pos");      // (N, k)
 }
 
 // The expert side of standard EP's forward (sched/dispatch/standard.cpp): the received rows
@@ -146,7 +146,7 @@ Id moe_forward_standard(Step& s, MoeIds& a, bool keep, Category out_cat) {
   PeakReplay& d = s.d;
   const int64_t N = s.N, H = s.H, I = s.I, Re = s.Re;
   router_forward(s, a);
-  Id xs = d.alloc(kDisp, s.act(s.m * H), "moe.xs");  // (m, H) routed copies in expert order
+  Id xs = d.alloc(kAct, s.act(s.m * H), "moe.xs");  // (m, H) routed copies in expert order
   if (!keep) {
     d.free(a.h2);
     d.free(a.rstd2);
@@ -165,11 +165,11 @@ Id moe_forward_standard(Step& s, MoeIds& a, bool keep, Category out_cat) {
       d.free(a.g);
       d.free(a.u);
     }
-    a.ys = d.alloc(kDisp, s.act(s.m * H), "moe.ys");  // (m, H)
+    a.ys = d.alloc(kAct, s.act(s.m * H), "moe.ys");  // (m, H)
     if (!keep) d.free(a.act);
   } else {
     Id y_send = ep_forward_expert_side(s, a, xs, keep);
-    a.ys = d.alloc(kDisp, s.act(s.m * H), "moe.ys");  // (m, H) back on the token side
+    a.ys = d.alloc(kAct, s.act(s.m * H), "moe.ys");  // (m, H) back on the token side
     d.free(y_send);
   }
   Id x2 = d.alloc(out_cat, s.act(N * H), out_cat == kCkpt ? "ckpt.layer" : "moe.x2");
@@ -200,7 +200,7 @@ void moe_backward_tail(Step& s, MoeIds& a, Id& dw, Id& dh2) {
 void moe_backward_standard(Step& s, MoeIds& a) {
   PeakReplay& d = s.d;
   const int64_t N = s.N, H = s.H, I = s.I, Re = s.Re;
-  Id dys = d.alloc(kDisp, s.act(s.m * H), "moe.dys");  // (m, H)
+  Id dys = d.alloc(kAct, s.act(s.m * H), "moe.dys");  // (m, H)
   Id dw = d.alloc(kAct, s.rt(N * s.k), "moe.dw");       // (N, k)
   d.free(a.ys);
   d.free(a.topk_w);
@@ -222,7 +222,8 @@ void moe_backward_standard(Step& s, MoeIds& a) {
   d.free(dact);
   d.free(a.g);
   d.free(a.u);
-  Id dx = d.alloc(kDisp, s.act(Re * H), s.ep ? "ep.dx" : "moe.dxs");  // (Re, H)
+  // Received rows (ep.dx) are dispatch; the local dispatch's rows are the token side (activations).
+  Id dx = d.alloc(s.ep ? kDisp : kAct, s.act(Re * H), s.ep ? "ep.dx" : "moe.dxs");  // (Re, H)
   d.free(dg);
   d.free(du);
   d.free(a.x_exp);
@@ -231,7 +232,7 @@ void moe_backward_standard(Step& s, MoeIds& a) {
     Id dx_send = d.alloc(kDisp, s.act(Re * H), "ep.dx_send");  // (R, H) source-major
     d.free(dx);
     d.free(a.unperm);
-    dxs = d.alloc(kDisp, s.act(s.m * H), "moe.dxs");
+    dxs = d.alloc(kAct, s.act(s.m * H), "moe.dxs");
     d.free(dx_send);
   }
   Id dh2 = d.alloc(kAct, s.act(N * H), "moe.dh2");

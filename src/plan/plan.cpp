@@ -102,17 +102,18 @@ void label(const Input& in, Result& r) {
     case Optim::Optim_auto: break;
   }
   f[static_cast<int>(kAct)] =
-      "replayed: inputs 3 N x 4 + dx N H a + one layer's recompute and backward (N x {H, Q, Kv}, Re x I); or the head";
+      "replayed: inputs 3 N x 4 + dx N H a + one layer's recompute and backward (N x {H, Q, Kv}, Re x I, the token "
+      "side N k x H: xs, ys, dys, dxs, with 2 x N k x 4 ids); or the head";
   f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco
                                    ? "2 x N x H x a (the last boundary and one restored; + boundaries beyond the host budget)"
                                    : "L x N x H x a";
   if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
-    f[static_cast<int>(kDisp)] = "2 x E_p x k x c_eff x H x a (a chunk's received rows and their outputs) + 2 x N k x 4 ids";
+    f[static_cast<int>(kDisp)] = "2 x E_p x k x c_eff x H x a (a chunk's received rows and their outputs)";
   else
-    f[static_cast<int>(kDisp)] = z.ep > 1 ? "2 x N k x 4 + 2 x R x 4 ids + 3 x R x H x a (in the recompute: the rows "
+    f[static_cast<int>(kDisp)] = z.ep > 1 ? "2 x R x 4 ids + 3 x R x H x a (in the recompute: the rows "
                                             "grouped by expert and two of y, y_send, dy_recv, dy), R = routes the "
                                             "hottest rank receives (>= N k)"
-                                          : "2 x N k x 4 ids + 3 x N k x H x a (xs, ys, dys in the recompute)";
+                                          : "0 (one rank receives nothing: its routed copies are activations)";
   f[static_cast<int>(kVocab)] = s.vocab == Vocab::Vocab_ring
                                     ? "strips x n_blk x V/P x l + 16 B x N (online m f32, z f64, y f32)"
                                     : "3 x N x V x l (logits, log-softmax, gradient)";

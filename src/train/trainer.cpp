@@ -211,6 +211,13 @@ int train_run(const TrainOptions& o) {
   if (const char* f = std::getenv("FLATPEAK_FAIL_RANK")) std::sscanf(f, "%d:%ld", &fail_rank, &fail_step);
   std::vector<uint8_t> answer_mask;
   std::vector<float> logits;
+  // Recall accuracy needs the logits (host copy, B x T x V). The full head has them anyway; Ring-DTP
+  // never forms them (that is its point), so with it the metric is left out rather than paying
+  // N x V bytes for a metric.
+  const bool want_logits = data.is_recall() && be->computes() &&
+                           cfg.schedules.vocab.kind == VocabSchedule::Kind::Kind_full;
+  if (lead && data.is_recall() && be->computes() && !want_logits)
+    log_info("recall accuracy is not reported with vocab.schedule = \"ring\": Ring-DTP forms no logits");
   int64_t done_here = 0;
   for (int64_t step = start + 1; step <= total; ++step) {
     FP_CHECK(!(comm.rank() == fail_rank && step == fail_step), "unset FLATPEAK_FAIL_RANK",
@@ -220,7 +227,7 @@ int train_run(const TrainOptions& o) {
     be->device_ledger().peaks_reset();
     const auto t0 = std::chrono::steady_clock::now();
     model.zero_grads();
-    StepOutputs out = model.forward_backward(batch, data.is_recall() && be->computes() ? &logits : nullptr);
+    StepOutputs out = model.forward_backward(batch, want_logits ? &logits : nullptr);
     if (be->computes() && !std::isfinite(out.loss))
       throw Error(fmt::format("the loss is {} at step {} (cross-entropy {}, aux {}); no update was applied", out.loss,
                               step, out.ce_loss, out.aux_loss),
@@ -241,7 +248,7 @@ int train_run(const TrainOptions& o) {
     j["tokens_per_s"] = tps;
     j["seconds"] = secs;
     double acc = std::nan("");
-    if (data.is_recall() && be->computes()) {
+    if (want_logits) {
       // This rank's answer positions, then the share over all ranks.
       std::vector<uint8_t> mask = answer_mask;
       if (comm.size() > 1) {

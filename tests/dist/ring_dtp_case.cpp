@@ -5,7 +5,8 @@
 //          (summed over ranks), every rank's d x_L rows, d model.norm (summed over ranks) and its
 //          vocabulary shard's rows of d lm_head within 1e-6 of the full head (relative to the
 //          tensor's largest element, element by element); lm_head's other rows untouched (bitwise);
-//          two runs bitwise equal. Cases: odd token counts, ranks with different counts, V not
+//          two runs bitwise equal; the vocab and comm peaks the planned working set, meta's
+//          allocations cpu's. Cases: odd token counts, ranks with different counts, V not
 //          divisible by W, the sub-block or the strip height, a shard with no id at all (V < W Vp),
 //          ignored targets (-100), a target in every shard.
 //   model: 10 AdamW steps of a small MoE model, ring (both modes) vs full on the same W ranks:
@@ -15,6 +16,7 @@
 // the verdicts is exchanged. Exits non-zero on the first failing check, naming it (rank, index,
 // expected, got).
 // Legend: W ranks, ns (W) tokens of each rank, N their sum, H hidden, V vocabulary.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -109,11 +111,15 @@ Inputs inputs_make(const Case& c, int world) {
 struct HeadOut {
   double loss_sum = 0;
   std::vector<float> dx, dnorm, dW;  // (n, H), (H), (V, H) the whole of lm_head's g
+  uint64_t vocab_peak = 0, comm_peak = 0;
+  std::vector<LedgerEvent> events;  // the device ledger's, from the head call
 };
 
-// One head call on tokens [t0, t0 + n) of the global batch, on comm's ranks.
-HeadOut head_run(const Case& c, const Inputs& in, Comm& comm, int64_t t0, int64_t n, const VocabSchedule& v) {
-  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+// One head call on tokens [t0, t0 + n) of the global batch, on comm's ranks; on meta only the
+// allocations happen (nothing is read back).
+HeadOut head_run(const Case& c, const Inputs& in, Comm& comm, int64_t t0, int64_t n, const VocabSchedule& v,
+                 const char* device = "cpu") {
+  auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
   const ModelConfig cfg = head_config(c.H, c.V);
   ParamStore ps(cfg, *be);
   be->copy_from_host(ps.norm->w.data(), in.norm_w.data(), ps.norm->w.bytes());
@@ -130,8 +136,15 @@ HeadOut head_run(const Case& c, const Inputs& in, Comm& comm, int64_t t0, int64_
   be->copy_from_host(targets.data(), in.targets.data() + t0, targets.bytes());
   Tensor dx = be->alloc_f32(Category::Category_activations, {n, c.H}, "dx");
   HeadOut o;
+  be->device_ledger().peaks_reset();
+  const size_t first_event = be->device_ledger().events().size();
   o.loss_sum = head_forward_backward(s, v, ps, xL, targets, 1.0f / static_cast<float>(in.count), dx, nullptr, true)
                    .loss_sum;
+  o.vocab_peak = be->device_ledger().peak(Category::Category_vocab);
+  o.comm_peak = be->device_ledger().peak(Category::Category_comm);
+  const std::vector<LedgerEvent>& ev = be->device_ledger().events();
+  o.events.assign(ev.begin() + static_cast<std::ptrdiff_t>(first_event), ev.end());
+  if (!be->computes()) return o;
   o.dx.resize(n * c.H);
   o.dnorm.resize(c.H);
   o.dW.resize(c.V * c.H);
@@ -220,6 +233,22 @@ void head_case(Comm& comm, const Case& c) {
       if (std::memcmp(&o[0].loss_sum, &o[1].loss_sum, sizeof(double)) != 0 || !same_bits(o[0].dx, o[1].dx) ||
           !same_bits(o[0].dnorm, o[1].dnorm) || !same_bits(o[0].dW, o[1].dW))
         fail(comm, where + ": two runs differ");
+      if (W == 1) continue;
+      // The working set is what ring_dtp_working_set says, reserved from block_tokens, V / W, H and
+      // the token counts (sched/vocab/ring_dtp.h), and meta allocates exactly as cpu.
+      const RingDtpWorkingSet ws =
+          ring_dtp_working_set(v, ring_dtp_mode(v, *std::max_element(in.ns.begin(), in.ns.end()), c.V, W), r, in.ns,
+                               c.V, c.H, true);
+      if (o[0].vocab_peak != ws.vocab_bytes || o[0].comm_peak != ws.comm_bytes)
+        fail(comm, where + ": vocab / comm peaks " + std::to_string(o[0].vocab_peak) + " / " +
+                       std::to_string(o[0].comm_peak) + ", planned " + std::to_string(ws.vocab_bytes) + " / " +
+                       std::to_string(ws.comm_bytes));
+      const HeadOut meta = head_run(c, in, comm, t0, n, v, "meta");
+      bool same = meta.events.size() == o[0].events.size();
+      for (size_t i = 0; same && i < meta.events.size(); ++i)
+        same = meta.events[i].alloc == o[0].events[i].alloc && meta.events[i].tag == o[0].events[i].tag &&
+               meta.events[i].bytes == o[0].events[i].bytes && meta.events[i].category == o[0].events[i].category;
+      if (!same) fail(comm, where + ": meta allocates otherwise than cpu");
     }
   comm.all_reduce_max(&worst, 1, DType::DType_F64);
   if (r == 0 && g_failures == 0)

@@ -8,7 +8,6 @@ namespace fp {
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
-constexpr Category kDispatch = Category::Category_dispatch;
 }  // namespace
 
 ExpertWeights expert_weights(const LayerParams& lp, int64_t e) {
@@ -19,7 +18,8 @@ ExpertWeights expert_weights(const LayerParams& lp, int64_t e) {
 }
 
 Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
-                          std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name) {
+                          std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name,
+                          Category out_cat) {
   const ops::Kernels& K = be.kernels();
   const int64_t G = static_cast<int64_t>(w.size()), H = c.hidden_size, I = c.moe_intermediate_size;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
@@ -39,7 +39,7 @@ Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const Exp
     a.g.reset();
     a.u.reset();
   }
-  Tensor y = be.alloc_f32(kDispatch, {r, H}, y_name);  // (r, H)
+  Tensor y = be.alloc_f32(out_cat, {r, H}, y_name);  // (r, H)
   for (int64_t i = 0; i < G; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
@@ -50,7 +50,8 @@ Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const Exp
 }
 
 Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
-                           std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name) {
+                           std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name,
+                           Category out_cat) {
   const ops::Kernels& K = be.kernels();
   const int64_t G = static_cast<int64_t>(w.size()), H = c.hidden_size, I = c.moe_intermediate_size;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
@@ -76,7 +77,7 @@ Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const Ex
   a.u.reset();
 
   // gate_proj, up_proj
-  Tensor dx = be.alloc_f32(kDispatch, {r, H}, dx_name);  // (r, H)
+  Tensor dx = be.alloc_f32(out_cat, {r, H}, dx_name);  // (r, H)
   for (int64_t i = 0; i < G; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;

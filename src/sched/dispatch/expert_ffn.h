@@ -30,21 +30,25 @@ struct ExpertWeights {
 ExpertWeights expert_weights(const LayerParams& lp, int64_t e);
 
 struct ExpertActs {
-  Tensor x;          // (r, H) input rows, grouped (set by the caller; category dispatch)
+  Tensor x;          // (r, H) input rows, grouped (set by the caller: received rows in category dispatch,
+                     // or the rank's own routed copies xs in category activations for the local dispatch)
   Tensor g, u, act;  // (r, I) gate, up, silu(g) * u (category activations)
 };
 
-// In: a.x. Returns y (r, H) in category dispatch, named y_name. keep = false: a.x and every
+// In: a.x. Returns y (r, H) in category out_cat, named y_name: dispatch for received rows (sized by
+// the routes that land on the rank), activations where the rows are the rank's own routed copies (local). keep = false: a.x and every
 // intermediate are freed as soon as consumed (a is empty on return); keep = true: a.x, a.g, a.u,
 // a.act stay for expert_ffn_backward. Allocation order (the ledger's timeline; W = 1 is the model's
 // plain single-rank sequence): g, u, act, [free x, g, u], y, [free act].
 Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
-                          std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name);
+                          std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name,
+                          Category out_cat);
 
 // In: dy (r, H) (freed here once consumed) and a as left by a forward with keep = true (freed here).
-// Returns dx (r, H) in category dispatch, named dx_name; accumulates each group's weight gradients
+// Returns dx (r, H) in category out_cat (as for expert_ffn_forward's y), named dx_name; accumulates each group's weight gradients
 // into w[i].d_*. Allocation order: dact, [free dy, act], dg, du, [free dact, g, u], dx, [free dg, du, x].
 Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
-                           std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name);
+                           std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name,
+                           Category out_cat);
 
 }  // namespace fp

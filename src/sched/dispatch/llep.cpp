@@ -14,6 +14,7 @@
 //                    standard.cpp); llep.recv freed
 //   FFN              g, u, act (R, I) activations, llep.y (R, H)
 //   llep.y_send (R, H) source-major; llep.back (m, H) all-to-all-v back; moe.ys (m, H) expert order
+//                    (activations, as moe.xs: the rank's own routes, the same in every variant)
 // Backward mirrors it; the guests' weight gradients (llep.guest_g (G, P), comm) start home during the
 // all-to-all of the input gradients and are added to the owners' gradients after it.
 #include "sched/dispatch/llep.h"
@@ -27,6 +28,7 @@ namespace fp {
 
 namespace {
 constexpr Category kDispatch = Category::Category_dispatch;
+constexpr Category kAct = Category::Category_activations;
 constexpr Category kComm = Category::Category_comm;
 }  // namespace
 
@@ -268,7 +270,7 @@ class LlepDispatch : public LlepDispatchBase {
     if (!keep) a->perm.reset();
 
     weights_fill(s, lp, *a);
-    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "llep.y");  // (R, H)
+    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "llep.y", kDispatch);  // (R, H)
     Tensor y_send = be.alloc_f32(kDispatch, {R, H}, "llep.y_send");  // (R, H) source-major
     K.moe_gather(y.f32(), a->unperm.i32(), y_send.f32(), R, H);
     y.reset();
@@ -280,7 +282,7 @@ class LlepDispatch : public LlepDispatchBase {
     s.comm.all_to_all_v(comm_ptr(be, y_send), a->recv_elems.data(), comm_ptr(be, back), a->send_elems.data(),
                         DType::DType_F32);
     y_send.reset();
-    Tensor ys = be.alloc_f32(kDispatch, {m, H}, "moe.ys");  // (m, H) expert order
+    Tensor ys = be.alloc_f32(kAct, {m, H}, "moe.ys");  // (m, H) expert order
     K.moe_gather(back.f32(), a->send_pos.i32(), ys.f32(), m, H);
     if (!keep) {
       a->send_rows.reset();
@@ -313,7 +315,7 @@ class LlepDispatch : public LlepDispatchBase {
 
     a->guests.grads_zero(s);
     weights_fill(s, lp, *a);
-    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "llep.dx");  // (R, H)
+    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "llep.dx", kDispatch);  // (R, H)
     a->guests.grads_start(s);  // overlaps the all-to-all of dx below
     Tensor dx_send = be.alloc_f32(kDispatch, {R, H}, "llep.dx_send");  // (R, H) source-major
     K.moe_gather(dx.f32(), a->unperm.i32(), dx_send.f32(), R, H);
@@ -325,7 +327,7 @@ class LlepDispatch : public LlepDispatchBase {
     dx_send.reset();
     a->guests.grads_finish(s, lp);
     a->guests.release();
-    Tensor dxs = be.alloc_f32(kDispatch, {m, H}, "moe.dxs");  // (m, H) expert order
+    Tensor dxs = be.alloc_f32(kAct, {m, H}, "moe.dxs");  // (m, H) expert order
     K.moe_gather(dback.f32(), a->send_pos.i32(), dxs.f32(), m, H);
     a->send_pos.reset();
     return dxs;

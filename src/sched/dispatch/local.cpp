@@ -1,6 +1,8 @@
 // The local dispatch (W = 1): every expert is on this rank, so the routed copies are already where
 // they are computed: the expert FFN runs on xs in expert order, with no comm and no copy. This is the
-// model's plain single-rank path; its allocation sequence is the planner's W = 1 replay.
+// model's plain single-rank path; its allocation sequence is the planner's W = 1 replay. Nothing is
+// received, so nothing here is in category dispatch: ys and dxs are the rank's own routed copies
+// (m = n k rows, fixed by the config), category activations like xs and dys.
 // Legend: m routed copies, H hidden, I expert width, E experts.
 #include "sched/dispatch/dispatch.h"
 #include "sched/dispatch/expert_ffn.h"
@@ -29,7 +31,8 @@ class LocalDispatch : public ExpertDispatch {
     }
     last_ = {0, xs.dim(0)};
     a->x = std::move(xs);
-    return expert_ffn_forward(s.be, s.cfg, weights_, offsets, *a, keep != nullptr, "moe.ys");
+    return expert_ffn_forward(s.be, s.cfg, weights_, offsets, *a, keep != nullptr, "moe.ys",
+                              Category::Category_activations);
   }
 
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
@@ -37,7 +40,8 @@ class LocalDispatch : public ExpertDispatch {
     auto* a = dynamic_cast<LocalActs*>(acts.get());
     FP_ASSERT(a != nullptr, "local dispatch backward needs the acts of a local forward with keep");
     weights_fill(lp, offsets);
-    return expert_ffn_backward(s.be, s.cfg, weights_, offsets, a->ffn, dys, "moe.dxs");
+    return expert_ffn_backward(s.be, s.cfg, weights_, offsets, a->ffn, dys, "moe.dxs",
+                               Category::Category_activations);
   }
 
  private:

@@ -18,7 +18,7 @@
 // The output is xs itself (each chunk's rows of xs are sent before its results overwrite them), so
 // the token side holds one (m, H) buffer. With keep, backward needs the rows again: when the MoE block
 // offers its normed tokens (s.moe_h2) they are gathered from there (pllep.tokens (m) i32: the token of
-// each chunk row), otherwise xs stays for backward and the output is a new moe.ys (m, H).
+// each chunk row), otherwise xs stays for backward and the output is a new moe.ys (m, H) (category activations, as xs).
 //
 // With keep (the forward before backward), each chunk's FFN intermediates g, u, act (r_i, I, category
 // activations) are kept, but not its received rows: Note [Why PipelinedLLEP sends the rows again].
@@ -48,6 +48,7 @@ namespace fp {
 namespace {
 
 constexpr Category kDispatch = Category::Category_dispatch;
+constexpr Category kAct = Category::Category_activations;
 
 // Host bookkeeping of one layer's chunks (built in forward, used again by backward).
 struct ChunkLayout {
@@ -107,7 +108,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       be.copy_from_host(a->tokens.data(), host_tokens_.data(), a->tokens.bytes());
     }
     Tensor out;  // (m, H) expert order
-    if (keep && !regather) out = be.alloc_f32(kDispatch, {m, H}, "moe.ys");
+    if (keep && !regather) out = be.alloc_f32(kAct, {m, H}, "moe.ys");
 
     a->guests.weights_start(s, lp, a->layer);  // overlaps the first chunk's all-to-all
     if (keep) a->ffn.resize(static_cast<size_t>(C.cp.K));
@@ -122,7 +123,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       send.reset();
       if (i == 0) a->guests.weights_wait(s);
       groups_fill(s, lp, *a, i);
-      Tensor y = expert_ffn_forward(be, s.cfg, weights_, offsets_, ffn, keep != nullptr, "pllep.y");  // (r_i, H)
+      Tensor y = expert_ffn_forward(be, s.cfg, weights_, offsets_, ffn, keep != nullptr, "pllep.y", kDispatch);  // (r_i, H)
       ffn.x.reset();  // sent again in backward (Note [Why PipelinedLLEP sends the rows again])
       Tensor back = be.alloc_f32(kDispatch, {mi, H}, "pllep.back");  // (m_i, H)
       exchange(s, y, back, C, i, true);
@@ -169,7 +170,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
         K.moe_gather(dys.f32(), rows_i, send.f32(), mi, H);
         exchange(s, send, dy, C, i, false);
       }
-      Tensor dx = expert_ffn_backward(be, s.cfg, weights_, offsets_, ffn, dy, "pllep.dx");  // (r_i, H)
+      Tensor dx = expert_ffn_backward(be, s.cfg, weights_, offsets_, ffn, dy, "pllep.dx", kDispatch);  // (r_i, H)
       Tensor back = be.alloc_f32(kDispatch, {mi, H}, "pllep.back");  // (m_i, H)
       exchange(s, dx, back, C, i, true);
       dx.reset();

@@ -10,9 +10,11 @@
 //   ep.perm, ep.unperm (R) i32, ep.x (R, H)   Note [Receive-side grouping]; ep.recv is freed
 //   FFN              g, u, act (R, I) activations, ep.y (R, H)
 //   ep.y_send (R, H) back in source-major order; ep.y freed
-//   moe.ys (m, H)    all-to-all-v back; ep.y_send freed
+//   moe.ys (m, H)    all-to-all-v back (activations: the rank's own routes, like xs); ep.y_send freed
 // Backward mirrors it: ep.dy_recv (R, H), ep.dy (R, H) grouped, the FFN backward (weight gradients of
-// the owned experts), ep.dx (R, H), ep.dx_send (R, H) source-major, moe.dxs (m, H).
+// the owned experts), ep.dx (R, H), ep.dx_send (R, H) source-major, moe.dxs (m, H) (activations).
+// Category dispatch holds exactly the R-sized buffers (what the rank receives: they grow with routing
+// skew); the m-sized token side (xs, ys, dys, dxs; m = n k is fixed by the config) is activations.
 //
 // Note [Receive-side grouping]: all-to-all-v packs what arrives by source, and within a source by
 // expert (the sender's expert order), so a local expert's rows lie in W separate blocks. The rows are
@@ -31,6 +33,7 @@ namespace fp {
 namespace {
 
 constexpr Category kDispatch = Category::Category_dispatch;
+constexpr Category kAct = Category::Category_activations;
 
 // Note [Empty buffers in a collective]: a zero-size tensor has a null data pointer, which the comm
 // reads as "meta: nothing moves in this call". On a computing backend a rank that receives no row may
@@ -83,13 +86,13 @@ class StandardDispatch : public ExpertDispatch {
     if (!keep) a->perm.reset();
 
     weights_fill(s, lp);
-    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "ep.y");  // (R, H)
+    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "ep.y", kDispatch);  // (R, H)
     Tensor y_send = be.alloc_f32(kDispatch, {R, H}, "ep.y_send");  // (R, H) source-major
     K.moe_gather(y.f32(), a->unperm.i32(), y_send.f32(), R, H);
     y.reset();
     if (!keep) a->unperm.reset();
 
-    Tensor ys = be.alloc_f32(kDispatch, {m, H}, "moe.ys");  // (m, H) expert order, this rank's routes
+    Tensor ys = be.alloc_f32(kAct, {m, H}, "moe.ys");  // (m, H) expert order, this rank's routes
     s.comm.all_to_all_v(comm_ptr(be, y_send), a->recv_elems.data(), comm_ptr(be, ys), a->send_elems.data(),
                         DType::DType_F32);
     return ys;
@@ -113,13 +116,13 @@ class StandardDispatch : public ExpertDispatch {
     a->perm.reset();
 
     weights_fill(s, lp);
-    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "ep.dx");  // (R, H)
+    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "ep.dx", kDispatch);  // (R, H)
     Tensor dx_send = be.alloc_f32(kDispatch, {R, H}, "ep.dx_send");  // (R, H) source-major
     K.moe_gather(dx.f32(), a->unperm.i32(), dx_send.f32(), R, H);
     dx.reset();
     a->unperm.reset();
 
-    Tensor dxs = be.alloc_f32(kDispatch, {m, H}, "moe.dxs");  // (m, H) expert order
+    Tensor dxs = be.alloc_f32(kAct, {m, H}, "moe.dxs");  // (m, H) expert order
     s.comm.all_to_all_v(comm_ptr(be, dx_send), a->recv_elems.data(), comm_ptr(be, dxs), a->send_elems.data(),
                         DType::DType_F32);
     return dxs;
