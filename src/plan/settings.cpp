@@ -29,7 +29,8 @@ Enum enum_parse(std::string_view key, std::string_view v, const std::pair<std::s
   std::string names;
   for (const auto& [name, value] : table) {
     if (name == v) return value;
-    names += names.empty() ? std::string(name) : "|" + std::string(name);
+    if (!names.empty()) names += '|';
+    names += name;
   }
   throw Error(fmt::format("--schedule {}={}: not one of {}", key, v, names), kKeysHint);
 }

@@ -35,55 +35,14 @@
 #include "model/layout.h"
 #include "model/params.h"
 #include "sched/dispatch/dispatch.h"
+#include "moe_layer_case.h"
 
 using namespace fp;
+using namespace fp::dist_test;
 
 namespace {
 
-constexpr double kTol = 1e-6;
 constexpr Category kDispatch = Category::Category_dispatch;
-
-ModelConfig config_make() {
-  ModelConfig m;
-  // Odd sizes (no multiple of a SIMD width); 8 experts so that W = 1, 2, 4 all divide them.
-  m.hidden_size = 27, m.num_hidden_layers = 1, m.num_attention_heads = 3, m.num_key_value_heads = 1;
-  m.head_dim = 9, m.num_experts = 8, m.num_experts_per_tok = 2, m.moe_intermediate_size = 19;
-  m.vocab_size = 16, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
-  m.rms_norm_eps = 1e-6, m.seed = 5;
-  return m;
-}
-
-int64_t block_tokens(int b) { return 29 + 7 * b; }  // n_b: unequal, so sends and receives differ
-
-std::vector<float> random_vec(int64_t count, uint64_t seed, double scale) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<size_t>(count));
-  for (float& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
-
-std::vector<float> host_of(Backend& be, const Tensor& t) {
-  std::vector<float> h(static_cast<size_t>(t.numel()));
-  be.copy_to_host(h.data(), t.data(), t.bytes());
-  return h;
-}
-
-Tensor device_of(Backend& be, Category c, const Shape& shape, const std::vector<float>& h, const std::string& name) {
-  Tensor t = be.alloc_f32(c, shape, name);
-  if (be.computes()) be.copy_from_host(t.data(), h.data(), t.bytes());
-  return t;
-}
-
-// max |got - ref| / max |ref|; infinite when anything is not finite.
-double max_rel(const std::vector<float>& got, const std::vector<float>& ref) {
-  double diff = 0, mag = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    mag = std::max(mag, std::fabs(static_cast<double>(ref[i])));
-  }
-  return mag > 0 ? diff / mag : diff;
-}
 
 struct BlockResult {
   std::vector<float> x2, dx1;  // (n_b, H) x2 - x1 and dx1 - dx2: the block's part, residual removed
@@ -127,24 +86,6 @@ BlockResult block_run(Backend& be, Comm& comm, ExpertDispatch* dispatch, const M
   return r;
 }
 
-// Expert weights 10x the initial scale: the experts' part of x2 then is of the order of x1, so that
-// comparing x2 - x1 is not dominated by the rounding of the residual sum.
-void experts_scale(Backend& be, const LayerParams& lp, int64_t E) {
-  for (int64_t e = 0; e < E; ++e)
-    for (Param* p : {lp.gate_proj[e], lp.up_proj[e], lp.down_proj[e]})
-      be.kernels().scale_inplace(p->w.f32(), 10.0f, p->w.numel());
-}
-
-// Every gradient the MoE block writes, in a fixed order: name and host copy.
-std::vector<std::pair<std::string, std::vector<float>>> moe_grads(Backend& be, const LayerParams& lp, int64_t E) {
-  std::vector<std::pair<std::string, std::vector<float>>> g;
-  g.push_back({lp.gate->name, host_of(be, lp.gate->g)});
-  g.push_back({lp.post_attention_layernorm->name, host_of(be, lp.post_attention_layernorm->g)});
-  for (int64_t e = 0; e < E; ++e)
-    for (const Param* p : {lp.gate_proj[e], lp.up_proj[e], lp.down_proj[e]}) g.push_back({p->name, host_of(be, p->g)});
-  return g;
-}
-
 // Note [Standard dispatch peak]: with m = n k rows sent and R received, the dispatch category holds
 // only what the rank receives (the token side, m rows of xs, ys, dys, dxs and their ids, is category
 // activations), so one MoE block (checkpointed forward, forward keeping, backward) peaks at
@@ -153,20 +94,6 @@ std::vector<std::pair<std::string, std::vector<float>>> moe_grads(Backend& be, c
 // or plus the received output gradient and its grouped copy (backward); the received rows and their
 // grouped copy of the checkpointed forward are only 2R. perm and unperm live through both 3R moments.
 uint64_t standard_peak(int64_t R, int64_t H) { return static_cast<uint64_t>(8 * R + 4 * H * 3 * R); }
-
-// |got - ref| / |ref| (2-norms); infinite when anything is not finite. For weight gradients: sums over
-// up to W n k rows whose order differs from the reference's, so one element may carry a relative
-// rounding error several times larger than the tensor's.
-double norm_rel(const std::vector<float>& got, const std::vector<float>& ref) {
-  double diff = 0, mag = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) return INFINITY;
-    const double d = static_cast<double>(got[i]) - ref[i];
-    diff += d * d;
-    mag += static_cast<double>(ref[i]) * ref[i];
-  }
-  return mag > 0 ? std::sqrt(diff / mag) : std::sqrt(diff);
-}
 
 // Returns the number of failed checks on this rank.
 int profile_check(Comm& comm, const std::string& profile_str) {

@@ -35,67 +35,13 @@
 #include "model/params.h"
 #include "sched/dispatch/dispatch.h"
 #include "sched/dispatch/llep.h"
+#include "moe_layer_case.h"
 
 using namespace fp;
+using namespace fp::dist_test;
 
 namespace {
 
-constexpr double kTol = 1e-6;
-
-ModelConfig config_make(int64_t E = 8, int64_t H = 27) {
-  ModelConfig m;
-  // Odd sizes (no multiple of a SIMD width); 8 experts so that W = 1, 2, 4 all divide them.
-  m.hidden_size = H, m.num_hidden_layers = 1, m.num_attention_heads = 3, m.num_key_value_heads = 1;
-  m.head_dim = 9, m.num_experts = E, m.num_experts_per_tok = 2, m.moe_intermediate_size = 19;
-  m.vocab_size = 16, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
-  m.rms_norm_eps = 1e-6, m.seed = 5;
-  return m;
-}
-
-int64_t block_tokens(int b) { return 29 + 7 * b; }  // n_b: unequal, so sends, receives and chunks differ
-
-std::vector<float> random_vec(int64_t count, uint64_t seed, double scale) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<size_t>(count));
-  for (float& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
-
-std::vector<float> host_of(Backend& be, const Tensor& t) {
-  std::vector<float> h(static_cast<size_t>(t.numel()));
-  be.copy_to_host(h.data(), t.data(), t.bytes());
-  return h;
-}
-
-Tensor device_of(Backend& be, Category c, const Shape& shape, const std::vector<float>& h, const std::string& name) {
-  Tensor t = be.alloc_f32(c, shape, name);
-  be.copy_from_host(t.data(), h.data(), t.bytes());
-  return t;
-}
-
-// max |got - ref| / max |ref|; infinite when anything is not finite.
-double max_rel(const std::vector<float>& got, const std::vector<float>& ref) {
-  if (got.size() != ref.size()) return INFINITY;
-  double diff = 0, mag = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    mag = std::max(mag, std::fabs(static_cast<double>(ref[i])));
-  }
-  return mag > 0 ? diff / mag : diff;
-}
-
-// |got - ref| / |ref| (2-norms): weight gradients sum rows in another order than the reference.
-double norm_rel(const std::vector<float>& got, const std::vector<float>& ref) {
-  double diff = 0, mag = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) return INFINITY;
-    const double d = static_cast<double>(got[i]) - ref[i];
-    diff += d * d;
-    mag += static_cast<double>(ref[i]) * ref[i];
-  }
-  return mag > 0 ? std::sqrt(diff / mag) : std::sqrt(diff);
-}
 
 struct BlockResult {
   std::vector<float> x2, dx1;  // (n_b, H) x2 - x1 and dx1 - dx2
@@ -157,20 +103,6 @@ BlockResult block_run(Backend& be, Comm& comm, const DispatchFactory& make, cons
   if (be.device_ledger().dropped_events() > 0) r.chunk_side_peak = UINT64_MAX;  // cannot tell: fail loudly
   if (const LlepStats* st = llep_stats(*dispatch)) r.stats = *st;
   return r;
-}
-
-void experts_scale(Backend& be, const LayerParams& lp, int64_t E) {
-  for (int64_t e = 0; e < E; ++e)
-    for (Param* p : {lp.gate_proj[e], lp.up_proj[e], lp.down_proj[e]}) be.kernels().scale_inplace(p->w.f32(), 10.0f, p->w.numel());
-}
-
-std::vector<std::pair<std::string, std::vector<float>>> moe_grads(Backend& be, const LayerParams& lp, int64_t E) {
-  std::vector<std::pair<std::string, std::vector<float>>> g;
-  g.push_back({lp.gate->name, host_of(be, lp.gate->g)});
-  g.push_back({lp.post_attention_layernorm->name, host_of(be, lp.post_attention_layernorm->g)});
-  for (int64_t e = 0; e < E; ++e)
-    for (const Param* p : {lp.gate_proj[e], lp.up_proj[e], lp.down_proj[e]}) g.push_back({p->name, host_of(be, p->g)});
-  return g;
 }
 
 struct Variant {

@@ -1,76 +1,58 @@
-# Multi-process tests (ctest label mpi): mpirun -np 2 and 4, oversubscribed on 2 cores.
-if(FLATPEAK_HAVE_MPI)
-  add_executable(dist_case ${CMAKE_CURRENT_SOURCE_DIR}/dist/dist_case.cpp)
-  target_compile_options(dist_case PRIVATE ${FLATPEAK_WARNINGS})
-  target_link_libraries(dist_case PRIVATE flatpeak_engine)
-  foreach(case grads train ckpt failure)
-    add_test(NAME mpi_${case}
-             COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/dist/dist_check.py --bin-dir ${PROJECT_BINARY_DIR}
-                     --configs ${PROJECT_SOURCE_DIR}/configs ${case})
-    set_tests_properties(mpi_${case} PROPERTIES LABELS mpi TIMEOUT 900 RUN_SERIAL TRUE)
+# Multi-process tests (ctest label mpi): mpirun -np 2 and 4, oversubscribed on 2 cores, one thread per
+# rank. Every one runs alone (RUN_SERIAL): W ranks on 2 cores are already oversubscribed.
+if(NOT FLATPEAK_HAVE_MPI)
+  return()
+endif()
+set(FLATPEAK_MPI_ENV "OMP_NUM_THREADS=1;OMPI_MCA_btl_vader_single_copy_mechanism=none")
+
+# A C++ case run on 1, 2 and 4 ranks: tests <prefix>_w1, _w2, _w4 of the executable dist/<exe>.cpp.
+function(flatpeak_mpi_case exe prefix)
+  add_executable(${exe} ${CMAKE_CURRENT_SOURCE_DIR}/dist/${exe}.cpp)
+  target_compile_options(${exe} PRIVATE ${FLATPEAK_WARNINGS})
+  target_link_libraries(${exe} PRIVATE flatpeak_engine)
+  add_test(NAME ${prefix}_w1 COMMAND $<TARGET_FILE:${exe}>)
+  foreach(w 2 4)
+    add_test(NAME ${prefix}_w${w}
+             COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np ${w} $<TARGET_FILE:${exe}>)
   endforeach()
-endif()
+  set_tests_properties(${prefix}_w1 ${prefix}_w2 ${prefix}_w4 PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE
+                       ENVIRONMENT "${FLATPEAK_MPI_ENV}")
+endfunction()
+
+# A python driver (it calls mpirun itself): flatpeak_mpi_script(NAME SCRIPT TIMEOUT [ARGS...]).
+function(flatpeak_mpi_script name script timeout)
+  add_test(NAME ${name} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/dist/${script}
+                                --bin-dir ${PROJECT_BINARY_DIR} ${ARGN})
+  set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT ${timeout} RUN_SERIAL TRUE)
+endfunction()
+
+# The whole model on W ranks against one process (dist_case.cpp + dist_check.py): gradients, 10
+# training steps, checkpoints across W, a failing rank.
+add_executable(dist_case ${CMAKE_CURRENT_SOURCE_DIR}/dist/dist_case.cpp)
+target_compile_options(dist_case PRIVATE ${FLATPEAK_WARNINGS})
+target_link_libraries(dist_case PRIVATE flatpeak_engine)
+foreach(case grads train ckpt failure)
+  flatpeak_mpi_script(mpi_${case} dist_check.py 900 --configs ${PROJECT_SOURCE_DIR}/configs ${case})
+endforeach()
+
 # SCO on 2 ranks: bit-identical to device boundaries (issue 7).
-if(FLATPEAK_HAVE_MPI)
-  add_test(NAME mpi_sco
-           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/dist/sco_dist.py --bin-dir ${PROJECT_BINARY_DIR}
-                   --configs ${PROJECT_SOURCE_DIR}/configs)
-  set_tests_properties(mpi_sco PROPERTIES LABELS mpi TIMEOUT 600 RUN_SERIAL TRUE)
-endif()
+flatpeak_mpi_script(mpi_sco sco_dist.py 600 --configs ${PROJECT_SOURCE_DIR}/configs)
+
 # Standard expert parallelism at the dispatch level (ep_case.cpp): W ranks against the single-rank
 # computation of the same tokens, the dispatch peak against the receive counts, meta against cpu.
-if(FLATPEAK_HAVE_MPI)
-  add_executable(ep_case ${CMAKE_CURRENT_SOURCE_DIR}/dist/ep_case.cpp)
-  target_compile_options(ep_case PRIVATE ${FLATPEAK_WARNINGS})
-  target_link_libraries(ep_case PRIVATE flatpeak_engine)
-  add_test(NAME mpi_ep_dispatch_w1 COMMAND $<TARGET_FILE:ep_case>)
-  foreach(w 2 4)
-    add_test(NAME mpi_ep_dispatch_w${w}
-             COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np ${w} $<TARGET_FILE:ep_case>)
-  endforeach()
-  set_tests_properties(mpi_ep_dispatch_w1 mpi_ep_dispatch_w2 mpi_ep_dispatch_w4 PROPERTIES LABELS mpi TIMEOUT 300
-                       RUN_SERIAL TRUE ENVIRONMENT "OMP_NUM_THREADS=1;OMPI_MCA_btl_vader_single_copy_mechanism=none")
-endif()
+flatpeak_mpi_case(ep_case mpi_ep_dispatch)
+
 # Ring-DTP on W ranks (ring_dtp_case.cpp): the head against the full head of one process, both ring
 # modes and keep_strips off/on, and 10 training steps ring vs full.
-if(FLATPEAK_HAVE_MPI)
-  add_executable(ring_dtp_case ${CMAKE_CURRENT_SOURCE_DIR}/dist/ring_dtp_case.cpp)
-  target_compile_options(ring_dtp_case PRIVATE ${FLATPEAK_WARNINGS})
-  target_link_libraries(ring_dtp_case PRIVATE flatpeak_engine)
-  add_test(NAME mpi_ring_dtp_w1 COMMAND $<TARGET_FILE:ring_dtp_case>)
-  foreach(w 2 4)
-    add_test(NAME mpi_ring_dtp_w${w}
-             COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np ${w} $<TARGET_FILE:ring_dtp_case>)
-  endforeach()
-  set_tests_properties(mpi_ring_dtp_w1 mpi_ring_dtp_w2 mpi_ring_dtp_w4 PROPERTIES LABELS mpi TIMEOUT 300
-                       RUN_SERIAL TRUE ENVIRONMENT "OMP_NUM_THREADS=1;OMPI_MCA_btl_vader_single_copy_mechanism=none")
-endif()
+flatpeak_mpi_case(ring_dtp_case mpi_ring_dtp)
+
 # LLEP and PipelinedLLEP at the dispatch level (llep_case.cpp, issue 6): W ranks against one rank and
 # against standard expert parallelism, the pipelined chunk bound on the ledger, meta against cpu.
-if(FLATPEAK_HAVE_MPI)
-  add_executable(llep_case ${CMAKE_CURRENT_SOURCE_DIR}/dist/llep_case.cpp)
-  target_compile_options(llep_case PRIVATE ${FLATPEAK_WARNINGS})
-  target_link_libraries(llep_case PRIVATE flatpeak_engine)
-  add_test(NAME mpi_llep_dispatch_w1 COMMAND $<TARGET_FILE:llep_case>)
-  foreach(w 2 4)
-    add_test(NAME mpi_llep_dispatch_w${w}
-             COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np ${w} $<TARGET_FILE:llep_case>)
-  endforeach()
-  set_tests_properties(mpi_llep_dispatch_w1 mpi_llep_dispatch_w2 mpi_llep_dispatch_w4 PROPERTIES LABELS mpi
-                       TIMEOUT 300 RUN_SERIAL TRUE
-                       ENVIRONMENT "OMP_NUM_THREADS=1;OMPI_MCA_btl_vader_single_copy_mechanism=none")
-endif()
+flatpeak_mpi_case(llep_case mpi_llep_dispatch)
+
 # LLEP and PipelinedLLEP in whole-model training (llep_train.py, issue 6): 10 steps on 2 and 4 ranks
 # track the standard dispatch's losses within 1e-5.
-if(FLATPEAK_HAVE_MPI)
-  add_test(NAME mpi_llep_train
-           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/dist/llep_train.py --bin-dir ${PROJECT_BINARY_DIR}
-                   --configs ${PROJECT_SOURCE_DIR}/configs)
-  set_tests_properties(mpi_llep_train PROPERTIES LABELS mpi TIMEOUT 600 RUN_SERIAL TRUE)
-endif()
+flatpeak_mpi_script(mpi_llep_train llep_train.py 600 --configs ${PROJECT_SOURCE_DIR}/configs)
+
 # flatpeak bench dispatch on 2 ranks, cpu and meta (llep_bench.py, issue 6).
-if(FLATPEAK_HAVE_MPI)
-  add_test(NAME mpi_llep_bench COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/dist/llep_bench.py
-                                       --bin-dir ${PROJECT_BINARY_DIR})
-  set_tests_properties(mpi_llep_bench PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE)
-endif()
+flatpeak_mpi_script(mpi_llep_bench llep_bench.py 300)

@@ -252,8 +252,9 @@ TEST(AdamwUpdate, EveryPathMatchesReferenceAndScalarBits) {
   EXPECT_GE(tested, 2);  // scalar and SSE exist on every x86-64
   // The kernel runs the widest available path.
   EXPECT_TRUE(ops::cpu::adamw_path_available(ops::cpu::adamw_path_best()));
-  if (ops::cpu::adamw_path_available(AdamwPath::AdamwPath_avx2))
+  if (ops::cpu::adamw_path_available(AdamwPath::AdamwPath_avx2)) {
     EXPECT_EQ(ops::cpu::adamw_path_best(), AdamwPath::AdamwPath_avx2);
+  }
 }
 
 // Two steps worked by hand: lr 0.1, beta1 0.9, beta2 0.99, eps 1e-8, wd 0.01, grad_scale 2.

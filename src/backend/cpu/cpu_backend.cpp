@@ -20,14 +20,17 @@ void CpuBackend::copy_async(Stream& s, void* dst, const void* src, uint64_t byte
   }
   const auto link_time = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(static_cast<double>(bytes) / (link_gbps_ * 1e9)));
-  s.enqueue([dst, src, bytes, link_time, link_free] {
-    // The link is a clock per direction, touched only by its stream's worker. A copy that follows
-    // the previous one closely (within the sleep's usual overshoot) starts when the link became
-    // free, so a train of small copies is not slowed by one overshoot each; after a real gap the
-    // clock restarts now.
+  const Clock::time_point issued = Clock::now();
+  s.enqueue([dst, src, bytes, link_time, link_free, issued] {
+    // The link is a clock per direction, touched only by its stream's worker. A copy that was issued
+    // while the link was still busy and that follows the previous one closely (within the sleep's
+    // usual overshoot) starts when the link became free, so a train of small copies is not slowed by
+    // one overshoot each. A copy issued after the link fell idle, or reached after a real gap (say,
+    // waiting on an event), starts now: never before it existed.
     constexpr auto kBackToBack = std::chrono::microseconds(200);
     const Clock::time_point now = Clock::now();
-    const Clock::time_point start = now - *link_free < kBackToBack ? *link_free : now;
+    const bool queued = issued <= *link_free && now - *link_free < kBackToBack;
+    const Clock::time_point start = queued ? *link_free : now;
     std::memcpy(dst, src, bytes);
     // A memcpy slower than the link holds it for as long as the memcpy took.
     const Clock::time_point end = start + std::max(link_time, Clock::now() - now);
