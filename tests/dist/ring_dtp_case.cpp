@@ -34,34 +34,20 @@
 #include "sched/vocab/ring_dtp.h"
 #include "sched/vocab/vocab_head.h"
 
+#include "../common/vocab_head_case.h"
+
 using namespace fp;
 
 namespace {
+
+using head_test::head_config;
+using head_test::same_bits;
 
 int g_failures = 0;
 
 void fail(Comm& comm, const std::string& what) {
   std::fprintf(stderr, "FAILED [rank %d]: %s\n", comm.rank(), what.c_str());
   ++g_failures;
-}
-
-ModelConfig head_config(int64_t H, int64_t V) {
-  ModelConfig m;
-  m.hidden_size = H;
-  m.num_hidden_layers = 0;  // the head alone
-  m.num_attention_heads = 1;
-  m.num_key_value_heads = 1;
-  m.head_dim = 8;
-  m.num_experts = 1;
-  m.num_experts_per_tok = 1;
-  m.moe_intermediate_size = 8;
-  m.vocab_size = V;
-  m.rope_theta = 10000;
-  m.rms_norm_eps = 1e-6;
-  m.norm_topk_prob = true;
-  m.router_aux_loss_coef = 0;
-  m.seed = 3;
-  return m;
 }
 
 struct Case {
@@ -177,10 +163,6 @@ double max_abs(const std::vector<float>& v) {
   double m = 0;
   for (const float a : v) m = std::max(m, std::abs(static_cast<double>(a)));
   return m;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 void head_case(Comm& comm, const Case& c) {

@@ -21,28 +21,14 @@
 #include "sched/vocab/ring_dtp.h"
 #include "sched/vocab/vocab_head.h"
 
+#include "../common/vocab_head_case.h"
+
 namespace fp {
 
 namespace {
 
-ModelConfig head_config(int64_t H, int64_t V) {
-  ModelConfig m;
-  m.hidden_size = H;
-  m.num_hidden_layers = 0;  // the head alone: embedding, final norm, lm_head
-  m.num_attention_heads = 1;
-  m.num_key_value_heads = 1;
-  m.head_dim = 8;
-  m.num_experts = 1;
-  m.num_experts_per_tok = 1;
-  m.moe_intermediate_size = 8;
-  m.vocab_size = V;
-  m.rope_theta = 10000;
-  m.rms_norm_eps = 1e-6;
-  m.norm_topk_prob = true;
-  m.router_aux_loss_coef = 0;
-  m.seed = 3;
-  return m;
-}
+using head_test::head_config;
+using head_test::same_bits;
 
 void host_to(Backend& be, Tensor& t, const std::vector<float>& v) {
   ASSERT_EQ(static_cast<int64_t>(v.size()), t.numel());
@@ -137,10 +123,6 @@ HeadOut head_run(const HeadCase& c, VocabSchedule::Kind kind, bool want_logits =
                                            << " (tolerance " << tol << " = " << rel << " x max |expected|)";
   }
   return ::testing::AssertionSuccess();
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 const std::vector<HeadCase> kCases = {
