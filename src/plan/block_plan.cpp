@@ -2,10 +2,10 @@
 // allocation and free for free: model/attention_block.cpp with model/ring_attention.cpp,
 // model/moe_block.cpp, sched/vocab/head_full.cpp, sched/vocab/ring_dtp.cpp. A change in any of them
 // must be mirrored here; tests/model/test_plan_vs_meta.cpp fails otherwise and prints the first
-// event that differs (one rank, and rank r of W through a comm that moves nothing). Standard EP
-// (sched/dispatch/standard.cpp), FSDP units and Ring-DTP over P ranks (sched/vocab/ring_dtp_ring.cpp)
-// are validated at the engine's layout (cp = ep = fsdp = W); PipelinedLLEP is predicted from
-// DESIGN.md (Note [Which plans are validated] in plan.cpp).
+// event that differs (one rank, and every rank r of W). The expert dispatches (sched/dispatch:
+// standard.cpp, llep.cpp, pipelined_llep.cpp), FSDP units and Ring-DTP over P ranks
+// (sched/vocab/ring_dtp_ring.cpp) are validated at the engine's layout (cp = ep = fsdp = W; Note
+// [Which plans are validated] in plan.cpp).
 // Legend: see step_replay.h.
 #include <algorithm>
 
@@ -142,9 +142,128 @@ Id ep_forward_expert_side(Step& s, MoeIds& a, Id& xs, bool keep) {
   return y_send;
 }
 
-Id moe_forward_standard(Step& s, MoeIds& a, bool keep, Category out_cat) {
+// The local dispatch (sched/dispatch/local.cpp, one rank): the FFN runs on xs in place.
+Id local_forward(Step& s, MoeIds& a, Id xs, bool keep) {
   PeakReplay& d = s.d;
-  const int64_t N = s.N, H = s.H, I = s.I, Re = s.Re;
+  const int64_t H = s.H, I = s.I, Re = s.Re;
+  a.x_exp = xs;
+  a.g = d.alloc(kAct, s.act(Re * I), "moe.g");
+  a.u = d.alloc(kAct, s.act(Re * I), "moe.u");
+  a.act = d.alloc(kAct, s.act(Re * I), "moe.act");
+  if (!keep) {
+    d.free(a.x_exp);
+    d.free(a.g);
+    d.free(a.u);
+  }
+  Id ys = d.alloc(kAct, s.act(s.m * H), "moe.ys");  // (m, H)
+  if (!keep) d.free(a.act);
+  return ys;
+}
+
+// Standard EP (sched/dispatch/standard.cpp), also LLEP below lambda.
+Id standard_forward(Step& s, MoeIds& a, Id xs, bool keep) {
+  Id y_send = ep_forward_expert_side(s, a, xs, keep);
+  Id ys = s.d.alloc(kAct, s.act(s.m * s.H), "moe.ys");  // (m, H) back on the token side
+  s.d.free(y_send);
+  return ys;
+}
+
+// The bytes of G (or S) experts' packed weights (G, 3 I H) and gradients (GuestExperts in llep.h).
+uint64_t guest_weights(const Step& s, int64_t G) { return s.wt(G * 3 * s.I * s.H); }
+uint64_t guest_grads(const Step& s, int64_t G) { return s.gr(G * 3 * s.I * s.H); }
+
+// LLEP with its plan active (sched/dispatch/llep.cpp): R rows computed here under the plan.
+Id llep_forward(Step& s, MoeIds& a, Id xs, bool keep) {
+  PeakReplay& d = s.d;
+  const int64_t H = s.H, I = s.I, m = s.m, R = s.dc->rows;
+  a.guest_w = d.alloc(kComm, guest_weights(s, s.dc->guests), "llep.guest_w");     // (G, P)
+  Id w_out = d.alloc(kComm, guest_weights(s, s.dc->weights_out), "llep.w_out");  // (S, P)
+  a.idx_a = d.alloc(kDisp, s.i32(m), "llep.send_rows");  // (m)
+  a.idx_b = d.alloc(kDisp, s.i32(m), "llep.send_pos");   // (m)
+  Id send = d.alloc(kDisp, s.act(m * H), "llep.send");  // (m, H) by destination
+  d.free(xs);
+  Id recv = d.alloc(kDisp, s.act(R * H), "llep.recv");  // (R, H) source-major
+  d.free(send);
+  d.free(w_out);
+  a.perm = d.alloc(kDisp, s.i32(R), "llep.perm");
+  a.unperm = d.alloc(kDisp, s.i32(R), "llep.unperm");
+  a.x_exp = d.alloc(kDisp, s.act(R * H), "llep.x");  // (R, H) grouped by expert
+  d.free(recv);
+  if (!keep) d.free(a.perm);
+  a.g = d.alloc(kAct, s.act(R * I), "moe.g");
+  a.u = d.alloc(kAct, s.act(R * I), "moe.u");
+  a.act = d.alloc(kAct, s.act(R * I), "moe.act");
+  if (!keep) {
+    d.free(a.x_exp);
+    d.free(a.g);
+    d.free(a.u);
+  }
+  Id y = d.alloc(kDisp, s.act(R * H), "llep.y");
+  if (!keep) d.free(a.act);
+  Id y_send = d.alloc(kDisp, s.act(R * H), "llep.y_send");
+  d.free(y);
+  if (!keep) {
+    d.free(a.unperm);
+    d.free(a.guest_w);
+  }
+  Id back = d.alloc(kDisp, s.act(m * H), "llep.back");  // (m, H)
+  d.free(y_send);
+  Id ys = d.alloc(kAct, s.act(m * H), "moe.ys");
+  if (!keep) {
+    d.free(a.idx_a);
+    d.free(a.idx_b);
+  }
+  d.free(back);
+  return ys;
+}
+
+// PipelinedLLEP (sched/dispatch/pipelined_llep.cpp): LLEP's plan in K chunks; chunk i sends m_i rows
+// and receives r_i. The output is xs itself; with keep the chunk's FFN intermediates stay (its
+// received rows are sent again in backward), and the rows are gathered again from moe.h2 by token.
+Id pipelined_forward(Step& s, MoeIds& a, Id xs, bool keep) {
+  PeakReplay& d = s.d;
+  const int64_t H = s.H, I = s.I, m = s.m;
+  const DispatchCounts& dc = *s.dc;
+  a.idx_a = d.alloc(kDisp, s.i32(m), "pllep.rows");                // (m)
+  if (keep) a.idx_b = d.alloc(kDisp, s.i32(m), "pllep.tokens");    // (m)
+  a.guest_w = d.alloc(kComm, guest_weights(s, dc.guests), "llep.guest_w");     // (G, P)
+  Id w_out = d.alloc(kComm, guest_weights(s, dc.weights_out), "llep.w_out");  // (S, P)
+  for (int64_t i = 0; i < dc.K; ++i) {
+    const int64_t mi = dc.chunk_send[i], ri = dc.chunk_recv[i];
+    Id send = d.alloc(kDisp, s.act(mi * H), "pllep.send");  // (m_i, H)
+    Id recv = d.alloc(kDisp, s.act(ri * H), "pllep.recv");  // (r_i, H)
+    d.free(send);
+    if (i == 0) d.free(w_out);
+    Id g = d.alloc(kAct, s.act(ri * I), "moe.g");
+    Id u = d.alloc(kAct, s.act(ri * I), "moe.u");
+    Id act = d.alloc(kAct, s.act(ri * I), "moe.act");
+    if (!keep) {
+      d.free(recv);
+      d.free(g);
+      d.free(u);
+    }
+    Id y = d.alloc(kDisp, s.act(ri * H), "pllep.y");  // (r_i, H)
+    if (!keep) d.free(act);
+    d.free(recv);
+    Id back = d.alloc(kDisp, s.act(mi * H), "pllep.back");  // (m_i, H)
+    d.free(y);
+    d.free(back);
+    if (keep) {
+      a.cg.push_back(g);
+      a.cu.push_back(u);
+      a.cact.push_back(act);
+    }
+  }
+  if (!keep) {
+    d.free(a.guest_w);
+    d.free(a.idx_a);
+  }
+  return xs;
+}
+
+Id moe_forward(Step& s, MoeIds& a, bool keep, Category out_cat) {
+  PeakReplay& d = s.d;
+  const int64_t N = s.N, H = s.H;
   router_forward(s, a);
   Id xs = d.alloc(kAct, s.act(s.m * H), "moe.xs");  // (m, H) routed copies in expert order
   if (!keep) {
@@ -154,24 +273,15 @@ Id moe_forward_standard(Step& s, MoeIds& a, bool keep, Category out_cat) {
     d.free(a.topk_idx);
     d.free(a.rows);
   }
-  if (!s.ep) {
-    // The local dispatch (sched/dispatch/local.cpp): the FFN runs on xs in place.
-    a.x_exp = xs;
-    a.g = d.alloc(kAct, s.act(Re * I), "moe.g");
-    a.u = d.alloc(kAct, s.act(Re * I), "moe.u");
-    a.act = d.alloc(kAct, s.act(Re * I), "moe.act");
-    if (!keep) {
-      d.free(a.x_exp);
-      d.free(a.g);
-      d.free(a.u);
-    }
-    a.ys = d.alloc(kAct, s.act(s.m * H), "moe.ys");  // (m, H)
-    if (!keep) d.free(a.act);
-  } else {
-    Id y_send = ep_forward_expert_side(s, a, xs, keep);
-    a.ys = d.alloc(kAct, s.act(s.m * H), "moe.ys");  // (m, H) back on the token side
-    d.free(y_send);
-  }
+  // The engine's dispatch: local on one rank; LLEP below lambda is standard EP.
+  if (!s.ep)
+    a.ys = local_forward(s, a, xs, keep);
+  else if (s.sched.dispatch == Dispatch::Dispatch_pipelined_llep)
+    a.ys = pipelined_forward(s, a, xs, keep);
+  else if (s.sched.dispatch == Dispatch::Dispatch_llep && s.dc->llep_active)
+    a.ys = llep_forward(s, a, xs, keep);
+  else
+    a.ys = standard_forward(s, a, xs, keep);
   Id x2 = d.alloc(out_cat, s.act(N * H), out_cat == kCkpt ? "ckpt.layer" : "moe.x2");
   if (!keep) {
     d.free(a.ys);
@@ -181,7 +291,7 @@ Id moe_forward_standard(Step& s, MoeIds& a, bool keep, Category out_cat) {
   return x2;
 }
 
-// Router backward and post_attention_layernorm backward: the tail both dispatch variants share.
+// Router backward and post_attention_layernorm backward: the tail every dispatch variant shares.
 void moe_backward_tail(Step& s, MoeIds& a, Id& dw, Id& dh2) {
   PeakReplay& d = s.d;
   const int64_t N = s.N;
@@ -197,13 +307,28 @@ void moe_backward_tail(Step& s, MoeIds& a, Id& dw, Id& dh2) {
   d.free(dh2);
 }
 
-void moe_backward_standard(Step& s, MoeIds& a) {
+// sched/dispatch/expert_ffn.cpp: dy (r, H) -> dx (r, H) in dx_cat; frees dy, act, g, u and x.
+Id ffn_backward(Step& s, int64_t r, Id dy, Id x, Id g, Id u, Id act, Category dx_cat, const char* dx_tag) {
   PeakReplay& d = s.d;
-  const int64_t N = s.N, H = s.H, I = s.I, Re = s.Re;
-  Id dys = d.alloc(kAct, s.act(s.m * H), "moe.dys");  // (m, H)
-  Id dw = d.alloc(kAct, s.rt(N * s.k), "moe.dw");       // (N, k)
-  d.free(a.ys);
-  d.free(a.topk_w);
+  Id dact = d.alloc(kAct, s.act(r * s.I), "moe.dact");
+  d.free(dy);
+  d.free(act);
+  Id dg = d.alloc(kAct, s.act(r * s.I), "moe.dg");
+  Id du = d.alloc(kAct, s.act(r * s.I), "moe.du");
+  d.free(dact);
+  d.free(g);
+  d.free(u);
+  Id dx = d.alloc(dx_cat, s.act(r * s.H), dx_tag);
+  d.free(dg);
+  d.free(du);
+  d.free(x);
+  return dx;
+}
+
+// Standard EP (and LLEP below lambda) and the local dispatch: dys -> dxs (m, H).
+Id standard_backward(Step& s, MoeIds& a, Id dys) {
+  PeakReplay& d = s.d;
+  const int64_t H = s.H, Re = s.Re;
   Id dy = dys;  // (Re, H) what the FFN backward reads
   if (s.ep) {
     // sched/dispatch/standard.cpp: received source-major, regrouped like the forward's rows.
@@ -213,108 +338,93 @@ void moe_backward_standard(Step& s, MoeIds& a) {
     d.free(dy_recv);
     d.free(a.perm);
   }
-  // sched/dispatch/expert_ffn.cpp
-  Id dact = d.alloc(kAct, s.act(Re * I), "moe.dact");
-  d.free(dy);
-  d.free(a.act);
-  Id dg = d.alloc(kAct, s.act(Re * I), "moe.dg");
-  Id du = d.alloc(kAct, s.act(Re * I), "moe.du");
-  d.free(dact);
-  d.free(a.g);
-  d.free(a.u);
   // Received rows (ep.dx) are dispatch; the local dispatch's rows are the token side (activations).
-  Id dx = d.alloc(s.ep ? kDisp : kAct, s.act(Re * H), s.ep ? "ep.dx" : "moe.dxs");  // (Re, H)
-  d.free(dg);
-  d.free(du);
-  d.free(a.x_exp);
-  Id dxs = dx;  // (m, H) back in the token side's expert order
-  if (s.ep) {
-    Id dx_send = d.alloc(kDisp, s.act(Re * H), "ep.dx_send");  // (R, H) source-major
+  Id dx = ffn_backward(s, Re, dy, a.x_exp, a.g, a.u, a.act, s.ep ? kDisp : kAct, s.ep ? "ep.dx" : "moe.dxs");
+  if (!s.ep) return dx;  // (m, H) in the token side's expert order
+  Id dx_send = d.alloc(kDisp, s.act(Re * H), "ep.dx_send");  // (R, H) source-major
+  d.free(dx);
+  d.free(a.unperm);
+  Id dxs = d.alloc(kAct, s.act(s.m * H), "moe.dxs");
+  d.free(dx_send);
+  return dxs;
+}
+
+Id llep_backward(Step& s, MoeIds& a, Id dys) {
+  PeakReplay& d = s.d;
+  const int64_t H = s.H, m = s.m, R = s.dc->rows;
+  Id dsend = d.alloc(kDisp, s.act(m * H), "llep.dsend");  // (m, H) by destination
+  d.free(dys);
+  d.free(a.idx_a);
+  Id dy_recv = d.alloc(kDisp, s.act(R * H), "llep.dy_recv");  // (R, H) source-major
+  d.free(dsend);
+  Id dy = d.alloc(kDisp, s.act(R * H), "llep.dy");  // (R, H) grouped
+  d.free(dy_recv);
+  d.free(a.perm);
+  Id guest_g = d.alloc(kComm, guest_grads(s, s.dc->guests), "llep.guest_g");  // (G, P)
+  Id dx = ffn_backward(s, R, dy, a.x_exp, a.g, a.u, a.act, kDisp, "llep.dx");
+  Id g_in = d.alloc(kComm, guest_grads(s, s.dc->weights_out), "llep.g_in");  // (S, P)
+  Id dx_send = d.alloc(kDisp, s.act(R * H), "llep.dx_send");
+  d.free(dx);
+  d.free(a.unperm);
+  Id dback = d.alloc(kDisp, s.act(m * H), "llep.dback");
+  d.free(dx_send);
+  d.free(g_in);
+  d.free(guest_g);
+  d.free(a.guest_w);
+  Id dxs = d.alloc(kAct, s.act(m * H), "moe.dxs");
+  d.free(a.idx_b);
+  d.free(dback);
+  return dxs;
+}
+
+// PipelinedLLEP, chunk by chunk: the chunk's rows travel again (from moe.h2), its output gradients
+// travel, the FFN backward runs on the kept intermediates, the input gradients come back into dys.
+Id pipelined_backward(Step& s, MoeIds& a, Id dys) {
+  PeakReplay& d = s.d;
+  const int64_t H = s.H;
+  const DispatchCounts& dc = *s.dc;
+  Id guest_g = d.alloc(kComm, guest_grads(s, dc.guests), "llep.guest_g");  // (G, P)
+  for (int64_t i = 0; i < dc.K; ++i) {
+    const int64_t mi = dc.chunk_send[i], ri = dc.chunk_recv[i];
+    Id send_x = d.alloc(kDisp, s.act(mi * H), "pllep.send_x");  // (m_i, H)
+    Id recv_x = d.alloc(kDisp, s.act(ri * H), "pllep.recv_x");  // (r_i, H)
+    d.free(send_x);
+    Id dy = d.alloc(kDisp, s.act(ri * H), "pllep.dy");          // (r_i, H)
+    Id send_dy = d.alloc(kDisp, s.act(mi * H), "pllep.send_dy");
+    d.free(send_dy);
+    Id dx = ffn_backward(s, ri, dy, recv_x, a.cg[i], a.cu[i], a.cact[i], kDisp, "pllep.dx");
+    Id back = d.alloc(kDisp, s.act(mi * H), "pllep.back");  // (m_i, H)
     d.free(dx);
-    d.free(a.unperm);
-    dxs = d.alloc(kAct, s.act(s.m * H), "moe.dxs");
-    d.free(dx_send);
+    d.free(back);
   }
+  d.free(a.idx_b);
+  d.free(a.idx_a);
+  Id g_in = d.alloc(kComm, guest_grads(s, dc.weights_out), "llep.g_in");  // (S, P)
+  d.free(g_in);
+  d.free(guest_g);
+  d.free(a.guest_w);
+  return dys;  // now the input gradients
+}
+
+void moe_backward(Step& s, MoeIds& a) {
+  PeakReplay& d = s.d;
+  const int64_t N = s.N, H = s.H;
+  Id dys = d.alloc(kAct, s.act(s.m * H), "moe.dys");  // (m, H)
+  Id dw = d.alloc(kAct, s.rt(N * s.k), "moe.dw");       // (N, k)
+  d.free(a.ys);
+  d.free(a.topk_w);
+  Id dxs = kNone;
+  if (s.ep && s.sched.dispatch == Dispatch::Dispatch_pipelined_llep)
+    dxs = pipelined_backward(s, a, dys);
+  else if (s.ep && s.sched.dispatch == Dispatch::Dispatch_llep && s.dc->llep_active)
+    dxs = llep_backward(s, a, dys);
+  else
+    dxs = standard_backward(s, a, dys);
   Id dh2 = d.alloc(kAct, s.act(N * H), "moe.dh2");
   d.free(dxs);
   d.free(a.slot_pos);
   d.free(a.rows);
   moe_backward_tail(s, a, dw, dh2);
-}
-
-// Predicted (PipelinedLLEP, DESIGN.md): each source sends at most c_eff tokens per chunk, so an
-// expert side holds at most rows_chunk = E_p * k * c_eff rows per chunk, and a chunk's buffers are
-// released before the next chunk allocates: the received rows and their expert outputs,
-// dispatch <= 2 * E_p * k * c_eff * H * bytes. The backward recomputes the experts chunk by chunk,
-// so the layer keeps only the token side.
-void chunk_expert_forward(Step& s, bool for_backward) {
-  PeakReplay& d = s.d;
-  const int64_t H = s.H, I = s.I, rc = s.rows_chunk;
-  Id recv = d.alloc(kDisp, s.act(rc * H), "llep.recv");  // (rc, H)
-  Id g = d.alloc(kAct, s.act(rc * I), "llep.g");
-  Id u = d.alloc(kAct, s.act(rc * I), "llep.u");
-  Id act = d.alloc(kAct, s.act(rc * I), "llep.act");
-  if (!for_backward) {
-    d.free(g);
-    d.free(u);
-    Id ys = d.alloc(kDisp, s.act(rc * H), "llep.ys");  // (rc, H)
-    d.free(act);
-    d.free(recv);
-    d.free(ys);
-    return;
-  }
-  Id dys = d.alloc(kDisp, s.act(rc * H), "llep.dys");  // (rc, H) received output gradients
-  Id dact = d.alloc(kAct, s.act(rc * I), "llep.dact");
-  d.free(dys);
-  d.free(act);
-  Id dg = d.alloc(kAct, s.act(rc * I), "llep.dg");
-  Id du = d.alloc(kAct, s.act(rc * I), "llep.du");
-  d.free(dact);
-  d.free(g);
-  d.free(u);
-  Id dxs = d.alloc(kDisp, s.act(rc * H), "llep.dxs");  // (rc, H) input gradients going back
-  d.free(dg);
-  d.free(du);
-  d.free(recv);
-  d.free(dxs);
-}
-
-Id moe_forward_llep(Step& s, MoeIds& a, bool keep, Category out_cat) {
-  PeakReplay& d = s.d;
-  router_forward(s, a);
-  if (keep) return kNone;  // the backward recomputes chunk by chunk (no layer output needed)
-  Id x2 = d.alloc(out_cat, s.act(s.N * s.H), out_cat == kCkpt ? "ckpt.layer" : "moe.x2");
-  chunk_expert_forward(s, false);  // every chunk has the same bound: one replays the peak
-  d.free(a.h2);
-  d.free(a.rstd2);
-  d.free(a.probs);
-  d.free(a.topk_idx);
-  d.free(a.rows);
-  d.free(a.slot_pos);
-  d.free(a.topk_w);
-  return x2;
-}
-
-void moe_backward_llep(Step& s, MoeIds& a) {
-  PeakReplay& d = s.d;
-  Id dw = d.alloc(kAct, s.rt(s.N * s.k), "moe.dw");
-  Id dh2 = d.alloc(kAct, s.act(s.N * s.H), "moe.dh2");
-  chunk_expert_forward(s, true);
-  d.free(a.topk_w);
-  d.free(a.slot_pos);
-  d.free(a.rows);
-  moe_backward_tail(s, a, dw, dh2);
-}
-
-Id moe_forward(Step& s, MoeIds& a, bool keep, Category out_cat) {
-  return s.sched.dispatch == Dispatch::Dispatch_pipelined_llep ? moe_forward_llep(s, a, keep, out_cat)
-                                                               : moe_forward_standard(s, a, keep, out_cat);
-}
-void moe_backward(Step& s, MoeIds& a) {
-  if (s.sched.dispatch == Dispatch::Dispatch_pipelined_llep)
-    moe_backward_llep(s, a);
-  else
-    moe_backward_standard(s, a);
 }
 
 // ---- head (sched/vocab/head_full.cpp, sched/vocab/ring_dtp.cpp) ------------------------------------------

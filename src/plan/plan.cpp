@@ -31,7 +31,8 @@ struct Validated {
   bool context_parallel = true;  // model/ring_attention.cpp: K/V (and dK/dV) blocks in comm
   bool fsdp = true;              // model/params.cpp: row shards, gathered units, unsharded unit gradients
   bool expert_parallel = true;   // sched/dispatch/standard.cpp: all-to-all-v, receive-side grouping
-  bool pipelined_llep = false;   // sched/dispatch/pipelined_llep.cpp: not yet mirrored by the plan
+  bool llep = true;              // sched/dispatch/llep.cpp: the plan's rows, guest weights (every rank)
+  bool pipelined_llep = true;    // sched/dispatch/pipelined_llep.cpp: chunk by chunk (every rank)
   bool ring_one_rank = true;     // Ring-DTP with a replicated LM head (sched/vocab/ring_dtp.cpp)
   bool ring_p_ranks = true;      // Ring-DTP over P = W vocabulary shards (sched/vocab/ring_dtp_ring.cpp)
   bool sco = true;               // SCO (sched/ckpt/sco.cpp)
@@ -60,8 +61,10 @@ void label(const Input& in, Result& r) {
   if (z.ep > 1)
     predict(kValidated.expert_parallel, "ep > 1: expert parallel (all-to-all buffers, hottest rank)",
             {kParams, kGrads, kOpt, kDisp, kAct});
-  if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
-    predict(kValidated.pipelined_llep, "dispatch=pipelined_llep (PipelinedLLEP)", {kDisp, kAct});
+  if (z.ep > 1 && s.dispatch == Dispatch::Dispatch_llep)
+    predict(kValidated.llep, "dispatch=llep (LLEP)", {kDisp, kAct, kComm});
+  if (z.ep > 1 && s.dispatch == Dispatch::Dispatch_pipelined_llep)
+    predict(kValidated.pipelined_llep, "dispatch=pipelined_llep (PipelinedLLEP)", {kDisp, kAct, kComm});
   if (s.vocab == Vocab::Vocab_ring) {
     if (z.vocab_ring > 1)
       predict(kValidated.ring_p_ranks, "vocab=ring over P > 1 shards (Ring-DTP)", {kVocab, kAct, kWs, kComm});
@@ -107,18 +110,24 @@ void label(const Input& in, Result& r) {
   f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco
                                    ? "2 x N x H x a (the last boundary and one restored; + boundaries beyond the host budget)"
                                    : "L x N x H x a";
-  if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
-    f[static_cast<int>(kDisp)] = "2 x E_p x k x c_eff x H x a (a chunk's received rows and their outputs)";
+  if (z.ep <= 1)
+    f[static_cast<int>(kDisp)] = "0 (one rank receives nothing: its routed copies are activations)";
+  else if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
+    f[static_cast<int>(kDisp)] = "2 x N k x 4 ids + the chunk in flight: m_i x H x a sent, 2 x r_i x H x a received "
+                                 "and computed (r_i <= E_p x k x c_eff, whatever the routing)";
+  else if (s.dispatch == Dispatch::Dispatch_llep && z.llep_active)
+    f[static_cast<int>(kDisp)] = "2 x N k x 4 + 2 x R x 4 ids + 3 x R x H x a, R = the rows LLEP's plan gives "
+                                 "this rank (near the mean N k)";
   else
-    f[static_cast<int>(kDisp)] = z.ep > 1 ? "2 x R x 4 ids + 3 x R x H x a (in the recompute: the rows "
-                                            "grouped by expert and two of y, y_send, dy_recv, dy), R = routes the "
-                                            "hottest rank receives (>= N k)"
-                                          : "0 (one rank receives nothing: its routed copies are activations)";
+    f[static_cast<int>(kDisp)] = "2 x R x 4 ids + 3 x R x H x a (in the recompute: the rows grouped by expert and "
+                                 "two of y, y_send, dy_recv, dy), R = routes this rank's experts receive (>= N k "
+                                 "on the hottest)";
   f[static_cast<int>(kVocab)] = s.vocab == Vocab::Vocab_ring
                                     ? "strips x n_blk x V/P x l + 16 B x N (online m f32, z f64, y f32)"
                                     : "3 x N x V x l (logits, log-softmax, gradient)";
   f[static_cast<int>(kComm)] = z.cp > 1 ? "backward ring attention: 2 x (k, v) x N x Kv x a + 2 x (dk, dv) x N x Kv x 4"
-                                          " (+ Ring-DTP shards or activations in flight)"
+                                          " (+ Ring-DTP shards or activations in flight; + LLEP's guest expert weights "
+                                          "and gradients, (G + S) x 3 I H)"
                                         : "0";
   f[static_cast<int>(kWs)] = s.vocab == Vocab::Vocab_ring ? "4 + 4E + 8 (grad norm, aux-loss bias, f64 loss sum)"
                                                           : "4 (grad norm) + 4E (aux-loss bias) + 4N + 4 (token losses)";

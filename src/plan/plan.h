@@ -10,15 +10,15 @@
 //
 // How a plan is computed: Note [Why the planner replays instead of summing] (plan/replay.h); the
 // step's allocation sequence is in plan/step_plan.cpp. What is exact and what is predicted:
-//   exact      every schedule and layout the engine runs: one rank, and the hottest rank of the
-//              engine's W-rank layout (cp = ep = fsdp = W: ring attention, FSDP row shards with
-//              gathered units, standard expert parallelism, Ring-DTP over W shards), with the plain
-//              schedules and with Ring-DTP, SCO and the offload optimizers: the same allocation
+//   exact      every schedule and layout the engine runs: one rank, and the rank with the largest
+//              step peak of the engine's W-rank layout (cp = ep = fsdp = W: ring attention, FSDP row
+//              shards with gathered units, standard EP, LLEP and PipelinedLLEP with each rank's own
+//              rows and chunks, Ring-DTP over W shards), with the plain schedules and with Ring-DTP,
+//              SCO and the offload optimizers: the same allocation
 //              sequence as model.cpp, so with every dtype f32 the plan equals a `--device meta` run
 //              event for event, per category and in total (tests/model/test_plan_vs_meta.cpp). Other
 //              dtypes scale the bytes of the same sequence.
-//   predicted  other multi-rank layouts (cp < W, ep or fsdp != W), PipelinedLLEP and several live
-//              Ring-DTP strips: formulas from DESIGN.md, flagged per category (Result::validated, and
+//   predicted  other multi-rank layouts (cp < W, ep or fsdp != W) and several live Ring-DTP strips: formulas from DESIGN.md, flagged per category (Result::validated, and
 //              "predicted, not yet validated against meta" in the JSON; Note [Which plans are
 //              validated] in plan.cpp).
 #pragma once
@@ -50,7 +50,9 @@ struct Dtypes {
   DType router = DType::DType_F32;        // router logits, probabilities, top-k weights and their grads
 };
 
-enum class Dispatch { Dispatch_standard, Dispatch_pipelined_llep };
+// The expert dispatch of sched/dispatch with W > 1 ranks; one rank runs the local dispatch whatever
+// is named (the engine's: every expert is on the rank, nothing is sent).
+enum class Dispatch { Dispatch_standard, Dispatch_llep, Dispatch_pipelined_llep };
 enum class Vocab { Vocab_full, Vocab_ring };
 enum class Ckpt { Ckpt_device, Ckpt_sco };
 // auto: the baseline's rule, device when the whole step fits, otherwise the serial host offload.
@@ -70,8 +72,12 @@ struct Schedules {
   int64_t vocab_strips = 0;       // ring: strips (n_blk, V/P) live at once (0: 1, as the engine's one-rank head)
   std::string ring_mode = "auto"; // ring, P > 1: weights | activations | auto (activations when N <= V/P)
   bool keep_strips = false;       // ring, P > 1: keep the pass's strips for backward (vocab.keep_strips)
-  int64_t chunk_tokens = 1024;    // pipelined_llep: c, tokens per source per chunk (a proposal: not in the engine yet)
-  int64_t max_chunks = 128;       // pipelined_llep: K_max
+  int64_t chunk_tokens = 1024;    // pipelined_llep: c, tokens per source per chunk (pipelined.chunk_cap)
+  int64_t max_chunks = 128;       // pipelined_llep: K_max (pipelined.max_chunks)
+  bool strided = true;            // pipelined_llep: chunk membership strided | contiguous (pipelined.membership)
+  double lambda = 1.3;            // llep, pipelined_llep: plan when max/mean rank load >= lambda (llep.lambda)
+  double alpha = 1.0;             // llep, pipelined_llep: per-rank cap alpha x mean load (llep.alpha)
+  int64_t min_tokens_per_gemm = 1024;  // llep, pipelined_llep: smallest spilled piece (llep.min_tokens_per_gemm)
   int64_t bucket_params = 1 << 20;  // offload_stream: parameters per bucket (optim.bucket_params)
   int64_t slots = 2;                // offload_stream: staging slots (optim.slots)
   bool update_on_host = false;      // offload_stream: optim.update_on = "host" (default "device")
@@ -84,6 +90,8 @@ struct Layout {
   int64_t ep = 0;     // expert-parallel degree; 0: gcd(E, W)
   int64_t fsdp = 0;   // parameter-sharding degree; 0: W (the engine: cp = ep = fsdp = W; fsdp=1 ep=1 replicates)
   int64_t batch = 1;  // B, sequences per data-parallel group (W / cp groups)
+  int64_t rank = -1;  // the rank to describe; -1: the one with the largest step peak (ranks differ by
+                      // the rows their experts receive)
 };
 
 struct Settings {
@@ -101,10 +109,12 @@ void schedules_set_baseline(Schedules& s);
 void schedules_set_flatpeak(Schedules& s);
 
 // Applies one --schedule item: "baseline", "flatpeak", or key=value with keys
-//   dispatch=standard|pipelined_llep  vocab=full|ring  ckpt=device|sco
+//   vocab=full|ring  ckpt=device|sco
 //   optim=auto|device|offload_serial|offload_stream
-//   block_tokens= vocab_strips= ring_mode= keep_strips=true|false chunk_tokens= max_chunks= bucket_params= slots=
-//   update_on=device|host ckpt_host_budget=SIZE  cp= ep= batch= routing=balanced|hot:R:H
+//   dispatch=standard|llep|pipelined_llep
+//   block_tokens= vocab_strips= ring_mode= keep_strips=true|false chunk_tokens= (or chunk_cap=) max_chunks=
+//   membership=strided|contiguous lambda= alpha= min_tokens_per_gemm= bucket_params= slots=
+//   update_on=device|host ckpt_host_budget=SIZE  cp= ep= batch= rank= routing=balanced|hot:R:H
 //   dtype=D (all) dtype.weights= dtype.grads= dtype.activations= dtype.master= dtype.moments=
 //   dtype.logits= dtype.router=
 // Throws fp::Error naming the item.
@@ -133,9 +143,13 @@ struct Sizes {
   int64_t ranks = 1, cp = 1, ep = 1, fsdp = 1, dp = 1;
   int64_t tokens = 0;           // N, tokens per rank
   int64_t routes_sent = 0;      // m = N*k
-  int64_t routes_received = 0;  // R: the hottest rank's received routes (standard EP); m on one rank
-  int64_t chunks = 0;           // pipelined_llep: K
+  int64_t rank = 0;             // the rank described (W > 1: the largest step peak, or layout.rank)
+  int64_t routes_received = 0;  // R: the rows this rank's experts compute (every route it receives); m on one rank
+  bool llep_active = false;     // llep, pipelined_llep: LLEP's plan spilled (imbalance >= lambda)
+  int64_t guests = 0;           // llep, pipelined_llep: experts this rank computes without owning them
+  int64_t chunks = 0;           // pipelined_llep (W > 1): K
   int64_t chunk_tokens = 0;     // pipelined_llep: c_eff
+  int64_t chunk_recv_max = 0;   // pipelined_llep: the most rows this rank receives in one chunk (<= W k c_eff)
   int64_t vocab_ring = 1;       // ring: P, the LM head's vocabulary shards (= fsdp)
   std::string ring_mode;        // ring, P > 1: resolved "weights" | "activations"
   int64_t params_total = 0;     // P

@@ -1,5 +1,6 @@
 // --schedule items of flatpeak plan: schedule presets and key=value settings; context lengths.
 #include <charconv>
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -10,9 +11,11 @@ namespace fp::plan {
 namespace {
 
 constexpr const char* kKeysHint =
-    "items: baseline | flatpeak | dispatch=standard|pipelined_llep | vocab=full|ring | ckpt=device|sco | "
+    "items: baseline | flatpeak | dispatch=standard|llep|pipelined_llep | vocab=full|ring | ckpt=device|sco | "
     "optim=auto|device|offload_serial|offload_stream | block_tokens= vocab_strips= ring_mode= keep_strips= "
-    "chunk_tokens= max_chunks= bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | cp= ep= fsdp= batch= | routing=balanced|hot:R:H | "
+    "chunk_tokens= (chunk_cap=) max_chunks= membership=strided|contiguous lambda= alpha= min_tokens_per_gemm= "
+    "bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | cp= ep= fsdp= batch= rank= | "
+    "routing=balanced|hot:R:H | "
     "dtype=D | dtype.weights= dtype.grads= dtype.activations= dtype.master= dtype.moments= dtype.logits= "
     "dtype.router=";
 
@@ -20,6 +23,15 @@ int64_t int_parse(std::string_view key, std::string_view v, int64_t min) {
   int64_t out = 0;
   const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
   FP_CHECK(ec == std::errc() && p == v.data() + v.size(), kKeysHint, "--schedule {}={}: not an integer", key, v);
+  FP_CHECK(out >= min, kKeysHint, "--schedule {}={}: must be at least {}", key, v, min);
+  return out;
+}
+
+double double_parse(std::string_view key, std::string_view v, double min) {
+  double out = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  FP_CHECK(ec == std::errc() && p == v.data() + v.size() && std::isfinite(out), kKeysHint,
+           "--schedule {}={}: not a number", key, v);
   FP_CHECK(out >= min, kKeysHint, "--schedule {}={}: must be at least {}", key, v, min);
   return out;
 }
@@ -36,6 +48,7 @@ Enum enum_parse(std::string_view key, std::string_view v, const std::pair<std::s
 }
 
 constexpr std::pair<std::string_view, Dispatch> kDispatch[] = {{"standard", Dispatch::Dispatch_standard},
+                                                               {"llep", Dispatch::Dispatch_llep},
                                                                {"pipelined_llep", Dispatch::Dispatch_pipelined_llep}};
 constexpr std::pair<std::string_view, Vocab> kVocab[] = {{"full", Vocab::Vocab_full}, {"ring", Vocab::Vocab_ring}};
 constexpr std::pair<std::string_view, Ckpt> kCkpt[] = {{"device", Ckpt::Ckpt_device}, {"sco", Ckpt::Ckpt_sco}};
@@ -94,7 +107,16 @@ void settings_apply(Settings& s, std::string_view item) {
   } else if (key == "keep_strips") {
     FP_CHECK(v == "true" || v == "false", kKeysHint, "--schedule keep_strips={}: not one of true|false", v);
     sc.keep_strips = v == "true";
-  } else if (key == "chunk_tokens") sc.chunk_tokens = int_parse(key, v, 1);
+  } else if (key == "chunk_tokens" || key == "chunk_cap") sc.chunk_tokens = int_parse(key, v, 1);
+  else if (key == "membership") {
+    FP_CHECK(v == "strided" || v == "contiguous", kKeysHint, "--schedule membership={}: not one of strided|contiguous",
+             v);
+    sc.strided = v == "strided";
+  } else if (key == "lambda") sc.lambda = double_parse(key, v, 0.0);
+  else if (key == "alpha") {
+    sc.alpha = double_parse(key, v, 0.0);
+    FP_CHECK(sc.alpha > 0, kKeysHint, "--schedule alpha={}: must be positive", v);
+  } else if (key == "min_tokens_per_gemm") sc.min_tokens_per_gemm = int_parse(key, v, 1);
   else if (key == "max_chunks") sc.max_chunks = int_parse(key, v, 1);
   else if (key == "bucket_params") sc.bucket_params = int_parse(key, v, 1);
   else if (key == "slots") sc.slots = int_parse(key, v, 1);
@@ -107,6 +129,7 @@ void settings_apply(Settings& s, std::string_view item) {
   else if (key == "ep") s.layout.ep = int_parse(key, v, 1);
   else if (key == "fsdp") s.layout.fsdp = int_parse(key, v, 1);
   else if (key == "batch") s.layout.batch = int_parse(key, v, 1);
+  else if (key == "rank") s.layout.rank = int_parse(key, v, 0);
   else if (key == "routing") {
     s.routing = routing_profile_parse(std::string(v), "--schedule routing");
     FP_CHECK(s.routing.kind != RoutingProfile::Kind::Kind_router, "use routing=balanced or routing=hot:R:H",

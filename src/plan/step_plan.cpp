@@ -16,7 +16,6 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "plan/routing_counts.h"
 #include "plan/step_replay.h"
 
 namespace fp::plan {
@@ -120,18 +119,11 @@ std::vector<int64_t> param_sizes_local(const ModelConfig& c, int64_t fsdp, int64
   return v;
 }
 
-}  // namespace
-
-Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_replay, PeakReplay* host_replay) {
+// The sizes every rank shares (layout, tokens, parameters), checked.
+Sizes sizes_resolve(const Input& in) {
   const ModelConfig& c = in.model;
-  const Settings& set = in.settings;
-  model_config_validate(c, "plan");
-  FP_CHECK(in.context >= 1, "pass --context T with T >= 1", "context length {} is not positive", in.context);
-
-  Result r;
-  r.sched = sched;
-  Sizes& z = r.sizes;
-  const Layout& lay = set.layout;
+  const Layout& lay = in.settings.layout;
+  Sizes z;
   FP_CHECK(lay.ranks >= 1 && lay.batch >= 1, "ranks and batch are at least 1", "ranks {} batch {}", lay.ranks,
            lay.batch);
   z.ranks = lay.ranks;
@@ -153,11 +145,13 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
   z.params_total = c.param_count();
   const std::vector<int64_t> local_sizes = param_sizes_local(c, z.fsdp, z.ep);
   z.params_per_rank = std::accumulate(local_sizes.begin(), local_sizes.end(), int64_t{0});
+  return z;
+}
 
-  PeakReplay local_dev, local_host;
-  PeakReplay& dev = device_replay ? *device_replay : local_dev;
-  PeakReplay& host = host_replay ? *host_replay : local_host;
-  Step s(c, set, r.sched, dev, host);
+// The sizes of a Step (the model's dimensions, this rank's dispatch), and the layout fields that
+// depend on the schedules (Result::sizes).
+void step_setup(Step& s, Sizes& z, const DispatchCounts& dc) {
+  const ModelConfig& c = s.cfg;
   s.z = z;
   s.N = z.tokens;
   s.H = c.hidden_size;
@@ -173,24 +167,24 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
   s.m = s.N * s.k;
   s.fsdp = z.fsdp > 1;
   s.ep = z.ep > 1;
-  const int64_t H = s.H, L = s.L, N = s.N;
+  const int64_t H = s.H, N = s.N;
 
-  // Routes the hottest rank receives (standard EP); on one rank every route stays.
+  // This rank's dispatch sizes; on one rank every route stays (the local dispatch).
+  s.dc = &dc;
+  z.rank = dc.rank;
   z.routes_sent = s.m;
-  z.routes_received = z.ep > 1 ? routes_received_max(set.routing, N, s.k, s.E, z.ep) : s.m;
-  s.Re = s.ep ? z.routes_received : s.m;
-  if (r.sched.dispatch == Dispatch::Dispatch_pipelined_llep) {
-    FP_CHECK(r.sched.chunk_tokens >= 1 && r.sched.max_chunks >= 1, "chunk_tokens and max_chunks are >= 1",
-             "pipelined_llep chunk_tokens = {}, max_chunks = {}", r.sched.chunk_tokens, r.sched.max_chunks);
-    z.chunks = std::min(ceil_div(N, r.sched.chunk_tokens), r.sched.max_chunks);
-    z.chunk_tokens = ceil_div(N, z.chunks);
-    s.rows_chunk = z.ep * s.k * z.chunk_tokens;
-  }
-  if (r.sched.vocab == Vocab::Vocab_ring) {
+  z.routes_received = dc.rows;
+  s.Re = dc.rows;
+  z.llep_active = dc.llep_active;
+  z.guests = dc.guests;
+  z.chunks = dc.K;
+  z.chunk_tokens = dc.c_eff;
+  z.chunk_recv_max = dc.chunk_recv_max();
+  if (s.sched.vocab == Vocab::Vocab_ring) {
     z.vocab_ring = z.fsdp;  // the LM head's vocabulary shards: replicated parameters keep one ring of 1
     const int64_t Vp = ceil_div(s.V, z.vocab_ring);
-    z.ring_mode = r.sched.ring_mode == "auto" ? (N <= Vp ? "activations" : "weights") : r.sched.ring_mode;
-    FP_CHECK(r.sched.block_tokens >= 1, "vocab block_tokens is >= 1", "block_tokens = {}", r.sched.block_tokens);
+    z.ring_mode = s.sched.ring_mode == "auto" ? (N <= Vp ? "activations" : "weights") : s.sched.ring_mode;
+    FP_CHECK(s.sched.block_tokens >= 1, "vocab block_tokens is >= 1", "block_tokens = {}", s.sched.block_tokens);
   }
   // A gathered unit holds fsdp blocks of rows of each of its tensors (padding included).
   const int64_t F = z.fsdp;
@@ -199,6 +193,45 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
                                    rows_local(s.E, H, F));
   s.unit_params = dense_layer + (z.fsdp > z.ep ? (s.E / z.ep) * 3 * s.I * H : 0);
   s.z = z;
+}
+
+// Note [Choosing the rank to plan]
+// Ranks differ only inside their MoE blocks (what their experts receive), and every layer runs the
+// same blocks: a forward into a boundary, the last layer's forward, and the recompute with its
+// backward. So a rank's peaks are the larger of the step's peaks outside those blocks and, per
+// block kind, the most held at the start of one of its occurrences plus the block's own peak, which
+// is replayed alone per rank. Exact, and it costs one step replay plus three blocks per rank
+// instead of one step per rank (hundreds of ranks, thousands of chunk events per layer).
+struct BlockStarts {
+  bool seen = false;
+  uint64_t total = 0;    // the most held at the start of one occurrence
+  CategoryBytes cat{};   // the same per category
+};
+struct Probe {
+  std::array<BlockStarts, 3> start;  // 0: forward into a boundary, 1: last forward, 2: recompute + backward
+};
+
+void probe_mark(Probe& p, int kind, const PeakReplay& d) {
+  BlockStarts& b = p.start[kind];
+  b.seen = true;
+  b.total = std::max(b.total, d.total_current());
+  for (Category c : kAllCategories) b.cat[static_cast<int>(c)] = std::max(b.cat[static_cast<int>(c)], d.current(c));
+}
+
+// One rank's step: dc holds its dispatch sizes (ep > 1). With a probe the MoE blocks are left out
+// (their net effect, the layer output, stays) and the starts of their occurrences are recorded.
+Result replay_rank(const Input& in, const Schedules& sched, const Sizes& sizes, const DispatchCounts& dc,
+                   PeakReplay& dev, PeakReplay& host, Probe* probe = nullptr) {
+  const ModelConfig& c = in.model;
+  const Settings& set = in.settings;
+  Result r;
+  r.sched = sched;
+  r.sizes = sizes;
+  Sizes& z = r.sizes;
+  const std::vector<int64_t> local_sizes = param_sizes_local(c, z.fsdp, z.ep);
+  Step s(c, set, r.sched, dev, host);
+  step_setup(s, z, dc);
+  const int64_t H = s.H, L = s.L, N = s.N, F = z.fsdp;
 
   // ---- persistent: ParamStore (params, grads), then the optimizer (sched/optim/optimizer.cpp).
   const uint64_t wb = dtype_size(set.dtypes.weights), gb = dtype_size(set.dtypes.grads);
@@ -258,7 +291,12 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
     }
     const bool last = l + 1 == L;
     MoeIds moe;
-    x = moe_forward(s, moe, false, last ? kAct : kCkpt);
+    if (probe) {
+      probe_mark(*probe, last ? 1 : 0, dev);
+      x = dev.alloc(last ? kAct : kCkpt, s.act(N * H), "moe.x2");
+    } else {
+      x = moe_forward(s, moe, false, last ? kAct : kCkpt);
+    }
     dev.free(x1);
     dev.free(unit);
   }
@@ -286,9 +324,13 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
     AttnIds attn;
     MoeIds moe;
     Id x1 = attn_forward(s, attn, true);
-    Id x2 = moe_forward(s, moe, true, kAct);
-    dev.free(x2);
-    moe_backward(s, moe);
+    if (probe) {
+      probe_mark(*probe, 2, dev);
+    } else {
+      Id x2 = moe_forward(s, moe, true, kAct);
+      dev.free(x2);
+      moe_backward(s, moe);
+    }
     dev.free(x1);
     attn_backward(s, attn);
     dev.free(b.dev[l]);  // store->release(l)
@@ -321,6 +363,88 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
   r.fits_device = in.device_mem == kUnlimitedBytes || r.step_peak <= in.device_mem;
   r.fits_host = in.host_mem == kUnlimitedBytes || r.host_needed <= in.host_mem;
   return r;
+}
+
+DispatchKind dispatch_kind(Dispatch d) {
+  switch (d) {
+    case Dispatch::Dispatch_standard: return DispatchKind::DispatchKind_standard;
+    case Dispatch::Dispatch_llep: return DispatchKind::DispatchKind_llep;
+    case Dispatch::Dispatch_pipelined_llep: return DispatchKind::DispatchKind_pipelined_llep;
+  }
+  return DispatchKind::DispatchKind_standard;
+}
+
+}  // namespace
+
+// Ranks differ only by what their experts receive (the dispatch sizes): each distinct set of sizes
+// is replayed and the rank with the largest step peak is the plan, unless layout.rank names one.
+Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_replay, PeakReplay* host_replay) {
+  model_config_validate(in.model, "plan");
+  FP_CHECK(in.context >= 1, "pass --context T with T >= 1", "context length {} is not positive", in.context);
+  const Sizes z = sizes_resolve(in);
+  const ModelConfig& c = in.model;
+  if (sched.dispatch != Dispatch::Dispatch_standard)
+    FP_CHECK(sched.chunk_tokens >= 1 && sched.max_chunks >= 1 && sched.alpha > 0 && sched.min_tokens_per_gemm >= 1,
+             "chunk_tokens, max_chunks, min_tokens_per_gemm are >= 1 and alpha > 0",
+             "dispatch {}: chunk_tokens = {}, max_chunks = {}, alpha = {}, min_tokens_per_gemm = {}",
+             dispatch_name(sched.dispatch), sched.chunk_tokens, sched.max_chunks, sched.alpha,
+             sched.min_tokens_per_gemm);
+  const LlepParams llep{sched.lambda, sched.alpha, sched.min_tokens_per_gemm};
+  const ChunkSettings chunks{sched.chunk_tokens, sched.max_chunks, sched.strided};
+  const std::vector<DispatchCounts> all =
+      dispatch_counts(in.settings.routing, z.tokens, c.num_experts_per_tok, c.num_experts, z.ep,
+                      dispatch_kind(sched.dispatch), llep, chunks);
+  const int64_t want = in.settings.layout.rank;
+  FP_CHECK(want < z.ranks, "rank= names one of the W ranks (0 .. W-1)", "rank = {} with W = {}", want, z.ranks);
+  // Rank r holds the expert shard r mod ep (the engine: ep = W).
+  auto replay = [&](const DispatchCounts& dc, int64_t rank, PeakReplay* dev, PeakReplay* host) {
+    PeakReplay local_dev, local_host;
+    Result r = replay_rank(in, sched, z, dc, dev ? *dev : local_dev, host ? *host : local_host);
+    r.sizes.rank = rank;
+    return r;
+  };
+  if (want >= 0) return replay(all[static_cast<size_t>(want % z.ep)], want, device_replay, host_replay);
+  // The rank with the largest step peak; among equals, the largest sum of category peaks (the rank
+  // whose experts receive the most, when the step peak is elsewhere), then the lowest rank (Note
+  // [Choosing the rank to plan]).
+  size_t best = 0;
+  if (all.size() > 1) {
+    Probe probe;
+    PeakReplay out_dev, out_host;
+    const Result outside = replay_rank(in, sched, z, all[0], out_dev, out_host, &probe);
+    std::pair<uint64_t, uint64_t> best_key{0, 0};
+    for (size_t i = 0; i < all.size(); ++i) {
+      bool seen = false;
+      for (size_t j = 0; j < i && !seen; ++j) seen = all[j].same_sizes(all[i]);
+      if (seen) continue;
+      uint64_t total = outside.step_peak;
+      CategoryBytes cat = outside.peak;
+      for (int kind = 0; kind < 3; ++kind) {
+        const BlockStarts& b = probe.start[kind];
+        if (!b.seen) continue;
+        PeakReplay bd, bh;
+        Sizes zb = z;
+        Step sb(c, in.settings, sched, bd, bh);
+        step_setup(sb, zb, all[i]);
+        MoeIds moe;
+        if (kind < 2) {
+          moe_forward(sb, moe, false, kind == 0 ? kCkpt : kAct);
+        } else {
+          Id x2 = moe_forward(sb, moe, true, kAct);
+          bd.free(x2);
+          moe_backward(sb, moe);
+        }
+        total = std::max(total, b.total + bd.total_peak());
+        for (int ci = 0; ci < kNumCategories; ++ci) cat[ci] = std::max(cat[ci], b.cat[ci] + bd.peaks()[ci]);
+      }
+      const std::pair<uint64_t, uint64_t> key{total, std::accumulate(cat.begin(), cat.end(), uint64_t{0})};
+      if (i == 0 || key > best_key) {
+        best = i;
+        best_key = key;
+      }
+    }
+  }
+  return replay(all[best], static_cast<int64_t>(best), device_replay, host_replay);
 }
 
 }  // namespace fp::plan

@@ -6,6 +6,9 @@
 // width, V vocabulary, L layers.
 #pragma once
 
+#include <vector>
+
+#include "plan/dispatch_counts.h"
 #include "plan/plan.h"
 
 namespace fp::plan {
@@ -44,7 +47,7 @@ struct Step {
   int64_t N = 0, H = 0, Q = 0, Kv = 0, nh = 0, nkv = 0, E = 0, k = 0, I = 0, V = 0, L = 0, m = 0, Re = 0;
   bool fsdp = false;   // fsdp > 1: parameters sharded by rows, each unit gathered before use
   bool ep = false;     // ep > 1: experts spread over ranks, all-to-all send/receive buffers
-  int64_t rows_chunk = 0;  // pipelined_llep: rows an expert side holds per chunk (the launch bound)
+  const DispatchCounts* dc = nullptr;  // ep > 1: this rank's dispatch sizes (R, G, S, chunks)
   int64_t unit_params = 0; // fsdp > 1: parameters of one gathered layer unit
 
   // Bytes of n elements of each kind.
@@ -67,14 +70,18 @@ struct MoeIds {
   Id x_exp = kNone;  // (Re, H) rows in expert order on the expert side (moe.xs, or ep.x grouped)
   Id perm = kNone, unperm = kNone;  // (R) i32, standard EP's receive-side grouping
   Id g = kNone, u = kNone, act = kNone;  // (Re, I)
-  Id ys = kNone;     // (m, H) expert outputs back in the token side's expert order (moe.ys)
+  Id ys = kNone;     // (m, H) expert outputs back in the token side's expert order (moe.ys, or moe.xs)
+  // llep: send_rows, send_pos (m) i32; pipelined_llep: pllep.rows, pllep.tokens (m) i32; both: the
+  // guest experts' weights (G, 3 I H) and, per chunk, the kept FFN intermediates (r_i, I).
+  Id idx_a = kNone, idx_b = kNone, guest_w = kNone;
+  std::vector<Id> cg, cu, cact;
 };
 
 // model/attention_block.cpp: returns x1 (N, H); with keep, everything backward needs stays in a.
 Id attn_forward(Step& s, AttnIds& a, bool keep);
 void attn_backward(Step& s, AttnIds& a);
-// model/moe_block.cpp with sched/dispatch/local.cpp (one rank) or standard.cpp (ep > 1), or PipelinedLLEP
-// (predicted): returns x2 (N, H) in out_cat.
+// model/moe_block.cpp with sched/dispatch/local.cpp (one rank), standard.cpp, llep.cpp or
+// pipelined_llep.cpp (ep > 1, sizes from s.dc): returns x2 (N, H) in out_cat.
 Id moe_forward(Step& s, MoeIds& a, bool keep, Category out_cat);
 void moe_backward(Step& s, MoeIds& a);
 // sched/vocab/head_full.cpp, and sched/vocab/ring_dtp.cpp with ring_dtp_ring.cpp (P = W ranks).

@@ -16,6 +16,7 @@
 #include "plan/routing_counts.h"
 #include "sched/optim/adamw.h"
 #include "sched/optim/optimizer.h"
+#include "../common/thread_world.h"
 
 namespace fp {
 
@@ -41,11 +42,18 @@ struct Sched {
   int64_t bucket_params = 1 << 20;     // offload_stream
   int64_t slots = 2;                   // offload_stream
   const char* update_on = "device";    // offload_stream
+  const char* dispatch = "standard";   // W > 1: standard | llep | pipelined_llep
+  double lambda = 1.3;                 // llep, pipelined_llep
+  int64_t min_tokens = 1024;           // llep, pipelined_llep: min_tokens_per_gemm
+  int64_t chunk_cap = 1024;            // pipelined_llep
+  int64_t max_chunks = 128;            // pipelined_llep
+  bool strided = true;                 // pipelined_llep
   std::string str() const {
     return fmt::format("vocab={} block_tokens={} ring_mode={} keep_strips={} ckpt={} host_budget={} host_mem={} "
-                       "optim={} bucket={} slots={} update_on={}",
+                       "optim={} bucket={} slots={} update_on={} dispatch={} lambda={} min_tokens={} chunk_cap={} "
+                       "max_chunks={} strided={}",
                        vocab, block_tokens, ring_mode, keep_strips, ckpt, host_budget, host_mem, optim, bucket_params,
-                       slots, update_on);
+                       slots, update_on, dispatch, lambda, min_tokens, chunk_cap, max_chunks, strided);
   }
 };
 
@@ -76,7 +84,10 @@ plan::Input case_input(const Case& c, const Sched& sc = {}) {
         fmt::format("ring_mode={}", sc.ring_mode), fmt::format("keep_strips={}", sc.keep_strips),
         fmt::format("ckpt={}", sc.ckpt), fmt::format("optim={}", sc.optim),
         fmt::format("bucket_params={}", sc.bucket_params), fmt::format("slots={}", sc.slots),
-        fmt::format("update_on={}", sc.update_on)})
+        fmt::format("update_on={}", sc.update_on), fmt::format("dispatch={}", sc.dispatch),
+        fmt::format("lambda={}", sc.lambda), fmt::format("min_tokens_per_gemm={}", sc.min_tokens),
+        fmt::format("chunk_cap={}", sc.chunk_cap), fmt::format("max_chunks={}", sc.max_chunks),
+        fmt::format("membership={}", sc.strided ? "strided" : "contiguous")})
     plan::settings_apply(in.settings, item);
   in.settings.sched.ckpt_host_budget = sc.host_budget;
   return in;
@@ -166,8 +177,8 @@ class MetaWorldComm final : public Comm {
   int world_, rank_;
 };
 
-// The rank the plan describes: the one that receives the most routes under standard EP (the plan
-// is the hottest rank's; the first of equals).
+// The rank the plan describes: the one that receives the most routes under standard EP (the first
+// of equals); its step peak is the largest, or equal to the largest with larger category peaks.
 int hottest_rank(const Case& c, int world) {
   if (world == 1) return 0;
   const int64_t N = c.B * c.T / world;
@@ -186,14 +197,8 @@ int hottest_rank(const Case& c, int world) {
   return best;
 }
 
-// One training step as the trainer runs it; compares its ledgers with the plan. world > 1: the
-// hottest rank of the engine's layout (context parallel over W, FSDP over W, experts E / W per rank,
-// the vocabulary ring over W), meta only.
-void check_case(const Case& c, const char* device, const Sched& sc = {}, int world = 1) {
-  const int rank = hottest_rank(c, world);
-  SCOPED_TRACE(fmt::format("{} on {}, {}, W = {}, rank {}", c.name, device, sc.str(), world, rank));
-  const ModelConfig m = case_config(c);
-  auto be = backend_create(device, kUnlimitedBytes, sc.host_mem);
+// The schedules of a Sched, as the engine names them.
+ModelSchedules model_schedules(const Sched& sc) {
   ModelSchedules ms;
   ms.vocab.kind = std::string(sc.vocab) == "ring" ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
   ms.vocab.block_tokens = sc.block_tokens;
@@ -201,29 +206,62 @@ void check_case(const Case& c, const char* device, const Sched& sc = {}, int wor
   ms.vocab.keep_strips = sc.keep_strips;
   ms.ckpt.kind = std::string(sc.ckpt) == "sco" ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device;
   ms.ckpt.host_budget = sc.host_budget;
-  MetaWorldComm comm(world, rank);
-  Model model(m, *be, routing_profile_parse(c.routing), ms, world > 1 ? &comm : nullptr);
+  DispatchSchedule& d = ms.dispatch;
+  const std::string dn = sc.dispatch;
+  d.kind = dn == "llep"             ? DispatchSchedule::Kind::Kind_llep
+           : dn == "pipelined_llep" ? DispatchSchedule::Kind::Kind_pipelined_llep
+                                    : DispatchSchedule::Kind::Kind_standard;
+  d.lambda = sc.lambda;
+  d.min_tokens_per_gemm = sc.min_tokens;
+  d.chunk_cap = sc.chunk_cap;
+  d.max_chunks = sc.max_chunks;
+  d.strided = sc.strided;
+  return ms;
+}
+
+// A step that has run, with its model and optimizer still alive (their state is on the ledgers).
+struct StepRun {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> opt;
+};
+
+// One training step as the trainer runs it, on rank comm->rank() of comm->size() (one rank when
+// comm is null): zero grads, forward_backward, the optimizer step.
+StepRun run_step(const Case& c, const char* device, const Sched& sc, Comm* comm) {
+  const ModelConfig m = case_config(c);
+  StepRun run;
+  run.be = backend_create(device, kUnlimitedBytes, sc.host_mem);
+  run.model = std::make_unique<Model>(m, *run.be, routing_profile_parse(c.routing), model_schedules(sc), comm);
+  Model& model = *run.model;
   model.init_weights(m.seed);
   OptimConfig oc;
   oc.schedule = sc.optim;
   oc.bucket_params = sc.bucket_params;
   oc.slots = sc.slots;
   oc.update_on = sc.update_on;
-  std::unique_ptr<Optimizer> opt = optimizer_create(oc, model.params(), *be);
+  run.opt = optimizer_create(oc, model.params(), *run.be);
   model.zero_grads();
   Batch batch = batch_random(c.B, c.T, c.V, 11);
-  if (world > 1) batch = context_slice(batch, rank, world);
+  if (comm != nullptr) batch = context_slice(batch, comm->rank(), comm->size());
   model.forward_backward(batch);
-  opt->step(1, 1);
-  const Ledger& led = be->device_ledger();
+  run.opt->step(1, 1);
+  return run;
+}
 
+// The plan of rank `rank` against the ledgers of that rank's backend. planner_picks: plan without
+// naming the rank, and expect the planner to pick this one.
+void compare(const Case& c, const Sched& sc, int world, int rank, Backend& be, bool planner_picks = false) {
+  const Ledger& led = be.device_ledger();
   plan::PeakReplay dev(/*record_events=*/true), host;
   plan::Input in = case_input(c, sc);
   in.settings.layout.ranks = world;
+  in.settings.layout.rank = planner_picks ? -1 : rank;
   for (const std::string& item : {fmt::format("cp={}", world), fmt::format("ep={}", world),
                                   fmt::format("fsdp={}", world)})
     plan::settings_apply(in.settings, item);
   const plan::Result r = plan::plan_step(in, &dev, &host);
+  EXPECT_EQ(r.sizes.rank, rank);
   bool all_equal = true;
   for (Category cat : kAllCategories) {
     EXPECT_EQ(r.peak[static_cast<int>(cat)], led.peak(cat)) << category_name(cat);
@@ -232,9 +270,9 @@ void check_case(const Case& c, const char* device, const Sched& sc = {}, int wor
   }
   EXPECT_EQ(r.step_peak, led.total_peak());
   all_equal = all_equal && r.step_peak == led.total_peak();
-  EXPECT_EQ(r.host_needed, be->host_ledger().total_peak());
+  EXPECT_EQ(r.host_needed, be.host_ledger().total_peak());
   for (Category cat : kAllCategories)
-    EXPECT_EQ(r.host_peak[static_cast<int>(cat)], be->host_ledger().peak(cat)) << "host " << category_name(cat);
+    EXPECT_EQ(r.host_peak[static_cast<int>(cat)], be.host_ledger().peak(cat)) << "host " << category_name(cat);
   EXPECT_TRUE(r.predicted.empty());
   if (world > 1) {
     EXPECT_GT(led.peak(Category::Category_comm), 0u);  // the ring's K/V blocks exist
@@ -242,6 +280,41 @@ void check_case(const Case& c, const char* device, const Sched& sc = {}, int wor
   if (!all_equal) ADD_FAILURE() << first_difference(led.events(), dev.events());
   EXPECT_EQ(first_difference(led.events(), dev.events()), "the sequences agree");
 }
+
+// One training step as the trainer runs it; compares its ledgers with the plan. world > 1: the
+// hottest rank of the engine's layout (context parallel over W, FSDP over W, experts E / W per rank,
+// the vocabulary ring over W), meta only.
+void check_case(const Case& c, const char* device, const Sched& sc = {}, int world = 1) {
+  const int rank = hottest_rank(c, world);
+  SCOPED_TRACE(fmt::format("{} on {}, {}, W = {}, rank {}", c.name, device, sc.str(), world, rank));
+  MetaWorldComm comm(world, rank);
+  StepRun run = run_step(c, device, sc, world > 1 ? &comm : nullptr);
+  compare(c, sc, world, rank, *run.be, /*planner_picks=*/true);
+}
+
+// Every rank of a W-rank world (threads joined by test::ThreadWorld, meta backends): each rank's
+// ledgers against the plan of that rank, and the planner's own pick is the rank whose step peak is
+// the largest. LLEP's plan sends a rank rows by their global position, so ranks differ; this world
+// moves the counts for real (MetaWorldComm's W identical ranks would not).
+void check_world(const Case& c, const Sched& sc, int world) {
+  SCOPED_TRACE(fmt::format("{} on meta, {}, W = {}, every rank", c.name, sc.str(), world));
+  std::vector<StepRun> runs(static_cast<size_t>(world));
+  test::ThreadWorld(world).run([&](Comm& comm) { runs[comm.rank()] = run_step(c, "meta", sc, &comm); });
+  // The rank with the largest step peak; among equals the largest sum of category peaks, then the first.
+  auto key = [&](int r) {
+    const Ledger& led = runs[r].be->device_ledger();
+    uint64_t sum = 0;
+    for (Category cat : kAllCategories) sum += led.peak(cat);
+    return std::pair<uint64_t, uint64_t>{led.total_peak(), sum};
+  };
+  int top = 0;
+  for (int r = 0; r < world; ++r) {
+    compare(c, sc, world, r, *runs[r].be);
+    if (key(r) > key(top)) top = r;
+  }
+  compare(c, sc, world, top, *runs[top].be, /*planner_picks=*/true);
+}
+
 
 // >= 20 configurations: layers, hidden, heads (MHA, GQA, MQA, head_dim != H / heads), experts,
 // top-k (1, k = E), expert width, vocabulary (small and larger than n), batch and context.
@@ -352,6 +425,49 @@ TEST(PlanVsMeta, ContextParallelRanksAreExact) {
           for (bool keep : {false, true})
             check_case(c, "meta", {.vocab = "ring", .block_tokens = 64, .ring_mode = mode, .keep_strips = keep}, world);
       }
+}
+
+// LLEP and PipelinedLLEP on W ranks: balanced routing (the plan stays inactive, standard EP's
+// rows) and hot profiles (the plan spills hot experts to other ranks with their weights), both chunk
+// memberships, chunk caps that leave short and empty chunks, a K_max that caps K, and the thread
+// world on the plain dispatch too.
+TEST(PlanVsMeta, ExpertDispatchOnEveryRankIsExact) {
+  const Case hot = {"hot_dispatch", 2, 32, 4, 2, 8, 16, 2, 24, 200, 1, 512, 0.01, "hot:0.9:2"};
+  const Case hot3 = {"hot_top3", 2, 40, 4, 1, 10, 8, 3, 16, 150, 2, 96, 0.01, "hot:0.7:3"};
+  const Case bal = {"balanced_dispatch", 2, 32, 4, 2, 8, 8, 2, 24, 128, 1, 256};
+  int checked = 0;
+  for (int world : {2, 4, 8})
+    for (const Case& c : {hot, hot3, bal}) {
+      if (c.T % (2 * world) != 0 || c.E % world != 0) continue;
+      check_world(c, {.dispatch = "standard"}, world);
+      check_world(c, {.dispatch = "llep", .min_tokens = 8}, world);
+      check_world(c, {.dispatch = "llep", .lambda = 1.0, .min_tokens = 1}, world);
+      for (bool strided : {true, false}) {
+        check_world(c, {.dispatch = "pipelined_llep", .min_tokens = 8, .chunk_cap = 16, .strided = strided}, world);
+        check_world(c, {.dispatch = "pipelined_llep", .min_tokens = 8, .chunk_cap = 7, .max_chunks = 3,
+                        .strided = strided}, world);
+      }
+      check_world(c, {.dispatch = "pipelined_llep", .chunk_cap = 100000}, world);  // one chunk
+      checked += 7;
+    }
+  EXPECT_GE(checked, 20);
+  // The cases reach what they are meant to: a spilling plan with guest experts, several chunks.
+  for (int world : {2, 4, 8}) {
+    plan::Input in = case_input(hot, {.dispatch = "pipelined_llep", .min_tokens = 8, .chunk_cap = 16});
+    in.settings.layout.ranks = world;
+    const plan::Result r = plan::plan_step(in);
+    EXPECT_TRUE(r.sizes.llep_active) << world;
+    EXPECT_GT(r.sizes.chunks, 1) << world;
+    int64_t guests = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      in.settings.layout.rank = rank;
+      guests += plan::plan_step(in).sizes.guests;
+    }
+    EXPECT_GT(guests, 0) << world;
+  }
+  // every flattened schedule composed, and a hot profile, on 4 ranks
+  check_world(hot, {.vocab = "ring", .block_tokens = 64, .ckpt = "sco", .optim = "offload_stream",
+                    .dispatch = "pipelined_llep", .min_tokens = 8, .chunk_cap = 32}, 4);
 }
 
 // bf16 plans scale the same sequence: a category made only of activation-dtype tensors halves.

@@ -11,7 +11,9 @@
 #include "plan/plan.h"
 #include "plan/plan_json.h"
 #include "plan/plot_svg.h"
+#include "plan/dispatch_counts.h"
 #include "plan/routing_counts.h"
+#include "sched/dispatch/chunk_plan.h"
 
 namespace fp::plan {
 
@@ -130,11 +132,84 @@ TEST(PlanRouting, HottestRankReceives) {
   EXPECT_THROW(routing_counts(RoutingProfile{}, 10, 2, 8), Error);
 }
 
+// dispatch_counts against a world routed token by token: every source assigns its tokens by the
+// profile, sends each copy where llep_route_dest puts it (the engine's per-copy mapping, not the
+// pieces dispatch_counts walks), in its token's chunk (chunk_send_counts); the receives are summed.
+TEST(PlanDispatchCounts, MatchAWorldRoutedTokenByToken) {
+  struct C {
+    const char* profile;
+    int64_t N, k, E, W, cap, kmax;
+    bool strided;
+    double lambda;
+  };
+  for (const C& c : {C{"hot:0.9:2", 300, 2, 8, 4, 32, 128, true, 1.3}, C{"hot:0.9:2", 300, 2, 8, 4, 32, 128, false, 1.3},
+                     C{"hot:0.6:3", 257, 3, 12, 3, 50, 4, true, 1.0}, C{"balanced", 100, 2, 8, 2, 7, 128, false, 1.3},
+                     C{"hot:1:2", 64, 2, 16, 8, 1000, 128, true, 1.3}}) {
+    SCOPED_TRACE(fmt::format("{} N {} k {} E {} W {} cap {}", c.profile, c.N, c.k, c.E, c.W, c.cap));
+    const RoutingProfile prof = routing_profile_parse(c.profile);
+    const LlepParams lp{c.lambda, 1.0, 16};
+    const std::vector<DispatchCounts> got = dispatch_counts(prof, c.N, c.k, c.E, c.W,
+                                                            DispatchKind::DispatchKind_pipelined_llep, lp,
+                                                            {c.cap, c.kmax, c.strided});
+    // the world: W sources with the same routing
+    std::vector<int32_t> topk(static_cast<size_t>(c.N * c.k));
+    routing_profile_assign(prof, c.N, c.k, c.E, topk.data());
+    std::vector<int64_t> counts(static_cast<size_t>(c.W * c.E), 0), load(static_cast<size_t>(c.E), 0);
+    for (int64_t s = 0; s < c.W; ++s)
+      for (int32_t e : topk) ++counts[s * c.E + e];
+    for (int64_t s = 0; s < c.W; ++s)
+      for (int64_t e = 0; e < c.E; ++e) load[e] += counts[s * c.E + e];
+    const LlepPlan plan = llep_plan_build(load.data(), c.E, c.W, lp);
+    const ChunkPlan cp = chunk_plan_build(c.N, c.cap, c.kmax,
+                                          c.strided ? ChunkMembership::ChunkMembership_strided
+                                                    : ChunkMembership::ChunkMembership_contiguous);
+    std::vector<int64_t> recv(static_cast<size_t>(c.W * cp.K), 0), send;
+    std::vector<int32_t> dest(topk.size());
+    for (int32_t s = 0; s < c.W; ++s) {
+      llep_route_dest(plan, counts.data(), s, topk.data(), c.N, c.k, dest.data());
+      chunk_send_counts(cp, dest.data(), c.k, c.W, send);  // (K, W)
+      for (int64_t i = 0; i < cp.K; ++i)
+        for (int64_t d = 0; d < c.W; ++d) recv[d * cp.K + i] += send[i * c.W + d];
+    }
+    ASSERT_EQ(static_cast<int64_t>(got.size()), c.W);
+    int64_t total = 0;
+    for (int64_t d = 0; d < c.W; ++d) {
+      const DispatchCounts& g = got[d];
+      EXPECT_EQ(g.K, cp.K);
+      EXPECT_EQ(g.llep_active, plan.active);
+      int64_t rows = 0;
+      for (int64_t i = 0; i < cp.K; ++i) {
+        EXPECT_EQ(g.chunk_recv[i], recv[d * cp.K + i]) << "rank " << d << " chunk " << i;
+        EXPECT_EQ(g.chunk_send[i], c.k * cp.tokens_in(i));
+        rows += recv[d * cp.K + i];
+      }
+      EXPECT_EQ(g.rows, rows);
+      EXPECT_EQ(g.rows, plan.rank_load[d]);
+      EXPECT_LE(g.chunk_recv_max(), chunk_recv_bound(c.W, c.k, cp.c_eff));
+      // guests: experts with an interval on d and another home; weights_out: their (expert, rank) pairs
+      int64_t guests = 0;
+      for (int64_t e = 0; e < c.E; ++e)
+        if (plan.home(e) != d)
+          for (int32_t r : plan.guests(e)) guests += r == d;
+      EXPECT_EQ(g.guests, guests);
+      int64_t out = 0;
+      for (int64_t e = 0; e < c.E; ++e)
+        if (plan.home(e) == d) out += static_cast<int64_t>(plan.guests(e).size());
+      EXPECT_EQ(g.weights_out, out);
+      total += g.rows;
+    }
+    EXPECT_EQ(total, c.W * c.N * c.k);
+  }
+  EXPECT_THROW(dispatch_counts(routing_profile_parse("balanced"), 10, 2, 6, 4, DispatchKind::DispatchKind_llep, {},
+                               {}),
+               Error);  // 4 ranks do not divide 6 experts
+}
+
 // One rank, plain schedules: the closed forms DESIGN.md and the Notes state.
 TEST(PlanOneRank, ClosedFormsOfThePlainSchedules) {
   const ModelConfig m = small_model();
   const int64_t T = 512, B = 2, N = T * B, H = m.hidden_size, L = m.num_hidden_layers, V = m.vocab_size,
-                E = m.num_experts, k = m.num_experts_per_tok, P = m.param_count();
+                E = m.num_experts, P = m.param_count();
   const Result r = plan_step(input(m, T, {"batch=2", "optim=device"}));  // bf16 weights, grads, activations
   EXPECT_EQ(r.sizes.tokens, N);
   EXPECT_EQ(at(r.peak, kParams), static_cast<uint64_t>(P) * 2);
@@ -250,16 +325,29 @@ TEST(PlanMultiRank, ShardsAndPredictions) {
   const Result hot = plan_step(in);
   EXPECT_GT(hot.sizes.routes_received, mr.sizes.routes_received);
   EXPECT_GT(at(hot.peak, kDisp), at(mr.peak, kDisp));
-  // PipelinedLLEP bounds dispatch whatever the skew: 2 x E_p x k x c_eff x H x a (the token side's ids
-  // are activations).
+  // PipelinedLLEP bounds what a rank holds of the dispatch at once, whatever the skew: the two (m) id
+  // vectors, a chunk's sends (<= k c_eff rows) and two of its received buffers (r_i <= W k c_eff).
+  const Result standard_hot = hot;
   settings_apply(in.settings, "dispatch=pipelined_llep");
   settings_apply(in.settings, "chunk_tokens=128");
   const Result llep = plan_step(in);
+  const uint64_t k = 2, c = 128, H = 64, ids = 2 * static_cast<uint64_t>(T / W) * k * 4;
   EXPECT_EQ(llep.sizes.chunk_tokens, 128);
   EXPECT_EQ(llep.sizes.chunks, T / W / 128);
-  EXPECT_EQ(at(llep.peak, kDisp), 2 * static_cast<uint64_t>(W * 2 * 128 * 64) * 2);
+  EXPECT_TRUE(llep.sizes.llep_active);  // hot:0.9:2 puts 90% of the load on rank 0's experts
+  EXPECT_LE(llep.sizes.chunk_recv_max, static_cast<int64_t>(W * k * c));
+  EXPECT_LE(at(llep.peak, kDisp), ids + (k * c + 2 * W * k * c) * H * 2);
+  EXPECT_LT(at(llep.peak, kDisp), at(standard_hot.peak, kDisp) / 4);
+  // balanced routing, contiguous chunks: every rank receives what it sends, a quarter of the bound per
+  // chunk. Strided chunks alias with the balanced profile when K = E (8 here): chunk i holds the
+  // tokens t = i mod 8, which all go to experts i and i + 1, so one rank receives the whole bound.
   settings_apply(in.settings, "routing=balanced");
-  EXPECT_EQ(at(plan_step(in).peak, kDisp), at(llep.peak, kDisp));
+  EXPECT_EQ(plan_step(in).sizes.chunk_recv_max, static_cast<int64_t>(W * k * c));
+  settings_apply(in.settings, "membership=contiguous");
+  const Result bal = plan_step(in);
+  EXPECT_FALSE(bal.sizes.llep_active);
+  EXPECT_EQ(bal.sizes.chunk_recv_max, static_cast<int64_t>(k * c));
+  EXPECT_EQ(at(bal.peak, kDisp), ids + 3 * k * c * H * 2);  // recv_x, dy and send_dy of one chunk
   // Errors: ep must divide E and W, cp must divide W.
   Input bad = input(m, T, {"ep=3"});
   bad.settings.layout.ranks = 6;
@@ -362,17 +450,22 @@ TEST(PlanReport, JsonAndTable) {
   in.settings.layout.ranks = 2;
   const Result r = plan_step(in);
   const nlohmann::ordered_json j = plan_json(m, in, r);
-  // flatpeak on 2 ranks: PipelinedLLEP is predicted, Ring-DTP over the 2 shards is validated
-  EXPECT_EQ(j["peaks"]["dispatch"]["status"], "predicted, not yet validated against meta");
+  // flatpeak on 2 ranks: PipelinedLLEP and Ring-DTP over the 2 shards are validated
+  EXPECT_EQ(j["peaks"]["dispatch"]["status"], "exact (validated against meta)");
   EXPECT_EQ(j["peaks"]["vocab"]["status"], "exact (validated against meta)");
   EXPECT_EQ(j["step_peak"].get<uint64_t>(), r.step_peak);
   EXPECT_EQ(j["layout"]["tokens_per_rank"], 2048);
   EXPECT_TRUE(j["device_mem"].is_null());
-  EXPECT_FALSE(j["predicted"].empty());
+  EXPECT_TRUE(j["predicted"].empty());
+  // several live strips are a proposal: predicted, and said so in the JSON and the table
+  settings_apply(in.settings, "vocab_strips=2");
+  const Result strips = plan_step(in);
+  EXPECT_EQ(plan_json(m, in, strips)["peaks"]["vocab"]["status"], "predicted, not yet validated against meta");
+  EXPECT_FALSE(plan_json(m, in, strips)["predicted"].empty());
   const Result one = plan_step(input(m.cfg, 512, {"optim=device"}));
   EXPECT_EQ(plan_json(m, input(m.cfg, 512, {"optim=device"}), one)["peaks"]["params"]["status"],
             "exact (validated against meta)");
-  const std::string t = plan_table(m, in, r);
+  const std::string t = plan_table(m, in, strips);
   EXPECT_NE(t.find("step peak"), std::string::npos);
   EXPECT_NE(t.find("predicted"), std::string::npos);
 }
