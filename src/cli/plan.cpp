@@ -97,8 +97,9 @@ void plan_register(CLI::App& parent, Runner& run) {
   sub->add_option("--device-mem", o.device_mem, "device memory per rank: 80GB, 141GB, 96GiB (default unlimited)");
   sub->add_option("--host-mem", o.host_mem, "host memory per rank for offloads (default unlimited)");
   sub->add_option("--schedule", o.schedule,
-                  "baseline (default) | flatpeak | key=value (dispatch= vocab= ckpt= optim= cp= ep= batch= "
-                  "routing= dtype= dtype.weights= ...; repeatable, applied in order)");
+                  "baseline (default) | flatpeak | key=value (dispatch=standard|llep|pipelined_llep vocab= ckpt= "
+                  "optim= cp= ep= batch= rank= routing= dtype= dtype.weights= ...; repeatable, applied in order; "
+                  "a wrong key lists them all)");
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
   sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");
 }

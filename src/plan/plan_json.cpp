@@ -22,9 +22,15 @@ nlohmann::ordered_json schedule_json(const Schedules& s) {
                               {"ckpt", ckpt_name(s.ckpt)},
                               {"optim", optim_name(s.optim)}};
   if (s.vocab == Vocab::Vocab_ring) j["block_tokens"] = s.block_tokens;
+  if (s.dispatch != Dispatch::Dispatch_standard) {
+    j["lambda"] = s.lambda;
+    j["alpha"] = s.alpha;
+    j["min_tokens_per_gemm"] = s.min_tokens_per_gemm;
+  }
   if (s.dispatch == Dispatch::Dispatch_pipelined_llep) {
     j["chunk_tokens"] = s.chunk_tokens;
     j["max_chunks"] = s.max_chunks;
+    j["membership"] = s.strided ? "strided" : "contiguous";
   }
   if (s.ckpt == Ckpt::Ckpt_sco) j["ckpt_host_budget"] = bytes_or_null(s.ckpt_host_budget);
   if (s.optim == Optim::Optim_offload_stream) {
@@ -74,9 +80,15 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
                  {"routing", in.settings.routing.str()},
                  {"routes_sent", z.routes_sent},
                  {"routes_received", z.routes_received}};
+  if (z.ranks > 1) j["layout"]["rank"] = z.rank;
+  if (z.ep > 1 && r.sched.dispatch != Dispatch::Dispatch_standard) {
+    j["layout"]["llep_active"] = z.llep_active;
+    j["layout"]["guest_experts"] = z.guests;
+  }
   if (z.chunks > 0) {
     j["layout"]["chunks"] = z.chunks;
     j["layout"]["chunk_tokens"] = z.chunk_tokens;
+    j["layout"]["chunk_recv_max"] = z.chunk_recv_max;
   }
   if (r.sched.vocab == Vocab::Vocab_ring) {
     j["layout"]["vocab_ring"] = z.vocab_ring;
@@ -144,6 +156,12 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
                      "routing {}\n",
                      context_format(in.context), in.context, in.settings.layout.batch, z.ranks, z.tokens, z.cp, z.ep,
                      z.dp, in.settings.routing.str());
+  if (z.ranks > 1)
+    out += fmt::format("rank {}{}: its experts compute {} routed rows{}\n", z.rank,
+                       in.settings.layout.rank < 0 ? " (the largest step peak)" : "", z.routes_received,
+                       z.chunks > 0 ? fmt::format(", at most {} per chunk ({} chunks of {} tokens per source)",
+                                                  z.chunk_recv_max, z.chunks, z.chunk_tokens)
+                                    : std::string());
   const Dtypes& d = in.settings.dtypes;
   out += fmt::format("dtypes: weights {}, grads {}, activations {}, master {}, moments {}, logits {}, router {}\n",
                      dtype_name(d.weights), dtype_name(d.grads), dtype_name(d.activations), dtype_name(d.master),
