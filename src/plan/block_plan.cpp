@@ -465,8 +465,8 @@ void head_full(Step& s) {
 // backward three dW partial sums (move weights), or the batch in use and the one arriving with its
 // targets and running state, and in backward three dX partial sums (move activations). Every rank
 // holds N tokens here, so n_max = N. keep_strips keeps the pass's strips instead of one: (N, V) when
-// the weights move, (P N, rows of this rank's shard) when the activations do: Vp rows, the most any
-// rank holds (the last ranks may hold fewer).
+// the weights move, (P N, rows of this rank's shard) when the activations do (the last ranks may
+// hold fewer than Vp rows).
 void head_ring(Step& s) {
   PeakReplay& d = s.d;
   const int64_t N = s.N, H = s.H, P = s.z.vocab_ring;
@@ -484,7 +484,8 @@ void head_ring(Step& s) {
   if (P > 1) dxn = d.alloc(kAct, s.act(N * H), "head.dxn");
   Id strip = kNone;
   if (P > 1 && s.sched.keep_strips)  // the whole pass: (N, V) (weights) or (P N, Vp) (activations)
-    strip = d.alloc(kVocab, s.z.ring_mode == "weights" ? s.lg(N * s.V) : s.lg(P * N * Vp), "ring.strips_kept");
+    strip = d.alloc(kVocab, s.z.ring_mode == "weights" ? s.lg(N * s.V) : s.lg(P * N * shard_rows(s.V, P, s.rank)),
+                    "ring.strips_kept");
   else
     strip = d.alloc(kVocab, static_cast<uint64_t>(strips) * s.lg(nb * Vp), "ring.strip");  // (n_blk, V/P)
   Id m = d.alloc(kVocab, s.f32(N), "ring.m");

@@ -150,7 +150,7 @@ Sizes sizes_resolve(const Input& in) {
 
 // The sizes of a Step (the model's dimensions, this rank's dispatch), and the layout fields that
 // depend on the schedules (Result::sizes).
-void step_setup(Step& s, Sizes& z, const DispatchCounts& dc) {
+void step_setup(Step& s, Sizes& z, const DispatchCounts& dc, int64_t rank) {
   const ModelConfig& c = s.cfg;
   s.z = z;
   s.N = z.tokens;
@@ -171,7 +171,8 @@ void step_setup(Step& s, Sizes& z, const DispatchCounts& dc) {
 
   // This rank's dispatch sizes; on one rank every route stays (the local dispatch).
   s.dc = &dc;
-  z.rank = dc.rank;
+  s.rank = rank;
+  z.rank = rank;
   z.routes_sent = s.m;
   z.routes_received = dc.rows;
   s.Re = dc.rows;
@@ -221,7 +222,7 @@ void probe_mark(Probe& p, int kind, const PeakReplay& d) {
 // One rank's step: dc holds its dispatch sizes (ep > 1). With a probe the MoE blocks are left out
 // (their net effect, the layer output, stays) and the starts of their occurrences are recorded.
 Result replay_rank(const Input& in, const Schedules& sched, const Sizes& sizes, const DispatchCounts& dc,
-                   PeakReplay& dev, PeakReplay& host, Probe* probe = nullptr) {
+                   int64_t rank, PeakReplay& dev, PeakReplay& host, Probe* probe = nullptr) {
   const ModelConfig& c = in.model;
   const Settings& set = in.settings;
   Result r;
@@ -230,7 +231,7 @@ Result replay_rank(const Input& in, const Schedules& sched, const Sizes& sizes, 
   Sizes& z = r.sizes;
   const std::vector<int64_t> local_sizes = param_sizes_local(c, z.fsdp, z.ep);
   Step s(c, set, r.sched, dev, host);
-  step_setup(s, z, dc);
+  step_setup(s, z, dc, rank);
   const int64_t H = s.H, L = s.L, N = s.N, F = z.fsdp;
 
   // ---- persistent: ParamStore (params, grads), then the optimizer (sched/optim/optimizer.cpp).
@@ -399,9 +400,7 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
   // Rank r holds the expert shard r mod ep (the engine: ep = W).
   auto replay = [&](const DispatchCounts& dc, int64_t rank, PeakReplay* dev, PeakReplay* host) {
     PeakReplay local_dev, local_host;
-    Result r = replay_rank(in, sched, z, dc, dev ? *dev : local_dev, host ? *host : local_host);
-    r.sizes.rank = rank;
-    return r;
+    return replay_rank(in, sched, z, dc, rank, dev ? *dev : local_dev, host ? *host : local_host);
   };
   if (want >= 0) return replay(all[static_cast<size_t>(want % z.ep)], want, device_replay, host_replay);
   // The rank with the largest step peak; among equals, the largest sum of category peaks (the rank
@@ -409,14 +408,36 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
   // [Choosing the rank to plan]).
   size_t best = 0;
   if (all.size() > 1) {
-    Probe probe;
-    PeakReplay out_dev, out_host;
-    const Result outside = replay_rank(in, sched, z, all[0], out_dev, out_host, &probe);
+    // The step outside the blocks, per size of the rank's vocabulary shard (the one other size that
+    // may differ between ranks: the last ranks' shorter shard, kept strips of Ring-DTP).
+    struct Outside {
+      int64_t vocab_rows;
+      Probe probe;
+      Result result;
+    };
+    std::vector<Outside> outsides;
+    outsides.reserve(all.size());  // references into it stay valid
+    auto outside_of = [&](int64_t rank) -> const Outside& {
+      const int64_t rows = shard_rows(c.vocab_size, z.fsdp, rank);
+      for (const Outside& o : outsides)
+        if (o.vocab_rows == rows) return o;
+      Outside o{rows, {}, {}};
+      PeakReplay od, oh;
+      o.result = replay_rank(in, sched, z, all[0], rank, od, oh, &o.probe);
+      outsides.push_back(std::move(o));
+      return outsides.back();
+    };
     std::pair<uint64_t, uint64_t> best_key{0, 0};
     for (size_t i = 0; i < all.size(); ++i) {
       bool seen = false;
-      for (size_t j = 0; j < i && !seen; ++j) seen = all[j].same_sizes(all[i]);
+      for (size_t j = 0; j < i && !seen; ++j)
+        seen = all[j].same_sizes(all[i]) &&
+               shard_rows(c.vocab_size, z.fsdp, static_cast<int64_t>(j)) ==
+                   shard_rows(c.vocab_size, z.fsdp, static_cast<int64_t>(i));
       if (seen) continue;
+      const Outside& out = outside_of(static_cast<int64_t>(i));
+      const Probe& probe = out.probe;
+      const Result& outside = out.result;
       uint64_t total = outside.step_peak;
       CategoryBytes cat = outside.peak;
       for (int kind = 0; kind < 3; ++kind) {
@@ -425,7 +446,7 @@ Result step_replay(const Input& in, const Schedules& sched, PeakReplay* device_r
         PeakReplay bd, bh;
         Sizes zb = z;
         Step sb(c, in.settings, sched, bd, bh);
-        step_setup(sb, zb, all[i]);
+        step_setup(sb, zb, all[i], static_cast<int64_t>(i));
         MoeIds moe;
         if (kind < 2) {
           moe_forward(sb, moe, false, kind == 0 ? kCkpt : kAct);

@@ -6,6 +6,7 @@
 // width, V vocabulary, L layers.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "plan/dispatch_counts.h"
@@ -33,6 +34,13 @@ inline constexpr Id kNone = PeakReplay::kNone;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Rows of rank r's shard of V rows over P ranks: ceil(V / P), fewer (or none) on the last ranks
+// (sched/vocab/ring_dtp.h, ring_dtp_shard).
+inline int64_t shard_rows(int64_t V, int64_t P, int64_t r) {
+  const int64_t Vp = ceil_div(V, P), v0 = std::min(V, (r % P) * Vp);
+  return std::min(Vp, V - v0);
+}
+
 
 // Shared by every phase of one plan.
 struct Step {
@@ -48,6 +56,7 @@ struct Step {
   bool fsdp = false;   // fsdp > 1: parameters sharded by rows, each unit gathered before use
   bool ep = false;     // ep > 1: experts spread over ranks, all-to-all send/receive buffers
   const DispatchCounts* dc = nullptr;  // ep > 1: this rank's dispatch sizes (R, G, S, chunks)
+  int64_t rank = 0;                    // the rank replayed (its vocabulary shard's rows, Ring-DTP)
   int64_t unit_params = 0; // fsdp > 1: parameters of one gathered layer unit
 
   // Bytes of n elements of each kind.

@@ -427,11 +427,12 @@ TEST(PlanVsMeta, ContextParallelRanksAreExact) {
       }
 }
 
-// LLEP and PipelinedLLEP on W ranks: balanced routing (the plan stays inactive, standard EP's
-// rows) and hot profiles (the plan spills hot experts to other ranks with their weights), both chunk
-// memberships, chunk caps that leave short and empty chunks, a K_max that caps K, and the thread
-// world on the plain dispatch too.
-TEST(PlanVsMeta, ExpertDispatchOnEveryRankIsExact) {
+// Every rank of a real W-rank world (check_world): LLEP and PipelinedLLEP under balanced routing (the
+// plan stays inactive, standard EP's rows) and hot profiles (the plan spills hot experts to other
+// ranks with their weights), both chunk memberships, chunk caps that leave short chunks, a K_max that
+// caps K, one chunk; standard EP; Ring-DTP in both modes with and without kept strips (the last
+// ranks' shorter vocabulary shard); everything composed.
+TEST(PlanVsMeta, EveryRankOfARealWorldIsExact) {
   const Case hot = {"hot_dispatch", 2, 32, 4, 2, 8, 16, 2, 24, 200, 1, 512, 0.01, "hot:0.9:2"};
   const Case hot3 = {"hot_top3", 2, 40, 4, 1, 10, 8, 3, 16, 150, 2, 96, 0.01, "hot:0.7:3"};
   const Case bal = {"balanced_dispatch", 2, 32, 4, 2, 8, 8, 2, 24, 128, 1, 256};
@@ -465,6 +466,16 @@ TEST(PlanVsMeta, ExpertDispatchOnEveryRankIsExact) {
     }
     EXPECT_GT(guests, 0) << world;
   }
+  // every rank of the plain layout and of Ring-DTP in both modes (the last ranks' shorter vocabulary
+  // shard included), on a model whose rows divide by no W
+  for (const Case& c : kMetaCases)
+    if (std::string(c.name) == "uneven_ranks")
+      for (int world : {2, 4, 8}) {
+        check_world(c, {}, world);
+        for (const char* mode : {"weights", "activations"})
+          for (bool keep : {false, true})
+            check_world(c, {.vocab = "ring", .block_tokens = 16, .ring_mode = mode, .keep_strips = keep}, world);
+      }
   // every flattened schedule composed, and a hot profile, on 4 ranks
   check_world(hot, {.vocab = "ring", .block_tokens = 64, .ckpt = "sco", .optim = "offload_stream",
                     .dispatch = "pipelined_llep", .min_tokens = 8, .chunk_cap = 32}, 4);

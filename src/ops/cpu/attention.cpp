@@ -28,7 +28,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -235,6 +237,13 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       }
     }
   }
+}
+
+bool attention_tile::tile_gemm_uses_avx2() {
+  const char* force = std::getenv("FLATPEAK_SIMD");
+  if (force != nullptr && std::string_view(force) == "baseline") return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
 }
 
 }  // namespace fp::ops::cpu

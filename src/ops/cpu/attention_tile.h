@@ -1,6 +1,7 @@
 // Tile helpers shared by the cpu attention kernels (ops/cpu/attention.cpp: the whole causal sequence;
 // ops/cpu/attention_block.cpp: one block of queries against one block of keys, by global positions).
-// Private to ops/cpu: nothing outside those two files includes it.
+// Private to ops/cpu: nothing outside those two files includes it (tests/ops/test_attention.cpp checks
+// its two tile_gemm copies against each other).
 // Dimensions: TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, hd head_dim, hdp = hd
 // rounded up to kNr (the padded row length of every scratch tile), nh query heads, T query tokens.
 //
@@ -28,28 +29,61 @@ static_assert(TQ % kMr == 0 && TK % kMr == 0 && TQ % kNr == 0 && TK % kNr == 0, 
 
 inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
 
+// Note [Attention tiles with AVX2]: the project builds for baseline x86-64 (SSE2), and these tile
+// products are most of the attention kernels' time. tile_gemm runs a copy of the same loop compiled
+// for AVX2 when the CPU has it (checked once at run time; FLATPEAK_SIMD=baseline forces the SSE2
+// copy): 8 columns are one ymm register instead of two xmm. FMA is deliberately not enabled: every
+// output element is the same sequence of separately rounded multiplies and adds in both copies, so
+// they agree bit for bit (a fused multiply-add rounds once and would move results by an ulp, e.g.
+// turn the exact zero gradient of a one-token sequence into 1e-8). Only this function is duplicated,
+// under its own name: compiling whole files twice with other flags would let the linker mix the
+// copies of shared inline code.
+#define FP_ATTENTION_TILE_GEMM_BODY                                                        \
+  for (int64_t i = 0; i < M; i += kMr) {                                                   \
+    for (int64_t j = 0; j < N; j += kNr) {                                                 \
+      float acc[kMr][kNr];                                                                 \
+      for (int64_t r = 0; r < kMr; ++r)                                                    \
+        for (int64_t c = 0; c < kNr; ++c) acc[r][c] = C[(i + r) * ldc + j + c];            \
+      for (int64_t kk = 0; kk < K; ++kk) {                                                 \
+        const float* b = B + kk * ldb + j; /* (kNr) */                                     \
+        for (int64_t r = 0; r < kMr; ++r) {                                                \
+          const float a = A[(i + r) * lda + kk];                                           \
+          /* Without the pragma g++ vectorises across r and keeps acc in memory (3x slower) */ \
+          _Pragma("omp simd") for (int64_t c = 0; c < kNr; ++c) acc[r][c] += a * b[c];     \
+        }                                                                                  \
+      }                                                                                    \
+      for (int64_t r = 0; r < kMr; ++r)                                                    \
+        for (int64_t c = 0; c < kNr; ++c) C[(i + r) * ldc + j + c] = acc[r][c];            \
+    }                                                                                      \
+  }
+
+inline void tile_gemm_baseline(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
+                               float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
+  FP_ATTENTION_TILE_GEMM_BODY
+}
+
+__attribute__((target("avx2"))) inline void tile_gemm_avx2(const float* __restrict A, int64_t lda,
+                                                               const float* __restrict B, int64_t ldb,
+                                                               float* __restrict C, int64_t ldc, int64_t M, int64_t N,
+                                                               int64_t K) {
+  FP_ATTENTION_TILE_GEMM_BODY
+}
+#undef FP_ATTENTION_TILE_GEMM_BODY
+
+// True when this CPU has AVX2 and FLATPEAK_SIMD is not "baseline" (Note [Attention tiles with AVX2]).
+bool tile_gemm_uses_avx2();
+// Which copy tile_gemm runs: decided once at start-up; a benchmark may switch it between runs (never
+// while a kernel runs).
+inline bool tile_gemm_avx2_enabled = tile_gemm_uses_avx2();
+
 // C (M, N) += A (M, K) B (K, N), all row-major with leading dimensions lda, ldb, ldc.
 // M % kMr == 0, N % kNr == 0 (Note [Tile products as register-blocked loops]).
 inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                       float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
-  for (int64_t i = 0; i < M; i += kMr) {
-    for (int64_t j = 0; j < N; j += kNr) {
-      float acc[kMr][kNr];
-      for (int64_t r = 0; r < kMr; ++r)
-        for (int64_t c = 0; c < kNr; ++c) acc[r][c] = C[(i + r) * ldc + j + c];
-      for (int64_t kk = 0; kk < K; ++kk) {
-        const float* b = B + kk * ldb + j;  // (kNr)
-        for (int64_t r = 0; r < kMr; ++r) {
-          const float a = A[(i + r) * lda + kk];
-          // Without the pragma g++ vectorises across r instead and keeps acc in memory (3x slower).
-#pragma omp simd
-          for (int64_t c = 0; c < kNr; ++c) acc[r][c] += a * b[c];
-        }
-      }
-      for (int64_t r = 0; r < kMr; ++r)
-        for (int64_t c = 0; c < kNr; ++c) C[(i + r) * ldc + j + c] = acc[r][c];
-    }
-  }
+  if (tile_gemm_avx2_enabled)
+    tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
+  else
+    tile_gemm_baseline(A, lda, B, ldb, C, ldc, M, N, K);
 }
 
 // dst (rows, hdp) = the n rows of src (stride apart, hd each), zero in columns >= hd and rows >= n.
