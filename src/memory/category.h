@@ -13,7 +13,8 @@ enum class Category : uint8_t {
   Category_grads,
   Category_optimizer,
   // Per-layer intermediates, including the MoE block's token side: this rank's own m = n k routed
-  // copies (moe.rows, moe.slot_pos, moe.xs, moe.ys, moe.dys, moe.dxs), sized by the config alone.
+  // copies (moe.rows, moe.slot_pos, moe.xs, moe.ys (which takes the output gradients in backward),
+  // moe.dxs), sized by the config alone.
   Category_activations,
   Category_checkpoints,
   // Expert dispatch: the buffers sized by the routes this rank receives from other ranks (received

@@ -106,13 +106,13 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, m = n * k;
+  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
 
-  // combine: x2 = x1 + sum_j w_j ys[slot_j]; the residual part stays in dx.
-  Tensor dys = be.alloc_f32(kAct, {m, H}, "moe.dys");
+  // combine: x2 = x1 + sum_j w_j ys[slot_j]; the residual part stays in dx. dys is formed in place in
+  // ys's buffer (each row's dw is read first): no second (m, H) buffer at the layer's peak.
   Tensor dw = be.alloc_f32(kAct, {n, k}, "moe.dw");
-  K.moe_combine_backward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), dx.f32(), dys.f32(), dw.f32(), n, k, H);
-  a.ys.reset();
+  K.moe_combine_backward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), dx.f32(), a.ys.f32(), dw.f32(), n, k, H);
+  Tensor dys = std::move(a.ys);  // (m, H) now d loss / d ys
   a.topk_w.reset();
 
   // The experts' backward, wherever they live: dys (m, H) -> dxs (m, H); owned experts' weight gradients.

@@ -14,7 +14,8 @@ void moe_gather(const float* x, const int32_t* rows, float* xs, int64_t m, int64
 void moe_combine_forward(const float* ys, const int32_t* slot_pos, const float* w, float* out, int64_t n, int64_t k,
                          int64_t H);
 // From dout (n, H): dys[slot_pos[t, j]] = w[t, j] * dout[t] (every row of dys (m, H) written),
-// dw[t, j] = dot(dout[t], ys[slot_pos[t, j]]) (dw (n, k) overwritten).
+// dw[t, j] = dot(dout[t], ys[slot_pos[t, j]]) (dw (n, k) overwritten). dys may be ys: in place, each
+// row's dw is taken before the row is overwritten.
 void moe_combine_backward(const float* ys, const int32_t* slot_pos, const float* w, const float* dout, float* dys,
                           float* dw, int64_t n, int64_t k, int64_t H);
 // dx (n, H) += sum_j dxs[slot_pos[t, j]]; dxs (m, H). Deterministic (per token, slots in order).

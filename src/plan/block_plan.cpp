@@ -409,9 +409,9 @@ Id pipelined_backward(Step& s, MoeIds& a, Id dys) {
 void moe_backward(Step& s, MoeIds& a) {
   PeakReplay& d = s.d;
   const int64_t N = s.N, H = s.H;
-  Id dys = d.alloc(kAct, s.act(s.m * H), "moe.dys");  // (m, H)
-  Id dw = d.alloc(kAct, s.rt(N * s.k), "moe.dw");       // (N, k)
-  d.free(a.ys);
+  Id dw = d.alloc(kAct, s.rt(N * s.k), "moe.dw");  // (N, k)
+  Id dys = a.ys;  // (m, H) formed in place in ys's buffer
+  a.ys = kNone;
   d.free(a.topk_w);
   Id dxs = kNone;
   if (s.ep && s.sched.dispatch == Dispatch::Dispatch_pipelined_llep)

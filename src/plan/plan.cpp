@@ -106,7 +106,7 @@ void label(const Input& in, Result& r) {
   }
   f[static_cast<int>(kAct)] =
       "replayed: inputs 3 N x 4 + dx N H a + one layer's recompute and backward (N x {H, Q, Kv}, Re x I, the token "
-      "side N k x H: xs, ys, dys, dxs, with 2 x N k x 4 ids); or the head";
+      "side N k x H: xs, ys (which takes dys in place), dxs, with 2 x N k x 4 ids); or the head";
   f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco
                                    ? "2 x N x H x a (the last boundary and one restored; + boundaries beyond the host budget)"
                                    : "L x N x H x a";

@@ -55,11 +55,11 @@ void moe_combine_backward(const float* ys, const int32_t* slot_pos, const float*
     const float* __restrict d = dout + t * H;  // (H)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = slot_pos[t * k + j];
-      const float* __restrict y = ys + r * H;  // (H)
-      float* __restrict dy = dys + r * H;      // (H)
+      // dys may be ys (in place): the row is read for dw before it is overwritten; rows are distinct.
+      dw[t * k + j] = dot_lanes8(d, ys + r * H, H);
+      float* dy = dys + r * H;  // (H)
       const float wj = w[t * k + j];
       for (int64_t h = 0; h < H; ++h) dy[h] = wj * d[h];
-      dw[t * k + j] = dot_lanes8(d, y, H);
     }
   }
 }
