@@ -22,17 +22,19 @@
 // Contract of every variant
 // - Input: xs (m, H), this rank's routed copies in expert order (the counting sort of
 //   ops/moe_routing.h: expert by expert, and within an expert tokens then slots in order), category
-//   dispatch; offsets (E + 1) on the host: the rows of global expert e are [offsets[e], offsets[e+1]).
-//   The counts are real on every backend (on meta they come from the routing profile).
-// - forward returns ys (m, H) in category dispatch, in the same order: ys[i] = expert_e(xs[i]) for the
+//   activations (the token side: what the rank itself routes); offsets (E + 1) on the host: the rows
+//   of global expert e are [offsets[e], offsets[e+1]). The counts are real on every backend (on meta
+//   they come from the routing profile).
+// - forward returns ys (m, H) in category activations, in the same order: ys[i] = expert_e(xs[i]) for the
 //   expert e whose range holds i. Ownership of xs passes to the call: the variant frees it as soon as
 //   it is done with it (or keeps it in its DispatchActs when backward needs it).
 // - keep == nullptr (the checkpointed forward): everything the call allocated, except ys, is freed
 //   before it returns. keep != nullptr (the recompute before backward): *keep receives the variant's
 //   own DispatchActs subclass with what its backward needs.
-// - backward takes dys (m, H) (d loss / d ys, category dispatch, ownership passes) and the acts of that
-//   forward (freed here), and returns dxs (m, H) = d loss / d xs in category dispatch. Weight gradients
-//   accumulate (+=) into lp's .g of the experts this rank owns, and only those: with W > 1 a variant
+// - backward takes dys (m, H) (d loss / d ys, formed in place in ys's buffer by the MoE block,
+//   ownership passes) and the acts of that forward (freed here), and returns dxs (m, H) = d loss / d xs,
+//   category activations (it may be dys's buffer); only what a rank receives is category dispatch.
+//   Weight gradients accumulate (+=) into lp's .g of the experts this rank owns, and only those: with W > 1 a variant
 //   never dereferences lp.gate_proj[e] / up_proj[e] / down_proj[e] of an expert it does not own (they
 //   may be nullptr). A variant that computes a foreign expert sends its weight gradient home.
 // - Every rank calls forward and backward the same number of times in the same order (collectives
