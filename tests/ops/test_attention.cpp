@@ -227,6 +227,9 @@ TEST(Attention, BitwiseDeterministicAcrossThreadsAndRuns) {
 // Note [Attention tiles with AVX2]: the AVX2 copy of the tile product equals the SSE2 one bit for bit
 // (no fused multiply-add), on the tile shapes the kernels use and with accumulation into C.
 TEST(Attention, Avx2TileProductEqualsBaselineBitwise) {
+#if !FP_ATTENTION_TILE_AVX2
+  GTEST_SKIP() << "not an x86 build";
+#else
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
   namespace at = ops::cpu::attention_tile;
@@ -242,6 +245,7 @@ TEST(Attention, Avx2TileProductEqualsBaselineBitwise) {
     at::tile_gemm_avx2(A.data(), K, B.data(), N, C1.data(), N, M, N, K);
     EXPECT_EQ(std::memcmp(C0.data(), C1.data(), C0.size() * sizeof(float)), 0) << M << "x" << N << "x" << K;
   }
+#endif
 }
 
 // The attention kernels (forward and backward, whole causal sequence) with the SSE2 and the AVX2 tile

@@ -242,8 +242,12 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
 bool attention_tile::tile_gemm_uses_avx2() {
   const char* force = std::getenv("FLATPEAK_SIMD");
   if (force != nullptr && std::string_view(force) == "baseline") return false;
+#if FP_ATTENTION_TILE_AVX2
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
 }
 
 }  // namespace fp::ops::cpu

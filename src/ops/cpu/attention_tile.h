@@ -62,12 +62,17 @@ inline void tile_gemm_baseline(const float* __restrict A, int64_t lda, const flo
   FP_ATTENTION_TILE_GEMM_BODY
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#define FP_ATTENTION_TILE_AVX2 1
 __attribute__((target("avx2"))) inline void tile_gemm_avx2(const float* __restrict A, int64_t lda,
                                                                const float* __restrict B, int64_t ldb,
                                                                float* __restrict C, int64_t ldc, int64_t M, int64_t N,
                                                                int64_t K) {
   FP_ATTENTION_TILE_GEMM_BODY
 }
+#else
+#define FP_ATTENTION_TILE_AVX2 0  // other architectures: the portable copy only
+#endif
 #undef FP_ATTENTION_TILE_GEMM_BODY
 
 // True when this CPU has AVX2 and FLATPEAK_SIMD is not "baseline" (Note [Attention tiles with AVX2]).
@@ -80,10 +85,10 @@ inline bool tile_gemm_avx2_enabled = tile_gemm_uses_avx2();
 // M % kMr == 0, N % kNr == 0 (Note [Tile products as register-blocked loops]).
 inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                       float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
-  if (tile_gemm_avx2_enabled)
-    tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
-  else
-    tile_gemm_baseline(A, lda, B, ldb, C, ldc, M, N, K);
+#if FP_ATTENTION_TILE_AVX2
+  if (tile_gemm_avx2_enabled) return tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
+#endif
+  tile_gemm_baseline(A, lda, B, ldb, C, ldc, M, N, K);
 }
 
 // dst (rows, hdp) = the n rows of src (stride apart, hd each), zero in columns >= hd and rows >= n.
