@@ -41,12 +41,8 @@ std::vector<DispatchCounts> dispatch_counts(const RoutingProfile& profile, int64
   }
 
   // LLEP's plan over the global loads (every source routes alike: W times one rank's counts).
-  std::vector<int64_t> world(static_cast<size_t>(W * E));  // (W, E)
   std::vector<int64_t> load(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    load[e] = W * counts[e];
-    for (int64_t s = 0; s < W; ++s) world[s * E + e] = counts[e];
-  }
+  for (int64_t e = 0; e < E; ++e) load[e] = W * counts[e];
   const LlepPlan plan = llep_plan_build(load.data(), E, W, llep);
   for (int32_t r = 0; r < W; ++r) {
     DispatchCounts& d = out[r];
@@ -60,9 +56,10 @@ std::vector<DispatchCounts> dispatch_counts(const RoutingProfile& profile, int64
       }
   }
   // Weight sends: round by round, each own expert to each other rank holding one of its intervals.
+  std::vector<bool> seen(static_cast<size_t>(W));
   for (int64_t e = 0; e < E; ++e) {
     const int32_t home = plan.home(e);
-    std::vector<bool> seen(static_cast<size_t>(W), false);
+    std::fill(seen.begin(), seen.end(), false);
     for (int64_t i = plan.interval_first[e]; i < plan.interval_first[e + 1]; ++i) {
       const int32_t g = plan.intervals[i].rank;
       if (g != home && !seen[g]) {
