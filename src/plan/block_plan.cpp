@@ -113,12 +113,29 @@ void router_forward(Step& s, MoeIds& a) {
   a.slot_pos = d.alloc(kAct, s.i32(N * s.k), "moe.slot_pos");      // (N, k)
 }
 
+// sched/dispatch/expert_ffn.cpp, forward over r rows x: g, u, act (r, I) activations; without keep
+// x, g, u and act are freed around y. Returns y (r, H) in y_cat.
+Id ffn_forward(Step& s, int64_t r, Id& x, Id& g, Id& u, Id& act, bool keep, Category y_cat, const char* y_tag) {
+  PeakReplay& d = s.d;
+  g = d.alloc(kAct, s.act(r * s.I), "moe.g");
+  u = d.alloc(kAct, s.act(r * s.I), "moe.u");
+  act = d.alloc(kAct, s.act(r * s.I), "moe.act");
+  if (!keep) {
+    d.free(x);
+    d.free(g);
+    d.free(u);
+  }
+  Id y = d.alloc(y_cat, s.act(r * s.H), y_tag);
+  if (!keep) d.free(act);
+  return y;
+}
+
 // The expert side of standard EP's forward (sched/dispatch/standard.cpp): the received rows
 // source-major, regrouped by local expert (Note [Receive-side grouping]: a second (R, H) buffer and the
 // two (R) permutations), the FFN, and the outputs put back source-major. Returns y_send (R, H).
 Id ep_forward_expert_side(Step& s, MoeIds& a, Id& xs, bool keep) {
   PeakReplay& d = s.d;
-  const int64_t H = s.H, I = s.I, Re = s.Re;
+  const int64_t H = s.H, Re = s.Re;
   Id recv = d.alloc(kDisp, s.act(Re * H), "ep.recv");  // (R, H) source-major
   d.free(xs);
   a.perm = d.alloc(kDisp, s.i32(Re), "ep.perm");      // (R)
@@ -126,16 +143,7 @@ Id ep_forward_expert_side(Step& s, MoeIds& a, Id& xs, bool keep) {
   a.x_exp = d.alloc(kDisp, s.act(Re * H), "ep.x");    // (R, H) grouped by local expert
   d.free(recv);
   if (!keep) d.free(a.perm);
-  a.g = d.alloc(kAct, s.act(Re * I), "moe.g");
-  a.u = d.alloc(kAct, s.act(Re * I), "moe.u");
-  a.act = d.alloc(kAct, s.act(Re * I), "moe.act");
-  if (!keep) {
-    d.free(a.x_exp);
-    d.free(a.g);
-    d.free(a.u);
-  }
-  Id y = d.alloc(kDisp, s.act(Re * H), "ep.y");  // (R, H) grouped
-  if (!keep) d.free(a.act);
+  Id y = ffn_forward(s, Re, a.x_exp, a.g, a.u, a.act, keep, kDisp, "ep.y");  // (R, H) grouped
   Id y_send = d.alloc(kDisp, s.act(Re * H), "ep.y_send");  // (R, H) source-major
   d.free(y);
   if (!keep) d.free(a.unperm);
@@ -144,20 +152,8 @@ Id ep_forward_expert_side(Step& s, MoeIds& a, Id& xs, bool keep) {
 
 // The local dispatch (sched/dispatch/local.cpp, one rank): the FFN runs on xs in place.
 Id local_forward(Step& s, MoeIds& a, Id xs, bool keep) {
-  PeakReplay& d = s.d;
-  const int64_t H = s.H, I = s.I, Re = s.Re;
   a.x_exp = xs;
-  a.g = d.alloc(kAct, s.act(Re * I), "moe.g");
-  a.u = d.alloc(kAct, s.act(Re * I), "moe.u");
-  a.act = d.alloc(kAct, s.act(Re * I), "moe.act");
-  if (!keep) {
-    d.free(a.x_exp);
-    d.free(a.g);
-    d.free(a.u);
-  }
-  Id ys = d.alloc(kAct, s.act(s.m * H), "moe.ys");  // (m, H)
-  if (!keep) d.free(a.act);
-  return ys;
+  return ffn_forward(s, s.Re, a.x_exp, a.g, a.u, a.act, keep, kAct, "moe.ys");  // (m, H)
 }
 
 // Standard EP (sched/dispatch/standard.cpp), also LLEP below lambda.
@@ -175,7 +171,7 @@ uint64_t guest_grads(const Step& s, int64_t G) { return s.gr(G * 3 * s.I * s.H);
 // LLEP with its plan active (sched/dispatch/llep.cpp): R rows computed here under the plan.
 Id llep_forward(Step& s, MoeIds& a, Id xs, bool keep) {
   PeakReplay& d = s.d;
-  const int64_t H = s.H, I = s.I, m = s.m, R = s.dc->rows;
+  const int64_t H = s.H, m = s.m, R = s.dc->rows;
   a.guest_w = d.alloc(kComm, guest_weights(s, s.dc->guests), "llep.guest_w");     // (G, P)
   Id w_out = d.alloc(kComm, guest_weights(s, s.dc->weights_out), "llep.w_out");  // (S, P)
   a.idx_a = d.alloc(kDisp, s.i32(m), "llep.send_rows");  // (m)
@@ -190,16 +186,7 @@ Id llep_forward(Step& s, MoeIds& a, Id xs, bool keep) {
   a.x_exp = d.alloc(kDisp, s.act(R * H), "llep.x");  // (R, H) grouped by expert
   d.free(recv);
   if (!keep) d.free(a.perm);
-  a.g = d.alloc(kAct, s.act(R * I), "moe.g");
-  a.u = d.alloc(kAct, s.act(R * I), "moe.u");
-  a.act = d.alloc(kAct, s.act(R * I), "moe.act");
-  if (!keep) {
-    d.free(a.x_exp);
-    d.free(a.g);
-    d.free(a.u);
-  }
-  Id y = d.alloc(kDisp, s.act(R * H), "llep.y");
-  if (!keep) d.free(a.act);
+  Id y = ffn_forward(s, R, a.x_exp, a.g, a.u, a.act, keep, kDisp, "llep.y");  // (R, H)
   Id y_send = d.alloc(kDisp, s.act(R * H), "llep.y_send");
   d.free(y);
   if (!keep) {
@@ -222,7 +209,7 @@ Id llep_forward(Step& s, MoeIds& a, Id xs, bool keep) {
 // received rows are sent again in backward), and the rows are gathered again from moe.h2 by token.
 Id pipelined_forward(Step& s, MoeIds& a, Id xs, bool keep) {
   PeakReplay& d = s.d;
-  const int64_t H = s.H, I = s.I, m = s.m;
+  const int64_t H = s.H, m = s.m;
   const DispatchCounts& dc = *s.dc;
   a.idx_a = d.alloc(kDisp, s.i32(m), "pllep.rows");                // (m)
   if (keep) a.idx_b = d.alloc(kDisp, s.i32(m), "pllep.tokens");    // (m)
@@ -234,17 +221,9 @@ Id pipelined_forward(Step& s, MoeIds& a, Id xs, bool keep) {
     Id recv = d.alloc(kDisp, s.act(ri * H), "pllep.recv");  // (r_i, H)
     d.free(send);
     if (i == 0) d.free(w_out);
-    Id g = d.alloc(kAct, s.act(ri * I), "moe.g");
-    Id u = d.alloc(kAct, s.act(ri * I), "moe.u");
-    Id act = d.alloc(kAct, s.act(ri * I), "moe.act");
-    if (!keep) {
-      d.free(recv);
-      d.free(g);
-      d.free(u);
-    }
-    Id y = d.alloc(kDisp, s.act(ri * H), "pllep.y");  // (r_i, H)
-    if (!keep) d.free(act);
-    d.free(recv);
+    Id g = kNone, u = kNone, act = kNone;
+    Id y = ffn_forward(s, ri, recv, g, u, act, keep, kDisp, "pllep.y");  // (r_i, H)
+    d.free(recv);  // with keep too: sent again in backward
     Id back = d.alloc(kDisp, s.act(mi * H), "pllep.back");  // (m_i, H)
     d.free(y);
     d.free(back);
