@@ -1,6 +1,5 @@
 #include "plan/routing_counts.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -36,18 +35,6 @@ std::vector<int64_t> routing_counts(const RoutingProfile& p, int64_t N, int64_t 
   for (int64_t e = h; e < E; ++e)
     for (int64_t j = 0; j < k; ++j) c[e] += count_in(n_hot, N, E - h, mod(e - h - j, E - h));
   return c;
-}
-
-int64_t routes_received_max(const RoutingProfile& p, int64_t N, int64_t k, int64_t E, int64_t ep) {
-  const std::vector<int64_t> c = routing_counts(p, N, k, E);
-  const int64_t per = E / ep;
-  int64_t best = 0;
-  for (int64_t g = 0; g < ep; ++g) {
-    int64_t sum = 0;
-    for (int64_t e = g * per; e < (g + 1) * per; ++e) sum += c[e];
-    best = std::max(best, sum);
-  }
-  return ep * best;
 }
 
 }  // namespace fp::plan
