@@ -152,16 +152,12 @@ int profile_check(Comm& comm, const std::string& profile_str) {
   };
 
   // Reference: the single-rank computation (local dispatch) of every block, on every rank.
-  auto be_ref = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-  ParamStore ps_ref(cfg, *be_ref);
-  ps_ref.init(cfg.seed);
-  experts_scale(*be_ref, ps_ref.layers[0], E);
-  std::unique_ptr<Comm> single = comm_single();
-  std::vector<BlockResult> ref;
-  for (int b = 0; b < W; ++b)
-    ref.push_back(block_run(*be_ref, *single, [](const StepContext&) { return dispatch_local_create(); }, cfg, prof,
-                            ps_ref.layers[0], b, block_tokens(b)));
-  const auto g_ref = moe_grads(*be_ref, ps_ref.layers[0], E);
+  const auto refs = reference_blocks(cfg, W, [&](Backend& be, Comm& c, const LayerParams& lp, int b) {
+    return block_run(be, c, [](const StepContext&) { return dispatch_local_create(); }, cfg, prof, lp, b,
+                     block_tokens(b));
+  });
+  const std::vector<BlockResult>& ref = refs.first;
+  const auto& g_ref = refs.second;
 
   // One expert-parallel run: this rank's block; experts it does not own are poisoned.
   auto run = [&](Backend& be, const DispatchFactory& make, bool poison) {

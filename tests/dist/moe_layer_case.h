@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -97,6 +98,21 @@ inline std::vector<std::pair<std::string, std::vector<float>>> moe_grads(Backend
   for (int64_t e = 0; e < E; ++e)
     for (const Param* p : {lp.gate_proj[e], lp.up_proj[e], lp.down_proj[e]}) g.push_back({p->name, host_of(be, p->g)});
   return g;
+}
+
+// The reference every rank checks against: the single-rank computation of the W blocks (the local
+// dispatch, every expert here) with the weights every rank starts from, and the gradients it leaves.
+// run_block(be, comm, lp, b) runs block b and returns its result.
+template <class RunBlock>
+auto reference_blocks(const ModelConfig& cfg, int W, const RunBlock& run_block) {
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore ps(cfg, *be);
+  ps.init(cfg.seed);
+  experts_scale(*be, ps.layers[0], cfg.num_experts);
+  std::unique_ptr<Comm> single = comm_single();
+  std::vector<decltype(run_block(*be, *single, ps.layers[0], 0))> blocks;
+  for (int b = 0; b < W; ++b) blocks.push_back(run_block(*be, *single, ps.layers[0], b));
+  return std::make_pair(std::move(blocks), moe_grads(*be, ps.layers[0], cfg.num_experts));
 }
 
 }  // namespace fp::dist_test
