@@ -8,12 +8,13 @@
 
 namespace fp {
 
-Backend::Backend(uint64_t device_capacity, uint64_t host_capacity, bool materialize, const ops::Kernels& k)
+Backend::Backend(uint64_t device_capacity, uint64_t host_capacity, bool materialize, const ops::Kernels& k,
+                 Stream::Mode copy_mode)
     : device_(std::make_unique<Arena>("device", device_capacity, materialize)),
       host_(std::make_unique<Arena>("host", host_capacity, materialize)),
       compute_(std::make_unique<Stream>("compute", Stream::Mode::Mode_inline)),
-      h2d_(std::make_unique<Stream>("h2d", Stream::Mode::Mode_worker)),
-      d2h_(std::make_unique<Stream>("d2h", Stream::Mode::Mode_worker)),
+      h2d_(std::make_unique<Stream>("h2d", copy_mode)),
+      d2h_(std::make_unique<Stream>("d2h", copy_mode)),
       kernels_(&k) {}
 
 void Backend::link_set_gbps(double gbps) {

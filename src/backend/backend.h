@@ -78,7 +78,10 @@ class Backend {
   }
 
  protected:
-  Backend(uint64_t device_capacity, uint64_t host_capacity, bool materialize, const ops::Kernels& k);
+  // copy_mode: how the copy streams run their work (worker threads on cpu; inline on meta, where a
+  // copy moves nothing, so a W-rank plan does not wake 2W threads per copy).
+  Backend(uint64_t device_capacity, uint64_t host_capacity, bool materialize, const ops::Kernels& k,
+          Stream::Mode copy_mode = Stream::Mode::Mode_worker);
 
   std::unique_ptr<Arena> device_;
   std::unique_ptr<Arena> host_;

@@ -1,9 +1,12 @@
-// flatpeak plan: closed-form per-category peaks of one training step at full scale, the binding
-// category, the host memory needed, and the largest context that fits for the baseline and for
-// flatpeak (src/plan/plan.h). No device, no allocation: it runs in milliseconds for any model.
+// flatpeak plan: per-category peaks of one training step at full scale, the binding category, the
+// host memory needed, and the largest context that fits for the baseline and for flatpeak
+// (src/plan/plan.h). A plan is a run of the engine on meta over W threads: exact, and seconds at the
+// paper's scale.
 //
 //   flatpeak plan --model FILE --context T [--ranks W] [--device-mem SIZE] [--host-mem SIZE]
-//                 [--schedule baseline|flatpeak|key=value ...] [--json FILE] [--plot FILE]
+//                 [--schedule baseline|flatpeak|key=value ...] [--set precision.KEY=VALUE ...]
+//                 [--json FILE] [--plot FILE] [--strict]
+#include <algorithm>
 #include <fstream>
 #include <memory>
 
@@ -27,8 +30,10 @@ struct PlanOptions {
   std::string device_mem = "unlimited";
   std::string host_mem = "unlimited";
   std::vector<std::string> schedule;
+  std::vector<std::string> set;
   std::string json;
   std::string plot;
+  bool strict = false;
 };
 
 int plan_run(const PlanOptions& o) {
@@ -39,7 +44,16 @@ int plan_run(const PlanOptions& o) {
   in.settings.layout.ranks = o.ranks > 0 ? o.ranks : (m.default_ranks > 0 ? m.default_ranks : 1);
   in.device_mem = bytes_parse(o.device_mem);
   in.host_mem = bytes_parse(o.host_mem);
+  in.approximate = m.approximate;
   for (const std::string& item : o.schedule) plan::settings_apply(in.settings, item);
+  for (const std::string& item : o.set) {
+    FP_CHECK(item.rfind("precision.", 0) == 0,
+             "plan's --set takes the run config's [precision] keys: precision.recipe=fp32|bf16, precision.params=bf16, ...",
+             "--set {}: plan takes a model file, not a run config; only precision.* keys apply", item);
+    std::string v = item;
+    v.erase(std::remove(v.begin(), v.end(), '"'), v.end());  // precision.recipe="bf16" as in TOML
+    plan::settings_apply(in.settings, v);
+  }
 
   const plan::Result r = plan::plan_step(in);
   fmt::print("{}", plan::plan_table(m, in, r));
@@ -78,6 +92,10 @@ int plan_run(const PlanOptions& o) {
     file_write_atomic(o.plot, plan::peaks_plot_svg(title, panels, in.device_mem));
     fmt::print("wrote {}\n", o.plot);
   }
+  if (o.strict && !r.exact()) {
+    fmt::print(stderr, "error: --strict: the plan is approximate ({})\n", r.approximate.front());
+    return 3;
+  }
   return 0;
 }
 
@@ -87,7 +105,7 @@ void plan_register(CLI::App& parent, Runner& run) {
   auto opts = std::make_shared<PlanOptions>();
   PlanOptions& o = *opts;
   CLI::App* sub = parent.add_subcommand(
-      "plan", "closed-form per-category peaks at full scale, the binding category and the reach of each schedule");
+      "plan", "per-category peaks at full scale (the engine on meta), the binding category and each schedule's reach");
   sub->callback([&run, opts] { run = [opts] { return plan_run(*opts); }; });
   sub->add_option("--model", o.model,
                   "model: a preset (configs/models/*.toml), a run config, or a Hugging Face config.json")
@@ -98,8 +116,10 @@ void plan_register(CLI::App& parent, Runner& run) {
   sub->add_option("--host-mem", o.host_mem, "host memory per rank for offloads (default unlimited)");
   sub->add_option("--schedule", o.schedule,
                   "baseline (default) | flatpeak | key=value (dispatch=standard|llep|pipelined_llep vocab= ckpt= "
-                  "optim= cp= ep= batch= rank= routing= dtype= dtype.weights= ...; repeatable, applied in order; "
+                  "optim= batch= rank= routing= precision.recipe= ...; repeatable, applied in order; "
                   "a wrong key lists them all)");
+  sub->add_option("--set", o.set, "precision.recipe=fp32|bf16 (default bf16: the paper's recipe), precision.params=...");
+  sub->add_flag("--strict", o.strict, "exit 3 when the plan is approximate (a model the engine does not run exactly)");
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
   sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");
 }

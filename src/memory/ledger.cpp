@@ -15,7 +15,7 @@ Ledger::Ledger(std::string space, uint64_t capacity, size_t max_events)
     : space_(std::move(space)), capacity_(capacity), max_events_(max_events), t0_ns_(now_ns()) {}
 
 void Ledger::on_alloc(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
-  if (capacity_ != kUnlimitedBytes && (bytes > capacity_ || total_current_ > capacity_ - bytes)) {
+  if (!overcommit_ && capacity_ != kUnlimitedBytes && (bytes > capacity_ || total_current_ > capacity_ - bytes)) {
     std::string what = fmt::format(
         "out of {} memory in category '{}': tensor '{}' {} {} needs {} ({} bytes); capacity {}, in use {}, "
         "free {}. Held now: {}",
@@ -28,7 +28,11 @@ void Ledger::on_alloc(Category c, uint64_t bytes, const std::string& tag, const 
   current_[i] += bytes;
   total_current_ += bytes;
   if (current_[i] > peak_[i]) peak_[i] = current_[i];
-  if (total_current_ > total_peak_) total_peak_ = total_current_;
+  if (total_current_ > total_peak_) {
+    total_peak_ = total_current_;
+    at_peak_ = current_;
+    peak_tag_ = tag;
+  }
   record(true, c, bytes, tag, shape, dtype);
 }
 
@@ -64,6 +68,8 @@ void Ledger::record(bool alloc, Category c, uint64_t bytes, const std::string& t
 void Ledger::peaks_reset() {
   peak_ = current_;
   total_peak_ = total_current_;
+  at_peak_ = current_;
+  peak_tag_.clear();
 }
 
 std::string Ledger::holdings_str() const {

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/shape.h"
+#include "core/units.h"
 #include "memory/category.h"
 
 namespace fp {
@@ -47,7 +48,9 @@ class Ledger {
   // it still update the counters and are counted in dropped_events().
   Ledger(std::string space, uint64_t capacity, size_t max_events = 2'000'000);
 
-  // Records an allocation or throws OutOfMemoryError (recording nothing).
+  // Records an allocation or throws OutOfMemoryError (recording nothing). With overcommit (the
+  // planner's meta runs) a request over capacity is recorded too and over_capacity() turns true, so a
+  // plan sees the whole step's peaks and decisions that read capacity() still see the real one.
   void on_alloc(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
   void on_free(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
 
@@ -57,8 +60,17 @@ class Ledger {
   uint64_t peak(Category c) const { return peak_[static_cast<int>(c)]; }
   uint64_t total_current() const { return total_current_; }
   uint64_t total_peak() const { return total_peak_; }
+  // What each category held at the first moment the total reached total_peak(), and the tag of the
+  // allocation that set it.
+  const std::array<uint64_t, kNumCategories>& at_total_peak() const { return at_peak_; }
+  const std::string& total_peak_tag() const { return peak_tag_; }
   // Peaks restart from the current values (per-step peaks).
   void peaks_reset();
+
+  void overcommit_set(bool on) { overcommit_ = on; }
+  bool over_capacity() const { return capacity_ != kUnlimitedBytes && total_peak_ > capacity_; }
+  // Keep at most n events from now on (0: counters only; the planner's meta runs need no timeline).
+  void events_limit_set(size_t n) { max_events_ = n; }
 
   const std::vector<LedgerEvent>& events() const { return events_; }
   size_t dropped_events() const { return dropped_; }
@@ -77,6 +89,9 @@ class Ledger {
   std::array<uint64_t, kNumCategories> peak_{};
   uint64_t total_current_ = 0;
   uint64_t total_peak_ = 0;
+  std::array<uint64_t, kNumCategories> at_peak_{};
+  std::string peak_tag_;
+  bool overcommit_ = false;
   std::vector<LedgerEvent> events_;
   size_t dropped_ = 0;
   uint64_t seq_ = 0;

@@ -43,6 +43,12 @@ struct StepContext {
   std::vector<int32_t> host_rows;     // (m) token of each routed copy in expert order (the current MoE block)
   std::vector<int32_t> host_slot;     // (n, k)
   std::vector<float> host_probs;      // (n, E)
+  // Note [A routing profile is routed once per step]: a profile's choice depends only on (n, k, E),
+  // never on the layer or the data, so with a profile the first MoE block builds host_topk, host_rows,
+  // host_slot and these offsets and every later block (and the recompute) reuses them: on meta a
+  // step's host routing work is one layer's, not 2L layers'.
+  bool profile_routed = false;
+  std::vector<int64_t> profile_offsets;  // (E + 1)
 };
 
 // ---- attention block: x1 = x + o_proj(attention(rope(norm_q(q)), rope(norm_k(k)), v)), q,k,v from rmsnorm(x)

@@ -43,21 +43,34 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     a.topk_w = be.alloc_f32(kAct, {n, k}, "moe.topk_w");
     K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
-  s.host_topk.resize(static_cast<size_t>(n * k));
-  if (s.profile.kind == RoutingProfile::Kind::Kind_router) {
+  const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
+  if (!profiled) {
+    s.host_topk.resize(static_cast<size_t>(n * k));
     be.copy_to_host(s.host_topk.data(), a.topk_idx.data(), a.topk_idx.bytes());
-  } else {
+  } else if (!s.profile_routed) {
+    s.host_topk.resize(static_cast<size_t>(n * k));
     routing_profile_assign(s.profile, n, k, E, s.host_topk.data());
+  }
+  if (profiled) {
     be.copy_from_host(a.topk_idx.data(), s.host_topk.data(), a.topk_idx.bytes());
     K.router_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
 
   // Expert order: a stable counting sort of the routed copies by expert (host, like the count
-  // exchange of expert parallelism), then the permutation goes to the device.
-  s.host_rows.resize(static_cast<size_t>(m));
-  s.host_slot.resize(static_cast<size_t>(m));
-  a.offsets.assign(static_cast<size_t>(E + 1), 0);
-  ops::moe_routing_build(s.host_topk.data(), n, k, E, s.host_rows.data(), s.host_slot.data(), a.offsets.data());
+  // exchange of expert parallelism), then the permutation goes to the device. With a profile, once
+  // per step (Note [A routing profile is routed once per step] in blocks.h).
+  if (!profiled || !s.profile_routed) {
+    s.host_rows.resize(static_cast<size_t>(m));
+    s.host_slot.resize(static_cast<size_t>(m));
+    a.offsets.assign(static_cast<size_t>(E + 1), 0);
+    ops::moe_routing_build(s.host_topk.data(), n, k, E, s.host_rows.data(), s.host_slot.data(), a.offsets.data());
+    if (profiled) {
+      s.profile_offsets = a.offsets;
+      s.profile_routed = true;
+    }
+  } else {
+    a.offsets = s.profile_offsets;
+  }
   if (stats) {
     stats->counts.assign(static_cast<size_t>(E), 0);
     for (int64_t e = 0; e < E; ++e) stats->counts[e] = a.offsets[e + 1] - a.offsets[e];

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/precision.h"
 #include "core/units.h"
 
 namespace fp {
@@ -44,6 +45,7 @@ struct ModelSchedules {
   VocabSchedule vocab;
   CkptSchedule ckpt;
   DispatchSchedule dispatch;
+  Precision precision;
 };
 
 }  // namespace fp

@@ -102,28 +102,28 @@ Model model_from_hf_json(const std::string& text, const std::string& source) {
              kv_lora, rope);
     c.num_key_value_heads = best_nkv;
     c.head_dim = best_hd;
-    m.notes.push_back(fmt::format(
+    m.approximate.push_back(fmt::format(
         "MLA approximated by GQA with the same K/V bytes per token: {} KV heads x head_dim {} (k + v = {} = "
         "kv_lora_rank {} + qk_rope_head_dim {}); {} query heads of head_dim {} (MLA: q/k {}, v {})",
         best_nkv, best_hd, 2 * best_nkv * best_hd, kv_lora, rope, c.num_attention_heads, best_hd, nope + rope, vhd));
   }
   int64_t shared = 0, dense = 0, window = 0;
   if (hf_int(j, {"n_shared_experts", "num_shared_experts"}, shared, source) && shared > 0)
-    m.notes.push_back(fmt::format("{} shared expert(s) per layer not modeled (the engine has routed experts only)",
+    m.approximate.push_back(fmt::format("{} shared expert(s) per layer not modeled (the engine has routed experts only)",
                                   shared));
   if (hf_int(j, {"first_k_dense_replace"}, dense, source) && dense > 0)
-    m.notes.push_back(fmt::format("the first {} dense layers are planned as MoE layers", dense));
+    m.approximate.push_back(fmt::format("the first {} dense layers are planned as MoE layers", dense));
   if (hf_int(j, {"sliding_window"}, window, source) && window > 0)
-    m.notes.push_back(fmt::format("sliding-window layers (window {}) planned as full causal attention: the "
+    m.approximate.push_back(fmt::format("sliding-window layers (window {}) planned as full causal attention: the "
                                   "engine's tiled attention keeps O(N) memory either way",
                                   window));
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean() && j["tie_word_embeddings"].get<bool>())
-    m.notes.push_back("tied embeddings planned as untied (one more V x H matrix)");
+    m.approximate.push_back("tied embeddings planned as untied (one more V x H matrix)");
   const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
   if (type == "gpt_oss")
-    m.notes.push_back("attention sinks, biases and the clamped SwiGLU of gpt-oss not modeled (a few parameters)");
+    m.approximate.push_back("attention sinks, biases and the clamped SwiGLU of gpt-oss not modeled (a few parameters)");
   if (!type.empty() && type != "qwen3_moe")
-    m.notes.push_back(fmt::format("{} planned with the engine's Qwen3-MoE layer (per-head q/k RMSNorm, softmax "
+    m.approximate.push_back(fmt::format("{} planned with the engine's Qwen3-MoE layer (per-head q/k RMSNorm, softmax "
                                   "top-k router, SwiGLU experts)",
                                   type));
   model_config_validate(c, source);

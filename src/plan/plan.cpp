@@ -1,9 +1,17 @@
-// plan_step: resolves the baseline's optimizer rule, replays the step (step_plan.cpp), and labels
-// each category exact or predicted; plan_reach: the largest context that fits.
+// plan_step: the engine on meta over W threads (Note [The engine is its own planner] in plan.h);
+// plan_reach: the largest context that fits, by search over such runs.
 #include "plan/plan.h"
 
+#include <algorithm>
+#include <chrono>
+
+#include "backend/backend.h"
 #include "core/error.h"
-#include "plan/step_replay.h"
+#include "data/context_split.h"
+#include "model/model.h"
+#include "sched/dispatch/chunk_plan.h"
+#include "sched/optim/optimizer.h"
+#include "sched/vocab/ring_dtp.h"
 
 namespace fp::plan {
 
@@ -19,137 +27,237 @@ constexpr Category kVocab = Category::Category_vocab;
 constexpr Category kComm = Category::Category_comm;
 constexpr Category kWs = Category::Category_workspace;
 
-// Note [Which plans are validated]: a formula is "validated" once the engine runs that schedule or
-// layout and tests/model/test_plan_vs_meta.cpp checks the plan against a meta run of it: the whole
-// allocation sequence, event for event, and every peak. Multi-rank layouts run through a comm of W
-// ranks that moves no device data and answers the host count exchanges as W identically routing
-// ranks would, which allocates what the hottest rank of a real run allocates. The engine's layout on
-// W > 1 ranks is cp = ep = fsdp = W (context parallel over every rank, every dense parameter
-// sharded by rows, E / W experts per rank, the vocabulary ring over W); another layout is a
-// prediction. Flip a flag here in the same change that adds its configurations to that test.
-struct Validated {
-  bool context_parallel = true;  // model/ring_attention.cpp: K/V (and dK/dV) blocks in comm
-  bool fsdp = true;              // model/params.cpp: row shards, gathered units, unsharded unit gradients
-  bool expert_parallel = true;   // sched/dispatch/standard.cpp: all-to-all-v, receive-side grouping
-  bool llep = true;              // sched/dispatch/llep.cpp: the plan's rows, guest weights (every rank)
-  bool pipelined_llep = true;    // sched/dispatch/pipelined_llep.cpp: chunk by chunk (every rank)
-  bool ring_one_rank = true;     // Ring-DTP with a replicated LM head (sched/vocab/ring_dtp.cpp)
-  bool ring_p_ranks = true;      // Ring-DTP over P = W vocabulary shards (sched/vocab/ring_dtp_ring.cpp)
-  bool sco = true;               // SCO (sched/ckpt/sco.cpp)
-  bool offload_serial = true;    // serial host AdamW (sched/optim/offload.cpp)
-  bool offload_stream = true;    // OffloadStreamAdamW, update on the device or the host
-};
-constexpr Validated kValidated{};
+// The engine's schedules for the planner's names (one rank runs the local dispatch whatever is named).
+ModelSchedules engine_schedules(const Settings& set, const Schedules& sc) {
+  ModelSchedules ms;
+  ms.vocab.kind = sc.vocab == Vocab::Vocab_ring ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
+  ms.vocab.block_tokens = sc.block_tokens;
+  ms.vocab.ring_mode = sc.ring_mode;
+  ms.vocab.keep_strips = sc.keep_strips;
+  ms.ckpt.kind = sc.ckpt == Ckpt::Ckpt_sco ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device;
+  ms.ckpt.host_budget = sc.ckpt_host_budget;
+  DispatchSchedule& d = ms.dispatch;
+  d.kind = sc.dispatch == Dispatch::Dispatch_llep             ? DispatchSchedule::Kind::Kind_llep
+           : sc.dispatch == Dispatch::Dispatch_pipelined_llep ? DispatchSchedule::Kind::Kind_pipelined_llep
+                                                              : DispatchSchedule::Kind::Kind_standard;
+  d.lambda = sc.lambda;
+  d.alpha = sc.alpha;
+  d.min_tokens_per_gemm = sc.min_tokens_per_gemm;
+  d.chunk_cap = sc.chunk_tokens;
+  d.max_chunks = sc.max_chunks;
+  d.strided = sc.strided;
+  ms.precision = set.precision;
+  return ms;
+}
 
-void label(const Input& in, Result& r) {
+OptimConfig engine_optim(const Schedules& sc) {
+  FP_ASSERT(sc.optim != Optim::Optim_auto);
+  OptimConfig oc;
+  oc.schedule = std::string(optim_name(sc.optim));
+  oc.bucket_params = sc.bucket_params;
+  oc.slots = sc.slots;
+  oc.update_on = sc.update_on_host ? "host" : "device";
+  return oc;
+}
+
+// One training step as the trainer runs it (zero grads, forward_backward, the optimizer step) on
+// every rank of a W-rank thread world, each on its own meta backend; returns every rank's ledgers.
+std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const PlanOptions& opt) {
+  const ModelConfig& cfg = in.model;
+  const int W = static_cast<int>(in.settings.layout.ranks);
+  const int64_t B = in.settings.layout.batch, T = in.context;
+  const ModelSchedules ms = engine_schedules(in.settings, sc);
+  const OptimConfig oc = engine_optim(sc);
+  std::vector<RankPlan> out(static_cast<size_t>(W));
+  ThreadWorld world(W, opt.world);
+  world.run([&](Comm& comm) {
+    const int r = comm.rank();
+    // Unlimited device (the plan reads the whole step's peak); the host at its capacity, which SCO
+    // reads to place boundaries, overcommitted so an offload that needs more is measured, not refused.
+    std::unique_ptr<Backend> be = backend_create("meta", kUnlimitedBytes, in.host_mem);
+    be->host_ledger().overcommit_set(true);
+    if (!opt.events) {
+      be->device_ledger().events_limit_set(0);
+      be->host_ledger().events_limit_set(0);
+    }
+    fp::Model model(cfg, *be, in.settings.routing, ms, W > 1 ? &comm : nullptr);
+    RankPlan& rp = out[static_cast<size_t>(r)];
+    rp.params_per_rank = static_cast<int64_t>(be->device_ledger().current(kParams) /
+                                              dtype_size(in.settings.precision.params));
+    model.init_weights(cfg.seed);
+    std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
+    model.zero_grads();
+    // Data never reaches a meta backend; only the shapes and this rank's positions matter.
+    Batch batch;
+    batch.B = B;
+    batch.T = W > 1 ? T / W : T;
+    batch.tokens.assign(static_cast<size_t>(batch.B * batch.T), 0);
+    batch.targets.assign(batch.tokens.size(), 0);
+    if (W > 1) batch.positions = context_positions(T, r, W);
+    model.forward_backward(batch);
+    optim->step(1, 1);
+    be->synchronize();
+    const Ledger& d = be->device_ledger();
+    const Ledger& h = be->host_ledger();
+    for (Category c : kAllCategories) {
+      rp.peak[static_cast<int>(c)] = d.peak(c);
+      rp.host_peak[static_cast<int>(c)] = h.peak(c);
+    }
+    rp.at_peak = d.at_total_peak();
+    rp.step_peak = d.total_peak();
+    rp.peak_tag = d.total_peak_tag();
+    rp.host_needed = h.total_peak();
+    const uint64_t boundary = static_cast<uint64_t>(batch.B * batch.T * cfg.hidden_size) *
+                              dtype_size(in.settings.precision.activations);
+    rp.boundaries_offloaded = boundary > 0 ? static_cast<int64_t>(h.peak(kCkpt) / boundary) : 0;
+    if (opt.events) {
+      rp.events = d.events();
+      rp.host_events = h.events();
+    }
+  });
+  return out;
+}
+
+// The rank the plan describes: the largest step peak; among equals the largest sum of category
+// peaks, then the first.
+int64_t rank_pick(const std::vector<RankPlan>& ranks) {
+  auto key = [&](size_t r) {
+    uint64_t sum = 0;
+    for (uint64_t b : ranks[r].peak) sum += b;
+    return std::pair<uint64_t, uint64_t>{ranks[r].step_peak, sum};
+  };
+  size_t top = 0;
+  for (size_t r = 1; r < ranks.size(); ++r)
+    if (key(r) > key(top)) top = r;
+  return static_cast<int64_t>(top);
+}
+
+void describe(const Input& in, Result& r) {
   const Schedules& s = r.sched;
   const Sizes& z = r.sizes;
-  r.validated.fill(true);
-  auto predict = [&](bool validated, std::string what, std::initializer_list<Category> cats) {
-    if (validated) return;
-    r.predicted.push_back(std::move(what));
-    for (Category c : cats) r.validated[static_cast<int>(c)] = false;
-  };
-  const bool engine_layout = z.cp == z.ranks && z.ep == z.ranks && z.fsdp == z.ranks;
-  if (z.ranks > 1 && !engine_layout)
-    predict(false,
-            fmt::format("layout cp = {}, ep = {}, fsdp = {} on {} ranks (the engine runs cp = ep = fsdp = W)", z.cp,
-                        z.ep, z.fsdp, z.ranks),
-            {kParams, kGrads, kOpt, kAct, kDisp, kComm, kVocab});
-  if (z.cp > 1) predict(kValidated.context_parallel, "cp > 1: context parallel (ring attention)", {kComm, kAct});
-  if (z.fsdp > 1) predict(kValidated.fsdp, "fsdp > 1: FSDP sharding (gathered units)", {kParams, kGrads, kOpt});
-  if (z.ep > 1)
-    predict(kValidated.expert_parallel, "ep > 1: expert parallel (all-to-all buffers, hottest rank)",
-            {kParams, kGrads, kOpt, kDisp, kAct});
-  if (z.ep > 1 && s.dispatch == Dispatch::Dispatch_llep)
-    predict(kValidated.llep, "dispatch=llep (LLEP)", {kDisp, kAct, kComm});
-  if (z.ep > 1 && s.dispatch == Dispatch::Dispatch_pipelined_llep)
-    predict(kValidated.pipelined_llep, "dispatch=pipelined_llep (PipelinedLLEP)", {kDisp, kAct, kComm});
-  if (s.vocab == Vocab::Vocab_ring) {
-    if (z.vocab_ring > 1)
-      predict(kValidated.ring_p_ranks, "vocab=ring over P > 1 shards (Ring-DTP)", {kVocab, kAct, kWs, kComm});
-    else
-      predict(kValidated.ring_one_rank, "vocab=ring (Ring-DTP)", {kVocab, kAct, kWs});
-    // The engine keeps one strip; several live strips are a proposal.
-    predict(s.vocab_strips <= 1, "vocab_strips > 1 (several Ring-DTP strips live at once)", {kVocab});
-  }
-  if (s.ckpt == Ckpt::Ckpt_sco) predict(kValidated.sco, "ckpt=sco (SCO)", {kCkpt});
-  if (s.optim == Optim::Optim_offload_serial)
-    predict(kValidated.offload_serial, "optim=offload_serial (serial host AdamW)", {kOpt});
-  if (s.optim == Optim::Optim_offload_stream)
-    predict(kValidated.offload_stream, "optim=offload_stream (OffloadStreamAdamW)", {kOpt});
-
-  const bool sharded = z.params_per_rank != z.params_total;
-  const std::string shard =
-      sharded ? "P_rank (dense / fsdp, ceil(R / fsdp) rows per tensor, + experts / max(ep, fsdp))" : "P";
+  const Precision& p = in.settings.precision;
   auto& f = r.formula;
-  f[static_cast<int>(kParams)] =
-      z.fsdp > 1 ? shard + " x w + the gathered FSDP unit x w (one layer's attention, router and norms [+ its local "
-                           "experts when fsdp > ep], the embedding, or the LM head)"
-                 : shard + " x w";
-  f[static_cast<int>(kGrads)] =
-      z.fsdp > 1 ? shard + " x g + the unsharded gradient of the unit in backward x g (before its reduce-scatter)"
-                 : shard + " x g";
+  const std::string shard = z.ranks > 1 ? "P / W (FSDP rows of every dense tensor, E / W experts)" : "P";
+  f[static_cast<int>(kParams)] = shard + fmt::format(" x {}", dtype_name(p.params)) +
+                                 (z.ranks > 1 ? " + one gathered FSDP unit (a layer, the embedding or the LM head)" : "");
+  f[static_cast<int>(kGrads)] = shard + fmt::format(" x {}", dtype_name(p.grads)) +
+                                (z.ranks > 1 ? " + the unsharded gradient of the unit in backward" : "");
   switch (s.optim) {
     case Optim::Optim_device:
-      f[static_cast<int>(kOpt)] = shard + " x (m + v [+ master when weights are not the master dtype]): " +
-                                  (in.settings.dtypes.weights == in.settings.dtypes.master ? "8 B" : "12 B") +
-                                  " per parameter in fp32";
+      f[static_cast<int>(kOpt)] = shard + fmt::format(" x (m, v in {}{})", dtype_name(p.moments),
+                                                      p.params == p.master ? "" : " + an fp32 master copy");
       break;
-    case Optim::Optim_offload_serial:
-      f[static_cast<int>(kOpt)] = "0 (master, m, v on the host: " + shard + " x 12 B, + the gradient copy)";
-      break;
+    case Optim::Optim_offload_serial: f[static_cast<int>(kOpt)] = "0 on the device (master, m, v on the host)"; break;
     case Optim::Optim_offload_stream:
-      f[static_cast<int>(kOpt)] = "slots x B_max x 16 B staging (B_max: the largest bucket, <= bucket_params)";
+      f[static_cast<int>(kOpt)] = "slots x the largest bucket (<= bucket_params) of staging";
       break;
     case Optim::Optim_auto: break;
   }
-  f[static_cast<int>(kAct)] =
-      "replayed: inputs 3 N x 4 + dx N H a + one layer's recompute and backward (N x {H, Q, Kv}, Re x I, the token "
-      "side N k x H: xs, ys (which takes dys in place), dxs, with 2 x N k x 4 ids); or the head";
+  f[static_cast<int>(kAct)] = "one layer's recompute and backward (N x {H, Q, Kv}, the token side N k x H, the "
+                              "experts' rows x I), or the head";
   f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco
-                                   ? "2 x N x H x a (the last boundary and one restored; + boundaries beyond the host budget)"
-                                   : "L x N x H x a";
-  if (z.ep <= 1)
-    f[static_cast<int>(kDisp)] = "0 (one rank receives nothing: its routed copies are activations)";
-  else if (s.dispatch == Dispatch::Dispatch_pipelined_llep)
-    f[static_cast<int>(kDisp)] = "2 x N k x 4 ids + the chunk in flight: m_i x H x a sent, 2 x r_i x H x a received "
-                                 "and computed (r_i <= E_p x k x c_eff, whatever the routing)";
-  else if (s.dispatch == Dispatch::Dispatch_llep && z.llep_active)
-    f[static_cast<int>(kDisp)] = "2 x N k x 4 + 2 x R x 4 ids + 3 x R x H x a, R = the rows LLEP's plan gives "
-                                 "this rank (near the mean N k)";
-  else
-    f[static_cast<int>(kDisp)] = "2 x R x 4 ids + 3 x R x H x a (in the recompute: the rows grouped by expert and "
-                                 "two of y, y_send, dy_recv, dy), R = routes this rank's experts receive (>= N k "
-                                 "on the hottest)";
-  f[static_cast<int>(kVocab)] = s.vocab == Vocab::Vocab_ring
-                                    ? "strips x n_blk x V/P x l + 16 B x N (online m f32, z f64, y f32)"
-                                    : "3 x N x V x l (logits, log-softmax, gradient)";
-  f[static_cast<int>(kComm)] = z.cp > 1 ? "backward ring attention: 2 x (k, v) x N x Kv x a + 2 x (dk, dv) x N x Kv x 4"
-                                          " (+ Ring-DTP shards or activations in flight; + LLEP's guest expert weights "
-                                          "and gradients, (G + S) x 3 I H)"
-                                        : "0";
-  f[static_cast<int>(kWs)] = s.vocab == Vocab::Vocab_ring ? "4 + 4E + 8 (grad norm, aux-loss bias, f64 loss sum)"
-                                                          : "4 (grad norm) + 4E (aux-loss bias) + 4N + 4 (token losses)";
+                                   ? "2 x N x H (the last boundary and one restored; + any beyond the host budget)"
+                                   : "L x N x H";
+  f[static_cast<int>(kDisp)] =
+      z.ranks == 1 ? "0 (one rank receives nothing: its routed copies are activations)"
+      : s.dispatch == Dispatch::Dispatch_pipelined_llep
+          ? "the chunk in flight: at most 2 x W k c_eff x H, whatever the routing"
+          : "what this rank's experts receive: R x H (R = routes to its experts, or LLEP's share)";
+  f[static_cast<int>(kVocab)] = s.vocab == Vocab::Vocab_ring ? "one n_blk x V/P strip (+ kept strips) + the online "
+                                                               "state (m, z, y) per token"
+                                                             : "3 x N x V (logits, log-softmax, gradient)";
+  f[static_cast<int>(kComm)] = z.ranks > 1 ? "ring attention K/V (dK/dV) blocks, Ring-DTP shards or batches in "
+                                             "flight, LLEP's guest expert weights"
+                                           : "0";
+  f[static_cast<int>(kWs)] = "grad-norm and aux-loss scalars (+ per-token losses with the full head)";
+}
+
+// The plan of one resolved schedule.
+Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ModelConfig& c = in.model;
+  const Layout& lay = in.settings.layout;
+  FP_CHECK(lay.ranks >= 1 && lay.batch >= 1, "ranks and batch are at least 1", "ranks {} batch {}", lay.ranks,
+           lay.batch);
+  FP_CHECK(lay.rank < lay.ranks, "rank= names a rank below --ranks", "rank={} with {} ranks", lay.rank, lay.ranks);
+  FP_CHECK(lay.ranks == 1 || c.num_experts % lay.ranks == 0,
+           "choose a rank count that divides the number of experts (the engine places E / W experts on each rank)",
+           "{} experts cannot be spread over {} ranks", c.num_experts, lay.ranks);
+  FP_CHECK(lay.ranks == 1 || in.context % (2 * lay.ranks) == 0,
+           "choose a context divisible by 2 x the number of ranks (context parallelism cuts each sequence into 2W "
+           "zig-zag chunks)",
+           "context {} is not divisible by 2 x {} ranks", in.context, lay.ranks);
+  std::vector<RankPlan> local;
+  std::vector<RankPlan>& ranks = opt.ranks != nullptr ? *opt.ranks : local;
+  ranks = world_run(in, sc, opt);
+  const int64_t pick = lay.rank >= 0 ? lay.rank : rank_pick(ranks);
+  const RankPlan& rp = ranks[static_cast<size_t>(pick)];
+
+  Result r;
+  r.sched = sc;
+  Sizes& z = r.sizes;
+  z.ranks = lay.ranks;
+  z.rank = pick;
+  z.tokens = lay.batch * in.context / lay.ranks;
+  z.routes_sent = z.tokens * c.num_experts_per_tok;
+  z.params_total = c.param_count();
+  z.params_per_rank = rp.params_per_rank;
+  z.boundaries_offloaded = sc.ckpt == Ckpt::Ckpt_sco ? rp.boundaries_offloaded : 0;
+  if (sc.vocab == Vocab::Vocab_ring) {
+    z.vocab_ring = lay.ranks;
+    if (lay.ranks > 1) {
+      VocabSchedule v;
+      v.ring_mode = sc.ring_mode;
+      z.ring_mode = ring_dtp_mode(v, z.tokens, c.vocab_size, static_cast<int>(lay.ranks)) ==
+                            RingMode::RingMode_activations
+                        ? "activations"
+                        : "weights";
+    }
+  }
+  if (sc.dispatch == Dispatch::Dispatch_pipelined_llep && lay.ranks > 1) {
+    const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(z.tokens, 1), sc.chunk_tokens, sc.max_chunks,
+                                          sc.strided ? ChunkMembership::ChunkMembership_strided
+                                                     : ChunkMembership::ChunkMembership_contiguous);
+    z.chunks = cp.K;
+    z.chunk_tokens = cp.c_eff;
+  }
+  r.peak = rp.peak;
+  r.at_peak = rp.at_peak;
+  r.step_peak = rp.step_peak;
+  r.peak_tag = rp.peak_tag;
+  r.host_peak = rp.host_peak;
+  r.host_needed = rp.host_needed;
+  r.binding = Category::Category_params;
+  for (Category cat : kAllCategories)
+    if (r.at_peak[static_cast<int>(cat)] > r.at_peak[static_cast<int>(r.binding)]) r.binding = cat;
+  r.fits_device = in.device_mem == kUnlimitedBytes || r.step_peak <= in.device_mem;
+  r.fits_host = in.host_mem == kUnlimitedBytes || r.host_needed <= in.host_mem;
+  r.approximate = in.approximate;
+  describe(in, r);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
 }
 
 }  // namespace
 
-Result plan_step(const Input& in, PeakReplay* device_replay, PeakReplay* host_replay) {
+Result plan_step(const Input& in, const PlanOptions& opt) {
   Schedules sched = in.settings.sched;
-  if (sched.optim == Optim::Optim_auto) {
-    // The baseline's rule: the optimizer on the device when the whole step fits, otherwise the
-    // serial host offload.
-    sched.optim = Optim::Optim_device;
-    if (!step_replay(in, sched, nullptr, nullptr).fits_device) sched.optim = Optim::Optim_offload_serial;
-  }
-  Result r = step_replay(in, sched, device_replay, host_replay);
-  label(in, r);
+  if (sched.optim != Optim::Optim_auto) return plan_resolved(in, sched, opt);
+  // The baseline's rule: the optimizer on the device when the whole step fits, otherwise the serial
+  // host offload.
+  sched.optim = Optim::Optim_device;
+  Result r = plan_resolved(in, sched, opt);
+  if (r.fits_device) return r;
+  sched.optim = Optim::Optim_offload_serial;
+  const double first = r.seconds;
+  r = plan_resolved(in, sched, opt);
+  r.seconds += first;
   return r;
 }
 
 Reach plan_reach(Input in, int64_t cap) {
-  const int64_t g = in.settings.layout.cp > 0 ? in.settings.layout.cp : in.settings.layout.ranks;
+  // The engine's granularity: T a multiple of 2W on W > 1 ranks (the zig-zag split).
+  const int64_t W = in.settings.layout.ranks, g = W > 1 ? 2 * W : 1;
   auto fits = [&](int64_t T) {
     in.context = T;
     return plan_step(in).fits();

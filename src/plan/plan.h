@@ -1,26 +1,22 @@
-// The planner: closed-form per-rank device-memory peaks of one training step (forward, backward and
-// optimizer step) for any model, context length and rank count, the binding category, the host
-// memory the schedules need, and the largest context that fits. Pure arithmetic: no backend, no
-// memory is allocated (STYLE.md: plan is testable with no device).
+// The planner: the per-rank device-memory peaks of one training step (forward, backward and optimizer
+// step) for any model, context length and rank count, the binding category, the host memory the
+// schedules need, and the largest context that fits.
 //
-// Legend: T context (tokens per sequence), B sequences per data-parallel group, W ranks, cp
-// context-parallel degree (each rank holds N = B*T/cp tokens), E_p = ep expert-parallel degree, L
-// layers, H hidden, V vocabulary, E experts, k top-k, I expert FFN width, m = N*k routes a rank sends,
-// R routes a rank receives (routing profile), P parameters.
+// Note [The engine is its own planner]
+// A plan is a run of the engine: W ranks as threads of one process (comm/thread_comm.h), each with a
+// meta backend that performs the engine's own allocations and computes nothing, joined by a comm
+// that really exchanges the host data behind data-dependent sizes (EP's counts, LLEP's loads,
+// Ring-DTP's token counts), running the step the trainer runs (zero grads, forward_backward, the
+// optimizer step) in the settings' precision recipe. Its ledgers are the plan. No second copy of the
+// allocation sequence exists, so nothing can drift from the engine (ggml plans allocation from the
+// graph it will run, for the same reason). The plan describes the rank with the largest step peak,
+// or layout.rank. Every category is exact in that sense; a plan is approximate only where the model
+// itself is an approximation of the file it came from (Model::notes: an architecture the engine does
+// not run, such as MLA planned as GQA), and says why.
 //
-// How a plan is computed: Note [Why the planner replays instead of summing] (plan/replay.h); the
-// step's allocation sequence is in plan/step_plan.cpp. What is exact and what is predicted:
-//   exact      every schedule and layout the engine runs: one rank, and the rank with the largest
-//              step peak of the engine's W-rank layout (cp = ep = fsdp = W: ring attention, FSDP row
-//              shards with gathered units, standard EP, LLEP and PipelinedLLEP with each rank's own
-//              rows and chunks, Ring-DTP over W shards), with the plain schedules and with Ring-DTP,
-//              SCO and the offload optimizers: the same allocation
-//              sequence as model.cpp, so with every dtype f32 the plan equals a `--device meta` run
-//              event for event, per category and in total (tests/model/test_plan_vs_meta.cpp). Other
-//              dtypes scale the bytes of the same sequence.
-//   predicted  other multi-rank layouts (cp < W, ep or fsdp != W) and several live Ring-DTP strips: formulas from DESIGN.md, flagged per category (Result::validated, and
-//              "predicted, not yet validated against meta" in the JSON; Note [Which plans are
-//              validated] in plan.cpp).
+// Legend: T context (tokens per sequence), B sequences, W ranks (the engine's layout: the sequence is
+// split over every rank, every dense parameter sharded by rows over W, E / W experts per rank, the
+// vocabulary ring over W), N = B T / W tokens per rank, E experts, k top-k.
 #pragma once
 
 #include <array>
@@ -31,24 +27,15 @@
 
 #include "core/dtype.h"
 #include "core/units.h"
+#include "comm/thread_comm.h"
 #include "memory/category.h"
+#include "memory/ledger.h"
 #include "model/config.h"
-#include "plan/replay.h"
+#include "core/precision.h"
 
 namespace fp::plan {
 
-// Element types of what real training keeps (bf16 weights, activations and gradients; fp32 master
-// weights and moments). RMSNorm/attention statistics, workspace scalars and ids are always fp32/i32,
-// as in the engine. `dtype=f32` sets every one to f32: the engine's own (fp32) step.
-struct Dtypes {
-  DType weights = DType::DType_BF16;
-  DType grads = DType::DType_BF16;
-  DType activations = DType::DType_BF16;  // also checkpoints, dispatch buffers, activation gradients
-  DType master = DType::DType_F32;        // separate master copy only when weights != master
-  DType moments = DType::DType_F32;       // AdamW m and v
-  DType logits = DType::DType_F32;        // vocab: logits, log-softmax, their gradient, Ring-DTP strips
-  DType router = DType::DType_F32;        // router logits, probabilities, top-k weights and their grads
-};
+using CategoryBytes = std::array<uint64_t, kNumCategories>;
 
 // The expert dispatch of sched/dispatch with W > 1 ranks; one rank runs the local dispatch whatever
 // is named (the engine's: every expert is on the rank, nothing is sent).
@@ -69,7 +56,6 @@ struct Schedules {
   Ckpt ckpt = Ckpt::Ckpt_device;
   Optim optim = Optim::Optim_auto;
   int64_t block_tokens = 1024;    // ring: n_blk, tokens per strip
-  int64_t vocab_strips = 0;       // ring: strips (n_blk, V/P) live at once (0: 1, as the engine's one-rank head)
   std::string ring_mode = "auto"; // ring, P > 1: weights | activations | auto (activations when N <= V/P)
   bool keep_strips = false;       // ring, P > 1: keep the pass's strips for backward (vocab.keep_strips)
   int64_t chunk_tokens = 1024;    // pipelined_llep: c, tokens per source per chunk (pipelined.chunk_cap)
@@ -86,16 +72,13 @@ struct Schedules {
 
 struct Layout {
   int64_t ranks = 1;  // W
-  int64_t cp = 0;     // context-parallel degree; 0: W (the sequence is split over every rank)
-  int64_t ep = 0;     // expert-parallel degree; 0: gcd(E, W)
-  int64_t fsdp = 0;   // parameter-sharding degree; 0: W (the engine: cp = ep = fsdp = W; fsdp=1 ep=1 replicates)
-  int64_t batch = 1;  // B, sequences per data-parallel group (W / cp groups)
+  int64_t batch = 1;  // B, sequences per step (each split over the W ranks)
   int64_t rank = -1;  // the rank to describe; -1: the one with the largest step peak (ranks differ by
-                      // the rows their experts receive)
+                      // the rows their experts receive and their vocabulary shard)
 };
 
 struct Settings {
-  Dtypes dtypes;
+  Precision precision = precision_recipe("bf16");  // the paper's recipe (a real run's dtypes)
   Schedules sched;
   Layout layout;
   RoutingProfile routing = routing_profile_parse("balanced");
@@ -114,9 +97,10 @@ void schedules_set_flatpeak(Schedules& s);
 //   dispatch=standard|llep|pipelined_llep
 //   block_tokens= vocab_strips= ring_mode= keep_strips=true|false chunk_tokens= (or chunk_cap=) max_chunks=
 //   membership=strided|contiguous lambda= alpha= min_tokens_per_gemm= bucket_params= slots=
-//   update_on=device|host ckpt_host_budget=SIZE  cp= ep= batch= rank= routing=balanced|hot:R:H
-//   dtype=D (all) dtype.weights= dtype.grads= dtype.activations= dtype.master= dtype.moments=
-//   dtype.logits= dtype.router=
+//   update_on=device|host ckpt_host_budget=SIZE  batch= rank= routing=balanced|hot:R:H
+//   precision.recipe=fp32|bf16  precision.params= precision.grads= precision.activations=
+//   precision.master= precision.moments= precision.logits= precision.router= (a dtype: f32|bf16|f16)
+//   dtype=D (every field), dtype.weights= (= precision.params) dtype.grads= ... (older spellings)
 // Throws fp::Error naming the item.
 void settings_apply(Settings& s, std::string_view item);
 
@@ -127,7 +111,8 @@ struct Model {
   std::string source;        // file it came from
   ModelConfig cfg;           // dimensions (rope/eps are not used)
   int64_t default_ranks = 0; // preset's rank count (paper models), 0: none
-  std::vector<std::string> notes;
+  std::vector<std::string> notes;        // what the preset assumes (dimensions not given by its source)
+  std::vector<std::string> approximate;  // architecture the engine does not run, modelled as Qwen3-MoE
 };
 
 struct Input {
@@ -136,26 +121,22 @@ struct Input {
   Settings settings;
   uint64_t device_mem = kUnlimitedBytes;  // per rank
   uint64_t host_mem = kUnlimitedBytes;    // per rank (pinned host memory for offloads)
+  std::vector<std::string> approximate;   // why the model is approximate (Model::approximate); empty: exact
 };
 
-// The resolved layout of a plan.
+// The layout of a plan, as the engine ran it.
 struct Sizes {
-  int64_t ranks = 1, cp = 1, ep = 1, fsdp = 1, dp = 1;
+  int64_t ranks = 1;
   int64_t tokens = 0;           // N, tokens per rank
-  int64_t routes_sent = 0;      // m = N*k
+  int64_t routes_sent = 0;      // m = N k
   int64_t rank = 0;             // the rank described (W > 1: the largest step peak, or layout.rank)
-  int64_t routes_received = 0;  // R: the rows this rank's experts compute (every route it receives); m on one rank
-  bool llep_active = false;     // llep, pipelined_llep: LLEP's plan spilled (imbalance >= lambda)
-  int64_t guests = 0;           // llep, pipelined_llep: experts this rank computes without owning them
-  int64_t chunks = 0;           // pipelined_llep (W > 1): K
-  int64_t chunk_tokens = 0;     // pipelined_llep: c_eff
-  int64_t chunk_recv_max = 0;   // pipelined_llep: the most rows this rank receives in one chunk (<= W k c_eff)
-  int64_t vocab_ring = 1;       // ring: P, the LM head's vocabulary shards (= fsdp)
-  std::string ring_mode;        // ring, P > 1: resolved "weights" | "activations"
+  int64_t vocab_ring = 1;       // ring: P, the LM head's vocabulary shards (= W)
+  std::string ring_mode;        // ring, P > 1: resolved "weights" | "activations" (sched/vocab)
   int64_t params_total = 0;     // P
-  int64_t params_per_rank = 0;  // dense / fsdp (each tensor ceil(R / fsdp) rows) + experts / max(ep, fsdp)
+  int64_t params_per_rank = 0;  // elements of the parameters this rank stores (its FSDP rows, its experts)
   int64_t boundaries_offloaded = 0;  // sco: boundaries that went to host
-  int64_t bucket_largest = 0;        // offload_stream: B_max, elements of the largest bucket
+  int64_t chunks = 0;           // pipelined_llep (W > 1): K, chunks per MoE block (the engine's chunk plan)
+  int64_t chunk_tokens = 0;     // pipelined_llep: c_eff, tokens per source per chunk
 };
 
 struct Result {
@@ -171,21 +152,39 @@ struct Result {
   bool fits_device = true;        // step_peak <= device_mem
   bool fits_host = true;          // host_needed <= host_mem
   bool fits() const { return fits_device && fits_host; }
-  // Per category: true when every formula that contributes to it has been validated against meta.
-  std::array<bool, kNumCategories> validated{};
-  // What is predicted (not yet validated against meta), e.g. "vocab=ring (Ring-DTP)".
-  std::vector<std::string> predicted;
-  // Per category: the closed form in words (symbols of the legend).
+  // Empty: every figure is the engine's own (Note [The engine is its own planner]); otherwise why the
+  // model, and so every figure, is approximate.
+  std::vector<std::string> approximate;
+  bool exact() const { return approximate.empty(); }
+  // Per category: what holds it, in words (symbols of the legend).
   std::array<std::string, kNumCategories> formula{};
+  double seconds = 0;             // wall time of the engine runs behind this plan
 };
 
-// Plans one step. device_replay/host_replay (optional) receive the allocation sequence (tests).
-// Throws fp::Error on an impossible layout (ep not dividing E or W, T < cp, ...).
-Result plan_step(const Input& in, PeakReplay* device_replay = nullptr, PeakReplay* host_replay = nullptr);
+// One rank's ledgers after a planned step (PlanRun).
+struct RankPlan {
+  CategoryBytes peak{}, at_peak{}, host_peak{};
+  uint64_t step_peak = 0, host_needed = 0;
+  std::string peak_tag;
+  int64_t params_per_rank = 0, boundaries_offloaded = 0;
+  std::vector<LedgerEvent> events, host_events;  // with PlanOptions::events only
+};
+
+struct PlanOptions {
+  bool events = false;  // keep every rank's ledger timelines (tests compare them event for event)
+  ThreadWorldMode world = ThreadWorldMode::ThreadWorldMode_fast;
+  std::vector<RankPlan>* ranks = nullptr;  // every rank's ledgers (tests)
+};
+
+// Plans one step: the engine on meta (Note [The engine is its own planner]). The baseline's optimizer
+// rule (optim=auto) runs the step with the optimizer on the device and, when that does not fit, again
+// with the serial host offload. Throws fp::Error on what the engine refuses (W not dividing E, T not a
+// multiple of 2W, ...).
+Result plan_step(const Input& in, const PlanOptions& opt = {});
 
 // The largest context T whose step fits device_mem and host_mem: doubling from 1024 tokens, then a
-// bisection to one token per rank (T a multiple of cp). max_context 0 when no context fits; capped
-// when T = cap still fits.
+// bisection over meta runs to the engine's granularity (T a multiple of 2W: the zig-zag split of
+// context parallelism). max_context 0 when no context fits; capped when T = cap still fits.
 struct Reach {
   int64_t max_context = 0;
   int64_t max_pow2 = 0;   // largest power of two that fits

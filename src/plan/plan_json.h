@@ -8,12 +8,13 @@
 
 namespace fp::plan {
 
-// What a category's number is: "exact (validated against meta)" or "predicted, not yet validated
-// against meta" (Note [Which plans are validated] in plan.cpp).
-std::string category_status(const Result& r, Category c);
+// What the plan's numbers are: "exact (the engine ran it on meta)", or approximate when the model is
+// (Note [The engine is its own planner] in plan.h).
+std::string category_status(const Result& r);
 
 // Every per-category peak with its status and formula, the step peak, binding category, host memory,
-// layout, dtypes, schedules, what is predicted, and the model's notes. Bytes are integers.
+// layout, precision, schedules, whether the plan is exact (and why not), and the model's notes.
+// Bytes are integers.
 nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& r);
 // {"max_context": T, "max_context_str": "128K", "max_pow2": .., "capped": .., "step_peak_at_max": ..,
 //  "binding_at_max": "..", "schedule": {...}}; max_context 0 when nothing fits.

@@ -173,10 +173,10 @@ std::vector<PlotPanel> peaks_plot_panels(const Input& in, int lo_log2, int hi_lo
       schedules_set_baseline(x.settings.sched);
     else
       schedules_set_flatpeak(x.settings.sched);
-    const int64_t cp = x.settings.layout.cp > 0 ? x.settings.layout.cp : x.settings.layout.ranks;
+    const int64_t W = x.settings.layout.ranks;
     for (int l = lo_log2; l <= hi_log2; ++l) {
       x.context = int64_t{1} << l;
-      if (x.context * x.settings.layout.batch < cp) continue;
+      if (W > 1 && x.context % (2 * W) != 0) continue;  // the engine's zig-zag split needs 2W | T
       panels[p].contexts.push_back(x.context);
       panels[p].results.push_back(plan_step(x));
     }

@@ -12,12 +12,12 @@ namespace {
 
 constexpr const char* kKeysHint =
     "items: baseline | flatpeak | dispatch=standard|llep|pipelined_llep | vocab=full|ring | ckpt=device|sco | "
-    "optim=auto|device|offload_serial|offload_stream | block_tokens= vocab_strips= ring_mode= keep_strips= "
+    "optim=auto|device|offload_serial|offload_stream | block_tokens= ring_mode= keep_strips= "
     "chunk_tokens= (chunk_cap=) max_chunks= membership=strided|contiguous lambda= alpha= min_tokens_per_gemm= "
-    "bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | cp= ep= fsdp= batch= rank= | "
+    "bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | batch= rank= | "
     "routing=balanced|hot:R:H | "
-    "dtype=D | dtype.weights= dtype.grads= dtype.activations= dtype.master= dtype.moments= dtype.logits= "
-    "dtype.router=";
+    "precision.recipe=fp32|bf16 | precision.params= precision.grads= precision.activations= precision.master= "
+    "precision.moments= precision.logits= precision.router= (f32|bf16|f16) | dtype=D (every field)";
 
 int64_t int_parse(std::string_view key, std::string_view v, int64_t min) {
   int64_t out = 0;
@@ -93,13 +93,12 @@ void settings_apply(Settings& s, std::string_view item) {
            item);
   const std::string_view key = item.substr(0, eq), v = item.substr(eq + 1);
   Schedules& sc = s.sched;
-  Dtypes& dt = s.dtypes;
+  Precision& pr = s.precision;
   if (key == "dispatch") sc.dispatch = enum_parse(key, v, kDispatch);
   else if (key == "vocab") sc.vocab = enum_parse(key, v, kVocab);
   else if (key == "ckpt") sc.ckpt = enum_parse(key, v, kCkpt);
   else if (key == "optim") sc.optim = enum_parse(key, v, kOptim);
   else if (key == "block_tokens") sc.block_tokens = int_parse(key, v, 1);
-  else if (key == "vocab_strips") sc.vocab_strips = int_parse(key, v, 0);
   else if (key == "ring_mode") {
     FP_CHECK(v == "auto" || v == "weights" || v == "activations", kKeysHint,
              "--schedule ring_mode={}: not one of auto|weights|activations", v);
@@ -125,25 +124,31 @@ void settings_apply(Settings& s, std::string_view item) {
     sc.update_on_host = v == "host";
   }
   else if (key == "ckpt_host_budget") sc.ckpt_host_budget = bytes_parse(v);
-  else if (key == "cp") s.layout.cp = int_parse(key, v, 1);
-  else if (key == "ep") s.layout.ep = int_parse(key, v, 1);
-  else if (key == "fsdp") s.layout.fsdp = int_parse(key, v, 1);
+  else if (key == "cp" || key == "ep" || key == "fsdp")
+    throw Error(fmt::format("--schedule {}: the engine runs one layout, cp = ep = fsdp = W (context parallel over "
+                            "every rank, every dense parameter sharded over W, E / W experts per rank), and a plan "
+                            "is a run of the engine",
+                            item),
+                "give the rank count with --ranks; other layouts are not implemented");
   else if (key == "batch") s.layout.batch = int_parse(key, v, 1);
   else if (key == "rank") s.layout.rank = int_parse(key, v, 0);
   else if (key == "routing") {
     s.routing = routing_profile_parse(std::string(v), "--schedule routing");
     FP_CHECK(s.routing.kind != RoutingProfile::Kind::Kind_router, "use routing=balanced or routing=hot:R:H",
              "--schedule routing=router: the planner needs a routing profile (the router is data dependent)");
+  } else if (key == "precision.recipe") {
+    FP_CHECK(v == "fp32" || v == "bf16", kKeysHint, "--schedule precision.recipe={}: not one of fp32|bf16", v);
+    pr = precision_recipe(v);
   } else if (key == "dtype") {
     const DType d = dtype_parse(v);
-    dt.weights = dt.grads = dt.activations = dt.master = dt.moments = dt.logits = dt.router = d;
-  } else if (key == "dtype.weights") dt.weights = dtype_parse(v);
-  else if (key == "dtype.grads") dt.grads = dtype_parse(v);
-  else if (key == "dtype.activations") dt.activations = dtype_parse(v);
-  else if (key == "dtype.master") dt.master = dtype_parse(v);
-  else if (key == "dtype.moments") dt.moments = dtype_parse(v);
-  else if (key == "dtype.logits") dt.logits = dtype_parse(v);
-  else if (key == "dtype.router") dt.router = dtype_parse(v);
+    pr.params = pr.grads = pr.activations = pr.master = pr.moments = pr.logits = pr.router = d;
+  } else if (key == "precision.params" || key == "dtype.weights") pr.params = dtype_parse(v);
+  else if (key == "precision.grads" || key == "dtype.grads") pr.grads = dtype_parse(v);
+  else if (key == "precision.activations" || key == "dtype.activations") pr.activations = dtype_parse(v);
+  else if (key == "precision.master" || key == "dtype.master") pr.master = dtype_parse(v);
+  else if (key == "precision.moments" || key == "dtype.moments") pr.moments = dtype_parse(v);
+  else if (key == "precision.logits" || key == "dtype.logits") pr.logits = dtype_parse(v);
+  else if (key == "precision.router" || key == "dtype.router") pr.router = dtype_parse(v);
   else throw Error(fmt::format("--schedule {}: unknown key '{}'", item, key), kKeysHint);
 }
 

@@ -56,3 +56,11 @@ flatpeak_mpi_script(mpi_llep_train llep_train.py 600 --configs ${PROJECT_SOURCE_
 
 # flatpeak bench dispatch on 2 ranks, cpu and meta (llep_bench.py, issue 6).
 flatpeak_mpi_script(mpi_llep_bench llep_bench.py 300)
+
+# flatpeak plan against mpirun (plan_case.cpp, issue 13): every rank's ledgers of a real W-process
+# meta step equal the plan's run of that rank (event for event on some cases), fp32 and bf16, on 1,
+# 2, 4 and 8 ranks.
+flatpeak_mpi_case(plan_case mpi_plan)
+add_test(NAME mpi_plan_w8
+         COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 8 $<TARGET_FILE:plan_case>)
+set_tests_properties(mpi_plan_w8 PROPERTIES LABELS mpi TIMEOUT 600 RUN_SERIAL TRUE ENVIRONMENT "${FLATPEAK_MPI_ENV}")

@@ -39,6 +39,7 @@
 // activations, so the expert FLOPs equal LLEP's. (Recomputing them instead would bound the
 // activations too, at the price of one expert forward per layer.)
 #include <algorithm>
+#include <memory>
 
 #include "sched/dispatch/chunk_plan.h"
 #include "sched/dispatch/llep.h"
@@ -65,7 +66,7 @@ struct ChunkLayout {
 
 struct PipelinedActs : DispatchActs {
   LlepLayer layer;
-  ChunkLayout chunks;
+  std::shared_ptr<const ChunkLayout> chunks;  // shared by every layer of a step under a routing profile
   GuestExperts guests;          // received weights kept for backward
   Tensor xs;                    // (m, H) the routed copies, sent again chunk by chunk in backward, unless ...
   Tensor tokens;                // (m) i32 ... the rows are gathered again from s.moe_h2: the token of each chunk row
@@ -93,8 +94,21 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       *keep = std::move(acts);
     }
     llep_layer_build(s, params_, offsets, a->layer);
-    chunks_build(s, offsets, *a);
-    const ChunkLayout& C = a->chunks;
+    // Note [One chunk layout per step under a routing profile]: a profile routes every layer of a step
+    // alike on every rank (Note [A routing profile is routed once per step] in model/blocks.h), so the
+    // LLEP plan and the chunk layout are the same for every layer: built once, then shared. Every rank
+    // decides alike (the profile is the run's), so the count exchange inside is skipped everywhere
+    // at once. On meta at 1M tokens and 64 ranks this is most of a step's host work.
+    const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
+    if (!profiled || profile_chunks_ == nullptr) {
+      auto built = std::make_shared<ChunkLayout>();
+      chunks_build(s, offsets, a->layer, *built);
+      a->chunks = built;
+      if (profiled) profile_chunks_ = built;
+    } else {
+      a->chunks = profile_chunks_;
+    }
+    const ChunkLayout& C = *a->chunks;
 
     a->rows = be.alloc(kDispatch, {m}, DType::DType_I32, "pllep.rows");  // (m)
     be.copy_from_host(a->rows.data(), C.rows.data(), a->rows.bytes());
@@ -145,7 +159,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     auto* a = dynamic_cast<PipelinedActs*>(acts.get());
     FP_ASSERT(a != nullptr, "pipelined_llep backward needs the acts of a pipelined_llep forward with keep");
     const int64_t H = s.cfg.hidden_size;
-    const ChunkLayout& C = a->chunks;
+    const ChunkLayout& C = *a->chunks;
 
     a->guests.grads_zero(s);
     for (int64_t i = 0; i < C.cp.K; ++i) {
@@ -205,13 +219,12 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
   // The chunk layout of this layer: membership, per-chunk rows by destination, and (one all-to-all
   // of counts) what every chunk brings from every source.
-  void chunks_build(StepContext& s, std::span<const int64_t> offsets, PipelinedActs& a) {
+  void chunks_build(StepContext& s, std::span<const int64_t> offsets, const LlepLayer& layer, ChunkLayout& C) {
     const int W = s.comm.size();
     const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok;
     const int64_t m = offsets[E];
-    ChunkLayout& C = a.chunks;
     // n_max, not n: K and c_eff must be the same on every rank (every chunk is one collective).
-    C.cp = chunk_plan_build(std::max<int64_t>(a.layer.n_max, 1), sched_.chunk_cap, sched_.max_chunks,
+    C.cp = chunk_plan_build(std::max<int64_t>(layer.n_max, 1), sched_.chunk_cap, sched_.max_chunks,
                             sched_.strided ? ChunkMembership::ChunkMembership_strided
                                            : ChunkMembership::ChunkMembership_contiguous);
     const int64_t Kc = C.cp.K;
@@ -221,7 +234,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
     // Each row's destination (the plan's pieces) and chunk (its token's).
     row_dest_.resize(static_cast<size_t>(m));
-    for (const LlepPiece& pc : a.layer.pieces)
+    for (const LlepPiece& pc : layer.pieces)
       for (int64_t i = pc.begin; i < pc.end; ++i) row_dest_[offsets[pc.expert] + i] = pc.dest;
     row_chunk_.resize(static_cast<size_t>(m));
     for (int64_t r = 0; r < m; ++r) row_chunk_[r] = C.cp.chunk_of(s.host_rows[r]);
@@ -278,8 +291,8 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       }
       if (sum > 0) send_ratio = std::max(send_ratio, static_cast<double>(mx) * W / static_cast<double>(sum));
     }
-    const LlepPlan& plan = a.layer.plan;
-    stats_ = {plan.active, plan.imbalance, plan.load_ratio(), static_cast<int64_t>(a.layer.guests.size())};
+    const LlepPlan& plan = layer.plan;
+    stats_ = {plan.active, plan.imbalance, plan.load_ratio(), static_cast<int64_t>(layer.guests.size())};
     stats_.chunks = Kc;
     stats_.c_eff = C.cp.c_eff;
     stats_.chunk_send_ratio = send_ratio;
@@ -301,7 +314,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
   // The FFN groups of chunk i (offsets_, weights_): one per arriving block.
   void groups_fill(const StepContext& s, const LayerParams& lp, PipelinedActs& a, int64_t i) {
-    const ChunkLayout& C = a.chunks;
+    const ChunkLayout& C = *a.chunks;
     const int me = s.comm.rank();
     const std::vector<int64_t>& guests = a.layer.guests;
     offsets_.assign(1, 0);
@@ -325,6 +338,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   std::vector<int32_t> row_dest_, host_tokens_;
   std::vector<int64_t> row_chunk_, counts_, send_blocks_, recv_blocks_, pair_counts_, offsets_;
   std::vector<ExpertWeights> weights_;
+  std::shared_ptr<const ChunkLayout> profile_chunks_;  // Note [One chunk layout per step under a routing profile]
 };
 
 }  // namespace
