@@ -1,11 +1,12 @@
 // Which schedule each flattenable peak uses (DESIGN.md, "The four schedules"). Every family keeps its
 // plain variant, so a run can compare them side by side. Parsed from the run config
-// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined]).
+// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined], [precision]).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "core/precision.h"
 #include "core/units.h"
 
 namespace fp {
@@ -44,6 +45,9 @@ struct ModelSchedules {
   VocabSchedule vocab;
   CkptSchedule ckpt;
   DispatchSchedule dispatch;
+  // The dtype of every allocation (core/precision.h, Note [Which dtype each allocation gets]); all f32
+  // by default. A computing backend refuses anything else until bf16 compute lands (Model's constructor).
+  Precision precision;
 };
 
 }  // namespace fp
