@@ -34,6 +34,7 @@ struct PlanOptions {
   std::string json;
   std::string plot;
   bool strict = false;
+  bool no_reach = false;
 };
 
 int plan_run(const PlanOptions& o) {
@@ -60,21 +61,23 @@ int plan_run(const PlanOptions& o) {
 
   // Reach: the same sizes, layout and dtypes with the baseline's and flatpeak's schedule families.
   nlohmann::ordered_json reach = nullptr;
-  if (in.device_mem != kUnlimitedBytes) {
+  if (in.device_mem != kUnlimitedBytes && !o.no_reach) {
     plan::Input base = in, flat = in;
     plan::schedules_set_baseline(base.settings.sched);
     plan::schedules_set_flatpeak(flat.settings.sched);
     const plan::Reach rb = plan::plan_reach(base), rf = plan::plan_reach(flat);
     auto line = [](const plan::Reach& x) {
       if (x.max_context == 0) return std::string("nothing fits");
-      return fmt::format("{} tokens ({}{}; binding there: {})", x.max_context, plan::context_format(x.max_pow2),
-                         x.capped ? ", capped" : " as a power of two", category_name(x.at_max.binding));
+      return fmt::format("{} tokens ({}{}; binding there: {}; {} plans in {:.1f} s)", x.max_context,
+                         plan::context_format(x.max_pow2), x.capped ? ", capped" : " as a power of two",
+                         category_name(x.at_max.binding), x.points, x.seconds);
     };
     fmt::print("reach at {} per rank, host {}: baseline {}; flatpeak {}\n", bytes_format(in.device_mem),
                bytes_format(in.host_mem), line(rb), line(rf));
     reach = {{"baseline", plan::reach_json(rb)}, {"flatpeak", plan::reach_json(rf)}};
   } else {
-    fmt::print("reach: give --device-mem to search the largest context that fits\n");
+    fmt::print("reach: {}\n", o.no_reach ? "not searched (--no-reach)"
+                                         : "give --device-mem to search the largest context that fits");
   }
 
   if (!o.json.empty()) {
@@ -119,6 +122,7 @@ void plan_register(CLI::App& parent, Runner& run) {
                   "optim= batch= rank= routing= precision.recipe= ...; repeatable, applied in order; "
                   "a wrong key lists them all)");
   sub->add_option("--set", o.set, "precision.recipe=fp32|bf16 (default bf16: the paper's recipe), precision.params=...");
+  sub->add_flag("--no-reach", o.no_reach, "skip the two reach searches (one plan only)");
   sub->add_flag("--strict", o.strict, "exit 3 when the plan is approximate (a model the engine does not run exactly)");
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
   sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");

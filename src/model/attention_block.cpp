@@ -36,13 +36,13 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   AttnActs local;
   AttnActs& a = keep ? *keep : local;
 
-  a.h1 = be.alloc_f32(kAct, {n, H}, "attn.h1");
+  a.h1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.h1");
   a.rstd1 = be.alloc_f32(kAct, {n}, "attn.rstd1");
   K.rmsnorm_forward(x.f32(), lp.input_layernorm->w.f32(), a.h1.f32(), a.rstd1.f32(), n, H, eps);
 
-  a.q_raw = be.alloc_f32(kAct, {n, nh * hd}, "attn.q_raw");
-  a.k_raw = be.alloc_f32(kAct, {n, nkv * hd}, "attn.k_raw");
-  a.v = be.alloc_f32(kAct, {n, nkv * hd}, "attn.v");
+  a.q_raw = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.q_raw");
+  a.k_raw = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.k_raw");
+  a.v = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.v");
   linear_forward(be, a.h1.f32(), lp.q_proj->w.f32(), a.q_raw.f32(), n, H, nh * hd);
   linear_forward(be, a.h1.f32(), lp.k_proj->w.f32(), a.k_raw.f32(), n, H, nkv * hd);
   linear_forward(be, a.h1.f32(), lp.v_proj->w.f32(), a.v.f32(), n, H, nkv * hd);
@@ -51,8 +51,8 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
     a.rstd1.reset();
   }
 
-  a.q = be.alloc_f32(kAct, {n, nh * hd}, "attn.q");
-  a.k = be.alloc_f32(kAct, {n, nkv * hd}, "attn.k");
+  a.q = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.q");
+  a.k = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.k");
   a.rstd_q = be.alloc_f32(kAct, {n * nh}, "attn.rstd_q");
   a.rstd_k = be.alloc_f32(kAct, {n * nkv}, "attn.rstd_k");
   K.rmsnorm_forward(a.q_raw.f32(), lp.q_norm->w.f32(), a.q.f32(), a.rstd_q.f32(), n * nh, hd, eps);
@@ -66,7 +66,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
     a.rstd_k.reset();
   }
 
-  a.o = be.alloc_f32(kAct, {n, nh * hd}, "attn.o");
+  a.o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.o");
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
   if (s.comm.size() > 1) {
     ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse);
@@ -81,7 +81,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
     a.lse.reset();
   }
 
-  Tensor x1 = be.alloc_f32(kAct, {n, H}, "attn.x1");
+  Tensor x1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.x1");
   K.copy(x1.f32(), x.f32(), n * H);
   linear_forward(be, a.o.f32(), lp.o_proj->w.f32(), x1.f32(), n, nh * hd, H, /*beta=*/1.0f);
   if (!keep) a.o.reset();
@@ -97,13 +97,13 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   const float theta = static_cast<float>(c.rope_theta);
 
   // o_proj: dx holds d x1 = d (x + o W_o^T); the residual part stays in dx.
-  Tensor d_o = be.alloc_f32(kAct, {n, nh * hd}, "attn.d_o");
+  Tensor d_o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.d_o");
   linear_backward_input(be, dx.f32(), lp.o_proj->w.f32(), d_o.f32(), n, nh * hd, H);
   linear_backward_weight(be, dx.f32(), a.o.f32(), lp.o_proj->g.f32(), n, nh * hd, H);
 
-  Tensor dq = be.alloc_f32(kAct, {n, nh * hd}, "attn.dq");
-  Tensor dk = be.alloc_f32(kAct, {n, nkv * hd}, "attn.dk");
-  Tensor dv = be.alloc_f32(kAct, {n, nkv * hd}, "attn.dv");
+  Tensor dq = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq");
+  Tensor dk = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk");
+  Tensor dv = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dv");
   if (s.comm.size() > 1) {
     ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv);
   } else {
@@ -118,8 +118,8 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
   K.rope_backward(dq.f32(), s.pos.i32(), n, nh, hd, theta);
   K.rope_backward(dk.f32(), s.pos.i32(), n, nkv, hd, theta);
-  Tensor dq_raw = be.alloc_f32(kAct, {n, nh * hd}, "attn.dq_raw");
-  Tensor dk_raw = be.alloc_f32(kAct, {n, nkv * hd}, "attn.dk_raw");
+  Tensor dq_raw = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq_raw");
+  Tensor dk_raw = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk_raw");
   K.rmsnorm_backward(a.q_raw.f32(), lp.q_norm->w.f32(), a.rstd_q.f32(), dq.f32(), dq_raw.f32(), lp.q_norm->g.f32(),
                      n * nh, hd);
   K.rmsnorm_backward(a.k_raw.f32(), lp.k_norm->w.f32(), a.rstd_k.f32(), dk.f32(), dk_raw.f32(), lp.k_norm->g.f32(),
@@ -132,7 +132,7 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.rstd_k.reset();
 
   // q, k, v projections: d h1 = dq W_q + dk W_k + dv W_v.
-  Tensor dh1 = be.alloc_f32(kAct, {n, H}, "attn.dh1");
+  Tensor dh1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.dh1");
   linear_backward_input(be, dq_raw.f32(), lp.q_proj->w.f32(), dh1.f32(), n, H, nh * hd);
   linear_backward_input(be, dk_raw.f32(), lp.k_proj->w.f32(), dh1.f32(), n, H, nkv * hd, 1.0f);
   linear_backward_input(be, dv.f32(), lp.v_proj->w.f32(), dh1.f32(), n, H, nkv * hd, 1.0f);
@@ -146,7 +146,7 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.h1.reset();
 
   // input_layernorm: dx += rmsnorm_backward(dh1).
-  Tensor dnorm = be.alloc_f32(kAct, {n, H}, "attn.dnorm");
+  Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "attn.dnorm");
   K.rmsnorm_backward(x.f32(), lp.input_layernorm->w.f32(), a.rstd1.f32(), dh1.f32(), dnorm.f32(),
                      lp.input_layernorm->g.f32(), n, H);
   K.add_inplace(dx.f32(), dnorm.f32(), n * H);

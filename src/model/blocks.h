@@ -30,6 +30,9 @@ struct StepContext {
   const ModelConfig& cfg;
   RoutingProfile profile;
   Comm& comm;                // context-parallel ranks (size 1: one process); experts sharded over them
+  // The dtype of each kind of tensor (Note [Which dtype each allocation gets] in core/precision.h):
+  // every block allocates in it; all f32 unless the model's schedules say otherwise.
+  Precision precision;
   ExpertDispatch* dispatch = nullptr;  // the step's expert dispatch (expert_dispatch_create); null: local (W = 1)
   // (n, H) the current MoE block's normed tokens (MoeActs::h2), set only while s.dispatch->forward with
   // keep and s.dispatch->backward run (null otherwise): a dispatch that recomputes in backward may

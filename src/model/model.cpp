@@ -34,8 +34,28 @@ void batch_validate(const Batch& b, int64_t V) {
   }
 }
 
+// Note [bf16 on a computing backend]: every allocation honours the precision recipe, but the cpu
+// kernels read and write f32 only. Until bf16 compute lands, a backend that computes refuses any
+// other dtype here, before anything is allocated; meta computes nothing, so it takes any recipe
+// (its peaks are those of real bf16 training).
+namespace {
+const Precision& precision_checked(const Backend& be, const Precision& p) {
+  FP_CHECK(!be.computes() || precision_all_f32(p),
+           "bf16 compute is not implemented on the cpu backend yet; use --device meta to see bf16 peaks, or "
+           "precision.recipe = \"fp32\"",
+           "precision {} on the {} backend: {} must be f32 there", precision_describe(p), be.name(),
+           precision_non_f32(p));
+  return p;
+}
+}  // namespace
+
 Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, ModelSchedules sched, Comm* comm)
-    : cfg_(cfg), be_(be), profile_(profile), sched_(sched), comm_(comm), params_(cfg, be, comm) {
+    : cfg_(cfg),
+      be_(be),
+      profile_(profile),
+      sched_(sched),
+      comm_(comm),
+      params_(cfg, be, comm, precision_checked(be, sched_.precision)) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");
@@ -47,6 +67,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   static std::unique_ptr<Comm> single = comm_single();
   Comm& comm = comm_ != nullptr ? *comm_ : *single;
   StepContext s(be_, cfg_, profile_, comm);
+  s.precision = sched_.precision;
   s.B = batch.B;
   s.T = batch.T;
   s.n = n;
@@ -88,7 +109,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   std::unique_ptr<BoundaryStore> store = boundary_store_create(sched_.ckpt, be_, L);
   std::vector<RouterStats> stats(static_cast<size_t>(L));
   params_.unit_gather(params_.unit_embed());
-  Tensor x = be_.alloc_f32(Category::Category_checkpoints, {n, H}, "ckpt.layer0");
+  Tensor x = be_.alloc(Category::Category_checkpoints, {n, H}, s.precision.activations, "ckpt.layer0");
   K.embedding_forward(tokens.i32(), params_.embed_tokens->w.f32(), x.f32(), n, H);
   params_.unit_release(params_.unit_embed());
   for (int64_t l = 0; l < L; ++l) {
@@ -140,7 +161,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   // computes its N x V logits); Ring-DTP reads only this rank's rows (lm_head_shard()) once its
   // multi-rank path does, and then only model.norm is gathered.
   Tensor dx;
-  if (backward) dx = be_.alloc_f32(Category::Category_activations, {n, H}, "grad.x");
+  if (backward) dx = be_.alloc(Category::Category_activations, {n, H}, s.precision.activations, "grad.x");
   const bool head_reads_shard = sched_.vocab.kind == VocabSchedule::Kind::Kind_ring && kRingReadsLmHeadShard;
   const int64_t head_unit = head_reads_shard ? params_.unit_norm() : params_.unit_head();
   params_.unit_gather(head_unit);

@@ -29,18 +29,18 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   MoeActs local;
   MoeActs& a = keep ? *keep : local;
 
-  a.h2 = be.alloc_f32(kAct, {n, H}, "moe.h2");
+  a.h2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.h2");
   a.rstd2 = be.alloc_f32(kAct, {n}, "moe.rstd2");
   K.rmsnorm_forward(x1.f32(), lp.post_attention_layernorm->w.f32(), a.h2.f32(), a.rstd2.f32(), n, H,
                     static_cast<float>(c.rms_norm_eps));
 
   // Router: logits (n, E) -> probs, top-k. A routing profile overrides the choice, not the weights.
   {
-    Tensor logits = be.alloc_f32(kAct, {n, E}, "moe.router_logits");
+    Tensor logits = be.alloc(kAct, {n, E}, s.precision.router, "moe.router_logits");
     linear_forward(be, a.h2.f32(), lp.gate->w.f32(), logits.f32(), n, H, E);
-    a.probs = be.alloc_f32(kAct, {n, E}, "moe.probs");
+    a.probs = be.alloc(kAct, {n, E}, s.precision.router, "moe.probs");
     a.topk_idx = be.alloc(kAct, {n, k}, DType::DType_I32, "moe.topk_idx");
-    a.topk_w = be.alloc_f32(kAct, {n, k}, "moe.topk_w");
+    a.topk_w = be.alloc(kAct, {n, k}, s.precision.router, "moe.topk_w");
     K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
@@ -88,7 +88,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   be.copy_from_host(a.rows.data(), s.host_rows.data(), a.rows.bytes());
   be.copy_from_host(a.slot_pos.data(), s.host_slot.data(), a.slot_pos.bytes());
 
-  Tensor xs = be.alloc_f32(kAct, {m, H}, "moe.xs");  // (m, H) routed copies in expert order
+  Tensor xs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.xs");  // (m, H) routed copies in expert order
   K.moe_gather(a.h2.f32(), a.rows.i32(), xs.f32(), m, H);
   if (!keep) {
     a.h2.reset();
@@ -103,7 +103,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   a.ys = expert_dispatch(s).forward(s, lp, std::move(xs), a.offsets, keep ? &a.dispatch : nullptr);
   s.moe_h2 = nullptr;
 
-  Tensor x2 = be.alloc_f32(out_cat, {n, H}, out_name);
+  Tensor x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
   K.copy(x2.f32(), x1.f32(), n * H);
   K.moe_combine_forward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), x2.f32(), n, k, H);
   if (!keep) {
@@ -123,7 +123,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
 
   // combine: x2 = x1 + sum_j w_j ys[slot_j]; the residual part stays in dx. dys is formed in place in
   // ys's buffer (each row's dw is read first): no second (m, H) buffer at the layer's peak.
-  Tensor dw = be.alloc_f32(kAct, {n, k}, "moe.dw");
+  Tensor dw = be.alloc(kAct, {n, k}, s.precision.router, "moe.dw");
   K.moe_combine_backward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), dx.f32(), a.ys.f32(), dw.f32(), n, k, H);
   Tensor dys = std::move(a.ys);  // (m, H) now d loss / d ys
   a.topk_w.reset();
@@ -134,7 +134,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   s.moe_h2 = nullptr;
 
   // back to token order
-  Tensor dh2 = be.alloc_f32(kAct, {n, H}, "moe.dh2");
+  Tensor dh2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dh2");
   K.fill(dh2.f32(), 0.0f, n * H);
   K.moe_scatter_add(dxs.f32(), a.slot_pos.i32(), dh2.f32(), n, k, H);
   dxs.reset();
@@ -143,7 +143,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
 
   // router: through the top-k weights, the softmax, and the load-balancing loss.
   {
-    Tensor dlogits = be.alloc_f32(kAct, {n, E}, "moe.drouter_logits");
+    Tensor dlogits = be.alloc(kAct, {n, E}, s.precision.router, "moe.drouter_logits");
     K.router_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), aux_bias.defined() ? aux_bias.f32() : nullptr,
                       dlogits.f32(), n, E, k, c.norm_topk_prob);
     linear_backward_input(be, dlogits.f32(), lp.gate->w.f32(), dh2.f32(), n, H, E, 1.0f);
@@ -155,7 +155,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   a.h2.reset();
 
   // post_attention_layernorm
-  Tensor dnorm = be.alloc_f32(kAct, {n, H}, "moe.dnorm");
+  Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dnorm");
   K.rmsnorm_backward(x1.f32(), lp.post_attention_layernorm->w.f32(), a.rstd2.f32(), dh2.f32(), dnorm.f32(),
                      lp.post_attention_layernorm->g.f32(), n, H);
   K.add_inplace(dx.f32(), dnorm.f32(), n * H);

@@ -19,7 +19,8 @@ Shape with_rows(const Shape& s, int64_t rows) {
   return out;
 }
 
-// Element `off` of an f32 tensor, keeping null (meta) data null.
+// Element `off` of an f32 tensor, keeping null (meta) data null (a null tensor of any dtype: meta
+// with a bf16 recipe).
 float* ptr_at_elems(const Tensor& t, int64_t off) { return t.f32() == nullptr ? nullptr : t.f32() + off; }
 
 }  // namespace
@@ -32,7 +33,8 @@ RowBlock row_block(int64_t R, int rank, int world) {
   return b;
 }
 
-ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm) : be_(be), cfg_(cfg), comm_(comm) {
+ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Precision& precision)
+    : be_(be), cfg_(cfg), comm_(comm), precision_(precision) {
   if (comm_ == nullptr) {
     single_ = comm_single();
     comm_ = single_.get();
@@ -88,14 +90,14 @@ Param* ParamStore::add(const std::string& name, const Shape& shape, Placement pl
   if (placement == Placement::Placement_rows) {
     p.block = row_block(shape[0], comm_->rank(), comm_->size());
     const Shape local = with_rows(shape, p.block.rows_padded);
-    p.w_shard = be_.alloc_f32(Category::Category_params, local, name);
-    p.g_shard = be_.alloc_f32(Category::Category_grads, local, name + ".grad");
+    p.w_shard = be_.alloc(Category::Category_params, local, precision_.params, name);
+    p.g_shard = be_.alloc(Category::Category_grads, local, precision_.grads, name + ".grad");
     // Padding rows must read as zero: the gathered weight and the reduce-scatter see them.
     be_.kernels().fill(p.w_shard.f32(), 0.0f, p.w_shard.numel());
   } else {
     p.block = RowBlock{0, shape[0], shape[0]};
-    p.w = be_.alloc_f32(Category::Category_params, shape, name);
-    p.g = be_.alloc_f32(Category::Category_grads, shape, name + ".grad");
+    p.w = be_.alloc(Category::Category_params, shape, precision_.params, name);
+    p.g = be_.alloc(Category::Category_grads, shape, precision_.grads, name + ".grad");
   }
   by_name_[name] = &p;
   return &p;
@@ -142,11 +144,11 @@ void ParamStore::unit_gather(int64_t ui) {
   if (units_.empty()) return;
   Unit& u = units_[static_cast<size_t>(ui)];
   FP_ASSERT(!u.w.defined(), "unit {} {} is already gathered", ui, u.name);
-  u.w = be_.alloc_f32(Category::Category_params, {u.numel}, u.name);
+  u.w = be_.alloc(Category::Category_params, {u.numel}, precision_.params, u.name);
   for (size_t i = 0; i < u.params.size(); ++i) {
     Param& p = *u.params[i];
     // Rank r's Rp rows land at rows [r Rp, (r + 1) Rp): the first R rows are the tensor in order.
-    comm_->all_gather(p.w_shard.data(), ptr_at_elems(u.w, u.offset[i]), p.w_shard.numel(), DType::DType_F32);
+    comm_->all_gather(p.w_shard.data(), ptr_at_elems(u.w, u.offset[i]), p.w_shard.numel(), p.w_shard.dtype());
     p.w = Tensor::view(u.w, u.offset[i], p.shape, p.name);
   }
 }
@@ -163,7 +165,7 @@ void ParamStore::unit_grad_begin(int64_t ui) {
   Unit& u = units_[static_cast<size_t>(ui)];
   FP_ASSERT(!u.g.defined(), "unit {} {} already has its gradient", ui, u.name);
   const ops::Kernels& K = be_.kernels();
-  u.g = be_.alloc_f32(Category::Category_grads, {u.numel}, u.name + ".grad");
+  u.g = be_.alloc(Category::Category_grads, {u.numel}, precision_.grads, u.name + ".grad");
   K.fill(u.g.f32(), 0.0f, u.numel);
   for (size_t i = 0; i < u.params.size(); ++i) {
     Param& p = *u.params[i];
@@ -181,7 +183,7 @@ void ParamStore::unit_grad_reduce(int64_t ui) {
     Param& p = *u.params[i];
     // Padding rows of the unsharded gradient are zero (nothing writes past row R), so the shard's
     // padding stays zero.
-    comm_->reduce_scatter_sum(ptr_at_elems(u.g, u.offset[i]), p.g_shard.data(), p.g_shard.numel(), DType::DType_F32);
+    comm_->reduce_scatter_sum(ptr_at_elems(u.g, u.offset[i]), p.g_shard.data(), p.g_shard.numel(), p.g_shard.dtype());
     p.g.reset();
   }
   u.g.reset();

@@ -34,6 +34,7 @@
 
 #include "backend/backend.h"
 #include "comm/comm.h"
+#include "core/precision.h"
 #include "model/config.h"
 #include "model/layout.h"
 
@@ -110,8 +111,9 @@ class ParamStore {
  public:
   // Allocates every weight (params) and gradient (grads) on the backend, in HF order, laid out over
   // comm's ranks (Note [FSDP layout]); comm null or of one rank: every parameter whole. comm must
-  // outlive the store.
-  ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm = nullptr);
+  // outlive the store. Weights (and gathered units) are allocated in precision.params, gradients in
+  // precision.grads; the optimizers read master and moments from precision() too.
+  ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm = nullptr, const Precision& precision = {});
 
   // cpu: linear weights and embeddings ~ N(0, 0.02) (HF initializer_range), norms = 1; deterministic
   // in seed and the same numbers for any W (every rank draws the full tensors, keeps its rows).
@@ -131,6 +133,8 @@ class ParamStore {
   const ExpertLayout& experts() const { return experts_; }
 
   Comm& comm() const { return *comm_; }
+  // The run's dtypes (core/precision.h): params and grads here, master and moments for the optimizers.
+  const Precision& precision() const { return precision_; }
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->size(); }
   bool sharded() const { return comm_->size() > 1; }
@@ -193,6 +197,7 @@ class ParamStore {
   ExpertLayout experts_;
   std::unordered_map<std::string, Param*> by_name_;
   std::vector<Unit> units_;   // embed, layers 0..L-1, head, norm (empty on one rank)
+  Precision precision_;
 };
 
 }  // namespace fp

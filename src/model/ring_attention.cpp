@@ -25,7 +25,7 @@ RingGeometry ring_geometry(const StepContext& s) {
 
 // Sends `t` to the next rank and receives the previous rank's into `into` (same shape).
 void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into) {
-  s.comm.send_recv(t.data(), t.numel(), g.next(), into.data(), into.numel(), g.prev(), DType::DType_F32);
+  s.comm.send_recv(t.data(), t.numel(), g.next(), into.data(), into.numel(), g.prev(), t.dtype());
 }
 
 }  // namespace
@@ -39,8 +39,9 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const RingGeometry g = ring_geometry(s);
   const Shape kv_shape = k.shape();
-  Tensor kb[2] = {be.alloc_f32(kComm, kv_shape, "ring.k0"), be.alloc_f32(kComm, kv_shape, "ring.k1")};
-  Tensor vb[2] = {be.alloc_f32(kComm, kv_shape, "ring.v0"), be.alloc_f32(kComm, kv_shape, "ring.v1")};
+  const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
+  Tensor kb[2] = {be.alloc(kComm, kv_shape, act, "ring.k0"), be.alloc(kComm, kv_shape, act, "ring.k1")};
+  Tensor vb[2] = {be.alloc(kComm, kv_shape, act, "ring.v0"), be.alloc(kComm, kv_shape, act, "ring.v1")};
   K.copy(kb[0].f32(), k.f32(), k.numel());
   K.copy(vb[0].f32(), v.f32(), v.numel());
   for (int step = 0; step < g.world; ++step) {
@@ -66,8 +67,10 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const RingGeometry g = ring_geometry(s);
   const Shape kv_shape = k.shape();
-  Tensor kb[2] = {be.alloc_f32(kComm, kv_shape, "ring.k0"), be.alloc_f32(kComm, kv_shape, "ring.k1")};
-  Tensor vb[2] = {be.alloc_f32(kComm, kv_shape, "ring.v0"), be.alloc_f32(kComm, kv_shape, "ring.v1")};
+  const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
+  Tensor kb[2] = {be.alloc(kComm, kv_shape, act, "ring.k0"), be.alloc(kComm, kv_shape, act, "ring.k1")};
+  Tensor vb[2] = {be.alloc(kComm, kv_shape, act, "ring.v0"), be.alloc(kComm, kv_shape, act, "ring.v1")};
+  // dK/dV accumulate in fp32 whatever the recipe (Note [Which dtype each allocation gets]).
   Tensor dkb[2] = {be.alloc_f32(kComm, kv_shape, "ring.dk0"), be.alloc_f32(kComm, kv_shape, "ring.dk1")};
   Tensor dvb[2] = {be.alloc_f32(kComm, kv_shape, "ring.dv0"), be.alloc_f32(kComm, kv_shape, "ring.dv1")};
   K.copy(kb[0].f32(), k.f32(), k.numel());

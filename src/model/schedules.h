@@ -1,6 +1,6 @@
 // Which schedule each flattenable peak uses (DESIGN.md, "The four schedules"). Every family keeps its
 // plain variant, so a run can compare them side by side. Parsed from the run config
-// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined]).
+// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined], [precision]).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,8 @@ struct ModelSchedules {
   VocabSchedule vocab;
   CkptSchedule ckpt;
   DispatchSchedule dispatch;
+  // The dtype of every allocation (core/precision.h, Note [Which dtype each allocation gets]); all f32
+  // by default. A computing backend refuses anything else until bf16 compute lands (Model's constructor).
   Precision precision;
 };
 

@@ -82,8 +82,8 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     }
     fp::Model model(cfg, *be, in.settings.routing, ms, W > 1 ? &comm : nullptr);
     RankPlan& rp = out[static_cast<size_t>(r)];
-    rp.params_per_rank = static_cast<int64_t>(be->device_ledger().current(kParams) /
-                                              dtype_size(in.settings.precision.params));
+    rp.params_per_rank =
+        static_cast<int64_t>(be->device_ledger().current(kParams) / dtype_size(in.settings.precision.params));
     model.init_weights(cfg.seed);
     std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
     model.zero_grads();
@@ -107,8 +107,8 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     rp.step_peak = d.total_peak();
     rp.peak_tag = d.total_peak_tag();
     rp.host_needed = h.total_peak();
-    const uint64_t boundary = static_cast<uint64_t>(batch.B * batch.T * cfg.hidden_size) *
-                              dtype_size(in.settings.precision.activations);
+    const uint64_t boundary =
+        static_cast<uint64_t>(batch.B * batch.T * cfg.hidden_size) * dtype_size(in.settings.precision.activations);
     rp.boundaries_offloaded = boundary > 0 ? static_cast<int64_t>(h.peak(kCkpt) / boundary) : 0;
     if (opt.events) {
       rp.events = d.events();
@@ -138,8 +138,9 @@ void describe(const Input& in, Result& r) {
   const Precision& p = in.settings.precision;
   auto& f = r.formula;
   const std::string shard = z.ranks > 1 ? "P / W (FSDP rows of every dense tensor, E / W experts)" : "P";
-  f[static_cast<int>(kParams)] = shard + fmt::format(" x {}", dtype_name(p.params)) +
-                                 (z.ranks > 1 ? " + one gathered FSDP unit (a layer, the embedding or the LM head)" : "");
+  f[static_cast<int>(kParams)] =
+      shard + fmt::format(" x {}", dtype_name(p.params)) +
+      (z.ranks > 1 ? " + one gathered FSDP unit (a layer, the embedding or the LM head)" : "");
   f[static_cast<int>(kGrads)] = shard + fmt::format(" x {}", dtype_name(p.grads)) +
                                 (z.ranks > 1 ? " + the unsharded gradient of the unit in backward" : "");
   switch (s.optim) {
@@ -147,14 +148,18 @@ void describe(const Input& in, Result& r) {
       f[static_cast<int>(kOpt)] = shard + fmt::format(" x (m, v in {}{})", dtype_name(p.moments),
                                                       p.params == p.master ? "" : " + an fp32 master copy");
       break;
-    case Optim::Optim_offload_serial: f[static_cast<int>(kOpt)] = "0 on the device (master, m, v on the host)"; break;
+    case Optim::Optim_offload_serial:
+      f[static_cast<int>(kOpt)] = "0 on the device (master, m, v on the host)";
+      break;
     case Optim::Optim_offload_stream:
       f[static_cast<int>(kOpt)] = "slots x the largest bucket (<= bucket_params) of staging";
       break;
-    case Optim::Optim_auto: break;
+    case Optim::Optim_auto:
+      break;
   }
-  f[static_cast<int>(kAct)] = "one layer's recompute and backward (N x {H, Q, Kv}, the token side N k x H, the "
-                              "experts' rows x I), or the head";
+  f[static_cast<int>(kAct)] =
+      "one layer's recompute and backward (N x {H, Q, Kv}, the token side N k x H, the "
+      "experts' rows x I), or the head";
   f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco
                                    ? "2 x N x H (the last boundary and one restored; + any beyond the host budget)"
                                    : "L x N x H";
@@ -208,16 +213,16 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
     if (lay.ranks > 1) {
       VocabSchedule v;
       v.ring_mode = sc.ring_mode;
-      z.ring_mode = ring_dtp_mode(v, z.tokens, c.vocab_size, static_cast<int>(lay.ranks)) ==
-                            RingMode::RingMode_activations
-                        ? "activations"
-                        : "weights";
+      z.ring_mode =
+          ring_dtp_mode(v, z.tokens, c.vocab_size, static_cast<int>(lay.ranks)) == RingMode::RingMode_activations
+              ? "activations"
+              : "weights";
     }
   }
   if (sc.dispatch == Dispatch::Dispatch_pipelined_llep && lay.ranks > 1) {
-    const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(z.tokens, 1), sc.chunk_tokens, sc.max_chunks,
-                                          sc.strided ? ChunkMembership::ChunkMembership_strided
-                                                     : ChunkMembership::ChunkMembership_contiguous);
+    const ChunkPlan cp = chunk_plan_build(
+        std::max<int64_t>(z.tokens, 1), sc.chunk_tokens, sc.max_chunks,
+        sc.strided ? ChunkMembership::ChunkMembership_strided : ChunkMembership::ChunkMembership_contiguous);
     z.chunks = cp.K;
     z.chunk_tokens = cp.c_eff;
   }
@@ -255,37 +260,92 @@ Result plan_step(const Input& in, const PlanOptions& opt) {
   return r;
 }
 
+// Note [Searching the reach]
+// Each point of the search is a W-rank run of the engine on meta (seconds at the paper's scale), so
+// the search asks few points. How full a plan is, f(T) = the larger of step_peak / device_mem and
+// host_needed / host_mem (fits iff f <= 1), is close to linear in T: the step's tensors are linear in
+// the tokens per rank (no T x T anywhere) plus a constant (parameters, optimizer state). So the next
+// point is where the line through the last two points reaches 1 (extrapolated before the edge is
+// bracketed, interpolated after), rounded to the engine's granularity; when the interpolation moves
+// the same end of the bracket twice in a row, a bisection step follows, which bounds the worst case by
+// plain bisection's count. The answer is exact at the granularity: max_context fits, max_context + g
+// does not (or the cap is reached).
 Reach plan_reach(Input in, int64_t cap) {
   // The engine's granularity: T a multiple of 2W on W > 1 ranks (the zig-zag split).
   const int64_t W = in.settings.layout.ranks, g = W > 1 ? 2 * W : 1;
-  auto fits = [&](int64_t T) {
-    in.context = T;
-    return plan_step(in).fits();
+  auto fill = [&](const Result& r) {
+    double f = 0;
+    if (in.device_mem != kUnlimitedBytes)
+      f = std::max(f, static_cast<double>(r.step_peak) / static_cast<double>(in.device_mem));
+    if (in.host_mem != kUnlimitedBytes && in.host_mem > 0)
+      f = std::max(f, static_cast<double>(r.host_needed) / static_cast<double>(in.host_mem));
+    return f;
   };
-  int64_t lo = 0, hi = -1;  // lo fits (0: nothing known), hi does not (-1: nothing known)
-  for (int64_t T = g * ((1024 + g - 1) / g); T <= cap; T *= 2) {
-    if (!fits(T)) {
-      hi = T;
-      break;
+  struct Point {
+    int64_t T = 0;
+    double f = 0;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  int points = 0;
+  auto eval = [&](int64_t T, Point& p) {
+    in.context = T;
+    ++points;
+    const Result r = plan_step(in);
+    p = {T, fill(r)};
+    return r.fits();
+  };
+  auto down = [&](double T) { return std::max<int64_t>(g, static_cast<int64_t>(T) / g * g); };
+  Point lo, lo_prev, hi;  // lo fits (T 0: nothing known), hi does not (T 0: nothing known)
+  Point p;
+  const int64_t first = g * ((1024 + g - 1) / g);
+  if (first > cap) return {};  // nothing searched
+  if (eval(first, p)) {
+    lo = p;
+  } else {
+    hi = p;
+  }
+  // Extrapolate up to a point that does not fit (or the cap).
+  while (hi.T == 0) {
+    int64_t next = 2 * lo.T;
+    if (lo_prev.T > 0 && lo.f > lo_prev.f) {
+      const double slope = (lo.f - lo_prev.f) / static_cast<double>(lo.T - lo_prev.T);
+      next = down(static_cast<double>(lo.T) + (1.0 - lo.f) / slope);
+      next = std::clamp<int64_t>(next, lo.T + g, 64 * lo.T);
     }
-    lo = T;
+    if (lo.T == cap) break;
+    next = std::min(next, cap / g * g);
+    if (next <= lo.T) break;
+    lo_prev = lo;
+    (eval(next, p) ? lo : hi) = p;
   }
   Reach out;
-  if (hi < 0) {
+  if (hi.T == 0) {
     out.capped = true;
   } else {
-    while (hi - lo > g) {
-      const int64_t mid = lo + (hi - lo) / g / 2 * g;
-      (fits(mid) ? lo : hi) = mid;
+    int same_side = 0, last_side = 0;  // +1: lo moved, -1: hi moved
+    while (hi.T - lo.T > g) {
+      int64_t mid = lo.T + (hi.T - lo.T) / g / 2 * g;
+      if (same_side < 2 && hi.f > lo.f && lo.T > 0) {
+        const double t = static_cast<double>(lo.T) + (1.0 - lo.f) / (hi.f - lo.f) * static_cast<double>(hi.T - lo.T);
+        mid = std::clamp<int64_t>(down(t), lo.T + g, hi.T - g);
+      }
+      const bool fits = eval(mid, p);
+      (fits ? lo : hi) = p;
+      const int side = fits ? 1 : -1;
+      same_side = side == last_side ? same_side + 1 : 1;
+      if (same_side > 2) same_side = 0;  // after the bisection step, interpolate again
+      last_side = side;
     }
   }
-  out.max_context = lo;
-  if (lo > 0) {
+  out.max_context = lo.T;
+  if (lo.T > 0) {
     out.max_pow2 = 1;
-    while (out.max_pow2 * 2 <= lo) out.max_pow2 *= 2;
-    in.context = lo;
+    while (out.max_pow2 * 2 <= lo.T) out.max_pow2 *= 2;
+    in.context = lo.T;
     out.at_max = plan_step(in);
   }
+  out.points = points;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 

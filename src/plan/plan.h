@@ -25,13 +25,13 @@
 #include <string_view>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/units.h"
 #include "comm/thread_comm.h"
+#include "core/dtype.h"
+#include "core/precision.h"
+#include "core/units.h"
 #include "memory/category.h"
 #include "memory/ledger.h"
 #include "model/config.h"
-#include "core/precision.h"
 
 namespace fp::plan {
 
@@ -55,18 +55,18 @@ struct Schedules {
   Vocab vocab = Vocab::Vocab_full;
   Ckpt ckpt = Ckpt::Ckpt_device;
   Optim optim = Optim::Optim_auto;
-  int64_t block_tokens = 1024;    // ring: n_blk, tokens per strip
-  std::string ring_mode = "auto"; // ring, P > 1: weights | activations | auto (activations when N <= V/P)
-  bool keep_strips = false;       // ring, P > 1: keep the pass's strips for backward (vocab.keep_strips)
-  int64_t chunk_tokens = 1024;    // pipelined_llep: c, tokens per source per chunk (pipelined.chunk_cap)
-  int64_t max_chunks = 128;       // pipelined_llep: K_max (pipelined.max_chunks)
-  bool strided = true;            // pipelined_llep: chunk membership strided | contiguous (pipelined.membership)
-  double lambda = 1.3;            // llep, pipelined_llep: plan when max/mean rank load >= lambda (llep.lambda)
-  double alpha = 1.0;             // llep, pipelined_llep: per-rank cap alpha x mean load (llep.alpha)
+  int64_t block_tokens = 1024;         // ring: n_blk, tokens per strip
+  std::string ring_mode = "auto";      // ring, P > 1: weights | activations | auto (activations when N <= V/P)
+  bool keep_strips = false;            // ring, P > 1: keep the pass's strips for backward (vocab.keep_strips)
+  int64_t chunk_tokens = 1024;         // pipelined_llep: c, tokens per source per chunk (pipelined.chunk_cap)
+  int64_t max_chunks = 128;            // pipelined_llep: K_max (pipelined.max_chunks)
+  bool strided = true;                 // pipelined_llep: chunk membership strided | contiguous (pipelined.membership)
+  double lambda = 1.3;                 // llep, pipelined_llep: plan when max/mean rank load >= lambda (llep.lambda)
+  double alpha = 1.0;                  // llep, pipelined_llep: per-rank cap alpha x mean load (llep.alpha)
   int64_t min_tokens_per_gemm = 1024;  // llep, pipelined_llep: smallest spilled piece (llep.min_tokens_per_gemm)
-  int64_t bucket_params = 1 << 20;  // offload_stream: parameters per bucket (optim.bucket_params)
-  int64_t slots = 2;                // offload_stream: staging slots (optim.slots)
-  bool update_on_host = false;      // offload_stream: optim.update_on = "host" (default "device")
+  int64_t bucket_params = 1 << 20;     // offload_stream: parameters per bucket (optim.bucket_params)
+  int64_t slots = 2;                   // offload_stream: staging slots (optim.slots)
+  bool update_on_host = false;         // offload_stream: optim.update_on = "host" (default "device")
   uint64_t ckpt_host_budget = kUnlimitedBytes;  // sco: host bytes for boundaries (also capped by host mem)
 };
 
@@ -108,9 +108,9 @@ void settings_apply(Settings& s, std::string_view item);
 // Hugging Face config.json; notes say what was approximated.
 struct Model {
   std::string name;
-  std::string source;        // file it came from
-  ModelConfig cfg;           // dimensions (rope/eps are not used)
-  int64_t default_ranks = 0; // preset's rank count (paper models), 0: none
+  std::string source;                    // file it came from
+  ModelConfig cfg;                       // dimensions (rope/eps are not used)
+  int64_t default_ranks = 0;             // preset's rank count (paper models), 0: none
   std::vector<std::string> notes;        // what the preset assumes (dimensions not given by its source)
   std::vector<std::string> approximate;  // architecture the engine does not run, modelled as Qwen3-MoE
 };
@@ -127,30 +127,30 @@ struct Input {
 // The layout of a plan, as the engine ran it.
 struct Sizes {
   int64_t ranks = 1;
-  int64_t tokens = 0;           // N, tokens per rank
-  int64_t routes_sent = 0;      // m = N k
-  int64_t rank = 0;             // the rank described (W > 1: the largest step peak, or layout.rank)
-  int64_t vocab_ring = 1;       // ring: P, the LM head's vocabulary shards (= W)
-  std::string ring_mode;        // ring, P > 1: resolved "weights" | "activations" (sched/vocab)
-  int64_t params_total = 0;     // P
-  int64_t params_per_rank = 0;  // elements of the parameters this rank stores (its FSDP rows, its experts)
+  int64_t tokens = 0;                // N, tokens per rank
+  int64_t routes_sent = 0;           // m = N k
+  int64_t rank = 0;                  // the rank described (W > 1: the largest step peak, or layout.rank)
+  int64_t vocab_ring = 1;            // ring: P, the LM head's vocabulary shards (= W)
+  std::string ring_mode;             // ring, P > 1: resolved "weights" | "activations" (sched/vocab)
+  int64_t params_total = 0;          // P
+  int64_t params_per_rank = 0;       // elements of the parameters this rank stores (its FSDP rows, its experts)
   int64_t boundaries_offloaded = 0;  // sco: boundaries that went to host
-  int64_t chunks = 0;           // pipelined_llep (W > 1): K, chunks per MoE block (the engine's chunk plan)
-  int64_t chunk_tokens = 0;     // pipelined_llep: c_eff, tokens per source per chunk
+  int64_t chunks = 0;                // pipelined_llep (W > 1): K, chunks per MoE block (the engine's chunk plan)
+  int64_t chunk_tokens = 0;          // pipelined_llep: c_eff, tokens per source per chunk
 };
 
 struct Result {
   Sizes sizes;
-  Schedules sched;                // optim resolved (never auto)
-  CategoryBytes peak{};           // per-category device peak, bytes per rank
-  CategoryBytes at_peak{};        // what each category held at the step's peak
-  uint64_t step_peak = 0;         // device, all categories at once
+  Schedules sched;                               // optim resolved (never auto)
+  CategoryBytes peak{};                          // per-category device peak, bytes per rank
+  CategoryBytes at_peak{};                       // what each category held at the step's peak
+  uint64_t step_peak = 0;                        // device, all categories at once
   Category binding = Category::Category_params;  // the category holding the most at the step's peak
-  std::string peak_tag;           // the allocation that set the step's peak
-  CategoryBytes host_peak{};      // host memory by category (optimizer state, offloaded boundaries)
+  std::string peak_tag;                          // the allocation that set the step's peak
+  CategoryBytes host_peak{};                     // host memory by category (optimizer state, offloaded boundaries)
   uint64_t host_needed = 0;
-  bool fits_device = true;        // step_peak <= device_mem
-  bool fits_host = true;          // host_needed <= host_mem
+  bool fits_device = true;  // step_peak <= device_mem
+  bool fits_host = true;    // host_needed <= host_mem
   bool fits() const { return fits_device && fits_host; }
   // Empty: every figure is the engine's own (Note [The engine is its own planner]); otherwise why the
   // model, and so every figure, is approximate.
@@ -158,7 +158,7 @@ struct Result {
   bool exact() const { return approximate.empty(); }
   // Per category: what holds it, in words (symbols of the legend).
   std::array<std::string, kNumCategories> formula{};
-  double seconds = 0;             // wall time of the engine runs behind this plan
+  double seconds = 0;  // wall time of the engine runs behind this plan
 };
 
 // One rank's ledgers after a planned step (PlanRun).
@@ -187,9 +187,11 @@ Result plan_step(const Input& in, const PlanOptions& opt = {});
 // context parallelism). max_context 0 when no context fits; capped when T = cap still fits.
 struct Reach {
   int64_t max_context = 0;
-  int64_t max_pow2 = 0;   // largest power of two that fits
+  int64_t max_pow2 = 0;  // largest power of two that fits
   bool capped = false;
-  Result at_max;          // the plan at max_context (when > 0)
+  Result at_max;       // the plan at max_context (when > 0)
+  int points = 0;      // contexts planned by the search (Note [Searching the reach] in plan.cpp)
+  double seconds = 0;  // wall time of the search
 };
 Reach plan_reach(Input in, int64_t cap = int64_t{1} << 31);
 

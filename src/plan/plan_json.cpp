@@ -117,7 +117,9 @@ nlohmann::ordered_json reach_json(const Reach& r) {
   nlohmann::ordered_json j = {{"max_context", r.max_context},
                               {"max_context_str", context_format(r.max_context)},
                               {"max_pow2", r.max_pow2},
-                              {"capped", r.capped}};
+                              {"capped", r.capped},
+                              {"points", r.points},
+                              {"seconds", r.seconds}};
   if (r.max_context > 0) {
     j["step_peak_at_max"] = r.at_max.step_peak;
     j["binding_at_max"] = category_name(r.at_max.binding);

@@ -33,7 +33,17 @@ struct StringKeys {
   std::string ckpt_host_budget = "unlimited";
   std::string dispatch = "standard";
   std::string membership = "strided";
+  // [precision]: the recipe, then the fields set explicitly (applied after it, in this order).
+  std::string precision_recipe = "fp32";
+  std::vector<std::pair<std::string, std::string>> precision_fields;
 };
+
+// A [precision] dtype field: kept as (key, value) and applied after the recipe.
+Field precision_field(const char* key, StringKeys& strings) {
+  return {"precision", key, Field::Kind::Kind_string, false, [key, &strings](const toml::node& n) {
+            strings.precision_fields.emplace_back(key, *n.value<std::string>());
+          }};
+}
 
 std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
   using K = Field::Kind;
@@ -94,6 +104,14 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
       {"pipelined", "chunk_cap", K::Kind_int, false, i64(&c.schedules.dispatch.chunk_cap)},
       {"pipelined", "max_chunks", K::Kind_int, false, i64(&c.schedules.dispatch.max_chunks)},
       {"pipelined", "membership", K::Kind_string, false, str(&strings.membership)},
+      {"precision", "recipe", K::Kind_string, false, str(&strings.precision_recipe)},
+      precision_field("params", strings),
+      precision_field("grads", strings),
+      precision_field("activations", strings),
+      precision_field("master", strings),
+      precision_field("moments", strings),
+      precision_field("logits", strings),
+      precision_field("router", strings),
   };
 }
 
@@ -165,7 +183,7 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
     const std::string tname(tkey.str());
     bool known_table = false;
     for (const Field& f : fields) known_table |= (f.table == tname);
-    FP_CHECK(known_table, "known tables: [model], [train], [optim], [data], [moe], [vocab], [ckpt], [llep], [pipelined]", "{}: unknown table [{}]", source, tname);
+    FP_CHECK(known_table, "known tables: [model], [train], [optim], [data], [moe], [vocab], [ckpt], [llep], [pipelined], [precision]", "{}: unknown table [{}]", source, tname);
     const toml::table* t = tnode.as_table();
     FP_CHECK(t != nullptr, kConfigHint, "{}: '{}' must be a table ([{}])", source, tname, tname);
     for (auto&& [k, v] : *t) {
@@ -254,6 +272,14 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
     FP_CHECK(d.max_chunks >= 1, kConfigHint, "{}: pipelined.max_chunks = {} must be >= 1", source, d.max_chunks);
     one_of("pipelined.membership", strings.membership, {"strided", "contiguous"});
     d.strided = strings.membership == "strided";
+  }
+  // [precision]: the recipe, then the fields given explicitly (core/precision.h).
+  try {
+    Precision& pr = c.schedules.precision;
+    pr = precision_recipe(strings.precision_recipe);
+    for (const auto& [key, value] : strings.precision_fields) precision_set(pr, key, value);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", source, e.what()), e.hint());
   }
   const RoutingProfile& p = c.moe.routing_profile;
   if (p.kind == RoutingProfile::Kind::Kind_hot) {

@@ -12,6 +12,8 @@
 //   [ckpt]   schedule = "device" | "sco", host_budget                                 (SCO)
 //   [optim]  also schedule = "device" | "offload_serial" | "offload_stream", bucket_params, slots,
 //            update_on                                                                (OffloadStreamAdamW)
+//   [precision] recipe = "fp32" | "bf16", then per-field overrides params, grads, activations, master,
+//            moments, logits, router = "f32" | "bf16" | "f16"  (core/precision.h; cpu computes fp32 only)
 //
 // Unknown tables or keys, missing keys, wrong types and impossible values are fp::Error naming the
 // key (e.g. "model.num_attention_heads = 5 is not a multiple of model.num_key_value_heads = 2").
@@ -51,7 +53,7 @@ struct RunConfig {
   OptimConfig optim;
   DataConfig data;
   MoeConfig moe;
-  ModelSchedules schedules;  // [vocab], [ckpt], moe.dispatch, [llep], [pipelined]
+  ModelSchedules schedules;  // [vocab], [ckpt], moe.dispatch, [llep], [pipelined], [precision]
   std::string source;  // file it came from, for messages
 };
 

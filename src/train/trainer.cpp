@@ -76,7 +76,7 @@ class DataSource {
 };
 
 nlohmann::json run_config_json(const RunConfig& c) {
-  return {{"model", nlohmann::json::parse(model_config_hf_json(c.model))},
+  nlohmann::json j = {{"model", nlohmann::json::parse(model_config_hf_json(c.model))},
           {"train", {{"batch_size", c.train.batch_size}, {"seq_len", c.train.seq_len}, {"steps", c.train.steps}}},
           {"optim",
            {{"lr", c.optim.lr},
@@ -96,6 +96,9 @@ nlohmann::json run_config_json(const RunConfig& c) {
             {"block_tokens", c.schedules.vocab.block_tokens}}},
           {"data", {{"source", c.data.source}, {"pairs", c.data.pairs}, {"loss_on", c.data.loss_on}, {"seed", c.data.seed}}},
           {"moe", {{"routing_profile", c.moe.routing_profile.str()}}}};
+  // Only when it is not fp32: the run configs (and resume checks) of fp32 runs stay as they were.
+  if (!precision_all_f32(c.schedules.precision)) j["precision"] = precision_describe(c.schedules.precision);
+  return j;
 }
 
 // Keeps the lines of metrics.jsonl up to `step` (a resumed run rewrites what came after).
@@ -185,10 +188,11 @@ int train_run(const TrainOptions& o) {
 
   if (lead)
     log_info("{}: {:.2f} M parameters ({} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
-           "{} steps on {} (device memory {}); outputs in {}",
+           "{} steps on {} (device memory {}); precision {}; outputs in {}",
            cfg.source, static_cast<double>(m.param_count()) / 1e6, m.num_hidden_layers, m.hidden_size,
            m.num_experts, m.num_experts_per_tok, m.vocab_size, cfg.train.batch_size, cfg.train.seq_len, total,
-           be->name(), bytes_format(be->device_ledger().capacity()), o.out);
+           be->name(), bytes_format(be->device_ledger().capacity()), precision_describe(cfg.schedules.precision),
+           o.out);
   if (lead && comm.size() > 1)
     log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence (context parallel, zig-zag pieces)",
              comm.size(), comm.name(), cfg.train.seq_len / comm.size(), cfg.train.seq_len);

@@ -27,13 +27,13 @@ namespace {
 
 int g_failures = 0, g_checks = 0;
 
-#define PLAN_CHECK(cond, ...)                                                \
-  do {                                                                       \
-    ++g_checks;                                                              \
-    if (!(cond)) {                                                           \
-      ++g_failures;                                                          \
+#define PLAN_CHECK(cond, ...)                                                                       \
+  do {                                                                                              \
+    ++g_checks;                                                                                     \
+    if (!(cond)) {                                                                                  \
+      ++g_failures;                                                                                 \
       std::fprintf(stderr, "FAILED [rank %d] %s\n", comm.rank(), fmt::format(__VA_ARGS__).c_str()); \
-    }                                                                        \
+    }                                                                                               \
   } while (0)
 
 struct CaseShape {
@@ -44,7 +44,7 @@ struct CaseShape {
 struct Case {
   CaseShape shape;
   std::vector<std::string> items;  // plan --schedule items (schedules, routing, precision)
-  bool events = false;              // compare the timelines event for event
+  bool events = false;             // compare the timelines event for event
   uint64_t host_mem = kUnlimitedBytes;
 };
 
@@ -127,10 +127,12 @@ void case_run(Comm& comm, const Case& c) {
 
   std::unique_ptr<Backend> be = backend_create("meta", kUnlimitedBytes, c.host_mem);
   be->host_ledger().overcommit_set(true);
+  // Alive until the ledgers are read (the plan reads them before its model goes).
+  Model model(in.model, *be, in.settings.routing, ms, W > 1 ? &comm : nullptr);
+  std::unique_ptr<Optimizer> optim;
   {
-    Model model(in.model, *be, in.settings.routing, ms, W > 1 ? &comm : nullptr);
     model.init_weights(in.model.seed);
-    std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
+    optim = optimizer_create(oc, model.params(), *be);
     model.zero_grads();
     Batch batch;
     batch.B = c.shape.B;

@@ -19,27 +19,27 @@ ExpertWeights expert_weights(const LayerParams& lp, int64_t e) {
 
 Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
                           std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name,
-                          Category out_cat) {
+                          Category out_cat, DType dt) {
   const ops::Kernels& K = be.kernels();
   const int64_t G = static_cast<int64_t>(w.size()), H = c.hidden_size, I = c.moe_intermediate_size;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];
-  a.g = be.alloc_f32(kAct, {r, I}, "moe.g");  // (r, I)
-  a.u = be.alloc_f32(kAct, {r, I}, "moe.u");  // (r, I)
+  a.g = be.alloc(kAct, {r, I}, dt, "moe.g");  // (r, I)
+  a.u = be.alloc(kAct, {r, I}, dt, "moe.u");  // (r, I)
   for (int64_t i = 0; i < G; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
     linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].gate, ptr_at(a.g.f32(), r0 * I), ne, H, I);
     linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].up, ptr_at(a.u.f32(), r0 * I), ne, H, I);
   }
-  a.act = be.alloc_f32(kAct, {r, I}, "moe.act");  // (r, I)
+  a.act = be.alloc(kAct, {r, I}, dt, "moe.act");  // (r, I)
   K.swiglu_forward(a.g.f32(), a.u.f32(), a.act.f32(), r * I);
   if (!keep) {
     a.x.reset();
     a.g.reset();
     a.u.reset();
   }
-  Tensor y = be.alloc_f32(out_cat, {r, H}, y_name);  // (r, H)
+  Tensor y = be.alloc(out_cat, {r, H}, dt, y_name);  // (r, H)
   for (int64_t i = 0; i < G; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
@@ -51,14 +51,14 @@ Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const Exp
 
 Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
                            std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name,
-                           Category out_cat) {
+                           Category out_cat, DType dt) {
   const ops::Kernels& K = be.kernels();
   const int64_t G = static_cast<int64_t>(w.size()), H = c.hidden_size, I = c.moe_intermediate_size;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];
 
   // down_proj
-  Tensor dact = be.alloc_f32(kAct, {r, I}, "moe.dact");  // (r, I)
+  Tensor dact = be.alloc(kAct, {r, I}, dt, "moe.dact");  // (r, I)
   for (int64_t i = 0; i < G; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
@@ -69,15 +69,15 @@ Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const Ex
   a.act.reset();
 
   // SwiGLU
-  Tensor dg = be.alloc_f32(kAct, {r, I}, "moe.dg");  // (r, I)
-  Tensor du = be.alloc_f32(kAct, {r, I}, "moe.du");  // (r, I)
+  Tensor dg = be.alloc(kAct, {r, I}, dt, "moe.dg");  // (r, I)
+  Tensor du = be.alloc(kAct, {r, I}, dt, "moe.du");  // (r, I)
   K.swiglu_backward(a.g.f32(), a.u.f32(), dact.f32(), dg.f32(), du.f32(), r * I);
   dact.reset();
   a.g.reset();
   a.u.reset();
 
   // gate_proj, up_proj
-  Tensor dx = be.alloc_f32(out_cat, {r, H}, dx_name);  // (r, H)
+  Tensor dx = be.alloc(out_cat, {r, H}, dt, dx_name);  // (r, H)
   for (int64_t i = 0; i < G; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;

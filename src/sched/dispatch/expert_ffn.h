@@ -40,15 +40,16 @@ struct ExpertActs {
 // intermediate are freed as soon as consumed (a is empty on return); keep = true: a.x, a.g, a.u,
 // a.act stay for expert_ffn_backward. Allocation order (the ledger's timeline; W = 1 is the model's
 // plain single-rank sequence): g, u, act, [free x, g, u], y, [free act].
+// dt: the dtype of every buffer allocated here (the run's activations dtype, StepContext::precision).
 Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
                           std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name,
-                          Category out_cat);
+                          Category out_cat, DType dt);
 
 // In: dy (r, H) (freed here once consumed) and a as left by a forward with keep = true (freed here).
 // Returns dx (r, H) in category out_cat (as for expert_ffn_forward's y), named dx_name; accumulates each group's weight gradients
 // into w[i].d_*. Allocation order: dact, [free dy, act], dg, du, [free dact, g, u], dx, [free dg, du, x].
 Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
                            std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name,
-                           Category out_cat);
+                           Category out_cat, DType dt);
 
 }  // namespace fp

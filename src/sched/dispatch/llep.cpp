@@ -124,8 +124,8 @@ void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const Ll
   P_ = 3 * I_ * H_;
   rounds_build(s, L);
   const int64_t G = count(), S = static_cast<int64_t>(out_.size());
-  w_ = be.alloc_f32(kComm, {G, P_}, "llep.guest_w");      // (G, P)
-  staging_ = be.alloc_f32(kComm, {S, P_}, "llep.w_out");  // (S, P)
+  w_ = be.alloc(kComm, {G, P_}, s.precision.params, "llep.guest_w");      // (G, P)
+  staging_ = be.alloc(kComm, {S, P_}, s.precision.params, "llep.w_out");  // (S, P)
   for (int64_t j = 0; j < S; ++j) {
     const ExpertWeights w = expert_weights(lp, out_[j]);
     float* dst = ptr_at(staging_.f32(), j * P_);
@@ -138,7 +138,7 @@ void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const Ll
     reqs_.push_back(s.comm.send_recv_start(comm_row(be, staging_, out_first_[r], P_),
                                            (out_first_[r + 1] - out_first_[r]) * P_, (me + r) % W,
                                            comm_row(be, w_, in_start_[r], P_), in_n_[r] * P_, (me - r + W) % W,
-                                           DType::DType_F32));
+                                           staging_.dtype()));
 }
 
 void GuestExperts::weights_wait(StepContext& s) {
@@ -154,7 +154,7 @@ ExpertWeights GuestExperts::weights(int64_t j) const {
 }
 
 void GuestExperts::grads_zero(StepContext& s) {
-  g_ = s.be.alloc_f32(kComm, {count(), P_}, "llep.guest_g");  // (G, P)
+  g_ = s.be.alloc(kComm, {count(), P_}, s.precision.grads, "llep.guest_g");  // (G, P)
   s.be.kernels().fill(g_.f32(), 0.0f, count() * P_);
 }
 
@@ -162,7 +162,7 @@ void GuestExperts::grads_start(StepContext& s) {
   Backend& be = s.be;
   const int W = s.comm.size(), me = s.comm.rank();
   const int64_t S = static_cast<int64_t>(out_.size());
-  staging_ = be.alloc_f32(kComm, {S, P_}, "llep.g_in");  // (S, P) gradients of this rank's experts
+  staging_ = be.alloc(kComm, {S, P_}, s.precision.grads, "llep.g_in");  // (S, P) gradients of this rank's experts
   reqs_.clear();
   // The reverse of weights_start: round r sends rank + r the gradients of its experts (received from it
   // in weight round W - r) and receives from rank - r what was sent there in weight round W - r.
@@ -171,7 +171,7 @@ void GuestExperts::grads_start(StepContext& s) {
     reqs_.push_back(s.comm.send_recv_start(comm_row(be, g_, in_start_[rb], P_), in_n_[rb] * P_, (me + r) % W,
                                            comm_row(be, staging_, out_first_[rb], P_),
                                            (out_first_[rb + 1] - out_first_[rb]) * P_, (me - r + W) % W,
-                                           DType::DType_F32));
+                                           g_.dtype()));
   }
 }
 
@@ -251,12 +251,12 @@ class LlepDispatch : public LlepDispatchBase {
     a->send_pos = be.alloc(kDispatch, {m}, DType::DType_I32, "llep.send_pos");    // (m)
     be.copy_from_host(a->send_rows.data(), host_send_rows_.data(), a->send_rows.bytes());
     be.copy_from_host(a->send_pos.data(), host_send_pos_.data(), a->send_pos.bytes());
-    Tensor send = be.alloc_f32(kDispatch, {m, H}, "llep.send");  // (m, H) by destination
+    Tensor send = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.send");  // (m, H) by destination
     K.moe_gather(xs.f32(), a->send_rows.i32(), send.f32(), m, H);
     xs.reset();
-    Tensor recv = be.alloc_f32(kDispatch, {R, H}, "llep.recv");  // (R, H) source-major
+    Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.recv");  // (R, H) source-major
     s.comm.all_to_all_v(comm_ptr(be, send), a->send_elems.data(), comm_ptr(be, recv), a->recv_elems.data(),
-                        DType::DType_F32);
+                        send.dtype());
     send.reset();
     a->guests.weights_wait(s);
 
@@ -264,25 +264,26 @@ class LlepDispatch : public LlepDispatchBase {
     a->unperm = be.alloc(kDispatch, {R}, DType::DType_I32, "llep.unperm");  // (R)
     be.copy_from_host(a->perm.data(), host_perm_.data(), a->perm.bytes());
     be.copy_from_host(a->unperm.data(), host_unperm_.data(), a->unperm.bytes());
-    a->ffn.x = be.alloc_f32(kDispatch, {R, H}, "llep.x");  // (R, H) grouped by expert
+    a->ffn.x = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.x");  // (R, H) grouped by expert
     K.moe_gather(recv.f32(), a->perm.i32(), a->ffn.x.f32(), R, H);
     recv.reset();
     if (!keep) a->perm.reset();
 
     weights_fill(s, lp, *a);
-    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "llep.y", kDispatch);  // (R, H)
-    Tensor y_send = be.alloc_f32(kDispatch, {R, H}, "llep.y_send");  // (R, H) source-major
+    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "llep.y", kDispatch,
+                                  s.precision.activations);  // (R, H)
+    Tensor y_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.y_send");  // (R, H) source-major
     K.moe_gather(y.f32(), a->unperm.i32(), y_send.f32(), R, H);
     y.reset();
     if (!keep) {
       a->unperm.reset();
       a->guests.release();
     }
-    Tensor back = be.alloc_f32(kDispatch, {m, H}, "llep.back");  // (m, H) by destination
+    Tensor back = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.back");  // (m, H) by destination
     s.comm.all_to_all_v(comm_ptr(be, y_send), a->recv_elems.data(), comm_ptr(be, back), a->send_elems.data(),
-                        DType::DType_F32);
+                        y_send.dtype());
     y_send.reset();
-    Tensor ys = be.alloc_f32(kAct, {m, H}, "moe.ys");  // (m, H) expert order
+    Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order
     K.moe_gather(back.f32(), a->send_pos.i32(), ys.f32(), m, H);
     if (!keep) {
       a->send_rows.reset();
@@ -300,34 +301,35 @@ class LlepDispatch : public LlepDispatchBase {
     if (a->standard) return standard_->backward(s, lp, std::move(dys), offsets, std::move(a->standard));
     const int64_t H = s.cfg.hidden_size, m = dys.dim(0), R = a->group_offsets.back();
 
-    Tensor dsend = be.alloc_f32(kDispatch, {m, H}, "llep.dsend");  // (m, H) by destination
+    Tensor dsend = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.dsend");  // (m, H) by destination
     K.moe_gather(dys.f32(), a->send_rows.i32(), dsend.f32(), m, H);
     dys.reset();
     a->send_rows.reset();
-    Tensor dy_recv = be.alloc_f32(kDispatch, {R, H}, "llep.dy_recv");  // (R, H) source-major
+    Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy_recv");  // (R, H) source-major
     s.comm.all_to_all_v(comm_ptr(be, dsend), a->send_elems.data(), comm_ptr(be, dy_recv), a->recv_elems.data(),
-                        DType::DType_F32);
+                        dsend.dtype());
     dsend.reset();
-    Tensor dy = be.alloc_f32(kDispatch, {R, H}, "llep.dy");  // (R, H) grouped
+    Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy");  // (R, H) grouped
     K.moe_gather(dy_recv.f32(), a->perm.i32(), dy.f32(), R, H);
     dy_recv.reset();
     a->perm.reset();
 
     a->guests.grads_zero(s);
     weights_fill(s, lp, *a);
-    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "llep.dx", kDispatch);  // (R, H)
+    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "llep.dx", kDispatch,
+                                    s.precision.activations);  // (R, H)
     a->guests.grads_start(s);  // overlaps the all-to-all of dx below
-    Tensor dx_send = be.alloc_f32(kDispatch, {R, H}, "llep.dx_send");  // (R, H) source-major
+    Tensor dx_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dx_send");  // (R, H) source-major
     K.moe_gather(dx.f32(), a->unperm.i32(), dx_send.f32(), R, H);
     dx.reset();
     a->unperm.reset();
-    Tensor dback = be.alloc_f32(kDispatch, {m, H}, "llep.dback");  // (m, H) by destination
+    Tensor dback = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.dback");  // (m, H) by destination
     s.comm.all_to_all_v(comm_ptr(be, dx_send), a->recv_elems.data(), comm_ptr(be, dback), a->send_elems.data(),
-                        DType::DType_F32);
+                        dx_send.dtype());
     dx_send.reset();
     a->guests.grads_finish(s, lp);
     a->guests.release();
-    Tensor dxs = be.alloc_f32(kAct, {m, H}, "moe.dxs");  // (m, H) expert order
+    Tensor dxs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.dxs");  // (m, H) expert order
     K.moe_gather(dback.f32(), a->send_pos.i32(), dxs.f32(), m, H);
     a->send_pos.reset();
     return dxs;

@@ -32,7 +32,7 @@ class LocalDispatch : public ExpertDispatch {
     last_ = {0, xs.dim(0)};
     a->x = std::move(xs);
     return expert_ffn_forward(s.be, s.cfg, weights_, offsets, *a, keep != nullptr, "moe.ys",
-                              Category::Category_activations);
+                              Category::Category_activations, s.precision.activations);
   }
 
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
@@ -41,7 +41,7 @@ class LocalDispatch : public ExpertDispatch {
     FP_ASSERT(a != nullptr, "local dispatch backward needs the acts of a local forward with keep");
     weights_fill(lp, offsets);
     return expert_ffn_backward(s.be, s.cfg, weights_, offsets, a->ffn, dys, "moe.dxs",
-                               Category::Category_activations);
+                               Category::Category_activations, s.precision.activations);
   }
 
  private:

@@ -116,30 +116,33 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     // the outputs in place, as without keep), else from xs kept here (then the output is new).
     const bool regather = keep && s.moe_h2 != nullptr;
     if (regather) {
-      host_tokens_.resize(static_cast<size_t>(m));
-      for (int64_t j = 0; j < m; ++j) host_tokens_[j] = s.host_rows[C.rows[j]];
       a->tokens = be.alloc(kDispatch, {m}, DType::DType_I32, "pllep.tokens");  // (m)
-      be.copy_from_host(a->tokens.data(), host_tokens_.data(), a->tokens.bytes());
+      if (be.computes()) {  // meta: no O(m) host work for a copy that moves nothing
+        host_tokens_.resize(static_cast<size_t>(m));
+        for (int64_t j = 0; j < m; ++j) host_tokens_[j] = s.host_rows[C.rows[j]];
+        be.copy_from_host(a->tokens.data(), host_tokens_.data(), a->tokens.bytes());
+      }
     }
     Tensor out;  // (m, H) expert order
-    if (keep && !regather) out = be.alloc_f32(kAct, {m, H}, "moe.ys");
+    if (keep && !regather) out = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");
 
     a->guests.weights_start(s, lp, a->layer);  // overlaps the first chunk's all-to-all
     if (keep) a->ffn.resize(static_cast<size_t>(C.cp.K));
     for (int64_t i = 0; i < C.cp.K; ++i) {
       const int64_t mi = C.first[i + 1] - C.first[i], ri = recv_rows(C, i, H);
-      Tensor send = be.alloc_f32(kDispatch, {mi, H}, "pllep.send");  // (m_i, H)
+      Tensor send = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.send");  // (m_i, H)
       K.moe_gather(xs.f32(), ptr_at(a->rows.i32(), C.first[i]), send.f32(), mi, H);
       ExpertActs scratch;
       ExpertActs& ffn = keep ? a->ffn[i] : scratch;
-      ffn.x = be.alloc_f32(kDispatch, {ri, H}, "pllep.recv");  // (r_i, H) source-major
+      ffn.x = be.alloc(kDispatch, {ri, H}, s.precision.activations, "pllep.recv");  // (r_i, H) source-major
       exchange(s, send, ffn.x, C, i, false);
       send.reset();
       if (i == 0) a->guests.weights_wait(s);
       groups_fill(s, lp, *a, i);
-      Tensor y = expert_ffn_forward(be, s.cfg, weights_, offsets_, ffn, keep != nullptr, "pllep.y", kDispatch);  // (r_i, H)
+      Tensor y = expert_ffn_forward(be, s.cfg, weights_, offsets_, ffn, keep != nullptr, "pllep.y", kDispatch,
+                                    s.precision.activations);  // (r_i, H)
       ffn.x.reset();  // sent again in backward (Note [Why PipelinedLLEP sends the rows again])
-      Tensor back = be.alloc_f32(kDispatch, {mi, H}, "pllep.back");  // (m_i, H)
+      Tensor back = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.back");  // (m_i, H)
       exchange(s, y, back, C, i, true);
       y.reset();
       rows_scatter(be, back.f32(), C.rows.data() + C.first[i], out.defined() ? out.f32() : xs.f32(), mi, H);
@@ -168,24 +171,25 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       groups_fill(s, lp, *a, i);
       ExpertActs& ffn = a->ffn[i];  // g, u, act kept by the forward; x comes again
       {
-        Tensor send = be.alloc_f32(kDispatch, {mi, H}, "pllep.send_x");  // (m_i, H)
+        Tensor send = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.send_x");  // (m_i, H)
         if (a->tokens.defined()) {
           FP_ASSERT(s.moe_h2 != nullptr, "pipelined_llep: the forward gathered from s.moe_h2, the backward has none");
           K.moe_gather(s.moe_h2->f32(), ptr_at(a->tokens.i32(), C.first[i]), send.f32(), mi, H);
         } else {
           K.moe_gather(a->xs.f32(), rows_i, send.f32(), mi, H);
         }
-        ffn.x = be.alloc_f32(kDispatch, {ri, H}, "pllep.recv_x");  // (r_i, H)
+        ffn.x = be.alloc(kDispatch, {ri, H}, s.precision.activations, "pllep.recv_x");  // (r_i, H)
         exchange(s, send, ffn.x, C, i, false);
       }
-      Tensor dy = be.alloc_f32(kDispatch, {ri, H}, "pllep.dy");  // (r_i, H)
+      Tensor dy = be.alloc(kDispatch, {ri, H}, s.precision.activations, "pllep.dy");  // (r_i, H)
       {
-        Tensor send = be.alloc_f32(kDispatch, {mi, H}, "pllep.send_dy");  // (m_i, H)
+        Tensor send = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.send_dy");  // (m_i, H)
         K.moe_gather(dys.f32(), rows_i, send.f32(), mi, H);
         exchange(s, send, dy, C, i, false);
       }
-      Tensor dx = expert_ffn_backward(be, s.cfg, weights_, offsets_, ffn, dy, "pllep.dx", kDispatch);  // (r_i, H)
-      Tensor back = be.alloc_f32(kDispatch, {mi, H}, "pllep.back");  // (m_i, H)
+      Tensor dx = expert_ffn_backward(be, s.cfg, weights_, offsets_, ffn, dy, "pllep.dx", kDispatch,
+                                      s.precision.activations);  // (r_i, H)
+      Tensor back = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.back");  // (m_i, H)
       exchange(s, dx, back, C, i, true);
       dx.reset();
       // The chunk's rows of dys were sent above: they take the input gradients now.
@@ -214,7 +218,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     const int W = s.comm.size();
     const int64_t* sc = (back ? C.recv_elems.data() : C.send_elems.data()) + i * W;
     const int64_t* rc = (back ? C.send_elems.data() : C.recv_elems.data()) + i * W;
-    s.comm.all_to_all_v(comm_ptr(s.be, from), sc, comm_ptr(s.be, to), rc, DType::DType_F32);
+    s.comm.all_to_all_v(comm_ptr(s.be, from), sc, comm_ptr(s.be, to), rc, from.dtype());
   }
 
   // The chunk layout of this layer: membership, per-chunk rows by destination, and (one all-to-all

@@ -71,30 +71,31 @@ class StandardDispatch : public ExpertDispatch {
     const int64_t R = plan(s, offsets, *a);
     last_ = {m - a->send_elems[s.comm.rank()] / H, R};
 
-    Tensor recv = be.alloc_f32(kDispatch, {R, H}, "ep.recv");  // (R, H) source-major
+    Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.recv");  // (R, H) source-major
     s.comm.all_to_all_v(comm_ptr(be, xs), a->send_elems.data(), comm_ptr(be, recv), a->recv_elems.data(),
-                        DType::DType_F32);
+                        xs.dtype());
     xs.reset();
 
     a->perm = be.alloc(kDispatch, {R}, DType::DType_I32, "ep.perm");      // (R)
     a->unperm = be.alloc(kDispatch, {R}, DType::DType_I32, "ep.unperm");  // (R)
     be.copy_from_host(a->perm.data(), host_perm_.data(), a->perm.bytes());
     be.copy_from_host(a->unperm.data(), host_unperm_.data(), a->unperm.bytes());
-    a->ffn.x = be.alloc_f32(kDispatch, {R, H}, "ep.x");  // (R, H) grouped by local expert
+    a->ffn.x = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.x");  // (R, H) grouped by local expert
     K.moe_gather(recv.f32(), a->perm.i32(), a->ffn.x.f32(), R, H);
     recv.reset();
     if (!keep) a->perm.reset();
 
     weights_fill(s, lp);
-    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "ep.y", kDispatch);  // (R, H)
-    Tensor y_send = be.alloc_f32(kDispatch, {R, H}, "ep.y_send");  // (R, H) source-major
+    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "ep.y", kDispatch,
+                                  s.precision.activations);  // (R, H)
+    Tensor y_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.y_send");  // (R, H) source-major
     K.moe_gather(y.f32(), a->unperm.i32(), y_send.f32(), R, H);
     y.reset();
     if (!keep) a->unperm.reset();
 
-    Tensor ys = be.alloc_f32(kAct, {m, H}, "moe.ys");  // (m, H) expert order, this rank's routes
+    Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order, this rank's routes
     s.comm.all_to_all_v(comm_ptr(be, y_send), a->recv_elems.data(), comm_ptr(be, ys), a->send_elems.data(),
-                        DType::DType_F32);
+                        y_send.dtype());
     return ys;
   }
 
@@ -106,25 +107,26 @@ class StandardDispatch : public ExpertDispatch {
     FP_ASSERT(a != nullptr, "standard dispatch backward needs the acts of a standard forward with keep");
     const int64_t H = s.cfg.hidden_size, m = dys.dim(0), R = a->group_offsets.back();
 
-    Tensor dy_recv = be.alloc_f32(kDispatch, {R, H}, "ep.dy_recv");  // (R, H) source-major
+    Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy_recv");  // (R, H) source-major
     s.comm.all_to_all_v(comm_ptr(be, dys), a->send_elems.data(), comm_ptr(be, dy_recv), a->recv_elems.data(),
-                        DType::DType_F32);
+                        dys.dtype());
     dys.reset();
-    Tensor dy = be.alloc_f32(kDispatch, {R, H}, "ep.dy");  // (R, H) grouped
+    Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy");  // (R, H) grouped
     K.moe_gather(dy_recv.f32(), a->perm.i32(), dy.f32(), R, H);
     dy_recv.reset();
     a->perm.reset();
 
     weights_fill(s, lp);
-    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "ep.dx", kDispatch);  // (R, H)
-    Tensor dx_send = be.alloc_f32(kDispatch, {R, H}, "ep.dx_send");  // (R, H) source-major
+    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "ep.dx", kDispatch,
+                                    s.precision.activations);  // (R, H)
+    Tensor dx_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dx_send");  // (R, H) source-major
     K.moe_gather(dx.f32(), a->unperm.i32(), dx_send.f32(), R, H);
     dx.reset();
     a->unperm.reset();
 
-    Tensor dxs = be.alloc_f32(kAct, {m, H}, "moe.dxs");  // (m, H) expert order
+    Tensor dxs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.dxs");  // (m, H) expert order
     s.comm.all_to_all_v(comm_ptr(be, dx_send), a->recv_elems.data(), comm_ptr(be, dxs), a->send_elems.data(),
-                        DType::DType_F32);
+                        dx_send.dtype());
     return dxs;
   }
 

@@ -7,12 +7,19 @@ namespace fp {
 
 AdamW::AdamW(ParamStore& params, Backend& be, const OptimConfig& cfg) : params_(params), be_(be), cfg_(cfg) {
   const auto& k = be_.kernels();
+  const Precision& pr = params_.precision();
+  // Note [When AdamW keeps a master copy]: the update runs on master weights in precision.master; when
+  // the parameters are stored in that dtype they are the master (no copy), otherwise a separate copy
+  // per parameter lives beside m and v (category optimizer), as the planner accounts it.
+  const bool master = pr.params != pr.master;
   m_.reserve(params_.all().size());
   v_.reserve(params_.all().size());
+  if (master) master_.reserve(params_.all().size());
   for (const Param& p : params_.all()) {
     const Shape& shape = p.local_w().shape();  // the FSDP shard on W ranks
-    Tensor& m = m_.emplace_back(be_.alloc_f32(Category::Category_optimizer, shape, p.name + ".exp_avg"));
-    Tensor& v = v_.emplace_back(be_.alloc_f32(Category::Category_optimizer, shape, p.name + ".exp_avg_sq"));
+    if (master) master_.emplace_back(be_.alloc(Category::Category_optimizer, shape, pr.master, p.name + ".master"));
+    Tensor& m = m_.emplace_back(be_.alloc(Category::Category_optimizer, shape, pr.moments, p.name + ".exp_avg"));
+    Tensor& v = v_.emplace_back(be_.alloc(Category::Category_optimizer, shape, pr.moments, p.name + ".exp_avg_sq"));
     k.fill(m.f32(), 0.0f, m.numel());
     k.fill(v.f32(), 0.0f, v.numel());
   }

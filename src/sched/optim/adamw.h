@@ -7,8 +7,10 @@
 // Weight decay applies to matrices and embeddings (rank >= 2), not to 1-D norm weights.
 //
 // Device memory: m and v of every parameter's local storage (its FSDP shard on W ranks), category
-// optimizer (2 x the local parameter bytes), and one float in category workspace for the
-// per-parameter sum of squares.
+// optimizer, in the precision's moments dtype (ParamStore::precision()); a master copy of the weights
+// in the master dtype only when the parameters are stored in another dtype (Note [When AdamW keeps
+// a master copy] in adamw.cpp); and one float in category workspace for the per-parameter sum of
+// squares.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +62,7 @@ class AdamW final : public Optimizer {
   const OptimConfig cfg_;
   std::vector<Tensor> m_;  // shaped like param i's local_w() (its FSDP shard), category optimizer
   std::vector<Tensor> v_;  // shaped like param i's local_w(), category optimizer
+  std::vector<Tensor> master_;  // params dtype != master dtype only: shaped like local_w(), category optimizer
   Tensor sumsq_;           // (1) category workspace: reduce_sumsq's output
   int64_t steps_taken_ = 0;
 };

@@ -73,12 +73,13 @@ OffloadAdamW::OffloadAdamW(ParamStore& params, Backend& be, const OptimConfig& c
   master_.reserve(n);
   m_.reserve(n);
   v_.reserve(n);
+  const Precision& pr = params_.precision();
   for (const Param& p : params_.all()) {
     const Shape& shape = p.local_w().shape();  // the FSDP shard on W ranks
-    master_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, DType::DType_F32, p.name + ".master"));
-    Tensor& m = m_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, DType::DType_F32, p.name + ".exp_avg"));
+    master_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, pr.master, p.name + ".master"));
+    Tensor& m = m_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, pr.moments, p.name + ".exp_avg"));
     Tensor& v =
-        v_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, DType::DType_F32, p.name + ".exp_avg_sq"));
+        v_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, pr.moments, p.name + ".exp_avg_sq"));
     // Host memory: written directly (null on meta, where nothing exists to zero).
     if (m.data() != nullptr) std::memset(m.data(), 0, m.bytes());
     if (v.data() != nullptr) std::memset(v.data(), 0, v.bytes());
@@ -176,7 +177,7 @@ OffloadSerialAdamW::OffloadSerialAdamW(ParamStore& params, Backend& be, const Op
   grad_host_.reserve(params_.all().size());
   for (const Param& p : params_.all())
     grad_host_.emplace_back(
-        be_.alloc_host(Category::Category_grads, p.local_g().shape(), DType::DType_F32, p.name + ".grad_host"));
+        be_.alloc_host(Category::Category_grads, p.local_g().shape(), p.local_g().dtype(), p.name + ".grad_host"));
 }
 
 void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {

@@ -7,8 +7,10 @@
 // range), B_max the largest bucket, S = optim.slots.
 //
 // State, per parameter, in the host arena (category optimizer; pinned memory on a GPU backend):
-// the fp32 master weights, m (exp_avg) and v (exp_avg_sq): 12 B per parameter. The device weights
-// are fp32 too, so the master always equals them; it is kept so the schedule moves what a
+// the master weights, m (exp_avg) and v (exp_avg_sq), in the precision's master and moments dtypes
+// (ParamStore::precision(); 12 B per parameter in fp32 and in the bf16 recipe). The host gradients of
+// the serial variant are in the grads dtype; the staging slots are always fp32. With the fp32 recipe
+// the device weights are fp32 too, so the master always equals them; it is kept so the schedule moves what a
 // reduced-precision device copy would need (and what DESIGN.md budgets), and it is taken from the
 // device weights at the first step after construction or set_steps_taken (a checkpoint load writes
 // the device weights after the optimizer exists).

@@ -16,17 +16,17 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
   constexpr Category kAct = Category::Category_activations;
   constexpr Category kVocab = Category::Category_vocab;
 
-  Tensor xn = be.alloc_f32(kAct, {n, H}, "head.xn");
+  Tensor xn = be.alloc(kAct, {n, H}, s.precision.activations, "head.xn");
   Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");
   K.rmsnorm_forward(xL.f32(), ps.norm->w.f32(), xn.f32(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
 
-  Tensor logits = be.alloc_f32(kVocab, {n, V}, "head.logits");
+  Tensor logits = be.alloc(kVocab, {n, V}, s.precision.logits, "head.logits");
   linear_forward(be, xn.f32(), ps.lm_head->w.f32(), logits.f32(), n, H, V);
   if (logits_out != nullptr && be.computes()) {
     logits_out->resize(static_cast<size_t>(n * V));
     be.copy_to_host(logits_out->data(), logits.data(), logits.bytes());
   }
-  Tensor logp = be.alloc_f32(kVocab, {n, V}, "head.logp");
+  Tensor logp = be.alloc(kVocab, {n, V}, s.precision.logits, "head.logp");
   K.log_softmax_forward(logits.f32(), logp.f32(), n, V);
 
   HeadResult r;
@@ -41,12 +41,12 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
   }
   if (!backward) return r;
 
-  Tensor dlogits = be.alloc_f32(kVocab, {n, V}, "head.dlogits");
+  Tensor dlogits = be.alloc(kVocab, {n, V}, s.precision.logits, "head.dlogits");
   K.cross_entropy_backward(logp.f32(), targets.i32(), scale, dlogits.f32(), n, V);
   logp.reset();
   logits.reset();
 
-  Tensor dxn = be.alloc_f32(kAct, {n, H}, "head.dxn");
+  Tensor dxn = be.alloc(kAct, {n, H}, s.precision.activations, "head.dxn");
   linear_backward_input(be, dlogits.f32(), ps.lm_head->w.f32(), dxn.f32(), n, H, V);
   linear_backward_weight(be, dlogits.f32(), xn.f32(), ps.lm_head->g.f32(), n, H, V);
   dlogits.reset();

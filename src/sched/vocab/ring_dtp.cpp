@@ -47,13 +47,13 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   double* lse_s = stats != nullptr ? &stats->lse_s : nullptr;
 
   // The final RMSNorm, as in the full variant.
-  Tensor xn = be.alloc_f32(kAct, {n, H}, "head.xn");
+  Tensor xn = be.alloc(kAct, {n, H}, s.precision.activations, "head.xn");
   Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");
   K.rmsnorm_forward(xL.f32(), ps.norm->w.f32(), xn.f32(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
 
   if (s.comm.size() > 1) {
     Tensor dxn;
-    if (backward) dxn = be.alloc_f32(kAct, {n, H}, "head.dxn");  // (n, H)
+    if (backward) dxn = be.alloc(kAct, {n, H}, s.precision.activations, "head.dxn");  // (n, H)
     HeadResult r;
     r.loss_sum = ring_dtp_p_ranks(s, v, ps, xn, targets, scale, dxn, logits_out, backward, stats);
     xn.reset();
@@ -64,13 +64,14 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   const float* W = ps.lm_head->w.f32();  // (V, H)
 
   // The fixed working set (Note [Ring-DTP on one rank]).
-  Tensor strip = be.alloc_f32(kVocab, {n_blk, V}, "ring.strip");  // (n_blk, V) logits, then their gradient
+  // (n_blk, V) logits, then their gradient
+  Tensor strip = be.alloc(kVocab, {n_blk, V}, s.precision.logits, "ring.strip");
   Tensor m = be.alloc_f32(kVocab, {n}, "ring.m");                 // (n) running max
   Tensor z = be.alloc(kVocab, {n}, DType::DType_F64, "ring.z");    // (n) running sum of exponentials
   Tensor y = be.alloc_f32(kVocab, {n}, "ring.y");                 // (n) target logit
   Tensor loss_sum = be.alloc(Category::Category_workspace, {1}, DType::DType_F64, "ring.loss_sum");
   Tensor dxn;
-  if (backward) dxn = be.alloc_f32(kAct, {n, H}, "head.dxn");  // (n, H)
+  if (backward) dxn = be.alloc(kAct, {n, H}, s.precision.activations, "head.dxn");  // (n, H)
   K.online_lse_init(m.f32(), z.f64(), y.f32(), n);
   if (logits_out != nullptr && be.computes()) logits_out->resize(static_cast<size_t>(n * V));
 

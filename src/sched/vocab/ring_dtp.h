@@ -56,20 +56,24 @@ inline RingMode ring_dtp_mode(const VocabSchedule& v, int64_t n_max, int64_t V, 
 }
 
 // The working set the head reserves when it starts on P > 1 ranks, in bytes (Note [Ring-DTP on P
-// ranks], ring_dtp_ring.cpp). ns (P): every rank's token count.
-//   vocab: the strip (n_blk, Vp) fp32 and the state, 16 B per token; with keep_strips the strips of
+// ranks], ring_dtp_ring.cpp). ns (P): every rank's token count. Dtypes from p (Note [Which dtype
+// each allocation gets] in core/precision.h): strips in p.logits, shards in p.params, batches in
+// p.activations; the state and the partial sums are always f32 (z f64).
+//   vocab: the strip (n_blk, Vp) and the state, 16 B per token; with keep_strips the strips of
 //          the whole pass instead of the one strip: (n, V) (weights) or (sum ns, Vp of this rank)
-//          (activations) fp32. Without keep_strips nothing but the state grows with n.
-//   comm:  what is in flight. weights: the shard in use and the one arriving (2 Vp H fp32), in
-//          backward also three dW shards (the one arriving, the one being accumulated, the one
-//          leaving). activations: the batch in use and the one arriving (2 n_max H fp32, their
+//          (activations). Without keep_strips nothing but the state grows with n.
+//   comm:  what is in flight. weights: the shard in use and the one arriving (2 Vp H), in
+//          backward also three dW shards fp32 (the one arriving, the one being accumulated, the one
+//          leaving). activations: the batch in use and the one arriving (2 n_max H, their
 //          targets 2 n_max i32, their states 2 n_max 16 B), in backward also three dX accumulators
 //          (3 n_max H fp32).
 struct RingDtpWorkingSet {
   uint64_t vocab_bytes = 0, comm_bytes = 0;
 };
 inline RingDtpWorkingSet ring_dtp_working_set(const VocabSchedule& v, RingMode mode, int rank,
-                                              const std::vector<int64_t>& ns, int64_t V, int64_t H, bool backward) {
+                                              const std::vector<int64_t>& ns, int64_t V, int64_t H, bool backward,
+                                              const Precision& p = {}) {
+  const uint64_t lg = dtype_size(p.logits), wt = dtype_size(p.params), act = dtype_size(p.activations);
   const int P = static_cast<int>(ns.size());
   const uint64_t n = static_cast<uint64_t>(ns[rank]);
   const uint64_t Vp = static_cast<uint64_t>(ring_dtp_shard_rows_max(V, P));
@@ -81,16 +85,16 @@ inline RingDtpWorkingSet ring_dtp_working_set(const VocabSchedule& v, RingMode m
   RingDtpWorkingSet w;
   const bool weights = mode == RingMode::RingMode_weights;
   if (v.keep_strips)
-    w.vocab_bytes = 4 * (weights ? n * static_cast<uint64_t>(V)
-                                 : n_total * static_cast<uint64_t>(ring_dtp_shard(V, P, rank).rows));
+    w.vocab_bytes = lg * (weights ? n * static_cast<uint64_t>(V)
+                                  : n_total * static_cast<uint64_t>(ring_dtp_shard(V, P, rank).rows));
   else
-    w.vocab_bytes = 4 * static_cast<uint64_t>(ring_dtp_block_rows(v, static_cast<int64_t>(n_max))) * Vp;
+    w.vocab_bytes = lg * static_cast<uint64_t>(ring_dtp_block_rows(v, static_cast<int64_t>(n_max))) * Vp;
   w.vocab_bytes += 16 * n;
   const uint64_t H64 = static_cast<uint64_t>(H);
   if (weights)
-    w.comm_bytes = 4 * Vp * H64 * (backward ? 5 : 2);
+    w.comm_bytes = 2 * wt * Vp * H64 + (backward ? 3 * 4 * Vp * H64 : 0);
   else
-    w.comm_bytes = 2 * (4 * n_max * H64 + 4 * n_max + 16 * n_max) + (backward ? 3 * 4 * n_max * H64 : 0);
+    w.comm_bytes = 2 * (act * n_max * H64 + 4 * n_max + 16 * n_max) + (backward ? 3 * 4 * n_max * H64 : 0);
   return w;
 }
 

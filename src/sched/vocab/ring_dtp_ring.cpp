@@ -67,9 +67,9 @@ constexpr Category kComm = Category::Category_comm;
 
 // count elements of T at byte offset `offset` into base (then moved past them), null on meta.
 template <class T>
-T* carve(void* base, uint64_t& offset, uint64_t count) {
+T* carve(void* base, uint64_t& offset, uint64_t count, uint64_t elem_bytes = sizeof(T)) {
   T* p = base == nullptr ? nullptr : reinterpret_cast<T*>(static_cast<char*>(base) + offset);
-  offset += count * sizeof(T);
+  offset += count * elem_bytes;
   return p;
 }
 
@@ -225,20 +225,26 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
   R.n_blk = ring_dtp_block_rows(v, n_max);
   const int64_t Vp = ring_dtp_shard_rows_max(V, P);
   const LocalShard own = local_shard(ps, r, P, V, H);
-  const RingDtpWorkingSet ws = ring_dtp_working_set(v, mode, r, ns, V, H, backward);
+  const RingDtpWorkingSet ws = ring_dtp_working_set(v, mode, r, ns, V, H, backward, s.precision);
 
   // The fixed working set, reserved here for both passes (ring_dtp_working_set).
-  Tensor strips = v.keep_strips
-                      ? be.alloc_f32(kVocab, {weights ? n * V : row0[P] * own.ids.rows}, "ring.strips_kept")
-                      : be.alloc_f32(kVocab, {R.n_blk, Vp}, "ring.strip");  // (n_blk, Vp) or the whole pass
+  // (n_blk, Vp), or the whole pass
+  const DType lg = s.precision.logits;
+  Tensor strips = v.keep_strips ? be.alloc(kVocab, {weights ? n * V : row0[P] * own.ids.rows}, lg, "ring.strips_kept")
+                                : be.alloc(kVocab, {R.n_blk, Vp}, lg, "ring.strip");
   Tensor m = be.alloc_f32(kVocab, {n}, "ring.m");               // (n) running max
   Tensor z = be.alloc(kVocab, {n}, DType::DType_F64, "ring.z");  // (n) running sum of exponentials
   Tensor y = be.alloc_f32(kVocab, {n}, "ring.y");               // (n) target logit
   Tensor loss_sum = be.alloc(Category::Category_workspace, {1}, DType::DType_F64, "ring.loss_sum");
+  FP_ASSERT(ws.comm_bytes % 4 == 0, "the in-flight buffer is {} B", ws.comm_bytes);
   Tensor fly = be.alloc_f32(kComm, {static_cast<int64_t>(ws.comm_bytes / 4)},
                             weights ? "ring.shards" : "ring.activations");
   FP_ASSERT(strips.bytes() + m.bytes() + z.bytes() + y.bytes() == ws.vocab_bytes);
-  // What travels, carved from `fly` (f64 first: aligned at any n_max and H).
+  // What travels, carved from `fly` (f64 first: aligned at any n_max and H). The shards are carved in
+  // the params dtype and the batches in the activations dtype (Note [Which dtype each allocation gets]
+  // in core/precision.h); the cpu backend computes in f32 only (Note [bf16 on a computing backend] in
+  // model/model.cpp), so typed pointers into the buffer are read only when that dtype is f32.
+  const uint64_t wt_bytes = dtype_size(s.precision.params), act_bytes = dtype_size(s.precision.activations);
   uint64_t off = 0;
   float* Wb[2] = {};   // weights: (Vp, H) the shard arriving
   float* G[3] = {};    // weights, backward: (Vp, H) dW partial sums
@@ -247,12 +253,12 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
   int32_t* Tg[2] = {};                                      // (n_max) targets
   const uint64_t nm = static_cast<uint64_t>(n_max), nH = nm * static_cast<uint64_t>(H);
   if (weights) {
-    for (float*& p : Wb) p = carve<float>(fly.data(), off, static_cast<uint64_t>(Vp * H));
+    for (float*& p : Wb) p = carve<float>(fly.data(), off, static_cast<uint64_t>(Vp * H), wt_bytes);
     if (backward)
       for (float*& p : G) p = carve<float>(fly.data(), off, static_cast<uint64_t>(Vp * H));
   } else {
     for (double*& p : Sz) p = carve<double>(fly.data(), off, nm);
-    for (float*& p : X) p = carve<float>(fly.data(), off, nH);
+    for (float*& p : X) p = carve<float>(fly.data(), off, nH, act_bytes);
     if (backward)
       for (float*& p : D) p = carve<float>(fly.data(), off, nH);
     for (float*& p : Sm) p = carve<float>(fly.data(), off, nm);
@@ -280,7 +286,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
     for (int i = 0; i < P; ++i) {
       const int q = (r - i + P) % P;
       const VocabShard sh = shard(q);
-      if (i + 1 < P) R.hop_start(w, sh.rows * H, Wb[i % 2], shard(ring_prev(q)).rows * H, DType::DType_F32);
+      if (i + 1 < P) R.hop_start(w, sh.rows * H, Wb[i % 2], shard(ring_prev(q)).rows * H, s.precision.params);
       R.fold(x_home, tg_home, n, w, sh, m.f32(), z.f64(), y.f32(), keep ? ptr_at(strip0, n * sh.v0) : strip0, keep,
              logits);
       R.hops_wait();
@@ -295,7 +301,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
       const int b = (r - i + P) % P, k = i % 2;
       const int64_t nb = ns[b], n_in = ns[ring_prev(b)];
       if (i + 1 < P) {
-        R.hop_start(x, nb * H, X[k], n_in * H, DType::DType_F32);
+        R.hop_start(x, nb * H, X[k], n_in * H, s.precision.activations);
         R.hop_start(tg, nb, Tg[k], n_in, DType::DType_I32);
       }
       R.fold(x, tg, nb, own.w, own.ids, cm, cz, cy, keep ? ptr_at(strip0, row0[b] * own.ids.rows) : strip0, keep, nullptr);
@@ -323,7 +329,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
     for (int i = 0; i < P; ++i) {
       const int q = (r - i + P) % P;
       const VocabShard sh = shard(q);
-      if (i + 1 < P) R.hop_start(w, sh.rows * H, Wb[i % 2], shard(ring_prev(q)).rows * H, DType::DType_F32);
+      if (i + 1 < P) R.hop_start(w, sh.rows * H, Wb[i % 2], shard(ring_prev(q)).rows * H, s.precision.params);
       if (i > 0) R.hop_start(out, last.rows * H, in, sh.rows * H, DType::DType_F32);
       R.grad(x_home, tg_home, n, w, sh, m.f32(), z.f64(), keep ? ptr_at(strip0, n * sh.v0) : strip0, keep, dxn.f32(),
              1.0f, acc, true);
@@ -348,7 +354,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
       const int b = (r - i + P) % P, k = i % 2;
       const int64_t nb = ns[b], n_in = ns[ring_prev(b)];
       if (i + 1 < P) {
-        R.hop_start(x, nb * H, X[k], n_in * H, DType::DType_F32);
+        R.hop_start(x, nb * H, X[k], n_in * H, s.precision.activations);
         R.hop_start(tg, nb, Tg[k], n_in, DType::DType_I32);
         R.hop_start(cm, nb, Sm[k], n_in, DType::DType_F32);
         R.hop_start(cz, nb, Sz[k], n_in, DType::DType_F64);
@@ -363,6 +369,8 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
       n_last = nb;
     }
     // The last round's batch is the next rank's: its dX goes home, this rank's own arrives.
+    // The f32 sum lands in dxn itself: with a bf16 dxn (meta only, so far) bf16 compute will need an
+    // f32 landing buffer and a conversion here.
     R.hop_start(out, n_last * H, dxn.f32(), n * H, DType::DType_F32);
     R.hops_wait();
   }
