@@ -23,43 +23,54 @@ def run(args, check=True):
 
 
 def presets_json_plot(a, tmp):
-    """Every preset plans at 1M with its JSON (statuses, reach) and SVG."""
+    """Every preset plans at 1M on 8 ranks with its JSON (statuses); one with both reaches and the SVG."""
     models = sorted(os.listdir(os.path.join(a.configs, "models")))
     assert len(models) >= 7, models
-    predicted_seen = False
+    approx_seen = exact_seen = False
     for m in models:
-        out_json, out_svg = os.path.join(tmp, m + ".json"), os.path.join(tmp, m + ".svg")
-        p = run([a.bin, "plan", "--model", os.path.join(a.configs, "models", m), "--context", "1M", "--ranks", "64",
-                 "--device-mem", "141GB", "--host-mem", "250GB", "--json", out_json, "--plot", out_svg])
-        assert "step peak" in p.stdout and "reach at" in p.stdout, p.stdout
+        out_json = os.path.join(tmp, m + ".json")
+        args = [a.bin, "plan", "--model", os.path.join(a.configs, "models", m), "--context", "1M", "--ranks", "8",
+                "--device-mem", "141GB", "--host-mem", "250GB", "--no-reach", "--json", out_json]
+        p = run(args)
+        assert "step peak" in p.stdout and "planned by the engine on meta: 8 rank(s)" in p.stdout, p.stdout
         j = json.load(open(out_json))
         assert set(j["peaks"]) == set(CATEGORIES), j["peaks"].keys()
         total_at_peak = sum(j["peaks"][c]["at_step_peak"] for c in CATEGORIES)
         assert total_at_peak == j["step_peak"], (m, total_at_peak, j["step_peak"])
-        # 64 ranks: the engine's layout (cp = ep = fsdp = W, E divisible by W) is validated against meta;
-        # another (mixtral: 8 experts, ep = 8) is predicted, and said so per category
-        lay = j["layout"]
-        if lay["cp"] == lay["ep"] == lay["fsdp"] == 64:
-            assert j["peaks"]["params"]["status"] == "exact (validated against meta)", (m, j["peaks"]["params"])
-            assert j["predicted"] == [], (m, j["predicted"])
+        assert j["precision"]["params"] == "bf16" and j["precision"]["master"] == "f32", j["precision"]
+        if j["model"]["approximate"]:
+            # a model the engine only approximates (MLA as GQA, another model type): every figure says so,
+            # and --strict refuses it
+            assert not j["exact"] and j["approximate"], (m, j["approximate"])
+            assert j["peaks"]["params"]["status"].startswith("approximate"), j["peaks"]["params"]
+            assert "APPROXIMATE:" in p.stdout, p.stdout
+            q = run(args + ["--strict"], check=False)
+            assert q.returncode == 3 and "--strict" in q.stderr, (q.returncode, q.stderr)
+            approx_seen = True
         else:
-            assert j["peaks"]["params"]["status"] == "predicted, not yet validated against meta", j["peaks"]["params"]
-            assert any("layout" in x for x in j["predicted"]), j["predicted"]
-            predicted_seen = True
-        for sched in ("baseline", "flatpeak"):
-            r = j["reach"][sched]
-            assert r["max_context"] > 0 and not r["capped"], (m, sched, r)
-        assert j["reach"]["flatpeak"]["max_context"] > j["reach"]["baseline"]["max_context"], (m, j["reach"])
-        xml.dom.minidom.parse(out_svg)  # well-formed
-        assert open(out_svg).read().count("<polyline") >= 18
-    assert predicted_seen  # a layout the engine does not run is flagged
-    # one rank, plain, f32: every category exact
-    out_json = os.path.join(tmp, "tiny.json")
-    run([a.bin, "plan", "--model", os.path.join(a.configs, "tiny.toml"), "--context", "256", "--schedule",
-         "dtype=f32", "--schedule", "optim=device", "--json", out_json])
+            assert j["exact"] and j["peaks"]["params"]["status"] == "exact (the engine ran it on meta)", (m, j)
+            run(args + ["--strict"])
+            exact_seen = True
+    assert approx_seen and exact_seen
+    # both reaches and the plot on the paper's 7-layer model at its 16 ranks
+    out_json, out_svg = os.path.join(tmp, "p7.json"), os.path.join(tmp, "p7.svg")
+    p = run([a.bin, "plan", "--model", os.path.join(a.configs, "models", "paper-7l.toml"), "--context", "1M",
+             "--device-mem", "141GB", "--host-mem", "250GB", "--json", out_json, "--plot", out_svg])
+    assert "reach at" in p.stdout, p.stdout
     j = json.load(open(out_json))
-    assert all(j["peaks"][c]["status"] == "exact (validated against meta)" for c in CATEGORIES), j["peaks"]
-    assert j["reach"] is None and j["predicted"] == []
+    for sched in ("baseline", "flatpeak"):
+        r = j["reach"][sched]
+        assert r["max_context"] > 0 and not r["capped"] and r["max_context"] % 32 == 0, (sched, r)
+    assert j["reach"]["flatpeak"]["max_context"] > 4 * j["reach"]["baseline"]["max_context"], j["reach"]
+    xml.dom.minidom.parse(out_svg)  # well-formed
+    assert open(out_svg).read().count("<polyline") >= 18
+    # one rank, plain, f32: every category exact; --set takes the run config's [precision] keys
+    out_json = os.path.join(tmp, "tiny.json")
+    run([a.bin, "plan", "--model", os.path.join(a.configs, "tiny.toml"), "--context", "256", "--set",
+         'precision.recipe="fp32"', "--schedule", "optim=device", "--json", out_json])
+    j = json.load(open(out_json))
+    assert all(j["peaks"][c]["status"] == "exact (the engine ran it on meta)" for c in CATEGORIES), j["peaks"]
+    assert j["reach"] is None and j["exact"] and j["precision"]["params"] == "f32"
 
 
 def matches_meta_step(a, tmp):
@@ -95,8 +106,16 @@ def bad_inputs(a, tmp):
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1.5M"], "is not a length"),
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--schedule", "vocab=rings"],
          "not one of full|ring"),
-        (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--ranks", "6", "--schedule", "ep=4"],
-         "ep = 4"),
+        (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--ranks", "4", "--schedule", "ep=2"],
+         "the engine runs one layout"),
+        (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--ranks", "3"],
+         "cannot be spread over 3 ranks"),
+        (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1000", "--ranks", "8"],
+         "not divisible by 2 x 8 ranks"),
+        (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1K", "--set", "train.seq_len=5"],
+         "only precision.* keys apply"),
+        (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1K", "--set", "precision.recipe=fp8"],
+         "not one of fp32|bf16"),
     ]
     for args, want in cases:
         p = run([a.bin, "plan"] + args, check=False)

@@ -9,7 +9,7 @@ endforeach()
 foreach(case presets_json_plot matches_meta_step bad_inputs)
   add_test(NAME cli_plan_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_plan.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
-  set_tests_properties(cli_plan_${case} PROPERTIES LABELS cli TIMEOUT 120)
+  set_tests_properties(cli_plan_${case} PROPERTIES LABELS cli TIMEOUT 300)
 endforeach()
 # Optimizer schedules (tests/cli/test_optim.py): offload training and resume vs the device AdamW, bench optimizer.
 foreach(case train_resume_offload train_emulated_link bench_smoke)
