@@ -1,7 +1,8 @@
-// LLEP's assignment plan and route mapping, and PipelinedLLEP's chunking (sched/dispatch/llep_plan.h,
+// LLEP's assignment plan and its pieces, and PipelinedLLEP's chunking (sched/dispatch/llep_plan.h,
 // chunk_plan.h): hand-worked plans (ties, empty experts, the forced remainder, the fallback below
 // lambda), invariants on random loads (every copy planned exactly once, the same plan from the same
-// loads), and the per-chunk receive bound under hot routing profiles.
+// loads), and the per-chunk receive bound under hot routing profiles, on the dispatch the engine runs
+// (W ranks of pipelined_llep on meta through flatpeak plan's thread world).
 // Legend: E experts, W ranks, k top-k, n tokens per rank.
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/routing.h"
+#include "plan/plan.h"
 #include "train/run_config.h"
 #include "sched/dispatch/chunk_plan.h"
 #include "sched/dispatch/llep_plan.h"
@@ -223,25 +225,24 @@ TEST(LlepPlan, RandomLoadsConserveEveryCopyAndAreDeterministic) {
       EXPECT_EQ(p.intervals[i].end, q.intervals[i].end);
     }
 
-    // Every source's copies are planned once; the send matrix's rows are the sources' copies and its
-    // columns the ranks' loads; each copy's destination agrees with the pieces.
-    std::vector<int64_t> send;
-    llep_send_matrix(p, counts.data(), send);
+    // Every source's copies are planned once (its pieces, what the engine sends, add up to its n k
+    // copies, expert by expert), and what the ranks receive is the plan's loads.
+    std::vector<int64_t> recv(static_cast<size_t>(W), 0);
+    std::vector<LlepPiece> pieces;
     for (int64_t s = 0; s < W; ++s) {
+      llep_pieces(p, counts.data(), static_cast<int32_t>(s), pieces);
       int64_t row = 0;
-      for (int64_t d = 0; d < W; ++d) row += send[s * W + d];
+      std::vector<int64_t> per_expert(static_cast<size_t>(E), 0);
+      for (const LlepPiece& pc : pieces) {
+        ASSERT_LT(pc.begin, pc.end);
+        row += pc.end - pc.begin;
+        per_expert[pc.expert] += pc.end - pc.begin;
+        recv[pc.dest] += pc.end - pc.begin;
+      }
       EXPECT_EQ(row, n * k);
-      std::vector<int32_t> dest(static_cast<size_t>(n * k));
-      llep_route_dest(p, counts.data(), static_cast<int32_t>(s), topk[s].data(), n, k, dest.data());
-      std::vector<int64_t> by_dest(static_cast<size_t>(W), 0);
-      for (int32_t d : dest) ++by_dest[d];
-      for (int64_t d = 0; d < W; ++d) EXPECT_EQ(by_dest[d], send[s * W + d]) << "s=" << s << " d=" << d;
+      for (int64_t e = 0; e < E; ++e) EXPECT_EQ(per_expert[e], counts[s * E + e]) << "s=" << s << " e=" << e;
     }
-    for (int64_t d = 0; d < W; ++d) {
-      int64_t col = 0;
-      for (int64_t s = 0; s < W; ++s) col += send[s * W + d];
-      EXPECT_EQ(col, p.rank_load[d]) << "rank " << d;
-    }
+    for (int64_t d = 0; d < W; ++d) EXPECT_EQ(recv[d], p.rank_load[d]) << "rank " << d;
   }
 }
 
@@ -257,14 +258,13 @@ TEST(LlepPlan, RoutesFollowGlobalPosition) {
   const LlepPlan p = llep_plan_build(load.data(), 2, 2, prm);
   ASSERT_TRUE(p.active);
   EXPECT_EQ(intervals_of(p, 0), (Iv{{0, 0, 3}, {1, 3, 5}}));
-  // Source 0's three copies are global 0..2: rank 0. Source 1's copies of expert 0 are global 3, 4: rank 1.
-  const int32_t topk0[] = {0, 0, 0};        // n = 3, k = 1
-  const int32_t topk1[] = {1, 0, 0};        // n = 3, k = 1: token 0 -> expert 1
-  int32_t dest[3];
-  llep_route_dest(p, counts, 0, topk0, 3, 1, dest);
-  EXPECT_EQ(std::vector<int32_t>(dest, dest + 3), (std::vector<int32_t>{0, 0, 0}));
-  llep_route_dest(p, counts, 1, topk1, 3, 1, dest);
-  EXPECT_EQ(std::vector<int32_t>(dest, dest + 3), (std::vector<int32_t>{1, 1, 1}));
+  // Source 0's three copies are global 0..2: one piece to rank 0. Source 1's copies of expert 0 are
+  // global 3, 4: rank 1, and its copy of expert 1 stays home (rank 1).
+  std::vector<LlepPiece> zero;
+  llep_pieces(p, counts, 0, zero);
+  ASSERT_EQ(zero.size(), 1u);
+  EXPECT_EQ(zero[0].dest, 0);
+  EXPECT_EQ(zero[0].end - zero[0].begin, 3);
   std::vector<LlepPiece> pieces;
   llep_pieces(p, counts, 1, pieces);
   ASSERT_EQ(pieces.size(), 2u);
@@ -307,69 +307,77 @@ TEST(ChunkPlan, ShapeAndMembership) {
           SCOPED_TRACE(testing::Message() << "n=" << n << " c=" << c << " K_max=" << kmax);
           ASSERT_GE(p.K, 1);
           ASSERT_LE(p.K, kmax);
-          std::vector<int> seen(static_cast<size_t>(n), 0);
-          std::vector<int32_t> toks;
-          int64_t total = 0;
-          for (int64_t i = 0; i < p.K; ++i) {
-            p.tokens(i, toks);
-            ASSERT_LE(static_cast<int64_t>(toks.size()), p.c_eff);
-            ASSERT_TRUE(std::is_sorted(toks.begin(), toks.end()));
-            for (int32_t t : toks) {
-              ASSERT_EQ(p.chunk_of(t), i);
-              ++seen[t];
-            }
-            total += static_cast<int64_t>(toks.size());
+          std::vector<int64_t> per_chunk(static_cast<size_t>(p.K), 0);
+          for (int64_t t = 0; t < n; ++t) {
+            const int64_t i = p.chunk_of(t);
+            ASSERT_GE(i, 0);
+            ASSERT_LT(i, p.K);
+            ASSERT_EQ(i, mb == ChunkMembership::ChunkMembership_strided ? t % p.K : t / p.c_eff);
+            ++per_chunk[i];
           }
-          EXPECT_EQ(total, n);
-          EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int v) { return v == 1; }));
+          for (int64_t c_i : per_chunk) ASSERT_LE(c_i, p.c_eff);
         }
-  // Strided spreads, contiguous cuts: n = 10, K = 3.
-  std::vector<int32_t> toks;
-  chunk_plan_build(10, 4, 3, ChunkMembership::ChunkMembership_strided).tokens(1, toks);
-  EXPECT_EQ(toks, (std::vector<int32_t>{1, 4, 7}));
-  chunk_plan_build(10, 4, 3, ChunkMembership::ChunkMembership_contiguous).tokens(1, toks);
-  EXPECT_EQ(toks, (std::vector<int32_t>{4, 5, 6, 7}));
+  // Strided spreads, contiguous cuts: n = 10, K = 3, c_eff = 4.
+  const ChunkPlan st = chunk_plan_build(10, 4, 3, ChunkMembership::ChunkMembership_strided);
+  const ChunkPlan co = chunk_plan_build(10, 4, 3, ChunkMembership::ChunkMembership_contiguous);
+  EXPECT_EQ(st.chunk_of(9), 0);
+  EXPECT_EQ(st.chunk_of(7), 1);
+  EXPECT_EQ(co.chunk_of(3), 0);
+  EXPECT_EQ(co.chunk_of(4), 1);
+  EXPECT_EQ(co.chunk_of(9), 2);
   EXPECT_EQ(chunk_dispatch_bound_bytes(8, 8, 6554, 7168, 2), 2ull * 8 * 8 * 6554 * 7168 * 2);
 }
 
-TEST(ChunkPlan, ReceiveBoundHoldsUnderHotProfiles) {
-  // Whatever the skew, a destination receives at most W * k * c_eff copies in one chunk; the
-  // unchunked LLEP receive is shown alongside to make the test able to fail on a wrong membership.
-  const int64_t W = 8, E = 64, k = 4, n = 2048;
+// Whatever the skew, a destination receives at most W k c_eff copies in one chunk: proved on the
+// dispatch the engine runs. Every rank of a W-rank world runs a training step with pipelined_llep on
+// meta (flatpeak plan's thread world); the dispatch asserts the bound on every chunk it builds (an
+// InternalError otherwise), and every rank's dispatch peak stays within the chunk's buffers: the
+// (m) ids, one chunk's sends and two received buffers at the bound. The standard dispatch under the
+// same profiles exceeds that, so the test can fail.
+TEST(ChunkPlan, ReceiveBoundHoldsOnTheEngine) {
+  ModelConfig m;
+  m.hidden_size = 32;
+  m.num_hidden_layers = 1;
+  m.num_attention_heads = 2;
+  m.num_key_value_heads = 1;
+  m.head_dim = 16;
+  m.num_experts = 64;
+  m.num_experts_per_tok = 4;
+  m.moe_intermediate_size = 16;
+  m.vocab_size = 64;
+  const int64_t W = 8, n = 2048, k = 4, H = 32, a = 2;  // bf16 activations
+  bool standard_exceeds = false;
   for (const char* prof : {"balanced", "hot:0.5:4", "hot:0.95:16", "hot:1:4"})
-    for (ChunkMembership mb :
-         {ChunkMembership::ChunkMembership_strided, ChunkMembership::ChunkMembership_contiguous})
+    for (const char* mb : {"strided", "contiguous"})
       for (int64_t c : {100, 256, 2048}) {
-        SCOPED_TRACE(testing::Message() << prof << " c=" << c << " strided=" << (mb == ChunkMembership::ChunkMembership_strided));
-        std::vector<int32_t> topk;
-        const std::vector<int64_t> counts = profile_counts(routing_profile_parse(prof), W, n, k, E, topk);
-        const std::vector<int64_t> load = column_sums(counts, W, E);
-        const LlepPlan p = llep_plan_build(load.data(), E, W, {});
-        const ChunkPlan cp = chunk_plan_build(n, c, 10, mb);
-        std::vector<int64_t> recv(static_cast<size_t>(cp.K * W), 0);  // (K, W) copies each rank receives
-        std::vector<int32_t> dest(static_cast<size_t>(n * k));
-        std::vector<int64_t> send;
-        for (int64_t s = 0; s < W; ++s) {
-          llep_route_dest(p, counts.data(), static_cast<int32_t>(s), topk.data(), n, k, dest.data());
-          chunk_send_counts(cp, dest.data(), k, W, send);
-          for (int64_t i = 0; i < cp.K; ++i) {
-            int64_t row = 0;
-            for (int64_t d = 0; d < W; ++d) {
-              recv[i * W + d] += send[i * W + d];
-              row += send[i * W + d];
-            }
-            EXPECT_EQ(row, cp.tokens_in(i) * k);
-          }
-        }
-        const int64_t bound = chunk_recv_bound(W, k, cp.c_eff);
-        for (int64_t v : recv) EXPECT_LE(v, bound);
-        // All chunks together are the plan's loads.
-        for (int64_t d = 0; d < W; ++d) {
-          int64_t sum = 0;
-          for (int64_t i = 0; i < cp.K; ++i) sum += recv[i * W + d];
-          EXPECT_EQ(sum, p.rank_load[d]);
-        }
+        SCOPED_TRACE(testing::Message() << prof << " c=" << c << " " << mb);
+        plan::Input in;
+        in.model = m;
+        in.context = n * W;
+        in.settings.layout.ranks = W;
+        for (const std::string& it : {std::string("optim=device"), std::string("routing=") + prof,
+                                      std::string("membership=") + mb, "chunk_cap=" + std::to_string(c),
+                                      std::string("max_chunks=10")})
+          plan::settings_apply(in.settings, it);
+        std::vector<plan::RankPlan> ranks;
+        plan::PlanOptions opt;
+        opt.ranks = &ranks;
+        plan::settings_apply(in.settings, "dispatch=pipelined_llep");
+        plan::plan_step(in, opt);  // the bound is asserted inside, chunk by chunk
+        const ChunkPlan cp = chunk_plan_build(n, c, 10, mb == std::string("strided")
+                                                            ? ChunkMembership::ChunkMembership_strided
+                                                            : ChunkMembership::ChunkMembership_contiguous);
+        const uint64_t ids = 2 * static_cast<uint64_t>(n * k) * 4;
+        const uint64_t bound = ids + static_cast<uint64_t>(k * cp.c_eff) * H * a +
+                               chunk_dispatch_bound_bytes(W, k, cp.c_eff, H, a);
+        for (const plan::RankPlan& r : ranks)
+          EXPECT_LE(r.peak[static_cast<int>(Category::Category_dispatch)], bound);
+        plan::settings_apply(in.settings, "dispatch=standard");
+        plan::plan_step(in, opt);
+        for (const plan::RankPlan& r : ranks)
+          standard_exceeds = standard_exceeds || r.peak[static_cast<int>(Category::Category_dispatch)] > bound;
       }
+  EXPECT_TRUE(standard_exceeds);
 }
 
 // ---- config keys: moe.dispatch, [llep], [pipelined] (train/run_config.cpp)

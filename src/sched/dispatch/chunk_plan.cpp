@@ -27,34 +27,10 @@ int64_t ChunkPlan::chunk_of(int64_t token) const {
   return membership == ChunkMembership::ChunkMembership_strided ? token % K : token / c_eff;
 }
 
-int64_t ChunkPlan::tokens_in(int64_t i) const {
-  if (membership == ChunkMembership::ChunkMembership_strided) return i < n ? ceil_div(n - i, K) : 0;
-  return std::clamp<int64_t>(n - i * c_eff, 0, c_eff);
-}
-
-void ChunkPlan::tokens(int64_t i, std::vector<int32_t>& out) const {
-  out.resize(static_cast<size_t>(tokens_in(i)));
-  const bool strided = membership == ChunkMembership::ChunkMembership_strided;
-  for (int64_t j = 0; j < static_cast<int64_t>(out.size()); ++j)
-    out[j] = static_cast<int32_t>(strided ? i + j * K : i * c_eff + j);
-}
-
 int64_t chunk_recv_bound(int64_t W, int64_t k, int64_t c_eff) { return W * k * c_eff; }
 
 uint64_t chunk_dispatch_bound_bytes(int64_t W, int64_t k, int64_t c_eff, int64_t H, uint64_t elem_bytes) {
   return 2 * static_cast<uint64_t>(chunk_recv_bound(W, k, c_eff)) * static_cast<uint64_t>(H) * elem_bytes;
-}
-
-void chunk_send_counts(const ChunkPlan& plan, const int32_t* dest, int64_t k, int64_t W, std::vector<int64_t>& send) {
-  send.assign(static_cast<size_t>(plan.K * W), 0);
-  for (int64_t t = 0; t < plan.n; ++t) {
-    const int64_t i = plan.chunk_of(t);
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t d = dest[t * k + j];
-      FP_ASSERT(d >= 0 && d < W, "chunk_send_counts: token {} slot {} goes to rank {} of {}", t, j, d, W);
-      ++send[i * W + d];
-    }
-  }
 }
 
 }  // namespace fp

@@ -13,7 +13,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 namespace fp {
 
@@ -25,11 +24,8 @@ struct ChunkPlan {
   int64_t c_eff = 0;  // most tokens of one source in one chunk
   ChunkMembership membership = ChunkMembership::ChunkMembership_strided;
 
+  // The chunk of one of a source's tokens (what pipelined_llep.cpp sorts its rows by).
   int64_t chunk_of(int64_t token) const;
-  // Tokens of one source in chunk i (contiguous chunks at the end may be short or empty).
-  int64_t tokens_in(int64_t i) const;
-  // The tokens of chunk i, ascending: out (tokens_in(i)).
-  void tokens(int64_t i, std::vector<int32_t>& out) const;
 };
 
 // Asserts n >= 1, chunk_cap >= 1, max_chunks >= 1 (the config checks the user's values).
@@ -39,9 +35,5 @@ ChunkPlan chunk_plan_build(int64_t n, int64_t chunk_cap, int64_t max_chunks, Chu
 int64_t chunk_recv_bound(int64_t W, int64_t k, int64_t c_eff);
 // The dispatch buffers of one chunk at the bound: 2 * W * k * c_eff * H * elem_bytes.
 uint64_t chunk_dispatch_bound_bytes(int64_t W, int64_t k, int64_t c_eff, int64_t H, uint64_t elem_bytes);
-
-// send (K, W): copies this source sends to each rank in each chunk; dest (n, k) the rank of every
-// routed copy (llep_route_dest).
-void chunk_send_counts(const ChunkPlan& plan, const int32_t* dest, int64_t k, int64_t W, std::vector<int64_t>& send);
 
 }  // namespace fp

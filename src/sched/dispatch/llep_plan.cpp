@@ -153,36 +153,4 @@ void llep_pieces(const LlepPlan& plan, const int64_t* counts, int32_t src, std::
   }
 }
 
-void llep_send_matrix(const LlepPlan& plan, const int64_t* counts, std::vector<int64_t>& send) {
-  const int64_t W = plan.W;
-  send.assign(static_cast<size_t>(W * W), 0);
-  std::vector<LlepPiece> pieces;
-  for (int32_t s = 0; s < W; ++s) {
-    llep_pieces(plan, counts, s, pieces);
-    for (const LlepPiece& pc : pieces) send[s * W + pc.dest] += pc.end - pc.begin;
-  }
-}
-
-void llep_route_dest(const LlepPlan& plan, const int64_t* counts, int32_t src, const int32_t* topk, int64_t n,
-                     int64_t k, int32_t* dest) {
-  const int64_t E = plan.E;
-  std::vector<LlepPiece> pieces;
-  llep_pieces(plan, counts, src, pieces);
-  std::vector<int64_t> first(static_cast<size_t>(E + 1), 0);  // (E + 1) e's pieces start at first[e]
-  for (const LlepPiece& pc : pieces) ++first[pc.expert + 1];
-  for (int64_t e = 0; e < E; ++e) first[e + 1] += first[e];
-  std::vector<int64_t> cursor(first.begin(), first.end() - 1);  // (E) current piece of e
-  std::vector<int64_t> seen(static_cast<size_t>(E), 0);         // (E) copies of e met so far
-  // Tokens in order, then slots: the local order of moe_routing_build.
-  for (int64_t i = 0; i < n * k; ++i) {
-    const int32_t e = topk[i];
-    FP_ASSERT(e >= 0 && e < E, "llep_route_dest: expert {} outside [0, {})", e, E);
-    const int64_t pos = seen[e]++;
-    while (cursor[e] < first[e + 1] && pieces[cursor[e]].end <= pos) ++cursor[e];
-    FP_ASSERT(cursor[e] < first[e + 1], "llep_route_dest: copy {} of expert {} beyond counts[{}][{}] = {}", pos, e,
-              src, e, counts[src * E + e]);
-    dest[i] = pieces[cursor[e]].dest;
-  }
-}
-
 }  // namespace fp

@@ -63,12 +63,4 @@ struct LlepPiece {
 // source's expert order). counts (W, E). Empty pieces are omitted.
 void llep_pieces(const LlepPlan& plan, const int64_t* counts, int32_t src, std::vector<LlepPiece>& out);
 
-// send (W, W): copies source s sends to rank d under the plan (d = s included). counts (W, E).
-void llep_send_matrix(const LlepPlan& plan, const int64_t* counts, std::vector<int64_t>& send);
-
-// The destination of every routed copy of source src: topk (n, k) expert ids -> dest (n, k).
-// counts (W, E) must hold src's own counts of topk at row src.
-void llep_route_dest(const LlepPlan& plan, const int64_t* counts, int32_t src, const int32_t* topk, int64_t n,
-                     int64_t k, int32_t* dest);
-
 }  // namespace fp
