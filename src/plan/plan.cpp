@@ -262,24 +262,27 @@ Result plan_step(const Input& in, const PlanOptions& opt) {
 
 // Note [Searching the reach]
 // Each point of the search is a W-rank run of the engine on meta (seconds at the paper's scale), so
-// the search asks few points. How full a plan is, f(T) = the larger of step_peak / device_mem and
-// host_needed / host_mem (fits iff f <= 1), is close to linear in T: the step's tensors are linear in
-// the tokens per rank (no T x T anywhere) plus a constant (parameters, optimizer state). So the next
-// point is where the line through the last two points reaches 1 (extrapolated before the edge is
-// bracketed, interpolated after), rounded to the engine's granularity; when the interpolation moves
-// the same end of the bracket twice in a row, a bisection step follows, which bounds the worst case by
-// plain bisection's count. The answer is exact at the granularity: max_context fits, max_context + g
-// does not (or the cap is reached).
+// the search asks few points. How full a plan is: f(T) = step_peak / device_mem when the step fits,
+// and the larger of that and host_needed / host_mem when it does not (fits iff f <= 1; the host ratio
+// is left out of fitting points because SCO fills the host up to its capacity and then keeps
+// boundaries on the device, so that ratio sits near 1 over a long range and says nothing about the
+// edge). f is close to linear in T: the step's tensors are linear in the tokens per rank (no T x T
+// anywhere) plus a constant (parameters, optimizer state). So the next point is where the line
+// through two points reaches 1: extrapolated from the last two fitting points until a point does not
+// fit, then interpolated inside the bracket with the Illinois rule (when the same end moves twice in
+// a row, the other end's distance to 1 is halved, so a kink in f cannot stall the search), rounded to
+// the engine's granularity g. The answer is exact at that granularity: max_context fits and
+// max_context + g does not (or the cap is reached).
 Reach plan_reach(Input in, int64_t cap) {
   // The engine's granularity: T a multiple of 2W on W > 1 ranks (the zig-zag split).
   const int64_t W = in.settings.layout.ranks, g = W > 1 ? 2 * W : 1;
   auto fill = [&](const Result& r) {
-    double f = 0;
+    double dev = 0, host = 0;
     if (in.device_mem != kUnlimitedBytes)
-      f = std::max(f, static_cast<double>(r.step_peak) / static_cast<double>(in.device_mem));
-    if (in.host_mem != kUnlimitedBytes && in.host_mem > 0)
-      f = std::max(f, static_cast<double>(r.host_needed) / static_cast<double>(in.host_mem));
-    return f;
+      dev = static_cast<double>(r.step_peak) / static_cast<double>(std::max<uint64_t>(in.device_mem, 1));
+    if (in.host_mem != kUnlimitedBytes)
+      host = static_cast<double>(r.host_needed) / static_cast<double>(std::max<uint64_t>(in.host_mem, 1));
+    return r.fits() ? dev : std::max({dev, host, 1.0 + 1e-9});
   };
   struct Point {
     int64_t T = 0;
@@ -305,14 +308,14 @@ Reach plan_reach(Input in, int64_t cap) {
     hi = p;
   }
   // Extrapolate up to a point that does not fit (or the cap).
-  while (hi.T == 0) {
+  while (hi.T == 0 && lo.T < cap) {
     int64_t next = 2 * lo.T;
     if (lo_prev.T > 0 && lo.f > lo_prev.f) {
       const double slope = (lo.f - lo_prev.f) / static_cast<double>(lo.T - lo_prev.T);
-      next = down(static_cast<double>(lo.T) + (1.0 - lo.f) / slope);
+      // Aim a little past the line's crossing, so that the point usually does not fit and brackets.
+      next = down(static_cast<double>(lo.T) + 1.02 * (1.0 - lo.f) / slope) + g;
       next = std::clamp<int64_t>(next, lo.T + g, 64 * lo.T);
     }
-    if (lo.T == cap) break;
     next = std::min(next, cap / g * g);
     if (next <= lo.T) break;
     lo_prev = lo;
@@ -322,19 +325,25 @@ Reach plan_reach(Input in, int64_t cap) {
   if (hi.T == 0) {
     out.capped = true;
   } else {
-    int same_side = 0, last_side = 0;  // +1: lo moved, -1: hi moved
+    double flo = lo.f, fhi = hi.f;  // the ends' values as the Illinois rule weighs them
+    int last_side = 0;              // +1: lo moved last, -1: hi moved last
     while (hi.T - lo.T > g) {
-      int64_t mid = lo.T + (hi.T - lo.T) / g / 2 * g;
-      if (same_side < 2 && hi.f > lo.f && lo.T > 0) {
-        const double t = static_cast<double>(lo.T) + (1.0 - lo.f) / (hi.f - lo.f) * static_cast<double>(hi.T - lo.T);
+      int64_t mid = lo.T + (hi.T - lo.T) / g / 2 * g;  // bisection when nothing fits yet
+      if (lo.T > 0 && fhi > flo) {
+        const double t = static_cast<double>(lo.T) + (1.0 - flo) / (fhi - flo) * static_cast<double>(hi.T - lo.T);
         mid = std::clamp<int64_t>(down(t), lo.T + g, hi.T - g);
       }
       const bool fits = eval(mid, p);
-      (fits ? lo : hi) = p;
-      const int side = fits ? 1 : -1;
-      same_side = side == last_side ? same_side + 1 : 1;
-      if (same_side > 2) same_side = 0;  // after the bisection step, interpolate again
-      last_side = side;
+      if (fits) {
+        lo = p;
+        flo = p.f;
+        if (last_side == 1) fhi = 1.0 + (fhi - 1.0) / 2;
+      } else {
+        hi = p;
+        fhi = p.f;
+        if (last_side == -1) flo = 1.0 - (1.0 - flo) / 2;
+      }
+      last_side = fits ? 1 : -1;
     }
   }
   out.max_context = lo.T;
