@@ -27,7 +27,9 @@ constexpr Category kVocab = Category::Category_vocab;
 constexpr Category kComm = Category::Category_comm;
 constexpr Category kWs = Category::Category_workspace;
 
-// The engine's schedules for the planner's names (one rank runs the local dispatch whatever is named).
+}  // namespace
+
+// One rank runs the local dispatch whatever is named, as the engine does.
 ModelSchedules engine_schedules(const Settings& set, const Schedules& sc) {
   ModelSchedules ms;
   ms.vocab.kind = sc.vocab == Vocab::Vocab_ring ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
@@ -59,6 +61,8 @@ OptimConfig engine_optim(const Schedules& sc) {
   oc.update_on = sc.update_on_host ? "host" : "device";
   return oc;
 }
+
+namespace {
 
 // One training step as the trainer runs it (zero grads, forward_backward, the optimizer step) on
 // every rank of a W-rank thread world, each on its own meta backend; returns every rank's ledgers.

@@ -32,6 +32,8 @@
 #include "memory/category.h"
 #include "memory/ledger.h"
 #include "model/config.h"
+#include "model/schedules.h"
+#include "sched/optim/lr_schedule.h"
 
 namespace fp::plan {
 
@@ -175,6 +177,11 @@ struct PlanOptions {
   ThreadWorldMode world = ThreadWorldMode::ThreadWorldMode_fast;
   std::vector<RankPlan>* ranks = nullptr;  // every rank's ledgers (tests)
 };
+
+// The engine's schedules and optimizer settings for the planner's names (the settings' precision
+// included). The optimizer must be resolved (not auto).
+ModelSchedules engine_schedules(const Settings& set, const Schedules& sc);
+OptimConfig engine_optim(const Schedules& sc);
 
 // Plans one step: the engine on meta (Note [The engine is its own planner]). The baseline's optimizer
 // rule (optim=auto) runs the step with the optimizer on the device and, when that does not fit, again

@@ -100,30 +100,8 @@ void case_run(Comm& comm, const Case& c) {
   const plan::Result p = plan::plan_step(in, opt);
 
   // The same step on this MPI rank, as the trainer runs it.
-  ModelSchedules ms;
-  const plan::Schedules& sc = p.sched;
-  ms.vocab.kind = sc.vocab == plan::Vocab::Vocab_ring ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
-  ms.vocab.block_tokens = sc.block_tokens;
-  ms.vocab.ring_mode = sc.ring_mode;
-  ms.vocab.keep_strips = sc.keep_strips;
-  ms.ckpt.kind = sc.ckpt == plan::Ckpt::Ckpt_sco ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device;
-  ms.ckpt.host_budget = sc.ckpt_host_budget;
-  ms.dispatch.kind = sc.dispatch == plan::Dispatch::Dispatch_llep ? DispatchSchedule::Kind::Kind_llep
-                     : sc.dispatch == plan::Dispatch::Dispatch_pipelined_llep
-                         ? DispatchSchedule::Kind::Kind_pipelined_llep
-                         : DispatchSchedule::Kind::Kind_standard;
-  ms.dispatch.lambda = sc.lambda;
-  ms.dispatch.alpha = sc.alpha;
-  ms.dispatch.min_tokens_per_gemm = sc.min_tokens_per_gemm;
-  ms.dispatch.chunk_cap = sc.chunk_tokens;
-  ms.dispatch.max_chunks = sc.max_chunks;
-  ms.dispatch.strided = sc.strided;
-  ms.precision = in.settings.precision;
-  OptimConfig oc;
-  oc.schedule = std::string(plan::optim_name(sc.optim));
-  oc.bucket_params = sc.bucket_params;
-  oc.slots = sc.slots;
-  oc.update_on = sc.update_on_host ? "host" : "device";
+  const ModelSchedules ms = plan::engine_schedules(in.settings, p.sched);
+  const OptimConfig oc = plan::engine_optim(p.sched);
 
   std::unique_ptr<Backend> be = backend_create("meta", kUnlimitedBytes, c.host_mem);
   be->host_ledger().overcommit_set(true);
