@@ -334,9 +334,10 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     stats_.chunk_send_ratio = send_ratio;
     stats_.chunk_recv_max = recv_max;
     stats_.chunk_recv_bound = chunk_recv_bound(W, k, C.cp.c_eff);
-    stats_.chunk_bound_bytes = chunk_dispatch_bound_bytes(W, k, C.cp.c_eff, H, sizeof(float));
+    const uint64_t a = dtype_size(s.precision.activations);  // the dispatch buffers' element bytes
+    stats_.chunk_bound_bytes = chunk_dispatch_bound_bytes(W, k, C.cp.c_eff, H, a);
     // Expert side at once: 2 r_i rows (see the file comment).
-    stats_.chunk_peak_bytes = 2 * static_cast<uint64_t>(recv_max) * static_cast<uint64_t>(H) * sizeof(float);
+    stats_.chunk_peak_bytes = 2 * static_cast<uint64_t>(recv_max) * static_cast<uint64_t>(H) * a;
     FP_ASSERT(recv_max <= stats_.chunk_recv_bound, "pipelined_llep: {} rows in one chunk over the bound {}", recv_max,
               stats_.chunk_recv_bound);
     int64_t sent_away = 0, R = 0;
@@ -386,16 +387,17 @@ std::unique_ptr<ExpertDispatch> dispatch_pipelined_llep_create(const DispatchSch
   const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(s.n, 1), sched.chunk_cap, sched.max_chunks,
                                         sched.strided ? ChunkMembership::ChunkMembership_strided
                                                       : ChunkMembership::ChunkMembership_contiguous);
-  const uint64_t bound = chunk_dispatch_bound_bytes(W, k, cp.c_eff, H, sizeof(float));
+  const uint64_t a = dtype_size(s.precision.activations);
+  const uint64_t bound = chunk_dispatch_bound_bytes(W, k, cp.c_eff, H, a);
   // The launch-time reservation: the expert-side chunk buffers never exceed `bound`, so a device
   // that cannot hold it fails here, before the step, naming the key that sizes it.
   const Ledger& ledger = s.be.device().ledger();
   const uint64_t used = ledger.total_current();
   FP_CHECK(ledger.capacity() >= used && bound <= ledger.capacity() - used,
            "lower pipelined.chunk_cap (or pipelined.max_chunks is capping K), or raise --device-mem",
-           "pipelined_llep: the chunk dispatch buffers need up to {} bytes (2 x W {} x k {} x c_eff {} x H {} x 4 B) "
+           "pipelined_llep: the chunk dispatch buffers need up to {} bytes (2 x W {} x k {} x c_eff {} x H {} x {} B) "
            "but the device has {} of {} bytes free at launch",
-           bound, W, k, cp.c_eff, H, ledger.capacity() - std::min(used, ledger.capacity()), ledger.capacity());
+           bound, W, k, cp.c_eff, H, a, ledger.capacity() - std::min(used, ledger.capacity()), ledger.capacity());
   return std::make_unique<PipelinedLlepDispatch>(sched, bound);
 }
 
