@@ -277,7 +277,7 @@ Result plan_step(const Input& in, const PlanOptions& opt) {
 // a row, the other end's distance to 1 is halved, so a kink in f cannot stall the search), rounded to
 // the engine's granularity g. The answer is exact at that granularity: max_context fits and
 // max_context + g does not (or the cap is reached).
-Reach plan_reach(Input in, int64_t cap) {
+Reach plan_reach(Input in, int64_t cap, const ReachProgress& progress) {
   // The engine's granularity: T a multiple of 2W on W > 1 ranks (the zig-zag split).
   const int64_t W = in.settings.layout.ranks, g = W > 1 ? 2 * W : 1;
   auto fill = [&](const Result& r) {
@@ -299,6 +299,7 @@ Reach plan_reach(Input in, int64_t cap) {
     ++points;
     const Result r = plan_step(in);
     p = {T, fill(r)};
+    if (progress) progress(T, r.fits(), r.seconds);
     return r.fits();
   };
   auto down = [&](double T) { return std::max<int64_t>(g, static_cast<int64_t>(T) / g * g); };

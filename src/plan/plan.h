@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -200,7 +201,9 @@ struct Reach {
   int points = 0;      // contexts planned by the search (Note [Searching the reach] in plan.cpp)
   double seconds = 0;  // wall time of the search
 };
-Reach plan_reach(Input in, int64_t cap = int64_t{1} << 31);
+// progress (optional) hears of every point planned: its context, whether it fits, its seconds.
+using ReachProgress = std::function<void(int64_t context, bool fits, double seconds)>;
+Reach plan_reach(Input in, int64_t cap = int64_t{1} << 31, const ReachProgress& progress = {});
 
 // Parses a context length: "1048576", "1M" (2^20), "128K" (2^17). Throws fp::Error.
 int64_t context_parse(std::string_view s);
