@@ -26,7 +26,11 @@ Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const Exp
   const int64_t r = offsets[G];
   a.g = be.alloc(kAct, {r, I}, dt, "moe.g");  // (r, I)
   a.u = be.alloc(kAct, {r, I}, dt, "moe.u");  // (r, I)
-  for (int64_t i = 0; i < G; ++i) {
+  // Note [Meta skips the per-expert loops]: every allocation here is sized by the total rows r; the
+  // per-group loops only launch GEMMs, which do nothing on meta. Skipping them there keeps the
+  // allocation sequence and makes a W-rank plan's cost independent of how many blocks a chunk holds.
+  const int64_t groups = be.computes() ? G : 0;
+  for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
     linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].gate, ptr_at(a.g.f32(), r0 * I), ne, H, I);
@@ -40,7 +44,7 @@ Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const Exp
     a.u.reset();
   }
   Tensor y = be.alloc(out_cat, {r, H}, dt, y_name);  // (r, H)
-  for (int64_t i = 0; i < G; ++i) {
+  for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
     linear_forward(be, ptr_at(a.act.f32(), r0 * I), w[i].down, ptr_at(y.f32(), r0 * H), ne, I, H);
@@ -59,7 +63,8 @@ Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const Ex
 
   // down_proj
   Tensor dact = be.alloc(kAct, {r, I}, dt, "moe.dact");  // (r, I)
-  for (int64_t i = 0; i < G; ++i) {
+  const int64_t groups = be.computes() ? G : 0;  // Note [Meta skips the per-expert loops]
+  for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
     linear_backward_input(be, ptr_at(dy.f32(), r0 * H), w[i].down, ptr_at(dact.f32(), r0 * I), ne, I, H);
@@ -78,7 +83,7 @@ Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const Ex
 
   // gate_proj, up_proj
   Tensor dx = be.alloc(out_cat, {r, H}, dt, dx_name);  // (r, H)
-  for (int64_t i = 0; i < G; ++i) {
+  for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
     float* dx_i = ptr_at(dx.f32(), r0 * H);

@@ -356,6 +356,14 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     const std::vector<int64_t>& guests = a.layer.guests;
     offsets_.assign(1, 0);
     weights_.clear();
+    if (!s.be.computes()) {
+      // Note [Meta skips the per-expert loops] (expert_ffn.cpp): one group of the chunk's rows.
+      int64_t rows = 0;
+      for (int64_t b = C.block_first[i]; b < C.block_first[i + 1]; ++b) rows += C.block_rows[b];
+      offsets_.push_back(rows);
+      weights_.push_back({});
+      return;
+    }
     for (int64_t b = C.block_first[i]; b < C.block_first[i + 1]; ++b) {
       const int64_t e = C.block_expert[b];
       offsets_.push_back(offsets_.back() + C.block_rows[b]);
