@@ -1,5 +1,4 @@
-// ThreadWorld: W ranks as threads of one process (Note [Calls without data in a
-// thread world]).
+// ThreadWorld: W ranks as threads of one process (Note [Calls without data in a thread world]).
 #include "comm/thread_comm.h"
 
 #include <algorithm>
@@ -16,9 +15,17 @@ ThreadWorld::ThreadWorld(int world, ThreadWorldMode mode)
   FP_CHECK(world >= 1, "give at least one rank", "a thread world of {} ranks", world);
 }
 
+namespace {
+// What a rank throws from a meeting once another rank has failed: run() reports the failing rank's
+// own error, not these.
+struct WorldBroken : Error {
+  WorldBroken() : Error("another rank of the thread world failed") {}
+};
+}  // namespace
+
 void ThreadWorld::wait() {
   const uint64_t gen = generation_.load(std::memory_order_acquire);
-  FP_CHECK(!broken_.load(std::memory_order_acquire), "", "another rank of the thread world failed");
+  if (broken_.load(std::memory_order_acquire)) throw WorldBroken();
   if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == world_) {
     arrived_.store(0, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
@@ -26,7 +33,7 @@ void ThreadWorld::wait() {
     return;
   }
   while (generation_.load(std::memory_order_acquire) == gen) generation_.wait(gen, std::memory_order_acquire);
-  FP_CHECK(!broken_.load(std::memory_order_acquire), "", "another rank of the thread world failed");
+  if (broken_.load(std::memory_order_acquire)) throw WorldBroken();
 }
 
 void ThreadWorld::breaks() {
@@ -37,65 +44,61 @@ void ThreadWorld::breaks() {
 
 class ThreadWorld::RankComm final : public Comm {
  public:
-  RankComm(ThreadWorld &w, int rank) : w_(w), rank_(rank) {}
+  RankComm(ThreadWorld& w, int rank) : w_(w), rank_(rank) {}
   std::string_view name() const override { return "thread-world"; }
   int rank() const override { return rank_; }
   int size() const override { return w_.world_; }
 
-  void all_reduce_sum(void *data, int64_t n, DType t) override { reduce(data, n, t, false); }
-  void all_reduce_max(void *data, int64_t n, DType t) override { reduce(data, n, t, true); }
+  void all_reduce_sum(void* data, int64_t n, DType t) override { reduce(data, n, t, false); }
+  void all_reduce_max(void* data, int64_t n, DType t) override { reduce(data, n, t, true); }
 
-  void all_gather(const void *send, void *recv, int64_t n, DType t) override {
+  void all_gather(const void* send, void* recv, int64_t n, DType t) override {
     if (!meet({send, nullptr, n, -1, send != nullptr || recv != nullptr})) return;
     const size_t b = static_cast<size_t>(n) * dtype_size(t);
     for (int r = 0; r < size(); ++r)
       if (recv != nullptr && w_.posts_[r].send != nullptr)
-        std::memcpy(static_cast<char *>(recv) + r * b, w_.posts_[r].send, b);
+        std::memcpy(static_cast<char*>(recv) + r * b, w_.posts_[r].send, b);
     w_.wait();
   }
 
-  void reduce_scatter_sum(const void *send, void *recv, int64_t n, DType t) override {
+  void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t) override {
     if (!meet({send, nullptr, n, -1, send != nullptr || recv != nullptr})) return;
     if (recv != nullptr) {
       std::vector<char> acc(static_cast<size_t>(n) * dtype_size(t), 0);
       for (int r = 0; r < size(); ++r)
         if (w_.posts_[r].send != nullptr)
-          accumulate(acc.data(), static_cast<const char *>(w_.posts_[r].send) + rank_ * acc.size(), n, t, false,
-                     r == 0);
+          accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send) + rank_ * acc.size(), n, t, false, r == 0);
       std::memcpy(recv, acc.data(), acc.size());
     }
     w_.wait();
   }
 
-  void all_to_all_v(const void *send, const int64_t *send_counts, void *recv, const int64_t *recv_counts,
+  void all_to_all_v(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
                     DType t) override {
     if (!meet({send, send_counts, 0, -1, send != nullptr || recv != nullptr})) return;
     const size_t b = dtype_size(t);
     int64_t recv_off = 0;
     for (int src = 0; src < size(); ++src) {
-      const Post &p = w_.posts_[src];
+      const Post& p = w_.posts_[src];
       int64_t off = 0;
       for (int d = 0; d < rank_; ++d) off += p.send_counts[d];
       FP_ASSERT(p.send == nullptr || recv == nullptr || p.send_counts[rank_] == recv_counts[src],
-                "thread world: rank {} expects {} elements from rank {}, which "
-                "sends {}",
-                rank_, recv_counts[src], src, p.send_counts[rank_]);
+                "thread world: rank {} expects {} elements from rank {}, which sends {}", rank_, recv_counts[src], src,
+                p.send_counts[rank_]);
       if (recv != nullptr && p.send != nullptr)
-        std::memcpy(static_cast<char *>(recv) + recv_off * b, static_cast<const char *>(p.send) + off * b,
+        std::memcpy(static_cast<char*>(recv) + recv_off * b, static_cast<const char*>(p.send) + off * b,
                     static_cast<size_t>(recv_counts[src]) * b);
       recv_off += recv_counts[src];
     }
     w_.wait();
   }
 
-  void send_recv(const void *send, int64_t n, int dst, void *recv, int64_t n_recv, int src, DType t) override {
+  void send_recv(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src, DType t) override {
     if (!meet({send, nullptr, n, dst, send != nullptr || recv != nullptr})) return;
-    const Post &p = w_.posts_[src];
+    const Post& p = w_.posts_[src];
     FP_ASSERT(p.dst == rank_, "thread world: rank {} receives from {}, which sends to {}", rank_, src, p.dst);
     FP_ASSERT(p.send == nullptr || recv == nullptr || p.n == n_recv,
-              "thread world: rank {} expects {} elements from rank {}, which "
-              "sends {}",
-              rank_, n_recv, src, p.n);
+              "thread world: rank {} expects {} elements from rank {}, which sends {}", rank_, n_recv, src, p.n);
     if (recv != nullptr && p.send != nullptr) std::memcpy(recv, p.send, static_cast<size_t>(n_recv) * dtype_size(t));
     w_.wait();
   }
@@ -110,7 +113,7 @@ class ThreadWorld::RankComm final : public Comm {
   // published; false when the call carries no data and so completes without
   // exchanging anything (Note [Calls without data in a thread world]). After a
   // true return the caller reads the posts, then calls w_.wait() once more.
-  bool meet(const Post &p) {
+  bool meet(const Post& p) {
     if (!p.data && w_.mode_ == ThreadWorldMode::ThreadWorldMode_fast) return false;
     w_.posts_[rank_] = p;
     w_.wait();
@@ -118,9 +121,8 @@ class ThreadWorld::RankComm final : public Comm {
     if (w_.mode_ == ThreadWorldMode::ThreadWorldMode_checked) {
       for (int r = 0; r < size(); ++r)
         FP_ASSERT(w_.posts_[r].data == p.data,
-                  "thread world: rank {} calls with{} data where rank {} calls "
-                  "with{} (Note [Calls without data in a "
-                  "thread world])",
+                  "thread world: rank {} calls with{} data where rank {} calls with{} (Note [Calls without "
+                  "data in a thread world])",
                   rank_, p.data ? "" : "out", r, w_.posts_[r].data ? "" : "out");
       if (!p.data) {
         w_.wait();
@@ -130,46 +132,45 @@ class ThreadWorld::RankComm final : public Comm {
     return true;
   }
 
-  void reduce(void *data, int64_t n, DType t, bool max) {
+  void reduce(void* data, int64_t n, DType t, bool max) {
     if (!meet({data, nullptr, n, -1, data != nullptr})) return;
     std::vector<char> acc(static_cast<size_t>(n) * dtype_size(t), 0);
     for (int r = 0; r < size(); ++r)
       if (w_.posts_[r].send != nullptr)
-        accumulate(acc.data(), static_cast<const char *>(w_.posts_[r].send), n, t, max, r == 0);
-    w_.wait();  // every rank has read every input before any rank overwrites its
-                // own
+        accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send), n, t, max, r == 0);
+    w_.wait();  // every rank has read every input before any rank overwrites its own
     std::memcpy(data, acc.data(), acc.size());
     w_.wait();
   }
 
   // acc op= in (n), op = sum or max; first: acc = in.
-  static void accumulate(char *acc, const char *in, int64_t n, DType t, bool max, bool first) {
-    auto run = [&](auto *a, const auto *x) {
+  static void accumulate(char* acc, const char* in, int64_t n, DType t, bool max, bool first) {
+    auto run = [&](auto* a, const auto* x) {
       for (int64_t i = 0; i < n; ++i) a[i] = first ? x[i] : max ? std::max(a[i], x[i]) : a[i] + x[i];
     };
     switch (t) {
       case DType::DType_F32:
-        run(reinterpret_cast<float *>(acc), reinterpret_cast<const float *>(in));
+        run(reinterpret_cast<float*>(acc), reinterpret_cast<const float*>(in));
         break;
       case DType::DType_F64:
-        run(reinterpret_cast<double *>(acc), reinterpret_cast<const double *>(in));
+        run(reinterpret_cast<double*>(acc), reinterpret_cast<const double*>(in));
         break;
       case DType::DType_I32:
-        run(reinterpret_cast<int32_t *>(acc), reinterpret_cast<const int32_t *>(in));
+        run(reinterpret_cast<int32_t*>(acc), reinterpret_cast<const int32_t*>(in));
         break;
       case DType::DType_I64:
-        run(reinterpret_cast<int64_t *>(acc), reinterpret_cast<const int64_t *>(in));
+        run(reinterpret_cast<int64_t*>(acc), reinterpret_cast<const int64_t*>(in));
         break;
       default:
         FP_ASSERT(false, "the thread world cannot reduce dtype {}", dtype_name(t));
     }
   }
 
-  ThreadWorld &w_;
+  ThreadWorld& w_;
   int rank_;
 };
 
-void ThreadWorld::run(const std::function<void(Comm &)> &body) {
+void ThreadWorld::run(const std::function<void(Comm&)>& body) {
   arrived_.store(0);
   broken_.store(false);
   meetings_ = 0;
@@ -186,25 +187,20 @@ void ThreadWorld::run(const std::function<void(Comm &)> &body) {
         breaks();
       }
     });
-  for (std::thread &t : threads) t.join();
-  // The first rank that failed for a reason of its own, not because another
-  // rank broke the world.
-  std::exception_ptr first;
-  for (std::exception_ptr &e : errors) {
+  for (std::thread& t : threads) t.join();
+  // The first rank that failed for a reason of its own, not because another rank broke the world.
+  std::exception_ptr broken;
+  for (std::exception_ptr& e : errors) {
     if (!e) continue;
     try {
       std::rethrow_exception(e);
-    } catch (const Error &err) {
-      if (std::string_view(err.what()).find("another rank of the thread world failed") != std::string_view::npos) {
-        if (!first) first = e;
-        continue;
-      }
-      std::rethrow_exception(e);
+    } catch (const WorldBroken&) {
+      if (!broken) broken = e;
     } catch (...) {
-      std::rethrow_exception(e);
+      throw;
     }
   }
-  if (first) std::rethrow_exception(first);
+  if (broken) std::rethrow_exception(broken);
 }
 
 }  // namespace fp

@@ -37,13 +37,13 @@ enum class ThreadWorldMode { ThreadWorldMode_fast, ThreadWorldMode_checked };
 class ThreadWorld {
  public:
   explicit ThreadWorld(int world, ThreadWorldMode mode = ThreadWorldMode::ThreadWorldMode_checked);
-  ThreadWorld(const ThreadWorld &) = delete;
-  ThreadWorld &operator=(const ThreadWorld &) = delete;
+  ThreadWorld(const ThreadWorld&) = delete;
+  ThreadWorld& operator=(const ThreadWorld&) = delete;
 
   // Runs body(comm) for every rank on its own thread; returns when all have
   // ended, rethrowing the first rank's error (by rank order) if any failed. One
   // run at a time.
-  void run(const std::function<void(Comm &)> &body);
+  void run(const std::function<void(Comm&)>& body);
 
   int size() const { return world_; }
   // Meetings (collectives that synchronised the ranks) of the last run(),
@@ -54,8 +54,8 @@ class ThreadWorld {
   class RankComm;
   friend class RankComm;
   struct Post {
-    const void *send = nullptr;
-    const int64_t *send_counts = nullptr;
+    const void* send = nullptr;
+    const int64_t* send_counts = nullptr;
     int64_t n = 0;
     int dst = -1;
     bool data = false;  // this rank's call carries data (checked mode)

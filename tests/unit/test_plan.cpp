@@ -404,3 +404,24 @@ TEST(PlanPlot, SvgHasBothPanelsAndEveryCategory) {
 }
 
 }  // namespace fp::plan
+
+namespace fp {
+
+// A rank that fails ends every rank of the thread world (the others throw from their next meeting,
+// nobody hangs) and run() reports that rank's own error, not the others' "world broken".
+TEST(ThreadWorld, FirstRealErrorIsReported) {
+  for (ThreadWorldMode mode : {ThreadWorldMode::ThreadWorldMode_fast, ThreadWorldMode::ThreadWorldMode_checked}) {
+    ThreadWorld world(4, mode);
+    try {
+      world.run([](Comm& comm) {
+        if (comm.rank() == 2) throw Error("rank 2 failed on its own", "");
+        for (int i = 0; i < 3; ++i) comm.barrier();
+      });
+      ADD_FAILURE() << "run() returned";
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), "rank 2 failed on its own");
+    }
+  }
+}
+
+}  // namespace fp
