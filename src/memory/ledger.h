@@ -49,8 +49,8 @@ class Ledger {
   Ledger(std::string space, uint64_t capacity, size_t max_events = 2'000'000);
 
   // Records an allocation or throws OutOfMemoryError (recording nothing). With overcommit (the
-  // planner's meta runs) a request over capacity is recorded too and over_capacity() turns true, so a
-  // plan sees the whole step's peaks and decisions that read capacity() still see the real one.
+  // planner's meta runs) a request over capacity is recorded too, so a plan sees the whole step's
+  // peaks while decisions that read capacity() still see the real one.
   void on_alloc(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
   void on_free(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
 
@@ -68,7 +68,6 @@ class Ledger {
   void peaks_reset();
 
   void overcommit_set(bool on) { overcommit_ = on; }
-  bool over_capacity() const { return capacity_ != kUnlimitedBytes && total_peak_ > capacity_; }
   // Keep at most n events from now on (0: counters only; the planner's meta runs need no timeline).
   void events_limit_set(size_t n) { max_events_ = n; }
 

@@ -50,8 +50,7 @@ struct StepContext {
   // never on the layer or the data, so with a profile the first MoE block builds host_topk, host_rows,
   // host_slot and these offsets and every later block (and the recompute) reuses them: on meta a
   // step's host routing work is one layer's, not 2L layers'.
-  bool profile_routed = false;
-  std::vector<int64_t> profile_offsets;  // (E + 1)
+  std::vector<int64_t> profile_offsets;  // (E + 1) once the step's profile is routed; empty before
 };
 
 // ---- attention block: x1 = x + o_proj(attention(rope(norm_q(q)), rope(norm_k(k)), v)), q,k,v from rmsnorm(x)

@@ -44,12 +44,13 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
-  if (!profiled) {
+  const bool routed = profiled && !s.profile_offsets.empty();  // Note [A routing profile is routed once per step]
+  if (!routed) {
     s.host_topk.resize(static_cast<size_t>(n * k));
-    be.copy_to_host(s.host_topk.data(), a.topk_idx.data(), a.topk_idx.bytes());
-  } else if (!s.profile_routed) {
-    s.host_topk.resize(static_cast<size_t>(n * k));
-    routing_profile_assign(s.profile, n, k, E, s.host_topk.data());
+    if (profiled)
+      routing_profile_assign(s.profile, n, k, E, s.host_topk.data());
+    else
+      be.copy_to_host(s.host_topk.data(), a.topk_idx.data(), a.topk_idx.bytes());
   }
   if (profiled) {
     be.copy_from_host(a.topk_idx.data(), s.host_topk.data(), a.topk_idx.bytes());
@@ -58,18 +59,15 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
 
   // Expert order: a stable counting sort of the routed copies by expert (host, like the count
   // exchange of expert parallelism), then the permutation goes to the device. With a profile, once
-  // per step (Note [A routing profile is routed once per step] in blocks.h).
-  if (!profiled || !s.profile_routed) {
+  // per step.
+  if (routed) {
+    a.offsets = s.profile_offsets;
+  } else {
     s.host_rows.resize(static_cast<size_t>(m));
     s.host_slot.resize(static_cast<size_t>(m));
     a.offsets.assign(static_cast<size_t>(E + 1), 0);
     ops::moe_routing_build(s.host_topk.data(), n, k, E, s.host_rows.data(), s.host_slot.data(), a.offsets.data());
-    if (profiled) {
-      s.profile_offsets = a.offsets;
-      s.profile_routed = true;
-    }
-  } else {
-    a.offsets = s.profile_offsets;
+    if (profiled) s.profile_offsets = a.offsets;
   }
   if (stats) {
     stats->counts.assign(static_cast<size_t>(E), 0);

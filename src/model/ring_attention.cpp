@@ -28,6 +28,12 @@ void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& 
   s.comm.send_recv(t.data(), t.numel(), g.next(), into.data(), into.numel(), g.prev(), t.dtype());
 }
 
+// The key positions of the block this rank holds after `step` hops; none on meta, which computes
+// nothing (no O(T) host work per hop).
+std::vector<int32_t> block_positions(const Backend& be, const RingGeometry& g, int step) {
+  return be.computes() ? context_positions(g.T, g.source(step), g.world) : std::vector<int32_t>{};
+}
+
 }  // namespace
 
 void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
@@ -46,9 +52,7 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   K.copy(vb[0].f32(), v.f32(), v.numel());
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
-    // The block's key positions (none on meta, which computes nothing: no O(T) host work per hop).
-    const std::vector<int32_t> k_pos =
-        be.computes() ? context_positions(g.T, g.source(step), g.world) : std::vector<int32_t>{};
+    const std::vector<int32_t> k_pos = block_positions(be, g, step);
     K.attention_block_forward(q.f32(), kb[cur].f32(), vb[cur].f32(), s.seq_pos.data(), k_pos.data(), o.f32(),
                               lse.f32(), step == 0, s.B, N, N, nh, nkv, hd, scale);
     if (step + 1 < g.world) {
@@ -82,9 +86,7 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   // dK/dV) is back at its home rank.
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
-    // The block's key positions (none on meta, which computes nothing: no O(T) host work per hop).
-    const std::vector<int32_t> k_pos =
-        be.computes() ? context_positions(g.T, g.source(step), g.world) : std::vector<int32_t>{};
+    const std::vector<int32_t> k_pos = block_positions(be, g, step);
     K.attention_block_backward(q.f32(), kb[cur].f32(), vb[cur].f32(), o.f32(), lse.f32(), dout.f32(),
                                s.seq_pos.data(), k_pos.data(), dq.f32(), dkb[cur].f32(), dvb[cur].f32(), s.B, N, N,
                                nh, nkv, hd, scale);

@@ -261,17 +261,16 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     // d counts for those X_d experts only: K x |X_d| numbers instead of K x E (at 64 ranks, 384 experts
     // and 128 chunks that is 25 MB less per rank and layer).
     const LlepPlan& pl = layer.plan;
-    comp_first_.assign(static_cast<size_t>(W + 1), 0);
     comp_pos_.assign(static_cast<size_t>(W * E), -1);  // (W, E) position of e in X_d, or -1
+    for (int64_t e = 0; e < E; ++e) {
+      comp_pos_[pl.home(e) * E + e] = 0;
+      for (int32_t d : pl.guests(e)) comp_pos_[d * E + e] = 0;
+    }
+    comp_first_.assign(static_cast<size_t>(W + 1), 0);
     for (int d = 0; d < W; ++d) {
       int32_t n = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        bool computes = pl.home(e) == d;
-        for (int64_t j = pl.interval_first.empty() ? 0 : pl.interval_first[e];
-             !computes && !pl.interval_first.empty() && j < pl.interval_first[e + 1]; ++j)
-          computes = pl.intervals[j].rank == d;
-        if (computes) comp_pos_[d * E + e] = n++;
-      }
+      for (int64_t e = 0; e < E; ++e)
+        if (comp_pos_[d * E + e] >= 0) comp_pos_[d * E + e] = n++;
       comp_first_[d + 1] = comp_first_[d] + n;
     }
     const int me = s.comm.rank();
