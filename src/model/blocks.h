@@ -48,8 +48,8 @@ struct StepContext {
   std::vector<float> host_probs;      // (n, E)
   // Note [A routing profile is routed once per step]: a profile's choice depends only on (n, k, E),
   // never on the layer or the data, so with a profile the first MoE block builds host_topk, host_rows,
-  // host_slot and these offsets and every later block (and the recompute) reuses them: on meta a
-  // step's host routing work is one layer's, not 2L layers'.
+  // host_slot and these offsets and every later block (and the recompute) reuses them. On meta only
+  // the offsets, in closed form (Note [Meta routes a profile in closed form] in model/routing.cpp).
   std::vector<int64_t> profile_offsets;  // (E + 1) once the step's profile is routed; empty before
 };
 

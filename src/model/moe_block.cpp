@@ -45,7 +45,9 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   }
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
   const bool routed = profiled && !s.profile_offsets.empty();  // Note [A routing profile is routed once per step]
-  if (!routed) {
+  // Note [Meta routes a profile in closed form] (model/routing.cpp): no (n, k) or (m) host arrays.
+  const bool closed_form = profiled && !be.computes();
+  if (!routed && !closed_form) {
     s.host_topk.resize(static_cast<size_t>(n * k));
     if (profiled)
       routing_profile_assign(s.profile, n, k, E, s.host_topk.data());
@@ -62,6 +64,11 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   // per step.
   if (routed) {
     a.offsets = s.profile_offsets;
+  } else if (closed_form) {
+    a.offsets.assign(static_cast<size_t>(E + 1), 0);
+    routing_profile_offsets(s.profile, n, k, E, a.offsets.data());
+    s.profile_offsets = a.offsets;
+    s.host_rows.clear();  // nothing on meta reads the rows (pipelined_llep counts in closed form too)
   } else {
     s.host_rows.resize(static_cast<size_t>(m));
     s.host_slot.resize(static_cast<size_t>(m));

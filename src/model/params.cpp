@@ -33,43 +33,79 @@ RowBlock row_block(int64_t R, int rank, int world) {
   return b;
 }
 
+// One parameter as ParamStore::walk gives it; its name is built only when asked (entry_name).
+struct ParamStore::Entry {
+  int64_t layer = -1;        // -1: outside the layers
+  int64_t expert = -1;       // -1: not an expert's
+  const char* leaf = "";     // the name within its layer (or expert), or the whole name
+  Shape shape;
+  Placement placement = Placement::Placement_whole;
+  int owner = 0;             // whole: the rank that holds it; rows: -1
+  Param** slot = nullptr;    // the field of this store that points at it
+};
+
+namespace {
+std::string entry_name(int64_t layer, int64_t expert, const char* leaf) {
+  if (layer < 0) return leaf;
+  if (expert < 0) return fmt::format("model.layers.{}.{}", layer, leaf);
+  return fmt::format("model.layers.{}.mlp.experts.{}.{}", layer, expert, leaf);
+}
+}  // namespace
+
+// Every parameter of the model in HF order: the one list the store allocates from and layout() names.
+template <class Fn>
+void ParamStore::walk(Fn&& fn) {
+  const ModelConfig& cfg = cfg_;
+  const int W = comm_->size();
+  const Placement dense = W > 1 ? Placement::Placement_rows : Placement::Placement_whole;
+  const int rows = W > 1 ? -1 : 0;
+  const int64_t H = cfg.hidden_size, hd = cfg.head_dim, I = cfg.moe_intermediate_size;
+  fn(Entry{-1, -1, "model.embed_tokens.weight", {cfg.vocab_size, H}, dense, rows, &embed_tokens});
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    LayerParams& l = layers[i];
+    fn(Entry{i, -1, "input_layernorm.weight", {H}, dense, rows, &l.input_layernorm});
+    fn(Entry{i, -1, "self_attn.q_proj.weight", {cfg.num_attention_heads * hd, H}, dense, rows, &l.q_proj});
+    fn(Entry{i, -1, "self_attn.k_proj.weight", {cfg.num_key_value_heads * hd, H}, dense, rows, &l.k_proj});
+    fn(Entry{i, -1, "self_attn.v_proj.weight", {cfg.num_key_value_heads * hd, H}, dense, rows, &l.v_proj});
+    fn(Entry{i, -1, "self_attn.o_proj.weight", {H, cfg.num_attention_heads * hd}, dense, rows, &l.o_proj});
+    fn(Entry{i, -1, "self_attn.q_norm.weight", {hd}, dense, rows, &l.q_norm});
+    fn(Entry{i, -1, "self_attn.k_norm.weight", {hd}, dense, rows, &l.k_norm});
+    fn(Entry{i, -1, "post_attention_layernorm.weight", {H}, dense, rows, &l.post_attention_layernorm});
+    fn(Entry{i, -1, "mlp.gate.weight", {cfg.num_experts, H}, dense, rows, &l.gate});
+    for (int64_t e = 0; e < cfg.num_experts; ++e) {
+      const int owner = expert_owner(e, W, cfg.num_experts);
+      const Placement whole = Placement::Placement_whole;
+      fn(Entry{i, e, "gate_proj.weight", {I, H}, whole, owner, &l.gate_proj[e]});
+      fn(Entry{i, e, "up_proj.weight", {I, H}, whole, owner, &l.up_proj[e]});
+      fn(Entry{i, e, "down_proj.weight", {H, I}, whole, owner, &l.down_proj[e]});
+    }
+  }
+  fn(Entry{-1, -1, "model.norm.weight", {H}, dense, rows, &norm});
+  fn(Entry{-1, -1, "lm_head.weight", {cfg.vocab_size, H}, dense, rows, &lm_head});
+}
+
 ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Precision& precision)
     : be_(be), cfg_(cfg), comm_(comm), precision_(precision) {
   if (comm_ == nullptr) {
     single_ = comm_single();
     comm_ = single_.get();
   }
-  const bool fsdp = comm_->size() > 1;
-  const Placement dense = fsdp ? Placement::Placement_rows : Placement::Placement_whole;
   const int W = comm_->size();
   experts_ = expert_layout(comm_->rank(), W, cfg.num_experts);  // a user error unless W divides E
-  const int64_t H = cfg.hidden_size, hd = cfg.head_dim, I = cfg.moe_intermediate_size;
-  embed_tokens = add("model.embed_tokens.weight", {cfg.vocab_size, H}, dense);
   layers.resize(cfg.num_hidden_layers);
-  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    LayerParams& l = layers[i];
-    l.input_layernorm = add(p + "input_layernorm.weight", {H}, dense);
-    l.q_proj = add(p + "self_attn.q_proj.weight", {cfg.num_attention_heads * hd, H}, dense);
-    l.k_proj = add(p + "self_attn.k_proj.weight", {cfg.num_key_value_heads * hd, H}, dense);
-    l.v_proj = add(p + "self_attn.v_proj.weight", {cfg.num_key_value_heads * hd, H}, dense);
-    l.o_proj = add(p + "self_attn.o_proj.weight", {H, cfg.num_attention_heads * hd}, dense);
-    l.q_norm = add(p + "self_attn.q_norm.weight", {hd}, dense);
-    l.k_norm = add(p + "self_attn.k_norm.weight", {hd}, dense);
-    l.post_attention_layernorm = add(p + "post_attention_layernorm.weight", {H}, dense);
-    l.gate = add(p + "mlp.gate.weight", {cfg.num_experts, H}, dense);
-    for (int64_t e = 0; e < cfg.num_experts; ++e) {
-      const std::string q = fmt::format("{}mlp.experts.{}.", p, e);
-      const int owner = expert_owner(e, W, cfg.num_experts);
-      l.gate_proj.push_back(add(q + "gate_proj.weight", {I, H}, Placement::Placement_whole, owner));
-      l.up_proj.push_back(add(q + "up_proj.weight", {I, H}, Placement::Placement_whole, owner));
-      l.down_proj.push_back(add(q + "down_proj.weight", {H, I}, Placement::Placement_whole, owner));
-    }
+  for (LayerParams& l : layers) {
+    l.gate_proj.assign(static_cast<size_t>(cfg.num_experts), nullptr);
+    l.up_proj.assign(static_cast<size_t>(cfg.num_experts), nullptr);
+    l.down_proj.assign(static_cast<size_t>(cfg.num_experts), nullptr);
   }
-  norm = add("model.norm.weight", {H}, dense);
-  lm_head = add("lm_head.weight", {cfg.vocab_size, H}, dense);
+  // Only what this rank holds is named and allocated: another rank's experts cost nothing here (at
+  // 384 experts, 39 layers and 64 ranks, 45K names per rank that the planner's meta steps never read).
+  walk([&](const Entry& p) {
+    if (p.placement == Placement::Placement_whole && p.owner != comm_->rank()) return;
+    *p.slot = add(entry_name(p.layer, p.expert, p.leaf), p.shape, p.placement);
+  });
 
-  if (!fsdp) return;
+  if (W == 1) return;
   unit_add("fsdp.embed_tokens", {embed_tokens});
   for (const LayerParams& l : layers)
     unit_add("fsdp.layer", {l.input_layernorm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.q_norm, l.k_norm,
@@ -78,12 +114,16 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   unit_add("fsdp.norm", {norm});
 }
 
-Param* ParamStore::add(const std::string& name, const Shape& shape, Placement placement, int owner) {
-  const bool rows = placement == Placement::Placement_rows;
-  ParamInfo& info = layout_.emplace_back(ParamInfo{name, shape, placement, rows ? -1 : owner, nullptr});
-  if (!rows && owner != comm_->rank()) return nullptr;  // another rank's expert
+const std::vector<ParamInfo>& ParamStore::layout() {
+  if (layout_.empty())
+    walk([&](const Entry& p) {
+      layout_.push_back({entry_name(p.layer, p.expert, p.leaf), p.shape, p.placement, p.owner, *p.slot});
+    });
+  return layout_;
+}
+
+Param* ParamStore::add(const std::string& name, const Shape& shape, Placement placement) {
   Param& p = params_.emplace_back();
-  info.local = &p;
   p.name = name;
   p.shape = shape;
   p.placement = placement;
@@ -125,7 +165,7 @@ void ParamStore::init(uint64_t seed) {
   // from the same model.
   Rng rng(seed);
   std::vector<float> host;
-  for (const ParamInfo& p : layout_) {
+  for (const ParamInfo& p : layout()) {
     host.resize(static_cast<size_t>(p.shape.numel()));
     const bool is_norm = p.shape.rank == 1;
     for (float& v : host) v = is_norm ? 1.0f : static_cast<float>(0.02 * rng.normal());

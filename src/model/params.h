@@ -127,8 +127,8 @@ class ParamStore {
   const std::deque<Param>& all() const { return params_; }
   // nullptr when there is no such name or this rank holds none of it.
   Param* find(const std::string& name);
-  // Every parameter of the model, in HF order: the same list on every rank.
-  const std::vector<ParamInfo>& layout() const { return layout_; }
+  // Every parameter of the model, in HF order: the same list on every rank (built on first use).
+  const std::vector<ParamInfo>& layout();
   // The experts of every layer this rank holds (all of them on one rank).
   const ExpertLayout& experts() const { return experts_; }
 
@@ -183,9 +183,12 @@ class ParamStore {
     Tensor w;                     // (numel) category params, while gathered
     Tensor g;                     // (numel) category grads, during the unit's backward
   };
-  // owner: the rank holding a whole tensor (-1 for rows); another rank's tensor is not allocated
-  // here (returns null).
-  Param* add(const std::string& name, const Shape& shape, Placement placement, int owner = 0);
+  struct Entry;
+  // Calls fn(const Entry&) for every parameter of the model in HF order (params.cpp).
+  template <class Fn>
+  void walk(Fn&& fn);
+  // Allocates a parameter this rank holds (whole, or its rows).
+  Param* add(const std::string& name, const Shape& shape, Placement placement);
   void unit_add(const std::string& name, std::vector<Param*> params);
 
   Backend& be_;
@@ -193,7 +196,7 @@ class ParamStore {
   std::unique_ptr<Comm> single_;  // the one-process world when no comm is given
   Comm* comm_;
   std::deque<Param> params_;  // a deque: Param* stay valid as it grows
-  std::vector<ParamInfo> layout_;
+  std::vector<ParamInfo> layout_;  // empty until layout() is first called
   ExpertLayout experts_;
   std::unordered_map<std::string, Param*> by_name_;
   std::vector<Unit> units_;   // embed, layers 0..L-1, head, norm (empty on one rank)

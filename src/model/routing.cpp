@@ -1,6 +1,10 @@
 #include "model/routing.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <tuple>
+#include <utility>
 
 #include "core/error.h"
 
@@ -19,6 +23,102 @@ void routing_profile_assign(const RoutingProfile& p, int64_t n, int64_t k, int64
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < k; ++j)
       topk_idx[i * k + j] = static_cast<int32_t>(i < n_hot ? j % h : h + (i + j) % (E - h));
+}
+
+// ---- closed form ---------------------------------------------------------------------------------
+// Note [Meta routes a profile in closed form]
+// On meta nothing is computed, so the routing arrays (host_topk (n, k), the expert order (m), and
+// PipelinedLLEP's per-row destination and chunk) would be built only to be counted: at 1M tokens on
+// 64 ranks that is 1.9M routed copies and ~50 MB of host arrays per rank, most of a plan point's
+// time (page faults included). Under a profile the counts are arithmetic instead: ProfileTokens gives,
+// per expert, how many of its rows lie in a token range (the expert offsets) or in a token range and
+// a residue class (a strided chunk), and which token holds its row p (where an LLEP piece starts).
+// The cpu backend keeps the arrays (it moves the rows); tests compare the two on the same profiles
+// (tests/unit/test_routing.cpp; every cpu-vs-meta ledger test under a profile).
+
+namespace {
+int64_t floor_mod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
+
+// Tokens i in [0, t) with i = x (mod L), 0 <= x < L.
+int64_t below(int64_t t, int64_t x, int64_t L) { return t > x ? (t - x - 1) / L + 1 : 0; }
+
+// The inverse of a modulo m (gcd(a, m) = 1, m >= 1).
+int64_t inverse_mod(int64_t a, int64_t m) {
+  int64_t r0 = m, r1 = floor_mod(a, m), s0 = 0, s1 = 1;
+  while (r1 != 0) {
+    const int64_t q = r0 / r1;
+    std::tie(r0, r1) = std::make_pair(r1, r0 - q * r1);
+    std::tie(s0, s1) = std::make_pair(s1, s0 - q * s1);
+  }
+  return floor_mod(s0, m);
+}
+}  // namespace
+
+ProfileTokens::ProfileTokens(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int64_t e) : n_(n) {
+  FP_ASSERT(p.kind != RoutingProfile::Kind::Kind_router && k <= E && e >= 0 && e < E);
+  if (p.kind == RoutingProfile::Kind::Kind_balanced) {
+    for (int64_t j = 0; j < k; ++j) runs_.push_back({0, n, E, floor_mod(e - j, E)});
+    return;
+  }
+  const int64_t h = p.hot_experts;
+  FP_ASSERT(h >= k && E - h >= k, "hot profile needs k <= h <= E - k");
+  const int64_t n_hot = static_cast<int64_t>(std::floor(p.hot_fraction * static_cast<double>(n)));
+  if (e < k) runs_.push_back({0, n_hot, 1, 0});  // slot e of every hot token (j mod h = j for j < k <= h)
+  if (e >= h)
+    for (int64_t j = 0; j < k; ++j) runs_.push_back({n_hot, n, E - h, floor_mod(e - h - j, E - h)});
+}
+
+int64_t ProfileTokens::count(int64_t lo, int64_t hi) const { return count_mod(lo, hi, 1, 0); }
+
+int64_t ProfileTokens::count_mod(int64_t lo, int64_t hi, int64_t K, int64_t c) const {
+  int64_t total = 0;
+  for (const Run& r : runs_) {
+    const int64_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
+    if (a >= b) continue;
+    // i = r.res (mod r.step) and i = c (mod K): one class modulo lcm, or none (Chinese remainder).
+    const int64_t g = std::gcd(r.step, K);
+    if (floor_mod(c - r.res, g) != 0) continue;
+    const int64_t Kg = K / g, L = r.step * Kg;
+    const int64_t t = floor_mod((c - r.res) / g % Kg * inverse_mod(r.step / g, Kg), Kg);
+    const int64_t x = floor_mod(r.res + r.step * t, L);
+    total += below(b, x, L) - below(a, x, L);
+  }
+  return total;
+}
+
+void ProfileTokens::count_classes(int64_t lo, int64_t hi, int64_t K, int64_t* by_class) const {
+  for (const Run& r : runs_) {
+    const int64_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
+    const int64_t x0 = a + floor_mod(r.res - a, r.step);  // the run's first token at or after a
+    if (x0 >= b) continue;
+    // N tokens x0 + step q; their classes mod K repeat with period P = K / gcd(step, K).
+    const int64_t N = (b - 1 - x0) / r.step + 1, P = K / std::gcd(r.step, K), full = N / P, rem = N % P;
+    const int64_t inc = r.step % K;
+    int64_t cls = x0 % K;
+    for (int64_t q = 0; q < std::min(N, P); ++q) {
+      by_class[cls] += full + (q < rem ? 1 : 0);
+      cls += inc;
+      if (cls >= K) cls -= K;
+    }
+  }
+}
+
+int64_t ProfileTokens::nth(int64_t p) const {
+  FP_ASSERT(p >= 0 && p < count(0, n_), "ProfileTokens::nth: row {} of {}", p, count(0, n_));
+  int64_t lo = 0, hi = n_ - 1;  // the smallest t with count(0, t + 1) > p
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (count(0, mid + 1) > p)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+void routing_profile_offsets(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int64_t* offsets) {
+  offsets[0] = 0;
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + ProfileTokens(p, n, k, E, e).count(0, n);
 }
 
 }  // namespace fp

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "model/config.h"
 
@@ -16,5 +17,38 @@ namespace fp {
 
 // topk_idx (n, k). Asserts the profile is not "router".
 void routing_profile_assign(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int32_t* topk_idx);
+
+// The tokens of one rank that a profile sends to expert e, in closed form (what meta uses instead of
+// the (n, k) routing arrays: Note [Meta routes a profile in closed form]). They are at most k disjoint
+// arithmetic progressions {i in [begin, end) : i = res (mod step)}:
+//   balanced:  res = (e - j) mod E, step E, over [0, n), for each slot j < k
+//   hot(R, h): e < k: every token of [0, floor(R n)) (slot e);  k <= e < h: none;
+//              e >= h: res = (e - h - j) mod (E - h), step E - h, over [floor(R n), n), for each slot j
+// A token sends at most one copy to an expert (the k experts of a token are distinct), so expert e's
+// rows in expert order (ops::moe_routing_build: tokens ascending, then slots) are these tokens ascending.
+class ProfileTokens {
+ public:
+  ProfileTokens(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int64_t e);
+  // Tokens in [lo, hi).
+  int64_t count(int64_t lo, int64_t hi) const;
+  // Tokens in [lo, hi) that are = c (mod K) (K >= 1).
+  int64_t count_mod(int64_t lo, int64_t hi, int64_t K, int64_t c) const;
+  // Adds to by_class[c] the tokens in [lo, hi) that are = c (mod K), for every c < K at once
+  // (count_mod for each c, in O(k K) without a division per class).
+  void count_classes(int64_t lo, int64_t hi, int64_t K, int64_t* by_class) const;
+  // The token of the expert's row p (0 <= p < count(0, n)).
+  int64_t nth(int64_t p) const;
+
+ private:
+  struct Run {
+    int64_t begin, end, step, res;
+  };
+  std::vector<Run> runs_;
+  int64_t n_ = 0;
+};
+
+// offsets (E + 1): the rows of each expert in expert order under the profile, as ops::moe_routing_build
+// would count them from routing_profile_assign's choice.
+void routing_profile_offsets(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int64_t* offsets);
 
 }  // namespace fp

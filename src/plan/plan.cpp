@@ -294,13 +294,20 @@ Reach plan_reach(Input in, int64_t cap, const ReachProgress& progress) {
   };
   const auto t0 = std::chrono::steady_clock::now();
   int points = 0;
+  int64_t best_T = 0;
+  Result best;  // the plan of the largest context that fitted so far (the reach's, at the end)
   auto eval = [&](int64_t T, Point& p) {
     in.context = T;
     ++points;
-    const Result r = plan_step(in);
+    Result r = plan_step(in);
     p = {T, fill(r)};
     if (progress) progress(T, r.fits(), r.seconds);
-    return r.fits();
+    const bool fits = r.fits();
+    if (fits && T > best_T) {
+      best_T = T;
+      best = std::move(r);
+    }
+    return fits;
   };
   auto down = [&](double T) { return std::max<int64_t>(g, static_cast<int64_t>(T) / g * g); };
   Point lo, lo_prev, hi;  // lo fits (T 0: nothing known), hi does not (T 0: nothing known)
@@ -353,10 +360,10 @@ Reach plan_reach(Input in, int64_t cap, const ReachProgress& progress) {
   }
   out.max_context = lo.T;
   if (lo.T > 0) {
+    FP_ASSERT(best_T == lo.T, "plan_reach: the reach {} is not the largest fitting point {}", lo.T, best_T);
     out.max_pow2 = 1;
     while (out.max_pow2 * 2 <= lo.T) out.max_pow2 *= 2;
-    in.context = lo.T;
-    out.at_max = plan_step(in);
+    out.at_max = std::move(best);
   }
   out.points = points;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -20,6 +20,7 @@
 //
 // Legend: n_b tokens of block b (rank b's tokens, sizes differ per rank), H hidden, E experts, k top-k,
 // W ranks, c chunk cap, K chunks, c_eff tokens per source per chunk.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -48,6 +49,7 @@ struct BlockResult {
   std::array<uint64_t, kNumCategories> peaks{};
   uint64_t chunk_side_peak = 0;  // the most bytes of pipelined_llep's expert-side buffers at once (ledger)
   LlepStats stats;
+  std::vector<LedgerEvent> events;  // the device ledger's whole sequence
 };
 
 using DispatchFactory = std::function<std::unique_ptr<ExpertDispatch>(const StepContext&)>;
@@ -102,6 +104,7 @@ BlockResult block_run(Backend& be, Comm& comm, const DispatchFactory& make, cons
   }
   if (be.device_ledger().dropped_events() > 0) r.chunk_side_peak = UINT64_MAX;  // cannot tell: fail loudly
   if (const LlepStats* st = llep_stats(*dispatch)) r.stats = *st;
+  r.events = be.device_ledger().events();
   return r;
 }
 
@@ -251,6 +254,19 @@ int profile_check(Comm& comm, const std::string& profile_str) {
         check(meta.peaks[c] == got.peaks[c],
               tag + fmt::format("meta peak of {} is {} B, the cpu run's {} B", category_name(static_cast<Category>(c)),
                                 meta.peaks[c], got.peaks[c]));
+      // Event for event (meta counts a profile's rows in closed form, cpu sorts the rows: Note [Meta
+      // routes a profile in closed form]); every chunk's buffers carry its counts.
+      check(meta.events.size() == got.events.size(),
+            tag + fmt::format("meta has {} ledger events, cpu {}", meta.events.size(), got.events.size()));
+      for (size_t i = 0; i < std::min(meta.events.size(), got.events.size()); ++i)
+        if (meta.events[i].tag != got.events[i].tag || meta.events[i].bytes != got.events[i].bytes) {
+          check(false, tag + fmt::format("ledger event {}: meta {} {} B, cpu {} {} B", i, meta.events[i].tag,
+                                         meta.events[i].bytes, got.events[i].tag, got.events[i].bytes));
+          break;
+        }
+      check(meta.stats.chunk_recv_max == got.stats.chunk_recv_max &&
+                meta.stats.chunk_send_ratio == got.stats.chunk_send_ratio,
+            tag + "meta and cpu disagree on the chunk statistics");
     }
     if (rank == 0)
       notes += fmt::format("\n  {:<28} active {} imbalance {:.2f} -> load ratio {:.2f}, guests {}{}", v.label,

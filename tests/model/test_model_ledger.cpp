@@ -6,6 +6,7 @@
 #include "core/units.h"
 #include "data/random_batch.h"
 #include "model/model.h"
+#include "sched/optim/optimizer.h"
 
 namespace fp {
 
@@ -41,7 +42,51 @@ std::vector<LedgerEvent> run_events(const std::string& device, const RoutingProf
   }
   return be->device_ledger().events();
 }
+
+// The whole step `train` runs (zero grads, forward and backward, the optimizer's step): the device
+// and host ledgers.
+std::pair<std::vector<LedgerEvent>, std::vector<LedgerEvent>> step_events(const std::string& device,
+                                                                          const OptimConfig& oc) {
+  const ModelConfig m = small_config();
+  auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
+  Model model(m, *be, routing_profile_parse("hot:0.9:2"));
+  model.init_weights(m.seed);
+  std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
+  model.zero_grads();
+  Batch b = batch_random(2, 29, m.vocab_size, 5);
+  StepOutputs out = model.forward_backward(b);
+  optim->step(1, 1);
+  if (device == "cpu") EXPECT_TRUE(std::isfinite(out.loss));
+  return {be->device_ledger().events(), be->host_ledger().events()};
+}
+
+void expect_same_events(const std::vector<LedgerEvent>& cpu, const std::vector<LedgerEvent>& meta,
+                        const std::string& what) {
+  ASSERT_EQ(cpu.size(), meta.size()) << what;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_EQ(cpu[i].alloc, meta[i].alloc) << what << " event " << i;
+    ASSERT_EQ(cpu[i].bytes, meta[i].bytes) << what << " event " << i << " " << cpu[i].tag;
+    ASSERT_EQ(cpu[i].tag, meta[i].tag) << what << " event " << i;
+    ASSERT_EQ(cpu[i].total_after, meta[i].total_after) << what << " event " << i;
+  }
+}
 }  // namespace
+
+// Meta skips the optimizer's update (it allocates nothing after launch): the whole step, optimizer
+// included, must still allocate exactly as on cpu, for every optimizer schedule.
+TEST(MetaBackend, SameLedgersAsCpuThroughTheOptimizerStep) {
+  for (const char* sched : {"device", "offload_serial", "offload_stream", "offload_stream:host"}) {
+    OptimConfig oc;
+    oc.schedule = sched;
+    if (oc.schedule == "offload_stream:host") oc.schedule = "offload_stream", oc.update_on = "host";
+    oc.bucket_params = 500;  // several buckets on the small model
+    auto [cpu_dev, cpu_host] = step_events("cpu", oc);
+    auto [meta_dev, meta_host] = step_events("meta", oc);
+    ASSERT_GT(cpu_dev.size(), 100u);
+    expect_same_events(cpu_dev, meta_dev, std::string(sched) + " device ledger");
+    expect_same_events(cpu_host, meta_host, std::string(sched) + " host ledger");
+  }
+}
 
 TEST(MetaBackend, SameLedgerEventSequenceAsCpu) {
   for (const char* prof : {"balanced", "hot:0.9:2", "hot:0.5:3"}) {

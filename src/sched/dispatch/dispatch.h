@@ -13,7 +13,8 @@
 //                                   to other ranks with the experts' weights; standard below lambda.
 //   pipelined_llep  (pipelined_llep.cpp) LLEP's plan dispatched in K chunks (chunk_plan.h): what a rank
 //                                   receives at once is bounded at launch. Reads s.host_rows (the token
-//                                   of each row of xs, set by moe_block_forward) for chunk membership.
+//                                   of each row of xs, set by moe_block_forward) for chunk membership;
+//                                   on meta under a profile, the profile's closed form (model/routing.h).
 //
 // Legend: n tokens on this rank, k experts per token, m = n * k routed copies, H hidden, I expert FFN
 // width, E experts, W ranks, E_p = E / W, R = rows this rank computes (under standard: every route of

@@ -344,22 +344,24 @@ class LlepDispatch : public LlepDispatchBase {
     const LlepLayer& L = a.layer;
     const int64_t m = offsets[E];
 
-    // Send order: destinations in rank order; within one, the pieces in expert order.
-    host_send_rows_.resize(static_cast<size_t>(m));
-    host_send_pos_.resize(static_cast<size_t>(m));
+    // Send order: destinations in rank order; within one, the pieces in expert order. The per-row
+    // arrays only where rows move (meta: the sizes alone, nothing per row).
+    const bool rows = s.be.computes();
+    host_send_rows_.resize(rows ? static_cast<size_t>(m) : 0);
+    host_send_pos_.resize(rows ? static_cast<size_t>(m) : 0);
     a.send_elems.assign(static_cast<size_t>(W), 0);
     int64_t slot = 0;
     for (int d = 0; d < W; ++d)
       for (const LlepPiece& pc : L.pieces) {
         if (pc.dest != d) continue;
-        for (int64_t i = pc.begin; i < pc.end; ++i, ++slot) {
+        for (int64_t i = pc.begin; rows && i < pc.end; ++i, ++slot) {
           const int64_t row = offsets[pc.expert] + i;
           host_send_rows_[slot] = static_cast<int32_t>(row);
           host_send_pos_[row] = static_cast<int32_t>(slot);
         }
         a.send_elems[d] += (pc.end - pc.begin) * H;
       }
-    FP_ASSERT(slot == m, "llep: {} of {} rows planned", slot, m);
+    FP_ASSERT(!rows || slot == m, "llep: {} of {} rows planned", slot, m);
 
     // What arrives: from each source, its pieces for this rank, in its expert order.
     a.recv_elems.assign(static_cast<size_t>(W), 0);
@@ -386,6 +388,7 @@ class LlepDispatch : public LlepDispatchBase {
         a.group_offsets.push_back(a.group_offsets.back() + per_expert[e]);
       }
     const int64_t R = a.group_offsets.back();
+    if (!rows) return R;
 
     // Note [Receive-side grouping] (standard.cpp): expert-major, sources in rank order within an expert.
     host_perm_.resize(static_cast<size_t>(R));

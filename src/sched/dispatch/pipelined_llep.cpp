@@ -40,7 +40,9 @@
 // activations too, at the price of one expert forward per layer.)
 #include <algorithm>
 #include <memory>
+#include <optional>
 
+#include "model/routing.h"
 #include "sched/dispatch/chunk_plan.h"
 #include "sched/dispatch/llep.h"
 
@@ -65,8 +67,8 @@ struct ChunkLayout {
 };
 
 struct PipelinedActs : DispatchActs {
-  LlepLayer layer;
-  std::shared_ptr<const ChunkLayout> chunks;  // shared by every layer of a step under a routing profile
+  std::shared_ptr<const LlepLayer> layer;     // both shared by every layer of a step under a routing profile
+  std::shared_ptr<const ChunkLayout> chunks;
   GuestExperts guests;          // received weights kept for backward
   Tensor xs;                    // (m, H) the routed copies, sent again chunk by chunk in backward, unless ...
   Tensor tokens;                // (m) i32 ... the rows are gathered again from s.moe_h2: the token of each chunk row
@@ -93,19 +95,23 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       a = acts.get();
       *keep = std::move(acts);
     }
-    llep_layer_build(s, params_, offsets, a->layer);
     // Note [One chunk layout per step under a routing profile]: a profile routes every layer of a step
     // alike on every rank (Note [A routing profile is routed once per step] in model/blocks.h), so the
     // LLEP plan and the chunk layout are the same for every layer: built once, then shared. Every rank
-    // decides alike (the profile is the run's), so the count exchange inside is skipped everywhere
-    // at once. On meta at 1M tokens and 64 ranks this is most of a step's host work.
+    // decides alike (the profile is the run's), so the collectives inside (the all-gather of the
+    // expert counts, the exchange of chunk counts) are skipped everywhere at once. On meta at 1M
+    // tokens and 64 ranks this is most of a step's host work.
     const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
     if (!profiled || profile_chunks_ == nullptr) {
+      auto layer = std::make_shared<LlepLayer>();
+      llep_layer_build(s, params_, offsets, *layer);
       auto built = std::make_shared<ChunkLayout>();
-      chunks_build(s, offsets, a->layer, *built);
+      chunks_build(s, offsets, *layer, *built);
+      a->layer = layer;
       a->chunks = built;
-      if (profiled) profile_chunks_ = built;
+      if (profiled) profile_layer_ = layer, profile_chunks_ = built;
     } else {
+      a->layer = profile_layer_;
       a->chunks = profile_chunks_;
     }
     const ChunkLayout& C = *a->chunks;
@@ -126,7 +132,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     Tensor out;  // (m, H) expert order
     if (keep && !regather) out = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");
 
-    a->guests.weights_start(s, lp, a->layer);  // overlaps the first chunk's all-to-all
+    a->guests.weights_start(s, lp, *a->layer);  // overlaps the first chunk's all-to-all
     if (keep) a->ffn.resize(static_cast<size_t>(C.cp.K));
     for (int64_t i = 0; i < C.cp.K; ++i) {
       const int64_t mi = C.first[i + 1] - C.first[i], ri = recv_rows(C, i, H);
@@ -145,7 +151,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       Tensor back = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.back");  // (m_i, H)
       exchange(s, y, back, C, i, true);
       y.reset();
-      rows_scatter(be, back.f32(), C.rows.data() + C.first[i], out.defined() ? out.f32() : xs.f32(), mi, H);
+      rows_scatter(be, back.f32(), ptr_at(C.rows.data(), C.first[i]), out.defined() ? out.f32() : xs.f32(), mi, H);
     }
     if (out.defined()) {
       a->xs = std::move(xs);
@@ -193,7 +199,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       exchange(s, dx, back, C, i, true);
       dx.reset();
       // The chunk's rows of dys were sent above: they take the input gradients now.
-      rows_scatter(be, back.f32(), C.rows.data() + C.first[i], dys.f32(), mi, H);
+      rows_scatter(be, back.f32(), ptr_at(C.rows.data(), C.first[i]), dys.f32(), mi, H);
     }
     a->xs.reset();
     a->tokens.reset();
@@ -233,30 +239,8 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
                                            : ChunkMembership::ChunkMembership_contiguous);
     const int64_t Kc = C.cp.K;
     C.W = W;
-    FP_ASSERT(static_cast<int64_t>(s.host_rows.size()) == m, "pipelined_llep: s.host_rows holds {} rows, xs {}",
-              s.host_rows.size(), m);
 
-    // Each row's destination (the plan's pieces) and chunk (its token's).
-    row_dest_.resize(static_cast<size_t>(m));
-    for (const LlepPiece& pc : layer.pieces)
-      for (int64_t i = pc.begin; i < pc.end; ++i) row_dest_[offsets[pc.expert] + i] = pc.dest;
-    row_chunk_.resize(static_cast<size_t>(m));
-    for (int64_t r = 0; r < m; ++r) row_chunk_[r] = C.cp.chunk_of(s.host_rows[r]);
-
-    // Counting sort by (chunk, destination), stable in the row (expert order within a destination).
-    std::vector<int64_t>& cnt = counts_;  // (K * W + 1)
-    cnt.assign(static_cast<size_t>(Kc * W + 1), 0);
-    for (int64_t r = 0; r < m; ++r) ++cnt[row_chunk_[r] * W + row_dest_[r] + 1];
-    C.send_elems.assign(static_cast<size_t>(Kc * W), 0);
-    for (int64_t j = 0; j < Kc * W; ++j) C.send_elems[j] = cnt[j + 1] * H;
-    for (int64_t j = 0; j < Kc * W; ++j) cnt[j + 1] += cnt[j];
-    C.first.assign(static_cast<size_t>(Kc + 1), 0);
-    for (int64_t i = 0; i <= Kc; ++i) C.first[i] = cnt[i * W];
-    C.rows.resize(static_cast<size_t>(m));
-    for (int64_t r = 0; r < m; ++r) C.rows[cnt[row_chunk_[r] * W + row_dest_[r]]++] = static_cast<int32_t>(r);
-
-    // Per (destination, chunk, expert) counts, exchanged so that each rank knows its blocks. Note
-    // [Counts only for the experts a rank computes]: destination d computes its native experts and
+    // Note [Counts only for the experts a rank computes]: destination d computes its native experts and
     // the ones whose plan intervals name d (its guests); every rank holds the plan, so a source sends
     // d counts for those X_d experts only: K x |X_d| numbers instead of K x E (at 64 ranks, 384 experts
     // and 128 chunks that is 25 MB less per rank and layer).
@@ -273,16 +257,30 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
         if (comp_pos_[d * E + e] >= 0) comp_pos_[d * E + e] = n++;
       comp_first_[d + 1] = comp_first_[d] + n;
     }
+
+    // Per (chunk, destination) rows (counts_) and per (destination, chunk, expert) blocks (send_blocks_,
+    // per d: (K, |X_d|)), from the rows themselves or, on meta under a profile, in closed form.
+    counts_.assign(static_cast<size_t>(Kc * W + 1), 0);  // (K * W + 1): counts_[1 + i W + d]
+    send_blocks_.assign(static_cast<size_t>(Kc * comp_first_[W]), 0);
+    const bool closed_form = !s.be.computes() && s.profile.kind != RoutingProfile::Kind::Kind_router;
+    if (closed_form)
+      counts_from_profile(s, layer, C.cp);
+    else
+      counts_from_rows(s, offsets, layer, C);
+    std::vector<int64_t>& cnt = counts_;
+    C.send_elems.assign(static_cast<size_t>(Kc * W), 0);
+    for (int64_t j = 0; j < Kc * W; ++j) C.send_elems[j] = cnt[j + 1] * H;
+    for (int64_t j = 0; j < Kc * W; ++j) cnt[j + 1] += cnt[j];
+    C.first.assign(static_cast<size_t>(Kc + 1), 0);
+    for (int64_t i = 0; i <= Kc; ++i) C.first[i] = cnt[i * W];
+    FP_ASSERT(C.first[Kc] == m, "pipelined_llep: the chunks hold {} rows, xs {}", C.first[Kc], m);
+    if (!closed_form) {  // the rows in chunk order (a counting sort, stable in the row)
+      C.rows.resize(static_cast<size_t>(m));
+      for (int64_t r = 0; r < m; ++r) C.rows[cnt[row_chunk_[r] * W + row_dest_[r]]++] = static_cast<int32_t>(r);
+    }
+
     const int me = s.comm.rank();
     const int64_t Xme = comp_first_[me + 1] - comp_first_[me];
-    send_blocks_.assign(static_cast<size_t>(Kc * comp_first_[W]), 0);  // per d: (K, |X_d|)
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
-        const int d = row_dest_[r];
-        const int32_t x = comp_pos_[d * E + e];
-        FP_ASSERT(x >= 0, "pipelined_llep: rows of expert {} go to rank {}, which does not compute it", e, d);
-        ++send_blocks_[Kc * comp_first_[d] + row_chunk_[r] * (comp_first_[d + 1] - comp_first_[d]) + x];
-      }
     recv_blocks_.assign(static_cast<size_t>(W * Kc * Xme), 0);  // (W sources, K, |X_me|)
     pair_counts_.resize(static_cast<size_t>(W));
     recv_counts_.assign(static_cast<size_t>(W), Kc * Xme);
@@ -348,11 +346,68 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     last_ = {sent_away, R};
   }
 
+  // Each row's destination (the plan's pieces) and chunk (its token's), counted: counts_ and
+  // send_blocks_; row_dest_ and row_chunk_ stay for the sort of the rows.
+  void counts_from_rows(const StepContext& s, std::span<const int64_t> offsets, const LlepLayer& layer,
+                        const ChunkLayout& C) {
+    const int W = s.comm.size();
+    const int64_t E = s.cfg.num_experts, m = offsets[E], Kc = C.cp.K;
+    FP_ASSERT(static_cast<int64_t>(s.host_rows.size()) == m, "pipelined_llep: s.host_rows holds {} rows, xs {}",
+              s.host_rows.size(), m);
+    row_dest_.resize(static_cast<size_t>(m));
+    for (const LlepPiece& pc : layer.pieces)
+      for (int64_t i = pc.begin; i < pc.end; ++i) row_dest_[offsets[pc.expert] + i] = pc.dest;
+    row_chunk_.resize(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) row_chunk_[r] = C.cp.chunk_of(s.host_rows[r]);
+    for (int64_t r = 0; r < m; ++r) ++counts_[row_chunk_[r] * W + row_dest_[r] + 1];
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+        const int d = row_dest_[r];
+        const int32_t x = comp_pos_[d * E + e];
+        FP_ASSERT(x >= 0, "pipelined_llep: rows of expert {} go to rank {}, which does not compute it", e, d);
+        ++send_blocks_[Kc * comp_first_[d] + row_chunk_[r] * (comp_first_[d + 1] - comp_first_[d]) + x];
+      }
+  }
+
+  // The same counts on meta under a profile, in closed form (Note [Meta routes a profile in closed
+  // form] in model/routing.cpp): a piece of expert e's rows [begin, end) is the expert's tokens from
+  // its row begin's to its row end - 1's, and a chunk is a token range (contiguous) or a residue class
+  // mod K (strided). O(pieces x K x k), nothing per row.
+  void counts_from_profile(const StepContext& s, const LlepLayer& layer, const ChunkPlan& cp) {
+    const int W = s.comm.size();
+    const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok, Kc = cp.K;
+    const bool strided = cp.membership == ChunkMembership::ChunkMembership_strided;
+    std::optional<ProfileTokens> tokens;
+    int64_t expert = -1;
+    by_class_.resize(static_cast<size_t>(Kc));
+    for (const LlepPiece& pc : layer.pieces) {
+      if (pc.expert != expert) tokens.emplace(s.profile, s.n, k, E, expert = pc.expert);
+      const int d = pc.dest;
+      const int32_t x = comp_pos_[d * E + expert];
+      FP_ASSERT(x >= 0, "pipelined_llep: rows of expert {} go to rank {}, which does not compute it", expert, d);
+      const int64_t Xd = comp_first_[d + 1] - comp_first_[d];
+      int64_t* blocks = send_blocks_.data() + Kc * comp_first_[d];
+      const int64_t t0 = tokens->nth(pc.begin), t1 = tokens->nth(pc.end - 1) + 1;  // the piece's tokens
+      const auto add = [&](int64_t i, int64_t rows) {
+        counts_[i * W + d + 1] += rows;
+        blocks[i * Xd + x] += rows;
+      };
+      if (strided) {
+        std::fill(by_class_.begin(), by_class_.end(), 0);
+        tokens->count_classes(t0, t1, Kc, by_class_.data());
+        for (int64_t i = 0; i < Kc; ++i) add(i, by_class_[i]);
+      } else {
+        for (int64_t i = t0 / cp.c_eff; i <= (t1 - 1) / cp.c_eff; ++i)
+          add(i, tokens->count(std::max(t0, i * cp.c_eff), std::min(t1, (i + 1) * cp.c_eff)));
+      }
+    }
+  }
+
   // The FFN groups of chunk i (offsets_, weights_): one per arriving block.
   void groups_fill(const StepContext& s, const LayerParams& lp, PipelinedActs& a, int64_t i) {
     const ChunkLayout& C = *a.chunks;
     const int me = s.comm.rank();
-    const std::vector<int64_t>& guests = a.layer.guests;
+    const std::vector<int64_t>& guests = a.layer->guests;
     offsets_.assign(1, 0);
     weights_.clear();
     if (!s.be.computes()) {
@@ -366,7 +421,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     for (int64_t b = C.block_first[i]; b < C.block_first[i + 1]; ++b) {
       const int64_t e = C.block_expert[b];
       offsets_.push_back(offsets_.back() + C.block_rows[b]);
-      if (a.layer.plan.home(e) == me) {
+      if (a.layer->plan.home(e) == me) {
         weights_.push_back(expert_weights(lp, e));
       } else {
         const auto it = std::lower_bound(guests.begin(), guests.end(), e);
@@ -380,11 +435,13 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   LlepParams params_;
   // Host scratch reused across layers.
   std::vector<int32_t> row_dest_, host_tokens_;
-  std::vector<int64_t> row_chunk_, counts_, send_blocks_, recv_blocks_, pair_counts_, recv_counts_, offsets_;
+  std::vector<int64_t> row_chunk_, counts_, by_class_, send_blocks_, recv_blocks_, pair_counts_, recv_counts_, offsets_;
   std::vector<int64_t> comp_first_, comp_experts_;  // Note [Counts only for the experts a rank computes]
   std::vector<int32_t> comp_pos_;
   std::vector<ExpertWeights> weights_;
-  std::shared_ptr<const ChunkLayout> profile_chunks_;  // Note [One chunk layout per step under a routing profile]
+  // Note [One chunk layout per step under a routing profile]
+  std::shared_ptr<const LlepLayer> profile_layer_;
+  std::shared_ptr<const ChunkLayout> profile_chunks_;
 };
 
 }  // namespace

@@ -162,6 +162,7 @@ class StandardDispatch : public ExpertDispatch {
     }
     for (int64_t j = 0; j < Ep; ++j) a.group_offsets[j + 1] += a.group_offsets[j];
     const int64_t R = a.group_offsets[Ep];
+    if (!s.be.computes()) return R;  // meta moves no row: no (R) permutation on the host
 
     // Note [Receive-side grouping]: grouped row i (expert j, then source, then arrival order) comes
     // from source-major row perm[i].

@@ -123,7 +123,13 @@ OffloadAdamW::StepStats OffloadAdamW::step(int64_t step, int64_t total_steps) {
       if (coef < 1.0) st.clip_scale = coef;
     }
   } else {
+    // Meta: the update moves and computes only, into buffers reserved at launch (the host state, the
+    // slots): it allocates nothing, so there is nothing to replay. At 64 ranks of paper-39L its
+    // 11K buckets of stream events per rank were half a plan point (tests/model/test_model_ledger.cpp
+    // holds cpu and meta to the same allocation sequence, the optimizer step included).
     st.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    steps_taken_ = step;
+    return st;
   }
   // The copy streams read the gradients and overwrite the weights: both only after everything the
   // compute stream issued so far (the backward that wrote them, the norm that read them).
