@@ -28,6 +28,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "ops/cpu/blas_setup.h"
+#include "ops/cpu/cpu_features.h"
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
@@ -335,6 +337,8 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
   j["alpha"] = o.alpha;
   j["min_tokens_per_gemm"] = o.min_tokens_per_gemm;
   j["device"] = o.device;
+  j["blas"] = ops::cpu::blas_setup().str();  // Note [OpenBLAS's kernels are ours to choose]
+  j["cpu"] = ops::cpu::cpu_features().str();
   j["ranks"] = W;
   j["repeats"] = timed ? o.repeats : 0;
   for (Variant& v : vs) {
@@ -393,6 +397,7 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
                "rank(s), device {}\n",
                o.tokens, o.experts, o.top_k, o.hidden, o.intermediate, o.profile, o.chunk_cap, o.max_chunks, W,
                o.device);
+    fmt::print("GEMMs: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::cpu_features().str());
     fmt::print("| variant | dispatch peak | receive-side peak | device peak | rank load max/mean | fwd+bwd s {} | K | "
                "chunk send ratio | recv / bound |\n|---|---|---|---|---|---|---|---|---|\n",
                timed ? fmt::format("(median of {})", o.repeats) : std::string("(meta: not computed)"));

@@ -21,6 +21,8 @@
 #include "io/safetensors.h"
 #include "memory/report.h"
 #include "model/model.h"
+#include "ops/cpu/blas_setup.h"
+#include "ops/cpu/cpu_features.h"
 #include "ops/gemm_profile.h"
 #include "sched/optim/optimizer.h"
 #include "train/run_config.h"
@@ -139,6 +141,8 @@ int bench_step_run(const BenchOptions& o) {
   j["tokens_per_s"] = static_cast<double>(batch.B * batch.T) / step_s;
   j["max_rss_bytes"] = static_cast<int64_t>(ru.ru_maxrss) * 1024;
   j["sgemm_flops_per_s"] = sgemm;
+  j["blas"] = ops::cpu::blas_setup().str();  // Note [OpenBLAS's kernels are ours to choose]
+  j["cpu"] = ops::cpu::cpu_features().str();
   j["gemm_seconds"] = g_s;
   j["gemm_share_of_step"] = g_s / step_s;
   j["gemm_flops_per_s"] = g_f / g_s;
@@ -150,6 +154,7 @@ int bench_step_run(const BenchOptions& o) {
              step_s, times.size(), j["tokens_per_s"].get<double>(), 100 * g_s / step_s, g_f / g_s / 1e9,
              100 * g_f / g_s / sgemm, sgemm / 1e9, 100 * mflops / step_s / sgemm,
              bytes_format(be->device_ledger().total_peak()), bytes_format(static_cast<uint64_t>(ru.ru_maxrss) * 1024));
+  fmt::print("GEMMs: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::cpu_features().str());
   if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
   return 0;
 }

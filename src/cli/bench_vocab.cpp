@@ -32,6 +32,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "ops/cpu/blas_setup.h"
+#include "ops/cpu/cpu_features.h"
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
@@ -384,6 +386,8 @@ int bench_vocab_run(const VocabBenchOptions& o) {
   j["hidden"] = o.hidden;
   j["block_tokens"] = o.block_tokens;
   j["device"] = o.device;
+  j["blas"] = ops::cpu::blas_setup().str();  // Note [OpenBLAS's kernels are ours to choose]
+  j["cpu"] = ops::cpu::cpu_features().str();
   j["ranks"] = W;
   for (const Variant& v : vs) j[v.name] = variant_json(v, timed, W);
   std::vector<int64_t> ns(static_cast<size_t>(W), o.tokens);
@@ -409,6 +413,7 @@ int bench_vocab_run(const VocabBenchOptions& o) {
   if (lead)
     fmt::print("bench vocab: N = {} per rank, V = {}, H = {}, block_tokens = {}, {} rank(s), device {}\n", o.tokens,
                o.vocab, o.hidden, o.block_tokens, W, o.device);
+    fmt::print("GEMMs: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::cpu_features().str());
   if (timed) {
     // Check first: every ring variant must compute what the full head computes. The full head's dW
     // on W ranks is its own tokens' share: summed over the ranks it is the whole gradient, which

@@ -15,6 +15,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/cpu/blas_check.h"
+#include "ops/cpu/blas_setup.h"
+#include "ops/cpu/cpu_features.h"
 #include "ops/gemm.h"
 #include "ops/ref/gemm.h"
 
@@ -204,3 +206,33 @@ TEST(Gemm, SingleThreadRate) {
 }
 
 }  // namespace fp
+
+// Note [OpenBLAS's kernels are ours to choose]: after the first GEMM the kernels OpenBLAS runs are the
+// core type flatpeak chose, and that choice follows the CPU as GCC's own detector (libgcc's
+// __builtin_cpu_supports, independent of cpu_features.cpp) reads it.
+TEST(BlasSetup, KernelsArePinnedFromTheCpu) {
+  std::vector<float> a(64 * 64, 1.0f), b(64 * 64, 1.0f), c(64 * 64, 0.0f);
+  fp::ops::cpu::gemm(false, false, 64, 64, 64, 1.0f, a.data(), 64, b.data(), 64, 0.0f, c.data(), 64);
+  EXPECT_EQ(c[0], 64.0f);
+  const fp::ops::cpu::BlasKernels& k = fp::ops::cpu::blas_setup();
+  EXPECT_TRUE(k.pinned) << k.str();
+  EXPECT_EQ(k.active, openblas_get_corename()) << k.str();
+  if (k.why.rfind("ours", 0) != 0) GTEST_SKIP() << "OPENBLAS_CORETYPE set outside: " << k.str();
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const char* want = avx512 ? "SkylakeX" : avx2 ? "Haswell" : __builtin_cpu_supports("avx") ? "Sandybridge" : "Prescott";
+  EXPECT_EQ(k.chosen, want) << k.str();
+  std::printf("%s\ncpu: %s\n", k.str().c_str(), fp::ops::cpu::cpu_features().str().c_str());
+}
+
+TEST(CpuFeatures, AgreeWithLibgcc) {
+  __builtin_cpu_init();
+  const fp::ops::cpu::CpuFeatures& f = fp::ops::cpu::cpu_features();
+  EXPECT_EQ(f.avx2, static_cast<bool>(__builtin_cpu_supports("avx2")));
+  EXPECT_EQ(f.fma, static_cast<bool>(__builtin_cpu_supports("fma")));
+  EXPECT_EQ(f.avx512f, static_cast<bool>(__builtin_cpu_supports("avx512f")));
+  EXPECT_EQ(f.avx512bw, static_cast<bool>(__builtin_cpu_supports("avx512bw")));
+  EXPECT_FALSE(f.vendor.empty());
+}

@@ -2,11 +2,13 @@
 //
 // OpenBLAS owns the threading (its own pool, openblas_set_num_threads); this wrapper only maps the
 // row-major, transpose-flag interface onto cblas_sgemm through FP_BLAS_CALL (ops/cpu/blas_check.h)
-// and settles the empty cases itself, so that BLAS never sees a zero dimension.
+// and settles the empty cases itself, so that BLAS never sees a zero dimension. Its first call pins
+// OpenBLAS's kernels (Note [OpenBLAS's kernels are ours to choose] in ops/cpu/blas_setup.h).
 #include "ops/gemm.h"
 
 #include "core/error.h"
 #include "ops/cpu/blas_check.h"
+#include "ops/cpu/blas_setup.h"
 
 namespace fp::ops::cpu {
 
@@ -28,6 +30,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     }
     return;
   }
+  static const bool pinned = (blas_setup(), true);
+  (void)pinned;
   FP_BLAS_CALL(cblas_sgemm, CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M,
                N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
