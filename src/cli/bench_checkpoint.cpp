@@ -180,7 +180,7 @@ void bench_checkpoint_register(CLI::App& parent, Runner& run) {
   CLI::App* sub = parent.add_subcommand("checkpoint", "device vs SCO checkpoint boundaries: peaks and step time");
   sub->callback([&run, opts] { run = [opts] { return bench_checkpoint_run(*opts); }; });
   common_register(*sub, o.common);
-  sub->add_option("--layers", o.layers, "model.num_hidden_layers (default: the config's)")->check(CLI::PositiveNumber);
+  sub->add_option("--layers", o.layers, "model.num_hidden_layers (default: the config's)")->check(at_least(1));
   sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported)");
   sub->add_option("--warmup", o.warmup, "untimed steps per variant first (the first one is the bitwise check)");
   sub->add_option("--link-gbps", o.link_gbps,

@@ -15,6 +15,10 @@ namespace fp::cli {
 // to the function that executes it (main calls it inside the error handler).
 using Runner = std::function<int()>;
 
+// A validator for integer flags: the value must be at least lo ("--steps: 0 is below 1, the least
+// allowed").
+CLI::Validator at_least(int64_t lo);
+
 // Options every run shares.
 struct CommonOptions {
   std::string config;

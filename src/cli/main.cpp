@@ -2,11 +2,15 @@
 // Errors: fp::Error prints "error: ..." and "hint: ..." and exits 1; internal errors exit 2.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "comm/comm.h"
@@ -32,9 +36,76 @@ namespace {
   std::exit(code);
 }
 
+// Levenshtein distance (small strings: subcommand names).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A command line that names no known subcommand of `app` (at its first positional word): an error
+// naming what was typed and the nearest subcommand, or "" when the line is fine for CLI11 to parse.
+std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* at = &app;
+  std::string path = "flatpeak";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') return "";  // options: CLI11 checks them
+    std::vector<const CLI::App*> subs = at->get_subcommands([](const CLI::App*) { return true; });
+    if (subs.empty()) return "";
+    const CLI::App* hit = nullptr;
+    for (const CLI::App* s : subs)
+      if (s->get_name() == word) hit = s;
+    if (hit == nullptr) {
+      const CLI::App* near = subs.front();
+      for (const CLI::App* s : subs)
+        if (edit_distance(word, s->get_name()) < edit_distance(word, near->get_name())) near = s;
+      std::string names;
+      for (const CLI::App* s : subs) names += (names.empty() ? "" : ", ") + s->get_name();
+      return fmt::format("'{} {}' is not a command{}; the commands are: {}", path, word,
+                         edit_distance(word, near->get_name()) <= 3
+                             ? fmt::format(" (did you mean '{} {}'?)", path, near->get_name())
+                             : std::string(),
+                         names);
+    }
+    at = hit;
+    path += " " + word;
+  }
+  return "";
+}
+
 }  // namespace
 
+namespace fp::cli {
+CLI::Validator at_least(int64_t lo) {
+  return CLI::Validator(
+      [lo](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const long long x = std::stoll(v, &used);
+          if (used != v.size()) return fmt::format("'{}' is not a whole number", v);
+          if (x < lo) return fmt::format("{} is below {}, the least allowed", x, lo);
+        } catch (const std::exception&) {
+          return fmt::format("'{}' is not a whole number", v);
+        }
+        return "";
+      },
+      fmt::format("INT >= {}", lo));
+}
+}  // namespace fp::cli
+
 int main(int argc, char** argv) {
+  // Progress lines reach a file or a pipe as they are printed (a killed run keeps every line it printed).
+  std::setvbuf(stdout, nullptr, _IOLBF, 1 << 16);
   fp::Comm* comm = nullptr;
   try {
     comm = &fp::comm_world();  // starts MPI first when launched by mpirun
@@ -56,12 +127,29 @@ int main(int argc, char** argv) {
   fp::cli::bench_checkpoint_register(*bench, run);
   fp::cli::bench_optimizer_register(*bench, run);
   fp::cli::bench_dispatch_register(*bench, run);
+  if (const std::string bad = unknown_subcommand(app, argc, argv); !bad.empty())
+    fail(comm, bad, "run 'flatpeak --help' for the commands and their options", 1);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    if (rc != 0 && comm->size() > 1) comm->abort(rc);
-    return rc;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // A command-line mistake is the user's: "error:" and "hint:" like every other one, exit 1.
+    std::string where = "flatpeak";
+    for (const CLI::App* a = &app; a != nullptr;) {
+      const auto subs = a->get_subcommands();
+      a = subs.empty() ? nullptr : subs.front();
+      if (a != nullptr) where += " " + a->get_name();
+    }
+    std::string what = e.what();
+    if (what.find("A subcommand is required") != std::string::npos) {
+      const CLI::App* at = &app;
+      for (auto subs = at->get_subcommands(); !subs.empty(); subs = at->get_subcommands()) at = subs.front();
+      std::string names;
+      for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; }))
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      what = fmt::format("'{}' needs a command: {}", where, names);
+    }
+    fail(comm, what, fmt::format("run '{} --help' for its options", where), 1);
   }
   try {
     if (run) return run();

@@ -122,7 +122,7 @@ void plan_register(CLI::App& parent, Runner& run) {
                   "model: a preset (configs/models/*.toml), a run config, or a Hugging Face config.json")
       ->required();
   sub->add_option("--context", o.context, "context length T: 1048576, 1M, 128K")->required();
-  sub->add_option("--ranks", o.ranks, "ranks W (default: the preset's, else 1)");
+  sub->add_option("--ranks", o.ranks, "ranks W (default: the preset's, else 1)")->check(at_least(1));
   sub->add_option("--device-mem", o.device_mem, "device memory per rank: 80GB, 141GB, 96GiB (default unlimited)");
   sub->add_option("--host-mem", o.host_mem, "host memory per rank for offloads (default unlimited)");
   sub->add_option("--schedule", o.schedule,

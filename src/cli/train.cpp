@@ -1,5 +1,7 @@
 // flatpeak train and flatpeak eval.
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -27,11 +29,14 @@ void train_register(CLI::App& app, Runner& run) {
       ->check(CLI::IsMember({"cpu", "meta"}));
   sub->add_option("--device-mem", o.device_mem, "device memory capacity: 512MiB, 2GiB, ... or unlimited");
   sub->add_option("--host-mem", o.host_mem, "host memory for offload schedules (default unlimited)");
-  sub->add_option("--steps", o.steps, "steps of the run (default: train.steps of the config)");
+  sub->add_option("--steps", o.steps, "steps of the run (default: train.steps of the config)")
+      ->check(at_least(1));
   sub->add_option("--out", o.out, "output directory: metrics.jsonl, memory_trace.json, checkpoints")->required();
   sub->add_option("--resume", o.resume, "continue from the checkpoint in this directory (bit-exact)");
+  sub->add_flag("--overwrite", o.overwrite, "replace the earlier run in --out (otherwise a folder holding one is refused)");
   sub->add_option("--stop-after", o.stop_after,
-                  "stop after this many steps of this invocation, with a checkpoint (preemptible jobs)");
+                  "stop after this many steps of this invocation, with a checkpoint (preemptible jobs)")
+      ->check(at_least(1));
   sub->add_flag("--quiet", o.quiet, "no progress lines");
   sub->add_option("--link-gbps", o.link_gbps,
                   "emulate a host-device link of X GB/s for the offload copies (schedule studies; 0: off)")
@@ -47,8 +52,9 @@ void eval_register(CLI::App& app, Runner& run) {
   sub->add_option("--checkpoint", o.checkpoint, "checkpoint directory (a train --out directory or a step dir)")
       ->required();
   sub->add_option("--data", o.data, "token file in llm.c's format (see docs/data.md)")->required();
-  sub->add_option("--seq-len", o.seq_len, "tokens per sequence (default 1024, or fewer if the file is short)");
-  sub->add_option("--batch", o.batch, "sequences per forward pass");
+  sub->add_option("--seq-len", o.seq_len, "tokens per sequence (default 1024, or fewer if the file is short)")
+      ->check(at_least(2));
+  sub->add_option("--batch", o.batch, "sequences per forward pass")->check(at_least(1));
   sub->add_option("--json", o.json, "write {loss, tokens, sequences, ...} here");
   sub->add_option("--device-mem", o.device_mem, "device memory capacity");
   sub->add_option("--dump-logits", o.dump_logits,
@@ -110,6 +116,8 @@ int eval_run(const EvalOptions& o) {
   }
   const double loss = loss_sum / static_cast<double>(tokens);
   fmt::print("loss {:.6f} over {} target tokens ({} sequences of {})\n", loss, tokens, sequences, T);
+  FP_CHECK(std::isfinite(loss), "the checkpoint's weights are finite (checked at load), so check the data file",
+           "the evaluation loss of '{}' on '{}' is {}", ck, o.data, loss);
   if (!o.json.empty()) {
     nlohmann::json j = {{"loss", loss},
                         {"tokens", tokens},

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
@@ -58,11 +59,35 @@ std::vector<Item> state_items(ParamStore& params, const Optimizer& optim) {
   return out;
 }
 
+// The first element of x that is not finite, or -1 (Note [No checkpoint holds a non-finite number]).
+int64_t first_nonfinite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
+}
+
+// Note [No checkpoint holds a non-finite number]: a NaN or Inf in a weight or a moment poisons every
+// step after it, silently. So saving refuses to write one (before any file exists: the previous
+// checkpoint stays the latest) and loading refuses to use one, naming the tensor and the first bad
+// element either way.
+void finite_check(const std::string& tensor, const float* x, int64_t n, const std::string& where, bool saving) {
+  const int64_t bad = first_nonfinite(x, n);
+  if (bad < 0) return;
+  if (saving)
+    throw Error(fmt::format("not writing '{}': tensor '{}' holds {} at element {}", where, tensor, x[bad], bad),
+                "the run diverged: lower optim.lr (a lower train.loss_spike_factor stops a run sooner) and resume "
+                "from the last checkpoint, which stays the latest");
+  throw Error(fmt::format("checkpoint '{}': tensor '{}' holds {} at element {}", where, tensor, x[bad], bad),
+              "the file is damaged or came from a diverged run; use an earlier checkpoint");
+}
+
 // Note [Checkpoints over W ranks]: the files hold whole tensors under their Hugging Face names
 // whatever W wrote them. Saving gathers each tensor to rank 0 (ParamStore::full_gather, collective,
 // tensor by tensor in the same order on every rank), which alone writes; loading lets every rank read
 // the file and keep its own rows (full_scatter). So any W loads a checkpoint of any other W.
-void tensors_write(const std::string& path, const std::vector<Item>& items, ParamStore& params) {
+// shown: how errors name the file (the final checkpoint directory's, not the temporary one's).
+void tensors_write(const std::string& path, const std::string& shown, const std::vector<Item>& items,
+                   ParamStore& params) {
   const bool lead = params.rank() == 0;
   std::vector<std::vector<float>> host(items.size());  // rank 0: each (numel of the full shape)
   std::vector<SafetensorsView> views;
@@ -71,6 +96,7 @@ void tensors_write(const std::string& path, const std::vector<Item>& items, Para
     const ParamInfo& p = *items[i].param;
     if (lead) host[i].resize(static_cast<size_t>(p.shape.numel()));
     params.full_gather(p, items[i].local, lead ? host[i].data() : nullptr);
+    if (lead) finite_check(items[i].name, host[i].data(), p.shape.numel(), shown, true);
     views.push_back({items[i].name, DType::DType_F32, p.shape, host[i].data()});
   }
   if (lead) safetensors_write(path, views, {{"format", "pt"}});
@@ -84,6 +110,7 @@ void tensors_read(const SafetensorsFile& f, const std::string& path, const std::
              "checkpoint '{}' has no tensor '{}'", path, it.name);
     host.resize(static_cast<size_t>(it.param->shape.numel()));
     f.read_f32(it.name, it.param->shape, host.data());
+    finite_check(it.name, host.data(), it.param->shape.numel(), path, false);
     params.full_scatter(*it.param, host.data(), const_cast<Tensor*>(it.local));
   }
 }
@@ -104,31 +131,42 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp);
   }
-  tensors_write((tmp / "model.safetensors").string(), weight_items(params), params);
-  if (optim != nullptr) tensors_write((tmp / "optimizer.safetensors").string(), state_items(params, *optim), params);
-  if (!lead) return final_dir.string();
-  file_write_atomic((tmp / "config.json").string(), model_config_hf_json(cfg) + "\n");
-  nlohmann::json js = {{"format_version", kFormatVersion},
-                       {"step", state.step},
-                       {"data_position", state.data_position},
-                       {"has_optimizer", optim != nullptr},
-                       {"run_config", nlohmann::json::parse(state.run_config.empty() ? "{}" : state.run_config)}};
-  file_write_atomic((tmp / "trainer_state.json").string(), js.dump(2) + "\n");
-  fsync_dir(tmp);
+  try {
+    tensors_write((tmp / "model.safetensors").string(), (final_dir / "model.safetensors").string(),
+                  weight_items(params), params);
+    if (optim != nullptr)
+      tensors_write((tmp / "optimizer.safetensors").string(), (final_dir / "optimizer.safetensors").string(),
+                    state_items(params, *optim), params);
+    if (!lead) return final_dir.string();
+    file_write_atomic((tmp / "config.json").string(), model_config_hf_json(cfg) + "\n");
+    nlohmann::json js = {{"format_version", kFormatVersion},
+                         {"step", state.step},
+                         {"data_position", state.data_position},
+                         {"has_optimizer", optim != nullptr},
+                         {"run_config", nlohmann::json::parse(state.run_config.empty() ? "{}" : state.run_config)}};
+    file_write_atomic((tmp / "trainer_state.json").string(), js.dump(2) + "\n");
+    fsync_dir(tmp);
+  } catch (...) {
+    if (lead) fs::remove_all(tmp, ec);  // a failed write leaves nothing behind; "checkpoint" is untouched
+    throw;
+  }
 
+  // The checkpoint the link names now stays until the next one is complete (pruning below spares it).
+  const fs::path link = root / "checkpoint";
+  const std::string previous = fs::is_symlink(link, ec) ? fs::read_symlink(link, ec).filename().string() : "";
   fs::remove_all(final_dir, ec);
   fs::rename(tmp, final_dir);
   fsync_dir(root);
   // Point "checkpoint" at it: a new symlink renamed over the old one is atomic.
-  const fs::path link = root / "checkpoint";
   const fs::path link_tmp = root / "checkpoint.tmp";
   fs::remove(link_tmp, ec);
   fs::create_directory_symlink(name, link_tmp);
   fs::rename(link_tmp, link);
   fsync_dir(root);
 
-  // Keep the new checkpoint and the one before it; drop older ones and stray temporaries.
-  std::vector<std::string> steps;
+  // Keep the new checkpoint and the one the link named before it; drop this run's older ones (steps
+  // below the new one) and stray temporaries. A step above the new one is never this run's to drop
+  // (a resume from an earlier step keeps what came after until it is overwritten by name).
   for (const auto& entry : fs::directory_iterator(root)) {
     const std::string n = entry.path().filename().string();
     if (n.rfind("step-", 0) != 0) continue;
@@ -136,10 +174,8 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
       fs::remove_all(entry.path(), ec);
       continue;
     }
-    steps.push_back(n);
+    if (n < name && n != previous && n.size() == name.size()) fs::remove_all(entry.path(), ec);
   }
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + 2 < steps.size(); ++i) fs::remove_all(root / steps[i], ec);
   return final_dir.string();
 }
 

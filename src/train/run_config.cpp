@@ -72,6 +72,7 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
       {"train", "seq_len", K::Kind_int, true, i64(&c.train.seq_len)},
       {"train", "steps", K::Kind_int, false, i64(&c.train.steps)},
       {"train", "checkpoint_every", K::Kind_int, false, i64(&c.train.checkpoint_every)},
+      {"train", "loss_spike_factor", K::Kind_float, false, f64(&c.train.loss_spike_factor)},
       {"optim", "lr", K::Kind_float, false, f64(&c.optim.lr)},
       {"optim", "beta1", K::Kind_float, false, f64(&c.optim.beta1)},
       {"optim", "beta2", K::Kind_float, false, f64(&c.optim.beta2)},
@@ -214,6 +215,8 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
   FP_CHECK(c.train.steps >= 1, kConfigHint, "{}: train.steps = {} must be at least 1", source, c.train.steps);
   FP_CHECK(c.train.checkpoint_every >= 0, kConfigHint, "{}: train.checkpoint_every = {} must be >= 0", source,
            c.train.checkpoint_every);
+  FP_CHECK(c.train.loss_spike_factor == 0 || c.train.loss_spike_factor > 1, kConfigHint,
+           "{}: train.loss_spike_factor = {} must be 0 (off) or above 1", source, c.train.loss_spike_factor);
   const OptimConfig& o = c.optim;
   FP_CHECK(std::isfinite(o.lr) && o.lr > 0, kConfigHint, "{}: optim.lr = {} must be > 0", source, o.lr);
   FP_CHECK(o.beta1 >= 0 && o.beta1 < 1, kConfigHint, "{}: optim.beta1 = {} must lie in [0, 1)", source, o.beta1);

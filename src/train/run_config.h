@@ -34,6 +34,9 @@ struct TrainConfig {
   int64_t seq_len = 0;            // T
   int64_t steps = 1;              // length of the run (and of the learning-rate schedule)
   int64_t checkpoint_every = 0;   // steps between checkpoints; 0: only at the end
+  // Note [A loss spike stops the run] (trainer.cpp): a loss above this multiple of the median of the
+  // last kLossWindow losses stops the run before its update; 0: off.
+  double loss_spike_factor = 10;
 };
 
 struct MoeConfig {

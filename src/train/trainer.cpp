@@ -1,9 +1,11 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -11,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "core/log.h"
+#include "core/signals.h"
 #include "core/units.h"
 #include "comm/comm.h"
 #include "data/context_split.h"
@@ -146,6 +149,133 @@ void peaks_over_ranks(Comm& comm, const Ledger& led, nlohmann::json& j) {
   j["binding"] = binding;
 }
 
+// Note [A run owns its output folder]: what a run writes in --out is metrics.jsonl, memory_trace.json,
+// step-N/ checkpoints and the "checkpoint" link. A folder already holding any of them belongs to an
+// earlier run: continuing it needs --resume (of a checkpoint in that folder), replacing it needs
+// --overwrite; anything else is refused before a byte is written, so a run never prunes, truncates
+// or overwrites another run's files.
+std::vector<std::string> run_entries(const fs::path& out) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return found;
+  for (const auto& entry : fs::directory_iterator(out, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n == "metrics.jsonl" || n == "memory_trace.json" || n == "checkpoint" || n.rfind("step-", 0) == 0)
+      found.push_back(n);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// The run folder a checkpoint directory belongs to (DIR for DIR, DIR/checkpoint or DIR/step-N).
+fs::path run_dir_of(const std::string& resume) {
+  fs::path ck = fs::absolute(checkpoint_resolve(resume)).lexically_normal();
+  if (ck.filename().empty()) ck = ck.parent_path();
+  std::error_code ec;
+  const fs::path dir = fs::weakly_canonical(ck.parent_path(), ec);
+  return ec ? ck.parent_path() : dir;
+}
+
+void out_prepare(const TrainOptions& o) {
+  const fs::path out(o.out);
+  std::error_code ec;
+  FP_CHECK(!fs::exists(out, ec) || fs::is_directory(out, ec), "pass a directory (or a new path) to --out",
+           "--out '{}' is a file, not a directory", o.out);
+  const std::vector<std::string> found = run_entries(out);
+  if (!found.empty()) {
+    const fs::path here = fs::weakly_canonical(out, ec);
+    const bool continuing = !o.resume.empty() && run_dir_of(o.resume) == here;
+    if (o.overwrite && !continuing) {
+      for (const std::string& n : found) fs::remove_all(out / n, ec);
+      log_info("--overwrite: removed the earlier run in {} ({})", o.out, fmt::join(found, ", "));
+    } else if (!continuing) {
+      const size_t shown = std::min<size_t>(found.size(), 4);
+      std::string what = fmt::format("{}", fmt::join(found.begin(), found.begin() + static_cast<ptrdiff_t>(shown), ", "));
+      if (found.size() > shown) what += fmt::format(" and {} more", found.size() - shown);
+      throw Error(fmt::format("--out '{}' already holds a run ({}){}", o.out, what,
+                              o.resume.empty() ? "" : fmt::format(", and --resume '{}' is not a checkpoint of it", o.resume)),
+                  fmt::format("continue that run with --resume {0}, write elsewhere with another --out, or pass "
+                              "--overwrite to replace it",
+                              o.out));
+    }
+  }
+  fs::create_directories(out, ec);
+  FP_CHECK(!ec, "pass an --out where this user can create a directory", "--out '{}' cannot be created: {}", o.out,
+           ec.message());
+  const std::string probe = (out / ".flatpeak-write-test").string();
+  {
+    std::ofstream f(probe);
+    FP_CHECK(f.good(), "pass a writable --out (not a read-only filesystem)", "--out '{}' is not writable", o.out);
+  }
+  fs::remove(probe, ec);
+}
+
+// The command that resumes this run where it stopped.
+std::string resume_command(const TrainOptions& o, int ranks) {
+  std::string cmd = ranks > 1 ? fmt::format("mpirun -np {} flatpeak train", ranks) : "flatpeak train";
+  cmd += " --config " + o.config;
+  for (const std::string& s : o.overrides) cmd += " --set " + s;
+  if (o.steps > 0) cmd += fmt::format(" --steps {}", o.steps);
+  if (o.device_mem != "unlimited") cmd += " --device-mem " + o.device_mem;
+  if (o.host_mem != "unlimited") cmd += " --host-mem " + o.host_mem;
+  return cmd + fmt::format(" --out {0} --resume {0}", o.out);
+}
+
+// Note [Injected faults]: FLATPEAK_FAULT=KIND:S makes a test's run go wrong at step S the way real
+// runs do, so the guards are shown to work (tests/cli/test_train.py). Unset in normal runs.
+//   spike:S       before step S's forward, lm_head's weights x 1000 (a finite loss spike)
+//   nan:S         before step S's forward, one weight of lm_head becomes NaN (a non-finite loss)
+//   nan_update:S  after step S's update, one weight of lm_head becomes NaN (the loss of step S was
+//                 fine: only the checkpoint's own check can catch it)
+struct Fault {
+  std::string kind;
+  int64_t step = -1;
+};
+
+Fault fault_from_env() {
+  Fault f;
+  const char* e = std::getenv("FLATPEAK_FAULT");
+  if (e == nullptr || *e == '\0') return f;
+  const std::string v = e;
+  const size_t colon = v.find(':');
+  try {
+    FP_CHECK(colon != std::string::npos, "", "");
+    f.kind = v.substr(0, colon);
+    f.step = std::stoll(v.substr(colon + 1));
+  } catch (const std::exception&) {
+    f.kind.clear();
+  }
+  FP_CHECK(f.kind == "spike" || f.kind == "nan" || f.kind == "nan_update", "unset FLATPEAK_FAULT (a test hook)",
+           "FLATPEAK_FAULT = '{}': expected spike:S, nan:S or nan_update:S", v);
+  return f;
+}
+
+// lm_head's local weights on this rank: w = w x scale, or element 0 := NaN.
+void fault_apply(Backend& be, ParamStore& params, const std::string& kind) {
+  Tensor& w = params.lm_head->local_w();
+  std::vector<float> host(static_cast<size_t>(w.numel()));
+  be.copy_to_host(host.data(), w.data(), w.bytes());
+  if (kind == "spike")
+    for (float& x : host) x *= 1000.0f;
+  else if (!host.empty())
+    host[0] = std::nanf("");
+  be.copy_from_host(w.data(), host.data(), w.bytes());
+  log_info("FLATPEAK_FAULT: {} injected into lm_head.weight", kind);
+}
+
+// Note [A loss spike stops the run]: a loss far above its recent level is the first sign of a
+// diverging run, usually several steps before a NaN; applying that step's update writes the damage
+// into the weights and moments. So a loss above train.loss_spike_factor x the median of the last
+// kLossWindow finite losses (once kLossWarm are known) stops the run before the update, naming the
+// step, the value and the median; the last checkpoint stays the latest.
+constexpr size_t kLossWindow = 32, kLossWarm = 8;
+
+double median_of(std::deque<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 }  // namespace
 
 int train_run(const TrainOptions& o) {
@@ -165,7 +295,8 @@ int train_run(const TrainOptions& o) {
   Comm& comm = comm_world();
   const bool lead = comm.rank() == 0;  // rank 0 writes outputs and prints
   DataSource data(cfg);
-  if (lead) fs::create_directories(o.out);
+  if (lead) out_prepare(o);
+  stop_signals_install();  // Note [Stopping on a signal]
   const std::string run_json = run_config_json(cfg).dump();
 
   Model model(m, *be, profile, cfg.schedules, &comm);
@@ -213,6 +344,7 @@ int train_run(const TrainOptions& o) {
   int fail_rank = -1;
   int64_t fail_step = -1;
   if (const char* f = std::getenv("FLATPEAK_FAIL_RANK")) std::sscanf(f, "%d:%ld", &fail_rank, &fail_step);
+  const Fault fault = be->computes() ? fault_from_env() : Fault{};  // Note [Injected faults]
   std::vector<uint8_t> answer_mask;
   std::vector<float> logits;
   // Recall accuracy needs the logits (host copy, B x T x V). The full head has them anyway; Ring-DTP
@@ -223,6 +355,14 @@ int train_run(const TrainOptions& o) {
   if (lead && data.is_recall() && be->computes() && !want_logits)
     log_info("recall accuracy is not reported with vocab.schedule = \"ring\": Ring-DTP forms no logits");
   int64_t done_here = 0;
+  int64_t last_ckpt = start;  // the step of the latest complete checkpoint in o.out (start: the resumed one)
+  const auto intact = [&] {
+    return last_ckpt > 0 ? fmt::format("the checkpoint of step {} in {} is intact", last_ckpt, o.out)
+                         : std::string("no checkpoint was written yet");
+  };
+  std::deque<double> recent;  // Note [A loss spike stops the run]
+  int stopped_by = 0;         // Note [Stopping on a signal]
+  int64_t last_step = start;
   for (int64_t step = start + 1; step <= total; ++step) {
     FP_CHECK(!(comm.rank() == fail_rank && step == fail_step), "unset FLATPEAK_FAIL_RANK",
              "injected failure at step {} (FLATPEAK_FAIL_RANK={}:{})", step, fail_rank, fail_step);
@@ -230,14 +370,31 @@ int train_run(const TrainOptions& o) {
     Batch batch = context_slice(global, comm.rank(), comm.size());
     be->device_ledger().peaks_reset();
     const auto t0 = std::chrono::steady_clock::now();
+    if (step == fault.step && (fault.kind == "spike" || fault.kind == "nan"))
+      fault_apply(*be, model.params(), fault.kind);
     model.zero_grads();
     StepOutputs out = model.forward_backward(batch, want_logits ? &logits : nullptr);
     if (be->computes() && !std::isfinite(out.loss))
       throw Error(fmt::format("the loss is {} at step {} (cross-entropy {}, aux {}); no update was applied", out.loss,
                               step, out.ce_loss, out.aux_loss),
-                  fmt::format("lower optim.lr or check the data; the last checkpoint in {} is intact", o.out));
+                  fmt::format("lower optim.lr or check the data; {}", intact()));
+    if (be->computes() && cfg.train.loss_spike_factor > 0 && recent.size() >= kLossWarm) {
+      const double med = median_of(recent);
+      if (out.loss > cfg.train.loss_spike_factor * med)
+        throw Error(fmt::format("the loss spiked at step {}: {:.6g} is {:.1f}x the median {:.6g} of the last {} steps "
+                                "(train.loss_spike_factor = {}); no update was applied",
+                                step, out.loss, out.loss / med, med, recent.size(), cfg.train.loss_spike_factor),
+                    fmt::format("lower optim.lr or check the data, then resume; {}; set train.loss_spike_factor = 0 to "
+                                "train through spikes",
+                                intact()));
+    }
+    if (std::isfinite(out.loss)) {
+      recent.push_back(out.loss);
+      if (recent.size() > kLossWindow) recent.pop_front();
+    }
     Optimizer::StepStats os = optim.step(step, total);
     be->synchronize();
+    if (step == fault.step && fault.kind == "nan_update") fault_apply(*be, model.params(), fault.kind);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(global.B * global.T) / secs;
     const Ledger& led = be->device_ledger();
@@ -277,12 +434,18 @@ int train_run(const TrainOptions& o) {
                  bytes_format(led.total_peak()), j["binding"].get<std::string>(),
                  std::isnan(acc) ? std::string() : fmt::format(" | recall acc {:.3f}", acc));
     ++done_here;
-    const bool stop = o.stop_after > 0 && done_here >= o.stop_after;
+    last_step = step;
+    // Every rank stops after the same step, whichever got the signal.
+    int64_t sig = stop_signal();
+    if (comm.size() > 1) comm.all_reduce_max(&sig, 1, DType::DType_I64);
+    stopped_by = static_cast<int>(sig);
+    const bool stop = (o.stop_after > 0 && done_here >= o.stop_after) || stopped_by != 0;
     // meta holds no numbers to save: its runs measure peaks and write no checkpoint.
     if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
       // Collective: the shards are gathered to rank 0, which writes them.
       TrainerState st{step, data.position(), run_json};
       const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
+      last_ckpt = step;
       if (lead && !o.quiet) log_info("checkpoint: {}", where);
       comm.barrier();
     }
@@ -293,6 +456,14 @@ int train_run(const TrainOptions& o) {
     trace_write_chrome(be->device_ledger(), o.out + "/memory_trace.json");
     log_info("wrote {0}/metrics.jsonl, {0}/memory_trace.json (rank 0){1}", o.out,
              be->computes() ? fmt::format(" and {}/checkpoint/", o.out) : std::string(" (meta: no checkpoint)"));
+  }
+  if (stopped_by != 0) {
+    if (lead)
+      log_info("stopped by {} after step {} of {}: {}; resume with:\n  {}", signal_name(stopped_by), last_step, total,
+               be->computes() ? fmt::format("checkpoint {}/checkpoint written", o.out)
+                              : std::string("meta keeps no checkpoint"),
+               resume_command(o, comm.size()));
+    return 128 + stopped_by;
   }
   return 0;
 }

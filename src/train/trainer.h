@@ -18,13 +18,15 @@ struct TrainOptions {
   int64_t steps = 0;          // 0: train.steps of the config
   std::string out;            // output directory (required)
   std::string resume;         // checkpoint directory to continue from
+  bool overwrite = false;     // replace an earlier run's files in out (Note [A run owns its output folder])
   int64_t stop_after = 0;     // stop (with a checkpoint) after this many steps of this invocation
   bool quiet = false;         // no progress lines
   double link_gbps = 0;       // > 0: the copy streams emulate a host-device link of this many GB/s
 };
 
-// Returns the process exit code; throws fp::Error on bad input (config, data, checkpoint, NaN loss,
-// out of memory).
+// Returns the process exit code (0, or 128 + the signal after a clean stop on SIGINT/SIGTERM: Note
+// [Stopping on a signal] in core/signals.h); throws fp::Error on bad input (config, data, checkpoint,
+// an --out holding another run, a non-finite or spiking loss, out of memory).
 int train_run(const TrainOptions& o);
 
 }  // namespace fp
