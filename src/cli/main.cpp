@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,6 +156,12 @@ int main(int argc, char** argv) {
     if (run) return run();
   } catch (const fp::Error& e) {
     fail(comm, e.what(), e.hint(), 1);
+  } catch (const std::bad_alloc&) {
+    // The host ran out (sizes beyond this machine, often on meta, whose bookkeeping is host memory).
+    fail(comm, "out of host memory",
+         "the sizes asked for need more host memory than this machine has: lower them (or, on meta, the "
+         "context or ranks), or run `flatpeak plan`, whose cost does not grow with the token count",
+         1);
   } catch (const std::exception& e) {
     fail(comm, e.what(), "", 2);
   }

@@ -34,8 +34,21 @@ void step_register(CLI::App& app, Runner& run) {
   sub->add_option("--data-seed", o.data_seed, "seed of the random batch");
 }
 
+namespace {
+int step_with(const StepOptions& o, RunConfig& cfg);
+}  // namespace
+
 int step_run(const StepOptions& o) {
   RunConfig cfg = config_load(o.common.config, o.common.overrides);
+  try {
+    return step_with(o, cfg);
+  } catch (const OutOfMemoryError& e) {
+    throw Error(e.what(), oom_hint(e.category(), e.space(), cfg));  // the hint that knows the schedules in use
+  }
+}
+
+namespace {
+int step_with(const StepOptions& o, RunConfig& cfg) {
   auto be = backend_create(o.common.device, bytes_parse(o.common.device_mem), bytes_parse(o.common.host_mem));
   RoutingProfile profile = cfg.moe.routing_profile;
   if (!be->computes() && profile.kind == RoutingProfile::Kind::Kind_router) {
@@ -73,5 +86,6 @@ int step_run(const StepOptions& o) {
   }
   return 0;
 }
+}  // namespace
 
 }  // namespace fp::cli

@@ -33,6 +33,9 @@ void train_register(CLI::App& app, Runner& run) {
       ->check(at_least(1));
   sub->add_option("--out", o.out, "output directory: metrics.jsonl, memory_trace.json, checkpoints")->required();
   sub->add_option("--resume", o.resume, "continue from the checkpoint in this directory (bit-exact)");
+  sub->add_flag("--extend", o.extend,
+                "with --resume and --steps N: continue a run past its last step to N, at the learning rate "
+                "its schedule ended on");
   sub->add_flag("--overwrite", o.overwrite, "replace the earlier run in --out (otherwise a folder holding one is refused)");
   sub->add_option("--stop-after", o.stop_after,
                   "stop after this many steps of this invocation, with a checkpoint (preemptible jobs)")
@@ -88,10 +91,10 @@ int eval_run(const EvalOptions& o) {
   auto be = backend_create("cpu", bytes_parse(o.device_mem), kUnlimitedBytes);
   Model model(m, *be, RoutingProfile{});
   checkpoint_load(ck, m, model.params(), nullptr, *be);
-  TokenFile file(o.data, m.vocab_size);
+  TokenFile file(o.data, m.vocab_size, "--data");
   int64_t T = o.seq_len;
   if (T <= 0) T = std::min<int64_t>(1024, file.size());
-  std::vector<Batch> batches = token_file_eval_batches(file, T, o.batch);
+  std::vector<Batch> batches = token_file_eval_batches(file, T, o.batch, "--seq-len");
   FP_CHECK(!batches.empty(), "use a shorter --seq-len", "'{}' holds {} tokens: not one sequence of {}", o.data,
            file.size(), T);
   double loss_sum = 0, aux_sum = 0;

@@ -10,11 +10,12 @@
 namespace fp {
 namespace {
 
-void check_fits(const TokenFile& file, int64_t T) {
+void check_fits(const TokenFile& file, int64_t T, const std::string& seq_flag) {
   FP_CHECK(file.size() >= T + 1,
-           "a sequence needs train.seq_len + 1 tokens (inputs and the next token): use a longer file or "
-           "a shorter train.seq_len",
-           "token file '{}' has {} tokens, fewer than train.seq_len + 1 = {}", file.path(), file.size(), T + 1);
+           fmt::format("a sequence needs {0} + 1 tokens (inputs and the next token): use a longer file or a "
+                       "shorter {0}",
+                       seq_flag),
+           "token file '{}' has {} tokens, fewer than {} + 1 = {}", file.path(), file.size(), seq_flag, T + 1);
 }
 
 // Row r of b from the window starting at token offset p.
@@ -41,7 +42,7 @@ Batch batch_empty(int64_t B, int64_t T) {
 
 TokenFileLoader::TokenFileLoader(const TokenFile& file, int64_t B, int64_t T) : file_(file), B_(B), T_(T) {
   FP_ASSERT(B >= 1 && T >= 1, "B {} T {}", B, T);
-  check_fits(file, T);
+  check_fits(file, T, "train.seq_len");
 }
 
 Batch TokenFileLoader::next() {
@@ -61,9 +62,9 @@ void TokenFileLoader::seek(int64_t position) {
   position_ = position;
 }
 
-std::vector<Batch> token_file_eval_batches(const TokenFile& file, int64_t T, int64_t B) {
+std::vector<Batch> token_file_eval_batches(const TokenFile& file, int64_t T, int64_t B, const std::string& seq_flag) {
   FP_ASSERT(B >= 1 && T >= 1, "B {} T {}", B, T);
-  check_fits(file, T);
+  check_fits(file, T, seq_flag);
   const int64_t sequences = (file.size() - 1) / T;
   std::vector<Batch> out;
   out.reserve(static_cast<size_t>((sequences + B - 1) / B));

@@ -32,12 +32,13 @@ void le_put_i32(char* p, int32_t v) {
 
 }  // namespace
 
-TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) {
+TokenFile::TokenFile(const std::string& path, int64_t vocab_size, std::string flag)
+    : path_(path), flag_(std::move(flag)) {
   std::error_code ec;
-  FP_CHECK(!std::filesystem::is_directory(path, ec), "data.source must name a file",
-           "token file '{}' is a directory", path);
+  FP_CHECK(!std::filesystem::is_directory(path, ec), flag_ + " must name a file", "token file '{}' is a directory",
+           path);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  FP_CHECK(in.good(), "check the path (data.source)", "cannot read token file '{}': {}", path,
+  FP_CHECK(in.good(), "check the path (" + flag_ + ")", "cannot read token file '{}': {}", path,
            std::strerror(errno));
   const int64_t bytes = static_cast<int64_t>(in.tellg());
   FP_CHECK(bytes >= kTokenFileHeaderBytes, kFormatHint,

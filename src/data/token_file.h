@@ -23,14 +23,17 @@ class TokenFile {
   // Reads and validates path; every problem is fp::Error with a hint: unreadable, shorter than the
   // header, wrong magic or version, length != 1024 + 2N (truncated or trailing data), an id >= V
   // (naming the first offending position and id).
-  explicit TokenFile(const std::string& path, int64_t vocab_size);
+  // flag: how the user named the file, for errors ("data.source" in a config, "--data" for eval).
+  explicit TokenFile(const std::string& path, int64_t vocab_size, std::string flag = "data.source");
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }  // N
   const uint16_t* data() const { return tokens_.data(); }                  // (N)
   const std::string& path() const { return path_; }
+  const std::string& flag() const { return flag_; }
 
  private:
   std::string path_;
+  std::string flag_;
   std::vector<uint16_t> tokens_;  // (N)
 };
 

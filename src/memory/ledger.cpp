@@ -22,7 +22,13 @@ void Ledger::on_alloc(Category c, uint64_t bytes, const std::string& tag, const 
         space_, category_name(c), tag, shape.str(), dtype_name(dtype), bytes_format(bytes), bytes,
         bytes_format(capacity_), bytes_format(total_current_), bytes_format(capacity_ - total_current_),
         holdings_str());
-    throw OutOfMemoryError(std::move(what), std::string(category_hint(c)), c);
+    // The host holds what the offload schedules moved there: more host memory is the remedy, not a
+    // schedule (the run config's own hint, run_config.h oom_hint, says which settings size it).
+    std::string hint = space_ == "host" ? fmt::format("raise --host-mem (host memory holds the {} the offload "
+                                                      "schedules moved off the device)",
+                                                      category_name(c))
+                                        : std::string(category_hint(c));
+    throw OutOfMemoryError(std::move(what), std::move(hint), c, space_);
   }
   const int i = static_cast<int>(c);
   current_[i] += bytes;

@@ -35,11 +35,14 @@ struct LedgerEvent {
 // schedule that flattens the category (category_hint).
 class OutOfMemoryError : public Error {
  public:
-  OutOfMemoryError(std::string what, std::string hint, Category c) : Error(std::move(what), std::move(hint)), category_(c) {}
+  OutOfMemoryError(std::string what, std::string hint, Category c, std::string space)
+      : Error(std::move(what), std::move(hint)), category_(c), space_(std::move(space)) {}
   Category category() const { return category_; }
+  const std::string& space() const { return space_; }  // the ledger's: "device" or "host"
 
  private:
   Category category_;
+  std::string space_;
 };
 
 class Ledger {

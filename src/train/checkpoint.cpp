@@ -143,6 +143,7 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
                          {"step", state.step},
                          {"data_position", state.data_position},
                          {"has_optimizer", optim != nullptr},
+                         {"schedule_steps", state.schedule_steps},
                          {"run_config", nlohmann::json::parse(state.run_config.empty() ? "{}" : state.run_config)}};
     file_write_atomic((tmp / "trainer_state.json").string(), js.dump(2) + "\n");
     fsync_dir(tmp);
@@ -225,6 +226,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
       state.step = js.at("step").get<int64_t>();
       state.data_position = js.at("data_position").get<int64_t>();
       state.run_config = js.at("run_config").dump();
+      state.schedule_steps = js.value("schedule_steps", int64_t{0});
     } catch (const nlohmann::json::exception& e) {
       throw Error(fmt::format("trainer state '{}' is damaged: {}", state_path.string(), e.what()),
                   "use an earlier checkpoint");

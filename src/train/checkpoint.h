@@ -27,6 +27,9 @@ struct TrainerState {
   int64_t step = 0;            // optimizer steps taken
   int64_t data_position = 0;   // where the data source resumes (sequence index or token offset)
   std::string run_config;      // JSON of the run's config (checked on resume)
+  // The length of the learning-rate schedule when it differs from the run's train.steps (a run
+  // continued with --extend: Note [Extending a finished run] in trainer.cpp); 0: train.steps.
+  int64_t schedule_steps = 0;
 };
 
 // Writes a checkpoint of `step` under dir (Note [Atomic checkpoints]). Returns the step directory.

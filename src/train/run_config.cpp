@@ -161,18 +161,8 @@ void override_apply(toml::table& doc, const std::string& ov, const std::string& 
   t->insert_or_assign(key, *parsed["v"].node());
 }
 
-}  // namespace
-
-RunConfig config_parse(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
-  toml::table doc;
-  try {
-    doc = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    const auto& where = e.source().begin;
-    throw Error(fmt::format("{}:{}:{}: malformed TOML: {}", source, where.line, where.column, e.description()),
-                kConfigHint);
-  }
-  for (const std::string& ov : overrides) override_apply(doc, ov, source);
+// The config of a parsed document (overrides applied): unknown keys refused, every value checked.
+RunConfig config_build(const toml::table& doc, const std::string& source) {
 
   RunConfig c;
   c.source = source;
@@ -295,6 +285,31 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
   }
   return c;
 }
+}  // namespace
+
+RunConfig config_parse(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+  toml::table doc;
+  try {
+    doc = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw Error(fmt::format("{}:{}:{}: malformed TOML: {}", source, where.line, where.column, e.description()),
+                kConfigHint);
+  }
+  for (const std::string& ov : overrides) override_apply(doc, ov, source);
+  try {
+    return config_build(doc, source);
+  } catch (const Error& e) {
+    // A value that came from --set is the user's typing, not the file's: say so.
+    const std::string what = e.what(), prefix = source + ": ";
+    for (const std::string& ov : overrides) {
+      const std::string key = ov.substr(0, ov.find('='));
+      if (what.rfind(prefix, 0) == 0 && what.find(key) != std::string::npos)
+        throw Error(fmt::format("--set {} (over {}): {}", ov, source, what.substr(prefix.size())), e.hint());
+    }
+    throw;
+  }
+}
 
 RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
@@ -303,6 +318,42 @@ RunConfig config_load(const std::string& path, const std::vector<std::string>& o
   std::stringstream ss;
   ss << in.rdbuf();
   return config_parse(ss.str(), path, overrides);
+}
+
+std::string oom_hint(Category c, const std::string& space, const RunConfig& cfg) {
+  const ModelSchedules& s = cfg.schedules;
+  if (space == "host")
+    return fmt::format("raise --host-mem: host memory holds the {} that the offload schedules moved off the device{}",
+                       category_name(c),
+                       s.ckpt.kind == CkptSchedule::Kind::Kind_sco ? " (or lower ckpt.host_budget: boundaries over "
+                                                                       "it stay on the device)"
+                                                                     : "");
+  switch (c) {
+    case Category::Category_dispatch:
+      if (s.dispatch.kind == DispatchSchedule::Kind::Kind_pipelined_llep)
+        return "moe.dispatch is already pipelined_llep: lower pipelined.chunk_cap (each chunk's buffers are "
+               "2 * W * k * c_eff * H * bytes), or use more ranks";
+      break;
+    case Category::Category_vocab:
+      if (s.vocab.kind == VocabSchedule::Kind::Kind_ring)
+        return "vocab.schedule is already ring: lower vocab.block_tokens (block_tokens x V/P logit strips)";
+      break;
+    case Category::Category_checkpoints:
+      if (s.ckpt.kind == CkptSchedule::Kind::Kind_sco)
+        return "ckpt.schedule is already sco: boundaries stay on the device when the host has no room for them: "
+               "raise --host-mem (or ckpt.host_budget); at most two then stay on the device";
+      break;
+    case Category::Category_optimizer:
+      if (cfg.optim.schedule == "offload_stream")
+        return "optim.schedule is already offload_stream: the device holds optim.slots x the largest bucket x 16 B; "
+               "lower optim.bucket_params or optim.slots";
+      if (cfg.optim.schedule == "offload_serial")
+        return "optim.schedule is offload_serial: its device side is the weights and gradients; the state is on "
+               "the host already";
+      break;
+    default: break;
+  }
+  return std::string(category_hint(c));
 }
 
 }  // namespace fp

@@ -19,6 +19,8 @@
 // key (e.g. "model.num_attention_heads = 5 is not a multiple of model.num_key_value_heads = 2").
 #pragma once
 
+#include "memory/category.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -64,6 +66,11 @@ struct RunConfig {
 // value that is not TOML is taken as a string). Validates everything; throws fp::Error naming the
 // file and key.
 RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// What to change when category c of the device (or the host) runs out under this config: the
+// schedule that flattens c when it is not in use, else the settings that size the one in use (never
+// a recommendation of the schedule already running).
+std::string oom_hint(Category c, const std::string& space, const RunConfig& cfg);
 // The same from TOML text (tests).
 RunConfig config_parse(const std::string& toml_text, const std::string& source,
                        const std::vector<std::string>& overrides = {});

@@ -149,6 +149,52 @@ void peaks_over_ranks(Comm& comm, const Ledger& led, nlohmann::json& j) {
   j["binding"] = binding;
 }
 
+// The keys where two run configs differ, "table.key: checkpoint X, now Y" (objects compared key by key).
+std::vector<std::string> json_differences(const nlohmann::json& then, const nlohmann::json& now, const std::string& at) {
+  std::vector<std::string> out;
+  if (then.is_object() && now.is_object()) {
+    for (auto it = then.begin(); it != then.end(); ++it) {
+      const std::string key = at.empty() ? it.key() : at + "." + it.key();
+      if (!now.contains(it.key())) {
+        out.push_back(fmt::format("{}: checkpoint {}, now not set", key, it.value().dump()));
+        continue;
+      }
+      for (std::string& d : json_differences(it.value(), now[it.key()], key)) out.push_back(std::move(d));
+    }
+    for (auto it = now.begin(); it != now.end(); ++it)
+      if (!then.contains(it.key()))
+        out.push_back(fmt::format("{}: checkpoint not set, now {}", at.empty() ? it.key() : at + "." + it.key(),
+                                  it.value().dump()));
+    return out;
+  }
+  if (then != now) out.push_back(fmt::format("{}: checkpoint {}, now {}", at, then.dump(), now.dump()));
+  return out;
+}
+
+// A schedule never degrades silently: SCO keeps a boundary on the device when the host has no room
+// for it (ckpt.host_budget or --host-mem), which is correct but gives back what SCO flattens. Say so at
+// launch, with what all of them would need (the host ledger now holds the optimizer's host state).
+void sco_launch_report(const RunConfig& cfg, Backend& be, int W) {
+  const CkptSchedule& ck = cfg.schedules.ckpt;
+  const int64_t L = cfg.model.num_hidden_layers;
+  if (ck.kind != CkptSchedule::Kind::Kind_sco || L < 2) return;
+  const uint64_t each = static_cast<uint64_t>(cfg.train.batch_size * cfg.train.seq_len / W) *
+                        static_cast<uint64_t>(cfg.model.hidden_size) * dtype_size(cfg.schedules.precision.activations);
+  const int64_t want = L - 1;  // the last boundary stays on the device by design (sco.cpp)
+  const Ledger& hl = be.host_ledger();
+  const uint64_t host_free = hl.capacity() == kUnlimitedBytes ? kUnlimitedBytes : hl.capacity() - std::min(hl.capacity(), hl.total_current());
+  const uint64_t room = std::min(host_free, ck.host_budget);
+  const int64_t fit = each == 0 ? want : static_cast<int64_t>(std::min<uint64_t>(static_cast<uint64_t>(want), room / each));
+  if (fit >= want) return;
+  log_info("WARNING: ckpt.schedule = \"sco\" but the host has room for {} of the {} boundaries it offloads ({} "
+           "each, {} for all; room {} = min(--host-mem free {}, ckpt.host_budget {})): the other {} stay on the "
+           "device ({}); raise --host-mem or ckpt.host_budget",
+           fit, want, bytes_format(each), bytes_format(each * static_cast<uint64_t>(want)), bytes_format(room),
+           host_free == kUnlimitedBytes ? std::string("unlimited") : bytes_format(host_free),
+           ck.host_budget == kUnlimitedBytes ? std::string("unlimited") : bytes_format(ck.host_budget), want - fit,
+           bytes_format(each * static_cast<uint64_t>(want - fit)));
+}
+
 // Note [A run owns its output folder]: what a run writes in --out is metrics.jsonl, memory_trace.json,
 // step-N/ checkpoints and the "checkpoint" link. A folder already holding any of them belongs to an
 // earlier run: continuing it needs --resume (of a checkpoint in that folder), replacing it needs
@@ -263,6 +309,13 @@ void fault_apply(Backend& be, ParamStore& params, const std::string& kind) {
   log_info("FLATPEAK_FAULT: {} injected into lm_head.weight", kind);
 }
 
+// Note [Extending a finished run]: `--resume DIR --steps N --extend` continues a run past the
+// train.steps it was configured with. Everything else in the config must match. The learning-rate
+// schedule keeps its length (the original train.steps, stored as schedule_steps in trainer_state.json
+// and as lr_schedule_steps in each metrics line from then on), so the extension runs at the rate the
+// schedule ended on, optim.lr x optim.min_lr_ratio (lr_schedule.h: the cosine stays at its floor past
+// its end): no jump in the rate, and a run extended in pieces equals one extended at once.
+
 // Note [A loss spike stops the run]: a loss far above its recent level is the first sign of a
 // diverging run, usually several steps before a NaN; applying that step's update writes the damage
 // into the weights and moments. So a loss above train.loss_spike_factor x the median of the last
@@ -278,11 +331,24 @@ double median_of(std::deque<double> v) {
 
 }  // namespace
 
+namespace {
+int train_with(const TrainOptions& o, const RunConfig& cfg);
+}  // namespace
+
 int train_run(const TrainOptions& o) {
   FP_CHECK(!o.out.empty(), "pass --out DIR", "flatpeak train needs an output directory");
   std::vector<std::string> overrides = o.overrides;
   if (o.steps > 0) overrides.push_back(fmt::format("train.steps={}", o.steps));
-  RunConfig cfg = config_load(o.config, overrides);
+  const RunConfig cfg = config_load(o.config, overrides);
+  try {
+    return train_with(o, cfg);
+  } catch (const OutOfMemoryError& e) {
+    throw Error(e.what(), oom_hint(e.category(), e.space(), cfg));  // the hint that knows the schedules in use
+  }
+}
+
+namespace {
+int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const int64_t total = cfg.train.steps;
   auto be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
   if (o.link_gbps > 0) be->link_set_gbps(o.link_gbps);  // Note [Emulated link] (backend/backend.h)
@@ -303,19 +369,41 @@ int train_run(const TrainOptions& o) {
   model.init_weights(m.seed);
   std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, model.params(), *be);
   Optimizer& optim = *optim_ptr;
+  if (lead) sco_launch_report(cfg, *be, comm.size());
   int64_t start = 0;
+  int64_t schedule_total = total;  // the learning-rate schedule's length (Note [Extending a finished run])
+  FP_CHECK(!o.extend || !o.resume.empty(), "--extend continues a run: pass --resume DIR too",
+           "--extend without --resume");
   if (!o.resume.empty()) {
     TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, *be);
-    FP_CHECK(nlohmann::json::parse(st.run_config) == nlohmann::json::parse(run_json),
-             "resume with the same config and --steps as the run that wrote the checkpoint",
-             "the checkpoint in '{}' was written by a run with another configuration:\n  checkpoint: {}\n  now:        {}",
-             o.resume, st.run_config, run_json);
+    FP_CHECK(!st.run_config.empty(), "resume from a checkpoint written by flatpeak train (it has trainer_state.json)",
+             "'{}' has no trainer_state.json: it holds weights, not a training run to continue", o.resume);
+    nlohmann::json then = nlohmann::json::parse(st.run_config);
+    const int64_t then_steps = then["train"].value("steps", int64_t{0});
+    schedule_total = st.schedule_steps > 0 ? st.schedule_steps : then_steps;
+    if (o.extend) {
+      // Note [Extending a finished run]: everything but train.steps must match.
+      FP_CHECK(total > st.step, "pass --steps N with N above the checkpoint's step",
+               "--extend: the checkpoint is at step {}, --steps is {}", st.step, total);
+      then["train"]["steps"] = total;
+    }
+    const std::vector<std::string> diff = json_differences(then, nlohmann::json::parse(run_json), "");
+    FP_CHECK(diff.empty(),
+             o.extend ? "--extend changes only the number of steps: resume with the run's own config"
+                      : "resume with the same config and --steps as the run that wrote the checkpoint (to train a "
+                        "run past its last step, add --extend)",
+             "the checkpoint in '{}' was written by a run with another configuration: {}", o.resume,
+             fmt::join(diff, "; "));
+    if (o.extend && lead)
+      log_info("--extend: from step {} to {}; the learning-rate schedule keeps its length {} (lr {:.3g} after "
+               "it: optim.lr x optim.min_lr_ratio)",
+               st.step, total, schedule_total, cfg.optim.lr * cfg.optim.min_lr_ratio);
     start = st.step;
     data.seek(st.data_position);
     if (lead) log_info("resumed from {} at step {}", checkpoint_resolve(o.resume), start);
   }
-  FP_CHECK(start < total, "raise --steps to continue training", "the checkpoint is at step {} of {}: nothing to do",
-           start, total);
+  FP_CHECK(start < total, fmt::format("to train it further, pass --steps N (N > {}) with --extend", start),
+           "the checkpoint is at step {} of {}: nothing to do", start, total);
 
   if (lead)
     log_info("{}: {:.2f} M parameters ({} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
@@ -392,7 +480,7 @@ int train_run(const TrainOptions& o) {
       recent.push_back(out.loss);
       if (recent.size() > kLossWindow) recent.pop_front();
     }
-    Optimizer::StepStats os = optim.step(step, total);
+    Optimizer::StepStats os = optim.step(step, schedule_total);
     be->synchronize();
     if (step == fault.step && fault.kind == "nan_update") fault_apply(*be, model.params(), fault.kind);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -406,6 +494,7 @@ int train_run(const TrainOptions& o) {
     j["aux_loss"] = out.aux_loss;
     j["grad_norm"] = os.grad_norm;
     j["lr"] = os.lr;
+    if (schedule_total != total) j["lr_schedule_steps"] = schedule_total;  // an extended run
     j["tokens_per_s"] = tps;
     j["seconds"] = secs;
     double acc = std::nan("");
@@ -443,7 +532,7 @@ int train_run(const TrainOptions& o) {
     // meta holds no numbers to save: its runs measure peaks and write no checkpoint.
     if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
       // Collective: the shards are gathered to rank 0, which writes them.
-      TrainerState st{step, data.position(), run_json};
+      TrainerState st{step, data.position(), run_json, schedule_total != total ? schedule_total : 0};
       const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
       last_ckpt = step;
       if (lead && !o.quiet) log_info("checkpoint: {}", where);
@@ -467,5 +556,6 @@ int train_run(const TrainOptions& o) {
   }
   return 0;
 }
+}  // namespace
 
 }  // namespace fp

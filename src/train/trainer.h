@@ -19,6 +19,7 @@ struct TrainOptions {
   std::string out;            // output directory (required)
   std::string resume;         // checkpoint directory to continue from
   bool overwrite = false;     // replace an earlier run's files in out (Note [A run owns its output folder])
+  bool extend = false;        // with resume: continue past the run's train.steps (Note [Extending a finished run])
   int64_t stop_after = 0;     // stop (with a checkpoint) after this many steps of this invocation
   bool quiet = false;         // no progress lines
   double link_gbps = 0;       // > 0: the copy streams emulate a host-device link of this many GB/s

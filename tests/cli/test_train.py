@@ -362,6 +362,52 @@ def case_cli_edges(tmp):
     print("command-line edges: each a clear error")
 
 
+def case_extend(tmp):
+    """Note [Extending a finished run]: --extend continues a finished run at the rate its schedule
+    ended on; extending in pieces (with a stop and a plain resume) equals extending at once; without
+    --extend the finished run says how to go on; another change than --steps is still refused."""
+    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    common = ["train", "--config", tiny(), "--quiet"] + SMALL + ["--set", "optim.warmup_steps=2"]
+    for d in (a, b):
+        run(common + ["--steps", "10", "--out", d])
+    expect_error(common + ["--steps", "10", "--out", a, "--resume", a], "nothing to do", "--extend")
+    expect_error(common + ["--steps", "16", "--out", a, "--resume", a], "train.steps: checkpoint 10, now 16", "--extend")
+    expect_error(common + ["--steps", "16", "--out", a, "--resume", a, "--extend", "--set", "optim.lr=0.1"],
+                 "optim.lr: checkpoint", "only the number of steps")
+    expect_error(common + ["--steps", "16", "--out", os.path.join(tmp, "c"), "--extend"], "--extend without --resume")
+    run(common + ["--steps", "16", "--out", a, "--resume", a, "--extend"])
+    run(common + ["--steps", "16", "--out", b, "--resume", b, "--extend", "--stop-after", "3"])
+    run(common + ["--steps", "16", "--out", b, "--resume", b])
+    ma, mb = metrics(a), metrics(b)
+    assert [m["step"] for m in ma] == list(range(1, 17)) and [m["step"] for m in mb] == list(range(1, 17))
+    floor = 3e-3 * 0.1  # optim.lr x optim.min_lr_ratio of configs/tiny.toml
+    for m in ma[10:]:
+        assert abs(m["lr"] - floor) < 1e-12 and m["lr_schedule_steps"] == 10, m
+    assert all(x["loss"] == y["loss"] and x["lr"] == y["lr"] for x, y in zip(ma, mb)), "extension in pieces differs"
+    st = json.load(open(os.path.join(b, "checkpoint", "trainer_state.json")))
+    assert st["step"] == 16 and st["schedule_steps"] == 10, st
+    print("extended 10 -> 16 at the schedule's final rate; in pieces equals at once")
+
+
+def case_oom_hints(tmp):
+    """A schedule never degrades silently, and no hint recommends the schedule already in use."""
+    t = ["train", "--config", tiny(), "--steps", "2", "--quiet"]
+    p = run(t + ["--out", os.path.join(tmp, "a"), "--set", "ckpt.schedule=sco", "--host-mem", "100KiB"])
+    assert "WARNING" in p.stderr and "room for 0 of the 1 boundaries" in p.stderr, p.stderr
+    p = run(t + ["--out", os.path.join(tmp, "b"), "--set", "ckpt.schedule=sco"])
+    assert "WARNING" not in p.stderr, p.stderr
+    p = run(t + ["--out", os.path.join(tmp, "c"), "--set", "optim.schedule=offload_stream", "--device-mem", "3MiB"],
+            expect_ok=False)
+    assert p.returncode == 1 and "already offload_stream" in p.stderr and "bucket_params" in p.stderr, p.stderr
+    assert 'set optim.schedule = "offload_stream"' not in p.stderr, p.stderr
+    p = run(t + ["--out", os.path.join(tmp, "d"), "--set", "optim.schedule=offload_stream", "--host-mem", "1MiB"],
+            expect_ok=False)
+    assert p.returncode == 1 and "out of host memory" in p.stderr and "raise --host-mem" in p.stderr, p.stderr
+    p = run(t + ["--out", os.path.join(tmp, "e"), "--device-mem", "3MiB"], expect_ok=False)
+    assert p.returncode == 1 and "hint:" in p.stderr and "already" not in p.stderr, p.stderr
+    print("SCO short of host memory warns at launch; out-of-memory hints know the schedule in use")
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
