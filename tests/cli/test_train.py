@@ -59,43 +59,50 @@ def case_resume_bit_exact(tmp):
 
 
 def case_kill_during_checkpoint(tmp):
-    """kill -9 at random moments of a run that checkpoints every step: the checkpoint left behind
-    always loads (resume works) and its step is consistent with its weights."""
+    """kill -9 at random moments of a run that checkpoints every step, 20 times: each time the run is
+    resumed from whatever checkpoint survived (Note [Atomic checkpoints]), and in the end every loss
+    and the final weights equal an uninterrupted run's bit for bit."""
     rng = random.Random(5)
-    d = os.path.join(tmp, "k")
+    d, u = os.path.join(tmp, "k"), os.path.join(tmp, "u")
     # A larger model so that writing a checkpoint takes a while (more chances to kill mid-write).
-    cfg = ["train", "--config", tiny(), "--steps", "1000", "--quiet", "--out", d, "--set", "train.checkpoint_every=1",
-           "--set", "model.num_experts=32", "--set", "model.moe_intermediate_size=256", "--set", "train.seq_len=32",
-           "--set", "train.batch_size=1"]
-    kills = 0
-    for i in range(6):
-        args = cfg + (["--resume", d] if os.path.exists(os.path.join(d, "checkpoint")) else [])
+    model = ["--set", "model.num_experts=32", "--set", "model.moe_intermediate_size=256", "--set", "train.seq_len=32",
+             "--set", "train.batch_size=1"]
+    cfg = ["train", "--config", tiny(), "--steps", "1000", "--quiet", "--out", d, "--set", "train.checkpoint_every=1"]
+    cfg += model
+    kills, mid_write = 0, 0
+    for i in range(20):
+        has_ck = os.path.exists(os.path.join(d, "checkpoint"))
+        args = cfg + (["--resume", d] if has_ck else ["--overwrite"])
         p = subprocess.Popen([ARGS.bin] + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         # Wait (on a loaded machine, start-up is slow) until this run writes checkpoints, then kill it at
         # a random moment, most likely in the middle of writing one.
         deadline = time.time() + 120
+        before = set(os.listdir(d)) if os.path.isdir(d) else set()
         while p.poll() is None and time.time() < deadline and not any(
-                n.endswith(".tmp") or n.startswith("step-") for n in (os.listdir(d) if os.path.isdir(d) else [])):
-            time.sleep(0.05)
-        if i == 5 and not os.path.exists(os.path.join(d, "checkpoint")):
-            # Every kill so far landed before the first checkpoint completed (a loaded machine writes
-            # slowly): let this run complete one, so the resume below is exercised too.
-            while p.poll() is None and time.time() < deadline and not os.path.exists(os.path.join(d, "checkpoint")):
-                time.sleep(0.05)
-        time.sleep(rng.uniform(0.1, 1.0))
+                n.endswith(".tmp") or (n.startswith("step-") and n not in before)
+                for n in (os.listdir(d) if os.path.isdir(d) else [])):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 1.0))
         if p.poll() is None:
+            mid_write += any(n.endswith(".tmp") for n in os.listdir(d))
             p.send_signal(signal.SIGKILL)
             kills += 1
         p.wait()
-        if os.path.exists(os.path.join(d, "checkpoint")):
-            # The checkpoint must load: evaluate it and resume one step from it.
-            st = json.load(open(os.path.join(d, "checkpoint", "trainer_state.json")))
-            r = run(cfg + ["--resume", d, "--stop-after", "1"])
-            st2 = json.load(open(os.path.join(d, "checkpoint", "trainer_state.json")))
-            assert st2["step"] == st["step"] + 1, (st, st2)
-    assert kills >= 3, f"only {kills} kills landed"
+    # Whatever survived resumes: one more step, then the uninterrupted run to the same step.
     assert os.path.exists(os.path.join(d, "checkpoint")), "no checkpoint was ever completed"
-    print(f"{kills} kills; every surviving checkpoint resumed")
+    run(cfg + ["--resume", d, "--stop-after", "1"])
+    last = json.load(open(os.path.join(d, "checkpoint", "trainer_state.json")))["step"]
+    run(["train", "--config", tiny(), "--steps", "1000", "--quiet", "--out", u, "--stop-after", str(last)] + model)
+    md, mu = metrics(d), metrics(u)
+    assert [m["step"] for m in md] == list(range(1, last + 1)), [m["step"] for m in md]
+    for x, y in zip(md, mu):
+        assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"], (x["step"], x["loss"], y["loss"])
+    fd = open(os.path.join(d, "checkpoint", "model.safetensors"), "rb").read()
+    fu = open(os.path.join(u, "checkpoint", "model.safetensors"), "rb").read()
+    assert fd == fu, "weights after 20 kills and resumes differ from the uninterrupted run's"
+    assert kills >= 15, f"only {kills} kills landed"
+    print(f"{kills} kills ({mid_write} with a checkpoint being written); resumed to step {last}: every loss and "
+          f"the weights equal the uninterrupted run's")
 
 
 def write_tokens(path, ids, magic=20240520, version=1, count=None):
@@ -233,11 +240,16 @@ def case_signals(tmp):
     a = os.path.join(tmp, "a")
     common = ["train", "--config", tiny(), "--steps", "120", "--quiet"]
     run(common + ["--out", a])
-    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
-        b = os.path.join(tmp, f"b{code}")
-        p = subprocess.Popen([ARGS.bin] + common + ["--out", b], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    for sig, code, when in ((signal.SIGTERM, 143, "step"), (signal.SIGINT, 130, "step"), (signal.SIGTERM, 143, "write")):
+        b = os.path.join(tmp, f"b{code}{when}")
+        extra = ["--set", "train.checkpoint_every=1"] if when == "write" else []
+        p = subprocess.Popen([ARGS.bin] + common + extra + ["--out", b], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
         wait_for_steps(b, 5, p)
+        if when == "write":  # the signal lands while a checkpoint is being written
+            deadline = time.time() + 60
+            while p.poll() is None and time.time() < deadline and not any(n.endswith(".tmp") for n in os.listdir(b)):
+                time.sleep(0.001)
         p.send_signal(sig)
         out, err = p.communicate(timeout=120)
         assert p.returncode == code, f"exit {p.returncode}, expected {code}\n{err}"
@@ -245,7 +257,7 @@ def case_signals(tmp):
         assert stopped < 120, "the run ended before the signal: nothing tested"
         assert f"stopped by {signal.Signals(sig).name} after step {stopped}" in err and "--resume" in err, err
         assert json.load(open(os.path.join(b, "checkpoint", "trainer_state.json")))["step"] == stopped
-        run(common + ["--out", b, "--resume", b])
+        run(common + extra + ["--out", b, "--resume", b])
         ma, mb = metrics(a), metrics(b)
         assert [m["step"] for m in mb] == list(range(1, 121))
         for x, y in zip(ma, mb):
@@ -253,7 +265,7 @@ def case_signals(tmp):
         fa = open(os.path.join(a, "checkpoint", "model.safetensors"), "rb").read()
         fb = open(os.path.join(b, "checkpoint", "model.safetensors"), "rb").read()
         assert fa == fb, "final weights differ after a stop on a signal and a resume"
-        print(f"{signal.Signals(sig).name}: stopped after step {stopped}, exit {code}, resumed bit-exact")
+        print(f"{signal.Signals(sig).name} during a {when}: stopped after step {stopped}, exit {code}, resumed bit-exact")
     # Two signals: the second one ends the process by the signal itself (steps of about a second).
     c = os.path.join(tmp, "c")
     p = subprocess.Popen([ARGS.bin, "train", "--config", tiny(), "--steps", "50", "--quiet", "--out", c,
@@ -269,31 +281,40 @@ def case_signals(tmp):
 
 
 def case_signal_mpi(tmp):
-    """SIGTERM to mpirun (it forwards it to every rank): all ranks stop after the same step with one
-    consistent checkpoint; the resumed run equals the uninterrupted one."""
+    """SIGTERM to mpirun (it forwards it to every rank), during a step and during a checkpoint write:
+    all ranks stop after the same step with one consistent checkpoint; the resumed run equals the
+    uninterrupted one."""
     mpirun = shutil.which("mpirun")
     assert mpirun, "mpirun not found (scripts/deps installs openmpi-bin)"
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
     mpi = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", ARGS.bin]
-    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    a = os.path.join(tmp, "a")
     common = ["train", "--config", tiny(), "--steps", "150", "--quiet"]
     subprocess.run(mpi + common + ["--out", a], check=True, env=env, capture_output=True)
-    p = subprocess.Popen(mpi + common + ["--out", b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env)
-    wait_for_steps(b, 5, p)
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=120)
-    stopped = len(metrics(b))
-    assert stopped < 150, "the run ended before the signal: nothing tested"
-    assert p.returncode != 0, "mpirun exited 0 after SIGTERM"
-    assert f"stopped by SIGTERM after step {stopped}" in err, err
-    assert json.load(open(os.path.join(b, "checkpoint", "trainer_state.json")))["step"] == stopped
-    r = subprocess.run(mpi + common + ["--out", b, "--resume", b], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    ma, mb = metrics(a), metrics(b)
-    assert [m["step"] for m in mb] == list(range(1, 151))
-    assert all(x["loss"] == y["loss"] for x, y in zip(ma, mb)), "losses differ after the stop and resume"
-    print(f"mpirun -np 2: SIGTERM stopped every rank after step {stopped} (mpirun exit {p.returncode}); resumed bit-exact")
+    for when in ("step", "write"):
+        b = os.path.join(tmp, "b" + when)
+        extra = ["--set", "train.checkpoint_every=1"] if when == "write" else []
+        p = subprocess.Popen(mpi + common + extra + ["--out", b], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+        wait_for_steps(b, 5, p)
+        if when == "write":
+            deadline = time.time() + 60
+            while p.poll() is None and time.time() < deadline and not any(n.endswith(".tmp") for n in os.listdir(b)):
+                time.sleep(0.001)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+        stopped = len(metrics(b))
+        assert stopped < 150, "the run ended before the signal: nothing tested"
+        assert p.returncode != 0, "mpirun exited 0 after SIGTERM"
+        assert f"stopped by SIGTERM after step {stopped}" in err, err
+        assert json.load(open(os.path.join(b, "checkpoint", "trainer_state.json")))["step"] == stopped
+        r = subprocess.run(mpi + common + extra + ["--out", b, "--resume", b], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        ma, mb = metrics(a), metrics(b)
+        assert [m["step"] for m in mb] == list(range(1, 151))
+        assert all(x["loss"] == y["loss"] for x, y in zip(ma, mb)), "losses differ after the stop and resume"
+        print(f"mpirun -np 2, SIGTERM during a {when}: every rank stopped after step {stopped} (mpirun exit "
+              f"{p.returncode}); resumed bit-exact")
 
 
 def case_faults(tmp):
@@ -406,6 +427,48 @@ def case_oom_hints(tmp):
     p = run(t + ["--out", os.path.join(tmp, "e"), "--device-mem", "3MiB"], expect_ok=False)
     assert p.returncode == 1 and "hint:" in p.stderr and "already" not in p.stderr, p.stderr
     print("SCO short of host memory warns at launch; out-of-memory hints know the schedule in use")
+
+
+def case_disk_full(tmp):
+    """A full disk during a checkpoint: exit 1 with the reason, no temporary left, and the checkpoint
+    before it still the latest and loadable. A small tmpfs where mounting is allowed (root), otherwise
+    a file-size limit (RLIMIT_FSIZE) as the injected write failure."""
+    import resource
+    d = os.path.join(tmp, "full")
+    os.makedirs(d)
+    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", d],
+                                                   capture_output=True).returncode == 0
+    try:
+        out = os.path.join(d, "run")
+        args = [ARGS.bin, "train", "--config", tiny(), "--quiet", "--steps", "20", "--out", out,
+                "--set", "train.checkpoint_every=2"] + SMALL
+
+        # tmpfs of 5 MB: one checkpoint (about 3.1 MB) fits, its successor does not. The file-size limit
+        # is per file: the optimizer file (about 2.1 MB) of the first checkpoint already fails.
+        def limit():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1_500_000, 1_500_000))
+
+        p = subprocess.run(args, capture_output=True, text=True, preexec_fn=None if mounted else limit)
+        assert p.returncode == 1, f"exit {p.returncode}\n{p.stderr}"
+        assert "cannot write" in p.stderr and ("No space left" in p.stderr or "File too large" in p.stderr), p.stderr
+        names = os.listdir(out)
+        assert not any(".tmp" in n for n in names), names
+        if not mounted:  # the file-size limit hits the first checkpoint's optimizer file already
+            assert "checkpoint" not in names or os.path.exists(os.path.join(out, "checkpoint", "model.safetensors"))
+        copy = os.path.join(tmp, "copy")
+        shutil.copytree(out, copy, symlinks=True)
+        if os.path.exists(os.path.join(copy, "checkpoint")):
+            step = json.load(open(os.path.join(copy, "checkpoint", "trainer_state.json")))["step"]
+            run(["train", "--config", tiny(), "--quiet", "--steps", "20", "--out", copy, "--resume", copy,
+                 "--stop-after", "1", "--set", "train.checkpoint_every=2"] + SMALL)
+            print(f"disk full ({'tmpfs' if mounted else 'RLIMIT_FSIZE'}): exit 1, no temporary, the checkpoint of "
+                  f"step {step} resumed")
+        else:
+            print(f"disk full ({'tmpfs' if mounted else 'RLIMIT_FSIZE'}) at the first checkpoint: exit 1, no temporary")
+    finally:
+        if mounted:
+            subprocess.run(["umount", d], capture_output=True)
 
 
 def main():
