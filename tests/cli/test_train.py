@@ -238,7 +238,7 @@ def case_signals(tmp):
     resume and exit 143 / 130; the resumed run equals an uninterrupted one bit for bit. A second
     signal ends the run at once."""
     a = os.path.join(tmp, "a")
-    common = ["train", "--config", tiny(), "--steps", "120", "--quiet"]
+    common = ["train", "--config", tiny(), "--steps", "300", "--quiet"] + SMALL
     run(common + ["--out", a])
     for sig, code, when in ((signal.SIGTERM, 143, "step"), (signal.SIGINT, 130, "step"), (signal.SIGTERM, 143, "write")):
         b = os.path.join(tmp, f"b{code}{when}")
@@ -254,22 +254,32 @@ def case_signals(tmp):
         out, err = p.communicate(timeout=120)
         assert p.returncode == code, f"exit {p.returncode}, expected {code}\n{err}"
         stopped = len(metrics(b))
-        assert stopped < 120, "the run ended before the signal: nothing tested"
+        assert stopped < 300, "the run ended before the signal: nothing tested"
         assert f"stopped by {signal.Signals(sig).name} after step {stopped}" in err and "--resume" in err, err
         assert json.load(open(os.path.join(b, "checkpoint", "trainer_state.json")))["step"] == stopped
-        run(common + extra + ["--out", b, "--resume", b])
+        run(common + ["--out", b, "--resume", b])  # train.checkpoint_every is not part of the run's identity
         ma, mb = metrics(a), metrics(b)
-        assert [m["step"] for m in mb] == list(range(1, 121))
+        assert [m["step"] for m in mb] == list(range(1, 301))
         for x, y in zip(ma, mb):
             assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"], (x["step"], x["loss"], y["loss"])
         fa = open(os.path.join(a, "checkpoint", "model.safetensors"), "rb").read()
         fb = open(os.path.join(b, "checkpoint", "model.safetensors"), "rb").read()
         assert fa == fb, "final weights differ after a stop on a signal and a resume"
         print(f"{signal.Signals(sig).name} during a {when}: stopped after step {stopped}, exit {code}, resumed bit-exact")
-    # Two signals: the second one ends the process by the signal itself (steps of about a second).
+    # Progress lines reach a file as they are printed: a run killed outright keeps every line it printed.
+    f = os.path.join(tmp, "progress.txt")
+    with open(f, "w") as fh:
+        p = subprocess.Popen([ARGS.bin, "train", "--config", tiny(), "--steps", "300", "--out", os.path.join(tmp, "f")]
+                             + SMALL, stdout=fh, stderr=subprocess.DEVNULL)
+        wait_for_steps(os.path.join(tmp, "f"), 5, p)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    lines = [l for l in open(f) if l.startswith("step ")]
+    assert len(lines) >= 5, f"only {len(lines)} progress lines reached the file before the kill"
+    # Two signals: the second one ends the process by the signal itself (steps of a fraction of a second).
     c = os.path.join(tmp, "c")
     p = subprocess.Popen([ARGS.bin, "train", "--config", tiny(), "--steps", "50", "--quiet", "--out", c,
-                          "--set", "train.seq_len=4096", "--set", "train.batch_size=1"],
+                          "--set", "train.seq_len=2048", "--set", "train.batch_size=1"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for_steps(c, 1, p)
     p.send_signal(signal.SIGINT)
@@ -308,7 +318,7 @@ def case_signal_mpi(tmp):
         assert p.returncode != 0, "mpirun exited 0 after SIGTERM"
         assert f"stopped by SIGTERM after step {stopped}" in err, err
         assert json.load(open(os.path.join(b, "checkpoint", "trainer_state.json")))["step"] == stopped
-        r = subprocess.run(mpi + common + extra + ["--out", b, "--resume", b], env=env, capture_output=True, text=True)
+        r = subprocess.run(mpi + common + ["--out", b, "--resume", b], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         ma, mb = metrics(a), metrics(b)
         assert [m["step"] for m in mb] == list(range(1, 151))
@@ -380,6 +390,34 @@ def case_cli_edges(tmp):
     expect_error(["trian"], "not a command", "did you mean 'flatpeak train'")
     expect_error(["bench", "stepp"], "did you mean 'flatpeak bench step'")
     expect_error([], "needs a command", "train")
+    # A bad value given with --set is blamed on --set, not on the file.
+    expect_error(t + ["--set", "model.hidden_size=-5"], "--set model.hidden_size=-5 (over")
+    # eval names its own flags.
+    ck = os.path.join(tmp, "ck")
+    run(["train", "--config", tiny(), "--steps", "1", "--quiet", "--out", ck] + SMALL)
+    expect_error(["eval", "--checkpoint", ck, "--data", os.path.join(tmp, "missing.bin")], "(--data)")
+    short = os.path.join(tmp, "short.bin")
+    write_tokens(short, [5] * 100)
+    expect_error(["eval", "--checkpoint", ck, "--data", short, "--seq-len", "500"], "--seq-len + 1")
+    # Resuming from weights without a trainer state.
+    w = os.path.join(tmp, "weights")
+    os.makedirs(w)
+    for n in ("model.safetensors", "config.json", "optimizer.safetensors"):
+        shutil.copy(os.path.join(ck, "checkpoint", n), w)
+    expect_error(["train", "--config", tiny(), "--steps", "2", "--out", os.path.join(tmp, "r"), "--resume", w] + SMALL,
+                 "no trainer_state.json")
+    # Sizes beyond the host on meta: the user's error, not an internal one.
+    expect_error(["step", "--config", tiny(), "--device", "meta", "--set", "train.seq_len=100000000000"],
+                 "out of host memory")
+    # A read-only filesystem under --out (where mounting is allowed).
+    ro = os.path.join(tmp, "ro")
+    os.makedirs(ro)
+    if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", ro],
+                                            capture_output=True).returncode == 0:
+        try:
+            expect_error(t[:-1] + [os.path.join(ro, "run")], "--out", "cannot be created")
+        finally:
+            subprocess.run(["umount", ro], capture_output=True)
     print("command-line edges: each a clear error")
 
 
