@@ -41,6 +41,10 @@ void train_register(CLI::App& app, Runner& run) {
                   "stop after this many steps of this invocation, with a checkpoint (preemptible jobs)")
       ->check(at_least(1));
   sub->add_flag("--quiet", o.quiet, "no progress lines");
+  sub->add_option("--log-every", o.log_every,
+                  "when stdout is not a terminal, a progress line every N steps (default 10; a terminal gets one "
+                  "live line)")
+      ->check(at_least(1));
   sub->add_option("--link-gbps", o.link_gbps,
                   "emulate a host-device link of X GB/s for the offload copies (schedule studies; 0: off)")
       ->check(CLI::NonNegativeNumber);

@@ -25,6 +25,7 @@
 #include "memory/trace.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/progress.h"
 #include "train/run_config.h"
 
 namespace fp {
@@ -448,6 +449,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     return last_ckpt > 0 ? fmt::format("the checkpoint of step {} in {} is intact", last_ckpt, o.out)
                          : std::string("no checkpoint was written yet");
   };
+  // Live on a terminal, a line every --log-every steps (default 10) otherwise (train/progress.h).
+  Progress progress(start, total, o.log_every > 0 ? o.log_every : 10, o.quiet || !lead);
   std::deque<double> recent;  // Note [A loss spike stops the run]
   int stopped_by = 0;         // Note [Stopping on a signal]
   int64_t last_step = start;
@@ -517,11 +520,11 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       metrics << j.dump() << "\n";
       metrics.flush();
     }
-    if (lead && !o.quiet)
-      fmt::print("step {:>{}}/{} | loss {:.4f} | aux {:.4f} | grad norm {:.3f} | lr {:.2e} | {:.0f} tok/s | peak {} ({}){}\n",
-                 step, std::to_string(total).size(), total, out.loss, out.aux_loss, os.grad_norm, os.lr, tps,
-                 bytes_format(led.total_peak()), j["binding"].get<std::string>(),
-                 std::isnan(acc) ? std::string() : fmt::format(" | recall acc {:.3f}", acc));
+    if (lead) {
+      const uint64_t peak = j.contains("device_peak_bytes") ? j["device_peak_bytes"].get<uint64_t>() : led.total_peak();
+      progress.step({step, out.loss, out.aux_loss, os.grad_norm, os.lr, tps, secs, std::isnan(acc) ? -1.0 : acc, peak,
+                     j["binding"].get<std::string>()});
+    }
     ++done_here;
     last_step = step;
     // Every rank stops after the same step, whichever got the signal.
@@ -535,11 +538,12 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       TrainerState st{step, data.position(), run_json, schedule_total != total ? schedule_total : 0};
       const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
       last_ckpt = step;
-      if (lead && !o.quiet) log_info("checkpoint: {}", where);
+      if (lead && !o.quiet) progress.note(fmt::format("checkpoint: {}", where));
       comm.barrier();
     }
     if (stop) break;
   }
+  if (lead) progress.finish(o.out);
   std::fflush(stdout);
   if (lead) {
     trace_write_chrome(be->device_ledger(), o.out + "/memory_trace.json");

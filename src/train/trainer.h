@@ -22,6 +22,7 @@ struct TrainOptions {
   bool extend = false;        // with resume: continue past the run's train.steps (Note [Extending a finished run])
   int64_t stop_after = 0;     // stop (with a checkpoint) after this many steps of this invocation
   bool quiet = false;         // no progress lines
+  int64_t log_every = 0;      // not on a terminal: a progress line every this many steps (0: 10)
   double link_gbps = 0;       // > 0: the copy streams emulate a host-device link of this many GB/s
 };
 

@@ -269,13 +269,19 @@ def case_signals(tmp):
     # Progress lines reach a file as they are printed: a run killed outright keeps every line it printed.
     f = os.path.join(tmp, "progress.txt")
     with open(f, "w") as fh:
-        p = subprocess.Popen([ARGS.bin, "train", "--config", tiny(), "--steps", "300", "--out", os.path.join(tmp, "f")]
-                             + SMALL, stdout=fh, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen([ARGS.bin, "train", "--config", tiny(), "--steps", "300", "--log-every", "1", "--out",
+                              os.path.join(tmp, "f")] + SMALL, stdout=fh, stderr=subprocess.DEVNULL)
         wait_for_steps(os.path.join(tmp, "f"), 5, p)
         p.send_signal(signal.SIGKILL)
         p.wait()
     lines = [l for l in open(f) if l.startswith("step ")]
     assert len(lines) >= 5, f"only {len(lines)} progress lines reached the file before the kill"
+    # Not a terminal: a line every --log-every steps (and the first and last), then the summary.
+    g = os.path.join(tmp, "g")
+    p = run(["train", "--config", tiny(), "--steps", "25", "--log-every", "10", "--out", g] + SMALL)
+    steps = [int(l.split()[1].split("/")[0]) for l in p.stdout.splitlines() if l.startswith("step ")]
+    assert steps == [1, 10, 20, 25], steps
+    assert "done: 25 steps" in p.stdout and "outputs in " + g in p.stdout, p.stdout
     # Two signals: the second one ends the process by the signal itself (steps of a fraction of a second).
     c = os.path.join(tmp, "c")
     p = subprocess.Popen([ARGS.bin, "train", "--config", tiny(), "--steps", "50", "--quiet", "--out", c,
