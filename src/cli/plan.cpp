@@ -5,7 +5,7 @@
 //
 //   flatpeak plan --model FILE --context T [--ranks W] [--device-mem SIZE] [--host-mem SIZE]
 //                 [--schedule baseline|flatpeak|key=value ...] [--set precision.KEY=VALUE ...]
-//                 [--json FILE] [--plot FILE] [--strict]
+//                 [--json FILE] [--plot FILE] [--compare] [--timeline FILE] [--strict]
 #include <algorithm>
 #include <fstream>
 #include <memory>
@@ -34,9 +34,60 @@ struct PlanOptions {
   std::vector<std::string> set;
   std::string json;
   std::string plot;
+  bool compare = false;
+  std::string timeline;
   bool strict = false;
   bool no_reach = false;
 };
+
+// The memory story of one step at this context: baseline and flatpeak side by side, per category
+// (--compare), and one rank's device memory over the step for both (--timeline SVG).
+void compare_run(const PlanOptions& o, const plan::Model& m, const plan::Input& in) {
+  std::vector<plan::TimelinePanel> panels;
+  std::vector<plan::Result> results;
+  for (int family = 0; family < 2; ++family) {
+    plan::Input x = in;
+    if (family == 0)
+      plan::schedules_set_baseline(x.settings.sched);
+    else
+      plan::schedules_set_flatpeak(x.settings.sched);
+    std::vector<plan::RankPlan> ranks;
+    plan::PlanOptions opt;
+    opt.events = !o.timeline.empty();
+    opt.ranks = &ranks;
+    results.push_back(plan::plan_step(x, opt));
+    size_t worst = 0;
+    for (size_t r = 1; r < ranks.size(); ++r)
+      if (ranks[r].step_peak > ranks[worst].step_peak) worst = r;
+    plan::TimelinePanel panel;
+    panel.title = family == 0 ? "baseline" : "flatpeak";
+    if (!ranks.empty()) panel.events = std::move(ranks[worst].events);
+    panel.step_peak = results.back().step_peak;
+    panel.binding = results.back().binding;
+    panels.push_back(std::move(panel));
+  }
+  const plan::Result &b = results[0], &f = results[1];
+  fmt::print("\n{} at {} tokens on {} rank(s), per rank: baseline vs flatpeak (the engine on meta)\n", m.name,
+             plan::context_format(in.context), in.settings.layout.ranks);
+  fmt::print("  {:<12} {:>14} {:>14} {:>9}\n", "category", "baseline", "flatpeak", "ratio");
+  auto ratio = [](uint64_t a, uint64_t z) {
+    return z == 0 ? (a == 0 ? std::string("-") : std::string("inf")) : fmt::format("{:.1f}x", static_cast<double>(a) / static_cast<double>(z));
+  };
+  for (int c = 0; c < kNumCategories; ++c)
+    fmt::print("  {:<12} {:>14} {:>14} {:>9}\n", category_name(kAllCategories[c]), bytes_format(b.peak[c]),
+               bytes_format(f.peak[c]), ratio(b.peak[c], f.peak[c]));
+  fmt::print("  {:<12} {:>14} {:>14} {:>9}   binding: {} -> {}\n", "step peak", bytes_format(b.step_peak),
+             bytes_format(f.step_peak), ratio(b.step_peak, f.step_peak), category_name(b.binding),
+             category_name(f.binding));
+  fmt::print("  {:<12} {:>14} {:>14}\n", "host needed", bytes_format(b.host_needed), bytes_format(f.host_needed));
+  if (!o.timeline.empty()) {
+    const std::string title = fmt::format("{}: device memory over one step at {} tokens, {} rank(s) (rank with the "
+                                          "largest peak)",
+                                          m.name, plan::context_format(in.context), in.settings.layout.ranks);
+    file_write_atomic(o.timeline, plan::timeline_svg(title, panels, in.device_mem));
+    fmt::print("wrote {}\n", o.timeline);
+  }
+}
 
 int plan_run(const PlanOptions& o) {
   const plan::Model m = plan::model_load(o.model);
@@ -103,6 +154,7 @@ int plan_run(const PlanOptions& o) {
     file_write_atomic(o.plot, plan::peaks_plot_svg(title, panels, in.device_mem));
     fmt::print("wrote {}\n", o.plot);
   }
+  if (o.compare || !o.timeline.empty()) compare_run(o, m, in);
   if (o.strict && !r.exact()) {
     fmt::print(stderr, "error: --strict: the plan is approximate ({})\n", r.approximate.front());
     return 3;
@@ -134,6 +186,10 @@ void plan_register(CLI::App& parent, Runner& run) {
   sub->add_flag("--strict", o.strict, "exit 3 when the plan is approximate (a model the engine does not run exactly)");
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
   sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");
+  sub->add_flag("--compare", o.compare, "also print baseline and flatpeak side by side, per category, at this context");
+  sub->add_option("--timeline", o.timeline,
+                  "write an SVG of the device memory per category over one step, baseline and flatpeak (implies "
+                  "--compare)");
 }
 
 }  // namespace fp::cli

@@ -2,6 +2,7 @@
 #include "plan/plot_svg.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "core/error.h"
@@ -182,6 +183,95 @@ std::vector<PlotPanel> peaks_plot_panels(const Input& in, int lo_log2, int hi_lo
     }
   }
   return panels;
+}
+
+std::string timeline_svg(const std::string& title, const std::vector<TimelinePanel>& panels, uint64_t device_mem) {
+  FP_ASSERT(!panels.empty());
+  constexpr size_t kBins = 600;  // points per panel: each bin keeps its highest moment (peaks survive)
+  const double pw = 460, ph = 300, left = 90, top = 60, gap = 90;
+  const double width = left + panels.size() * pw + (panels.size() - 1) * gap + 30, height = top + ph + 130;
+  // Per panel: the per-category bytes at the sampled moments.
+  std::vector<std::vector<std::array<uint64_t, kNumCategories>>> samples(panels.size());
+  uint64_t ymax = 1;
+  for (size_t p = 0; p < panels.size(); ++p) {
+    const std::vector<LedgerEvent>& ev = panels[p].events;
+    std::array<uint64_t, kNumCategories> cur{};
+    const size_t n = ev.size(), bins = std::min(kBins, std::max<size_t>(n, 1));
+    std::array<uint64_t, kNumCategories> best{};
+    uint64_t best_total = 0;
+    size_t bin = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int c = static_cast<int>(ev[i].category);
+      cur[c] = ev[i].alloc ? cur[c] + ev[i].bytes : cur[c] - std::min(cur[c], ev[i].bytes);
+      uint64_t total = 0;
+      for (uint64_t b : cur) total += b;
+      if (total >= best_total) best_total = total, best = cur;
+      const size_t b_of = (i + 1) * bins / n;  // the bin after event i
+      if (b_of > bin || i + 1 == n) {
+        samples[p].push_back(best);
+        ymax = std::max(ymax, best_total);
+        best_total = 0;
+        bin = b_of;
+      }
+    }
+  }
+  if (device_mem != kUnlimitedBytes) ymax = std::max<uint64_t>(ymax, std::min<uint64_t>(device_mem, ymax * 2));
+  const double ytop = static_cast<double>(ymax) * 1.08;
+  std::string out = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{:.0f}\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">{}</text>\n",
+      width, height, width / 2, xml_escape(title));
+  for (size_t p = 0; p < panels.size(); ++p) {
+    const double x0 = left + p * (pw + gap), y0 = top;
+    auto py = [&](double b) { return y0 + ph - b / ytop * ph; };
+    out += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" "
+                       "stroke=\"#999\"/>\n",
+                       x0, y0, pw, ph);
+    out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"13\">{} (peak {}, "
+                       "binding: {})</text>\n",
+                       x0 + pw / 2, y0 - 10, xml_escape(panels[p].title), si_bytes(static_cast<double>(panels[p].step_peak)),
+                       category_name(panels[p].binding));
+    for (int t = 0; t <= 4; ++t) {  // y ticks
+      const double b = ytop * t / 4;
+      out += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/>"
+                         "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n",
+                         x0, x0 + pw, py(b), py(b), x0 - 6, py(b) + 4, si_bytes(b));
+    }
+    const auto& sm = samples[p];
+    const size_t m = sm.size();
+    auto px = [&](size_t i) { return x0 + (m <= 1 ? 0.0 : static_cast<double>(i) / static_cast<double>(m - 1) * pw); };
+    std::vector<double> base(m, 0.0);
+    for (int c = 0; c < kNumCategories; ++c) {
+      bool any = false;
+      for (size_t i = 0; i < m; ++i) any |= sm[i][c] > 0;
+      if (!any) continue;
+      std::string pts;
+      for (size_t i = 0; i < m; ++i) pts += fmt::format("{:.1f},{:.1f} ", px(i), py(base[i] + static_cast<double>(sm[i][c])));
+      for (size_t i = m; i-- > 0;) pts += fmt::format("{:.1f},{:.1f} ", px(i), py(base[i]));
+      out += fmt::format("<polygon fill=\"{}\" fill-opacity=\"0.85\" stroke=\"none\" points=\"{}\"/>\n", kColors[c], pts);
+      for (size_t i = 0; i < m; ++i) base[i] += static_cast<double>(sm[i][c]);
+    }
+    if (device_mem != kUnlimitedBytes && static_cast<double>(device_mem) <= ytop)
+      out += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"black\" "
+                         "stroke-dasharray=\"6,4\"/><text x=\"{:.1f}\" y=\"{:.1f}\">device {}</text>\n",
+                         x0, x0 + pw, py(static_cast<double>(device_mem)), py(static_cast<double>(device_mem)), x0 + 4,
+                         py(static_cast<double>(device_mem)) - 4, si_bytes(static_cast<double>(device_mem)));
+    out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">one training step (allocation "
+                       "events in order: forward, backward, optimizer)</text>\n",
+                       x0 + pw / 2, y0 + ph + 20);
+  }
+  // Legend.
+  double lx = left, ly = top + ph + 55;
+  for (int c = 0; c < kNumCategories; ++c) {
+    out += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.0f}\" "
+                       "y=\"{:.0f}\">{}</text>\n",
+                       lx, ly, kColors[c], lx + 16, ly + 11, category_name(kAllCategories[c]));
+    lx += 110;
+    if (lx > width - 110) lx = left, ly += 20;
+  }
+  out += "</svg>\n";
+  return out;
 }
 
 }  // namespace fp::plan

@@ -24,4 +24,15 @@ std::string peaks_plot_svg(const std::string& title, const std::vector<PlotPanel
 // schedules: one panel per schedule family set (baseline, flatpeak).
 std::vector<PlotPanel> peaks_plot_panels(const Input& in, int lo_log2, int hi_log2);
 
+// flatpeak plan --timeline: one step's device memory per category over the step (stacked areas, x the
+// step's allocation events in order, y bytes, linear), one panel per schedule family on a shared
+// scale, so the flattened categories are seen shrinking. events: one rank's device ledger.
+struct TimelinePanel {
+  std::string title;
+  std::vector<LedgerEvent> events;
+  uint64_t step_peak = 0;
+  Category binding = Category::Category_params;
+};
+std::string timeline_svg(const std::string& title, const std::vector<TimelinePanel>& panels, uint64_t device_mem);
+
 }  // namespace fp::plan

@@ -2,7 +2,7 @@
 """End-to-end tests of `flatpeak plan` (no torch needed).
 
 usage: test_plan.py --bin build/flatpeak --configs configs CASE
-cases: presets_json_plot  matches_meta_step  bad_inputs
+cases: presets_json_plot  matches_meta_step  bad_inputs  compare_timeline
 """
 import argparse
 import json
@@ -125,6 +125,37 @@ def bad_inputs(a, tmp):
     open(bad, "w").write('{"hidden_size": 8}')
     p = run([a.bin, "plan", "--model", bad, "--context", "1K"], check=False)
     assert p.returncode == 1 and "num_hidden_layers" in p.stderr, p.stderr
+
+
+def compare_timeline(a, tmp):
+    """--compare prints baseline and flatpeak side by side; each column equals that family's own plan
+    (a separate run, its JSON); --timeline writes the per-category memory over one step, both panels."""
+    tiny = os.path.join(a.configs, "tiny.toml")
+    common = ["plan", "--model", tiny, "--context", "64K", "--no-reach", "--set", "precision.recipe=fp32"]
+    svg = os.path.join(tmp, "t.svg")
+    p = run([a.bin] + common + ["--timeline", svg])
+    rows = {}
+    for line in p.stdout.splitlines():
+        parts = line.split()
+        if parts and parts[0] in CATEGORIES and len(parts) >= 6:
+            rows[parts[0]] = line
+    assert set(rows) == set(CATEGORIES), p.stdout
+    for fam in ("baseline", "flatpeak"):
+        pj = os.path.join(tmp, fam + ".json")
+        run([a.bin] + common + ["--schedule", fam, "--json", pj])
+        j = json.load(open(pj))
+        col = 1 if fam == "baseline" else 3  # "params  498.75 KiB  498.75 KiB  1.0x": value + unit pairs
+        units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+        for c in CATEGORIES:
+            parts = rows[c].split()
+            value, unit = float(parts[col]), units[parts[col + 1]]
+            want = j["peaks"][c]["bytes"]
+            assert abs(value * unit - want) <= 0.006 * unit, (fam, c, parts[col:col + 2], want)
+    assert "binding:" in p.stdout and "host needed" in p.stdout
+    doc = xml.dom.minidom.parse(svg)
+    texts = " ".join(t.firstChild.data for t in doc.getElementsByTagName("text") if t.firstChild)
+    assert "baseline (peak" in texts and "flatpeak (peak" in texts, texts
+    assert len(doc.getElementsByTagName("polygon")) >= 6
 
 
 def main():
