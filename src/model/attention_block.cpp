@@ -26,6 +26,13 @@ void linear_backward_weight(Backend& be, const float* dy, const float* x, float*
   be.kernels().gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dW, in);
 }
 
+void rmsnorm_backward(Backend& be, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                      float* dw, int64_t rows, int64_t d) {
+  Tensor ws = be.alloc_f32(Category::Category_workspace, {ops::cpu::rmsnorm_backward_workspace(rows, d)},
+                           "rmsnorm.dw_partials");
+  be.kernels().rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, d, ws.f32());
+}
+
 Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep) {
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
@@ -120,9 +127,9 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   K.rope_backward(dk.f32(), s.pos.i32(), n, nkv, hd, theta);
   Tensor dq_raw = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq_raw");
   Tensor dk_raw = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk_raw");
-  K.rmsnorm_backward(a.q_raw.f32(), lp.q_norm->w.f32(), a.rstd_q.f32(), dq.f32(), dq_raw.f32(), lp.q_norm->g.f32(),
+  rmsnorm_backward(be, a.q_raw.f32(), lp.q_norm->w.f32(), a.rstd_q.f32(), dq.f32(), dq_raw.f32(), lp.q_norm->g.f32(),
                      n * nh, hd);
-  K.rmsnorm_backward(a.k_raw.f32(), lp.k_norm->w.f32(), a.rstd_k.f32(), dk.f32(), dk_raw.f32(), lp.k_norm->g.f32(),
+  rmsnorm_backward(be, a.k_raw.f32(), lp.k_norm->w.f32(), a.rstd_k.f32(), dk.f32(), dk_raw.f32(), lp.k_norm->g.f32(),
                      n * nkv, hd);
   dq.reset();
   dk.reset();
@@ -147,7 +154,7 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
   // input_layernorm: dx += rmsnorm_backward(dh1).
   Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "attn.dnorm");
-  K.rmsnorm_backward(x.f32(), lp.input_layernorm->w.f32(), a.rstd1.f32(), dh1.f32(), dnorm.f32(),
+  rmsnorm_backward(be, x.f32(), lp.input_layernorm->w.f32(), a.rstd1.f32(), dh1.f32(), dnorm.f32(),
                      lp.input_layernorm->g.f32(), n, H);
   K.add_inplace(dx.f32(), dnorm.f32(), n * H);
   a.rstd1.reset();

@@ -112,6 +112,10 @@ void linear_backward_input(Backend& be, const float* dy, const float* W, float* 
                            int64_t out, float beta = 0.0f);
 void linear_backward_weight(Backend& be, const float* dy, const float* x, float* dW, int64_t n, int64_t in,
                             int64_t out);
+// The backend's rmsnorm_backward with its scratch (the dw partials) allocated through the ledger,
+// category workspace, for the call's duration: every byte an op uses is on the ledger.
+void rmsnorm_backward(Backend& be, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                      float* dw, int64_t rows, int64_t d);
 
 // p + off, keeping null (meta) pointers null.
 template <class T>

@@ -161,7 +161,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
 
   // post_attention_layernorm
   Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dnorm");
-  K.rmsnorm_backward(x1.f32(), lp.post_attention_layernorm->w.f32(), a.rstd2.f32(), dh2.f32(), dnorm.f32(),
+  rmsnorm_backward(be, x1.f32(), lp.post_attention_layernorm->w.f32(), a.rstd2.f32(), dh2.f32(), dnorm.f32(),
                      lp.post_attention_layernorm->g.f32(), n, H);
   K.add_inplace(dx.f32(), dnorm.f32(), n * H);
   a.rstd2.reset();

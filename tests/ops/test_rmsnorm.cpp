@@ -83,7 +83,9 @@ TEST(Rmsnorm, MatchesReference) {
       EXPECT_TRUE(near_each(inplace, y_ref, tol, "rmsnorm_forward in place " + where, d));
 
       std::vector<float> dx(rows * d), dx_ref(rows * d), dw = dw0, dw_ref = dw0;
-      ops::cpu::rmsnorm_backward(x.data(), w.data(), rstd_ref.data(), dy.data(), dx.data(), dw.data(), rows, d);
+      std::vector<float> ws(static_cast<size_t>(ops::cpu::rmsnorm_backward_workspace(rows, d)));
+      ops::cpu::rmsnorm_backward(x.data(), w.data(), rstd_ref.data(), dy.data(), dx.data(), dw.data(), rows, d,
+                                 ws.data());
       ops::ref::rmsnorm_backward<float>(x.data(), w.data(), rstd_ref.data(), dy.data(), dx_ref.data(), dw_ref.data(),
                                         rows, d);
       std::vector<double> tol_dx(rows * d), tol_dw(d);
@@ -119,7 +121,9 @@ TEST(Rmsnorm, BackwardBitwiseAcrossThreads) {
     omp_set_num_threads(threads[t]);
     dx[t].resize(rows * d);
     dw[t] = dw0;
-    ops::cpu::rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx[t].data(), dw[t].data(), rows, d);
+    std::vector<float> ws(static_cast<size_t>(ops::cpu::rmsnorm_backward_workspace(rows, d)));
+    ops::cpu::rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx[t].data(), dw[t].data(), rows, d,
+                               ws.data());
   }
   omp_set_num_threads(saved);
   for (int t = 1; t < 3; ++t) {
@@ -164,6 +168,32 @@ TEST(Rmsnorm, ReferenceBackwardMatchesFiniteDifferences) {
       const double g = fd(w[i]);
       EXPECT_NEAR(dw[i], g, 1e-7 * (1 + std::abs(g))) << "d=" << d << " dw[" << i << "]";
     }
+  }
+}
+
+// The workspace is bounded (at most 256 row blocks, longer blocks past 16384 rows) and the result
+// stays exact to the reference within the longer blocks' float sums.
+TEST(Rmsnorm, WorkspaceBoundedAtManyRows) {
+  EXPECT_EQ(ops::cpu::rmsnorm_backward_workspace(100, 7), 2 * 7);  // 64-row blocks below 16384 rows
+  EXPECT_EQ(ops::cpu::rmsnorm_backward_workspace(16384, 7), 256 * 7);
+  EXPECT_LE(ops::cpu::rmsnorm_backward_workspace(int64_t{1} << 20, 7168), 256 * 7168);
+  EXPECT_LE(ops::cpu::rmsnorm_backward_workspace(int64_t{64} << 20, 128), 256 * 128);
+  const int64_t rows = 40000, d = 8, br = (rows + 255) / 256;  // 157-row blocks, 255 of them
+  Rng rng(11);
+  const std::vector<float> x = random_vector<float>(rows * d, rng), w = random_vector<float>(d, rng);
+  const std::vector<float> dy = random_vector<float>(rows * d, rng);
+  std::vector<float> rstd(rows), y(rows * d), dx(rows * d), dw(d, 0.0f), dx_ref(rows * d), dw_ref(d, 0.0f);
+  ops::cpu::rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, d, 1e-6f);
+  std::vector<float> ws(static_cast<size_t>(ops::cpu::rmsnorm_backward_workspace(rows, d)));
+  EXPECT_EQ(static_cast<int64_t>(ws.size()), 255 * d);
+  ops::cpu::rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data(), rows, d, ws.data());
+  std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), rd(rstd.begin(), rstd.end());
+  std::vector<double> dyd(dy.begin(), dy.end()), dxd(rows * d), dwd(d, 0.0);
+  ops::ref::rmsnorm_backward<double>(xd.data(), wd.data(), rd.data(), dyd.data(), dxd.data(), dwd.data(), rows, d);
+  for (int64_t i = 0; i < d; ++i) {
+    double scale = 0;
+    for (int64_t r = 0; r < rows; ++r) scale += std::abs(dyd[r * d + i] * xd[r * d + i] * rd[r]);
+    EXPECT_NEAR(dw[i], dwd[i], (br + 8) * FLT_EPSILON * scale) << "dw " << i;
   }
 }
 

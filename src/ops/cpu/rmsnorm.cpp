@@ -6,11 +6,14 @@
 // that g++ vectorises, as in Note [Deterministic reductions] of elementwise.cpp): d is up to a few
 // thousand, and double makes rstd exact to float precision at no cost in a memory-bound loop.
 //
-// Note [Deterministic rmsnorm dw]: dw sums over all rows. Threads take fixed blocks of kRowBlock rows;
-// each block writes its partial dw (d) into its own slot of a workspace (B, d), rows in order, while
-// it computes dx for those rows (one pass over x and dy). The partials are then added in block order,
-// in double, split over columns. Block boundaries do not depend on the thread count, so dw has the
-// same bits for any number of threads.
+// Note [Deterministic rmsnorm dw]: dw sums over all rows. Threads take fixed blocks of rows (kRowBlock
+// rows, or rows / kMaxBlocks when that is more, so that B <= kMaxBlocks); each block writes its
+// partial dw (d) into its own slot of the caller's workspace (B, d), rows in order, while it computes
+// dx for those rows (one pass over x and dy). The partials are then added in block order, in double,
+// split over columns. Block boundaries depend only on rows, never on the thread count, so dw has the
+// same bits for any number of threads. The workspace is the caller's, from the ledger: it was a
+// thread_local vector of rows / 64 x d floats (470 MB at 1M rows of 7168, 512 MB for q_norm's rows
+// at 1M tokens and 64 heads) that no ledger counted; now at most kMaxBlocks x d, counted.
 #include "ops/rmsnorm.h"
 
 #include <algorithm>
@@ -21,8 +24,12 @@ namespace fp::ops::cpu {
 
 namespace {
 
-// Rows per dw partial: short float sums (64 terms), few partials to add at the end.
+// Rows per dw partial: short float sums (64 terms), few partials to add at the end; at most
+// kMaxBlocks partials (longer blocks beyond 16384 rows).
 constexpr int64_t kRowBlock = 64;
+constexpr int64_t kMaxBlocks = 256;
+
+int64_t block_rows(int64_t rows) { return std::max(kRowBlock, (rows + kMaxBlocks - 1) / kMaxBlocks); }
 // Below this many elements (rows * d) a parallel region costs more than the work.
 constexpr int64_t kParallelMinElements = int64_t{1} << 14;
 constexpr int kLanes = 8;
@@ -43,14 +50,13 @@ double row_dot(const float* __restrict a, const float* __restrict b, const float
   return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
-// The workspace (B, d) of the dw partials; grows, never shrinks, one per calling thread.
-std::vector<float>& dw_partials(size_t size) {
-  thread_local std::vector<float> ws;
-  if (ws.size() < size) ws.resize(size);
-  return ws;
-}
-
 }  // namespace
+
+int64_t rmsnorm_backward_workspace(int64_t rows, int64_t d) {
+  if (rows <= 0 || d <= 0) return 0;
+  const int64_t br = block_rows(rows);
+  return (rows + br - 1) / br * d;
+}
 
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t d, float eps) {
   // y may alias x: each row is read in full (the sum) before it is written.
@@ -66,10 +72,10 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
 }
 
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw,
-                      int64_t rows, int64_t d) {
+                      int64_t rows, int64_t d, float* workspace) {
   if (rows == 0 || d == 0) return;
-  const int64_t nblocks = (rows + kRowBlock - 1) / kRowBlock;
-  float* partial = dw_partials(static_cast<size_t>(nblocks * d)).data();  // (B, d)
+  const int64_t br = block_rows(rows), nblocks = (rows + br - 1) / br;
+  float* partial = workspace;  // (B, d): rmsnorm_backward_workspace(rows, d) floats
   const bool parallel = rows * d >= kParallelMinElements;
 #pragma omp parallel if (parallel)
   {
@@ -78,8 +84,8 @@ void rmsnorm_backward(const float* x, const float* w, const float* rstd, const f
     for (int64_t b = 0; b < nblocks; ++b) {
       float* __restrict pb = partial + b * d;  // (d)
       std::fill(pb, pb + d, 0.0f);
-      const int64_t r_end = std::min(rows, (b + 1) * kRowBlock);
-      for (int64_t r = b * kRowBlock; r < r_end; ++r) {
+      const int64_t r_end = std::min(rows, (b + 1) * br);
+      for (int64_t r = b * br; r < r_end; ++r) {
         const float* __restrict xr = x + r * d;    // (d)
         const float* __restrict dyr = dy + r * d;  // (d)
         float* __restrict dxr = dx + r * d;        // (d)

@@ -52,7 +52,7 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
   dlogits.reset();
   xn.reset();
 
-  K.rmsnorm_backward(xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+  rmsnorm_backward(be, xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
   return r;
 }
 

@@ -58,7 +58,7 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
     r.loss_sum = ring_dtp_p_ranks(s, v, ps, xn, targets, scale, dxn, logits_out, backward, stats);
     xn.reset();
     if (backward)
-      K.rmsnorm_backward(xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+      rmsnorm_backward(be, xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
     return r;
   }
   const float* W = ps.lm_head->w.f32();  // (V, H)
@@ -115,7 +115,7 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   if (!backward) return r;
 
   xn.reset();
-  K.rmsnorm_backward(xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+  rmsnorm_backward(be, xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
   return r;
 }
 
