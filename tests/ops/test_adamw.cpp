@@ -286,9 +286,11 @@ TEST(AdamwReference, TwoStepsByHandInDouble) {
   EXPECT_NEAR(v[1], 0.00624375, 1e-17);
 }
 
-// Timing, after the checks above: the kernel against the reference and against memory bandwidth
-// (AdamW moves 28 bytes per element, 16 read and 12 written). Medians of 7.
-TEST(AdamwUpdate, Timing) {
+// A benchmark, not a test (it reports and cannot fail, so it does not run with the tests): the
+// kernel against the reference and against memory bandwidth (AdamW moves 28 bytes per element, 16
+// read and 12 written). Medians of 7.
+//   build/tests/ops_test_adamw --gtest_also_run_disabled_tests --gtest_filter='*BenchTiming'
+TEST(AdamwUpdate, DISABLED_BenchTiming) {
   const int64_t n = int64_t{1} << 22;
   State s = state_random(n, 3);
   Hyper h;
@@ -337,7 +339,6 @@ TEST(AdamwUpdate, Timing) {
               "(%.1f Mparams/s), fast/ref %.2fx; same-traffic stream loop %.1f GB/s, fast at %.0f%% of it\n",
               static_cast<long long>(n), omp_get_max_threads(), fast_s * 1e3, n / fast_s / 1e6, fast_gbs,
               ref_s * 1e3, n / ref_s / 1e6, ref_s / fast_s, stream_gbs, 100.0 * fast_gbs / stream_gbs);
-  EXPECT_GT(fast_s, 0.0);
 }
 
 }  // namespace fp
