@@ -39,6 +39,15 @@ std::string si_bytes(double b) {
   return fmt::format("{:g} {}", std::round(b), units[u]);
 }
 
+// The document's opening: size, white background, the title centred at height title_y.
+std::string svg_open(double width, double height, const std::string& title, int title_y) {
+  return fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" viewBox=\"0 0 {0:.0f} {1:.0f}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{2:.0f}\" y=\"{4}\" font-size=\"16\" text-anchor=\"middle\">{3}</text>\n",
+      width, height, width / 2, xml_escape(title), title_y);
+}
+
 struct Frame {
   double x0, y0, w, h;       // plot area in pixels (y0 top)
   double lx0, lx1, ly0, ly1; // log2 T range, log10 bytes range
@@ -96,11 +105,7 @@ std::string peaks_plot_svg(const std::string& title, const std::vector<PlotPanel
   if (f.lx1 <= f.lx0) f.lx1 = f.lx0 + 1;
   if (f.ly1 <= f.ly0) f.ly1 = f.ly0 + 1;
 
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" viewBox=\"0 0 {0:.0f} {1:.0f}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{2:.0f}\" y=\"24\" font-size=\"16\" text-anchor=\"middle\">{3}</text>\n",
-      width, height, width / 2, xml_escape(title));
+  std::string s = svg_open(width, height, title, 24);
   for (size_t p = 0; p < panels.size(); ++p) {
     const PlotPanel& panel = panels[p];
     f.x0 = left + p * (pw + gap);
@@ -217,11 +222,7 @@ std::string timeline_svg(const std::string& title, const std::vector<TimelinePan
   }
   if (device_mem != kUnlimitedBytes) ymax = std::max<uint64_t>(ymax, std::min<uint64_t>(device_mem, ymax * 2));
   const double ytop = static_cast<double>(ymax) * 1.08;
-  std::string out = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
-      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{:.0f}\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">{}</text>\n",
-      width, height, width / 2, xml_escape(title));
+  std::string out = svg_open(width, height, title, 28);
   for (size_t p = 0; p < panels.size(); ++p) {
     const double x0 = left + p * (pw + gap), y0 = top;
     auto py = [&](double b) { return y0 + ph - b / ytop * ph; };
