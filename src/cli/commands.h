@@ -42,6 +42,9 @@ int step_run(const StepOptions& o);
 // flatpeak train (train/trainer.h holds the options).
 void train_register(CLI::App& app, Runner& run);
 
+// flatpeak report RUN_DIR: one self-contained HTML page of a run (report.cpp).
+void report_register(CLI::App& app, Runner& run);
+
 // flatpeak eval: mean cross-entropy of a checkpoint on a token file, sequences of T in order.
 struct EvalOptions {
   std::string checkpoint;

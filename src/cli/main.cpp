@@ -70,10 +70,12 @@ std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
       const CLI::App* near = subs.front();
       for (const CLI::App* s : subs)
         if (edit_distance(word, s->get_name()) < edit_distance(word, near->get_name())) near = s;
+      for (const CLI::App* s : subs)  // an abbreviation names its command
+        if (s->get_name().rfind(word, 0) == 0) near = s;
       std::string names;
       for (const CLI::App* s : subs) names += (names.empty() ? "" : ", ") + s->get_name();
       return fmt::format("'{} {}' is not a command{}; the commands are: {}", path, word,
-                         edit_distance(word, near->get_name()) <= 3
+                         edit_distance(word, near->get_name()) <= 3 || near->get_name().rfind(word, 0) == 0
                              ? fmt::format(" (did you mean '{} {}'?)", path, near->get_name())
                              : std::string(),
                          names);
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
   fp::cli::eval_register(app, run);
   fp::cli::step_register(app, run);
   fp::cli::plan_register(app, run);
+  fp::cli::report_register(app, run);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks: the plain and the flattened schedule in one run");
   bench->require_subcommand(1);
   fp::cli::bench_step_register(*bench, run);

@@ -275,4 +275,51 @@ std::string timeline_svg(const std::string& title, const std::vector<TimelinePan
   return out;
 }
 
+std::string line_chart_svg(const std::string& title, const std::string& x_label, const std::vector<double>& x,
+                           const std::vector<LineSeries>& series, bool bytes) {
+  const double pw = 560, ph = 220, left = 80, top = 40, width = left + pw + 170, height = top + ph + 50;
+  double xmin = x.empty() ? 0 : x.front(), xmax = x.empty() ? 1 : x.back(), ymin = 1e300, ymax = -1e300;
+  for (const LineSeries& sr : series)
+    for (double v : sr.y)
+      if (std::isfinite(v)) ymin = std::min(ymin, v), ymax = std::max(ymax, v);
+  if (ymin > ymax) ymin = 0, ymax = 1;
+  if (ymin >= 0 && ymin < 0.5 * ymax) ymin = 0;  // from 0 unless the data sit far above it
+  if (ymax <= ymin) ymax = ymin + 1;
+  if (xmax <= xmin) xmax = xmin + 1;
+  const double pad = 0.05 * (ymax - ymin);
+  const double y0 = ymin == 0 ? 0 : ymin - pad, y1 = ymax + pad;
+  auto px = [&](double v) { return left + (v - xmin) / (xmax - xmin) * pw; };
+  auto py = [&](double v) { return top + ph - (v - y0) / (y1 - y0) * ph; };
+  std::string out = svg_open(width, height, title, 22);
+  out += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"none\" stroke=\"#999\"/>\n",
+                     left, top, pw, ph);
+  for (int t = 0; t <= 4; ++t) {
+    const double v = y0 + (y1 - y0) * t / 4;
+    out += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/><text x=\"{:.1f}\" "
+                       "y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n",
+                       left, left + pw, py(v), py(v), left - 6, py(v) + 4, bytes ? si_bytes(v) : fmt::format("{:.4g}", v));
+  }
+  double last_tick = -1e300;  // x ticks: whole numbers (steps), each once
+  for (int t = 0; t <= 4; ++t) {
+    const double xv = std::round(xmin + (xmax - xmin) * t / 4);
+    if (xv <= last_tick) continue;
+    last_tick = xv;
+    out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{:.0f}</text>\n", px(xv), top + ph + 16, xv);
+  }
+  out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", left + pw / 2, top + ph + 36,
+                     xml_escape(x_label));
+  for (size_t i = 0; i < series.size(); ++i) {
+    const LineSeries& sr = series[i];
+    const std::string color = sr.color.empty() ? kColors[i % kNumCategories] : sr.color;
+    std::string pts;
+    for (size_t j = 0; j < sr.y.size() && j < x.size(); ++j)
+      if (std::isfinite(sr.y[j])) pts += fmt::format("{:.1f},{:.1f} ", px(x[j]), py(sr.y[j]));
+    out += fmt::format("<polyline class=\"series\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", color, pts);
+    out += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"3\" fill=\"{}\"/><text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n",
+                       left + pw + 15, top + 10 + 18 * i, color, left + pw + 32, top + 15 + 18 * i, xml_escape(sr.name));
+  }
+  out += "</svg>\n";
+  return out;
+}
+
 }  // namespace fp::plan

@@ -35,4 +35,14 @@ struct TimelinePanel {
 };
 std::string timeline_svg(const std::string& title, const std::vector<TimelinePanel>& panels, uint64_t device_mem);
 
+// A line chart (flatpeak report): y against x, one polyline per series, linear axes from 0 (or the
+// data's minimum when it is far above 0). bytes: y ticks as byte sizes.
+struct LineSeries {
+  std::string name;
+  std::string color;  // "" : the category palette in order
+  std::vector<double> y;  // one per x (NaN: no point)
+};
+std::string line_chart_svg(const std::string& title, const std::string& x_label, const std::vector<double>& x,
+                           const std::vector<LineSeries>& series, bool bytes);
+
 }  // namespace fp::plan
