@@ -543,7 +543,8 @@ def case_report(tmp):
     chromium = shutil.which("chromium")
     if chromium:
         png = os.path.join(tmp, "report.png")
-        r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+        r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                            "--enable-logging=stderr", "--v=0",
                             f"--screenshot={png}", "--window-size=900,2600", "file://" + os.path.join(d, "report.html")],
                            capture_output=True, text=True, timeout=120)
         assert os.path.exists(png) and os.path.getsize(png) > 20000, (r.returncode, r.stderr[-2000:])
