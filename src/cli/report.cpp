@@ -23,20 +23,6 @@ struct ReportOptions {
   std::string out;  // default RUN/report.html
 };
 
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
-    }
-  }
-  return out;
-}
-
 // An SVG file's text without its XML declaration, for inlining.
 std::string svg_inline(const std::string& text) {
   const size_t at = text.find("<svg");
@@ -99,10 +85,10 @@ int report_run(const ReportOptions& o) {
       "<style>body{{font-family:sans-serif;max-width:860px;margin:2em auto;color:#222}} "
       "table{{border-collapse:collapse}} td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}} "
       "svg{{max-width:100%;height:auto}}</style></head><body>\n<h1>flatpeak run {0}</h1>\n",
-      html_escape(o.run));
+      plan::xml_escape(o.run));
   html += "<table>\n";
   auto row = [&](const std::string& k, const std::string& v) {
-    html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", html_escape(k), html_escape(v));
+    html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", plan::xml_escape(k), plan::xml_escape(v));
   };
   row("steps", fmt::format("{} to {} ({} recorded)", steps.front(), steps.back(), rows.size()));
   row("loss", fmt::format("{:.4f} -> {:.4f} (best {:.4f} at step {})", loss.front(), loss.back(), best, best_step));

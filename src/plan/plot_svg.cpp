@@ -9,12 +9,6 @@
 
 namespace fp::plan {
 
-namespace {
-
-// One colour per category (kAllCategories order), then the step peak in black.
-constexpr const char* kColors[kNumCategories] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
-
 std::string xml_escape(const std::string& s) {
   std::string out;
   for (char ch : s) {
@@ -28,6 +22,13 @@ std::string xml_escape(const std::string& s) {
   }
   return out;
 }
+
+namespace {
+
+// One colour per category (kAllCategories order), then the step peak in black.
+constexpr const char* kColors[kNumCategories] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
+
 
 std::string si_bytes(double b) {
   const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB", "EB"};

@@ -11,6 +11,9 @@
 
 namespace fp::plan {
 
+// s with & < > " escaped: text and attribute values of SVG and HTML.
+std::string xml_escape(const std::string& s);
+
 struct PlotPanel {
   std::string title;              // e.g. "baseline"
   std::vector<int64_t> contexts;  // T of each point, ascending

@@ -48,21 +48,26 @@ void Progress::step(const ProgressStep& s) {
   if (s.loss < best_loss_) best_loss_ = s.loss, best_step_ = s.step;
   last_ = s;
   if (quiet_) return;
-  const std::string recall = s.recall >= 0 ? fmt::format(" | recall acc {:.3f}", s.recall) : std::string();
-  const int width = static_cast<int>(std::to_string(total_).size());
   if (live_) {
-    const double eta = run_seconds_ / static_cast<double>(steps_) * static_cast<double>(total_ - s.step);
-    fmt::print("\r\033[Kstep {:>{}}/{} | loss {:.4f}{} | {} tok/s | peak {} ({}) | ETA {}", s.step, width, total_,
-               s.loss, recall, rate_format(s.tokens_per_s), bytes_format(s.peak_bytes), s.binding,
-               duration_format(eta));
-    std::fflush(stdout);
-    drawn_ = true;
+    draw_live();
     return;
   }
   if (s.step % every_ != 0 && s.step != total_ && s.step != start_ + 1) return;
   fmt::print("step {:>{}}/{} | loss {:.4f} | aux {:.4f} | grad norm {:.3f} | lr {:.2e} | {:.0f} tok/s | peak {} ({}){}\n",
-             s.step, width, total_, s.loss, s.aux, s.grad_norm, s.lr, s.tokens_per_s, bytes_format(s.peak_bytes),
-             s.binding, recall);
+             s.step, std::to_string(total_).size(), total_, s.loss, s.aux, s.grad_norm, s.lr, s.tokens_per_s,
+             bytes_format(s.peak_bytes), s.binding,
+             s.recall >= 0 ? fmt::format(" | recall acc {:.3f}", s.recall) : std::string());
+}
+
+void Progress::draw_live() {
+  const ProgressStep& s = last_;
+  const double eta = run_seconds_ / static_cast<double>(steps_) * static_cast<double>(total_ - s.step);
+  fmt::print("\r\033[Kstep {:>{}}/{} | loss {:.4f}{} | {} tok/s | peak {} ({}) | ETA {}", s.step,
+             std::to_string(total_).size(), total_, s.loss,
+             s.recall >= 0 ? fmt::format(" | recall acc {:.3f}", s.recall) : std::string(),
+             rate_format(s.tokens_per_s), bytes_format(s.peak_bytes), s.binding, duration_format(eta));
+  std::fflush(stdout);
+  drawn_ = true;
 }
 
 void Progress::note(const std::string& text) {
@@ -70,16 +75,7 @@ void Progress::note(const std::string& text) {
   clear_live();
   fmt::print(stderr, "[flatpeak] {}\n", text);
   std::fflush(stderr);
-  if (redraw) {  // the live line again, as it was
-    drawn_ = false;
-    const bool q = quiet_;
-    quiet_ = false;
-    --steps_;
-    run_seconds_ -= last_.seconds;
-    tokens_ -= last_.tokens_per_s * last_.seconds;
-    step(last_);
-    quiet_ = q;
-  }
+  if (redraw) draw_live();  // the live line again, below the note
 }
 
 void Progress::finish(const std::string& outputs) {

@@ -34,6 +34,7 @@ class Progress {
 
  private:
   void clear_live();
+  void draw_live();  // the live line of last_
   int64_t start_, total_, every_;
   bool quiet_, live_;
   bool drawn_ = false;

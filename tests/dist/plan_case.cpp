@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/case_model.h"
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "data/context_split.h"
@@ -48,21 +49,6 @@ struct Case {
   uint64_t host_mem = kUnlimitedBytes;
 };
 
-ModelConfig shape_config(const CaseShape& s) {
-  ModelConfig m;
-  m.hidden_size = s.H;
-  m.num_hidden_layers = s.L;
-  m.num_attention_heads = s.nh;
-  m.num_key_value_heads = s.nkv;
-  m.head_dim = s.hd;
-  m.num_experts = s.E;
-  m.num_experts_per_tok = s.k;
-  m.moe_intermediate_size = s.I;
-  m.vocab_size = s.V;
-  m.router_aux_loss_coef = 0.01;
-  m.seed = 5;
-  return m;
-}
 
 std::string event_str(const LedgerEvent& e) {
   return fmt::format("{} {} '{}' {} B", e.alloc ? "alloc" : "free", category_name(e.category), e.tag, e.bytes);
@@ -83,7 +69,7 @@ std::string timeline_diff(const std::vector<LedgerEvent>& real, const std::vecto
 void case_run(Comm& comm, const Case& c) {
   const int W = comm.size(), r = comm.rank();
   plan::Input in;
-  in.model = shape_config(c.shape);
+  in.model = case_model(c.shape);
   in.context = c.shape.T;
   in.host_mem = c.host_mem;
   in.settings.layout.ranks = W;

@@ -23,17 +23,13 @@
 #include "model/model.h"
 #include "sched/optim/optimizer.h"
 #include "train/run_config.h"
+#include "../common/case_model.h"
+#include "../common/tiny_config.h"
 
 namespace fp {
 
 namespace {
 
-std::string tiny_text() {
-  std::ifstream in(std::string(FLATPEAK_SOURCE_DIR) + "/configs/tiny.toml");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The message and hint of the fp::Error fn throws ("" when it throws none).
 template <class F>
@@ -175,21 +171,7 @@ struct Sched {
   }
 };
 
-ModelConfig case_config(const Case& c) {
-  ModelConfig m;
-  m.hidden_size = c.H;
-  m.num_hidden_layers = c.L;
-  m.num_attention_heads = c.nh;
-  m.num_key_value_heads = c.nkv;
-  m.head_dim = c.hd;
-  m.num_experts = c.E;
-  m.num_experts_per_tok = c.k;
-  m.moe_intermediate_size = c.I;
-  m.vocab_size = c.V;
-  m.router_aux_loss_coef = c.coef;
-  m.seed = 5;
-  return m;
-}
+ModelConfig case_config(const Case& c) { return case_model(c, c.coef); }
 
 template <class Ev>
 size_t first_tagged(const std::vector<Ev>& ev, const std::string& tag) {

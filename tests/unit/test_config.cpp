@@ -5,16 +5,11 @@
 
 #include "core/error.h"
 #include "train/run_config.h"
+#include "../common/tiny_config.h"
 
 namespace fp {
 
 namespace {
-std::string tiny_text() {
-  std::ifstream in(std::string(FLATPEAK_SOURCE_DIR) + "/configs/tiny.toml");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Expects config_parse to fail with a message containing every fragment.
 void expect_error(const std::string& text, std::vector<std::string> overrides,
