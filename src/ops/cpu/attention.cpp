@@ -55,12 +55,7 @@ void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const
     float* sr = s + r * TK;    // (TK)
     float* dpr = dp + r * TK;  // (TK)
     const int64_t jend = r < nq ? keys_visible(i0 + r, j0, nk) : 0;
-    for (int64_t j = 0; j < jend; ++j) {
-      const float p = std::exp(scale * sr[j] - lse[r]);
-      sr[j] = p;
-      dpr[j] = p * (dpr[j] - D[r]);
-    }
-    for (int64_t j = jend; j < TK; ++j) sr[j] = dpr[j] = 0.0f;
+    row_probs_and_score_grads(sr, dpr, jend, scale, lse[r], D[r]);
   }
 }
 
@@ -106,26 +101,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
         std::fill(s, s + TQ * TK, 0.0f);
         tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
         for (int64_t r = 0; r < TQ; ++r) {
-          float* sr = s + r * TK;  // (TK)
           const int64_t jend = r < nq ? keys_visible(i0 + r, j0, nk) : 0;
-          float mx = m[r];
-          for (int64_t j = 0; j < jend; ++j) {
-            sr[j] *= scale;
-            mx = std::max(mx, sr[j]);
-          }
-          float sum = 0.0f;
-          for (int64_t j = 0; j < jend; ++j) {
-            sr[j] = std::exp(sr[j] - mx);
-            sum += sr[j];
-          }
-          for (int64_t j = jend; j < TK; ++j) sr[j] = 0.0f;
-          if (jend == 0) continue;  // no visible key here: m, l and acc stay as they are
-          // The running max grew from m to mx: earlier terms shrink by exp(m - mx) (0 on the first tile).
-          const float corr = std::exp(m[r] - mx);
-          l[r] = l[r] * corr + sum;
-          m[r] = mx;
-          if (corr != 1.0f)
-            for (int64_t c = 0; c < hdp; ++c) acc[r * hdp + c] *= corr;
+          row_online_softmax(s + r * TK, jend, scale, m[r], l[r], acc + r * hdp, hdp);
         }
         tile_gemm(s, TK, vs, hdp, acc, hdp, TQ, hdp, TK);
       }
@@ -239,7 +216,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   }
 }
 
-bool attention_tile::tile_gemm_uses_avx2() {
+bool attention_tile::uses_avx2() {
   const char* force = std::getenv("FLATPEAK_SIMD");
   if (force != nullptr && std::string_view(force) == "baseline") return false;
 #if FP_ATTENTION_TILE_AVX2

@@ -1,7 +1,7 @@
 // Tile helpers shared by the cpu attention kernels (ops/cpu/attention.cpp: the whole causal sequence;
 // ops/cpu/attention_block.cpp: one block of queries against one block of keys, by global positions).
 // Private to ops/cpu: nothing outside those two files includes it (tests/ops/test_attention.cpp checks
-// its two tile_gemm copies against each other).
+// the SSE2 and AVX2 copies of tile_gemm and exp_inplace against each other, and exp_inplace against exp).
 // Dimensions: TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, hd head_dim, hdp = hd
 // rounded up to kNr (the padded row length of every scratch tile), nh query heads, T query tokens.
 //
@@ -15,6 +15,8 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 
 #include "ops/attention.h"
@@ -30,14 +32,14 @@ static_assert(TQ % kMr == 0 && TK % kMr == 0 && TQ % kNr == 0 && TK % kNr == 0, 
 inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
 
 // Note [Attention tiles with AVX2]: the project builds for baseline x86-64 (SSE2), and these tile
-// products are most of the attention kernels' time. tile_gemm runs a copy of the same loop compiled
-// for AVX2 when the CPU has it (checked once at run time; FLATPEAK_SIMD=baseline forces the SSE2
-// copy): 8 columns are one ymm register instead of two xmm. FMA is deliberately not enabled: every
-// output element is the same sequence of separately rounded multiplies and adds in both copies, so
-// they agree bit for bit (a fused multiply-add rounds once and would move results by an ulp, e.g.
-// turn the exact zero gradient of a one-token sequence into 1e-8). Only this function is duplicated,
-// under its own name: compiling whole files twice with other flags would let the linker mix the
-// copies of shared inline code.
+// products and the exponentials of the scores (Note [Exponentials in vector registers]) are most of the
+// attention kernels' time. Each runs a copy of the same loop compiled for AVX2 when the CPU has it
+// (checked once at run time; FLATPEAK_SIMD=baseline forces the SSE2 copies): 8 columns are one ymm
+// register instead of two xmm. FMA is deliberately not enabled: every output element is the same
+// sequence of separately rounded multiplies and adds in both copies, so they agree bit for bit (a fused
+// multiply-add rounds once and would move results by an ulp, e.g. turn the exact zero gradient of a
+// one-token sequence into 1e-8). Only these functions are duplicated, under their own names: compiling
+// whole files twice with other flags would let the linker mix the copies of shared inline code.
 #define FP_ATTENTION_TILE_GEMM_BODY                                                        \
   for (int64_t i = 0; i < M; i += kMr) {                                                   \
     for (int64_t j = 0; j < N; j += kNr) {                                                 \
@@ -57,10 +59,46 @@ inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
     }                                                                                      \
   }
 
+// Note [Exponentials in vector registers]: libm's expf is one scalar call per score (about 30% of a
+// training step's time at 1024 tokens before this), so the attention kernels exponentiate a row at a
+// time with a loop the compiler vectorises: x = t ln2 + r with t = round(x log2 e) (rounded by adding
+// and subtracting 1.5 * 2^23) and |r| <= ln2 / 2 (ln2 split into a short high part and a low part, so
+// t ln2_hi is exact), exp(r) by Cephes' degree-7 polynomial 1 + r + r^2 p(r), times 2^t built from the
+// exponent bits. Measured against exp in double (tests/ops/test_attention.cpp): relative error at most
+// 8e-8 (about one ulp) on [-87.3, 88]. Below -87.33 (where expf goes subnormal) it gives 0, above 88 +inf
+// (the true value overflows from 88.72), NaN stays NaN. The attention kernels only pass x <= 0 (a score
+// minus its row's running maximum or log-sum-exp), so no softmax ever meets either cut.
+inline constexpr float kExpMin = -87.33654f, kExpMax = 88.0f;
+// The cut-offs are tested on the float's bits and applied with bit masks: g++ will not if-convert a
+// float comparison (it might raise an FP exception flag), and a branch would stop the vectorisation.
+#define FP_ATTENTION_EXP_BODY                                                                         \
+  _Pragma("omp simd") for (int64_t j = 0; j < n; ++j) {                                               \
+    const int32_t bits = std::bit_cast<int32_t>(x[j]), mag = bits & 0x7fffffff;                       \
+    const int32_t nan = -static_cast<int32_t>(mag > 0x7f800000); /* all ones where true */            \
+    const int32_t lo = -static_cast<int32_t>((bits < 0) & (mag > std::bit_cast<int32_t>(-kExpMin)));  \
+    const int32_t hi = -static_cast<int32_t>((bits >= 0) & (mag > std::bit_cast<int32_t>(kExpMax)));  \
+    const int32_t keep = ~(nan | lo | hi);                                                            \
+    const float c = std::bit_cast<float>((bits & keep) | (std::bit_cast<int32_t>(kExpMin) & ~keep)); \
+    const float t = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                           \
+    const float r = (c - t * 0.693359375f) - t * -2.12194440e-4f;                                     \
+    float p = 1.9875691500e-4f;                                                                       \
+    p = p * r + 1.3981999507e-3f;                                                                     \
+    p = p * r + 8.3334519073e-3f;                                                                     \
+    p = p * r + 4.1665795894e-2f;                                                                     \
+    p = p * r + 1.6666665459e-1f;                                                                     \
+    p = p * r + 5.0000001201e-1f;                                                                     \
+    const float y = (p * r) * r + r + 1.0f;                                                           \
+    const int32_t e = std::bit_cast<int32_t>(y * std::bit_cast<float>((static_cast<int32_t>(t) + 127) << 23)); \
+    x[j] = std::bit_cast<float>((e & keep) | (bits & nan) | (0x7f800000 & hi)); /* lo: 0 */           \
+  }
+
 inline void tile_gemm_baseline(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                                float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
   FP_ATTENTION_TILE_GEMM_BODY
 }
+
+// x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
+inline void exp_inplace_baseline(float* __restrict x, int64_t n) { FP_ATTENTION_EXP_BODY }
 
 #if defined(__x86_64__) || defined(__i386__)
 #define FP_ATTENTION_TILE_AVX2 1
@@ -70,25 +108,74 @@ __attribute__((target("avx2"))) inline void tile_gemm_avx2(const float* __restri
                                                                int64_t K) {
   FP_ATTENTION_TILE_GEMM_BODY
 }
+__attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x, int64_t n) {
+  FP_ATTENTION_EXP_BODY
+}
 #else
-#define FP_ATTENTION_TILE_AVX2 0  // other architectures: the portable copy only
+#define FP_ATTENTION_TILE_AVX2 0  // other architectures: the portable copies only
 #endif
 #undef FP_ATTENTION_TILE_GEMM_BODY
+#undef FP_ATTENTION_EXP_BODY
 
 // True when this CPU has AVX2 and FLATPEAK_SIMD is not "baseline" (Note [Attention tiles with AVX2]).
-bool tile_gemm_uses_avx2();
-// Which copy tile_gemm runs: decided once at start-up; a benchmark may switch it between runs (never
-// while a kernel runs).
-inline bool tile_gemm_avx2_enabled = tile_gemm_uses_avx2();
+bool uses_avx2();
+// Which copies tile_gemm and exp_inplace run: decided once at start-up; a benchmark may switch it
+// between runs (never while a kernel runs).
+inline bool avx2_enabled = uses_avx2();
 
 // C (M, N) += A (M, K) B (K, N), all row-major with leading dimensions lda, ldb, ldc.
 // M % kMr == 0, N % kNr == 0 (Note [Tile products as register-blocked loops]).
 inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                       float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_gemm_avx2_enabled) return tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
+  if (avx2_enabled) return tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
 #endif
   tile_gemm_baseline(A, lda, B, ldb, C, ldc, M, N, K);
+}
+
+// x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
+inline void exp_inplace(float* __restrict x, int64_t n) {
+#if FP_ATTENTION_TILE_AVX2
+  if (avx2_enabled) return exp_inplace_avx2(x, n);
+#endif
+  exp_inplace_baseline(x, n);
+}
+
+// Forward, one query row of a score tile (the online softmax): sr (TK) holds the row's q.k against the
+// tile's keys, of which the first jend are visible. Scales them, raises the running maximum m, turns
+// them into exp(scale q.k - m) (zero past jend), adds their sum to the running sum l and rescales the
+// row's unnormalised output acc (hdp) by exp(m_old - m_new). jend == 0 leaves m, l and acc alone.
+inline void row_online_softmax(float* __restrict sr, int64_t jend, float scale, float& m, float& l,
+                               float* __restrict acc, int64_t hdp) {
+  float mx = m;
+  for (int64_t j = 0; j < jend; ++j) {
+    sr[j] *= scale;
+    mx = std::max(mx, sr[j]);
+  }
+  for (int64_t j = 0; j < jend; ++j) sr[j] -= mx;
+  exp_inplace(sr, jend);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < jend; ++j) sum += sr[j];
+  std::fill(sr + jend, sr + TK, 0.0f);
+  if (jend == 0) return;
+  // The running max grew from m to mx: earlier terms shrink by exp(m - mx) (0 on the first tile).
+  const float corr = std::exp(m - mx);
+  l = l * corr + sum;
+  m = mx;
+  if (corr != 1.0f)
+    for (int64_t c = 0; c < hdp; ++c) acc[c] *= corr;
+}
+
+// Backward, one query row of a tile: on entry sr (TK) holds q.k and dpr (TK) holds dO.v against the
+// tile's keys, the first jend visible; on exit sr holds P = exp(scale q.k - lse) and dpr holds
+// dS = P (dP - D), both zero past jend. lse, D: the row's log-sum-exp and rowsum(dO * O).
+inline void row_probs_and_score_grads(float* __restrict sr, float* __restrict dpr, int64_t jend, float scale,
+                                      float lse, float D) {
+  for (int64_t j = 0; j < jend; ++j) sr[j] = scale * sr[j] - lse;
+  exp_inplace(sr, jend);
+  for (int64_t j = 0; j < jend; ++j) dpr[j] = sr[j] * (dpr[j] - D);
+  std::fill(sr + jend, sr + TK, 0.0f);
+  std::fill(dpr + jend, dpr + TK, 0.0f);
 }
 
 // dst (rows, hdp) = the n rows of src (stride apart, hd each), zero in columns >= hd and rows >= n.
