@@ -12,6 +12,7 @@
 #include "data/token_file.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "model/hf_config.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -33,6 +34,10 @@ void train_register(CLI::App& app, Runner& run) {
       ->check(at_least(1));
   sub->add_option("--out", o.out, "output directory: metrics.jsonl, memory_trace.json, checkpoints")->required();
   sub->add_option("--resume", o.resume, "continue from the checkpoint in this directory (bit-exact)");
+  sub->add_option("--init-from", o.init_from,
+                  "start from the weights in this directory (a flatpeak checkpoint or a Hugging Face Qwen3-MoE model "
+                  "directory: config.json with model.safetensors or a sharded index), with a fresh optimizer at step "
+                  "0; --config's [model] table may then be left out");
   sub->add_flag("--extend", o.extend,
                 "with --resume and --steps N: continue a run past its last step to N, at the learning rate "
                 "its schedule ended on");
@@ -56,7 +61,9 @@ void eval_register(CLI::App& app, Runner& run) {
   EvalOptions& o = *opts;
   CLI::App* sub = app.add_subcommand("eval", "mean loss of a checkpoint on a token file");
   sub->callback([&run, opts] { run = [opts] { return eval_run(*opts); }; });
-  sub->add_option("--checkpoint", o.checkpoint, "checkpoint directory (a train --out directory or a step dir)")
+  sub->add_option("--checkpoint", o.checkpoint,
+                  "checkpoint directory: a train --out directory, a step directory, or a Hugging Face model directory "
+                  "(config.json with model.safetensors or a sharded model.safetensors.index.json)")
       ->required();
   sub->add_option("--data", o.data, "token file in llm.c's format (see docs/data.md)")->required();
   sub->add_option("--seq-len", o.seq_len, "tokens per sequence (default 1024, or fewer if the file is short)")
@@ -70,28 +77,8 @@ void eval_register(CLI::App& app, Runner& run) {
 
 int eval_run(const EvalOptions& o) {
   const std::string ck = checkpoint_resolve(o.checkpoint);
-  // The architecture comes from the checkpoint's own config.json.
-  nlohmann::json hf = nlohmann::json::parse(file_read(ck + "/config.json"));
-  ModelConfig m;
-  try {
-    m.hidden_size = hf.at("hidden_size");
-    m.num_hidden_layers = hf.at("num_hidden_layers");
-    m.num_attention_heads = hf.at("num_attention_heads");
-    m.num_key_value_heads = hf.at("num_key_value_heads");
-    m.head_dim = hf.at("head_dim");
-    m.num_experts = hf.at("num_experts");
-    m.num_experts_per_tok = hf.at("num_experts_per_tok");
-    m.moe_intermediate_size = hf.at("moe_intermediate_size");
-    m.vocab_size = hf.at("vocab_size");
-    m.rope_theta = hf.at("rope_theta");
-    m.rms_norm_eps = hf.at("rms_norm_eps");
-    m.norm_topk_prob = hf.at("norm_topk_prob");
-    m.router_aux_loss_coef = hf.value("router_aux_loss_coef", 0.0);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("'{}/config.json' is not a Qwen3-MoE config: {}", ck, e.what()),
-                "pass a checkpoint written by flatpeak train");
-  }
-  model_config_validate(m, ck + "/config.json");
+  // The architecture comes from the checkpoint's own config.json, read strictly (model/hf_config.h).
+  const ModelConfig m = hf_config_read(ck).model;
   auto be = backend_create("cpu", bytes_parse(o.device_mem), kUnlimitedBytes);
   Model model(m, *be, RoutingProfile{});
   checkpoint_load(ck, m, model.params(), nullptr, *be);

@@ -125,7 +125,7 @@ std::string model_config_hf_json(const ModelConfig& m) {
       {"tie_word_embeddings", false},
       {"initializer_range", 0.02},
       {"torch_dtype", "float32"},
-      {"use_cache", false},
+      {"use_cache", true},
   };
   return j.dump(2);
 }

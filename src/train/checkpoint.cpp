@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <unordered_map>
@@ -10,6 +11,8 @@
 
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "io/safetensors_set.h"
+#include "model/hf_config.h"
 
 namespace fp {
 
@@ -102,17 +105,45 @@ void tensors_write(const std::string& path, const std::string& shown, const std:
   if (lead) safetensors_write(path, views, {{"format", "pt"}});
 }
 
-void tensors_read(const SafetensorsFile& f, const std::string& path, const std::vector<Item>& items,
-                  ParamStore& params) {
+// What a tensor name tells about the feature behind it, for the errors below.
+std::string tensor_hint(const std::string& name) {
+  if (name.find(".bias") != std::string::npos) return "q/k/v/o biases (attention_bias = true) are not implemented";
+  if (name.find("mlp.experts.gate_up_proj") != std::string::npos || name.find("mlp.experts.down_proj") != std::string::npos)
+    return "fused expert tensors (transformers 5's in-memory layout) are not read: save the model with per-expert "
+           "names (mlp.experts.<e>.gate_proj.weight, ...)";
+  if (name.find("shared_expert") != std::string::npos) return "shared experts are not implemented";
+  if (name.find("mlp.gate_proj") != std::string::npos || name.find("mlp.up_proj") != std::string::npos ||
+      name.find("mlp.down_proj") != std::string::npos)
+    return "dense MLP layers (mlp_only_layers, decoder_sparse_step) are not implemented";
+  if (name == "lm_head.weight") return "tied embeddings (tie_word_embeddings = true) are not implemented";
+  return "check that config.json describes the model the weights were saved from (num_hidden_layers, num_experts, "
+         "...)";
+}
+
+// Note [No weight is dropped silently]: every tensor of a checkpoint file must be read by the model.
+// A tensor left over means a feature the model does not compute (a bias, a dense layer, a shared
+// expert): the run would silently be another model, so loading stops and names the tensors.
+void unread_check(const SafetensorsSet& f) {
+  const std::vector<std::string> left = f.unread();
+  if (left.empty()) return;
+  const size_t shown = std::min<size_t>(left.size(), 8);
+  throw Error(fmt::format("checkpoint '{}' holds {} tensor{} the model does not use: {}{}", f.path(), left.size(),
+                          left.size() > 1 ? "s" : "",
+                          fmt::join(std::vector<std::string>(left.begin(), left.begin() + shown), ", "),
+                          left.size() > shown ? fmt::format(" (and {} more)", left.size() - shown) : ""),
+              "flatpeak never drops a weight; " + tensor_hint(left.front()));
+}
+
+void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore& params) {
   std::vector<float> host;  // (numel of the full shape)
   for (const Item& it : items) {
-    FP_CHECK(f.has(it.name), "the checkpoint was written for another model; check --config",
-             "checkpoint '{}' has no tensor '{}'", path, it.name);
+    FP_CHECK(f.has(it.name), tensor_hint(it.name), "checkpoint '{}' has no tensor '{}'", f.path(), it.name);
     host.resize(static_cast<size_t>(it.param->shape.numel()));
     f.read_f32(it.name, it.param->shape, host.data());
-    finite_check(it.name, host.data(), it.param->shape.numel(), path, false);
+    finite_check(it.name, host.data(), it.param->shape.numel(), f.path(), false);
     params.full_scatter(*it.param, host.data(), const_cast<Tensor*>(it.local));
   }
+  unread_check(f);
 }
 
 }  // namespace
@@ -182,10 +213,12 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
 
 std::string checkpoint_resolve(const std::string& dir) {
   const fs::path root(dir);
-  if (fs::exists(root / "model.safetensors")) return root.string();
-  if (fs::exists(root / "checkpoint" / "model.safetensors")) return (root / "checkpoint").string();
-  throw Error(fmt::format("no checkpoint in '{}' (neither {}/model.safetensors nor {}/checkpoint/)", dir, dir, dir),
-              "pass the --out directory of a flatpeak train run, or a directory holding model.safetensors");
+  if (SafetensorsSet::present(root.string(), "model")) return root.string();
+  if (SafetensorsSet::present((root / "checkpoint").string(), "model")) return (root / "checkpoint").string();
+  throw Error(fmt::format("no checkpoint in '{}' (neither {}/model.safetensors[.index.json] nor {}/checkpoint/)", dir,
+                          dir, dir),
+              "pass the --out directory of a flatpeak train run, or a directory holding config.json and "
+              "model.safetensors (or a sharded model.safetensors.index.json)");
 }
 
 TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, Optimizer* optim,
@@ -193,28 +226,17 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   const std::string ck = checkpoint_resolve(dir);
   const fs::path root(ck);
   TrainerState state;
-  // The architecture must match: compare the Hugging Face config it was written with.
+  // The architecture must match, key by key (model/hf_config.h reads the file strictly).
   {
-    const std::string path = (root / "config.json").string();
-    nlohmann::json saved;
-    try {
-      saved = nlohmann::json::parse(file_read(path));
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("checkpoint config '{}' is not valid JSON: {}", path, e.what()),
-                  "the checkpoint is damaged; use an earlier one");
-    }
-    const nlohmann::json want = nlohmann::json::parse(model_config_hf_json(cfg));
-    for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                            "num_experts", "num_experts_per_tok", "moe_intermediate_size", "vocab_size"}) {
-      FP_CHECK(saved.contains(key) && saved[key] == want[key], "use the config the checkpoint was trained with",
-               "checkpoint '{}' has {} = {}, the config says {}", ck, key,
-               saved.contains(key) ? saved[key].dump() : "nothing", want[key].dump());
-    }
+    const HfConfig saved = hf_config_read(ck);
+    const std::vector<std::string> diff = model_config_differences(saved.model, cfg);
+    FP_CHECK(diff.empty(), "use the model config the checkpoint was written with",
+             "checkpoint '{}' holds another model than the config: {} (checkpoint vs config)", ck,
+             fmt::join(diff, "; "));
   }
   {
-    const std::string path = (root / "model.safetensors").string();
-    SafetensorsFile f(path);
-    tensors_read(f, path, weight_items(params), params);
+    SafetensorsSet f(ck, "model");
+    tensors_read(f, weight_items(params), params);
   }
   const fs::path state_path = root / "trainer_state.json";
   if (fs::exists(state_path)) {
@@ -233,11 +255,11 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
     }
   }
   if (optim != nullptr) {
-    const std::string path = (root / "optimizer.safetensors").string();
-    FP_CHECK(fs::exists(path), "resume needs a checkpoint written by flatpeak train (with optimizer state)",
+    FP_CHECK(SafetensorsSet::present(ck, "optimizer"),
+             "resume needs a checkpoint written by flatpeak train (with optimizer state)",
              "checkpoint '{}' has no optimizer.safetensors", ck);
-    SafetensorsFile f(path);
-    tensors_read(f, path, state_items(params, *optim), params);
+    SafetensorsSet f(ck, "optimizer");
+    tensors_read(f, state_items(params, *optim), params);
     optim->set_steps_taken(state.step);
   }
   return state;

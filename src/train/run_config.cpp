@@ -1,5 +1,7 @@
 #include "train/run_config.h"
 
+#include "model/hf_config.h"
+
 #include <toml++/toml.h>
 
 #include <cmath>
@@ -161,6 +163,33 @@ void override_apply(toml::table& doc, const std::string& ov, const std::string& 
   t->insert_or_assign(key, *parsed["v"].node());
 }
 
+// Note [A model from a checkpoint]: with `train --init-from DIR` the architecture is DIR's config.json;
+// the run config's [model] table is optional, and each key it does give must agree (checked after the
+// build). Every [model] key it leaves out is filled in here from the checkpoint, so the run's own config
+// (metrics, trainer_state.json, resume checks) names the whole model as before.
+void model_fill(toml::table& doc, const ModelConfig& m) {
+  if (!doc.contains("model")) doc.insert("model", toml::table{});
+  toml::table* t = doc["model"].as_table();
+  if (t == nullptr) return;  // config_build reports "[model] must be a table"
+  auto fill = [&](const char* key, auto v) {
+    if (!t->contains(key)) t->insert(key, v);
+  };
+  fill("hidden_size", m.hidden_size);
+  fill("num_hidden_layers", m.num_hidden_layers);
+  fill("num_attention_heads", m.num_attention_heads);
+  fill("num_key_value_heads", m.num_key_value_heads);
+  fill("head_dim", m.head_dim);
+  fill("num_experts", m.num_experts);
+  fill("num_experts_per_tok", m.num_experts_per_tok);
+  fill("moe_intermediate_size", m.moe_intermediate_size);
+  fill("vocab_size", m.vocab_size);
+  fill("rope_theta", m.rope_theta);
+  fill("rms_norm_eps", m.rms_norm_eps);
+  fill("norm_topk_prob", m.norm_topk_prob);
+  fill("router_aux_loss_coef", m.router_aux_loss_coef);
+  fill("seed", static_cast<int64_t>(m.seed));
+}
+
 // The config of a parsed document (overrides applied): unknown keys refused, every value checked.
 RunConfig config_build(const toml::table& doc, const std::string& source) {
 
@@ -287,7 +316,8 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
 }
 }  // namespace
 
-RunConfig config_parse(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+RunConfig config_parse(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+                       const ModelConfig* model_from) {
   toml::table doc;
   try {
     doc = toml::parse(text, source);
@@ -297,8 +327,19 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
                 kConfigHint);
   }
   for (const std::string& ov : overrides) override_apply(doc, ov, source);
+  if (model_from != nullptr) model_fill(doc, *model_from);
   try {
-    return config_build(doc, source);
+    RunConfig c = config_build(doc, source);
+    if (model_from != nullptr) {
+      // Note [A model from a checkpoint]: the keys the config gives must be the checkpoint's.
+      const std::vector<std::string> diff = model_config_differences(c.model, *model_from);
+      FP_CHECK(diff.empty(),
+               "leave [model] out of the run config (the checkpoint's config.json describes the model), or make "
+               "it agree",
+               "{}: [model] disagrees with the checkpoint's config.json: {} (config vs checkpoint)", source,
+               fmt::join(diff, "; "));
+    }
+    return c;
   } catch (const Error& e) {
     // A value that came from --set is the user's typing, not the file's: say so.
     const std::string what = e.what(), prefix = source + ": ";
@@ -311,13 +352,14 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
   }
 }
 
-RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides) {
+RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides,
+                      const ModelConfig* model_from) {
   std::ifstream in(path);
   FP_CHECK(in.good(), "pass --config with the path of a TOML file, e.g. configs/tiny.toml",
            "cannot read config file '{}'", path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return config_parse(ss.str(), path, overrides);
+  return config_parse(ss.str(), path, overrides, model_from);
 }
 
 std::string oom_hint(Category c, const std::string& space, const RunConfig& cfg) {

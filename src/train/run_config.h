@@ -64,8 +64,10 @@ struct RunConfig {
 
 // Reads path and applies overrides ("model.hidden_size=128", "moe.routing_profile=hot:0.9:2"; a
 // value that is not TOML is taken as a string). Validates everything; throws fp::Error naming the
-// file and key.
-RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+// file and key. model_from (train --init-from): the architecture of a checkpoint; [model] is then
+// optional and every key it gives must agree (Note [A model from a checkpoint] in run_config.cpp).
+RunConfig config_load(const std::string& path, const std::vector<std::string>& overrides = {},
+                      const ModelConfig* model_from = nullptr);
 
 // What to change when category c of the device (or the host) runs out under this config: the
 // schedule that flattens c when it is not in use, else the settings that size the one in use (never
@@ -73,6 +75,6 @@ RunConfig config_load(const std::string& path, const std::vector<std::string>& o
 std::string oom_hint(Category c, const std::string& space, const RunConfig& cfg);
 // The same from TOML text (tests).
 RunConfig config_parse(const std::string& toml_text, const std::string& source,
-                       const std::vector<std::string>& overrides = {});
+                       const std::vector<std::string>& overrides = {}, const ModelConfig* model_from = nullptr);
 
 }  // namespace fp

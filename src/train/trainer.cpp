@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -23,6 +24,7 @@
 #include "io/atomic_file.h"
 #include "memory/report.h"
 #include "memory/trace.h"
+#include "model/hf_config.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -233,6 +235,9 @@ void out_prepare(const TrainOptions& o) {
     const fs::path here = fs::weakly_canonical(out, ec);
     const bool continuing = !o.resume.empty() && run_dir_of(o.resume) == here;
     if (o.overwrite && !continuing) {
+      FP_CHECK(o.init_from.empty() || run_dir_of(o.init_from) != here,
+               "write the new run to another --out (or copy the checkpoint elsewhere first)",
+               "--overwrite would delete the checkpoint that --init-from '{}' starts from", o.init_from);
       for (const std::string& n : found) fs::remove_all(out / n, ec);
       log_info("--overwrite: removed the earlier run in {} ({})", o.out, fmt::join(found, ", "));
     } else if (!continuing) {
@@ -340,7 +345,16 @@ int train_run(const TrainOptions& o) {
   FP_CHECK(!o.out.empty(), "pass --out DIR", "flatpeak train needs an output directory");
   std::vector<std::string> overrides = o.overrides;
   if (o.steps > 0) overrides.push_back(fmt::format("train.steps={}", o.steps));
-  const RunConfig cfg = config_load(o.config, overrides);
+  // Note [A model from a checkpoint] (run_config.cpp): the checkpoint a run starts from or continues
+  // describes the model; the run config's [model] may leave it out and must agree where it does not.
+  FP_CHECK(o.init_from.empty() || o.resume.empty(),
+           "--init-from starts a new run (step 0, fresh optimizer) from a model's weights; --resume continues a "
+           "run: pass one of them",
+           "--init-from and --resume together");
+  const std::string from = !o.init_from.empty() ? o.init_from : o.resume;
+  std::optional<ModelConfig> model_from;
+  if (!from.empty()) model_from = hf_config_read(checkpoint_resolve(from)).model;
+  const RunConfig cfg = config_load(o.config, overrides, model_from ? &*model_from : nullptr);
   try {
     return train_with(o, cfg);
   } catch (const OutOfMemoryError& e) {
@@ -375,6 +389,12 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   int64_t schedule_total = total;  // the learning-rate schedule's length (Note [Extending a finished run])
   FP_CHECK(!o.extend || !o.resume.empty(), "--extend continues a run: pass --resume DIR too",
            "--extend without --resume");
+  if (!o.init_from.empty()) {
+    // Weights only: the optimizer state starts fresh and the run at step 0 (a trainer state in the
+    // directory, if any, is not this run's).
+    checkpoint_load(o.init_from, m, model.params(), nullptr, *be);
+    if (lead) log_info("initialized the weights from {} (fresh optimizer state, step 0)", checkpoint_resolve(o.init_from));
+  }
   if (!o.resume.empty()) {
     TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, *be);
     FP_CHECK(!st.run_config.empty(), "resume from a checkpoint written by flatpeak train (it has trainer_state.json)",

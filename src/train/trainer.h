@@ -18,6 +18,7 @@ struct TrainOptions {
   int64_t steps = 0;          // 0: train.steps of the config
   std::string out;            // output directory (required)
   std::string resume;         // checkpoint directory to continue from
+  std::string init_from;      // checkpoint or Hugging Face model directory to take the weights from (step 0)
   bool overwrite = false;     // replace an earlier run's files in out (Note [A run owns its output folder])
   bool extend = false;        // with resume: continue past the run's train.steps (Note [Extending a finished run])
   int64_t stop_after = 0;     // stop (with a checkpoint) after this many steps of this invocation

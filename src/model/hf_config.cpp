@@ -1,0 +1,268 @@
+// Strict reading of a Hugging Face Qwen3-MoE config.json (Note [Every config key is read or refused]).
+#include "model/hf_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace fp {
+
+namespace {
+
+constexpr const char* kSupported =
+    "flatpeak computes Qwen3MoeForCausalLM with SiLU experts, no attention bias, untied embeddings, full "
+    "causal attention with default RoPE, and every layer a MoE layer (docs/models.md)";
+
+// Keys that do not change the function the model computes (PretrainedConfig's bookkeeping, token ids,
+// generation defaults that older transformers wrote into config.json, and Qwen3-MoE keys that only
+// matter for a feature whose switch is checked: sliding_window and max_window_layers when
+// use_sliding_window is false, intermediate_size when every layer is sparse, max_position_embeddings
+// under default RoPE).
+const std::set<std::string>& inert_keys() {
+  static const std::set<std::string> keys = {
+      // bookkeeping
+      "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache", "initializer_range",
+      "output_router_logits", "return_dict", "output_hidden_states", "output_attentions", "torchscript",
+      "use_bfloat16", "chunk_size_feed_forward", "id2label", "label2id", "problem_type", "tokenizer_class",
+      "prefix", "finetuning_task", "task_specific_params", "tf_legacy_loss", "keys_to_ignore_at_inference",
+      // token ids
+      "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+      // generation defaults (transformers 4.x wrote them into config.json)
+      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+      "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+      "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+      "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+      "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+      // Qwen3-MoE keys inert under the checked switches
+      "sliding_window", "max_window_layers", "intermediate_size", "max_position_embeddings",
+  };
+  return keys;
+}
+
+class Reader {
+ public:
+  Reader(const nlohmann::ordered_json& j, const std::string& source) : j_(j), source_(source) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  const nlohmann::ordered_json& at(const char* key) {
+    seen_.insert(key);
+    return j_[key];
+  }
+  void mark(const char* key) { seen_.insert(key); }
+
+  int64_t integer(const char* key, const char* fallback_key = nullptr) {
+    for (const char* k : {key, fallback_key}) {
+      if (k == nullptr || !has(k)) continue;
+      const auto& v = at(k);
+      FP_CHECK(v.is_number_integer(), kSupported, "{}: {} = {} is not an integer", source_, k, v.dump());
+      return v.get<int64_t>();
+    }
+    throw Error(fmt::format("{}: missing key {}{}", source_, key,
+                            fallback_key ? fmt::format(" (or {})", fallback_key) : std::string()),
+                "a Qwen3-MoE config.json as transformers writes it has every architecture key");
+  }
+  double number(const char* key, double fallback) {
+    if (!has(key)) return mark(key), fallback;
+    const auto& v = at(key);
+    FP_CHECK(v.is_number(), kSupported, "{}: {} = {} is not a number", source_, key, v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const char* key, bool fallback) {
+    if (!has(key)) return mark(key), fallback;
+    const auto& v = at(key);
+    FP_CHECK(v.is_boolean(), kSupported, "{}: {} = {} is not true or false", source_, key, v.dump());
+    return v.get<bool>();
+  }
+  // A key flatpeak computes for one value only: absent, null or equal to `ok`.
+  template <typename T>
+  void only(const char* key, const T& ok, const std::string& what) {
+    if (!has(key)) return mark(key);
+    const auto& v = at(key);
+    FP_CHECK(v == nlohmann::ordered_json(ok), kSupported, "{}: {} = {} is not implemented ({}); flatpeak supports {} = {}",
+             source_, key, v.dump(), what, key, nlohmann::ordered_json(ok).dump());
+  }
+  // Every key neither read, checked nor inert.
+  void refuse_unknown() const {
+    std::vector<std::string> unknown;
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!seen_.count(it.key()) && !inert_keys().count(it.key())) unknown.push_back(it.key());
+    FP_CHECK(unknown.empty(),
+             "flatpeak refuses a key it does not know rather than ignore one that changes the model (docs/models.md "
+             "lists the keys it reads, checks and ignores)",
+             "{}: unknown key{} {}", source_, unknown.size() > 1 ? "s" : "", fmt::join(unknown, ", "));
+  }
+
+  const std::string& source() const { return source_; }
+
+ private:
+  const nlohmann::ordered_json& j_;
+  std::string source_;
+  std::set<std::string> seen_;
+};
+
+// rope_scaling (4.x) or rope_parameters (5.x): only default RoPE; returns rope_theta when the
+// dictionary carries it.
+std::optional<double> rope_dictionary(Reader& r, const char* key) {
+  if (!r.has(key)) return r.mark(key), std::nullopt;
+  const auto& d = r.at(key);
+  FP_CHECK(d.is_object(), kSupported, "{}: {} = {} is not an object", r.source(), key, d.dump());
+  std::optional<double> theta;
+  for (auto it = d.begin(); it != d.end(); ++it) {
+    const std::string& k = it.key();
+    const auto& v = it.value();
+    if (k == "rope_type" || k == "type") {
+      FP_CHECK(v == "default", "RoPE scaling (linear, dynamic, yarn, llama3, ...) is not implemented yet",
+               "{}: {}.{} = {} is not implemented; flatpeak computes default RoPE", r.source(), key, k, v.dump());
+    } else if (k == "rope_theta") {
+      FP_CHECK(v.is_number(), kSupported, "{}: {}.rope_theta = {} is not a number", r.source(), key, v.dump());
+      theta = v.get<double>();
+    } else if (k == "partial_rotary_factor") {
+      FP_CHECK(v == 1 || v == 1.0, kSupported, "{}: {}.partial_rotary_factor = {} is not implemented (RoPE on every "
+               "dimension of a head)", r.source(), key, v.dump());
+    } else {
+      throw Error(fmt::format("{}: {}.{} = {} is not implemented", r.source(), key, k, v.dump()),
+                  "flatpeak computes default RoPE: rope_type \"default\" with rope_theta");
+    }
+  }
+  return theta;
+}
+
+}  // namespace
+
+HfConfig hf_config_parse(const std::string& text, const std::string& source) {
+  HfConfig out;
+  try {
+    out.raw = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: not JSON: {}", source, e.what()), "a config.json is one JSON object");
+  }
+  FP_CHECK(out.raw.is_object(), "a config.json is one JSON object", "{}: not a JSON object", source);
+  Reader r(out.raw, source);
+
+  // What model this is.
+  FP_CHECK(r.has("model_type"), kSupported, "{}: missing key model_type (flatpeak reads \"qwen3_moe\")", source);
+  const auto& type = r.at("model_type");
+  FP_CHECK(type == "qwen3_moe",
+           type == "deepseek_v3" ? "DeepSeek-V3 (MLA, shared experts, sigmoid routing) is not implemented yet"
+                                 : "flatpeak computes the Qwen3-MoE architecture only",
+           "{}: model_type = {} is not implemented; flatpeak reads \"qwen3_moe\"", source, type.dump());
+  if (r.has("architectures")) {
+    const auto& a = r.at("architectures");
+    FP_CHECK(a.is_array() && a.size() == 1 && a[0] == "Qwen3MoeForCausalLM",
+             "flatpeak computes the causal language model head (lm_head) only",
+             "{}: architectures = {} is not implemented; flatpeak reads [\"Qwen3MoeForCausalLM\"]", source, a.dump());
+  }
+
+  // The architecture.
+  ModelConfig& m = out.model;
+  m.hidden_size = r.integer("hidden_size");
+  m.num_hidden_layers = r.integer("num_hidden_layers");
+  m.num_attention_heads = r.integer("num_attention_heads");
+  m.num_key_value_heads = r.integer("num_key_value_heads");
+  m.num_experts = r.integer("num_experts", "num_local_experts");
+  if (r.has("num_experts") && r.has("num_local_experts"))
+    FP_CHECK(r.at("num_local_experts") == r.at("num_experts"), kSupported,
+             "{}: num_experts = {} and num_local_experts = {} disagree", source, r.at("num_experts").dump(),
+             r.at("num_local_experts").dump());
+  r.mark("num_local_experts");
+  m.num_experts_per_tok = r.integer("num_experts_per_tok");
+  m.moe_intermediate_size = r.integer("moe_intermediate_size");
+  m.vocab_size = r.integer("vocab_size");
+  // head_dim: transformers 5.x leaves it out when it is hidden_size / num_attention_heads.
+  if (r.has("head_dim")) {
+    m.head_dim = r.integer("head_dim");
+  } else {
+    r.mark("head_dim");
+    FP_CHECK(m.num_attention_heads > 0, kSupported, "{}: num_attention_heads = {} must be at least 1", source,
+             m.num_attention_heads);
+    m.head_dim = m.hidden_size / m.num_attention_heads;
+  }
+  m.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+  m.norm_topk_prob = r.boolean("norm_topk_prob", false);
+  m.router_aux_loss_coef = r.number("router_aux_loss_coef", 0.001);
+  // RoPE: rope_theta (4.x) and rope_scaling, or rope_parameters (5.x); default RoPE only.
+  const std::optional<double> theta_scaling = rope_dictionary(r, "rope_scaling");
+  const std::optional<double> theta_params = rope_dictionary(r, "rope_parameters");
+  m.rope_theta = 10000.0;
+  int theta_sources = 0;
+  for (const std::optional<double>& t : {theta_params, theta_scaling})
+    if (t) m.rope_theta = *t, ++theta_sources;
+  if (r.has("rope_theta")) {
+    const double t = r.number("rope_theta", 0);
+    FP_CHECK(theta_sources == 0 || t == m.rope_theta, kSupported,
+             "{}: rope_theta = {} disagrees with the rope_theta of rope_parameters ({})", source, t, m.rope_theta);
+    m.rope_theta = t;
+  }
+  r.mark("rope_theta");
+  m.seed = 0;
+
+  // Switches flatpeak computes for one setting only.
+  r.only("hidden_act", "silu", "the experts' activation");
+  r.only("attention_bias", false, "biases on the q, k, v and o projections");
+  r.only("tie_word_embeddings", false, "lm_head sharing the embedding matrix");
+  r.only("use_sliding_window", false, "sliding-window attention");
+  r.only("attention_dropout", 0, "dropout on the attention probabilities");
+  r.only("decoder_sparse_step", 1, "dense MLP layers between the MoE layers");
+  if (r.has("mlp_only_layers")) {
+    const auto& d = r.at("mlp_only_layers");
+    FP_CHECK(d.is_array() && d.empty(), "dense MLP layers (mlp_only_layers) are not implemented yet",
+             "{}: mlp_only_layers = {} is not implemented; flatpeak computes every layer as a MoE layer", source,
+             d.dump());
+  }
+  r.mark("mlp_only_layers");
+  if (r.has("layer_types")) {
+    for (const auto& t : r.at("layer_types"))
+      FP_CHECK(t == "full_attention", "sliding-window attention is not implemented yet",
+               "{}: layer_types holds {}; flatpeak computes full causal attention on every layer", source, t.dump());
+  }
+  r.mark("layer_types");
+  if (r.has("quantization_config"))
+    throw Error(fmt::format("{}: quantization_config is not implemented (quantized weights)", source),
+                "load a checkpoint in float32, bfloat16 or float16");
+  r.mark("quantization_config");
+  for (const char* k : {"is_encoder_decoder", "add_cross_attention"}) r.only(k, false, "an encoder-decoder model");
+  if (r.has("pruned_heads"))
+    FP_CHECK(r.at("pruned_heads").empty(), kSupported, "{}: pruned_heads = {} is not implemented", source,
+             r.at("pruned_heads").dump());
+  r.mark("pruned_heads");
+  r.refuse_unknown();
+
+  for (const char* k : {"torch_dtype", "dtype"})
+    if (out.raw.contains(k) && out.raw[k].is_string()) out.dtype = out.raw[k].get<std::string>();
+  model_config_validate(m, source);
+  return out;
+}
+
+HfConfig hf_config_read(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  FP_CHECK(std::filesystem::exists(path), "a Hugging Face checkpoint directory holds config.json and the weights",
+           "'{}' has no config.json", dir);
+  return hf_config_parse(file_read(path), path);
+}
+
+std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b) {
+  std::vector<std::string> d;
+  auto cmp = [&](const char* key, const auto& x, const auto& y) {
+    if (x != y) d.push_back(fmt::format("{}: {} vs {}", key, x, y));
+  };
+  cmp("hidden_size", a.hidden_size, b.hidden_size);
+  cmp("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers);
+  cmp("num_attention_heads", a.num_attention_heads, b.num_attention_heads);
+  cmp("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
+  cmp("head_dim", a.head_dim, b.head_dim);
+  cmp("num_experts", a.num_experts, b.num_experts);
+  cmp("num_experts_per_tok", a.num_experts_per_tok, b.num_experts_per_tok);
+  cmp("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size);
+  cmp("vocab_size", a.vocab_size, b.vocab_size);
+  cmp("rope_theta", a.rope_theta, b.rope_theta);
+  cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
+  cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
+  cmp("router_aux_loss_coef", a.router_aux_loss_coef, b.router_aux_loss_coef);
+  return d;
+}
+
+}  // namespace fp

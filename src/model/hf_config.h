@@ -1,0 +1,46 @@
+// A Hugging Face config.json for Qwen3MoeForCausalLM, read strictly (docs/models.md).
+//
+// Note [Every config key is read or refused]: a checkpoint from the Hub or from transformers'
+// save_pretrained carries keys that change the function the model computes (RoPE scaling, sliding
+// windows, biases, tied embeddings, dense layers, the activation). Ignoring one gives logits that are
+// wrong while the mean loss barely moves, so every key of the file falls in one of three groups:
+//   - read: the architecture flatpeak computes (hidden_size, ..., norm_topk_prob), in both the
+//     transformers 4.x and 5.x spellings (num_experts / num_local_experts; rope_theta / rope_parameters;
+//     head_dim left out when it equals hidden_size / num_attention_heads);
+//   - checked: a key whose value flatpeak computes only for one setting (hidden_act = "silu",
+//     attention_bias = false, tie_word_embeddings = false, use_sliding_window = false, no
+//     rope_scaling, every layer sparse, attention_dropout = 0): any other value is an error naming the
+//     key, its value and what is supported;
+//   - inert: keys that do not change the computed function (token ids, use_cache, initializer_range,
+//     torch_dtype, max_position_embeddings under default RoPE, ...), listed by name.
+// A key in none of the groups is an error naming it: a new transformers key is refused until someone
+// decides which group it belongs to.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace fp {
+
+struct HfConfig {
+  ModelConfig model;          // seed 0: the weights come from the checkpoint
+  nlohmann::ordered_json raw;  // the file as read, keys in their order (written back on save)
+  std::string dtype;          // torch_dtype (4.x) or dtype (5.x): "float32", "bfloat16", ...; "" if absent
+};
+
+// Parses and checks the text of a config.json (Note [Every config key is read or refused]). source
+// names the file in errors. Throws fp::Error.
+HfConfig hf_config_parse(const std::string& text, const std::string& source);
+
+// Reads DIR/config.json.
+HfConfig hf_config_read(const std::string& dir);
+
+// The architecture keys (Hugging Face names) where a and b differ, as "key: A vs B" (seed is not
+// compared: it only seeds fresh weights).
+std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b);
+
+}  // namespace fp
