@@ -38,6 +38,9 @@ void train_register(CLI::App& app, Runner& run) {
                   "start from the weights in this directory (a flatpeak checkpoint or a Hugging Face Qwen3-MoE model "
                   "directory: config.json with model.safetensors or a sharded index), with a fresh optimizer at step "
                   "0; --config's [model] table may then be left out");
+  sub->add_option("--shard-size", o.shard_size,
+                  "checkpoints whose weights exceed this are split into shards with an index, as transformers "
+                  "does (default 5GB)");
   sub->add_flag("--extend", o.extend,
                 "with --resume and --steps N: continue a run past its last step to N, at the learning rate "
                 "its schedule ended on");

@@ -54,19 +54,6 @@ bool tensor_bytes(const Shape& shape, DType t, uint64_t* out) {
   return true;
 }
 
-float bf16_to_float(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
-
-// IEEE binary16 to float; exact (every half is a float), subnormals included.
-float f16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf, nan
-  if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
-  const float mag = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal: man * 2^-24
-  return sign ? -mag : mag;
-}
-
 template <class T>
 T load(const unsigned char* p, int64_t i) {
   T v;

@@ -77,10 +77,10 @@ class Reader {
     FP_CHECK(v.is_boolean(), kSupported, "{}: {} = {} is not true or false", source_, key, v.dump());
     return v.get<bool>();
   }
-  // A key flatpeak computes for one value only: absent, null or equal to `ok`.
+  // A key flatpeak computes for one value only: absent or equal to `ok`.
   template <typename T>
   void only(const char* key, const T& ok, const std::string& what) {
-    if (!has(key)) return mark(key);
+    if (!j_.contains(key)) return mark(key);  // null is a value here (transformers would not take it either)
     const auto& v = at(key);
     FP_CHECK(v == nlohmann::ordered_json(ok), kSupported, "{}: {} = {} is not implemented ({}); flatpeak supports {} = {}",
              source_, key, v.dump(), what, key, nlohmann::ordered_json(ok).dump());

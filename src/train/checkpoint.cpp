@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
 
@@ -46,19 +48,22 @@ std::vector<Item> weight_items(ParamStore& params) {
   return out;
 }
 
-// "<param>.exp_avg", "<param>.exp_avg_sq" of every parameter of the model, in layout order.
-std::vector<Item> state_items(ParamStore& params, const Optimizer& optim) {
+// "<param>.exp_avg", "<param>.exp_avg_sq" of every parameter of the model, in layout order; with
+// master, "<param>.master" too: the f32 weights when model.safetensors holds them rounded (Note
+// [Checkpoint dtype and shards]).
+std::vector<Item> state_items(ParamStore& params, const Optimizer& optim, bool master) {
   std::unordered_map<std::string, const Tensor*> mine;
   for (const auto& [name, t] : optim.state_tensors()) mine[name] = t;
   std::vector<Item> out;
-  for (const ParamInfo& p : params.layout())
+  for (const ParamInfo& p : params.layout()) {
     for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
       const std::string name = p.name + suffix;
       auto it = mine.find(name);
       FP_ASSERT((it != mine.end()) == (p.local != nullptr), "optimizer state '{}' and its parameter disagree", name);
       out.push_back({name, &p, it != mine.end() ? it->second : nullptr});
     }
-  FP_ASSERT(out.size() == 2 * params.layout().size());
+    if (master) out.push_back({p.name + ".master", &p, p.local != nullptr ? &p.local->local_w() : nullptr});
+  }
   return out;
 }
 
@@ -88,21 +93,72 @@ void finite_check(const std::string& tensor, const float* x, int64_t n, const st
 // whatever W wrote them. Saving gathers each tensor to rank 0 (ParamStore::full_gather, collective,
 // tensor by tensor in the same order on every rank), which alone writes; loading lets every rank read
 // the file and keep its own rows (full_scatter). So any W loads a checkpoint of any other W.
-// shown: how errors name the file (the final checkpoint directory's, not the temporary one's).
-void tensors_write(const std::string& path, const std::string& shown, const std::vector<Item>& items,
-                   ParamStore& params) {
+// Writes items into dir as stem.safetensors in dtype, or, above shard_bytes, as shards with an index
+// (Note [Checkpoint dtype and shards]); one shard's tensors are in host memory at a time.
+// shown: how errors name the directory (the final checkpoint directory's, not the temporary one's).
+void tensors_write(const fs::path& dir, const std::string& stem, const std::string& shown,
+                   const std::vector<Item>& items, ParamStore& params, DType dtype, uint64_t shard_bytes) {
   const bool lead = params.rank() == 0;
-  std::vector<std::vector<float>> host(items.size());  // rank 0: each (numel of the full shape)
-  std::vector<SafetensorsView> views;
-  views.reserve(items.size());
+  // Shards: consecutive items, a new one when the next tensor would take the current one past
+  // shard_bytes (a tensor larger than that is a shard of its own).
+  std::vector<size_t> starts{0};
+  uint64_t in_shard = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    const ParamInfo& p = *items[i].param;
-    if (lead) host[i].resize(static_cast<size_t>(p.shape.numel()));
-    params.full_gather(p, items[i].local, lead ? host[i].data() : nullptr);
-    if (lead) finite_check(items[i].name, host[i].data(), p.shape.numel(), shown, true);
-    views.push_back({items[i].name, DType::DType_F32, p.shape, host[i].data()});
+    const uint64_t b = static_cast<uint64_t>(items[i].param->shape.numel()) * dtype_size(dtype);
+    if (in_shard > 0 && in_shard + b > shard_bytes) {
+      starts.push_back(i);
+      in_shard = 0;
+    }
+    in_shard += b;
   }
-  if (lead) safetensors_write(path, views, {{"format", "pt"}});
+  const size_t n_shards = starts.size();
+  starts.push_back(items.size());
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  uint64_t total = 0;
+  std::vector<float> f32;  // (numel of the full shape) one tensor gathered
+  for (size_t s = 0; s < n_shards; ++s) {
+    const std::string file = n_shards == 1 ? stem + ".safetensors"
+                                           : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, s + 1, n_shards);
+    std::vector<std::vector<unsigned char>> host;  // rank 0: each tensor in dtype
+    std::vector<SafetensorsView> views;
+    for (size_t i = starts[s]; i < starts[s + 1]; ++i) {
+      const ParamInfo& p = *items[i].param;
+      const int64_t n = p.shape.numel();
+      if (lead) f32.resize(static_cast<size_t>(n));
+      params.full_gather(p, items[i].local, lead ? f32.data() : nullptr);
+      if (!lead) continue;
+      finite_check(items[i].name, f32.data(), n, (fs::path(shown) / file).string(), true);
+      host.emplace_back(static_cast<size_t>(n) * dtype_size(dtype));
+      unsigned char* dst = host.back().data();
+      if (dtype == DType::DType_F32) {
+        std::memcpy(dst, f32.data(), static_cast<size_t>(n) * 4);
+      } else {
+        auto* h = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t k = 0; k < n; ++k)
+          h[k] = dtype == DType::DType_BF16 ? bf16_from_float(f32[k]) : f16_from_float(f32[k]);
+      }
+      views.push_back({items[i].name, dtype, p.shape, dst});
+      weight_map[items[i].name] = file;
+      total += host.back().size();
+    }
+    if (lead) safetensors_write((dir / file).string(), views, {{"format", "pt"}});
+  }
+  if (lead && n_shards > 1) {
+    const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    file_write_atomic((dir / (stem + ".safetensors.index.json")).string(), index.dump(2) + "\n");
+  }
+}
+
+// config.json of a checkpoint (Note [Checkpoint dtype and shards]).
+std::string config_text(const ModelConfig& cfg, const CheckpointFormat& format) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(
+      format.base_config.empty() ? model_config_hf_json(cfg) : format.base_config);
+  j["use_cache"] = true;
+  const char* name = format.weights == DType::DType_BF16 ? "bfloat16"
+                     : format.weights == DType::DType_F16 ? "float16"
+                                                          : "float32";
+  j[j.contains("dtype") ? "dtype" : "torch_dtype"] = name;
+  return j.dump(2) + "\n";
 }
 
 // What a tensor name tells about the feature behind it, for the errors below.
@@ -149,7 +205,8 @@ void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore&
 }  // namespace
 
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
-                            const TrainerState& state, Backend& /*be: params' own backend moves the data*/) {
+                            const TrainerState& state, Backend& /*be: params' own backend moves the data*/,
+                            const CheckpointFormat& format) {
   const fs::path root(dir);
   const std::string name = fmt::format("step-{:08d}", state.step);
   const fs::path tmp = root / (name + ".tmp");
@@ -163,13 +220,15 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
     fs::create_directories(tmp);
   }
   try {
-    tensors_write((tmp / "model.safetensors").string(), (final_dir / "model.safetensors").string(),
-                  weight_items(params), params);
+    FP_ASSERT(format.weights == DType::DType_F32 || format.weights == DType::DType_BF16 ||
+              format.weights == DType::DType_F16);
+    tensors_write(tmp, "model", final_dir.string(), weight_items(params), params, format.weights, format.shard_bytes);
     if (optim != nullptr)
-      tensors_write((tmp / "optimizer.safetensors").string(), (final_dir / "optimizer.safetensors").string(),
-                    state_items(params, *optim), params);
+      tensors_write(tmp, "optimizer", final_dir.string(),
+                    state_items(params, *optim, format.weights != DType::DType_F32), params, DType::DType_F32,
+                    std::numeric_limits<uint64_t>::max());
     if (!lead) return final_dir.string();
-    file_write_atomic((tmp / "config.json").string(), model_config_hf_json(cfg) + "\n");
+    file_write_atomic((tmp / "config.json").string(), config_text(cfg, format));
     nlohmann::json js = {{"format_version", kFormatVersion},
                          {"step", state.step},
                          {"data_position", state.data_position},
@@ -227,6 +286,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   const fs::path root(ck);
   TrainerState state;
   // The architecture must match, key by key (model/hf_config.h reads the file strictly).
+  state.config_json = file_read((root / "config.json").string());
   {
     const HfConfig saved = hf_config_read(ck);
     const std::vector<std::string> diff = model_config_differences(saved.model, cfg);
@@ -237,6 +297,8 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   {
     SafetensorsSet f(ck, "model");
     tensors_read(f, weight_items(params), params);
+    state.weights_dtype = f.dtypes_read().size() == 1 ? *f.dtypes_read().begin() : DType::DType_F32;
+    if (state.weights_dtype == DType::DType_F64) state.weights_dtype = DType::DType_F32;
   }
   const fs::path state_path = root / "trainer_state.json";
   if (fs::exists(state_path)) {
@@ -259,7 +321,10 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
              "resume needs a checkpoint written by flatpeak train (with optimizer state)",
              "checkpoint '{}' has no optimizer.safetensors", ck);
     SafetensorsSet f(ck, "optimizer");
-    tensors_read(f, state_items(params, *optim), params);
+    // The f32 master weights, when model.safetensors holds them rounded (Note [Checkpoint dtype and
+    // shards]), replace what was read from it.
+    const bool master = !params.layout().empty() && f.has(params.layout().front().name + ".master");
+    tensors_read(f, state_items(params, *optim, master), params);
     optim->set_steps_taken(state.step);
   }
   return state;

@@ -23,6 +23,21 @@
 
 namespace fp {
 
+// Note [Checkpoint dtype and shards]: model.safetensors is written in the dtype of the weights a run
+// started from (a bf16 Hugging Face model is written back in bf16; a fresh run in f32), rounded to
+// nearest even from the f32 weights the run trains. When that dtype is not f32, optimizer.safetensors
+// also holds "<param>.master", the f32 weights, and a resume reads those, so it stays bit-exact.
+// Weights above shard_bytes are split into model-0000i-of-0000N.safetensors with
+// model.safetensors.index.json (Note [Sharded checkpoints] in io/safetensors_set.h), in parameter
+// order, as transformers' save_pretrained does. config.json keeps every key of the config.json the run
+// started from (its architecture keys are the run's by construction), with use_cache true and its
+// torch_dtype / dtype set to what was written.
+struct CheckpointFormat {
+  DType weights = DType::DType_F32;         // F32, BF16 or F16
+  uint64_t shard_bytes = 5'000'000'000;     // transformers 4.x's default max_shard_size, "5GB"
+  std::string base_config;                  // config.json text the run started from ("": flatpeak's own)
+};
+
 struct TrainerState {
   int64_t step = 0;            // optimizer steps taken
   int64_t data_position = 0;   // where the data source resumes (sequence index or token offset)
@@ -30,13 +45,17 @@ struct TrainerState {
   // The length of the learning-rate schedule when it differs from the run's train.steps (a run
   // continued with --extend: Note [Extending a finished run] in trainer.cpp); 0: train.steps.
   int64_t schedule_steps = 0;
+  // What checkpoint_load found, for the run's CheckpointFormat: the weights' stored dtype (F32 when
+  // they mix dtypes) and the text of config.json.
+  DType weights_dtype = DType::DType_F32;
+  std::string config_json;
 };
 
 // Writes a checkpoint of `step` under dir (Note [Atomic checkpoints]). Returns the step directory.
 // Collective over params.comm(): every rank calls it; the whole tensors are gathered to rank 0, which
 // alone writes (Note [Checkpoints over W ranks] in checkpoint.cpp: the files do not depend on W).
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
-                            const TrainerState& state, Backend& be);
+                            const TrainerState& state, Backend& be, const CheckpointFormat& format = {});
 
 // The directory of the latest complete checkpoint: dir itself when it holds model.safetensors, else
 // dir/checkpoint. Throws fp::Error when there is none.

@@ -389,14 +389,22 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   int64_t schedule_total = total;  // the learning-rate schedule's length (Note [Extending a finished run])
   FP_CHECK(!o.extend || !o.resume.empty(), "--extend continues a run: pass --resume DIR too",
            "--extend without --resume");
+  CheckpointFormat format;  // Note [Checkpoint dtype and shards]: the dtype and config of the start
+  format.shard_bytes = bytes_parse(o.shard_size);
+  FP_CHECK(format.shard_bytes > 0, "pass a size such as 5GB or 500MiB", "--shard-size '{}' must be positive",
+           o.shard_size);
   if (!o.init_from.empty()) {
     // Weights only: the optimizer state starts fresh and the run at step 0 (a trainer state in the
     // directory, if any, is not this run's).
-    checkpoint_load(o.init_from, m, model.params(), nullptr, *be);
+    const TrainerState from = checkpoint_load(o.init_from, m, model.params(), nullptr, *be);
+    format.weights = from.weights_dtype;
+    format.base_config = from.config_json;
     if (lead) log_info("initialized the weights from {} (fresh optimizer state, step 0)", checkpoint_resolve(o.init_from));
   }
   if (!o.resume.empty()) {
     TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, *be);
+    format.weights = st.weights_dtype;
+    format.base_config = st.config_json;
     FP_CHECK(!st.run_config.empty(), "resume from a checkpoint written by flatpeak train (it has trainer_state.json)",
              "'{}' has no trainer_state.json: it holds weights, not a training run to continue", o.resume);
     nlohmann::json then = nlohmann::json::parse(st.run_config);
@@ -556,7 +564,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
       // Collective: the shards are gathered to rank 0, which writes them.
       TrainerState st{step, data.position(), run_json, schedule_total != total ? schedule_total : 0};
-      const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be);
+      const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be, format);
       last_ckpt = step;
       if (lead && !o.quiet) progress.note(fmt::format("checkpoint: {}", where));
       comm.barrier();

@@ -19,6 +19,7 @@ struct TrainOptions {
   std::string out;            // output directory (required)
   std::string resume;         // checkpoint directory to continue from
   std::string init_from;      // checkpoint or Hugging Face model directory to take the weights from (step 0)
+  std::string shard_size = "5GB";  // model.safetensors above this is sharded (Note [Checkpoint dtype and shards])
   bool overwrite = false;     // replace an earlier run's files in out (Note [A run owns its output folder])
   bool extend = false;        // with resume: continue past the run's train.steps (Note [Extending a finished run])
   int64_t stop_after = 0;     // stop (with a checkpoint) after this many steps of this invocation

@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""End-to-end tests of reading Hugging Face Qwen3-MoE checkpoint directories (config.json plus
+model.safetensors or a sharded model.safetensors.index.json) with `flatpeak eval` and
+`flatpeak train --init-from`.
+
+Cases:
+  eval_matches_twin  a small random model written three ways -- transformers 4.x config.json with one
+                     F32 file, 5.x config.json with three BF16 shards and an index, 4.x with one F16
+                     file -- evaluates to the logits and loss of the PyTorch twin
+                     (tests/reference/qwen3_moe_twin.py) run in float64 on the very values flatpeak
+                     loaded (the bf16/f16-rounded weights)
+  refusals           every config.json key flatpeak does not implement (hidden_act, attention_bias,
+                     tie_word_embeddings, use_sliding_window, rope_scaling / rope_parameters other than
+                     default, mlp_only_layers, decoder_sparse_step, model_type, an unknown key), a tensor
+                     the model does not use, a missing tensor and a missing shard are refused: exit 1,
+                     "error:" on stderr naming the key, tensor or file
+  init_from          train --init-from a 5.x sharded BF16 directory with a run config without [model]:
+                     the run starts from those weights, its checkpoint evaluates; a [model] key that
+                     disagrees with config.json and --init-from with --resume are refused
+
+Needs torch (/usr/bin/python3 on Debian has it).
+
+usage: test_hf.py --bin build/flatpeak --configs configs CASE
+"""
+import argparse
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+
+import torch  # noqa: E402
+
+import qwen3_moe_twin as twin  # noqa: E402
+import safetensors_io  # noqa: E402
+
+# The architecture of every case: 4 experts of 2 per token, head_dim = hidden / heads (so the 5.x
+# spelling, which leaves head_dim out, describes the same model).
+ARCH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, vocab_size=64, rope_theta=10000.0,
+            rms_norm_eps=1e-6, norm_topk_prob=True, router_aux_loss_coef=0.001)
+TORCH_DTYPE = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+DTYPE_NAME = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+def run(a, args, check=True):
+    p = subprocess.run([a.bin] + args, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"flatpeak {' '.join(args)} exited {p.returncode}\nstdout:\n{p.stdout}\n"
+                             f"stderr:\n{p.stderr}")
+    return p
+
+
+def expect_refused(a, args, *needles):
+    """flatpeak args exits 1 with an "error:" line on stderr that contains every needle."""
+    p = run(a, args, check=False)
+    err = p.stderr
+    assert p.returncode == 1, f"flatpeak {' '.join(args)}: exit {p.returncode}, expected 1\nstdout:\n{p.stdout}\n" \
+                              f"stderr:\n{err}"
+    assert err.startswith("error:"), f"flatpeak {' '.join(args)}: stderr does not start with 'error:':\n{err}"
+    first = err.split("\nhint:")[0]
+    for n in needles:
+        assert n in first, f"flatpeak {' '.join(args)}: the error does not name {n!r}:\n{err}"
+    return err
+
+
+def hf_config(arch, style, dtype="F32"):
+    """config.json as transformers writes it: style "4.x" (num_experts, rope_theta, head_dim,
+    rope_scaling null, torch_dtype) or "5.x" (num_local_experts, rope_parameters, no head_dim, dtype)."""
+    c = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 0,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 1,
+        "hidden_act": "silu",
+        "hidden_size": arch["hidden_size"],
+        "initializer_range": 0.02,
+        "intermediate_size": 4 * arch["hidden_size"],
+        "max_position_embeddings": 4096,
+        "max_window_layers": arch["num_hidden_layers"],
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": arch["moe_intermediate_size"],
+        "norm_topk_prob": arch["norm_topk_prob"],
+        "num_attention_heads": arch["num_attention_heads"],
+        "num_experts_per_tok": arch["num_experts_per_tok"],
+        "num_hidden_layers": arch["num_hidden_layers"],
+        "num_key_value_heads": arch["num_key_value_heads"],
+        "output_router_logits": False,
+        "rms_norm_eps": arch["rms_norm_eps"],
+        "router_aux_loss_coef": arch["router_aux_loss_coef"],
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": arch["vocab_size"],
+    }
+    if style == "4.x":
+        c.update(num_experts=arch["num_experts"], head_dim=arch["head_dim"], rope_theta=arch["rope_theta"],
+                 rope_scaling=None, torch_dtype=DTYPE_NAME[dtype], transformers_version="4.51.3")
+    else:
+        assert arch["head_dim"] == arch["hidden_size"] // arch["num_attention_heads"], "5.x leaves head_dim out"
+        c.update(num_local_experts=arch["num_experts"],
+                 rope_parameters={"rope_type": "default", "rope_theta": arch["rope_theta"]},
+                 layer_types=["full_attention"] * arch["num_hidden_layers"], dtype=DTYPE_NAME[dtype],
+                 transformers_version="5.0.0")
+    return dict(sorted(c.items()))
+
+
+def twin_config(arch):
+    return twin.Config(**{k: arch[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                "num_key_value_heads", "head_dim", "num_experts",
+                                                "num_experts_per_tok", "moe_intermediate_size", "vocab_size",
+                                                "rope_theta", "rms_norm_eps", "norm_topk_prob",
+                                                "router_aux_loss_coef")})
+
+
+def random_weights(arch, seed):
+    """HF name -> float64 tensor: matrices N(0, 0.1^2), norm weights 1 + N(0, 0.1^2)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in twin.param_shapes(twin_config(arch)).items():
+        w = 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        out[name] = 1.0 + w if len(shape) == 1 else w
+    return out
+
+
+def write_model(d, arch, weights, style="4.x", dtype="F32", shards=1, config_edit=None):
+    """Writes a Hugging Face model directory d; returns the weights as flatpeak will read them
+    (rounded to dtype), in float64. config_edit(dict) may change config.json before it is written."""
+    os.makedirs(d, exist_ok=True)
+    cfg = hf_config(arch, style, dtype)
+    if config_edit is not None:
+        config_edit(cfg)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    stored = {n: w.to(TORCH_DTYPE[dtype]) for n, w in weights.items()}
+    if shards == 1:
+        safetensors_io.save(os.path.join(d, "model.safetensors"), stored, {"format": "pt"})
+    else:
+        # transformers' layout: model-0000i-of-0000n.safetensors in model order, an index mapping each tensor.
+        names = list(stored)
+        per = -(-len(names) // shards)
+        weight_map = {}
+        for i in range(shards):
+            file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: stored[n] for n in names[i * per:(i + 1) * per]}
+            safetensors_io.save(os.path.join(d, file), part, {"format": "pt"})
+            weight_map.update({n: file for n in part})
+        total = sum(t.numel() * t.element_size() for t in stored.values())
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return {n: t.to(torch.float64) for n, t in stored.items()}
+
+
+def header_dtypes(path):
+    """The dtypes of the tensors in a safetensors file, from its header."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def write_tokens(path, tokens):
+    """llm.c's token file: a 1024-byte header of int32 (magic, version, count, zeros), uint16 tokens."""
+    import struct
+    with open(path, "wb") as f:
+        f.write(struct.pack("<3i", 20240520, 1, len(tokens)) + bytes(4 * 253))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+def random_tokens(n, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def eval_args(d, data, tmp, T, B, tag):
+    out_json, logits = os.path.join(tmp, tag + ".json"), os.path.join(tmp, tag + ".logits.safetensors")
+    return ["eval", "--checkpoint", d, "--data", data, "--seq-len", str(T), "--batch", str(B), "--json", out_json,
+            "--dump-logits", logits], out_json, logits
+
+
+# --- cases -------------------------------------------------------------------------------------------
+
+def eval_matches_twin(a, tmp):
+    """Three spellings of one random model; logits and loss match the float64 twin on the loaded values."""
+    T, B = 32, 2
+    tokens = random_tokens(B * T + 1, ARCH["vocab_size"], seed=7)
+    data = os.path.join(tmp, "tokens.bin")
+    write_tokens(data, tokens)
+    weights = random_weights(ARCH, seed=1)
+    # Each variant also sets norm_topk_prob, rope_theta and rms_norm_eps (all written into config.json)
+    # so that a key read from the wrong place, or replaced by its default, changes the logits.
+    variants = [  # (tag, config style, dtype, shards, norm_topk_prob, rope_theta, rms_norm_eps)
+        ("f32_4x_single", "4.x", "F32", 1, True, 10000.0, 1e-6),
+        ("bf16_5x_sharded", "5.x", "BF16", 3, False, 1000.0, 1e-6),
+        ("f16_4x_single", "4.x", "F16", 1, True, 1e6, 1e-5),
+    ]
+    for tag, style, dtype, shards, topk, theta, eps in variants:
+        arch = dict(ARCH, norm_topk_prob=topk, rope_theta=theta, rms_norm_eps=eps)
+        d = os.path.join(tmp, tag)
+        loaded = write_model(d, arch, weights, style, dtype, shards)
+        if shards > 1:
+            assert len([f for f in os.listdir(d) if f.endswith(".safetensors")]) == shards, os.listdir(d)
+        args, out_json, out_logits = eval_args(d, data, tmp, T, B, tag)
+        run(a, args)
+        dump, _ = safetensors_io.load(out_logits)
+        ids, tgt, logits = dump["input_ids"].long(), dump["targets"].long(), dump["logits"].to(torch.float64)
+        # The batch is the token file's first B windows of T (targets shifted by one).
+        want_ids = torch.tensor([tokens[r * T:(r + 1) * T] for r in range(B)])
+        want_tgt = torch.tensor([tokens[r * T + 1:(r + 1) * T + 1] for r in range(B)])
+        assert torch.equal(ids, want_ids), f"{tag}: dumped input_ids are not the token file's windows"
+        assert torch.equal(tgt, want_tgt), f"{tag}: dumped targets are not the token file's windows shifted by one"
+        with torch.no_grad():
+            ref = twin.forward(loaded, twin_config(arch), ids, tgt)
+        rl = ref["logits"]
+        assert logits.shape == rl.shape, f"{tag}: logits {tuple(logits.shape)} vs twin {tuple(rl.shape)}"
+        rel = ((logits - rl).abs().max() / rl.abs().max()).item()
+        assert rel < 1e-4, f"{tag}: max |logits - twin| / max |twin| = {rel:.3e} (>= 1e-4)"
+        got = json.load(open(out_json))
+        ce = ref["ce_loss"].item()
+        assert got["tokens"] == B * T and got["sequences"] == B and got["seq_len"] == T, got
+        loss_rel = abs(got["loss"] - ce) / abs(ce)
+        assert loss_rel < 1e-4, f"{tag}: eval loss {got['loss']!r} vs twin cross-entropy {ce!r} (relative {loss_rel:.2e})"
+        # The rounded weights must differ from float32's, else the bf16/f16 variants tested nothing new.
+        if dtype != "F32":
+            off = max((loaded[n] - weights[n].to(torch.float32).to(torch.float64)).abs().max().item() for n in weights)
+            assert off > 0, f"{tag}: the {dtype} weights equal the float32 ones"
+        print(f"{tag}: logits rel diff {rel:.2e}, loss {got['loss']:.6f} vs twin {ce:.6f} (rel {loss_rel:.1e}), "
+              f"tokens per expert {ref['expert_counts']}")
+
+
+def refusals(a, tmp):
+    """Each unimplemented config.json key, an unused tensor, a missing tensor and a missing shard."""
+    T, B = 8, 1
+    data = os.path.join(tmp, "tokens.bin")
+    write_tokens(data, random_tokens(T + 1, ARCH["vocab_size"], seed=3))
+    weights = random_weights(ARCH, seed=2)
+
+    def eval_of(d):
+        return ["eval", "--checkpoint", d, "--data", data, "--seq-len", str(T), "--batch", str(B)]
+
+    # The unchanged directories evaluate, so every refusal below is the one change's doing.
+    for style in ("4.x", "5.x"):
+        d = os.path.join(tmp, "ok_" + style)
+        write_model(d, ARCH, weights, style)
+        run(a, eval_of(d))
+
+    def setter(**kv):
+        return lambda c: c.update(kv)
+
+    cases = [  # (tag, config style, edit, strings the error must name)
+        ("hidden_act", "4.x", setter(hidden_act="gelu"), ["hidden_act"]),
+        ("attention_bias", "4.x", setter(attention_bias=True), ["attention_bias"]),
+        ("tie_word_embeddings", "4.x", setter(tie_word_embeddings=True), ["tie_word_embeddings"]),
+        ("use_sliding_window", "4.x", setter(use_sliding_window=True, sliding_window=16), ["use_sliding_window"]),
+        ("rope_scaling_yarn", "4.x",
+         setter(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}),
+         ["rope_scaling", "yarn"]),
+        ("rope_scaling_linear", "4.x", setter(rope_scaling={"type": "linear", "factor": 2.0}),
+         ["rope_scaling", "linear"]),
+        ("rope_parameters_yarn", "5.x",
+         setter(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}),
+         ["rope_parameters", "yarn"]),
+        ("rope_parameters_linear", "5.x",
+         setter(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+         ["rope_parameters", "linear"]),
+        ("mlp_only_layers", "4.x", setter(mlp_only_layers=[1]), ["mlp_only_layers"]),
+        ("decoder_sparse_step", "4.x", setter(decoder_sparse_step=2), ["decoder_sparse_step"]),
+        ("model_type", "4.x", setter(model_type="deepseek_v3"), ["model_type", "deepseek_v3"]),
+        ("unknown_key", "4.x", setter(foo_bar=1), ["unknown key", "foo_bar"]),
+        ("unknown_key_5x", "5.x", setter(foo_bar=1), ["unknown key", "foo_bar"]),
+    ]
+    for tag, style, edit, needles in cases:
+        d = os.path.join(tmp, tag)
+        write_model(d, ARCH, weights, style, config_edit=edit)
+        expect_refused(a, eval_of(d), *needles)
+        print(f"refused: {tag}")
+
+    # A tensor the model does not use (an attention bias) is named, not dropped.
+    d = os.path.join(tmp, "extra_tensor")
+    extra = dict(weights)
+    extra["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(ARCH["num_attention_heads"] * ARCH["head_dim"],
+                                                                dtype=torch.float64)
+    write_model(d, ARCH, extra)
+    expect_refused(a, eval_of(d), "model.layers.0.self_attn.q_proj.bias")
+    print("refused: extra_tensor")
+
+    # A missing tensor is named.
+    gone = "model.layers.1.mlp.experts.3.down_proj.weight"
+    d = os.path.join(tmp, "missing_tensor")
+    write_model(d, ARCH, {n: w for n, w in weights.items() if n != gone})
+    expect_refused(a, eval_of(d), gone)
+    print("refused: missing_tensor")
+
+    # A shard the index names but the directory lacks is named.
+    d = os.path.join(tmp, "missing_shard")
+    write_model(d, ARCH, weights, "5.x", "BF16", shards=3)
+    shard = "model-00002-of-00003.safetensors"
+    os.remove(os.path.join(d, shard))
+    expect_refused(a, eval_of(d), shard)
+    print("refused: missing_shard")
+
+
+def init_from(a, tmp):
+    """train --init-from a 5.x sharded BF16 directory, its checkpoint evaluates; the refusals."""
+    d = os.path.join(tmp, "hf")
+    weights = random_weights(ARCH, seed=4)
+    loaded = write_model(d, ARCH, weights, "5.x", "BF16", shards=3)
+    # The run config: configs/tiny.toml without its [model] table, a small recall run.
+    tiny = open(os.path.join(a.configs, "tiny.toml")).read()
+    no_model = re.sub(r"(?ms)^\[model\]\n.*?(?=^\[)", "", tiny)
+    assert not re.search(r"(?m)^(\[model\]|hidden_size)", no_model) and "[train]" in no_model, no_model
+    run_toml = os.path.join(tmp, "run.toml")
+    with open(run_toml, "w") as f:
+        f.write(no_model)
+    small = ["--set", "train.seq_len=64", "--set", "train.batch_size=2"]
+    out = os.path.join(tmp, "out")
+    run(a, ["train", "--config", run_toml, "--init-from", d, "--out", out, "--steps", "2", "--quiet"] + small)
+
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        m = [json.loads(l) for l in f if l.strip()]
+    assert [r["step"] for r in m] == [1, 2], m
+    assert math.isfinite(m[0]["loss"]), f"step-1 loss {m[0]['loss']!r} is not finite"
+
+    # The run started from d's weights: two steps at the first warmup learning rates move them little,
+    # far less than the distance between two independent random models (~0.14).
+    ck = os.path.join(out, "checkpoint")
+    trained, _ = safetensors_io.load(os.path.join(ck, "model.safetensors"))
+    assert set(trained) == set(loaded), sorted(set(trained) ^ set(loaded))
+    moved = max((trained[n].to(torch.float64) - loaded[n]).abs().max().item() for n in loaded)
+    assert moved < 0.01, f"the trained weights are {moved:.3g} from --init-from's: not started from them?"
+
+    # The run's checkpoint (its config.json written by flatpeak) loads back through eval.
+    # Its config.json is the --init-from one, key for key, with use_cache true and the dtype written.
+    saved = json.load(open(os.path.join(ck, "config.json")))
+    original = json.load(open(os.path.join(d, "config.json")))
+    assert saved == dict(original, use_cache=True, dtype="bfloat16"), (saved, original)
+    data = os.path.join(tmp, "tokens.bin")
+    write_tokens(data, random_tokens(2 * 64 + 1, ARCH["vocab_size"], seed=5))
+    out_json = os.path.join(tmp, "eval.json")
+    run(a, ["eval", "--checkpoint", out, "--data", data, "--seq-len", "64", "--batch", "2", "--json", out_json])
+    loss = json.load(open(out_json))["loss"]
+    assert math.isfinite(loss) and 0 < loss < 3 * math.log(ARCH["vocab_size"]), loss
+    print(f"init_from: step-1 loss {m[0]['loss']:.4f}, weights moved {moved:.2e}, eval of the checkpoint {loss:.4f}")
+
+    # Note [Checkpoint dtype and shards]: a BF16 input is written back in BF16 with its own config keys
+    # (the 5.x spellings here), use_cache true, and the f32 master weights in optimizer.safetensors.
+    assert header_dtypes(os.path.join(ck, "model.safetensors")) == {"BF16"}, "weights not written back in bf16"
+    assert "num_local_experts" in saved and "rope_parameters" in saved and "num_experts" not in saved, saved
+    opt, _ = safetensors_io.load(os.path.join(ck, "optimizer.safetensors"))
+    masters = [n for n in opt if n.endswith(".master")]
+    assert len(masters) == len(loaded) and all(opt[n].dtype == torch.float32 for n in masters), len(masters)
+    for n in loaded:  # the bf16 file is the master rounded to nearest even
+        assert torch.equal(opt[n + ".master"].to(torch.bfloat16), trained[n].to(torch.bfloat16)), n
+
+    # Sharded output (--shard-size) loads back, and a resume across a bf16 checkpoint is bit-exact:
+    # 2 + 2 steps give the same master weights, moments and losses as 4 straight.
+    straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
+    base = ["train", "--config", run_toml, "--quiet", "--shard-size", "20KB"] + small
+    run(a, base + ["--init-from", d, "--out", straight, "--steps", "4"])
+    run(a, base + ["--init-from", d, "--out", split, "--steps", "4", "--stop-after", "2"])
+    run(a, base + ["--resume", split, "--out", split, "--steps", "4"])
+    for o in (straight, split):
+        index = json.load(open(os.path.join(o, "checkpoint", "model.safetensors.index.json")))
+        files = sorted(set(index["weight_map"].values()))
+        assert len(files) > 1 and set(index["weight_map"]) == set(loaded), files
+        assert all(header_dtypes(os.path.join(o, "checkpoint", f)) == {"BF16"} for f in files), files
+    o1, _ = safetensors_io.load(os.path.join(straight, "checkpoint", "optimizer.safetensors"))
+    o2, _ = safetensors_io.load(os.path.join(split, "checkpoint", "optimizer.safetensors"))
+    assert set(o1) == set(o2) and all(torch.equal(o1[n], o2[n]) for n in o1), "resume across bf16 not bit-exact"
+    l1 = [json.loads(l)["loss"] for l in open(os.path.join(straight, "metrics.jsonl")) if l.strip()]
+    l2 = [json.loads(l)["loss"] for l in open(os.path.join(split, "metrics.jsonl")) if l.strip()]
+    assert l1 == l2, (l1, l2)
+    run(a, ["eval", "--checkpoint", split, "--data", data, "--seq-len", "64", "--batch", "2"])
+    print(f"init_from: bf16 written back ({len(files)} shards), resume across it bit-exact")
+
+    # A [model] key that disagrees with the checkpoint's config.json is refused by name.
+    bad_toml = os.path.join(tmp, "bad.toml")
+    with open(bad_toml, "w") as f:
+        f.write("[model]\nhidden_size = 64\n\n" + no_model)
+    expect_refused(a, ["train", "--config", bad_toml, "--init-from", d, "--out", os.path.join(tmp, "bad"),
+                       "--steps", "2", "--quiet"] + small,
+                   "[model] disagrees with the checkpoint's config.json", "hidden_size")
+    # So is a disagreeing key given with --set.
+    expect_refused(a, ["train", "--config", run_toml, "--init-from", d, "--out", os.path.join(tmp, "bad2"),
+                       "--steps", "2", "--quiet", "--set", "model.num_experts=8"] + small,
+                   "disagrees with the checkpoint's config.json", "num_experts")
+    # A [model] table that agrees is accepted (keys it leaves out come from config.json).
+    ok_toml = os.path.join(tmp, "ok.toml")
+    with open(ok_toml, "w") as f:
+        f.write("[model]\nhidden_size = 32\nnum_experts = 4\n\n" + no_model)
+    run(a, ["train", "--config", ok_toml, "--init-from", d, "--out", os.path.join(tmp, "ok"), "--steps", "1",
+            "--quiet"] + small)
+    # --init-from and --resume together are refused.
+    expect_refused(a, ["train", "--config", run_toml, "--init-from", d, "--resume", out, "--out", out,
+                       "--steps", "3", "--quiet"] + small, "--init-from", "--resume")
+    print("init_from: disagreeing [model] and --init-from with --resume refused")
+
+
+CASES = {f.__name__: f for f in (eval_matches_twin, refusals, init_from)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--configs", required=True)
+    ap.add_argument("case", choices=sorted(CASES))
+    a = ap.parse_args()
+    a.bin = os.path.abspath(a.bin)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="flatpeak_hf_") as tmp:
+        CASES[a.case](a, tmp)
+    print(f"{a.case}: ok")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
