@@ -58,6 +58,10 @@ struct EvalOptions {
 void eval_register(CLI::App& app, Runner& run);
 int eval_run(const EvalOptions& o);
 
+// flatpeak convert: a checkpoint read strictly and written back as a Hugging Face directory (another
+// dtype, other shards), nothing dropped (train.cpp).
+void convert_register(CLI::App& app, Runner& run);
+
 // flatpeak bench step (more benchmarks join as their schedules land).
 struct BenchOptions {
   std::string config;

@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
   fp::cli::Runner run;
   fp::cli::train_register(app, run);
   fp::cli::eval_register(app, run);
+  fp::cli::convert_register(app, run);
   fp::cli::step_register(app, run);
   fp::cli::plan_register(app, run);
   fp::cli::report_register(app, run);

@@ -128,4 +128,45 @@ int eval_run(const EvalOptions& o) {
   return 0;
 }
 
+namespace {
+struct ConvertOptions {
+  std::string checkpoint, out, dtype, shard_size = "5GB";
+};
+
+int convert_run(const ConvertOptions& o) {
+  const std::string ck = checkpoint_resolve(o.checkpoint);
+  const ModelConfig m = hf_config_read(ck).model;
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  Model model(m, *be, RoutingProfile{});
+  // Every tensor read, or the conversion stops naming it (Note [No weight is dropped silently]).
+  const TrainerState read = checkpoint_load(ck, m, model.params(), nullptr, *be);
+  CheckpointFormat format;
+  format.weights = o.dtype.empty() ? read.weights_dtype : dtype_parse(o.dtype);
+  FP_CHECK(format.weights == DType::DType_F32 || format.weights == DType::DType_BF16 ||
+               format.weights == DType::DType_F16,
+           "pass --dtype f32, bf16 or f16", "--dtype {}: weights are written as f32, bf16 or f16", o.dtype);
+  format.shard_bytes = bytes_parse(o.shard_size);
+  format.base_config = read.config_json;
+  checkpoint_export(o.out, m, model.params(), format);
+  log_info("wrote {} ({} weights{}) from {}", o.out, dtype_name(format.weights),
+           format.weights != read.weights_dtype ? fmt::format(", read as {}", dtype_name(read.weights_dtype)) : "",
+           ck);
+  return 0;
+}
+}  // namespace
+
+void convert_register(CLI::App& app, Runner& run) {
+  auto opts = std::make_shared<ConvertOptions>();
+  ConvertOptions& o = *opts;
+  CLI::App* sub = app.add_subcommand(
+      "convert", "read a checkpoint strictly (every config key, every tensor) and write it as a Hugging Face directory");
+  sub->callback([&run, opts] { run = [opts] { return convert_run(*opts); }; });
+  sub->add_option("--checkpoint", o.checkpoint,
+                  "a flatpeak run or step directory, or a Hugging Face model directory")
+      ->required();
+  sub->add_option("--out", o.out, "the directory to write (must not exist)")->required();
+  sub->add_option("--dtype", o.dtype, "weights dtype: f32, bf16 or f16 (default: the input's)");
+  sub->add_option("--shard-size", o.shard_size, "shard the weights above this size, with an index (default 5GB)");
+}
+
 }  // namespace fp::cli

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "model/blocks.h"
+#include "model/rope_scaling.h"
 #include "model/ring_attention.h"
 
 namespace fp {
@@ -39,7 +40,9 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim;
-  const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope_theta);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const RopeTable rope = rope_table(c);  // Note [RoPE scaling as transformers computes it]
+  const ops::RopeFreqs freqs{rope.inv_freq.data(), static_cast<float>(rope.attention_factor)};
   AttnActs local;
   AttnActs& a = keep ? *keep : local;
 
@@ -64,8 +67,8 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   a.rstd_k = be.alloc_f32(kAct, {n * nkv}, "attn.rstd_k");
   K.rmsnorm_forward(a.q_raw.f32(), lp.q_norm->w.f32(), a.q.f32(), a.rstd_q.f32(), n * nh, hd, eps);
   K.rmsnorm_forward(a.k_raw.f32(), lp.k_norm->w.f32(), a.k.f32(), a.rstd_k.f32(), n * nkv, hd, eps);
-  K.rope_forward(a.q.f32(), s.pos.i32(), n, nh, hd, theta);
-  K.rope_forward(a.k.f32(), s.pos.i32(), n, nkv, hd, theta);
+  K.rope_forward(a.q.f32(), s.pos.i32(), n, nh, hd, freqs);
+  K.rope_forward(a.k.f32(), s.pos.i32(), n, nkv, hd, freqs);
   if (!keep) {
     a.q_raw.reset();
     a.k_raw.reset();
@@ -101,7 +104,8 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim;
-  const float theta = static_cast<float>(c.rope_theta);
+  const RopeTable rope = rope_table(c);
+  const ops::RopeFreqs freqs{rope.inv_freq.data(), static_cast<float>(rope.attention_factor)};
 
   // o_proj: dx holds d x1 = d (x + o W_o^T); the residual part stays in dx.
   Tensor d_o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.d_o");
@@ -123,8 +127,8 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.q.reset();
   a.k.reset();
 
-  K.rope_backward(dq.f32(), s.pos.i32(), n, nh, hd, theta);
-  K.rope_backward(dk.f32(), s.pos.i32(), n, nkv, hd, theta);
+  K.rope_backward(dq.f32(), s.pos.i32(), n, nh, hd, freqs);
+  K.rope_backward(dk.f32(), s.pos.i32(), n, nkv, hd, freqs);
   Tensor dq_raw = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq_raw");
   Tensor dk_raw = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk_raw");
   rmsnorm_backward(be, a.q_raw.f32(), lp.q_norm->w.f32(), a.rstd_q.f32(), dq.f32(), dq_raw.f32(), lp.q_norm->g.f32(),

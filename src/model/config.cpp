@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/hf_config.h"
 
 namespace fp {
 
@@ -110,7 +111,7 @@ std::string model_config_hf_json(const ModelConfig& m) {
       {"mlp_only_layers", nlohmann::json::array()},
       {"vocab_size", m.vocab_size},
       {"rope_theta", m.rope_theta},
-      {"rope_scaling", nullptr},
+      {"rope_scaling", rope_scaling_json(m.rope_scaling)},
       {"rms_norm_eps", m.rms_norm_eps},
       {"norm_topk_prob", m.norm_topk_prob},
       {"router_aux_loss_coef", m.router_aux_loss_coef},

@@ -8,6 +8,24 @@
 
 namespace fp {
 
+// RoPE scaling (Hugging Face's rope_scaling / rope_parameters; model/rope_scaling.h computes the
+// frequencies). Values left at 0 take transformers' defaults there.
+struct RopeScaling {
+  enum class Kind { Kind_default, Kind_linear, Kind_yarn, Kind_llama3 };
+  Kind kind = Kind::Kind_default;
+  double factor = 1;                         // linear, yarn, llama3
+  int64_t original_max_position_embeddings = 0;  // yarn, llama3 (yarn's default, the model's
+                                                 // max_position_embeddings, is filled in on parsing)
+  double attention_factor = 0;               // yarn: 0 = from factor, mscale, mscale_all_dim
+  double beta_fast = 0, beta_slow = 0;       // yarn: 0 = 32, 1
+  double mscale = 0, mscale_all_dim = 0;     // yarn (DeepSeek's form)
+  bool truncate = true;                      // yarn: round the correction range to whole dimensions
+  double low_freq_factor = 0, high_freq_factor = 0;  // llama3 (required)
+  bool operator==(const RopeScaling&) const = default;
+};
+// "default", "linear", "yarn", "llama3".
+const char* rope_kind_name(RopeScaling::Kind k);
+
 struct ModelConfig {
   int64_t hidden_size = 0;            // H
   int64_t num_hidden_layers = 0;      // L
@@ -19,6 +37,7 @@ struct ModelConfig {
   int64_t moe_intermediate_size = 0;  // I
   int64_t vocab_size = 0;             // V
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   double rms_norm_eps = 1e-6;
   bool norm_topk_prob = true;
   double router_aux_loss_coef = 0.001;

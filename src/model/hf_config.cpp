@@ -104,31 +104,11 @@ class Reader {
   std::set<std::string> seen_;
 };
 
-// rope_scaling (4.x) or rope_parameters (5.x): only default RoPE; returns rope_theta when the
-// dictionary carries it.
-std::optional<double> rope_dictionary(Reader& r, const char* key) {
-  if (!r.has(key)) return r.mark(key), std::nullopt;
-  const auto& d = r.at(key);
-  FP_CHECK(d.is_object(), kSupported, "{}: {} = {} is not an object", r.source(), key, d.dump());
-  std::optional<double> theta;
-  for (auto it = d.begin(); it != d.end(); ++it) {
-    const std::string& k = it.key();
-    const auto& v = it.value();
-    if (k == "rope_type" || k == "type") {
-      FP_CHECK(v == "default", "RoPE scaling (linear, dynamic, yarn, llama3, ...) is not implemented yet",
-               "{}: {}.{} = {} is not implemented; flatpeak computes default RoPE", r.source(), key, k, v.dump());
-    } else if (k == "rope_theta") {
-      FP_CHECK(v.is_number(), kSupported, "{}: {}.rope_theta = {} is not a number", r.source(), key, v.dump());
-      theta = v.get<double>();
-    } else if (k == "partial_rotary_factor") {
-      FP_CHECK(v == 1 || v == 1.0, kSupported, "{}: {}.partial_rotary_factor = {} is not implemented (RoPE on every "
-               "dimension of a head)", r.source(), key, v.dump());
-    } else {
-      throw Error(fmt::format("{}: {}.{} = {} is not implemented", r.source(), key, k, v.dump()),
-                  "flatpeak computes default RoPE: rope_type \"default\" with rope_theta");
-    }
-  }
-  return theta;
+// rope_scaling (4.x) or rope_parameters (5.x) as read by rope_scaling_parse; absent or null is
+// default RoPE.
+RopeScaling rope_dictionary(Reader& r, const char* key, std::optional<double>* theta, int64_t max_position_embeddings) {
+  if (!r.has(key)) return r.mark(key), RopeScaling{};
+  return rope_scaling_parse(r.at(key), fmt::format("{}: {}", r.source(), key), theta, max_position_embeddings);
 }
 
 }  // namespace
@@ -184,9 +164,17 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source) {
   m.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
   m.norm_topk_prob = r.boolean("norm_topk_prob", false);
   m.router_aux_loss_coef = r.number("router_aux_loss_coef", 0.001);
-  // RoPE: rope_theta (4.x) and rope_scaling, or rope_parameters (5.x); default RoPE only.
-  const std::optional<double> theta_scaling = rope_dictionary(r, "rope_scaling");
-  const std::optional<double> theta_params = rope_dictionary(r, "rope_parameters");
+  // RoPE: rope_theta (4.x) and rope_scaling, or rope_parameters (5.x).
+  std::optional<double> theta_scaling, theta_params;
+  int64_t max_positions = 0;  // read only as YaRN's default original context (otherwise inert)
+  if (r.has("max_position_embeddings") && r.at("max_position_embeddings").is_number_integer())
+    max_positions = r.at("max_position_embeddings").get<int64_t>();
+  const RopeScaling scaling = rope_dictionary(r, "rope_scaling", &theta_scaling, max_positions);
+  const RopeScaling params = rope_dictionary(r, "rope_parameters", &theta_params, max_positions);
+  FP_CHECK(scaling.kind == RopeScaling::Kind::Kind_default || params.kind == RopeScaling::Kind::Kind_default ||
+               scaling == params,
+           kSupported, "{}: rope_scaling and rope_parameters disagree", source);
+  m.rope_scaling = scaling.kind != RopeScaling::Kind::Kind_default ? scaling : params;
   m.rope_theta = 10000.0;
   int theta_sources = 0;
   for (const std::optional<double>& t : {theta_params, theta_scaling})
@@ -244,6 +232,105 @@ HfConfig hf_config_read(const std::string& dir) {
   return hf_config_parse(file_read(path), path);
 }
 
+RopeScaling rope_scaling_parse(const nlohmann::json& d, const std::string& where, std::optional<double>* theta,
+                               int64_t max_position_embeddings) {
+  constexpr const char* kRopeHint =
+      "flatpeak computes rope_type \"default\", \"linear\", \"yarn\" and \"llama3\" (docs/models.md); dynamic NTK "
+      "and LongRoPE change with the sequence length at run time and are not implemented";
+  RopeScaling out;
+  if (d.is_null()) return out;
+  FP_CHECK(d.is_object(), kRopeHint, "{} = {} is not an object", where, d.dump());
+  std::string type = "default";
+  for (const char* k : {"rope_type", "type"})
+    if (d.contains(k)) {
+      FP_CHECK(d[k].is_string(), kRopeHint, "{}.{} = {} is not a string", where, k, d[k].dump());
+      type = d[k].get<std::string>();
+    }
+  using K = RopeScaling::Kind;
+  if (type == "default") out.kind = K::Kind_default;
+  else if (type == "linear") out.kind = K::Kind_linear;
+  else if (type == "yarn") out.kind = K::Kind_yarn;
+  else if (type == "llama3") out.kind = K::Kind_llama3;
+  else throw Error(fmt::format("{}: rope_type \"{}\" is not implemented", where, type), kRopeHint);
+  // Which keys each kind reads (anything else in the dictionary is refused by name).
+  std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (out.kind != K::Kind_default) allowed.insert("factor");
+  if (out.kind == K::Kind_yarn)
+    for (const char* k : {"original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
+                          "mscale_all_dim", "truncate"})
+      allowed.insert(k);
+  if (out.kind == K::Kind_llama3)
+    for (const char* k : {"original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}) allowed.insert(k);
+  auto number = [&](const char* k, double& dst) {
+    if (!d.contains(k) || d[k].is_null()) return false;
+    FP_CHECK(d[k].is_number(), kRopeHint, "{}.{} = {} is not a number", where, k, d[k].dump());
+    dst = d[k].get<double>();
+    return true;
+  };
+  for (auto it = d.begin(); it != d.end(); ++it)
+    FP_CHECK(allowed.count(it.key()), kRopeHint, "{}.{} = {} is not implemented for rope_type \"{}\"", where, it.key(),
+             it.value().dump(), type);
+  double v = 0;
+  if (number("rope_theta", v) && theta != nullptr) *theta = v;
+  if (number("partial_rotary_factor", v))
+    FP_CHECK(v == 1.0, kRopeHint, "{}.partial_rotary_factor = {} is not implemented (RoPE on every dimension)", where, v);
+  if (out.kind == K::Kind_default) return out;
+  FP_CHECK(number("factor", out.factor) && out.factor >= 1, kRopeHint, "{}: rope_type \"{}\" needs factor >= 1{}", where,
+           type, d.contains("factor") ? fmt::format(" (got {})", d["factor"].dump()) : std::string());
+  double orig = 0;
+  if (number("original_max_position_embeddings", orig)) {
+    FP_CHECK(orig >= 1 && orig == std::floor(orig), kRopeHint, "{}.original_max_position_embeddings = {} must be a "
+             "positive integer", where, orig);
+    out.original_max_position_embeddings = static_cast<int64_t>(orig);
+  }
+  if (out.kind == K::Kind_yarn) {
+    number("attention_factor", out.attention_factor);
+    number("beta_fast", out.beta_fast);
+    number("beta_slow", out.beta_slow);
+    number("mscale", out.mscale);
+    number("mscale_all_dim", out.mscale_all_dim);
+    if (d.contains("truncate")) {
+      FP_CHECK(d["truncate"].is_boolean(), kRopeHint, "{}.truncate = {} is not true or false", where,
+               d["truncate"].dump());
+      out.truncate = d["truncate"].get<bool>();
+    }
+    FP_CHECK(out.attention_factor >= 0, kRopeHint, "{}.attention_factor = {} must be > 0", where, out.attention_factor);
+    // Without original_max_position_embeddings YaRN scales from the model's max_position_embeddings.
+    if (out.original_max_position_embeddings == 0) out.original_max_position_embeddings = max_position_embeddings;
+    FP_CHECK(out.original_max_position_embeddings > 0, kRopeHint,
+             "{}: rope_type \"yarn\" needs original_max_position_embeddings (the context the model was trained at)",
+             where);
+  }
+  if (out.kind == K::Kind_llama3) {
+    FP_CHECK(out.original_max_position_embeddings > 0 && number("low_freq_factor", out.low_freq_factor) &&
+                 number("high_freq_factor", out.high_freq_factor) && out.high_freq_factor > out.low_freq_factor &&
+                 out.low_freq_factor > 0,
+             kRopeHint, "{}: rope_type \"llama3\" needs original_max_position_embeddings, low_freq_factor and "
+             "high_freq_factor > low_freq_factor > 0", where);
+  }
+  return out;
+}
+
+nlohmann::json rope_scaling_json(const RopeScaling& r) {
+  using K = RopeScaling::Kind;
+  if (r.kind == K::Kind_default) return nullptr;
+  nlohmann::ordered_json j = {{"rope_type", rope_kind_name(r.kind)}, {"factor", r.factor}};
+  if (r.original_max_position_embeddings > 0) j["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  if (r.kind == K::Kind_yarn) {
+    if (r.attention_factor > 0) j["attention_factor"] = r.attention_factor;
+    if (r.beta_fast != 0) j["beta_fast"] = r.beta_fast;
+    if (r.beta_slow != 0) j["beta_slow"] = r.beta_slow;
+    if (r.mscale != 0) j["mscale"] = r.mscale;
+    if (r.mscale_all_dim != 0) j["mscale_all_dim"] = r.mscale_all_dim;
+    if (!r.truncate) j["truncate"] = false;
+  }
+  if (r.kind == K::Kind_llama3) {
+    j["low_freq_factor"] = r.low_freq_factor;
+    j["high_freq_factor"] = r.high_freq_factor;
+  }
+  return nlohmann::json::parse(j.dump());
+}
+
 std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b) {
   std::vector<std::string> d;
   auto cmp = [&](const char* key, const auto& x, const auto& y) {
@@ -262,6 +349,9 @@ std::vector<std::string> model_config_differences(const ModelConfig& a, const Mo
   cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
   cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
   cmp("router_aux_loss_coef", a.router_aux_loss_coef, b.router_aux_loss_coef);
+  if (!(a.rope_scaling == b.rope_scaling))
+    d.push_back(fmt::format("rope_scaling: {} vs {}", rope_scaling_json(a.rope_scaling).dump(),
+                            rope_scaling_json(b.rope_scaling).dump()));
   return d;
 }
 

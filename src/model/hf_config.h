@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,15 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source);
 
 // Reads DIR/config.json.
 HfConfig hf_config_read(const std::string& dir);
+
+// A rope_scaling / rope_parameters dictionary (null: default RoPE) as RopeScaling; its rope_theta, if
+// any, into *theta. Keys that the rope_type does not read, dynamic NTK and LongRoPE are refused, naming
+// `where` (e.g. "config.json: rope_scaling"). Note [RoPE scaling as transformers computes it].
+// max_position_embeddings: YaRN's original context when the dictionary names none (0: required).
+RopeScaling rope_scaling_parse(const nlohmann::json& d, const std::string& where, std::optional<double>* theta = nullptr,
+                               int64_t max_position_embeddings = 0);
+// The dictionary flatpeak writes for r (null for default RoPE).
+nlohmann::json rope_scaling_json(const RopeScaling& r);
 
 // The architecture keys (Hugging Face names) where a and b differ, as "key: A vs B" (seed is not
 // compared: it only seeds fresh weights).

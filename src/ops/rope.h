@@ -1,16 +1,39 @@
 // Rotary position embedding, rotate-half layout (Hugging Face Llama/Qwen):
-//   for i < hd/2: inv_freq_i = theta^(-2i/hd), a = pos * inv_freq_i (computed in double),
-//   y[i] = x[i] cos a - x[i + hd/2] sin a;  y[i + hd/2] = x[i + hd/2] cos a + x[i] sin a.
+//   for i < hd/2: a = pos * inv_freq[i] (computed in double),
+//   y[i] = s (x[i] cos a - x[i + hd/2] sin a);  y[i + hd/2] = s (x[i + hd/2] cos a + x[i] sin a),
+// with inv_freq and the factor s from the model's RoPE (model/rope_scaling.h: default RoPE has
+// inv_freq[i] = theta^(-2i/hd) and s = 1; linear, YaRN and llama3 scaling change inv_freq, and YaRN
+// multiplies cos and sin by its attention factor s, as transformers does).
 // n tokens, heads heads, hd head_dim (even).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <vector>
+
+namespace fp::ops {
+
+// The frequencies of one model: inv_freq (hd/2 values, owned by the caller) and the factor s.
+struct RopeFreqs {
+  const double* inv_freq = nullptr;
+  float scale = 1.0f;
+};
+
+// Default RoPE: inv_freq[i] = theta^(-2i/hd), i < hd/2.
+inline std::vector<double> rope_default_inv_freq(double theta, int64_t hd) {
+  std::vector<double> f(static_cast<size_t>(hd / 2));
+  for (int64_t i = 0; i < hd / 2; ++i)
+    f[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+  return f;
+}
+
+}  // namespace fp::ops
 
 namespace fp::ops::cpu {
 
 // x (n, heads, hd) rotated in place; pos (n) the position of each token in its sequence.
-void rope_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, float theta);
-// dx (n, heads, hd) in place: the transpose (inverse) rotation.
-void rope_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, float theta);
+void rope_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
+// dx (n, heads, hd) in place: the transpose rotation (times s).
+void rope_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
 
 }  // namespace fp::ops::cpu

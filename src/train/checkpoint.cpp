@@ -270,6 +270,31 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
   return final_dir.string();
 }
 
+void checkpoint_export(const std::string& out, const ModelConfig& cfg, ParamStore& params,
+                       const CheckpointFormat& format) {
+  const fs::path final_dir = fs::absolute(out).lexically_normal();
+  const fs::path tmp = final_dir.string() + ".tmp";
+  const bool lead = params.rank() == 0;
+  std::error_code ec;
+  FP_CHECK(!fs::exists(final_dir, ec), "pass a new directory to --out (nothing is overwritten)",
+           "'{}' already exists", out);
+  if (lead) {
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp);
+  }
+  try {
+    tensors_write(tmp, "model", final_dir.string(), weight_items(params), params, format.weights, format.shard_bytes);
+    if (!lead) return;
+    file_write_atomic((tmp / "config.json").string(), config_text(cfg, format));
+    fsync_dir(tmp);
+  } catch (...) {
+    if (lead) fs::remove_all(tmp, ec);
+    throw;
+  }
+  fs::rename(tmp, final_dir);
+  fsync_dir(final_dir.parent_path());
+}
+
 std::string checkpoint_resolve(const std::string& dir) {
   const fs::path root(dir);
   if (SafetensorsSet::present(root.string(), "model")) return root.string();

@@ -57,6 +57,12 @@ struct TrainerState {
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
                             const TrainerState& state, Backend& be, const CheckpointFormat& format = {});
 
+// Writes the model alone as a Hugging Face directory: out/config.json and the weights in format.weights,
+// sharded above format.shard_bytes (Note [Checkpoint dtype and shards]). Written into "out.tmp" and
+// renamed, so out appears complete or not at all; out must not exist. Collective like checkpoint_save.
+void checkpoint_export(const std::string& out, const ModelConfig& cfg, ParamStore& params,
+                       const CheckpointFormat& format);
+
 // The directory of the latest complete checkpoint: dir itself when it holds model.safetensors, else
 // dir/checkpoint. Throws fp::Error when there is none.
 std::string checkpoint_resolve(const std::string& dir);

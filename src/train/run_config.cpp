@@ -2,6 +2,7 @@
 
 #include "model/hf_config.h"
 
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include <cmath>
@@ -22,7 +23,7 @@ constexpr const char* kConfigHint = "see configs/tiny.toml for a complete, comme
 struct Field {
   std::string table;
   std::string key;
-  enum class Kind { Kind_int, Kind_float, Kind_bool, Kind_string } kind;
+  enum class Kind { Kind_int, Kind_float, Kind_bool, Kind_string, Kind_table } kind;
   bool required;
   std::function<void(const toml::node&)> store;
 };
@@ -47,6 +48,20 @@ Field precision_field(const char* key, StringKeys& strings) {
           }};
 }
 
+// A flat TOML table of scalars as JSON (rope_scaling is written in Hugging Face's form).
+nlohmann::json toml_to_json(const toml::table& t) {
+  nlohmann::json j = nlohmann::json::object();
+  for (auto&& [k, v] : t) {
+    const std::string key(k.str());
+    if (auto i = v.value<int64_t>(); v.is_integer() && i) j[key] = *i;
+    else if (auto d = v.value<double>(); v.is_floating_point() && d) j[key] = *d;
+    else if (auto b = v.value<bool>(); v.is_boolean() && b) j[key] = *b;
+    else if (auto sv = v.value<std::string>(); v.is_string() && sv) j[key] = *sv;
+    else j[key] = "<not a scalar>";  // refused by name by the parser
+  }
+  return j;
+}
+
 std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
   using K = Field::Kind;
   auto i64 = [](int64_t* p) { return [p](const toml::node& n) { *p = *n.value<int64_t>(); }; };
@@ -68,6 +83,12 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
       {"model", "rms_norm_eps", K::Kind_float, true, f64(&m.rms_norm_eps)},
       {"model", "norm_topk_prob", K::Kind_bool, true, b(&m.norm_topk_prob)},
       {"model", "router_aux_loss_coef", K::Kind_float, true, f64(&m.router_aux_loss_coef)},
+      // Optional: an inline table in Hugging Face's form, e.g. { rope_type = "yarn", factor = 4.0,
+      // original_max_position_embeddings = 32768 } (Note [RoPE scaling as transformers computes it]).
+      {"model", "rope_scaling", K::Kind_table, false,
+       [&m](const toml::node& n) {
+         m.rope_scaling = rope_scaling_parse(toml_to_json(*n.as_table()), "model.rope_scaling");
+       }},
       {"model", "seed", K::Kind_int, true,
        [&m](const toml::node& n) { m.seed = static_cast<uint64_t>(*n.value<int64_t>()); }},
       {"train", "batch_size", K::Kind_int, false, i64(&c.train.batch_size)},
@@ -124,6 +145,7 @@ const char* kind_name(Field::Kind k) {
     case Field::Kind::Kind_float: return "a number";
     case Field::Kind::Kind_bool: return "true or false";
     case Field::Kind::Kind_string: return "a string";
+    case Field::Kind::Kind_table: return "an inline table { key = value, ... }";
   }
   return "?";
 }
@@ -134,6 +156,7 @@ bool kind_matches(Field::Kind k, const toml::node& n) {
     case Field::Kind::Kind_float: return n.is_integer() || n.is_floating_point();
     case Field::Kind::Kind_bool: return n.is_boolean();
     case Field::Kind::Kind_string: return n.is_string();
+    case Field::Kind::Kind_table: return n.is_table();
   }
   return false;
 }
@@ -187,6 +210,17 @@ void model_fill(toml::table& doc, const ModelConfig& m) {
   fill("rms_norm_eps", m.rms_norm_eps);
   fill("norm_topk_prob", m.norm_topk_prob);
   fill("router_aux_loss_coef", m.router_aux_loss_coef);
+  if (m.rope_scaling.kind != RopeScaling::Kind::Kind_default && !t->contains("rope_scaling")) {
+    toml::table r;
+    const nlohmann::json j = rope_scaling_json(m.rope_scaling);  // outlives the loop (items() is a view)
+    for (auto& [k, v] : j.items()) {
+      if (v.is_number_integer()) r.insert(k, v.get<int64_t>());
+      else if (v.is_number()) r.insert(k, v.get<double>());
+      else if (v.is_boolean()) r.insert(k, v.get<bool>());
+      else r.insert(k, v.get<std::string>());
+    }
+    t->insert("rope_scaling", r);
+  }
   fill("seed", static_cast<int64_t>(m.seed));
 }
 

@@ -10,8 +10,9 @@ Cases:
                      (tests/reference/qwen3_moe_twin.py) run in float64 on the very values flatpeak
                      loaded (the bf16/f16-rounded weights)
   refusals           every config.json key flatpeak does not implement (hidden_act, attention_bias,
-                     tie_word_embeddings, use_sliding_window, rope_scaling / rope_parameters other than
-                     default, mlp_only_layers, decoder_sparse_step, model_type, an unknown key), a tensor
+                     tie_word_embeddings, use_sliding_window, dynamic / longrope RoPE, a rope key the
+                     rope_type does not read, mlp_only_layers, decoder_sparse_step, model_type, an
+                     unknown key), a tensor
                      the model does not use, a missing tensor and a missing shard are refused: exit 1,
                      "error:" on stderr naming the key, tensor or file
   init_from          train --init-from a 5.x sharded BF16 directory with a run config without [model]:
@@ -105,13 +106,14 @@ def hf_config(arch, style, dtype="F32"):
         "use_sliding_window": False,
         "vocab_size": arch["vocab_size"],
     }
+    rope = arch.get("rope_scaling")  # None: default RoPE
     if style == "4.x":
         c.update(num_experts=arch["num_experts"], head_dim=arch["head_dim"], rope_theta=arch["rope_theta"],
-                 rope_scaling=None, torch_dtype=DTYPE_NAME[dtype], transformers_version="4.51.3")
+                 rope_scaling=rope, torch_dtype=DTYPE_NAME[dtype], transformers_version="4.51.3")
     else:
         assert arch["head_dim"] == arch["hidden_size"] // arch["num_attention_heads"], "5.x leaves head_dim out"
         c.update(num_local_experts=arch["num_experts"],
-                 rope_parameters={"rope_type": "default", "rope_theta": arch["rope_theta"]},
+                 rope_parameters=dict(rope or {"rope_type": "default"}, rope_theta=arch["rope_theta"]),
                  layer_types=["full_attention"] * arch["num_hidden_layers"], dtype=DTYPE_NAME[dtype],
                  transformers_version="5.0.0")
     return dict(sorted(c.items()))
@@ -122,7 +124,8 @@ def twin_config(arch):
                                                 "num_key_value_heads", "head_dim", "num_experts",
                                                 "num_experts_per_tok", "moe_intermediate_size", "vocab_size",
                                                 "rope_theta", "rms_norm_eps", "norm_topk_prob",
-                                                "router_aux_loss_coef")})
+                                                "router_aux_loss_coef")},
+                       rope_scaling=arch.get("rope_scaling"))
 
 
 def random_weights(arch, seed):
@@ -201,13 +204,26 @@ def eval_matches_twin(a, tmp):
     weights = random_weights(ARCH, seed=1)
     # Each variant also sets norm_topk_prob, rope_theta and rms_norm_eps (all written into config.json)
     # so that a key read from the wrong place, or replaced by its default, changes the logits.
-    variants = [  # (tag, config style, dtype, shards, norm_topk_prob, rope_theta, rms_norm_eps)
-        ("f32_4x_single", "4.x", "F32", 1, True, 10000.0, 1e-6),
-        ("bf16_5x_sharded", "5.x", "BF16", 3, False, 1000.0, 1e-6),
-        ("f16_4x_single", "4.x", "F16", 1, True, 1e6, 1e-5),
+    # RoPE scaling (Note [RoPE scaling as transformers computes it]) at a short original context so that
+    # 32 positions reach the scaled frequencies: YaRN (default and DeepSeek's mscale attention factor),
+    # linear, llama3.
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    yarn_ds = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+               "mscale_all_dim": 0.707, "beta_fast": 16}
+    linear = {"rope_type": "linear", "factor": 2.5}
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}
+    variants = [  # (tag, config style, dtype, shards, norm_topk_prob, rope_theta, rms_norm_eps, rope scaling)
+        ("f32_4x_single", "4.x", "F32", 1, True, 10000.0, 1e-6, None),
+        ("bf16_5x_sharded", "5.x", "BF16", 3, False, 1000.0, 1e-6, None),
+        ("f16_4x_single", "4.x", "F16", 1, True, 1e6, 1e-5, None),
+        ("yarn_4x", "4.x", "F32", 1, True, 10000.0, 1e-6, yarn),
+        ("yarn_mscale_5x", "5.x", "F32", 1, True, 10000.0, 1e-6, yarn_ds),
+        ("linear_5x", "5.x", "F32", 1, True, 10000.0, 1e-6, linear),
+        ("llama3_4x", "4.x", "F32", 1, True, 10000.0, 1e-6, llama3),
     ]
-    for tag, style, dtype, shards, topk, theta, eps in variants:
-        arch = dict(ARCH, norm_topk_prob=topk, rope_theta=theta, rms_norm_eps=eps)
+    for tag, style, dtype, shards, topk, theta, eps, rope in variants:
+        arch = dict(ARCH, norm_topk_prob=topk, rope_theta=theta, rms_norm_eps=eps, rope_scaling=rope)
         d = os.path.join(tmp, tag)
         loaded = write_model(d, arch, weights, style, dtype, shards)
         if shards > 1:
@@ -264,17 +280,20 @@ def refusals(a, tmp):
         ("attention_bias", "4.x", setter(attention_bias=True), ["attention_bias"]),
         ("tie_word_embeddings", "4.x", setter(tie_word_embeddings=True), ["tie_word_embeddings"]),
         ("use_sliding_window", "4.x", setter(use_sliding_window=True, sliding_window=16), ["use_sliding_window"]),
-        ("rope_scaling_yarn", "4.x",
-         setter(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}),
-         ["rope_scaling", "yarn"]),
-        ("rope_scaling_linear", "4.x", setter(rope_scaling={"type": "linear", "factor": 2.0}),
-         ["rope_scaling", "linear"]),
-        ("rope_parameters_yarn", "5.x",
-         setter(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}),
-         ["rope_parameters", "yarn"]),
-        ("rope_parameters_linear", "5.x",
-         setter(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
-         ["rope_parameters", "linear"]),
+        ("rope_scaling_dynamic", "4.x", setter(rope_scaling={"type": "dynamic", "factor": 2.0}),
+         ["rope_scaling", "dynamic"]),
+        ("rope_parameters_longrope", "5.x",
+         setter(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "factor": 4.0}),
+         ["rope_parameters", "longrope"]),
+        ("rope_scaling_yarn_unknown_key", "4.x",
+         setter(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                              "low_freq_factor": 1.0}),
+         ["rope_scaling", "low_freq_factor", "yarn"]),
+        ("rope_parameters_llama3_incomplete", "5.x",
+         setter(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}),
+         ["rope_parameters", "llama3"]),
+        ("rope_scaling_factor_below_one", "4.x", setter(rope_scaling={"rope_type": "linear", "factor": 0.5}),
+         ["rope_scaling", "factor"]),
         ("mlp_only_layers", "4.x", setter(mlp_only_layers=[1]), ["mlp_only_layers"]),
         ("decoder_sparse_step", "4.x", setter(decoder_sparse_step=2), ["decoder_sparse_step"]),
         ("model_type", "4.x", setter(model_type="deepseek_v3"), ["model_type", "deepseek_v3"]),
@@ -396,6 +415,12 @@ def init_from(a, tmp):
     expect_refused(a, ["train", "--config", run_toml, "--init-from", d, "--out", os.path.join(tmp, "bad2"),
                        "--steps", "2", "--quiet", "--set", "model.num_experts=8"] + small,
                    "disagrees with the checkpoint's config.json", "num_experts")
+    # RoPE scaling is part of the architecture: a run config that scales RoPE differently is refused.
+    rope_toml = os.path.join(tmp, "rope.toml")
+    with open(rope_toml, "w") as f:
+        f.write('[model]\nrope_scaling = { rope_type = "linear", factor = 2.0 }\n\n' + no_model)
+    expect_refused(a, ["train", "--config", rope_toml, "--init-from", d, "--out", os.path.join(tmp, "bad3"),
+                       "--steps", "1", "--quiet"] + small, "disagrees with the checkpoint's config.json", "rope_scaling")
     # A [model] table that agrees is accepted (keys it leaves out come from config.json).
     ok_toml = os.path.join(tmp, "ok.toml")
     with open(ok_toml, "w") as f:
@@ -408,7 +433,50 @@ def init_from(a, tmp):
     print("init_from: disagreeing [model] and --init-from with --resume refused")
 
 
-CASES = {f.__name__: f for f in (eval_matches_twin, refusals, init_from)}
+def convert_round_trip(a, tmp):
+    """flatpeak convert: a 5.x sharded BF16 directory read strictly and written back loses nothing: the
+    same tensors bit for bit, the same config keys (use_cache true, dtype as written); resharded and
+    widened to f32 exactly; an existing --out is refused."""
+    d = os.path.join(tmp, "hf")
+    loaded = write_model(d, ARCH, random_weights(ARCH, seed=9), "5.x", "BF16", shards=3)
+    src, _ = load_dir(d)
+    one = os.path.join(tmp, "one")
+    run(a, ["convert", "--checkpoint", d, "--out", one])
+    got, files = load_dir(one)
+    assert files == ["model.safetensors"], files
+    assert header_dtypes(os.path.join(one, "model.safetensors")) == {"BF16"}
+    assert set(got) == set(src) and all(torch.equal(got[n], src[n]) for n in src), "bf16 tensors changed"
+    original = json.load(open(os.path.join(d, "config.json")))
+    assert json.load(open(os.path.join(one, "config.json"))) == dict(original, use_cache=True, dtype="bfloat16")
+    # Resharded at 20KB and back: still the same bits.
+    sharded, back = os.path.join(tmp, "sharded"), os.path.join(tmp, "back")
+    run(a, ["convert", "--checkpoint", one, "--out", sharded, "--shard-size", "20KB"])
+    run(a, ["convert", "--checkpoint", sharded, "--out", back])
+    mid, mid_files = load_dir(sharded)
+    assert len(mid_files) > 1 and all(torch.equal(mid[n], src[n]) for n in src), mid_files
+    again, _ = load_dir(back)
+    assert all(torch.equal(again[n], src[n]) for n in src)
+    # Widened to f32: exactly the bf16 values.
+    wide = os.path.join(tmp, "f32")
+    run(a, ["convert", "--checkpoint", d, "--out", wide, "--dtype", "f32"])
+    w, _ = load_dir(wide)
+    assert all(w[n].dtype == torch.float32 and torch.equal(w[n].to(torch.float64), loaded[n]) for n in src)
+    assert json.load(open(os.path.join(wide, "config.json")))["dtype"] == "float32"
+    expect_refused(a, ["convert", "--checkpoint", d, "--out", one], "already exists")
+    print(f"convert_round_trip: {len(src)} bf16 tensors bit-identical through 1 file, {len(mid_files)} shards, back")
+
+
+def load_dir(d):
+    """All tensors of a model directory (one file or shards) and the sorted weight file names."""
+    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    out = {}
+    for f in files:
+        t, _ = safetensors_io.load(os.path.join(d, f))
+        out.update(t)
+    return out, files
+
+
+CASES = {f.__name__: f for f in (eval_matches_twin, refusals, init_from, convert_round_trip)}
 
 
 def main():

@@ -19,8 +19,9 @@ foreach(case train_resume_offload train_emulated_link bench_smoke)
   set_tests_properties(cli_optim_${case} PROPERTIES LABELS cli TIMEOUT 300)
 endforeach()
 # Hugging Face checkpoint directories (tests/cli/test_hf.py, needs torch): eval vs the PyTorch twin on F32, sharded
-# BF16 and F16 weights in both config.json spellings, refused keys and tensors, train --init-from.
-foreach(case eval_matches_twin refusals init_from)
+# BF16 and F16 weights in both config.json spellings and every RoPE scaling, refused keys and tensors, train
+# --init-from, convert without loss.
+foreach(case eval_matches_twin refusals init_from convert_round_trip)
   add_test(NAME cli_hf_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_hf.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
   set_tests_properties(cli_hf_${case} PROPERTIES LABELS cli TIMEOUT 300)

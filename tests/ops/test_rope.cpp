@@ -67,19 +67,35 @@ TEST(Rope, MatchesReference) {
         const std::vector<float> x = random_vector<float>(n * heads * hd, rng);
         const std::string where = "hd=" + std::to_string(hd) + " heads=" + std::to_string(heads);
         std::vector<float> got = x, want = x;
-        ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, theta);
-        ops::ref::rope_forward<float>(want.data(), pos.data(), n, heads, hd, theta);
+        const std::vector<double> inv = ops::rope_default_inv_freq(theta, hd);
+        const ops::RopeFreqs f{inv.data(), 1.0f};
+        ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, f);
+        ops::ref::rope_forward<float>(want.data(), pos.data(), n, heads, hd, inv.data());
         EXPECT_TRUE(pairs_near(got, want, x, hd, 2, "rope_forward " + where));
         got = x;
         want = x;
-        ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, theta);
-        ops::ref::rope_backward<float>(want.data(), pos.data(), n, heads, hd, theta);
+        ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, f);
+        ops::ref::rope_backward<float>(want.data(), pos.data(), n, heads, hd, inv.data());
         EXPECT_TRUE(pairs_near(got, want, x, hd, 2, "rope_backward " + where));
         // The inverse: c^2 + s^2 = 1 within a few eps after rounding cos and sin to float.
         got = x;
-        ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, theta);
-        ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, theta);
+        ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, f);
+        ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, f);
         EXPECT_TRUE(pairs_near(got, x, x, hd, 6, "rope_backward(rope_forward(x)) " + where));
+        // YaRN's attention factor multiplies cos and sin (both directions).
+        const ops::RopeFreqs scaled{inv.data(), 1.25f};
+        for (const bool fwd : {true, false}) {
+          got = x;
+          want = x;
+          if (fwd) {
+            ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, scaled);
+            ops::ref::rope_forward<float>(want.data(), pos.data(), n, heads, hd, inv.data(), 1.25);
+          } else {
+            ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, scaled);
+            ops::ref::rope_backward<float>(want.data(), pos.data(), n, heads, hd, inv.data(), 1.25);
+          }
+          EXPECT_TRUE(pairs_near(got, want, x, hd, 3, "rope scaled by 1.25 " + where));
+        }
       }
     }
   }
@@ -90,7 +106,8 @@ TEST(Rope, MatchesReference) {
 TEST(Rope, RotateHalfConvention) {
   std::vector<float> x = {1, 2, 0, 0, 1, 2, 3, 4};  // (2 tokens, 1 head, 4)
   const std::vector<int32_t> pos = {3, 0};
-  ops::cpu::rope_forward(x.data(), pos.data(), 2, 1, 4, 100.0f);
+  const std::vector<double> inv = ops::rope_default_inv_freq(100.0, 4);
+  ops::cpu::rope_forward(x.data(), pos.data(), 2, 1, 4, {inv.data(), 1.0f});
   const double want[8] = {std::cos(3.0), 2 * std::cos(0.3), std::sin(3.0), 2 * std::sin(0.3), 1, 2, 3, 4};
   for (int i = 0; i < 8; ++i) EXPECT_NEAR(x[i], want[i], 4e-7) << "element " << i;
 }
@@ -98,7 +115,8 @@ TEST(Rope, RotateHalfConvention) {
 TEST(Rope, OddHeadDimAsserts) {
   std::vector<float> x(6, 1.0f);
   const std::vector<int32_t> pos = {1, 2};
-  EXPECT_THROW(ops::cpu::rope_forward(x.data(), pos.data(), 2, 1, 3, 10000.0f), InternalError);
+  const std::vector<double> inv = ops::rope_default_inv_freq(10000.0, 4);
+  EXPECT_THROW(ops::cpu::rope_forward(x.data(), pos.data(), 2, 1, 3, {inv.data(), 1.0f}), InternalError);
 }
 
 // L = q . rope_forward(x) in double; dL/dx = rope_backward(q), against central differences (L is
@@ -109,15 +127,16 @@ TEST(Rope, ReferenceBackwardMatchesFiniteDifferences) {
   const std::vector<int32_t> pos = random_positions(n, rng);
   std::vector<double> x = random_vector<double>(n * heads * hd, rng);
   const std::vector<double> q = random_vector<double>(n * heads * hd, rng);
+  const std::vector<double> inv = ops::rope_default_inv_freq(10000.0, hd);  // with a YaRN-like factor 1.3
   auto loss = [&] {
     std::vector<double> y = x;
-    ops::ref::rope_forward<double>(y.data(), pos.data(), n, heads, hd, 10000.0);
+    ops::ref::rope_forward<double>(y.data(), pos.data(), n, heads, hd, inv.data(), 1.3);
     double L = 0;
     for (size_t i = 0; i < y.size(); ++i) L += q[i] * y[i];
     return L;
   };
   std::vector<double> grad = q;
-  ops::ref::rope_backward<double>(grad.data(), pos.data(), n, heads, hd, 10000.0);
+  ops::ref::rope_backward<double>(grad.data(), pos.data(), n, heads, hd, inv.data(), 1.3);
   for (size_t i = 0; i < x.size(); ++i) {
     const double h = 1e-5, saved = x[i];
     x[i] = saved + h;

@@ -33,14 +33,16 @@ class Config:
     rms_norm_eps: float = 1e-6
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.001
+    rope_scaling: dict = None  # Hugging Face's rope_scaling / rope_parameters (None: default RoPE)
 
     @staticmethod
     def from_dict(d):
-        """Takes the keys above (all required) from d, a Hugging Face config.json dict; others are ignored."""
-        missing = [f.name for f in fields(Config) if f.name not in d]
+        """Takes the keys above from d, a Hugging Face config.json dict (rope_scaling optional; the rest
+        required); others are ignored."""
+        missing = [f.name for f in fields(Config) if f.name not in d and f.name != "rope_scaling"]
         if missing:
             raise KeyError(f"config lacks {missing}")
-        return Config(**{f.name: d[f.name] for f in fields(Config)})
+        return Config(**{f.name: d[f.name] for f in fields(Config) if f.name in d})
 
 
 def param_shapes(cfg):
@@ -90,13 +92,59 @@ def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rope_cos_sin(T, hd, theta, dtype):
-    """cos, sin (T, hd) for positions 0..T-1: angle pos * theta^(-2i/hd), i < hd/2, repeated twice."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))  # (hd/2)
+def rope_inv_freq(hd, theta, scaling):
+    """inv_freq (hd/2) and the cos/sin factor of RoPE with Hugging Face's scaling (transformers 5.x's
+    modeling_rope_utils formulas, written out here in float64): default, linear, yarn, llama3."""
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv / factor, 1.0
+    if kind == "yarn":
+        orig = scaling["original_max_position_embeddings"]
+
+        def mscale(s, m=1.0):
+            return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+        att = scaling.get("attention_factor")
+        if att is None:
+            m, mad = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            att = mscale(factor, m) / mscale(factor, mad) if m and mad else mscale(factor)
+        fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+        def dim_of(rot):  # the dimension whose wavelength turns `rot` times over the original context
+            return hd * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+        lo, hi = dim_of(fast), dim_of(slow)
+        if scaling.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, hd - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = ((torch.arange(hd // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+        keep = 1 - ramp  # 1: extrapolate (inv), 0: interpolate (inv / factor)
+        return inv / factor * (1 - keep) + inv * keep, att
+    if kind == "llama3":
+        orig = scaling["original_max_position_embeddings"]
+        lo_f, hi_f = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / inv
+        out = torch.where(wavelen > orig / lo_f, inv / factor, inv)
+        smooth = (orig / wavelen - lo_f) / (hi_f - lo_f)
+        medium = (wavelen <= orig / lo_f) & (wavelen >= orig / hi_f)
+        return torch.where(medium, (1 - smooth) * inv / factor + smooth * inv, out), 1.0
+    raise ValueError(f"rope_type {kind!r} is not in the twin")
+
+
+def rope_cos_sin(T, hd, theta, dtype, scaling=None):
+    """cos, sin (T, hd) for positions 0..T-1: angle pos * inv_freq[i], i < hd/2, repeated twice, times
+    the scaling's attention factor."""
+    inv_freq, att = rope_inv_freq(hd, theta, scaling)  # (hd/2)
     pos = torch.arange(T, dtype=torch.float64)
     ang = torch.outer(pos, inv_freq)  # (T, hd/2)
     emb = torch.cat([ang, ang], dim=-1)  # (T, hd)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (att * emb.cos()).to(dtype), (att * emb.sin()).to(dtype)
 
 
 def rotate_half(x):
@@ -116,7 +164,7 @@ def attention(x, p, layer, cfg):
     # Qwen3: per-head RMSNorm over hd on q and k, before RoPE.
     q = rms_norm(q, p[pre + "q_norm.weight"], cfg.rms_norm_eps)
     k = rms_norm(k, p[pre + "k_norm.weight"], cfg.rms_norm_eps)
-    cos, sin = rope_cos_sin(T, hd, cfg.rope_theta, x.dtype)
+    cos, sin = rope_cos_sin(T, hd, cfg.rope_theta, x.dtype, cfg.rope_scaling)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over B and heads
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin

@@ -2,7 +2,8 @@
 // Dimensions: n tokens, heads heads, hd head_dim (even), half = hd / 2 rotation pairs.
 //
 // Threads split the tokens. Each token's cos and sin (half each) are computed once, in double from
-// the angle pos * inv_freq (Note [Why RoPE angles are taken in double]), into a per-thread buffer
+// the angle pos * inv_freq (Note [Why RoPE angles are taken in double]) and times the factor s, into a
+// per-thread buffer
 // allocated once per call, and shared by all heads of the token; the rotation itself is a float loop
 // over i that g++ vectorises.
 //
@@ -15,7 +16,6 @@
 #include "ops/rope.h"
 
 #include <cmath>
-#include <vector>
 
 #include "core/error.h"
 
@@ -27,12 +27,12 @@ namespace {
 constexpr int64_t kParallelMinElements = int64_t{1} << 14;
 
 // sin_sign = +1: forward rotation; -1: its transpose.
-void rope_rotate(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, float theta, float sin_sign) {
+void rope_rotate(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f, float sin_sign) {
   FP_ASSERT(hd % 2 == 0 && hd > 0, "rope head_dim {} must be even", hd);
+  FP_ASSERT(f.inv_freq != nullptr || n == 0, "rope without frequencies");
   const int64_t half = hd / 2;
-  std::vector<double> inv_freq(half);  // (half)
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+  const double* inv_freq = f.inv_freq;  // (half)
+  const double scale = f.scale;
 #pragma omp parallel if (n * heads * hd >= kParallelMinElements)
   {
     std::vector<float> cos_sin(hd);  // (2, half): cos then sin of this token's angles
@@ -42,8 +42,8 @@ void rope_rotate(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t i = 0; i < half; ++i) {
         const double a = static_cast<double>(pos[t]) * inv_freq[i];
-        cs[i] = static_cast<float>(std::cos(a));
-        sn[i] = sin_sign * static_cast<float>(std::sin(a));
+        cs[i] = static_cast<float>(scale * std::cos(a));
+        sn[i] = sin_sign * static_cast<float>(scale * std::sin(a));
       }
       for (int64_t h = 0; h < heads; ++h) {
         float* __restrict x1 = x + (t * heads + h) * hd;  // (half) first halves
@@ -60,12 +60,12 @@ void rope_rotate(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t
 
 }  // namespace
 
-void rope_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, float theta) {
-  rope_rotate(x, pos, n, heads, hd, theta, 1.0f);
+void rope_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f) {
+  rope_rotate(x, pos, n, heads, hd, f, 1.0f);
 }
 
-void rope_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, float theta) {
-  rope_rotate(dx, pos, n, heads, hd, theta, -1.0f);
+void rope_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f) {
+  rope_rotate(dx, pos, n, heads, hd, f, -1.0f);
 }
 
 }  // namespace fp::ops::cpu
