@@ -1,0 +1,124 @@
+// model/hf_config.h and model/rope_scaling.h: published Qwen3-MoE configs parse, RoPE scaling tables
+// have the properties their definitions give (independent of the code's formulas), differences are
+// named. The end-to-end checks against the PyTorch twin are in tests/cli/test_hf.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "core/error.h"
+#include "model/hf_config.h"
+#include "model/rope_scaling.h"
+#include "ops/rope.h"
+
+namespace fp {
+namespace {
+
+// Qwen/Qwen3-30B-A3B's config.json as published (transformers 4.51).
+constexpr const char* kQwen3_30B = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+  "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+  "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+  "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
+std::string with(const std::string& key_value) {
+  std::string s = kQwen3_30B;
+  return s.substr(0, s.size() - 1) + ", " + key_value + "}";
+}
+
+TEST(HfConfig, PublishedQwen3MoeParses) {
+  const HfConfig c = hf_config_parse(kQwen3_30B, "Qwen3-30B-A3B/config.json");
+  EXPECT_EQ(c.model.hidden_size, 2048);
+  EXPECT_EQ(c.model.num_hidden_layers, 48);
+  EXPECT_EQ(c.model.head_dim, 128);
+  EXPECT_EQ(c.model.num_experts, 128);
+  EXPECT_EQ(c.model.num_experts_per_tok, 8);
+  EXPECT_EQ(c.model.moe_intermediate_size, 768);
+  EXPECT_EQ(c.model.rope_theta, 1e6);
+  EXPECT_TRUE(c.model.norm_topk_prob);
+  EXPECT_EQ(c.model.rope_scaling.kind, RopeScaling::Kind::Kind_default);
+  EXPECT_EQ(c.dtype, "bfloat16");
+  // The parameter count (published: 30.5B in total).
+  EXPECT_NEAR(static_cast<double>(c.model.param_count()) / 1e9, 30.5, 0.1);
+}
+
+TEST(HfConfig, RefusesByName) {
+  for (const auto& [kv, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"("use_sliding_window": true)", "use_sliding_window"},
+           {R"("tie_word_embeddings": true)", "tie_word_embeddings"},
+           {R"("hidden_act": null)", "hidden_act"},
+           {R"("some_new_key": 3)", "some_new_key"},
+       }) {
+    // A duplicate key: nlohmann keeps the last, so the appended value wins.
+    try {
+      hf_config_parse(with(kv), "config.json");
+      ADD_FAILURE() << kv << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Qwen3's documented long-context setting: YaRN, factor 4 over the 32768 tokens it was trained at.
+TEST(RopeScaling, YarnKeepsFastDimensionsAndStretchesSlowOnes) {
+  HfConfig c = hf_config_parse(
+      with(R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})"),
+      "config.json");
+  ASSERT_EQ(c.model.rope_scaling.kind, RopeScaling::Kind::Kind_yarn);
+  const RopeTable t = rope_table(c.model);
+  const std::vector<double> plain = ops::rope_default_inv_freq(1e6, 128);
+  ASSERT_EQ(t.inv_freq.size(), plain.size());
+  EXPECT_NEAR(t.attention_factor, 1 + 0.1 * std::log(4.0), 1e-12);  // the YaRN paper's sqrt(1/t)
+  // Dimensions turning more than beta_fast = 32 times over 32768 tokens are kept; fewer than
+  // beta_slow = 1 time are divided by the factor; every one lies between the two.
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const double turns = 32768 * plain[i] / (2 * std::numbers::pi);
+    if (turns > 32 * 1.5) EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i]) << i;
+    if (turns < 1 / 1.5) EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i] / 4) << i;
+    EXPECT_LE(t.inv_freq[i], plain[i] * (1 + 1e-15)) << i;
+    EXPECT_GE(t.inv_freq[i], plain[i] / 4 * (1 - 1e-15)) << i;
+  }
+  // YaRN with DeepSeek's mscale pair: the attention factor is their ratio.
+  c = hf_config_parse(with(R"("rope_scaling": {"rope_type": "yarn", "factor": 40, "mscale": 1.0,
+      "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096})"), "config.json");
+  EXPECT_DOUBLE_EQ(rope_table(c.model).attention_factor, 1.0);
+}
+
+TEST(RopeScaling, Llama3AndLinear) {
+  HfConfig c = hf_config_parse(with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"),
+                               "config.json");
+  const RopeTable t = rope_table(c.model);
+  const std::vector<double> plain = ops::rope_default_inv_freq(1e6, 128);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const double wavelen = 2 * std::numbers::pi / plain[i];
+    if (wavelen < 8192 / 4.0) EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i]) << i;      // short: kept
+    if (wavelen > 8192 / 1.0) EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i] / 8) << i;  // long: divided
+  }
+  EXPECT_EQ(t.attention_factor, 1.0);
+  c = hf_config_parse(with(R"("rope_scaling": {"type": "linear", "factor": 2.0})"), "config.json");
+  const RopeTable l = rope_table(c.model);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_DOUBLE_EQ(l.inv_freq[i], plain[i] / 2);
+}
+
+TEST(HfConfig, DifferencesNameEveryKey) {
+  const ModelConfig a = hf_config_parse(kQwen3_30B, "a").model;
+  ModelConfig b = a;
+  b.head_dim = 64;
+  b.rope_scaling.kind = RopeScaling::Kind::Kind_linear;
+  b.rope_scaling.factor = 2;
+  const std::vector<std::string> d = model_config_differences(a, b);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0], "head_dim: 128 vs 64");
+  EXPECT_NE(d[1].find("rope_scaling"), std::string::npos);
+  EXPECT_TRUE(model_config_differences(a, a).empty());
+}
+
+}  // namespace
+}  // namespace fp
