@@ -190,10 +190,25 @@ void unread_check(const SafetensorsSet& f) {
               "flatpeak never drops a weight; " + tensor_hint(left.front()));
 }
 
-void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore& params) {
+// Which config.json key makes the model need tensor `name` (for a missing tensor's error).
+std::string implied_by(const std::string& name, const ModelConfig& cfg) {
+  if (name == "lm_head.weight") return "tie_word_embeddings = false (a separate output matrix)";
+  if (name.find(".mlp.experts.") != std::string::npos)
+    return fmt::format("num_experts = {} (experts 0..{} in every layer)", cfg.num_experts, cfg.num_experts - 1);
+  if (name.find("q_norm") != std::string::npos || name.find("k_norm") != std::string::npos)
+    return "model_type = \"qwen3_moe\" (Qwen3 normalises q and k per head)";
+  if (name.rfind("model.layers.", 0) == 0)
+    return fmt::format("num_hidden_layers = {} (layers 0..{})", cfg.num_hidden_layers, cfg.num_hidden_layers - 1);
+  return "the Qwen3-MoE architecture";
+}
+
+void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore& params, const ModelConfig& cfg) {
   std::vector<float> host;  // (numel of the full shape)
   for (const Item& it : items) {
-    FP_CHECK(f.has(it.name), tensor_hint(it.name), "checkpoint '{}' has no tensor '{}'", f.path(), it.name);
+    FP_CHECK(f.has(it.name),
+             "check that config.json describes the model the weights were saved from; " + tensor_hint(it.name),
+             "checkpoint '{}' has no tensor '{}', which config.json's {} implies", f.path(), it.name,
+             implied_by(it.name, cfg));
     host.resize(static_cast<size_t>(it.param->shape.numel()));
     f.read_f32(it.name, it.param->shape, host.data());
     finite_check(it.name, host.data(), it.param->shape.numel(), f.path(), false);
@@ -321,7 +336,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   }
   {
     SafetensorsSet f(ck, "model");
-    tensors_read(f, weight_items(params), params);
+    tensors_read(f, weight_items(params), params, cfg);
     state.weights_dtype = f.dtypes_read().size() == 1 ? *f.dtypes_read().begin() : DType::DType_F32;
     if (state.weights_dtype == DType::DType_F64) state.weights_dtype = DType::DType_F32;
   }
@@ -349,7 +364,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
     // The f32 master weights, when model.safetensors holds them rounded (Note [Checkpoint dtype and
     // shards]), replace what was read from it.
     const bool master = !params.layout().empty() && f.has(params.layout().front().name + ".master");
-    tensors_read(f, state_items(params, *optim, master), params);
+    tensors_read(f, state_items(params, *optim, master), params, cfg);
     optim->set_steps_taken(state.step);
   }
   return state;

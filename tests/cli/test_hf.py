@@ -315,11 +315,11 @@ def refusals(a, tmp):
     expect_refused(a, eval_of(d), "model.layers.0.self_attn.q_proj.bias")
     print("refused: extra_tensor")
 
-    # A missing tensor is named.
+    # A missing tensor is named, with the config.json key that implies it.
     gone = "model.layers.1.mlp.experts.3.down_proj.weight"
     d = os.path.join(tmp, "missing_tensor")
     write_model(d, ARCH, {n: w for n, w in weights.items() if n != gone})
-    expect_refused(a, eval_of(d), gone)
+    expect_refused(a, eval_of(d), gone, f"num_experts = {ARCH['num_experts']}")
     print("refused: missing_tensor")
 
     # A shard the index names but the directory lacks is named.
