@@ -47,6 +47,26 @@ struct ModelConfig {
   int64_t param_count() const;
 };
 
+// The architecture's scalar keys under their Hugging Face names, in config.json order: f(name, member)
+// for each (int64_t, double or bool members; rope_scaling and seed are not scalars of the file). One
+// list for the run config's schema, --init-from's filling in and the differences a resume reports.
+template <class M, class F>  // M: ModelConfig or const ModelConfig
+void model_keys_visit(M& m, F&& f) {
+  f("hidden_size", m.hidden_size);
+  f("num_hidden_layers", m.num_hidden_layers);
+  f("num_attention_heads", m.num_attention_heads);
+  f("num_key_value_heads", m.num_key_value_heads);
+  f("head_dim", m.head_dim);
+  f("num_experts", m.num_experts);
+  f("num_experts_per_tok", m.num_experts_per_tok);
+  f("moe_intermediate_size", m.moe_intermediate_size);
+  f("vocab_size", m.vocab_size);
+  f("rope_theta", m.rope_theta);
+  f("rms_norm_eps", m.rms_norm_eps);
+  f("norm_topk_prob", m.norm_topk_prob);
+  f("router_aux_loss_coef", m.router_aux_loss_coef);
+}
+
 // Which experts the tokens go to. "router": the model's own router (cpu only); "balanced" and
 // "hot:R:H" override the router's choice (weights are still the router's probabilities at the chosen
 // experts), so that cpu and meta runs allocate identically and benchmarks control the skew.

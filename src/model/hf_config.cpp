@@ -333,22 +333,15 @@ nlohmann::json rope_scaling_json(const RopeScaling& r) {
 
 std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b) {
   std::vector<std::string> d;
-  auto cmp = [&](const char* key, const auto& x, const auto& y) {
-    if (x != y) d.push_back(fmt::format("{}: {} vs {}", key, x, y));
-  };
-  cmp("hidden_size", a.hidden_size, b.hidden_size);
-  cmp("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers);
-  cmp("num_attention_heads", a.num_attention_heads, b.num_attention_heads);
-  cmp("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
-  cmp("head_dim", a.head_dim, b.head_dim);
-  cmp("num_experts", a.num_experts, b.num_experts);
-  cmp("num_experts_per_tok", a.num_experts_per_tok, b.num_experts_per_tok);
-  cmp("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size);
-  cmp("vocab_size", a.vocab_size, b.vocab_size);
-  cmp("rope_theta", a.rope_theta, b.rope_theta);
-  cmp("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
-  cmp("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
-  cmp("router_aux_loss_coef", a.router_aux_loss_coef, b.router_aux_loss_coef);
+  // The same member of b for each of a's (both visits walk one list in one order).
+  std::vector<std::string> values_b;
+  model_keys_visit(b, [&](const char*, const auto& y) { values_b.push_back(fmt::format("{}", y)); });
+  size_t i = 0;
+  model_keys_visit(a, [&](const char* key, const auto& x) {
+    const std::string xa = fmt::format("{}", x);
+    if (xa != values_b[i]) d.push_back(fmt::format("{}: {} vs {}", key, xa, values_b[i]));
+    ++i;
+  });
   if (!(a.rope_scaling == b.rope_scaling))
     d.push_back(fmt::format("rope_scaling: {} vs {}", rope_scaling_json(a.rope_scaling).dump(),
                             rope_scaling_json(b.rope_scaling).dump()));

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/units.h"
@@ -69,20 +70,14 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
   auto b = [](bool* p) { return [p](const toml::node& n) { *p = *n.value<bool>(); }; };
   auto str = [](std::string* p) { return [p](const toml::node& n) { *p = *n.value<std::string>(); }; };
   ModelConfig& m = c.model;
-  return {
-      {"model", "hidden_size", K::Kind_int, true, i64(&m.hidden_size)},
-      {"model", "num_hidden_layers", K::Kind_int, true, i64(&m.num_hidden_layers)},
-      {"model", "num_attention_heads", K::Kind_int, true, i64(&m.num_attention_heads)},
-      {"model", "num_key_value_heads", K::Kind_int, true, i64(&m.num_key_value_heads)},
-      {"model", "head_dim", K::Kind_int, true, i64(&m.head_dim)},
-      {"model", "num_experts", K::Kind_int, true, i64(&m.num_experts)},
-      {"model", "num_experts_per_tok", K::Kind_int, true, i64(&m.num_experts_per_tok)},
-      {"model", "moe_intermediate_size", K::Kind_int, true, i64(&m.moe_intermediate_size)},
-      {"model", "vocab_size", K::Kind_int, true, i64(&m.vocab_size)},
-      {"model", "rope_theta", K::Kind_float, true, f64(&m.rope_theta)},
-      {"model", "rms_norm_eps", K::Kind_float, true, f64(&m.rms_norm_eps)},
-      {"model", "norm_topk_prob", K::Kind_bool, true, b(&m.norm_topk_prob)},
-      {"model", "router_aux_loss_coef", K::Kind_float, true, f64(&m.router_aux_loss_coef)},
+  std::vector<Field> fields;
+  model_keys_visit(m, [&](const char* key, auto& member) {
+    using T = std::remove_reference_t<decltype(member)>;
+    if constexpr (std::is_same_v<T, int64_t>) fields.push_back({"model", key, K::Kind_int, true, i64(&member)});
+    else if constexpr (std::is_same_v<T, double>) fields.push_back({"model", key, K::Kind_float, true, f64(&member)});
+    else fields.push_back({"model", key, K::Kind_bool, true, b(&member)});
+  });
+  std::vector<Field> rest = {
       // Optional: an inline table in Hugging Face's form, e.g. { rope_type = "yarn", factor = 4.0,
       // original_max_position_embeddings = 32768 } (Note [RoPE scaling as transformers computes it]).
       {"model", "rope_scaling", K::Kind_table, false,
@@ -137,6 +132,8 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
       precision_field("logits", strings),
       precision_field("router", strings),
   };
+  fields.insert(fields.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+  return fields;
 }
 
 const char* kind_name(Field::Kind k) {
@@ -194,22 +191,10 @@ void model_fill(toml::table& doc, const ModelConfig& m) {
   if (!doc.contains("model")) doc.insert("model", toml::table{});
   toml::table* t = doc["model"].as_table();
   if (t == nullptr) return;  // config_build reports "[model] must be a table"
-  auto fill = [&](const char* key, auto v) {
+  model_keys_visit(m, [&](const char* key, const auto& v) {
     if (!t->contains(key)) t->insert(key, v);
-  };
-  fill("hidden_size", m.hidden_size);
-  fill("num_hidden_layers", m.num_hidden_layers);
-  fill("num_attention_heads", m.num_attention_heads);
-  fill("num_key_value_heads", m.num_key_value_heads);
-  fill("head_dim", m.head_dim);
-  fill("num_experts", m.num_experts);
-  fill("num_experts_per_tok", m.num_experts_per_tok);
-  fill("moe_intermediate_size", m.moe_intermediate_size);
-  fill("vocab_size", m.vocab_size);
-  fill("rope_theta", m.rope_theta);
-  fill("rms_norm_eps", m.rms_norm_eps);
-  fill("norm_topk_prob", m.norm_topk_prob);
-  fill("router_aux_loss_coef", m.router_aux_loss_coef);
+  });
+  if (!t->contains("seed")) t->insert("seed", static_cast<int64_t>(m.seed));
   if (m.rope_scaling.kind != RopeScaling::Kind::Kind_default && !t->contains("rope_scaling")) {
     toml::table r;
     const nlohmann::json j = rope_scaling_json(m.rope_scaling);  // outlives the loop (items() is a view)
@@ -221,7 +206,6 @@ void model_fill(toml::table& doc, const ModelConfig& m) {
     }
     t->insert("rope_scaling", r);
   }
-  fill("seed", static_cast<int64_t>(m.seed));
 }
 
 // The config of a parsed document (overrides applied): unknown keys refused, every value checked.
