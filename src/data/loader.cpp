@@ -20,12 +20,12 @@ void check_fits(const TokenFile& file, int64_t T, const std::string& seq_flag) {
 
 // Row r of b from the window starting at token offset p.
 void window_copy(const TokenFile& file, int64_t p, int64_t T, Batch& b, int64_t r) {
-  const uint16_t* src = file.data() + p;     // (T + 1)
+  const uint32_t* src = file.data() + p;     // (T + 1)
   int32_t* tok = b.tokens.data() + r * T;    // (T)
   int32_t* tgt = b.targets.data() + r * T;   // (T)
   for (int64_t t = 0; t < T; ++t) {
-    tok[t] = src[t];
-    tgt[t] = src[t + 1];
+    tok[t] = static_cast<int32_t>(src[t]);  // < vocab_size <= int32 max (checked on load)
+    tgt[t] = static_cast<int32_t>(src[t + 1]);
   }
 }
 

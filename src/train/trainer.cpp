@@ -393,7 +393,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   format.shard_bytes = bytes_parse(o.shard_size);
   FP_CHECK(format.shard_bytes > 0, "pass a size such as 5GB or 500MiB", "--shard-size '{}' must be positive",
            o.shard_size);
-  if (!o.init_from.empty()) {
+  if (!o.init_from.empty() && be->computes()) {  // meta holds no weights: config.json alone sized the run
     // Weights only: the optimizer state starts fresh and the run at step 0 (a trainer state in the
     // directory, if any, is not this run's).
     const TrainerState from = checkpoint_load(o.init_from, m, model.params(), nullptr, *be);
@@ -563,7 +563,11 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     // meta holds no numbers to save: its runs measure peaks and write no checkpoint.
     if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
       // Collective: the shards are gathered to rank 0, which writes them.
-      TrainerState st{step, data.position(), run_json, schedule_total != total ? schedule_total : 0};
+      TrainerState st;
+      st.step = step;
+      st.data_position = data.position();
+      st.run_config = run_json;
+      st.schedule_steps = schedule_total != total ? schedule_total : 0;
       const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be, format);
       last_ckpt = step;
       if (lead && !o.quiet) progress.note(fmt::format("checkpoint: {}", where));

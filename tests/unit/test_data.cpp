@@ -292,8 +292,36 @@ TEST_F(TokenFileTest, RoundTripInLlmcLayout) {
   ASSERT_EQ(f.size(), 7);
   EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), f.data()));
 
-  token_file_write(p, {});
+  token_file_write(p, std::vector<uint16_t>{});
   EXPECT_EQ(TokenFile(p, 64).size(), 0);
+}
+
+// llm.c's uint32 variant (magic 20240801, version 7), for vocabularies above 65,536 ids (Qwen: 151,936).
+TEST_F(TokenFileTest, Uint32VariantRoundTripAndChecks) {
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 151935, 7};
+  const std::string p = path("wide.bin");
+  token_file_write(p, tokens);
+  const std::string bytes = file_read(p);
+  ASSERT_EQ(bytes.size(), 1024u + 4 * tokens.size());
+  auto u8 = [&](size_t i) { return static_cast<unsigned>(static_cast<unsigned char>(bytes[i])); };
+  EXPECT_EQ(u8(0) | u8(1) << 8 | u8(2) << 16 | u8(3) << 24, 20240801u);
+  EXPECT_EQ(u8(4), 7u);
+  EXPECT_EQ(u8(1024 + 4 * 3) | u8(1024 + 4 * 3 + 1) << 8 | u8(1024 + 4 * 3 + 2) << 16, 151935u);
+  const TokenFile f(p, 151936);
+  ASSERT_TRUE(f.wide());
+  ASSERT_EQ(f.size(), 5);
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), f.data()));
+  // The ids are checked against the vocabulary as in the uint16 variant.
+  EXPECT_HAS(error_of([&] { TokenFile(p, 100000); }), "token 151935 at position 3 is >= model.vocab_size = 100000");
+  // A version that is not llm.c's for this magic, and a body of the wrong width, are refused.
+  std::string b = bytes;
+  b[4] = 1;
+  file_write_atomic(p, b);
+  EXPECT_HAS(error_of([&] { TokenFile(p, 151936); }), "version 1 (expected 7: uint32 tokens)");
+  b = bytes;
+  b.resize(1024 + 2 * tokens.size());
+  file_write_atomic(p, b);
+  EXPECT_HAS(error_of([&] { TokenFile(p, 151936); }), "truncated");
 }
 
 TEST_F(TokenFileTest, EachCorruptionSaysWhatIsWrong) {
@@ -301,7 +329,7 @@ TEST_F(TokenFileTest, EachCorruptionSaysWhatIsWrong) {
   {
     const std::string p = corrupt(good, [](std::string& b) { put_i32(b, 0, 12345); });
     const std::string e = error_of([&] { TokenFile(p, 64); });
-    EXPECT_HAS(e, "magic 12345 (expected 20240520)");
+    EXPECT_HAS(e, "magic 12345 (expected 20240520 for uint16 tokens or 20240801 for uint32)");
     EXPECT_HAS(e, "llm.c-format .bin");
   }
   {
@@ -455,9 +483,17 @@ TEST_F(TokenFileTest, PythonScriptWritesReadableFiles) {
   const std::vector<uint16_t> want = {5, 50256, 0, 65535, 7};
   ASSERT_EQ(i.size(), 5);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), i.data()));
-  // Ids that do not fit in uint16 are refused.
-  std::ofstream(path("big.txt")) << "1 65536\n";
-  EXPECT_NE(std::system(("python3 " + script + " --ids " + path("big.txt") + " -o " + path("b.bin") +
+  // Ids above uint16 give llm.c's uint32 variant; a negative id is refused and nothing is written.
+  std::ofstream(path("big.txt")) << "1 65536 151935\n";
+  ASSERT_EQ(std::system(("python3 " + script + " --ids " + path("big.txt") + " -o " + path("w.bin") +
+                         " >/dev/null").c_str()), 0);
+  const TokenFile w(path("w.bin"), 151936);
+  EXPECT_TRUE(w.wide());
+  const std::vector<uint32_t> want_wide = {1, 65536, 151935};
+  ASSERT_EQ(w.size(), 3);
+  EXPECT_TRUE(std::equal(want_wide.begin(), want_wide.end(), w.data()));
+  std::ofstream(path("neg.txt")) << "1 -3\n";
+  EXPECT_NE(std::system(("python3 " + script + " --ids " + path("neg.txt") + " -o " + path("b.bin") +
                          " >/dev/null 2>&1").c_str()), 0);
   EXPECT_FALSE(std::filesystem::exists(path("b.bin")));
 }

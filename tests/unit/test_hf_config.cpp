@@ -79,8 +79,12 @@ TEST(RopeScaling, YarnKeepsFastDimensionsAndStretchesSlowOnes) {
   // beta_slow = 1 time are divided by the factor; every one lies between the two.
   for (size_t i = 0; i < plain.size(); ++i) {
     const double turns = 32768 * plain[i] / (2 * std::numbers::pi);
-    if (turns > 32 * 1.5) EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i]) << i;
-    if (turns < 1 / 1.5) EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i] / 4) << i;
+    if (turns > 32 * 1.5) {
+      EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i]) << i;
+    }
+    if (turns < 1 / 1.5) {
+      EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i] / 4) << i;
+    }
     EXPECT_LE(t.inv_freq[i], plain[i] * (1 + 1e-15)) << i;
     EXPECT_GE(t.inv_freq[i], plain[i] / 4 * (1 - 1e-15)) << i;
   }
@@ -98,8 +102,12 @@ TEST(RopeScaling, Llama3AndLinear) {
   const std::vector<double> plain = ops::rope_default_inv_freq(1e6, 128);
   for (size_t i = 0; i < plain.size(); ++i) {
     const double wavelen = 2 * std::numbers::pi / plain[i];
-    if (wavelen < 8192 / 4.0) EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i]) << i;      // short: kept
-    if (wavelen > 8192 / 1.0) EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i] / 8) << i;  // long: divided
+    if (wavelen < 8192 / 4.0) {
+      EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i]) << i;      // short: kept
+    }
+    if (wavelen > 8192 / 1.0) {
+      EXPECT_DOUBLE_EQ(t.inv_freq[i], plain[i] / 8) << i;  // long: divided
+    }
   }
   EXPECT_EQ(t.attention_factor, 1.0);
   c = hf_config_parse(with(R"("rope_scaling": {"type": "linear", "factor": 2.0})"), "config.json");
