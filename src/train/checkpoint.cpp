@@ -326,9 +326,9 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   const fs::path root(ck);
   TrainerState state;
   // The architecture must match, key by key (model/hf_config.h reads the file strictly).
-  state.config_json = file_read((root / "config.json").string());
   {
     const HfConfig saved = hf_config_read(ck);
+    state.config_json = saved.raw.dump(2);  // its keys in their order, written back on save
     const std::vector<std::string> diff = model_config_differences(saved.model, cfg);
     FP_CHECK(diff.empty(), "use the model config the checkpoint was written with",
              "checkpoint '{}' holds another model than the config: {} (checkpoint vs config)", ck,
