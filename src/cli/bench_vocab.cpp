@@ -410,10 +410,11 @@ int bench_vocab_run(const VocabBenchOptions& o) {
       r["cpu_seconds"] = median(v.cpu_seconds) / median(full.cpu_seconds);
     }
   }
-  if (lead)
+  if (lead) {
     fmt::print("bench vocab: N = {} per rank, V = {}, H = {}, block_tokens = {}, {} rank(s), device {}\n", o.tokens,
                o.vocab, o.hidden, o.block_tokens, W, o.device);
     fmt::print("GEMMs: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::cpu_features().str());
+  }
   if (timed) {
     // Check first: every ring variant must compute what the full head computes. The full head's dW
     // on W ranks is its own tokens' share: summed over the ranks it is the whole gradient, which
