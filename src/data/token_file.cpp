@@ -3,7 +3,6 @@
 // Dimensions: N tokens, V vocabulary.
 #include "data/token_file.h"
 
-#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "model/blocks.h"
-#include "model/rope_scaling.h"
 #include "model/ring_attention.h"
 
 namespace fp {
@@ -41,8 +40,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const RopeTable rope = rope_table(c);  // Note [RoPE scaling as transformers computes it]
-  const ops::RopeFreqs freqs{rope.inv_freq.data(), static_cast<float>(rope.attention_factor)};
+  const ops::RopeFreqs freqs = s.rope_freqs();
   AttnActs local;
   AttnActs& a = keep ? *keep : local;
 
@@ -104,8 +102,7 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim;
-  const RopeTable rope = rope_table(c);
-  const ops::RopeFreqs freqs{rope.inv_freq.data(), static_cast<float>(rope.attention_factor)};
+  const ops::RopeFreqs freqs = s.rope_freqs();
 
   // o_proj: dx holds d x1 = d (x + o W_o^T); the residual part stays in dx.
   Tensor d_o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.d_o");

@@ -13,6 +13,8 @@
 #include "comm/comm.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/rope_scaling.h"
+#include "ops/rope.h"
 
 namespace fp {
 
@@ -25,9 +27,13 @@ struct DispatchActs {
 
 // What every block of one step shares.
 struct StepContext {
-  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm) : be(b), cfg(c), profile(p), comm(cm) {}
+  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm)
+      : be(b), cfg(c), rope(rope_table(c)), profile(p), comm(cm) {}
   Backend& be;
   const ModelConfig& cfg;
+  // The model's RoPE frequencies (Note [RoPE scaling as transformers computes it]), once per step.
+  const RopeTable rope;
+  ops::RopeFreqs rope_freqs() const { return {rope.inv_freq.data(), static_cast<float>(rope.attention_factor)}; }
   RoutingProfile profile;
   Comm& comm;                // context-parallel ranks (size 1: one process); experts sharded over them
   // The dtype of each kind of tensor (Note [Which dtype each allocation gets] in core/precision.h):

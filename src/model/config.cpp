@@ -95,26 +95,14 @@ void model_config_validate(const ModelConfig& m, const std::string& src) {
 }
 
 std::string model_config_hf_json(const ModelConfig& m) {
-  nlohmann::ordered_json j = {
-      {"architectures", {"Qwen3MoeForCausalLM"}},
-      {"model_type", "qwen3_moe"},
-      {"hidden_size", m.hidden_size},
-      {"num_hidden_layers", m.num_hidden_layers},
-      {"num_attention_heads", m.num_attention_heads},
-      {"num_key_value_heads", m.num_key_value_heads},
-      {"head_dim", m.head_dim},
-      {"num_experts", m.num_experts},
-      {"num_experts_per_tok", m.num_experts_per_tok},
-      {"moe_intermediate_size", m.moe_intermediate_size},
+  nlohmann::ordered_json j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}};
+  model_keys_visit(m, [&](const char* key, const auto& v) { j[key] = v; });  // the architecture
+  // Keys whose values are the only ones flatpeak computes (Note [Every config key is read or refused]).
+  j.update(nlohmann::ordered_json{
       {"intermediate_size", m.moe_intermediate_size},
       {"decoder_sparse_step", 1},
       {"mlp_only_layers", nlohmann::json::array()},
-      {"vocab_size", m.vocab_size},
-      {"rope_theta", m.rope_theta},
       {"rope_scaling", rope_scaling_json(m.rope_scaling)},
-      {"rms_norm_eps", m.rms_norm_eps},
-      {"norm_topk_prob", m.norm_topk_prob},
-      {"router_aux_loss_coef", m.router_aux_loss_coef},
       {"output_router_logits", true},
       {"hidden_act", "silu"},
       {"attention_bias", false},
@@ -127,7 +115,7 @@ std::string model_config_hf_json(const ModelConfig& m) {
       {"initializer_range", 0.02},
       {"torch_dtype", "float32"},
       {"use_cache", true},
-  };
+  });
   return j.dump(2);
 }
 
