@@ -9,7 +9,10 @@ save_pretrained (its own config.json spelling, sharded by max_shard_size). Then:
      transformers loads DIR2 to the very same logits (bit-identical weights);
   3. `flatpeak train --init-from DIR` runs 2 steps and its checkpoint loads in transformers.
 Cases: default RoPE, YaRN, linear and llama3 RoPE scaling (Note [RoPE scaling as transformers computes
-it] in src/model/rope_scaling.h).
+it] in src/model/rope_scaling.h); attention biases (set random: transformers starts them at zero), tied
+embeddings, dense layers (mlp_only_layers and decoder_sparse_step), a sliding window shorter than the
+sequence, and all of those at once; dynamic NTK RoPE past max_position_embeddings. Last, one thing
+flatpeak does not compute (LongRoPE) must be refused by name.
 
 usage: interop_hf_in.py FLATPEAK_BIN WORK_DIR RUN_CONFIG_WITHOUT_MODEL
 """
@@ -49,16 +52,24 @@ def tokens_file(path, n, seed):
         f.write(struct.pack("<256i", *header) + struct.pack(f"<{n}H", *toks))
 
 
-def case(name, rope):
+def hf_model(d, rope, extra):
+    cfg = Qwen3MoeConfig(**dict(dict(vocab_size=V, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                     max_position_embeddings=256, rope_theta=10000.0, rope_scaling=rope), **extra))
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(cfg)
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if name.endswith(".bias"):
+                t.normal_(0.0, 0.5)
+    model.to(torch.bfloat16).save_pretrained(d, max_shard_size="100KB")
+
+
+def case(name, rope, **extra):
     d = os.path.join(WORK, name)
     shutil.rmtree(d, ignore_errors=True)
-    cfg = Qwen3MoeConfig(vocab_size=V, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=256,
-                         rope_theta=10000.0, rope_scaling=rope)
-    torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(d, max_shard_size="100KB")
+    hf_model(d, rope, extra)
     data = os.path.join(WORK, "tokens.bin")
     tokens_file(data, B * T + 1, seed=1)
     dump = os.path.join(WORK, name + ".logits.safetensors")
@@ -90,12 +101,35 @@ os.makedirs(WORK, exist_ok=True)
 import transformers  # noqa: E402
 
 print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+def refused(name, rope, needle):
+    """flatpeak eval must fail on this model, naming `needle` in its error."""
+    d = os.path.join(WORK, name)
+    shutil.rmtree(d, ignore_errors=True)
+    hf_model(d, rope, {})
+    data = os.path.join(WORK, "tokens.bin")
+    p = subprocess.run([BIN, "eval", "--checkpoint", d, "--data", data, "--seq-len", str(T), "--batch", str(B)],
+                       capture_output=True, text=True)
+    ok = p.returncode != 0 and needle in p.stderr
+    print(f"{name}: refused naming '{needle}': {ok} -> {'OK' if ok else 'FAILED'}\n  {p.stderr.strip()[:300]}")
+    return ok
+
+
 results = [
     case("default", None),
+    case("bias", None, attention_bias=True),
+    case("tied", None, tie_word_embeddings=True),
+    case("dense", None, num_hidden_layers=4, mlp_only_layers=[3], decoder_sparse_step=2),
+    case("sliding", None, use_sliding_window=True, sliding_window=24),
+    case("all", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}, attention_bias=True,
+         tie_word_embeddings=True, num_hidden_layers=3, mlp_only_layers=[0], use_sliding_window=True,
+         sliding_window=40),
     case("yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
     case("linear", {"rope_type": "linear", "factor": 2.0}),
     case("llama3", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 32}),
+    case("dynamic", {"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=24),
+    refused("longrope_refused", {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                                 "original_max_position_embeddings": 32}, "longrope"),
 ]
 print("interop (Hugging Face in): OK" if all(results) else "interop (Hugging Face in): FAILED")
 sys.exit(0 if all(results) else 1)

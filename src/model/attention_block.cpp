@@ -1,4 +1,5 @@
-// Attention block of a decoder layer, forward and backward.
+// Attention block of a decoder layer, forward and backward (with attention_bias, q/k/v/o add their biases
+// after the projections, as nn.Linear does).
 // Legend: n tokens (B sequences of T), H hidden, nh/nkv heads, hd head_dim.
 #include <cmath>
 
@@ -54,6 +55,11 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   linear_forward(be, a.h1.f32(), lp.q_proj->w.f32(), a.q_raw.f32(), n, H, nh * hd);
   linear_forward(be, a.h1.f32(), lp.k_proj->w.f32(), a.k_raw.f32(), n, H, nkv * hd);
   linear_forward(be, a.h1.f32(), lp.v_proj->w.f32(), a.v.f32(), n, H, nkv * hd);
+  if (c.attention_bias) {
+    K.bias_add(a.q_raw.f32(), lp.q_bias->w.f32(), n, nh * hd);
+    K.bias_add(a.k_raw.f32(), lp.k_bias->w.f32(), n, nkv * hd);
+    K.bias_add(a.v.f32(), lp.v_bias->w.f32(), n, nkv * hd);
+  }
   if (!keep) {
     a.h1.reset();
     a.rstd1.reset();
@@ -80,7 +86,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
     ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse);
   } else {
     K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nkv, hd,
-                        1.0f / std::sqrt(static_cast<float>(hd)));
+                        1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
   }
   if (!keep) {
     a.q.reset();
@@ -92,6 +98,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   Tensor x1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.x1");
   K.copy(x1.f32(), x.f32(), n * H);
   linear_forward(be, a.o.f32(), lp.o_proj->w.f32(), x1.f32(), n, nh * hd, H, /*beta=*/1.0f);
+  if (c.attention_bias) K.bias_add(x1.f32(), lp.o_bias->w.f32(), n, H);
   if (!keep) a.o.reset();
   return x1;
 }
@@ -108,6 +115,7 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   Tensor d_o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.d_o");
   linear_backward_input(be, dx.f32(), lp.o_proj->w.f32(), d_o.f32(), n, nh * hd, H);
   linear_backward_weight(be, dx.f32(), a.o.f32(), lp.o_proj->g.f32(), n, nh * hd, H);
+  if (c.attention_bias) K.bias_backward(dx.f32(), lp.o_bias->g.f32(), n, H);
 
   Tensor dq = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq");
   Tensor dk = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk");
@@ -116,7 +124,8 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
     ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv);
   } else {
     K.attention_backward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), d_o.f32(), dq.f32(), dk.f32(),
-                         dv.f32(), s.B, s.T, nh, nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
+                         dv.f32(), s.B, s.T, nh, nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd)),
+                         c.sliding_window);
   }
   d_o.reset();
   a.o.reset();
@@ -140,6 +149,11 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.rstd_k.reset();
 
   // q, k, v projections: d h1 = dq W_q + dk W_k + dv W_v.
+  if (c.attention_bias) {
+    K.bias_backward(dq_raw.f32(), lp.q_bias->g.f32(), n, nh * hd);
+    K.bias_backward(dk_raw.f32(), lp.k_bias->g.f32(), n, nkv * hd);
+    K.bias_backward(dv.f32(), lp.v_bias->g.f32(), n, nkv * hd);
+  }
   Tensor dh1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.dh1");
   linear_backward_input(be, dq_raw.f32(), lp.q_proj->w.f32(), dh1.f32(), n, H, nh * hd);
   linear_backward_input(be, dk_raw.f32(), lp.k_proj->w.f32(), dh1.f32(), n, H, nkv * hd, 1.0f);

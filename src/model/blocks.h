@@ -31,8 +31,9 @@ struct StepContext {
       : be(b), cfg(c), rope(rope_table(c)), profile(p), comm(cm) {}
   Backend& be;
   const ModelConfig& cfg;
-  // The model's RoPE frequencies (Note [RoPE scaling as transformers computes it]), once per step.
-  const RopeTable rope;
+  // The model's RoPE frequencies (Note [RoPE scaling as transformers computes it]), once per step
+  // (dynamic RoPE: recomputed by the step for its sequence length).
+  RopeTable rope;
   ops::RopeFreqs rope_freqs() const { return {rope.inv_freq.data(), static_cast<float>(rope.attention_factor)}; }
   RoutingProfile profile;
   Comm& comm;                // context-parallel ranks (size 1: one process); experts sharded over them
@@ -99,6 +100,18 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
 // the load-balancing loss (may be undefined when the coefficient is 0). Frees `a`.
 void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, const Tensor& aux_bias,
                         Tensor& dx);
+
+// ---- dense MLP block (a layer ModelConfig::layer_is_sparse calls dense):
+// x2 = x1 + down(silu(gate h2) * up h2), h2 = rmsnorm(x1); Qwen3MoeMLP of width intermediate_size.
+struct MlpActs {
+  Tensor rstd2;  // (n)
+  Tensor h2, g, u, act;  // (n, H), (n, Id) x 3: what the FFN's backward reads (sched/dispatch/expert_ffn.h)
+};
+// The output x2 is allocated in category out_cat, named out_name (as moe_block_forward's).
+Tensor mlp_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MlpActs* keep, Category out_cat,
+                         const std::string& out_name);
+// dx (n, H): in d x2, out d x1. Frees `a`.
+void mlp_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MlpActs& a, Tensor& dx);
 
 // ---- head, plain ("full") vocabulary schedule: final RMSNorm, logits, log-softmax and their gradient
 // each (n, V) fp32. Returns the sum of the token losses (NaN on meta); writes dxL (n, H) and accumulates

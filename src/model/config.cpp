@@ -14,14 +14,29 @@ constexpr const char* kConfigHint = "see configs/tiny.toml for a complete, comme
 }  // namespace
 
 
+bool ModelConfig::layer_is_sparse(int64_t l) const {
+  for (int64_t d : mlp_only_layers)
+    if (d == l) return false;
+  return decoder_sparse_step >= 1 && (l + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::sparse_layer_count() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += layer_is_sparse(l) ? 1 : 0;
+  return n;
+}
+
 int64_t ModelConfig::param_count() const {
   const int64_t H = hidden_size, hd = head_dim;
-  int64_t per_layer = 2 * H;                                                    // two RMSNorms
-  per_layer += num_attention_heads * hd * H * 2 + num_key_value_heads * hd * H * 2;  // q, o, k, v
-  per_layer += 2 * hd;                                                          // q_norm, k_norm
-  per_layer += num_experts * H;                                                 // router
-  per_layer += num_experts * 3 * moe_intermediate_size * H;                     // experts
-  return 2 * vocab_size * H + H + num_hidden_layers * per_layer;
+  int64_t attn = 2 * H;                                                     // two RMSNorms
+  attn += num_attention_heads * hd * H * 2 + num_key_value_heads * hd * H * 2;  // q, o, k, v
+  attn += 2 * hd;                                                           // q_norm, k_norm
+  if (attention_bias) attn += (num_attention_heads + 2 * num_key_value_heads) * hd + H;  // q, k, v, o biases
+  const int64_t sparse = sparse_layer_count();
+  const int64_t moe = num_experts * H + num_experts * 3 * moe_intermediate_size * H;  // router, experts
+  const int64_t dense = 3 * intermediate_size * H;                                 // one SwiGLU MLP
+  return (tie_word_embeddings ? 1 : 2) * vocab_size * H + H + num_hidden_layers * attn + sparse * moe +
+         (num_hidden_layers - sparse) * dense;
 }
 
 std::string RoutingProfile::str() const {
@@ -92,26 +107,41 @@ void model_config_validate(const ModelConfig& m, const std::string& src) {
            src, m.rms_norm_eps);
   FP_CHECK(std::isfinite(m.router_aux_loss_coef) && m.router_aux_loss_coef >= 0, kConfigHint,
            "{}: model.router_aux_loss_coef = {} must be >= 0", src, m.router_aux_loss_coef);
+  FP_CHECK(m.sliding_window >= 0, "0 is full causal attention; W > 0 lets each query see its last W positions",
+           "{}: model.sliding_window = {} must be >= 0", src, m.sliding_window);
+  FP_CHECK(m.decoder_sparse_step >= 1, "1 makes every layer a MoE layer; s makes every s-th one",
+           "{}: model.decoder_sparse_step = {} must be at least 1", src, m.decoder_sparse_step);
+  for (int64_t l : m.mlp_only_layers)
+    FP_CHECK(l >= 0 && l < m.num_hidden_layers, "mlp_only_layers lists layer indices 0 .. num_hidden_layers - 1",
+             "{}: model.mlp_only_layers holds {}, outside 0 .. {}", src, l, m.num_hidden_layers - 1);
+  FP_CHECK(m.sparse_layer_count() >= 1, "flatpeak trains MoE models: keep at least one MoE layer",
+           "{}: mlp_only_layers and decoder_sparse_step = {} leave no MoE layer", src, m.decoder_sparse_step);
+  if (m.sparse_layer_count() < m.num_hidden_layers)
+    FP_CHECK(m.intermediate_size >= 1, "a dense layer's MLP has width intermediate_size",
+             "{}: model.intermediate_size = {} must be at least 1 when a layer is dense", src, m.intermediate_size);
 }
 
 std::string model_config_hf_json(const ModelConfig& m) {
   nlohmann::ordered_json j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}};
   model_keys_visit(m, [&](const char* key, const auto& v) { j[key] = v; });  // the architecture
-  // Keys whose values are the only ones flatpeak computes (Note [Every config key is read or refused]).
+  // In Hugging Face's spelling: intermediate_size is inert when every layer is sparse, and the window is
+  // use_sliding_window + sliding_window (max_window_layers 0: every layer, as transformers 5.x computes
+  // it; Note [Sliding window] in model/hf_config.cpp).
+  const bool dense = m.sparse_layer_count() < m.num_hidden_layers;
   j.update(nlohmann::ordered_json{
-      {"intermediate_size", m.moe_intermediate_size},
-      {"decoder_sparse_step", 1},
-      {"mlp_only_layers", nlohmann::json::array()},
+      {"intermediate_size", dense ? m.intermediate_size : m.moe_intermediate_size},
+      {"mlp_only_layers", m.mlp_only_layers},
       {"rope_scaling", rope_scaling_json(m.rope_scaling)},
       {"output_router_logits", true},
       {"hidden_act", "silu"},
-      {"attention_bias", false},
       {"attention_dropout", 0.0},
-      {"use_sliding_window", false},
-      {"sliding_window", nullptr},
-      {"max_window_layers", m.num_hidden_layers},
-      {"max_position_embeddings", 1 << 20},
-      {"tie_word_embeddings", false},
+      {"use_sliding_window", m.sliding_window > 0},
+      {"sliding_window", m.sliding_window > 0 ? nlohmann::ordered_json(m.sliding_window) : nlohmann::ordered_json()},
+      {"max_window_layers", m.sliding_window > 0 ? 0 : m.num_hidden_layers},
+      // dynamic RoPE reads it; otherwise inert
+      {"max_position_embeddings", m.rope_scaling.kind == RopeScaling::Kind::Kind_dynamic
+                                      ? m.rope_scaling.original_max_position_embeddings
+                                      : int64_t{1} << 20},
       {"initializer_range", 0.02},
       {"torch_dtype", "float32"},
       {"use_cache", true},

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fp {
@@ -11,10 +12,11 @@ namespace fp {
 // RoPE scaling (Hugging Face's rope_scaling / rope_parameters; model/rope_scaling.h computes the
 // frequencies). Values left at 0 take transformers' defaults there.
 struct RopeScaling {
-  enum class Kind { Kind_default, Kind_linear, Kind_yarn, Kind_llama3 };
+  enum class Kind { Kind_default, Kind_linear, Kind_yarn, Kind_llama3, Kind_dynamic };
   Kind kind = Kind::Kind_default;
-  double factor = 1;                         // linear, yarn, llama3
-  int64_t original_max_position_embeddings = 0;  // yarn, llama3 (yarn's default, the model's
+  double factor = 1;                         // linear, yarn, llama3, dynamic
+  int64_t original_max_position_embeddings = 0;  // yarn, llama3; dynamic: the model's max_position_embeddings,
+                                                 // past which the base grows (yarn's and dynamic's default,
                                                  // max_position_embeddings, is filled in on parsing)
   double attention_factor = 0;               // yarn: 0 = from factor, mscale, mscale_all_dim
   double beta_fast = 0, beta_slow = 0;       // yarn: 0 = 32, 1
@@ -23,7 +25,7 @@ struct RopeScaling {
   double low_freq_factor = 0, high_freq_factor = 0;  // llama3 (required)
   bool operator==(const RopeScaling&) const = default;
 };
-// "default", "linear", "yarn", "llama3".
+// "default", "linear", "yarn", "llama3", "dynamic".
 const char* rope_kind_name(RopeScaling::Kind k);
 
 struct ModelConfig {
@@ -41,7 +43,23 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool norm_topk_prob = true;
   double router_aux_loss_coef = 0.001;
+  // Hugging Face's switches beyond the plain Qwen3-MoE layer (docs/models.md).
+  bool attention_bias = false;       // biases on q_proj, k_proj, v_proj and o_proj
+  bool tie_word_embeddings = false;  // lm_head is model.embed_tokens (one parameter, one gradient)
+  // Sliding-window attention on every layer (use_sliding_window): query i sees keys j with
+  // i - sliding_window < j <= i. 0: full causal attention.
+  int64_t sliding_window = 0;
+  // Dense layers: layer l is a MoE layer unless l is in mlp_only_layers or (l + 1) % decoder_sparse_step
+  // != 0; a dense layer's MLP is one SwiGLU of width intermediate_size (Qwen3MoeMLP).
+  std::vector<int64_t> mlp_only_layers;
+  int64_t decoder_sparse_step = 1;
+  int64_t intermediate_size = 0;
   uint64_t seed = 0;
+
+  // Whether layer l has the MoE block (router and experts) or a dense MLP.
+  bool layer_is_sparse(int64_t l) const;
+  // How many layers are MoE layers.
+  int64_t sparse_layer_count() const;
 
   // Parameter count of the whole model.
   int64_t param_count() const;
@@ -65,6 +83,17 @@ void model_keys_visit(M& m, F&& f) {
   f("rms_norm_eps", m.rms_norm_eps);
   f("norm_topk_prob", m.norm_topk_prob);
   f("router_aux_loss_coef", m.router_aux_loss_coef);
+  // Optional (model_key_optional): their defaults are the plain Qwen3-MoE layer.
+  f("attention_bias", m.attention_bias);
+  f("tie_word_embeddings", m.tie_word_embeddings);
+  f("sliding_window", m.sliding_window);
+  f("decoder_sparse_step", m.decoder_sparse_step);
+  f("intermediate_size", m.intermediate_size);
+}
+// Keys of model_keys_visit a run config may leave out (and mlp_only_layers, which is a list).
+inline bool model_key_optional(std::string_view key) {
+  return key == "attention_bias" || key == "tie_word_embeddings" || key == "sliding_window" ||
+         key == "decoder_sparse_step" || key == "intermediate_size";
 }
 
 // Which experts the tokens go to. "router": the model's own router (cpu only); "balanced" and
@@ -83,7 +112,7 @@ RoutingProfile routing_profile_parse(const std::string& s, const std::string& ke
 // Checks the relations between model keys (also used for configs built in code).
 void model_config_validate(const ModelConfig& m, const std::string& source);
 
-// Hugging Face config.json for Qwen3MoeForCausalLM (model_type qwen3_moe, untied embeddings).
+// Hugging Face config.json for Qwen3MoeForCausalLM (model_type qwen3_moe).
 std::string model_config_hf_json(const ModelConfig& m);
 
 }  // namespace fp

@@ -14,14 +14,21 @@ namespace fp {
 namespace {
 
 constexpr const char* kSupported =
-    "flatpeak computes Qwen3MoeForCausalLM with SiLU experts, no attention bias, untied embeddings, full "
-    "causal attention with default RoPE, and every layer a MoE layer (docs/models.md)";
+    "flatpeak computes Qwen3MoeForCausalLM with SiLU experts: attention with or without biases and a sliding "
+    "window, tied or untied embeddings, MoE and dense layers, default/linear/yarn/llama3/dynamic RoPE (docs/models.md)";
 
 // Keys that do not change the function the model computes (PretrainedConfig's bookkeeping, token ids,
 // generation defaults that older transformers wrote into config.json, and Qwen3-MoE keys that only
 // matter for a feature whose switch is checked: sliding_window and max_window_layers when
 // use_sliding_window is false, intermediate_size when every layer is sparse, max_position_embeddings
-// under default RoPE).
+// except as YaRN's default original context and dynamic RoPE's M).
+//
+// Note [Sliding window]: transformers 5.x's Qwen3-MoE slides the window on every layer when
+// use_sliding_window is true, and its mask lets query i see keys i - sliding_window < j <= i
+// (masking_utils.sliding_window_overlay). transformers 4.x slid it only on layers >= max_window_layers
+// (the flash-attention path); the two agree when max_window_layers is 0, which is what flatpeak writes, and
+// any other max_window_layers with the window on is refused rather than guessed. The kernels skip the
+// tiles outside the window (ops/attention.h), so the cost falls with it.
 const std::set<std::string>& inert_keys() {
   static const std::set<std::string> keys = {
       // bookkeeping
@@ -188,24 +195,47 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source) {
   r.mark("rope_theta");
   m.seed = 0;
 
-  // Switches flatpeak computes for one setting only.
-  r.only("hidden_act", "silu", "the experts' activation");
-  r.only("attention_bias", false, "biases on the q, k, v and o projections");
-  r.only("tie_word_embeddings", false, "lm_head sharing the embedding matrix");
-  r.only("use_sliding_window", false, "sliding-window attention");
-  r.only("attention_dropout", 0, "dropout on the attention probabilities");
-  r.only("decoder_sparse_step", 1, "dense MLP layers between the MoE layers");
+  // The layer's switches (Note [Sliding window] for the window).
+  m.attention_bias = r.boolean("attention_bias", false);
+  m.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  if (r.boolean("use_sliding_window", false)) {
+    FP_CHECK(r.has("sliding_window") && r.at("sliding_window").is_number_integer() &&
+                 r.at("sliding_window").get<int64_t>() >= 1,
+             "use_sliding_window = true needs sliding_window, the number of positions each query sees",
+             "{}: sliding_window = {} is not a positive integer", source,
+             r.has("sliding_window") ? r.at("sliding_window").dump() : "null");
+    m.sliding_window = r.at("sliding_window").get<int64_t>();
+    if (r.has("max_window_layers")) {
+      const auto& mw = r.at("max_window_layers");
+      FP_CHECK(mw == 0, "transformers 4.x slides the window on layers >= max_window_layers only, 5.x on every layer; "
+               "flatpeak computes 5.x's, the same in both when max_window_layers = 0",
+               "{}: max_window_layers = {} with use_sliding_window = true is not implemented", source, mw.dump());
+    }
+  }
+  // Dense layers (Qwen3MoeMLP of width intermediate_size): the key is read only when a layer is dense.
+  m.decoder_sparse_step = r.has("decoder_sparse_step") ? r.integer("decoder_sparse_step") : 1;
+  r.mark("decoder_sparse_step");
   if (r.has("mlp_only_layers")) {
     const auto& d = r.at("mlp_only_layers");
-    FP_CHECK(d.is_array() && d.empty(), "dense MLP layers (mlp_only_layers) are not implemented yet",
-             "{}: mlp_only_layers = {} is not implemented; flatpeak computes every layer as a MoE layer", source,
-             d.dump());
+    FP_CHECK(d.is_array(), kSupported, "{}: mlp_only_layers = {} is not a list of layer indices", source, d.dump());
+    for (const auto& l : d) {
+      FP_CHECK(l.is_number_integer(), kSupported, "{}: mlp_only_layers holds {}, not a layer index", source, l.dump());
+      m.mlp_only_layers.push_back(l.get<int64_t>());
+    }
   }
   r.mark("mlp_only_layers");
+  if (m.decoder_sparse_step >= 1 && m.sparse_layer_count() < m.num_hidden_layers)
+    m.intermediate_size = r.integer("intermediate_size");
+
+  // Switches flatpeak computes for one setting only.
+  r.only("hidden_act", "silu", "the experts' activation");
+  r.only("attention_dropout", 0, "dropout on the attention probabilities");
   if (r.has("layer_types")) {
+    const char* want = m.sliding_window > 0 ? "sliding_attention" : "full_attention";
     for (const auto& t : r.at("layer_types"))
-      FP_CHECK(t == "full_attention", "sliding-window attention is not implemented yet",
-               "{}: layer_types holds {}; flatpeak computes full causal attention on every layer", source, t.dump());
+      FP_CHECK(t == want, "flatpeak computes one kind of attention on every layer (Note [Sliding window])",
+               "{}: layer_types holds {}; with use_sliding_window = {} every layer is \"{}\"", source, t.dump(),
+               m.sliding_window > 0, want);
   }
   r.mark("layer_types");
   if (r.has("quantization_config"))
@@ -235,8 +265,8 @@ HfConfig hf_config_read(const std::string& dir) {
 RopeScaling rope_scaling_parse(const nlohmann::json& d, const std::string& where, std::optional<double>* theta,
                                int64_t max_position_embeddings) {
   constexpr const char* kRopeHint =
-      "flatpeak computes rope_type \"default\", \"linear\", \"yarn\" and \"llama3\" (docs/models.md); dynamic NTK "
-      "and LongRoPE change with the sequence length at run time and are not implemented";
+      "flatpeak computes rope_type \"default\", \"linear\", \"yarn\", \"llama3\" and \"dynamic\" (docs/models.md); "
+      "LongRoPE is not implemented";
   RopeScaling out;
   if (d.is_null()) return out;
   FP_CHECK(d.is_object(), kRopeHint, "{} = {} is not an object", where, d.dump());
@@ -251,6 +281,7 @@ RopeScaling rope_scaling_parse(const nlohmann::json& d, const std::string& where
   else if (type == "linear") out.kind = K::Kind_linear;
   else if (type == "yarn") out.kind = K::Kind_yarn;
   else if (type == "llama3") out.kind = K::Kind_llama3;
+  else if (type == "dynamic") out.kind = K::Kind_dynamic;
   else throw Error(fmt::format("{}: rope_type \"{}\" is not implemented", where, type), kRopeHint);
   // Which keys each kind reads (anything else in the dictionary is refused by name).
   std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
@@ -261,6 +292,7 @@ RopeScaling rope_scaling_parse(const nlohmann::json& d, const std::string& where
       allowed.insert(k);
   if (out.kind == K::Kind_llama3)
     for (const char* k : {"original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}) allowed.insert(k);
+  if (out.kind == K::Kind_dynamic) allowed.insert("original_max_position_embeddings");
   auto number = [&](const char* k, double& dst) {
     if (!d.contains(k) || d[k].is_null()) return false;
     FP_CHECK(d[k].is_number(), kRopeHint, "{}.{} = {} is not a number", where, k, d[k].dump());
@@ -300,6 +332,18 @@ RopeScaling rope_scaling_parse(const nlohmann::json& d, const std::string& where
     FP_CHECK(out.original_max_position_embeddings > 0, kRopeHint,
              "{}: rope_type \"yarn\" needs original_max_position_embeddings (the context the model was trained at)",
              where);
+  }
+  if (out.kind == K::Kind_dynamic) {
+    // transformers grows the base past config.json's max_position_embeddings; a run config's TOML, which
+    // has no such key, gives it as original_max_position_embeddings. Both given must agree.
+    FP_CHECK(out.original_max_position_embeddings == 0 || max_position_embeddings == 0 ||
+                 out.original_max_position_embeddings == max_position_embeddings,
+             kRopeHint, "{}.original_max_position_embeddings = {} disagrees with max_position_embeddings = {} (dynamic "
+             "RoPE grows the base past the latter)", where, out.original_max_position_embeddings,
+             max_position_embeddings);
+    if (out.original_max_position_embeddings == 0) out.original_max_position_embeddings = max_position_embeddings;
+    FP_CHECK(out.original_max_position_embeddings > 0, kRopeHint,
+             "{}: rope_type \"dynamic\" needs max_position_embeddings (the length past which the base grows)", where);
   }
   if (out.kind == K::Kind_llama3) {
     FP_CHECK(out.original_max_position_embeddings > 0 && number("low_freq_factor", out.low_freq_factor) &&
@@ -342,6 +386,9 @@ std::vector<std::string> model_config_differences(const ModelConfig& a, const Mo
     if (xa != values_b[i]) d.push_back(fmt::format("{}: {} vs {}", key, xa, values_b[i]));
     ++i;
   });
+  if (a.mlp_only_layers != b.mlp_only_layers)
+    d.push_back(fmt::format("mlp_only_layers: [{}] vs [{}]", fmt::join(a.mlp_only_layers, ", "),
+                            fmt::join(b.mlp_only_layers, ", ")));
   if (!(a.rope_scaling == b.rope_scaling))
     d.push_back(fmt::format("rope_scaling: {} vs {}", rope_scaling_json(a.rope_scaling).dump(),
                             rope_scaling_json(b.rope_scaling).dump()));

@@ -89,6 +89,13 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
              "batch positions has {} entries for T = {}", batch.positions.size(), batch.T);
     s.seq_pos = batch.positions;
   }
+  if (cfg_.rope_scaling.kind == RopeScaling::Kind::Kind_dynamic) {
+    // Dynamic RoPE grows with the sequence: its largest position over every rank's piece, plus one.
+    int64_t len = 0;
+    for (int32_t p : s.seq_pos) len = std::max<int64_t>(len, p + 1);
+    comm.all_reduce_max(&len, 1, DType::DType_I64);
+    s.rope = rope_table(cfg_, len);
+  }
 
   // Inputs on the device.
   Tensor tokens = be_.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.tokens");
@@ -122,20 +129,22 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
       x.reset();  // evaluation keeps no boundary
     }
     const bool last = l + 1 == L;
-    x = moe_block_forward(s, lp, x1, nullptr, &stats[l],
-                          last ? Category::Category_activations : Category::Category_checkpoints,
-                          last ? "final.x" : fmt::format("ckpt.layer{}", l + 1));
+    const Category out_cat = last ? Category::Category_activations : Category::Category_checkpoints;
+    const std::string out_name = last ? "final.x" : fmt::format("ckpt.layer{}", l + 1);
+    x = cfg_.layer_is_sparse(l) ? moe_block_forward(s, lp, x1, nullptr, &stats[l], out_cat, out_name)
+                                : mlp_block_forward(s, lp, x1, nullptr, out_cat, out_name);
     x1.reset();
     params_.unit_release(params_.unit_layer(l));
   }
 
-  // Load-balancing loss from the routing statistics of all layers.
+  // Load-balancing loss from the routing statistics of the MoE layers (a dense layer has no router:
+  // its row of expert_counts stays zero), as transformers concatenates the router logits of those only.
   StepOutputs out;
   out.target_tokens = target_tokens;
   out.expert_counts.assign(static_cast<size_t>(L * E), 0);
   std::vector<double> count_total(static_cast<size_t>(E), 0.0), prob_total(static_cast<size_t>(E), 0.0);
   for (int64_t l = 0; l < L; ++l)
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = 0; e < E && cfg_.layer_is_sparse(l); ++e) {
       out.expert_counts[l * E + e] = stats[l].counts[e];
       count_total[e] += static_cast<double>(stats[l].counts[e]);
       if (!stats[l].prob_sum.empty()) prob_total[e] += stats[l].prob_sum[e];
@@ -143,7 +152,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   // Over every rank's tokens: R rows of the concatenated router outputs.
   comm.all_reduce_sum(count_total.data(), E, DType::DType_F64);
   if (be_.computes()) comm.all_reduce_sum(prob_total.data(), E, DType::DType_F64);
-  const double R = static_cast<double>(L * n * comm.size());
+  const double R = static_cast<double>(cfg_.sparse_layer_count() * n * comm.size());
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) aux += (count_total[e] / R) * (prob_total[e] / R);
   aux *= static_cast<double>(E);
@@ -185,12 +194,17 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
     params_.unit_gather(params_.unit_layer(l));
     params_.unit_grad_begin(params_.unit_layer(l));
     AttnActs attn;
-    MoeActs moe;
     const Tensor& xl = store->get(l);
     Tensor x1 = attn_block_forward(s, lp, xl, &attn);
-    Tensor x2 = moe_block_forward(s, lp, x1, &moe, nullptr);
-    x2.reset();
-    moe_block_backward(s, lp, x1, moe, aux_bias, dx);
+    if (cfg_.layer_is_sparse(l)) {
+      MoeActs moe;
+      moe_block_forward(s, lp, x1, &moe, nullptr).reset();
+      moe_block_backward(s, lp, x1, moe, aux_bias, dx);
+    } else {
+      MlpActs mlp;
+      mlp_block_forward(s, lp, x1, &mlp, Category::Category_activations, "mlp.x2").reset();
+      mlp_block_backward(s, lp, x1, mlp, dx);
+    }
     x1.reset();
     attn_block_backward(s, lp, xl, attn, dx);
     store->release(l);

@@ -60,17 +60,29 @@ void ParamStore::walk(Fn&& fn) {
   const Placement dense = W > 1 ? Placement::Placement_rows : Placement::Placement_whole;
   const int rows = W > 1 ? -1 : 0;
   const int64_t H = cfg.hidden_size, hd = cfg.head_dim, I = cfg.moe_intermediate_size;
+  const int64_t q = cfg.num_attention_heads * hd, kv = cfg.num_key_value_heads * hd, Id = cfg.intermediate_size;
+  const bool bias = cfg.attention_bias;
   fn(Entry{-1, -1, "model.embed_tokens.weight", {cfg.vocab_size, H}, dense, rows, &embed_tokens});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     LayerParams& l = layers[i];
     fn(Entry{i, -1, "input_layernorm.weight", {H}, dense, rows, &l.input_layernorm});
-    fn(Entry{i, -1, "self_attn.q_proj.weight", {cfg.num_attention_heads * hd, H}, dense, rows, &l.q_proj});
-    fn(Entry{i, -1, "self_attn.k_proj.weight", {cfg.num_key_value_heads * hd, H}, dense, rows, &l.k_proj});
-    fn(Entry{i, -1, "self_attn.v_proj.weight", {cfg.num_key_value_heads * hd, H}, dense, rows, &l.v_proj});
-    fn(Entry{i, -1, "self_attn.o_proj.weight", {H, cfg.num_attention_heads * hd}, dense, rows, &l.o_proj});
+    fn(Entry{i, -1, "self_attn.q_proj.weight", {q, H}, dense, rows, &l.q_proj});
+    if (bias) fn(Entry{i, -1, "self_attn.q_proj.bias", {q}, dense, rows, &l.q_bias});
+    fn(Entry{i, -1, "self_attn.k_proj.weight", {kv, H}, dense, rows, &l.k_proj});
+    if (bias) fn(Entry{i, -1, "self_attn.k_proj.bias", {kv}, dense, rows, &l.k_bias});
+    fn(Entry{i, -1, "self_attn.v_proj.weight", {kv, H}, dense, rows, &l.v_proj});
+    if (bias) fn(Entry{i, -1, "self_attn.v_proj.bias", {kv}, dense, rows, &l.v_bias});
+    fn(Entry{i, -1, "self_attn.o_proj.weight", {H, q}, dense, rows, &l.o_proj});
+    if (bias) fn(Entry{i, -1, "self_attn.o_proj.bias", {H}, dense, rows, &l.o_bias});
     fn(Entry{i, -1, "self_attn.q_norm.weight", {hd}, dense, rows, &l.q_norm});
     fn(Entry{i, -1, "self_attn.k_norm.weight", {hd}, dense, rows, &l.k_norm});
     fn(Entry{i, -1, "post_attention_layernorm.weight", {H}, dense, rows, &l.post_attention_layernorm});
+    if (!cfg.layer_is_sparse(i)) {
+      fn(Entry{i, -1, "mlp.gate_proj.weight", {Id, H}, dense, rows, &l.mlp_gate_proj});
+      fn(Entry{i, -1, "mlp.up_proj.weight", {Id, H}, dense, rows, &l.mlp_up_proj});
+      fn(Entry{i, -1, "mlp.down_proj.weight", {H, Id}, dense, rows, &l.mlp_down_proj});
+      continue;
+    }
     fn(Entry{i, -1, "mlp.gate.weight", {cfg.num_experts, H}, dense, rows, &l.gate});
     for (int64_t e = 0; e < cfg.num_experts; ++e) {
       const int owner = expert_owner(e, W, cfg.num_experts);
@@ -81,7 +93,12 @@ void ParamStore::walk(Fn&& fn) {
     }
   }
   fn(Entry{-1, -1, "model.norm.weight", {H}, dense, rows, &norm});
-  fn(Entry{-1, -1, "lm_head.weight", {cfg.vocab_size, H}, dense, rows, &lm_head});
+  // Note [Tied embeddings]: with tie_word_embeddings lm_head is not a parameter of its own (transformers
+  // writes no lm_head.weight); the store points lm_head at embed_tokens, so the head reads the embedding
+  // matrix and adds its gradient to the embedding's. Under FSDP both units that read it (fsdp.embed_tokens,
+  // fsdp.lm_head) hold the one parameter; they are never gathered at the same time, and each unit's
+  // gradient starts from the shard gradient the other left (unit_grad_begin), so the sum is complete.
+  if (!cfg.tie_word_embeddings) fn(Entry{-1, -1, "lm_head.weight", {cfg.vocab_size, H}, dense, rows, &lm_head});
 }
 
 ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Precision& precision)
@@ -104,12 +121,14 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
     if (p.placement == Placement::Placement_whole && p.owner != comm_->rank()) return;
     *p.slot = add(entry_name(p.layer, p.expert, p.leaf), p.shape, p.placement);
   });
+  if (cfg.tie_word_embeddings) lm_head = embed_tokens;  // Note [Tied embeddings]
 
   if (W == 1) return;
   unit_add("fsdp.embed_tokens", {embed_tokens});
   for (const LayerParams& l : layers)
-    unit_add("fsdp.layer", {l.input_layernorm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.q_norm, l.k_norm,
-                            l.post_attention_layernorm, l.gate});
+    unit_add("fsdp.layer", {l.input_layernorm, l.q_proj, l.q_bias, l.k_proj, l.k_bias, l.v_proj, l.v_bias, l.o_proj,
+                            l.o_bias, l.q_norm, l.k_norm, l.post_attention_layernorm, l.gate, l.mlp_gate_proj,
+                            l.mlp_up_proj, l.mlp_down_proj});
   unit_add("fsdp.lm_head", {norm, lm_head});
   unit_add("fsdp.norm", {norm});
 }
@@ -146,6 +165,7 @@ Param* ParamStore::add(const std::string& name, const Shape& shape, Placement pl
 void ParamStore::unit_add(const std::string& name, std::vector<Param*> params) {
   Unit& u = units_.emplace_back();
   u.name = name;
+  std::erase(params, nullptr);  // what the layer does not have (biases, router or dense MLP)
   for (Param* p : params) {
     FP_ASSERT(p->placement == Placement::Placement_rows, "unit {} holds '{}', which is not row-sharded", name, p->name);
     u.offset.push_back(u.numel);
@@ -167,8 +187,9 @@ void ParamStore::init(uint64_t seed) {
   std::vector<float> host;
   for (const ParamInfo& p : layout()) {
     host.resize(static_cast<size_t>(p.shape.numel()));
-    const bool is_norm = p.shape.rank == 1;
-    for (float& v : host) v = is_norm ? 1.0f : static_cast<float>(0.02 * rng.normal());
+    const bool is_bias = p.name.ends_with(".bias");  // zero, as transformers starts them
+    const bool is_norm = p.shape.rank == 1 && !is_bias;
+    for (float& v : host) v = is_bias ? 0.0f : is_norm ? 1.0f : static_cast<float>(0.02 * rng.normal());
     full_scatter(p, host.data(), p.local ? &p.local->local_w() : nullptr);
   }
   zero_grads();

@@ -12,7 +12,8 @@
 // rank may hold no real row at all). The shard keeps the tensor's rank (AdamW decays rank >= 2 only).
 // Parameters are grouped into units gathered together right before use and freed right after:
 //   fsdp.embed_tokens  the embedding (forward only: its backward needs no weight)
-//   fsdp.layer         one layer's dense weights (both norms, q/k/v/o, q_norm, k_norm, the router)
+//   fsdp.layer         one layer's dense weights (both norms, q/k/v/o and their biases, q_norm, k_norm, the
+//                      router, or a dense layer's MLP)
 //   fsdp.lm_head       model.norm + lm_head (the plain "full" head: every rank computes N x V logits)
 //   fsdp.norm          model.norm alone (Ring-DTP reads its own lm_head rows, lm_head_shard())
 // A gathered unit is one buffer (category params) of W Rp rows per parameter, filled by one all_gather
@@ -83,19 +84,28 @@ struct ParamInfo {
 };
 
 // With W > 1 the entries of the experts another rank owns are null (Note [FSDP layout]).
+// A dense layer (ModelConfig::layer_is_sparse false) has mlp_* instead of the router and experts; the
+// biases exist with attention_bias only. What a layer does not have is null.
 struct LayerParams {
-  Param* input_layernorm;           // (H)
-  Param* q_proj;                    // (nh*hd, H)
-  Param* k_proj;                    // (nkv*hd, H)
-  Param* v_proj;                    // (nkv*hd, H)
-  Param* o_proj;                    // (H, nh*hd)
-  Param* q_norm;                    // (hd)
-  Param* k_norm;                    // (hd)
-  Param* post_attention_layernorm;  // (H)
-  Param* gate;                      // (E, H) the router
-  std::vector<Param*> gate_proj;    // E x (I, H)
-  std::vector<Param*> up_proj;      // E x (I, H)
-  std::vector<Param*> down_proj;    // E x (H, I)
+  Param* input_layernorm = nullptr;           // (H)
+  Param* q_proj = nullptr;                    // (nh*hd, H)
+  Param* q_bias = nullptr;                    // (nh*hd) self_attn.q_proj.bias
+  Param* k_proj = nullptr;                    // (nkv*hd, H)
+  Param* k_bias = nullptr;                    // (nkv*hd)
+  Param* v_proj = nullptr;                    // (nkv*hd, H)
+  Param* v_bias = nullptr;                    // (nkv*hd)
+  Param* o_proj = nullptr;                    // (H, nh*hd)
+  Param* o_bias = nullptr;                    // (H)
+  Param* q_norm = nullptr;                    // (hd)
+  Param* k_norm = nullptr;                    // (hd)
+  Param* post_attention_layernorm = nullptr;  // (H)
+  Param* gate = nullptr;                      // (E, H) the router
+  std::vector<Param*> gate_proj;              // E x (I, H)
+  std::vector<Param*> up_proj;                // E x (I, H)
+  std::vector<Param*> down_proj;              // E x (H, I)
+  Param* mlp_gate_proj = nullptr;             // (Id, H) a dense layer's MLP, Id = intermediate_size
+  Param* mlp_up_proj = nullptr;               // (Id, H)
+  Param* mlp_down_proj = nullptr;             // (H, Id)
 };
 
 // This rank's rows of lm_head (V, H) (Ring-DTP's vocabulary shard): rows [row0, row0 + rows) of the
@@ -170,7 +180,8 @@ class ParamStore {
 
   Param* embed_tokens = nullptr;  // (V, H)
   Param* norm = nullptr;          // (H)
-  Param* lm_head = nullptr;       // (V, H)
+  Param* lm_head = nullptr;       // (V, H); with tie_word_embeddings the same Param as embed_tokens
+                                  // (Note [Tied embeddings])
   std::vector<LayerParams> layers;
 
  private:

@@ -53,8 +53,11 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
     const std::vector<int32_t> k_pos = block_positions(be, g, step);
+    // With a sliding window, a block entirely before every local query's window computes nothing: the
+    // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp). It
+    // still travels: the ranks after this one may need it.
     K.attention_block_forward(q.f32(), kb[cur].f32(), vb[cur].f32(), s.seq_pos.data(), k_pos.data(), o.f32(),
-                              lse.f32(), step == 0, s.B, N, N, nh, nkv, hd, scale);
+                              lse.f32(), step == 0, s.B, N, N, nh, nkv, hd, scale, c.sliding_window);
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
@@ -89,7 +92,7 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
     const std::vector<int32_t> k_pos = block_positions(be, g, step);
     K.attention_block_backward(q.f32(), kb[cur].f32(), vb[cur].f32(), o.f32(), lse.f32(), dout.f32(),
                                s.seq_pos.data(), k_pos.data(), dq.f32(), dkb[cur].f32(), dvb[cur].f32(), s.B, N, N,
-                               nh, nkv, hd, scale);
+                               nh, nkv, hd, scale, c.sliding_window);
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);

@@ -22,11 +22,12 @@ const char* rope_kind_name(RopeScaling::Kind k) {
     case RopeScaling::Kind::Kind_linear: return "linear";
     case RopeScaling::Kind::Kind_yarn: return "yarn";
     case RopeScaling::Kind::Kind_llama3: return "llama3";
+    case RopeScaling::Kind::Kind_dynamic: return "dynamic";
   }
   return "?";
 }
 
-RopeTable rope_table(const ModelConfig& m) {
+RopeTable rope_table(const ModelConfig& m, int64_t seq_len) {
   const int64_t hd = m.head_dim, half = hd / 2;
   const RopeScaling& r = m.rope_scaling;
   RopeTable t;
@@ -63,6 +64,14 @@ RopeTable rope_table(const ModelConfig& m) {
         const double f = t.inv_freq[i];
         t.inv_freq[i] = f / r.factor * (1 - extrapolation) + f * extrapolation;
       }
+      break;
+    }
+    case RopeScaling::Kind::Kind_dynamic: {
+      const double M = static_cast<double>(r.original_max_position_embeddings);
+      FP_ASSERT(M > 0, "dynamic RoPE needs max_position_embeddings");
+      const double L = std::max(static_cast<double>(seq_len), M), d = static_cast<double>(hd);
+      const double base = m.rope_theta * std::pow(r.factor * L / M - (r.factor - 1), d / (d - 2));
+      t.inv_freq = ops::rope_default_inv_freq(base, hd);
       break;
     }
     case RopeScaling::Kind::Kind_llama3: {

@@ -15,8 +15,14 @@
 // transformers 4.x (>= 4.45) differs in one case: when rope_scaling names
 // original_max_position_embeddings, it takes factor = max_position_embeddings / original instead of
 // the factor key. flatpeak follows 5.x; the twin (tests/reference/qwen3_moe_twin.py) implements the
-// same formulas independently. Dynamic NTK and LongRoPE depend on the sequence length at run time and
-// are refused (model/hf_config.cpp).
+// same formulas independently.
+//   dynamic  (NTK-aware) the default formula with the base grown to
+//            theta (factor L / M - (factor - 1))^(hd / (hd - 2)), L = max(seq_len, M), where seq_len is
+//            the largest position of the step plus one and M = max_position_embeddings: the default
+//            frequencies up to M. transformers caches the largest L it has seen and keeps using it for
+//            shorter sequences above M; flatpeak computes every step from its own length, which equals
+//            transformers' for a fresh model and whenever the length does not fall (training at one
+//            seq_len). LongRoPE is refused (model/hf_config.cpp).
 #pragma once
 
 #include <vector>
@@ -30,6 +36,7 @@ struct RopeTable {
   double attention_factor = 1.0;
 };
 
-RopeTable rope_table(const ModelConfig& m);
+// seq_len: the step's largest position plus one (read by dynamic only; 0: no step, M).
+RopeTable rope_table(const ModelConfig& m, int64_t seq_len = 0);
 
 }  // namespace fp

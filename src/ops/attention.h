@@ -1,6 +1,12 @@
 // Causal grouped-query attention computed tile by tile with an online softmax (FlashAttention-2):
 // no (T, T) buffer exists at any T. B sequences of T tokens, nh query heads, nkv key/value heads
 // (nh % nkv == 0; query head h reads kv head h / (nh / nkv)), hd head_dim, scale usually hd^-0.5.
+//
+// Masking: query i sees key j iff j <= i, and with a sliding window w > 0 also i - w < j (the last w
+// tokens, itself included: Hugging Face's sliding_window, kv_idx > q_idx - sliding_window). window = 0
+// is plain causal attention, and so is any window >= T, bit for bit. Every query sees at least itself.
+// Tile pairs (query tile, key tile) holding no visible (query, key) pair are never computed, so the cost
+// is about T * min(w, T) rather than T^2 / 2 (Note [Sliding-window bands], ops/cpu/attention_tile.h).
 #pragma once
 
 #include <cstdint>
@@ -12,13 +18,13 @@ inline constexpr int64_t kAttentionTileQ = 64;
 inline constexpr int64_t kAttentionTileK = 64;
 
 // q (B, T, nh, hd), k, v (B, T, nkv, hd) -> o (B, T, nh, hd), lse (B, nh, T) the log-sum-exp of each
-// query's scaled scores (kept for backward).
+// query's scaled scores over its visible keys (kept for backward). window >= 0 (0: no window).
 void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t B, int64_t T,
-                       int64_t nh, int64_t nkv, int64_t hd, float scale);
+                       int64_t nh, int64_t nkv, int64_t hd, float scale, int64_t window);
 // Recomputes the probabilities tile by tile from q, k and lse. dout (B, T, nh, hd);
-// dq (B, T, nh, hd), dk, dv (B, T, nkv, hd) are overwritten. Deterministic.
+// dq (B, T, nh, hd), dk, dv (B, T, nkv, hd) are overwritten. window: the forward's. Deterministic.
 void attention_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t nh,
-                        int64_t nkv, int64_t hd, float scale);
+                        int64_t nkv, int64_t hd, float scale, int64_t window);
 
 }  // namespace fp::ops::cpu

@@ -2,16 +2,21 @@
 // positions, with a running (o, lse) that merges the partial results of successive key blocks: the
 // kernels of ring attention (context parallelism). Each rank keeps its queries while the key/value
 // blocks of all ranks pass by; after every block has been merged, (o, lse) equal the causal attention
-// of ops/attention.h over the whole sequence (to rounding). Backward: with the final (o, lse), each
-// (query block, key block) pair adds its terms to dq of the queries and to dk, dv of the keys.
+// of ops/attention.h over the whole sequence (to rounding), with the same sliding window if any.
+// Backward: with the final (o, lse), each (query block, key block) pair adds its terms to dq of the
+// queries and to dk, dv of the keys.
 // Dimensions: B sequences, Tq queries and Tk keys of each sequence in this block pair, nh query heads,
 // nkv key/value heads (nh % nkv == 0; query head h reads kv head h / (nh / nkv)), hd head_dim, scale
 // usually hd^-0.5. Layouts as in ops/attention.h: (B, T, heads, hd) rows, (B, nh, T) log-sum-exps.
 //
-// Masking: key j is visible to query i iff k_pos[j] <= q_pos[i]. q_pos (Tq) and k_pos (Tk) are the
-// global positions (the same for every sequence b), each ascending (not necessarily contiguous; equal
-// positions allowed); the zig-zag pieces of data/context_split.h are. A query that sees no key of the
-// block gets nothing from it.
+// Masking: key j is visible to query i iff k_pos[j] <= q_pos[i], and with a sliding window w > 0 also
+// q_pos[i] - w < k_pos[j] (ops/attention.h's window, by global positions). q_pos (Tq) and k_pos (Tk) are
+// the global positions (the same for every sequence b), each ascending (not necessarily contiguous;
+// equal positions allowed); the zig-zag pieces of data/context_split.h are. The keys a query sees are
+// then one contiguous run of the block, possibly empty; a query that sees no key of the block gets
+// nothing from it. window = 0 is plain causal masking, and so is any window larger than every
+// q_pos[i] - k_pos[j], bit for bit. Tile pairs holding no visible pair are never computed: a block
+// entirely outside every query's window costs only the binary searches that find the visible runs.
 #pragma once
 
 #include <cstdint>
@@ -26,11 +31,12 @@ namespace fp::ops::cpu {
 //   lse' = log(exp(lse) + exp(lse_b)),  o' = o exp(lse - lse') + o_b exp(lse_b - lse'),
 //   where (o_b, lse_b) are this block's; a query with no visible key here keeps (o, lse) bit for bit,
 //   and one whose state is still (0, -inf) takes (o_b, lse_b). Never NaN for finite inputs.
-// With first = true and q_pos = k_pos = 0 .. T-1 this is attention_forward of ops/attention.h.
+// window >= 0 (0: none). With first = true and q_pos = k_pos = 0 .. T-1 this is attention_forward of
+// ops/attention.h with the same window, bit for bit.
 // Deterministic: each query row is computed by one thread in a fixed order.
 void attention_block_forward(const float* q, const float* k, const float* v, const int32_t* q_pos,
                              const int32_t* k_pos, float* o, float* lse, bool first, int64_t B, int64_t Tq,
-                             int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, float scale);
+                             int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, float scale, int64_t window);
 
 // The block pair's share of the gradient, ADDED to dq, dk, dv. o, lse are the FINAL forward state of the
 // queries (after every key block was merged), dout (B, Tq, nh, hd) the gradient of o. The probabilities
@@ -38,10 +44,11 @@ void attention_block_forward(const float* q, const float* k, const float* v, con
 // it costs Tq * nh * hd per tile row, nothing next to the tile products). Summed over all key blocks
 // this is attention_backward of ops/attention.h.
 // dq (B, Tq, nh, hd) += scale dS K;  dk (B, Tk, nkv, hd) += scale dS^T Q;  dv (B, Tk, nkv, hd) += P^T dout,
-// with dS = P (dO V^T - D). Deterministic: the same bits for any thread count.
+// with dS = P (dO V^T - D), P and dS zero on masked pairs. window: the forward's. Deterministic: the
+// same bits for any thread count.
 void attention_block_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
                               const float* dout, const int32_t* q_pos, const int32_t* k_pos, float* dq, float* dk,
                               float* dv, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
-                              float scale);
+                              float scale, int64_t window);
 
 }  // namespace fp::ops::cpu

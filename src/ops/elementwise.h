@@ -17,5 +17,10 @@ void copy(float* dst, const float* src, int64_t n);
 void reduce_sum(const float* x, int64_t n, float* out);
 // out (1) = sum of x (n)^2 in double, as float.
 void reduce_sumsq(const float* x, int64_t n, float* out);
+// A linear layer's bias: y (rows, d) += b (d) on every row.
+void bias_add(float* y, const float* b, int64_t rows, int64_t d);
+// Its gradient: db (d) += sum over rows of dy (rows, d), each column summed in double in row order
+// (the same bits for any thread count).
+void bias_backward(const float* dy, float* db, int64_t rows, int64_t d);
 
 }  // namespace fp::ops::cpu

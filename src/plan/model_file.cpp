@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
+#include "model/hf_config.h"
 
 namespace fp::plan {
 
@@ -62,6 +64,12 @@ Model model_from_hf_json(const std::string& text, const std::string& source) {
   m.name = j.contains("_name_or_path") && j["_name_or_path"].is_string() ? j["_name_or_path"].get<std::string>()
                                                                          : stem(source);
   ModelConfig& c = m.cfg;
+  // The architecture the engine computes is read as train and eval read it (every key, strictly), so the
+  // plan is of the very model they would run.
+  if (j.contains("model_type") && j["model_type"] == "qwen3_moe") {
+    c = hf_config_parse(text, source).model;
+    return m;
+  }
   hf_require(j, {"hidden_size"}, c.hidden_size, source);
   hf_require(j, {"num_hidden_layers"}, c.num_hidden_layers, source);
   hf_require(j, {"num_attention_heads"}, c.num_attention_heads, source);
@@ -111,14 +119,17 @@ Model model_from_hf_json(const std::string& text, const std::string& source) {
   if (hf_int(j, {"n_shared_experts", "num_shared_experts"}, shared, source) && shared > 0)
     m.approximate.push_back(fmt::format("{} shared expert(s) per layer not modeled (the engine has routed experts only)",
                                   shared));
-  if (hf_int(j, {"first_k_dense_replace"}, dense, source) && dense > 0)
-    m.approximate.push_back(fmt::format("the first {} dense layers are planned as MoE layers", dense));
+  if (hf_int(j, {"first_k_dense_replace"}, dense, source) && dense > 0) {
+    // DeepSeek-V3's dense first layers: the engine's dense layer (one SwiGLU of intermediate_size).
+    hf_require(j, {"intermediate_size"}, c.intermediate_size, source);
+    for (int64_t l = 0; l < std::min(dense, c.num_hidden_layers); ++l) c.mlp_only_layers.push_back(l);
+  }
   if (hf_int(j, {"sliding_window"}, window, source) && window > 0)
     m.approximate.push_back(fmt::format("sliding-window layers (window {}) planned as full causal attention: the "
                                   "engine's tiled attention keeps O(N) memory either way",
                                   window));
-  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean() && j["tie_word_embeddings"].get<bool>())
-    m.approximate.push_back("tied embeddings planned as untied (one more V x H matrix)");
+  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
+    c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
   if (type == "gpt_oss")
     m.approximate.push_back("attention sinks, biases and the clamped SwiGLU of gpt-oss not modeled (a few parameters)");
@@ -147,26 +158,34 @@ Model model_from_toml(const std::string& text, const std::string& source) {
   const toml::table* t = doc["model"].as_table();
   FP_CHECK(t != nullptr, kTomlHint, "{}: no [model] table", source);
   ModelConfig& c = m.cfg;
-  auto req = [&](const char* key, int64_t& out) {
+  // Every architecture key of the run config's [model] (model_keys_visit), the layer's switches included.
+  model_keys_visit(c, [&](const char* key, auto& member) {
     const toml::node* n = t->get(key);
-    FP_CHECK(n != nullptr, kTomlHint, "{}: missing model.{}", source, key);
-    FP_CHECK(n->is_integer(), kTomlHint, "{}: model.{} must be an integer", source, key);
-    out = *n->value<int64_t>();
-  };
-  req("hidden_size", c.hidden_size);
-  req("num_hidden_layers", c.num_hidden_layers);
-  req("num_attention_heads", c.num_attention_heads);
-  req("num_key_value_heads", c.num_key_value_heads);
-  req("num_experts", c.num_experts);
-  req("num_experts_per_tok", c.num_experts_per_tok);
-  req("moe_intermediate_size", c.moe_intermediate_size);
-  req("vocab_size", c.vocab_size);
+    using T = std::remove_reference_t<decltype(member)>;
+    if (n == nullptr) {
+      const bool defaulted = model_key_optional(key) || std::string_view(key) == "head_dim" ||
+                             std::is_same_v<T, double> || std::is_same_v<T, bool>;
+      FP_CHECK(defaulted, kTomlHint, "{}: missing model.{}", source, key);
+      return;
+    }
+    if constexpr (std::is_same_v<T, int64_t>) {
+      FP_CHECK(n->is_integer(), kTomlHint, "{}: model.{} must be an integer", source, key);
+      member = *n->value<int64_t>();
+    } else if constexpr (std::is_same_v<T, double>) {
+      FP_CHECK(n->is_number(), kTomlHint, "{}: model.{} must be a number", source, key);
+      member = *n->value<double>();
+    } else {
+      FP_CHECK(n->is_boolean(), kTomlHint, "{}: model.{} must be true or false", source, key);
+      member = *n->value<bool>();
+    }
+  });
+  if (const toml::array* a = (*t)["mlp_only_layers"].as_array())
+    for (const toml::node& l : *a) {
+      FP_CHECK(l.is_integer(), kTomlHint, "{}: model.mlp_only_layers must be a list of integers", source);
+      c.mlp_only_layers.push_back(*l.value<int64_t>());
+    }
   FP_CHECK(c.num_attention_heads >= 1, kTomlHint, "{}: model.num_attention_heads must be >= 1", source);
-  if (t->contains("head_dim"))
-    req("head_dim", c.head_dim);
-  else
-    c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.router_aux_loss_coef = (*t)["router_aux_loss_coef"].value_or(0.001);
+  if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_attention_heads;
   model_config_validate(c, source);
   return m;
 }

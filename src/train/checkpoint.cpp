@@ -163,15 +163,18 @@ std::string config_text(const ModelConfig& cfg, const CheckpointFormat& format) 
 
 // What a tensor name tells about the feature behind it, for the errors below.
 std::string tensor_hint(const std::string& name) {
-  if (name.find(".bias") != std::string::npos) return "q/k/v/o biases (attention_bias = true) are not implemented";
+  if (name.find(".bias") != std::string::npos)
+    return "the file holds attention biases but config.json has attention_bias = false";
   if (name.find("mlp.experts.gate_up_proj") != std::string::npos || name.find("mlp.experts.down_proj") != std::string::npos)
     return "fused expert tensors (transformers 5's in-memory layout) are not read: save the model with per-expert "
            "names (mlp.experts.<e>.gate_proj.weight, ...)";
   if (name.find("shared_expert") != std::string::npos) return "shared experts are not implemented";
   if (name.find("mlp.gate_proj") != std::string::npos || name.find("mlp.up_proj") != std::string::npos ||
       name.find("mlp.down_proj") != std::string::npos)
-    return "dense MLP layers (mlp_only_layers, decoder_sparse_step) are not implemented";
-  if (name == "lm_head.weight") return "tied embeddings (tie_word_embeddings = true) are not implemented";
+    return "the file holds a dense MLP where config.json (mlp_only_layers, decoder_sparse_step) puts a MoE layer";
+  if (name.find("mlp.gate.weight") != std::string::npos || name.find(".mlp.experts.") != std::string::npos)
+    return "the file holds a MoE layer where config.json (mlp_only_layers, decoder_sparse_step) puts a dense MLP";
+  if (name == "lm_head.weight") return "tie_word_embeddings = true shares the embedding, so lm_head.weight must equal it";
   return "check that config.json describes the model the weights were saved from (num_hidden_layers, num_experts, "
          "...)";
 }
@@ -193,6 +196,11 @@ void unread_check(const SafetensorsSet& f) {
 // Which config.json key makes the model need tensor `name` (for a missing tensor's error).
 std::string implied_by(const std::string& name, const ModelConfig& cfg) {
   if (name == "lm_head.weight") return "tie_word_embeddings = false (a separate output matrix)";
+  if (name.find(".bias") != std::string::npos) return "attention_bias = true";
+  if (name.find(".mlp.gate_proj") != std::string::npos || name.find(".mlp.up_proj") != std::string::npos ||
+      name.find(".mlp.down_proj") != std::string::npos)
+    return fmt::format("mlp_only_layers = [{}] and decoder_sparse_step = {} (a dense layer)",
+                       fmt::join(cfg.mlp_only_layers, ", "), cfg.decoder_sparse_step);
   if (name.find(".mlp.experts.") != std::string::npos)
     return fmt::format("num_experts = {} (experts 0..{} in every layer)", cfg.num_experts, cfg.num_experts - 1);
   if (name.find("q_norm") != std::string::npos || name.find("k_norm") != std::string::npos)
@@ -213,6 +221,15 @@ void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore&
     f.read_f32(it.name, it.param->shape, host.data());
     finite_check(it.name, host.data(), it.param->shape.numel(), f.path(), false);
     params.full_scatter(*it.param, host.data(), const_cast<Tensor*>(it.local));
+    // Note [Tied embeddings] (model/params.cpp): a file may still carry lm_head.weight (older
+    // transformers wrote both); it is read, and taken only when it is the embedding bit for bit.
+    if (cfg.tie_word_embeddings && it.name == "model.embed_tokens.weight" && f.has("lm_head.weight")) {
+      std::vector<float> head(host.size());
+      f.read_f32("lm_head.weight", it.param->shape, head.data());
+      FP_CHECK(head == host, tensor_hint("lm_head.weight"),
+               "checkpoint '{}': tie_word_embeddings = true but lm_head.weight differs from model.embed_tokens.weight",
+               f.path());
+    }
   }
   unread_check(f);
 }

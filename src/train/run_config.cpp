@@ -24,7 +24,7 @@ constexpr const char* kConfigHint = "see configs/tiny.toml for a complete, comme
 struct Field {
   std::string table;
   std::string key;
-  enum class Kind { Kind_int, Kind_float, Kind_bool, Kind_string, Kind_table } kind;
+  enum class Kind { Kind_int, Kind_float, Kind_bool, Kind_string, Kind_table, Kind_int_list } kind;
   bool required;
   std::function<void(const toml::node&)> store;
 };
@@ -73,11 +73,18 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
   std::vector<Field> fields;
   model_keys_visit(m, [&](const char* key, auto& member) {
     using T = std::remove_reference_t<decltype(member)>;
-    if constexpr (std::is_same_v<T, int64_t>) fields.push_back({"model", key, K::Kind_int, true, i64(&member)});
-    else if constexpr (std::is_same_v<T, double>) fields.push_back({"model", key, K::Kind_float, true, f64(&member)});
-    else fields.push_back({"model", key, K::Kind_bool, true, b(&member)});
+    const bool required = !model_key_optional(key);
+    if constexpr (std::is_same_v<T, int64_t>) fields.push_back({"model", key, K::Kind_int, required, i64(&member)});
+    else if constexpr (std::is_same_v<T, double>) fields.push_back({"model", key, K::Kind_float, required, f64(&member)});
+    else fields.push_back({"model", key, K::Kind_bool, required, b(&member)});
   });
   std::vector<Field> rest = {
+      // Optional: the dense layers by index, e.g. [0, 1] (with intermediate_size).
+      {"model", "mlp_only_layers", K::Kind_int_list, false,
+       [&m](const toml::node& n) {
+         m.mlp_only_layers.clear();
+         for (const toml::node& e : *n.as_array()) m.mlp_only_layers.push_back(*e.value<int64_t>());
+       }},
       // Optional: an inline table in Hugging Face's form, e.g. { rope_type = "yarn", factor = 4.0,
       // original_max_position_embeddings = 32768 } (Note [RoPE scaling as transformers computes it]).
       {"model", "rope_scaling", K::Kind_table, false,
@@ -143,6 +150,7 @@ const char* kind_name(Field::Kind k) {
     case Field::Kind::Kind_bool: return "true or false";
     case Field::Kind::Kind_string: return "a string";
     case Field::Kind::Kind_table: return "an inline table { key = value, ... }";
+    case Field::Kind::Kind_int_list: return "a list of integers, e.g. [0, 1]";
   }
   return "?";
 }
@@ -154,6 +162,13 @@ bool kind_matches(Field::Kind k, const toml::node& n) {
     case Field::Kind::Kind_bool: return n.is_boolean();
     case Field::Kind::Kind_string: return n.is_string();
     case Field::Kind::Kind_table: return n.is_table();
+    case Field::Kind::Kind_int_list: {
+      const toml::array* a = n.as_array();
+      if (a == nullptr) return false;
+      for (const toml::node& e : *a)
+        if (!e.is_integer()) return false;
+      return true;
+    }
   }
   return false;
 }
@@ -195,6 +210,11 @@ void model_fill(toml::table& doc, const ModelConfig& m) {
     if (!t->contains(key)) t->insert(key, v);
   });
   if (!t->contains("seed")) t->insert("seed", static_cast<int64_t>(m.seed));
+  if (!m.mlp_only_layers.empty() && !t->contains("mlp_only_layers")) {
+    toml::array a;
+    for (int64_t l : m.mlp_only_layers) a.push_back(l);
+    t->insert("mlp_only_layers", a);
+  }
   if (m.rope_scaling.kind != RopeScaling::Kind::Kind_default && !t->contains("rope_scaling")) {
     toml::table r;
     const nlohmann::json j = rope_scaling_json(m.rope_scaling);  // outlives the loop (items() is a view)

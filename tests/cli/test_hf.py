@@ -8,13 +8,13 @@ Cases:
                      F32 file, 5.x config.json with three BF16 shards and an index, 4.x with one F16
                      file -- evaluates to the logits and loss of the PyTorch twin
                      (tests/reference/qwen3_moe_twin.py) run in float64 on the very values flatpeak
-                     loaded (the bf16/f16-rounded weights)
-  refusals           every config.json key flatpeak does not implement (hidden_act, attention_bias,
-                     tie_word_embeddings, use_sliding_window, dynamic / longrope RoPE, a rope key the
-                     rope_type does not read, mlp_only_layers, decoder_sparse_step, model_type, an
-                     unknown key), a tensor
-                     the model does not use, a missing tensor and a missing shard are refused: exit 1,
-                     "error:" on stderr naming the key, tensor or file
+                     loaded (the bf16/f16-rounded weights); so do every RoPE type and the layer's switches
+                     (attention biases, a sliding window, tied embeddings, dense layers) in both spellings
+  refusals           every config.json value flatpeak does not implement (hidden_act, dynamic / longrope
+                     RoPE, dynamic RoPE with two lengths, a rope key the rope_type does not read, a sliding window on 4.x's
+                     max_window_layers, a dense layer past the last, model_type, an unknown key), a
+                     tensor the model does not use, a missing tensor and a missing shard are refused:
+                     exit 1, "error:" on stderr naming the key, tensor or file
   init_from          train --init-from a 5.x sharded BF16 directory with a run config without [model]:
                      the run starts from those weights, its checkpoint evaluates; a [model] key that
                      disagrees with config.json and --init-from with --resume are refused
@@ -78,18 +78,18 @@ def hf_config(arch, style, dtype="F32"):
     rope_scaling null, torch_dtype) or "5.x" (num_local_experts, rope_parameters, no head_dim, dtype)."""
     c = {
         "architectures": ["Qwen3MoeForCausalLM"],
-        "attention_bias": False,
+        "attention_bias": arch.get("attention_bias", False),
         "attention_dropout": 0.0,
         "bos_token_id": 0,
-        "decoder_sparse_step": 1,
+        "decoder_sparse_step": arch.get("decoder_sparse_step", 1),
         "eos_token_id": 1,
         "hidden_act": "silu",
         "hidden_size": arch["hidden_size"],
         "initializer_range": 0.02,
-        "intermediate_size": 4 * arch["hidden_size"],
-        "max_position_embeddings": 4096,
-        "max_window_layers": arch["num_hidden_layers"],
-        "mlp_only_layers": [],
+        "intermediate_size": arch.get("intermediate_size", 4 * arch["hidden_size"]),
+        "max_position_embeddings": arch.get("max_position_embeddings", 4096),
+        "max_window_layers": 0 if arch.get("sliding_window") else arch["num_hidden_layers"],
+        "mlp_only_layers": arch.get("mlp_only_layers", []),
         "model_type": "qwen3_moe",
         "moe_intermediate_size": arch["moe_intermediate_size"],
         "norm_topk_prob": arch["norm_topk_prob"],
@@ -100,10 +100,10 @@ def hf_config(arch, style, dtype="F32"):
         "output_router_logits": False,
         "rms_norm_eps": arch["rms_norm_eps"],
         "router_aux_loss_coef": arch["router_aux_loss_coef"],
-        "sliding_window": None,
-        "tie_word_embeddings": False,
+        "sliding_window": arch.get("sliding_window"),
+        "tie_word_embeddings": arch.get("tie_word_embeddings", False),
         "use_cache": True,
-        "use_sliding_window": False,
+        "use_sliding_window": arch.get("sliding_window") is not None,
         "vocab_size": arch["vocab_size"],
     }
     rope = arch.get("rope_scaling")  # None: default RoPE
@@ -114,8 +114,10 @@ def hf_config(arch, style, dtype="F32"):
         assert arch["head_dim"] == arch["hidden_size"] // arch["num_attention_heads"], "5.x leaves head_dim out"
         c.update(num_local_experts=arch["num_experts"],
                  rope_parameters=dict(rope or {"rope_type": "default"}, rope_theta=arch["rope_theta"]),
-                 layer_types=["full_attention"] * arch["num_hidden_layers"], dtype=DTYPE_NAME[dtype],
-                 transformers_version="5.0.0")
+                 layer_types=["sliding_attention" if arch.get("sliding_window") else "full_attention"] *
+                 arch["num_hidden_layers"], dtype=DTYPE_NAME[dtype], transformers_version="5.0.0")
+        if arch.get("sliding_window"):
+            del c["max_window_layers"]  # not a 5.x key: the window slides on every layer
     return dict(sorted(c.items()))
 
 
@@ -125,16 +127,22 @@ def twin_config(arch):
                                                 "num_experts_per_tok", "moe_intermediate_size", "vocab_size",
                                                 "rope_theta", "rms_norm_eps", "norm_topk_prob",
                                                 "router_aux_loss_coef")},
-                       rope_scaling=arch.get("rope_scaling"))
+                       rope_scaling=arch.get("rope_scaling"), attention_bias=arch.get("attention_bias", False),
+                       tie_word_embeddings=arch.get("tie_word_embeddings", False),
+                       use_sliding_window=arch.get("sliding_window") is not None,
+                       sliding_window=arch.get("sliding_window"), mlp_only_layers=arch.get("mlp_only_layers", []),
+                       decoder_sparse_step=arch.get("decoder_sparse_step", 1),
+                       intermediate_size=arch.get("intermediate_size", 4 * arch["hidden_size"]),
+                       max_position_embeddings=arch.get("max_position_embeddings", 4096))
 
 
 def random_weights(arch, seed):
-    """HF name -> float64 tensor: matrices N(0, 0.1^2), norm weights 1 + N(0, 0.1^2)."""
+    """HF name -> float64 tensor: matrices N(0, 0.1^2), norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in twin.param_shapes(twin_config(arch)).items():
         w = 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
-        out[name] = 1.0 + w if len(shape) == 1 else w
+        out[name] = 1.0 + w if len(shape) == 1 and not name.endswith(".bias") else w
     return out
 
 
@@ -213,19 +221,32 @@ def eval_matches_twin(a, tmp):
     linear = {"rope_type": "linear", "factor": 2.5}
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 32}
+    # The layer's switches, all at once: a window shorter than T, dense layers from mlp_only_layers and
+    # from decoder_sparse_step (layer 0: (0 + 1) % 2 != 0; layer 2: listed), with biases and tied embeddings.
+    layers = dict(num_hidden_layers=4, attention_bias=True, tie_word_embeddings=True, sliding_window=12,
+                  mlp_only_layers=[2], decoder_sparse_step=2, intermediate_size=24)
     variants = [  # (tag, config style, dtype, shards, norm_topk_prob, rope_theta, rms_norm_eps, rope scaling)
         ("f32_4x_single", "4.x", "F32", 1, True, 10000.0, 1e-6, None),
+        ("layers_4x", "4.x", "F32", 1, True, 10000.0, 1e-6, None, layers),
+        ("layers_yarn_5x", "5.x", "BF16", 3, True, 10000.0, 1e-6, yarn, layers),
         ("bf16_5x_sharded", "5.x", "BF16", 3, False, 1000.0, 1e-6, None),
         ("f16_4x_single", "4.x", "F16", 1, True, 1e6, 1e-5, None),
         ("yarn_4x", "4.x", "F32", 1, True, 10000.0, 1e-6, yarn),
         ("yarn_mscale_5x", "5.x", "F32", 1, True, 10000.0, 1e-6, yarn_ds),
         ("linear_5x", "5.x", "F32", 1, True, 10000.0, 1e-6, linear),
         ("llama3_4x", "4.x", "F32", 1, True, 10000.0, 1e-6, llama3),
+        # dynamic NTK past max_position_embeddings = 16 < T: the base grows with the sequence
+        ("dynamic_5x", "5.x", "F32", 1, True, 10000.0, 1e-6, {"rope_type": "dynamic", "factor": 2.0},
+         {"max_position_embeddings": 16}),
+        ("dynamic_4x", "4.x", "F32", 1, True, 10000.0, 1e-6, {"type": "dynamic", "factor": 3.0},
+         {"max_position_embeddings": 20}),
     ]
-    for tag, style, dtype, shards, topk, theta, eps, rope in variants:
-        arch = dict(ARCH, norm_topk_prob=topk, rope_theta=theta, rms_norm_eps=eps, rope_scaling=rope)
+    for tag, style, dtype, shards, topk, theta, eps, rope, *switches in variants:
+        arch = dict(ARCH, norm_topk_prob=topk, rope_theta=theta, rms_norm_eps=eps, rope_scaling=rope,
+                    **(switches[0] if switches else {}))
         d = os.path.join(tmp, tag)
-        loaded = write_model(d, arch, weights, style, dtype, shards)
+        w = random_weights(arch, seed=1) if switches else weights
+        loaded = write_model(d, arch, w, style, dtype, shards)
         if shards > 1:
             assert len([f for f in os.listdir(d) if f.endswith(".safetensors")]) == shards, os.listdir(d)
         args, out_json, out_logits = eval_args(d, data, tmp, T, B, tag)
@@ -250,7 +271,7 @@ def eval_matches_twin(a, tmp):
         assert loss_rel < 1e-4, f"{tag}: eval loss {got['loss']!r} vs twin cross-entropy {ce!r} (relative {loss_rel:.2e})"
         # The rounded weights must differ from float32's, else the bf16/f16 variants tested nothing new.
         if dtype != "F32":
-            off = max((loaded[n] - weights[n].to(torch.float32).to(torch.float64)).abs().max().item() for n in weights)
+            off = max((loaded[n] - w[n].to(torch.float32).to(torch.float64)).abs().max().item() for n in w)
             assert off > 0, f"{tag}: the {dtype} weights equal the float32 ones"
         print(f"{tag}: logits rel diff {rel:.2e}, loss {got['loss']:.6f} vs twin {ce:.6f} (rel {loss_rel:.1e}), "
               f"tokens per expert {ref['expert_counts']}")
@@ -277,11 +298,13 @@ def refusals(a, tmp):
 
     cases = [  # (tag, config style, edit, strings the error must name)
         ("hidden_act", "4.x", setter(hidden_act="gelu"), ["hidden_act"]),
-        ("attention_bias", "4.x", setter(attention_bias=True), ["attention_bias"]),
-        ("tie_word_embeddings", "4.x", setter(tie_word_embeddings=True), ["tie_word_embeddings"]),
-        ("use_sliding_window", "4.x", setter(use_sliding_window=True, sliding_window=16), ["use_sliding_window"]),
-        ("rope_scaling_dynamic", "4.x", setter(rope_scaling={"type": "dynamic", "factor": 2.0}),
-         ["rope_scaling", "dynamic"]),
+        ("max_window_layers", "4.x", setter(use_sliding_window=True, sliding_window=16, max_window_layers=1),
+         ["max_window_layers"]),
+        ("sliding_window_null", "4.x", setter(use_sliding_window=True, sliding_window=None), ["sliding_window"]),
+        ("layer_types_mixed", "5.x", setter(layer_types=["full_attention", "sliding_attention"]), ["layer_types"]),
+        ("rope_scaling_dynamic_other_max", "4.x",
+         setter(rope_scaling={"type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64}),
+         ["rope_scaling", "original_max_position_embeddings"]),
         ("rope_parameters_longrope", "5.x",
          setter(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "factor": 4.0}),
          ["rope_parameters", "longrope"]),
@@ -294,8 +317,9 @@ def refusals(a, tmp):
          ["rope_parameters", "llama3"]),
         ("rope_scaling_factor_below_one", "4.x", setter(rope_scaling={"rope_type": "linear", "factor": 0.5}),
          ["rope_scaling", "factor"]),
-        ("mlp_only_layers", "4.x", setter(mlp_only_layers=[1]), ["mlp_only_layers"]),
-        ("decoder_sparse_step", "4.x", setter(decoder_sparse_step=2), ["decoder_sparse_step"]),
+        ("mlp_only_layers_past_last", "4.x", setter(mlp_only_layers=[5]), ["mlp_only_layers"]),
+        ("decoder_sparse_step_zero", "4.x", setter(decoder_sparse_step=0), ["decoder_sparse_step"]),
+        ("no_moe_layer", "4.x", setter(mlp_only_layers=[0, 1]), ["no MoE layer"]),
         ("model_type", "4.x", setter(model_type="deepseek_v3"), ["model_type", "deepseek_v3"]),
         ("unknown_key", "4.x", setter(foo_bar=1), ["unknown key", "foo_bar"]),
         ("unknown_key_5x", "5.x", setter(foo_bar=1), ["unknown key", "foo_bar"]),
@@ -306,7 +330,7 @@ def refusals(a, tmp):
         expect_refused(a, eval_of(d), *needles)
         print(f"refused: {tag}")
 
-    # A tensor the model does not use (an attention bias) is named, not dropped.
+    # A tensor the model does not use (an attention bias while attention_bias is false) is named, not dropped.
     d = os.path.join(tmp, "extra_tensor")
     extra = dict(weights)
     extra["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(ARCH["num_attention_heads"] * ARCH["head_dim"],

@@ -5,7 +5,11 @@
 // ledger figures: out.ledger (W, 4) i64 = current params bytes after the step, peak params, peak
 // grads, current grads.
 //
-//   dist_case OUT.safetensors
+//   dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat]
+// hf_layers turns on every switch of the Hugging Face layer: attention biases, a sliding window shorter
+// than the sequence (so some ring hops carry blocks outside every query's window), tied embeddings (one
+// parameter in two FSDP units), and a dense layer. hf_layers_flat runs that model with the flattened
+// schedules: Ring-DTP (the tied head reads the embedding's own shard), SCO and PipelinedLLEP.
 #include <cstdio>
 
 #include "backend/backend.h"
@@ -19,8 +23,9 @@
 using namespace fp;
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: dist_case OUT.safetensors\n");
+  const std::string variant = argc == 3 ? argv[2] : "plain";
+  if ((argc != 2 && argc != 3) || (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat")) {
+    std::fprintf(stderr, "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat]\n");
     return 2;
   }
   Comm& comm = comm_world();
@@ -31,16 +36,39 @@ int main(int argc, char** argv) {
     // V = 66: not a multiple of 4, so the last ranks hold padding rows of embed_tokens and lm_head.
     m.vocab_size = 66, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
     m.rms_norm_eps = 1e-6, m.seed = 3;
+    ModelSchedules sched;
+    if (variant == "hf_layers_flat") {
+      sched.vocab.kind = VocabSchedule::Kind::Kind_ring;
+      sched.vocab.block_tokens = 64;
+      sched.ckpt.kind = CkptSchedule::Kind::Kind_sco;
+      sched.dispatch.kind = DispatchSchedule::Kind::Kind_pipelined_llep;
+      sched.dispatch.lambda = 1.0;  // plan on every layer
+      sched.dispatch.min_tokens_per_gemm = 8;
+      sched.dispatch.chunk_cap = 32;
+    }
+    if (variant != "plain") {
+      m.num_hidden_layers = 3, m.mlp_only_layers = {1}, m.intermediate_size = 20;
+      m.attention_bias = true, m.tie_word_embeddings = true, m.sliding_window = 45;
+    }
     RecallTaskConfig rc;
     rc.vocab_size = m.vocab_size, rc.seq_len = 200, rc.pairs = 2, rc.seed = 4, rc.loss_on = LossOn::LossOn_all;
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Model model(m, *be, RoutingProfile{}, ModelSchedules{}, &comm);
+    Model model(m, *be, RoutingProfile{}, sched, &comm);
     model.init_weights(m.seed);
     // Larger q/k weights: attention far from uniform, so the ring's merge is really exercised.
     // (Each rank scales its own rows: the same weights for any W.)
-    for (Param& p : model.params().all())
-      if (p.name.find("q_proj") != std::string::npos || p.name.find("k_proj") != std::string::npos)
+    // Biases start at zero: give them small values (a v bias much larger than W_v x makes every value
+    // alike, and the q/k gradients then fall to 1e-7, where W changes their rounding at 1e-4) (the same for any W: each rank fills its rows by index).
+    for (Param& p : model.params().all()) {
+      if (p.name.find("q_proj.weight") != std::string::npos || p.name.find("k_proj.weight") != std::string::npos)
         be->kernels().scale_inplace(p.local_w().f32(), 10.0f, p.local_w().numel());
+      if (p.name.ends_with(".bias")) {
+        std::vector<float> b(static_cast<size_t>(p.local_w().numel()));
+        for (size_t i = 0; i < b.size(); ++i)
+          b[i] = 0.02f * static_cast<float>(((p.block.row0 + static_cast<int64_t>(i)) * 37 % 11) - 5);
+        be->copy_from_host(p.local_w().data(), b.data(), p.local_w().bytes());
+      }
+    }
     Batch global = recall_batch(rc, 0, 2, nullptr);
     Batch local = context_slice(global, comm.rank(), comm.size());
     be->device_ledger().peaks_reset();
@@ -63,7 +91,8 @@ int main(int argc, char** argv) {
       double losses[3] = {out.loss, out.ce_loss, out.aux_loss};
       views.push_back({"out.losses", DType::DType_F64, {3}, losses});
       views.push_back({"out.ledger", DType::DType_I64, {comm.size(), 4}, ledger.data()});
-      safetensors_write(argv[1], views, {{"ranks", std::to_string(comm.size())}});
+      safetensors_write(argv[1], views,
+                        {{"ranks", std::to_string(comm.size())}, {"tied", m.tie_word_embeddings ? "1" : "0"}});
       std::printf("W=%d loss %.9f (ce %.9f, aux %.9f)\n", comm.size(), out.loss, out.ce_loss, out.aux_loss);
     }
     comm.barrier();

@@ -2,8 +2,11 @@
 """Multi-process acceptance tests (ctest label mpi): W ranks against one process.
 
 usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
-  grads      dist_case on W = 1, 2, 4: loss within 1e-5 relative, every gradient within 1e-4 norm-relative,
-             every rank's params/grads bytes (shards, one gathered unit) as the FSDP layout implies
+  grads      dist_case on W = 1, 2, 4 (the plain layer, and every Hugging Face switch on: biases, sliding
+             window, tied embeddings, a dense layer): loss within 1e-5 relative, every gradient within 1e-4
+             norm-relative, every rank's params/grads bytes (shards, one gathered unit) as the FSDP layout
+             implies; the switched model with Ring-DTP, SCO and PipelinedLLEP on 2 and 4 ranks against its
+             plain schedules on one process
   train      10 steps of flatpeak train on W = 2 and 4 track the single-process losses within 1e-4; meta
              runs peak like cpu in params, grads, optimizer, checkpoints, vocab
   ckpt       checkpoints written by 2 or 4 ranks equal one process's and resume on 1 or 2 ranks, and vice
@@ -40,11 +43,12 @@ def ok(p, what):
     return p
 
 
-def fsdp_expected(shapes, w, rank):
+def fsdp_expected(shapes, w, rank, tied):
     """Bytes the FSDP layout (src/model/params.h, Note [FSDP layout]) puts on `rank` of `w`:
     (shards, largest gathered unit, largest unsharded unit gradient). Dense parameters are cut in
     blocks of ceil(R / w) rows (padded); a unit holds w such blocks per parameter. Rank r holds
-    experts [r E/w, (r + 1) E/w) whole and no other."""
+    experts [r E/w, (r + 1) E/w) whole and no other. tied: the head unit holds the embedding too
+    (Note [Tied embeddings])."""
     def rows_padded(shape):
         return -(-shape[0] // w) * (math.prod(shape) // shape[0])
     def expert(name):
@@ -64,28 +68,43 @@ def fsdp_expected(shapes, w, rank):
         else:
             unit = "head"  # model.norm + lm_head
         units[unit] = units.get(unit, 0) + w * rows_padded(shape)
+        if tied and unit == "embed":
+            units["head"] = units.get("head", 0) + w * rows_padded(shape)
     largest = max(units.values()) if w > 1 else 0
     return 4 * shards, 4 * largest, 4 * largest
 
 
 def case_grads(tmp):
+    for variant in ("plain", "hf_layers"):
+        print(f"-- {variant}")
+        grads_variant(tmp, variant)
+    # The flattened schedules on the same model: W ranks against the plain schedules on one process.
+    print("-- hf_layers_flat (Ring-DTP, SCO, PipelinedLLEP) against hf_layers on one process")
+    grads_variant(tmp, "hf_layers_flat", reference="hf_layers")
+
+
+def grads_variant(tmp, variant, reference=None):
+    """dist_case `variant` on W ranks against W = 1 (of `reference`, when given, already run): losses and
+    gradients; the FSDP ledger figures for the plain schedules."""
     files = {}
-    for w in (1, 2, 4):
-        f = os.path.join(tmp, f"w{w}.safetensors")
-        ok(mpirun(w, [os.path.join(A.bin_dir, "tests", "dist_case"), f]), f"dist_case W={w}")
-        files[w], _ = safetensors_io.load(f)
+    for w in ((2, 4) if reference else (1, 2, 4)):
+        f = os.path.join(tmp, f"{variant}_w{w}.safetensors")
+        ok(mpirun(w, [os.path.join(A.bin_dir, "tests", "dist_case"), f, variant]), f"dist_case {variant} W={w}")
+        files[w], meta = safetensors_io.load(f)
+        if reference:
+            continue
         # The ledger of every rank: shards only between steps; one gathered unit (params) and one
         # unsharded unit gradient (grads) at a time during the step.
         shapes = {k[5:]: list(v.shape) for k, v in files[w].items() if k.startswith("grad.")}
         led = files[w]["out.ledger"].tolist()
         for r in range(w):
-            shards, unit, unit_grad = fsdp_expected(shapes, w, r)
+            shards, unit, unit_grad = fsdp_expected(shapes, w, r, meta.get("tied") == "1")
             got = dict(zip(("params", "params_peak", "grads_peak", "grads"), led[r]))
             want = {"params": shards, "params_peak": shards + unit, "grads_peak": shards + unit_grad, "grads": shards}
             assert got == want, f"W={w} rank {r} ledger {got}, FSDP layout implies {want}"
         print(f"W={w}: per-rank params {[l[0] for l in led]} B, peaks params {[l[1] for l in led]} B, "
               f"grads {[l[2] for l in led]} B: as the FSDP and expert layouts imply")
-    ref = files[1]
+    ref = safetensors_io.load(os.path.join(tmp, f"{reference}_w1.safetensors"))[0] if reference else files[1]
     worst = 0.0
     for w in (2, 4):
         got = files[w]

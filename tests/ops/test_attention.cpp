@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -93,13 +94,14 @@ struct Outputs {
   std::vector<float> o, lse, dq, dk, dv;
 };
 
-Outputs fast_run(const Case& c, const Inputs& in) {
+// The cpu kernels, forward then backward, with a sliding window (0: causal).
+Outputs fast_run(const Case& c, const Inputs& in, int64_t window = 0) {
   Outputs r{std::vector<float>(in.q.size()), std::vector<float>(c.B * c.nh * c.T), std::vector<float>(in.q.size()),
             std::vector<float>(in.k.size()), std::vector<float>(in.k.size())};
   ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), c.B, c.T, c.nh, c.nkv,
-                              c.hd, in.scale);
+                              c.hd, in.scale, window);
   ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), in.dout.data(),
-                               r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, in.scale);
+                               r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, in.scale, window);
   return r;
 }
 
@@ -130,11 +132,11 @@ TEST(Attention, MatchesReference) {
     const Outputs got = fast_run(c, in);
     std::vector<float> o(in.q.size()), lse(c.B * c.nh * c.T), dq(in.q.size()), dk(in.k.size()), dv(in.k.size());
     ops::ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh,
-                                       c.nkv, c.hd, in.scale);
+                                       c.nkv, c.hd, in.scale, 0);
     // Both backwards from the same forward outputs, so that only the backward kernels are compared.
     ops::ref::attention_backward<float>(in.q.data(), in.k.data(), in.v.data(), got.o.data(), got.lse.data(),
                                         in.dout.data(), dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd,
-                                        in.scale);
+                                        in.scale, 0);
     const double rel = 2e-5;
     EXPECT_TRUE(all_near(got.o, o, rel, "o " + c.name()));
     EXPECT_TRUE(all_near(got.lse, lse, rel, "lse " + c.name()));
@@ -153,11 +155,11 @@ TEST(Attention, ForwardMatchesDoubleReference) {
     const Inputs in(c, seed++);
     std::vector<float> o(in.q.size()), lse(c.B * c.nh * c.T);
     ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                c.hd, in.scale);
+                                c.hd, in.scale, 0);
     const std::vector<double> q = converted<double>(in.q), k = converted<double>(in.k), v = converted<double>(in.v);
     std::vector<double> od(o.size()), lsed(lse.size());
     ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), od.data(), lsed.data(), c.B, c.T, c.nh, c.nkv,
-                                        c.hd, static_cast<double>(in.scale));
+                                        c.hd, static_cast<double>(in.scale), 0);
     EXPECT_TRUE(all_near(o, od, 1e-5, "o vs double " + c.name()));
     EXPECT_TRUE(all_near(lse, lsed, 1e-5, "lse vs double " + c.name()));
   }
@@ -177,7 +179,7 @@ TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
   std::vector<double> o(q.size()), lse(c.B * c.nh * c.T);
   auto loss = [&] {
     ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                        c.hd, scale);
+                                        c.hd, scale, 0);
     double L = 0;
     for (size_t i = 0; i < o.size(); ++i) L += w[i] * o[i];
     return L;
@@ -185,7 +187,7 @@ TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
   loss();
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
   ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), w.data(), dq.data(),
-                                       dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, scale);
+                                       dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, scale, 0);
   auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
     for (size_t i = 0; i < x.size(); ++i) {
       const double h = 1e-5, saved = x[i];
@@ -289,6 +291,145 @@ TEST(Attention, VectorExpMatchesExpWithinOneUlp) {
 #endif
 }
 
+// Sliding window (ops/attention.h): query i sees keys (i - w, i]. The float kernels against the double
+// reference on the same float inputs, forward and backward, within the bound the causal kernels are held
+// to (ForwardMatchesDoubleReference; AttentionBlock.RingMatchesDoubleReference for the gradients):
+// 1e-5 of the magnitude. Windows: 1 (each query sees only itself: o = v), under a tile, exactly a tile,
+// not a multiple of the tile, spanning several tiles, T - 1, and T or more (nothing masked); T across
+// several 64-token tiles, with and without GQA.
+TEST(Attention, SlidingWindowMatchesDoubleReference) {
+  uint64_t seed = 600;
+  for (const Case& c :
+       {Case{1, 300, 4, 2, 64}, Case{2, 200, 6, 3, 24}, Case{1, 257, 4, 1, 16}, Case{1, 130, 2, 2, 8}}) {
+    const Inputs in(c, seed++);
+    const std::vector<double> q = converted<double>(in.q), k = converted<double>(in.k), v = converted<double>(in.v);
+    const std::vector<double> dout = converted<double>(in.dout);
+    for (const int64_t window : {int64_t{1}, int64_t{17}, int64_t{64}, int64_t{100}, int64_t{150}, c.T - 1, c.T,
+                                 c.T + 40}) {
+      const Outputs got = fast_run(c, in, window);
+      std::vector<double> o(q.size()), lse(c.B * c.nh * c.T), dq(q.size()), dk(k.size()), dv(k.size());
+      const double scale = in.scale;
+      ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
+                                          c.hd, scale, window);
+      ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
+                                           dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, scale, window);
+      const std::string l = c.name() + " window=" + std::to_string(window);
+      EXPECT_TRUE(all_near(got.o, o, 1e-5, "o vs double " + l));
+      EXPECT_TRUE(all_near(got.lse, lse, 1e-5, "lse vs double " + l));
+      EXPECT_TRUE(all_near(got.dq, dq, 1e-5, "dq vs double " + l));
+      EXPECT_TRUE(all_near(got.dk, dk, 1e-5, "dk vs double " + l));
+      EXPECT_TRUE(all_near(got.dv, dv, 1e-5, "dv vs double " + l));
+      if (window == 1) {  // each query attends to itself alone: o is its own value row
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t t = 0; t < c.T; ++t)
+            for (int64_t h = 0; h < c.nh; ++h)
+              for (int64_t d = 0; d < c.hd; ++d)
+                ASSERT_NEAR(got.o[((b * c.T + t) * c.nh + h) * c.hd + d],
+                            in.v[((b * c.T + t) * c.nkv + h / (c.nh / c.nkv)) * c.hd + d], 1e-6)
+                    << l;
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+// A window of T or more masks nothing: the same tiles, the same loops, the same bits as window = 0
+// (Note [Sliding-window bands], ops/cpu/attention_tile.h); T - 1 does mask (the first key of the last
+// query), so it must differ.
+TEST(Attention, WindowOfTOrMoreIsCausalBitwise) {
+  for (const Case& c : {Case{2, 200, 4, 2, 24}, Case{1, 130, 6, 3, 64}, Case{1, 64, 1, 1, 8}, Case{1, 1, 2, 1, 16}}) {
+    const Inputs in(c, 77);
+    const Outputs causal = fast_run(c, in, 0);
+    for (const int64_t window : {c.T, c.T + 1, int64_t{1} << 40}) {
+      const Outputs got = fast_run(c, in, window);
+      const std::string l = c.name() + " window=" + std::to_string(window);
+      EXPECT_EQ(0, std::memcmp(got.o.data(), causal.o.data(), got.o.size() * sizeof(float))) << "o " << l;
+      EXPECT_EQ(0, std::memcmp(got.lse.data(), causal.lse.data(), got.lse.size() * sizeof(float))) << "lse " << l;
+      EXPECT_EQ(0, std::memcmp(got.dq.data(), causal.dq.data(), got.dq.size() * sizeof(float))) << "dq " << l;
+      EXPECT_EQ(0, std::memcmp(got.dk.data(), causal.dk.data(), got.dk.size() * sizeof(float))) << "dk " << l;
+      EXPECT_EQ(0, std::memcmp(got.dv.data(), causal.dv.data(), got.dv.size() * sizeof(float))) << "dv " << l;
+    }
+    if (c.T > 1) {
+      const Outputs narrower = fast_run(c, in, c.T - 1);
+      EXPECT_NE(0, std::memcmp(narrower.o.data(), causal.o.data(), causal.o.size() * sizeof(float))) << c.name();
+    }
+  }
+}
+
+namespace {
+
+// The (query tile, key tile) pairs holding at least one (query, key) pair the mask lets through, counted
+// query by query: what the kernels must compute, per (b, head) and pass.
+int64_t visible_tile_pairs(int64_t T, int64_t window) {
+  const int64_t TQ = ops::cpu::kAttentionTileQ, TK = ops::cpu::kAttentionTileK;
+  int64_t pairs = 0;
+  for (int64_t i0 = 0; i0 < T; i0 += TQ)
+    for (int64_t j0 = 0; j0 < T; j0 += TK) {
+      bool any = false;
+      for (int64_t i = i0; i < std::min(T, i0 + TQ) && !any; ++i) {
+        const int64_t first = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;  // keys [first, i]
+        any = std::max(first, j0) <= std::min(i, std::min(T, j0 + TK) - 1);
+      }
+      pairs += any;
+    }
+  return pairs;
+}
+
+}  // namespace
+
+// Tiles outside the band are skipped, counted (not timed): the kernels' own count of tile products
+// (attention_tile::tile_pairs_computed) equals B * nh * (the tile pairs holding a visible pair) in the
+// forward and twice that in the backward (dK/dV pass and dQ pass). Causal at T = 2048: 528 of the
+// 1024 pairs; a window of 128 keeps 93 (a query tile meets at most 3 key tiles), so the work falls with w.
+TEST(Attention, SlidingWindowSkipsTilesOutsideTheBand) {
+  namespace at = ops::cpu::attention_tile;
+  EXPECT_EQ(visible_tile_pairs(2048, 0), 528);
+  EXPECT_EQ(visible_tile_pairs(2048, 128), 93);
+  EXPECT_EQ(visible_tile_pairs(2048, 1), 32);
+  for (const auto& [c, window] : std::vector<std::pair<Case, int64_t>>{{Case{1, 2048, 2, 1, 8}, 128},
+                                                                       {Case{1, 2048, 2, 1, 8}, 0},
+                                                                       {Case{1, 2048, 2, 1, 8}, 1},
+                                                                       {Case{2, 1000, 4, 2, 8}, 100},
+                                                                       {Case{2, 1000, 4, 2, 8}, 64},
+                                                                       {Case{1, 700, 6, 3, 8}, 300},
+                                                                       {Case{1, 700, 6, 3, 8}, 699}}) {
+    const Inputs in(c, 5);
+    std::vector<float> o(in.q.size()), lse(c.B * c.nh * c.T), dq(in.q.size()), dk(in.k.size()), dv(in.k.size());
+    const int64_t want = c.B * c.nh * visible_tile_pairs(c.T, window);
+    const std::string l = c.name() + " window=" + std::to_string(window);
+    const int64_t before = at::tile_pairs_computed.load();
+    ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
+                                c.hd, in.scale, window);
+    const int64_t forward = at::tile_pairs_computed.load() - before;
+    ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
+                                 dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, in.scale, window);
+    const int64_t backward = at::tile_pairs_computed.load() - before - forward;
+    EXPECT_EQ(forward, want) << l;
+    EXPECT_EQ(backward, 2 * want) << l;
+    std::printf("%s: %lld tile pairs per (b, head) and pass\n", l.c_str(),
+                static_cast<long long>(visible_tile_pairs(c.T, window)));
+  }
+}
+
+// The same bits for any thread count with a window too (Note [Deterministic attention backward]).
+TEST(Attention, SlidingWindowBitwiseDeterministicAcrossThreads) {
+  const int saved = omp_get_max_threads();
+  const Case c{2, 300, 4, 2, 24};
+  const Inputs in(c, 43);
+  for (const int64_t window : {1, 50, 130}) {
+    omp_set_num_threads(1);
+    const Outputs one = fast_run(c, in, window);
+    omp_set_num_threads(2);
+    const Outputs two = fast_run(c, in, window);
+    EXPECT_EQ(0, std::memcmp(one.o.data(), two.o.data(), one.o.size() * sizeof(float))) << window;
+    EXPECT_EQ(0, std::memcmp(one.lse.data(), two.lse.data(), one.lse.size() * sizeof(float))) << window;
+    EXPECT_EQ(0, std::memcmp(one.dq.data(), two.dq.data(), one.dq.size() * sizeof(float))) << window;
+    EXPECT_EQ(0, std::memcmp(one.dk.data(), two.dk.data(), one.dk.size() * sizeof(float))) << window;
+    EXPECT_EQ(0, std::memcmp(one.dv.data(), two.dv.data(), one.dv.size() * sizeof(float))) << window;
+  }
+  omp_set_num_threads(saved);
+}
+
 // The attention kernels (forward and backward, whole causal sequence) with the SSE2 and the AVX2 tile
 // products, interleaved in one process: median seconds of 7 and the ratio. Results are bit-identical
 // (Avx2TileProductEqualsBaselineBitwise). Run: build/tests/ops_test_attention --gtest_also_run_disabled_tests
@@ -313,6 +454,53 @@ TEST(Attention, DISABLED_BenchAvx2VsBaseline) {
     std::printf("attention fwd+bwd %s, %d threads: sse2 %.4f s, avx2 %.4f s, ratio %.2fx\n", c.name().c_str(),
                 omp_get_max_threads(), t[0][3], t[1][3], t[0][3] / t[1][3]);
   }
+}
+
+// Sliding-window cost: forward + backward of the whole sequence at B = 1, T = 4096, nh = 4, nkv = 2,
+// hd = 64 for windows 0 (causal), 2048, 512 and 128, the windows interleaved in each repeat; medians of
+// FP_BENCH_REPEATS (default 5) repeats and the ratio to window 0, with the tile pairs computed per
+// (b, head) and pass. Run: build/tests/ops_test_attention --gtest_also_run_disabled_tests
+//   --gtest_filter='*BenchSlidingWindow*'
+TEST(Attention, DISABLED_BenchSlidingWindow) {
+  namespace at = ops::cpu::attention_tile;
+  const Case c{1, 4096, 4, 2, 64};
+  const std::vector<int64_t> windows = {0, 2048, 512, 128};
+  const char* env = std::getenv("FP_BENCH_REPEATS");
+  const int repeats = env ? std::max(1, std::atoi(env)) : 5;
+  const Inputs in(c, 4);
+  std::vector<std::vector<double>> fwd(windows.size()), bwd(windows.size()), both(windows.size());
+  std::vector<int64_t> pairs(windows.size());
+  Outputs r{std::vector<float>(in.q.size()), std::vector<float>(c.B * c.nh * c.T), std::vector<float>(in.q.size()),
+            std::vector<float>(in.k.size()), std::vector<float>(in.k.size())};
+  using Clock = std::chrono::steady_clock;
+  for (int rep = 0; rep < repeats; ++rep)
+    for (size_t w = 0; w < windows.size(); ++w) {
+      const int64_t before = at::tile_pairs_computed.load();
+      const auto t0 = Clock::now();
+      ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), c.B, c.T, c.nh,
+                                  c.nkv, c.hd, in.scale, windows[w]);
+      const auto t1 = Clock::now();
+      ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), in.dout.data(),
+                                   r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, in.scale,
+                                   windows[w]);
+      const auto t2 = Clock::now();
+      pairs[w] = (at::tile_pairs_computed.load() - before) / (3 * c.B * c.nh);
+      fwd[w].push_back(std::chrono::duration<double>(t1 - t0).count());
+      bwd[w].push_back(std::chrono::duration<double>(t2 - t1).count());
+      both[w].push_back(std::chrono::duration<double>(t2 - t0).count());
+    }
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  std::printf("sliding-window attention fwd+bwd %s, %d threads, %s tiles, medians of %d\n", c.name().c_str(),
+              omp_get_max_threads(), at::avx2_enabled ? "avx2" : "sse2", repeats);
+  std::printf("%7s %11s %9s %9s %9s %7s\n", "window", "tile pairs", "fwd s", "bwd s", "fwd+bwd s", "ratio");
+  const double base = median(both[0]);
+  for (size_t w = 0; w < windows.size(); ++w)
+    std::printf("%7lld %11lld %9.4f %9.4f %9.4f %7.3f\n", static_cast<long long>(windows[w]),
+                static_cast<long long>(pairs[w]), median(fwd[w]), median(bwd[w]), median(both[w]),
+                median(both[w]) / base);
 }
 
 }  // namespace fp

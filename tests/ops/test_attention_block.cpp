@@ -21,12 +21,14 @@
 #include <ctime>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/attention_block.h"
+#include "ops/cpu/attention_tile.h"
 #include "ops/ref/attention.h"
 #include "ops/ref/attention_block.h"
 
@@ -236,6 +238,59 @@ std::vector<BlockCase> block_cases() {
 static_assert(ops::cpu::kAttentionTileQ == 64 && ops::cpu::kAttentionTileK == 64,
               "the sizes below straddle 64-token tiles; revisit them if the tiles change");
 
+// One block pair against the float reference with the sliding window `window` (0: causal): the first
+// block, a merge into a previous state, the backward from that state, and the += contract.
+void expect_block_matches_reference(const BlockCase& c, const BlockInputs& in, int64_t window) {
+  const std::string label = c.label() + (window > 0 ? " window=" + std::to_string(window) : "");
+  const int64_t B = c.B, Tq = c.Tq(), Tk = c.Tk(), nh = c.nh, nkv = c.nkv, hd = c.hd;
+  const double rel = 2e-5;
+  // first = true: the previous contents (NaN here) are never read.
+  std::vector<float> o(in.q.size(), NAN), lse(B * nh * Tq, NAN), o_ref(in.q.size(), NAN), lse_ref(lse.size(), NAN);
+  ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
+                                    lse.data(), true, B, Tq, Tk, nh, nkv, hd, in.scale, window);
+  ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
+                                           o_ref.data(), lse_ref.data(), true, B, Tq, Tk, nh, nkv, hd, in.scale,
+                                           window);
+  EXPECT_TRUE(all_near(o, o_ref, rel, "first o " + label));
+  EXPECT_TRUE(all_near(lse, lse_ref, rel, "first lse " + label));
+  // first = false: merged into a previous state with some empty rows.
+  o = o_ref = in.o0;
+  lse = lse_ref = in.lse0;
+  ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
+                                    lse.data(), false, B, Tq, Tk, nh, nkv, hd, in.scale, window);
+  ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
+                                           o_ref.data(), lse_ref.data(), false, B, Tq, Tk, nh, nkv, hd, in.scale,
+                                           window);
+  EXPECT_TRUE(all_near(o, o_ref, rel, "merged o " + label));
+  EXPECT_TRUE(all_near(lse, lse_ref, rel, "merged lse " + label));
+  // Backward from the merged state (a final state whose lse covers more than this block); both sides
+  // from zero gradients (a float reference accumulating onto nonzero values would round each of its Tk
+  // terms against them), then the += contract on its own: from gradients already holding other blocks'
+  // terms the kernel adds exactly the same increments, dq0 + increment rounded once, bit for bit.
+  const std::vector<float> zq(in.q.size(), 0.0f), zk(in.k.size(), 0.0f);
+  std::vector<float> dq = zq, dk = zk, dv = zk, dq_ref = zq, dk_ref = zk, dv_ref = zk;
+  ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
+                                     c.q_pos.data(), c.k_pos.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh,
+                                     nkv, hd, in.scale, window);
+  ops::ref::attention_block_backward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(),
+                                            in.dout.data(), c.q_pos.data(), c.k_pos.data(), dq_ref.data(),
+                                            dk_ref.data(), dv_ref.data(), B, Tq, Tk, nh, nkv, hd, in.scale, window);
+  EXPECT_TRUE(all_near(dq, dq_ref, rel, "dq " + label));
+  EXPECT_TRUE(all_near(dk, dk_ref, rel, "dk " + label));
+  EXPECT_TRUE(all_near(dv, dv_ref, rel, "dv " + label));
+  std::vector<float> dq_acc = in.dq0, dk_acc = in.dk0, dv_acc = in.dv0;
+  ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
+                                     c.q_pos.data(), c.k_pos.data(), dq_acc.data(), dk_acc.data(), dv_acc.data(), B,
+                                     Tq, Tk, nh, nkv, hd, in.scale, window);
+  auto plus = [](std::vector<float> x, const std::vector<float>& y) {
+    for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    return x;
+  };
+  EXPECT_TRUE(bits_equal(dq_acc, plus(in.dq0, dq))) << "dq += " << label;
+  EXPECT_TRUE(bits_equal(dk_acc, plus(in.dk0, dk))) << "dk += " << label;
+  EXPECT_TRUE(bits_equal(dv_acc, plus(in.dv0, dv))) << "dv += " << label;
+}
+
 // Both sides float, as in test_attention.cpp (Attention.MatchesReference): the kernel sums scores in
 // register blocks and the softmax over key tiles with rescaling, the reference in plain order; 2e-5 of
 // the magnitude is ~5x the largest difference seen, while a wrong mask, merge or skipped tile shows up
@@ -244,52 +299,27 @@ TEST(AttentionBlock, MatchesReference) {
   uint64_t seed = 1;
   for (const BlockCase& c : block_cases()) {
     const BlockInputs in(c, seed++);
-    const int64_t B = c.B, Tq = c.Tq(), Tk = c.Tk(), nh = c.nh, nkv = c.nkv, hd = c.hd;
-    const double rel = 2e-5;
-    // first = true: the previous contents (NaN here) are never read.
-    std::vector<float> o(in.q.size(), NAN), lse(B * nh * Tq, NAN), o_ref(in.q.size(), NAN), lse_ref(lse.size(), NAN);
-    ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
-                                      lse.data(), true, B, Tq, Tk, nh, nkv, hd, in.scale);
-    ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
-                                             o_ref.data(), lse_ref.data(), true, B, Tq, Tk, nh, nkv, hd, in.scale);
-    EXPECT_TRUE(all_near(o, o_ref, rel, "first o " + c.label()));
-    EXPECT_TRUE(all_near(lse, lse_ref, rel, "first lse " + c.label()));
-    // first = false: merged into a previous state with some empty rows.
-    o = o_ref = in.o0;
-    lse = lse_ref = in.lse0;
-    ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
-                                      lse.data(), false, B, Tq, Tk, nh, nkv, hd, in.scale);
-    ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
-                                             o_ref.data(), lse_ref.data(), false, B, Tq, Tk, nh, nkv, hd, in.scale);
-    EXPECT_TRUE(all_near(o, o_ref, rel, "merged o " + c.label()));
-    EXPECT_TRUE(all_near(lse, lse_ref, rel, "merged lse " + c.label()));
-    // Backward from the merged state (a final state whose lse covers more than this block); both sides
-    // from zero gradients (a float reference accumulating onto nonzero values would round each of its Tk
-    // terms against them), then the += contract on its own: from gradients already holding other blocks'
-    // terms the kernel adds exactly the same increments, dq0 + increment rounded once, bit for bit.
-    const std::vector<float> zq(in.q.size(), 0.0f), zk(in.k.size(), 0.0f);
-    std::vector<float> dq = zq, dk = zk, dv = zk, dq_ref = zq, dk_ref = zk, dv_ref = zk;
-    ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
-                                       c.q_pos.data(), c.k_pos.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh,
-                                       nkv, hd, in.scale);
-    ops::ref::attention_block_backward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(),
-                                              in.dout.data(), c.q_pos.data(), c.k_pos.data(), dq_ref.data(),
-                                              dk_ref.data(), dv_ref.data(), B, Tq, Tk, nh, nkv, hd, in.scale);
-    EXPECT_TRUE(all_near(dq, dq_ref, rel, "dq " + c.label()));
-    EXPECT_TRUE(all_near(dk, dk_ref, rel, "dk " + c.label()));
-    EXPECT_TRUE(all_near(dv, dv_ref, rel, "dv " + c.label()));
-    std::vector<float> dq_acc = in.dq0, dk_acc = in.dk0, dv_acc = in.dv0;
-    ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
-                                       c.q_pos.data(), c.k_pos.data(), dq_acc.data(), dk_acc.data(), dv_acc.data(), B,
-                                       Tq, Tk, nh, nkv, hd, in.scale);
-    auto plus = [](std::vector<float> x, const std::vector<float>& y) {
-      for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
-      return x;
-    };
-    EXPECT_TRUE(bits_equal(dq_acc, plus(in.dq0, dq))) << "dq += " << c.label();
-    EXPECT_TRUE(bits_equal(dk_acc, plus(in.dk0, dk))) << "dk += " << c.label();
-    EXPECT_TRUE(bits_equal(dv_acc, plus(in.dv0, dv))) << "dv += " << c.label();
+    expect_block_matches_reference(c, in, 0);
     if (::testing::Test::HasFailure()) return;  // one case's dump is enough
+  }
+}
+
+// The same with sliding windows (ops/attention_block.h): every layout of block_cases, each with two
+// windows from a list that runs from 1 (a query sees only keys at its own position) through windows under,
+// at and across the 64-token tiles to one wider than any position gap (nothing masked). Runs of visible
+// keys that start inside a tile, rows that see no key of the block (first: (0, -inf); merge: kept),
+// zig-zag query tiles whose two chunks see separate stretches of keys.
+TEST(AttentionBlock, SlidingWindowMatchesReference) {
+  const std::vector<int64_t> windows = {1, 3, 20, 64, 100, 1000};
+  uint64_t seed = 900;
+  int64_t n = 0;
+  for (const BlockCase& c : block_cases()) {
+    const BlockInputs in(c, seed++);
+    for (const int64_t window : {windows[n % windows.size()], windows[(n + 3) % windows.size()]}) {
+      expect_block_matches_reference(c, in, window);
+      if (::testing::Test::HasFailure()) return;  // one case's dump is enough
+    }
+    ++n;
   }
 }
 
@@ -340,18 +370,19 @@ struct RingPieces {
   }
 };
 
-void ring_forward(const RingProblem& p, RingPieces& x, int W) {
+// window: the sliding window of every block call (0: causal).
+void ring_forward(const RingProblem& p, RingPieces& x, int W, int64_t window = 0) {
   const int64_t N = p.T / W;
   for (int r = 0; r < W; ++r)
     for (int s = 0; s < W; ++s) {
       const int src = (r - s + W) % W;
       ops::cpu::attention_block_forward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.pos[r].data(),
                                         x.pos[src].data(), x.o[r].data(), x.lse[r].data(), s == 0, p.B, N, N, p.nh,
-                                        p.nkv, p.hd, p.scale);
+                                        p.nkv, p.hd, p.scale, window);
     }
 }
 
-void ring_backward(const RingProblem& p, RingPieces& x, int W) {
+void ring_backward(const RingProblem& p, RingPieces& x, int W, int64_t window = 0) {
   const int64_t N = p.T / W;
   for (int r = 0; r < W; ++r) {
     std::fill(x.dq[r].begin(), x.dq[r].end(), 0.0f);
@@ -364,14 +395,14 @@ void ring_backward(const RingProblem& p, RingPieces& x, int W) {
       ops::cpu::attention_block_backward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.o[r].data(),
                                          x.lse[r].data(), x.dout[r].data(), x.pos[r].data(), x.pos[src].data(),
                                          x.dq[r].data(), x.dk[src].data(), x.dv[src].data(), p.B, N, N, p.nh, p.nkv,
-                                         p.hd, p.scale);
+                                         p.hd, p.scale, window);
     }
 }
 
-RingResult ring_run(const RingProblem& p, int W) {
+RingResult ring_run(const RingProblem& p, int W, int64_t window = 0) {
   RingPieces x(p, W);
-  ring_forward(p, x, W);
-  ring_backward(p, x, W);
+  ring_forward(p, x, W, window);
+  ring_backward(p, x, W, window);
   RingResult out{std::vector<float>(p.q.size()), std::vector<float>(p.B * p.nh * p.T), std::vector<float>(p.q.size()),
                  std::vector<float>(p.k.size()), std::vector<float>(p.k.size())};
   for (int r = 0; r < W; ++r) {
@@ -384,13 +415,14 @@ RingResult ring_run(const RingProblem& p, int W) {
   return out;
 }
 
-RingResult whole_run(const RingProblem& p) {
+RingResult whole_run(const RingProblem& p, int64_t window = 0) {
   RingResult out{std::vector<float>(p.q.size()), std::vector<float>(p.B * p.nh * p.T), std::vector<float>(p.q.size()),
                  std::vector<float>(p.k.size()), std::vector<float>(p.k.size())};
   ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(), p.B, p.T, p.nh, p.nkv,
-                              p.hd, p.scale);
+                              p.hd, p.scale, window);
   ops::cpu::attention_backward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(), p.dout.data(),
-                               out.dq.data(), out.dk.data(), out.dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale);
+                               out.dq.data(), out.dk.data(), out.dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale,
+                               window);
   return out;
 }
 
@@ -443,9 +475,9 @@ TEST(AttentionBlock, RingMatchesDoubleReference) {
     const std::vector<double> dout(p.dout.begin(), p.dout.end());
     std::vector<double> o(q.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(k.size());
     ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv,
-                                        p.hd, p.scale);
+                                        p.hd, p.scale, 0);
     ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale);
+                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale, 0);
     for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
       const std::string l = std::string(who) + " " + p.label(W);
       EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
@@ -455,6 +487,158 @@ TEST(AttentionBlock, RingMatchesDoubleReference) {
       EXPECT_TRUE(all_near(got->dv, dv, 1e-5, "dv vs double " + l));
     }
   }
+}
+
+// The ring with a sliding window: every block call given the same window reproduces attention_forward /
+// attention_backward of the whole sequence with that window. Windows of 1, under a chunk, over a
+// chunk (reaching into the previous chunk, on the same rank or another), across several chunks and of T
+// (nothing masked), two per problem in turn; chunk sizes under, at and over the 64-token tile. Same tolerances as the causal ring
+// (RingMatchesWholeSequence), bit for bit at W = 1 (one block over contiguous positions runs the same
+// tiles and masks as the whole-sequence kernel), and a window of T is the causal ring bit for bit.
+TEST(AttentionBlock, SlidingWindowRingMatchesWholeSequence) {
+  const std::vector<std::pair<int64_t, int64_t>> heads = {{4, 2}, {3, 1}, {2, 2}};
+  const std::vector<int64_t> hds = {24, 64, 8};
+  uint64_t seed = 700;
+  int64_t n = 0;
+  for (const int W : {1, 2, 3, 4})
+    for (const int64_t C : {7, 33, 64, 70}) {
+      const auto [nh, nkv] = heads[n % heads.size()];
+      const RingProblem p(1 + n % 2, 2 * W * C, nh, nkv, hds[n % hds.size()], seed++);
+      const std::vector<int64_t> windows = {1, C / 2 + 1, C + 5, 2 * C + 50, p.T};
+      for (const int64_t window : {windows[n % windows.size()], windows[(n + 2) % windows.size()]}) {
+        const RingResult ring = ring_run(p, W, window), whole = whole_run(p, window);
+        const std::string l = p.label(W) + " window=" + std::to_string(window);
+        if (W == 1) {
+          EXPECT_TRUE(bits_equal(ring.o, whole.o)) << "o " << l;
+          EXPECT_TRUE(bits_equal(ring.lse, whole.lse)) << "lse " << l;
+          EXPECT_TRUE(bits_equal(ring.dq, whole.dq)) << "dq " << l;
+          EXPECT_TRUE(bits_equal(ring.dk, whole.dk)) << "dk " << l;
+          EXPECT_TRUE(bits_equal(ring.dv, whole.dv)) << "dv " << l;
+        }
+        if (window == p.T) {
+          const RingResult causal = ring_run(p, W, 0);
+          EXPECT_TRUE(bits_equal(ring.o, causal.o) && bits_equal(ring.lse, causal.lse)) << "o, lse " << l;
+          EXPECT_TRUE(bits_equal(ring.dq, causal.dq) && bits_equal(ring.dk, causal.dk) &&
+                      bits_equal(ring.dv, causal.dv))
+              << "dq, dk, dv " << l;
+        }
+        EXPECT_TRUE(all_near(ring.o, whole.o, 3e-6, "o " + l));
+        EXPECT_TRUE(all_near(ring.lse, whole.lse, 3e-6, "lse " + l));
+        EXPECT_TRUE(all_near(ring.dq, whole.dq, 1.5e-5, "dq " + l));
+        EXPECT_TRUE(all_near(ring.dk, whole.dk, 1.5e-5, "dk " + l));
+        EXPECT_TRUE(all_near(ring.dv, whole.dv, 1.5e-5, "dv " + l));
+        if (::testing::Test::HasFailure()) return;
+      }
+      ++n;
+    }
+}
+
+// The windowed ring and the windowed whole-sequence kernel are both within 1e-5 of the double reference
+// with the window (the causal bound, RingMatchesDoubleReference).
+TEST(AttentionBlock, SlidingWindowRingMatchesDoubleReference) {
+  const std::vector<std::tuple<int, int64_t, int64_t>> cases = {{4, 33, 50}, {3, 70, 100}, {2, 64, 1}};  // W, C, w
+  for (const auto& [W, C, window] : cases) {
+    const RingProblem p(1, 2 * W * C, 4, 2, 24, 800 + W);
+    const RingResult ring = ring_run(p, W, window), whole = whole_run(p, window);
+    const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
+    const std::vector<double> dout(p.dout.begin(), p.dout.end());
+    std::vector<double> o(q.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(k.size());
+    ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv,
+                                        p.hd, p.scale, window);
+    ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
+                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale, window);
+    for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
+      const std::string l = std::string(who) + " " + p.label(W) + " window=" + std::to_string(window);
+      EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
+      EXPECT_TRUE(all_near(got->lse, lse, 1e-5, "lse vs double " + l));
+      EXPECT_TRUE(all_near(got->dq, dq, 1e-5, "dq vs double " + l));
+      EXPECT_TRUE(all_near(got->dk, dk, 1e-5, "dk vs double " + l));
+      EXPECT_TRUE(all_near(got->dv, dv, 1e-5, "dv vs double " + l));
+    }
+  }
+}
+
+namespace {
+
+// The (query tile, key tile) pairs of one block pair holding at least one visible (query, key) pair,
+// found pair by pair from the positions: what the kernels must compute, per (b, head) and pass.
+int64_t visible_tile_pairs(const std::vector<int32_t>& qp, const std::vector<int32_t>& kp, int64_t window) {
+  const int64_t TQ = ops::cpu::kAttentionTileQ, TK = ops::cpu::kAttentionTileK;
+  const int64_t Tq = static_cast<int64_t>(qp.size()), Tk = static_cast<int64_t>(kp.size());
+  int64_t pairs = 0;
+  for (int64_t i0 = 0; i0 < Tq; i0 += TQ)
+    for (int64_t j0 = 0; j0 < Tk; j0 += TK) {
+      bool any = false;
+      for (int64_t i = i0; i < std::min(Tq, i0 + TQ) && !any; ++i)
+        for (int64_t j = j0; j < std::min(Tk, j0 + TK) && !any; ++j)
+          any = kp[j] <= qp[i] && (window == 0 || qp[i] - window < kp[j]);
+      pairs += any;
+    }
+  return pairs;
+}
+
+}  // namespace
+
+// Tile pairs outside the band are never computed, counted by the kernels themselves
+// (attention_tile::tile_pairs_computed), not timed. A zig-zag ring of W = 4 over T = 2048 (chunks of
+// 256, a multiple of the tile): for each window the ring's block calls compute exactly the tile pairs
+// holding a visible pair, in the forward and in each backward pass, which is exactly what the
+// whole-sequence kernel computes (528 per head and pass causal, 93 with a window of 128). A key block
+// entirely outside every local query's window (rank 0's chunks 0 and 7 against rank 2's chunks 2 and 5
+// at window 128) computes nothing: the merge keeps the state bit for bit, first = true gives (0, -inf),
+// and the backward leaves the gradients untouched.
+TEST(AttentionBlock, SlidingWindowSkipsMaskedTilePairs) {
+  namespace at = ops::cpu::attention_tile;
+  const int W = 4;
+  const RingProblem p(1, 2048, 2, 1, 8, 31);
+  std::vector<int32_t> all(p.T);
+  for (int64_t t = 0; t < p.T; ++t) all[t] = static_cast<int32_t>(t);
+  EXPECT_EQ(visible_tile_pairs(all, all, 0), 528);
+  EXPECT_EQ(visible_tile_pairs(all, all, 128), 93);
+  for (const int64_t window : {int64_t{0}, int64_t{128}, int64_t{300}, int64_t{1}}) {
+    const std::string l = p.label(W) + " window=" + std::to_string(window);
+    RingPieces x(p, W);
+    int64_t want = 0;  // per head and pass
+    for (int r = 0; r < W; ++r)
+      for (int s = 0; s < W; ++s) want += visible_tile_pairs(x.pos[r], x.pos[s], window);
+    EXPECT_EQ(want, visible_tile_pairs(all, all, window)) << l;
+    int64_t before = at::tile_pairs_computed.load();
+    ring_forward(p, x, W, window);
+    EXPECT_EQ(at::tile_pairs_computed.load() - before, p.B * p.nh * want) << "ring forward " << l;
+    before = at::tile_pairs_computed.load();
+    ring_backward(p, x, W, window);
+    EXPECT_EQ(at::tile_pairs_computed.load() - before, 2 * p.B * p.nh * want) << "ring backward " << l;
+    before = at::tile_pairs_computed.load();
+    whole_run(p, window);
+    EXPECT_EQ(at::tile_pairs_computed.load() - before, 3 * p.B * p.nh * want) << "whole " << l;
+  }
+  // A fully masked block: rank 0's queries (positions 0..255, 1792..2047) against rank 2's keys
+  // (512..767, 1280..1535) with a window of 128.
+  const int64_t window = 128, N = p.T / W;
+  RingPieces x(p, W);
+  ring_forward(p, x, W, window);
+  ASSERT_EQ(visible_tile_pairs(x.pos[0], x.pos[2], window), 0);
+  const std::vector<float> o = x.o[0], lse = x.lse[0];
+  int64_t before = at::tile_pairs_computed.load();
+  ops::cpu::attention_block_forward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.pos[0].data(), x.pos[2].data(),
+                                    x.o[0].data(), x.lse[0].data(), false, p.B, N, N, p.nh, p.nkv, p.hd, p.scale,
+                                    window);
+  EXPECT_EQ(at::tile_pairs_computed.load(), before);
+  EXPECT_TRUE(bits_equal(x.o[0], o) && bits_equal(x.lse[0], lse));
+  std::vector<float> o_first(o.size(), NAN), lse_first(lse.size(), NAN);
+  ops::cpu::attention_block_forward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.pos[0].data(), x.pos[2].data(),
+                                    o_first.data(), lse_first.data(), true, p.B, N, N, p.nh, p.nkv, p.hd, p.scale,
+                                    window);
+  EXPECT_EQ(at::tile_pairs_computed.load(), before);
+  EXPECT_TRUE(std::all_of(o_first.begin(), o_first.end(), [](float v) { return v == 0.0f && !std::signbit(v); }));
+  EXPECT_TRUE(std::all_of(lse_first.begin(), lse_first.end(), [](float v) { return v == kNegInf; }));
+  std::vector<float> dq(x.q[0].size(), -0.0f), dk(x.k[2].size(), -0.0f), dv(x.k[2].size(), -0.0f);
+  const std::vector<float> dq0 = dq, dk0 = dk, dv0 = dv;  // -0 would turn into +0 if anything were added
+  ops::cpu::attention_block_backward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.o[0].data(), x.lse[0].data(),
+                                     x.dout[0].data(), x.pos[0].data(), x.pos[2].data(), dq.data(), dk.data(),
+                                     dv.data(), p.B, N, N, p.nh, p.nkv, p.hd, p.scale, window);
+  EXPECT_EQ(at::tile_pairs_computed.load(), before);
+  EXPECT_TRUE(bits_equal(dq, dq0) && bits_equal(dk, dk0) && bits_equal(dv, dv0));
 }
 
 // Two blocks merged into one state, in double: L = sum w * o_final for a random w. The gradient is the
@@ -479,9 +663,9 @@ TEST(AttentionBlock, ReferenceBackwardMatchesFiniteDifferences) {
   std::vector<double> o(q.size()), lse(B * nh * Tq);
   auto loss = [&] {
     ops::ref::attention_block_forward<double>(q.data(), k2.data(), v2.data(), q_pos.data(), k2_pos.data(), o.data(),
-                                              lse.data(), true, B, Tq, Tk2, nh, nkv, hd, scale);
+                                              lse.data(), true, B, Tq, Tk2, nh, nkv, hd, scale, 0);
     ops::ref::attention_block_forward<double>(q.data(), k1.data(), v1.data(), q_pos.data(), k1_pos.data(), o.data(),
-                                              lse.data(), false, B, Tq, Tk1, nh, nkv, hd, scale);
+                                              lse.data(), false, B, Tq, Tk1, nh, nkv, hd, scale, 0);
     double L = 0;
     for (size_t i = 0; i < o.size(); ++i) L += w[i] * o[i];
     return L;
@@ -491,10 +675,10 @@ TEST(AttentionBlock, ReferenceBackwardMatchesFiniteDifferences) {
   std::vector<double> dq(q.size()), dk1(k1.size()), dv1(v1.size()), dk2(k2.size()), dv2(v2.size());
   ops::ref::attention_block_backward<double>(q.data(), k1.data(), v1.data(), o.data(), lse.data(), w.data(),
                                              q_pos.data(), k1_pos.data(), dq.data(), dk1.data(), dv1.data(), B, Tq,
-                                             Tk1, nh, nkv, hd, scale);
+                                             Tk1, nh, nkv, hd, scale, 0);
   ops::ref::attention_block_backward<double>(q.data(), k2.data(), v2.data(), o.data(), lse.data(), w.data(),
                                              q_pos.data(), k2_pos.data(), dq.data(), dk2.data(), dv2.data(), B, Tq,
-                                             Tk2, nh, nkv, hd, scale);
+                                             Tk2, nh, nkv, hd, scale, 0);
   auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
     for (size_t i = 0; i < x.size(); ++i) {
       const double h = 1e-5, saved = x[i];
@@ -553,7 +737,7 @@ TEST(AttentionBlock, QueriesWithoutKeysGiveNoNaN) {
   const float scale = 0.2f;
   auto fwd = [&](const std::vector<int32_t>& kp, std::vector<float>& o, std::vector<float>& lse, bool first) {
     ops::cpu::attention_block_forward(q.data(), k.data(), v.data(), q_pos.data(), kp.data(), o.data(), lse.data(),
-                                      first, B, Tq, Tk, nh, nkv, hd, scale);
+                                      first, B, Tq, Tk, nh, nkv, hd, scale, 0);
   };
   std::vector<float> o(q.size(), NAN), lse(B * nh * Tq, NAN);
   fwd(k_late, o, lse, true);
@@ -576,12 +760,13 @@ TEST(AttentionBlock, QueriesWithoutKeysGiveNoNaN) {
   // Backward with this (partly empty) final state: the masked block adds 0, the visible one finite terms.
   std::vector<float> dq(q.size(), 1.0f), dk(k.size(), 1.0f), dv(k.size(), 1.0f);
   ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), q_pos.data(),
-                                     k_late.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, scale);
+                                     k_late.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, scale, 0);
   EXPECT_TRUE(std::all_of(dq.begin(), dq.end(), [](float x) { return x == 1.0f; }));
   EXPECT_TRUE(std::all_of(dk.begin(), dk.end(), [](float x) { return x == 1.0f; }));
   EXPECT_TRUE(std::all_of(dv.begin(), dv.end(), [](float x) { return x == 1.0f; }));
   ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), q_pos.data(),
-                                     k_early.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, scale);
+                                     k_early.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, scale,
+                                     0);
   EXPECT_TRUE(all_finite_or_neg_inf(dq, "dq") && all_finite_or_neg_inf(dk, "dk") && all_finite_or_neg_inf(dv, "dv"));
   // Query 0 of (b 0, h 0) saw no key anywhere: its dq is untouched.
   EXPECT_TRUE(std::all_of(dq.begin(), dq.begin() + hd, [](float x) { return x == 1.0f; }));
@@ -594,11 +779,11 @@ TEST(AttentionBlock, UnsortedPositionsAreRejected) {
   const std::vector<float> x(3 * 8, 0.5f);
   std::vector<float> o(x.size()), lse(3), dq(x.size()), dk(x.size()), dv(x.size());
   EXPECT_THROW(ops::cpu::attention_block_forward(x.data(), x.data(), x.data(), unsorted.data(), sorted.data(), o.data(),
-                                                 lse.data(), true, 1, 3, 3, 1, 1, 8, 1.0f),
+                                                 lse.data(), true, 1, 3, 3, 1, 1, 8, 1.0f, 0),
                InternalError);
   EXPECT_THROW(ops::cpu::attention_block_backward(x.data(), x.data(), x.data(), o.data(), lse.data(), x.data(),
                                                   sorted.data(), unsorted.data(), dq.data(), dk.data(), dv.data(), 1, 3,
-                                                  3, 1, 1, 8, 1.0f),
+                                                  3, 1, 1, 8, 1.0f, 0),
                InternalError);
 }
 
@@ -667,13 +852,13 @@ TEST(AttentionBlock, DISABLED_BenchRingVsWholeSequence) {
     for (int rep = 0; rep < repeats; ++rep) {
       timed(0, [&] {
         ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(), B, T, nh,
-                                    nkv, hd, p.scale);
+                                    nkv, hd, p.scale, 0);
       });
       timed(1, [&] { ring_forward(p, x, W); });
       timed(2, [&] {
         ops::cpu::attention_backward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(),
                                      p.dout.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), B, T, nh, nkv,
-                                     hd, p.scale);
+                                     hd, p.scale, 0);
       });
       timed(3, [&] { ring_backward(p, x, W); });  // includes zeroing the ranks' gradients: negligible
     }

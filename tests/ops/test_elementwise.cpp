@@ -134,4 +134,31 @@ TEST(Elementwise, ReductionsBitwiseAcrossThreads) {
   omp_set_num_threads(saved);
 }
 
+// Bias add and its gradient against the reference: the add is one float operation per element (equal
+// bits); each column sum is one double sum in row order in both (equal bits), for 1 and 2 threads, at
+// shapes around the 64-column block and the parallel threshold.
+TEST(Elementwise, BiasMatchesReferenceExactly) {
+  const int saved = omp_get_max_threads();
+  uint64_t seed = 7;
+  for (const auto& [rows, d] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 63}, {5, 64}, {7, 65}, {300, 129},
+                                                                        {1000, 257}}) {
+    Rng rng(seed++);
+    const std::vector<float> y0 = random_vector(rows * d, rng), b = random_vector(d, rng), db0 = random_vector(d, rng);
+    std::vector<float> want = y0;
+    ops::ref::bias_add<float>(want.data(), b.data(), rows, d);
+    std::vector<float> want_db = db0;
+    ops::ref::bias_backward<float>(y0.data(), want_db.data(), rows, d);
+    for (const int t : {1, 2}) {
+      omp_set_num_threads(t);
+      std::vector<float> got = y0;
+      ops::cpu::bias_add(got.data(), b.data(), rows, d);
+      EXPECT_TRUE(vectors_equal(got, want, "bias_add")) << rows << " x " << d << ", " << t << " threads";
+      std::vector<float> got_db = db0;
+      ops::cpu::bias_backward(y0.data(), got_db.data(), rows, d);
+      EXPECT_TRUE(vectors_equal(got_db, want_db, "bias_backward")) << rows << " x " << d << ", " << t << " threads";
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 }  // namespace fp

@@ -102,13 +102,17 @@ def main(argv=None):
     print(f"case {args.case}: B={B} T={T} H={cfg.hidden_size} L={cfg.num_hidden_layers} "
           f"heads={cfg.num_attention_heads}/{cfg.num_key_value_heads} hd={cfg.head_dim} "
           f"E={cfg.num_experts} k={cfg.num_experts_per_tok} I={cfg.moe_intermediate_size} V={cfg.vocab_size} "
-          f"norm_topk_prob={cfg.norm_topk_prob} aux_coef={cfg.router_aux_loss_coef}")
+          f"norm_topk_prob={cfg.norm_topk_prob} aux_coef={cfg.router_aux_loss_coef} bias={cfg.attention_bias} "
+          f"tied={cfg.tie_word_embeddings} window={cfg.window()} "
+          f"dense={[i for i in range(cfg.num_hidden_layers) if not cfg.is_sparse(i)]}")
     ref = twin.forward_backward(params, cfg, ids, targets)
 
     # Routing: tokens per expert, empty experts, and how close the top-k choice came to a tie (a tie
     # broken differently in float32 would route a token elsewhere and no tolerance would help).
     empty_total = 0
-    for i, (counts, logits) in enumerate(zip(ref["expert_counts"], ref["router_logits"])):
+    sparse = [i for i in range(cfg.num_hidden_layers) if cfg.is_sparse(i)]
+    for i, logits in zip(sparse, ref["router_logits"]):
+        counts = ref["expert_counts"][i]
         empty = sum(1 for c in counts if c == 0)
         empty_total += empty
         probs = torch.softmax(logits.detach(), dim=-1).sort(dim=-1, descending=True).values

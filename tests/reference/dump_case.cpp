@@ -1,10 +1,13 @@
 // Writes a model test case for the PyTorch twin (check_case.py): the weights, a batch, and what
 // flatpeak computes for it (logits, losses, every parameter gradient), as one safetensors file.
 //
-//   dump_case OUT.safetensors CASE      CASE: "gqa_norm" | "mha_nonorm"
+//   dump_case OUT.safetensors CASE      CASE: "gqa_norm" | "mha_nonorm" | "hf_layers"
 //
-// Both cases use sequences that span several attention tiles, top-k > 1, and arrange that the last
-// expert of every layer receives no token (Note [An expert with no tokens]).
+// Every case uses sequences that span several attention tiles, top-k > 1, and arranges that the last
+// expert of every MoE layer receives no token (Note [An expert with no tokens]). hf_layers has every
+// switch of the Hugging Face layer on: attention biases, a sliding window that is not a multiple of the
+// attention tile, tied embeddings, dense layers from both mlp_only_layers and decoder_sparse_step, and
+// dynamic NTK RoPE active at its sequence length.
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -43,8 +46,18 @@ Case case_make(const std::string& name) {
     m.head_dim = 6, m.num_experts = 5, m.num_experts_per_tok = 3, m.moe_intermediate_size = 10;
     m.vocab_size = 33, m.norm_topk_prob = false, m.router_aux_loss_coef = 0.1, m.rope_theta = 500;
     c.B = 1, c.T = 131;
+  } else if (name == "hf_layers") {
+    m.hidden_size = 32, m.num_hidden_layers = 4, m.num_attention_heads = 4, m.num_key_value_heads = 2;
+    m.head_dim = 8, m.num_experts = 6, m.num_experts_per_tok = 2, m.moe_intermediate_size = 24;
+    m.vocab_size = 40, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.05;
+    m.attention_bias = true, m.tie_word_embeddings = true, m.sliding_window = 70;
+    m.mlp_only_layers = {0}, m.decoder_sparse_step = 2, m.intermediate_size = 20;  // layers 0, 2 dense
+    // dynamic NTK RoPE past 100 positions: the base grows for T = 150
+    m.rope_scaling.kind = RopeScaling::Kind::Kind_dynamic;
+    m.rope_scaling.factor = 2.0, m.rope_scaling.original_max_position_embeddings = 100;
+    c.B = 2, c.T = 150;
   } else {
-    throw Error("unknown case '" + name + "'", "cases: gqa_norm, mha_nonorm");
+    throw Error("unknown case '" + name + "'", "cases: gqa_norm, mha_nonorm, hf_layers");
   }
   return c;
 }
@@ -59,7 +72,7 @@ std::vector<float> to_host(Backend& be, const Tensor& t) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm\n");
+    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm|hf_layers\n");
     return 2;
   }
   try {
@@ -78,12 +91,15 @@ int main(int argc, char** argv) {
     Rng rng(99);
     for (Param& p : ps.all()) {
       std::vector<float> w = to_host(*be, p.w);
-      const bool norm = p.w.shape().rank == 1;
+      const bool bias = p.name.ends_with(".bias");  // ~ N(0, 0.3): a constant q/k offset would make
+                                                    // every query alike (the q/k gradients cancel)
+      const bool norm = p.w.shape().rank == 1 && !bias;
       const bool router = p.name.find("mlp.gate.weight") != std::string::npos;
       const bool qk = p.name.find("q_proj") != std::string::npos || p.name.find("k_proj") != std::string::npos;
       const bool embed = p.name == "model.embed_tokens.weight";
       for (float& x : w) {
         if (norm) x = static_cast<float>(1.0 + 0.2 * rng.normal());
+        if (bias) x = static_cast<float>(0.3 * rng.normal());
         if (router) x = static_cast<float>(0.5 * rng.normal());
         if (qk) x *= 10.0f;
         if (embed) x *= 50.0f;
@@ -91,6 +107,7 @@ int main(int argc, char** argv) {
       if (p.name == "model.embed_tokens.weight")
         for (int64_t r = 0; r < c.m.vocab_size; ++r) w[r * c.m.hidden_size] += 3.0f;
       if (router) w[(c.m.num_experts - 1) * c.m.hidden_size] = -8.0f;
+      if (p.name.ends_with("o_proj.bias")) w[0] = 0.5f;  // adds to dimension 0 of the residual: keeps it positive
       be->copy_from_host(p.w.data(), w.data(), p.w.bytes());
     }
     Batch batch = batch_random(c.B, c.T, c.m.vocab_size, 5);
@@ -116,8 +133,10 @@ int main(int argc, char** argv) {
     views.push_back({"out.aux_loss", DType::DType_F32, {1}, &losses[2]});
     const std::string hf = model_config_hf_json(c.m);
     safetensors_write(argv[1], views, {{"config", hf}});
-    int64_t empty = 0;
-    for (int64_t v : out.expert_counts) empty += (v == 0);
+    int64_t empty = 0;  // over the MoE layers (a dense layer's counts are all zero)
+    for (int64_t l = 0; l < c.m.num_hidden_layers; ++l)
+      for (int64_t e = 0; e < c.m.num_experts && c.m.layer_is_sparse(l); ++e)
+        empty += (out.expert_counts[l * c.m.num_experts + e] == 0);
     std::printf("wrote %s: loss %.6f (ce %.6f, aux %.6f), %lld empty (layer, expert) pairs\n", argv[1], out.loss,
                 out.ce_loss, out.aux_loss, static_cast<long long>(empty));
     return empty > 0 ? 0 : 3;  // the case must contain an expert with no tokens

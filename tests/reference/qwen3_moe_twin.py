@@ -1,8 +1,11 @@
-"""An independent, plain PyTorch twin of Qwen3-MoE (Hugging Face Qwen3MoeForCausalLM, every layer a
-sparse MoE), written to check flatpeak's model: logits, losses and every parameter gradient.
+"""An independent, plain PyTorch twin of Qwen3-MoE (Hugging Face Qwen3MoeForCausalLM), written to check
+flatpeak's model: logits, losses and every parameter gradient. Beside the plain layer it computes
+attention biases, a sliding window (transformers 5.x: on every layer, key j visible to query i iff
+i - sliding_window < j <= i), tied embeddings and dense layers (mlp_only_layers, decoder_sparse_step).
 
 Dimensions: B batch, T sequence, H hidden_size, L layers, nh query heads, nkv key/value heads,
-hd head_dim, E experts, k experts per token, I moe_intermediate_size, V vocab_size, N = B*T tokens.
+hd head_dim, E experts, k experts per token, I moe_intermediate_size, Id intermediate_size (dense
+layers), V vocab_size, N = B*T tokens.
 
 It follows the Hugging Face code path (transformers/models/qwen3_moe/modeling_qwen3_moe.py) with
 two deliberate differences: everything is computed in the dtype of the parameters passed in (the
@@ -34,15 +37,34 @@ class Config:
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.001
     rope_scaling: dict = None  # Hugging Face's rope_scaling / rope_parameters (None: default RoPE)
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    use_sliding_window: bool = False
+    sliding_window: int = None
+    mlp_only_layers: list = None
+    decoder_sparse_step: int = 1
+    intermediate_size: int = None
+    max_position_embeddings: int = None  # read by dynamic RoPE only
+
+    OPTIONAL = ("rope_scaling", "attention_bias", "tie_word_embeddings", "use_sliding_window", "sliding_window",
+                "mlp_only_layers", "decoder_sparse_step", "intermediate_size", "max_position_embeddings")
 
     @staticmethod
     def from_dict(d):
-        """Takes the keys above from d, a Hugging Face config.json dict (rope_scaling optional; the rest
-        required); others are ignored."""
-        missing = [f.name for f in fields(Config) if f.name not in d and f.name != "rope_scaling"]
+        """Takes the keys above from d, a Hugging Face config.json dict (those in OPTIONAL may be left
+        out; the rest are required); others are ignored."""
+        missing = [f.name for f in fields(Config) if f.name not in d and f.name not in Config.OPTIONAL]
         if missing:
             raise KeyError(f"config lacks {missing}")
         return Config(**{f.name: d[f.name] for f in fields(Config) if f.name in d})
+
+    def is_sparse(self, layer):
+        """Qwen3MoeDecoderLayer: a MoE block unless listed in mlp_only_layers or off the sparse step."""
+        return layer not in (self.mlp_only_layers or []) and (layer + 1) % self.decoder_sparse_step == 0
+
+    def window(self):
+        """The sliding window in positions, or None for full causal attention."""
+        return self.sliding_window if self.use_sliding_window else None
 
 
 def param_shapes(cfg):
@@ -53,13 +75,19 @@ def param_shapes(cfg):
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         s[p + "input_layernorm.weight"] = (H,)
-        s[p + "self_attn.q_proj.weight"] = (nh * hd, H)
-        s[p + "self_attn.k_proj.weight"] = (nkv * hd, H)
-        s[p + "self_attn.v_proj.weight"] = (nkv * hd, H)
-        s[p + "self_attn.o_proj.weight"] = (H, nh * hd)
+        for proj, out_dim, in_dim in (("q", nh * hd, H), ("k", nkv * hd, H), ("v", nkv * hd, H), ("o", H, nh * hd)):
+            s[p + f"self_attn.{proj}_proj.weight"] = (out_dim, in_dim)
+            if cfg.attention_bias:
+                s[p + f"self_attn.{proj}_proj.bias"] = (out_dim,)
         s[p + "self_attn.q_norm.weight"] = (hd,)
         s[p + "self_attn.k_norm.weight"] = (hd,)
         s[p + "post_attention_layernorm.weight"] = (H,)
+        if not cfg.is_sparse(i):
+            Id = cfg.intermediate_size
+            s[p + "mlp.gate_proj.weight"] = (Id, H)
+            s[p + "mlp.up_proj.weight"] = (Id, H)
+            s[p + "mlp.down_proj.weight"] = (H, Id)
+            continue
         s[p + "mlp.gate.weight"] = (E, H)
         for e in range(E):
             q = f"{p}mlp.experts.{e}."
@@ -67,12 +95,13 @@ def param_shapes(cfg):
             s[q + "up_proj.weight"] = (I, H)
             s[q + "down_proj.weight"] = (H, I)
     s["model.norm.weight"] = (H,)
-    s["lm_head.weight"] = (V, H)
+    if not cfg.tie_word_embeddings:
+        s["lm_head.weight"] = (V, H)
     return s
 
 
 def init_params(cfg, seed=0, dtype=torch.float64):
-    """Random parameters for self-checks: norm weights near 1, matrices ~ N(0, 1/fan_in)."""
+    """Random parameters for self-checks: norm weights and biases near 1, matrices ~ N(0, 1/fan_in)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in param_shapes(cfg).items():
@@ -92,14 +121,20 @@ def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rope_inv_freq(hd, theta, scaling):
+def rope_inv_freq(hd, theta, scaling, seq_len=None, max_position_embeddings=None):
     """inv_freq (hd/2) and the cos/sin factor of RoPE with Hugging Face's scaling (transformers 5.x's
-    modeling_rope_utils formulas, written out here in float64): default, linear, yarn, llama3."""
+    modeling_rope_utils formulas, written out here in float64): default, linear, yarn, llama3, and
+    dynamic NTK for a sequence of seq_len positions (its base grows past max_position_embeddings)."""
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return inv, 1.0
     factor = float(scaling["factor"])
+    if kind == "dynamic":
+        M = max_position_embeddings or scaling["original_max_position_embeddings"]
+        L = max(seq_len or M, M)
+        base = theta * ((factor * L / M) - (factor - 1)) ** (hd / (hd - 2))
+        return 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)), 1.0
     if kind == "linear":
         return inv / factor, 1.0
     if kind == "yarn":
@@ -137,10 +172,10 @@ def rope_inv_freq(hd, theta, scaling):
     raise ValueError(f"rope_type {kind!r} is not in the twin")
 
 
-def rope_cos_sin(T, hd, theta, dtype, scaling=None):
+def rope_cos_sin(T, hd, theta, dtype, scaling=None, max_position_embeddings=None):
     """cos, sin (T, hd) for positions 0..T-1: angle pos * inv_freq[i], i < hd/2, repeated twice, times
     the scaling's attention factor."""
-    inv_freq, att = rope_inv_freq(hd, theta, scaling)  # (hd/2)
+    inv_freq, att = rope_inv_freq(hd, theta, scaling, T, max_position_embeddings)  # (hd/2)
     pos = torch.arange(T, dtype=torch.float64)
     ang = torch.outer(pos, inv_freq)  # (T, hd/2)
     emb = torch.cat([ang, ang], dim=-1)  # (T, hd)
@@ -158,13 +193,18 @@ def attention(x, p, layer, cfg):
     B, T, _ = x.shape
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     pre = f"model.layers.{layer}.self_attn."
-    q = (x @ p[pre + "q_proj.weight"].T).view(B, T, nh, hd)
-    k = (x @ p[pre + "k_proj.weight"].T).view(B, T, nkv, hd)
-    v = (x @ p[pre + "v_proj.weight"].T).view(B, T, nkv, hd)
+
+    def linear(t, proj):  # nn.Linear, with its bias when the config has them
+        y = t @ p[pre + proj + ".weight"].T
+        return y + p[pre + proj + ".bias"] if cfg.attention_bias else y
+
+    q = linear(x, "q_proj").view(B, T, nh, hd)
+    k = linear(x, "k_proj").view(B, T, nkv, hd)
+    v = linear(x, "v_proj").view(B, T, nkv, hd)
     # Qwen3: per-head RMSNorm over hd on q and k, before RoPE.
     q = rms_norm(q, p[pre + "q_norm.weight"], cfg.rms_norm_eps)
     k = rms_norm(k, p[pre + "k_norm.weight"], cfg.rms_norm_eps)
-    cos, sin = rope_cos_sin(T, hd, cfg.rope_theta, x.dtype, cfg.rope_scaling)
+    cos, sin = rope_cos_sin(T, hd, cfg.rope_theta, x.dtype, cfg.rope_scaling, cfg.max_position_embeddings)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over B and heads
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
@@ -173,16 +213,25 @@ def attention(x, p, layer, cfg):
     k = k.repeat_interleave(nh // nkv, dim=1)
     v = v.repeat_interleave(nh // nkv, dim=1)
     scores = (q @ k.transpose(-1, -2)) * hd ** -0.5  # (B, nh, T, T)
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)
-    scores = scores.masked_fill(future, float("-inf"))
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    hidden = j > i  # the future
+    if cfg.window() is not None:
+        hidden = hidden | (j <= i - cfg.window())  # masking_utils.sliding_window_overlay: kv > q - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     o = torch.softmax(scores, dim=-1) @ v  # (B, nh, T, hd)
     o = o.transpose(1, 2).reshape(B, T, nh * hd)
-    return o @ p[pre + "o_proj.weight"].T
+    return linear(o, "o_proj")
 
 
 def expert_mlp(x, p, layer, e):
     """x (n, H) -> (n, H): down(silu(gate(x)) * up(x))."""
     pre = f"model.layers.{layer}.mlp.experts.{e}."
+    return (F.silu(x @ p[pre + "gate_proj.weight"].T) * (x @ p[pre + "up_proj.weight"].T)) @ p[pre + "down_proj.weight"].T
+
+
+def dense_mlp(x, p, layer):
+    """A dense layer's Qwen3MoeMLP: x (B, T, H) -> down(silu(gate(x)) * up(x))."""
+    pre = f"model.layers.{layer}.mlp."
     return (F.silu(x @ p[pre + "gate_proj.weight"].T) * (x @ p[pre + "up_proj.weight"].T)) @ p[pre + "down_proj.weight"].T
 
 
@@ -210,7 +259,7 @@ def moe(x, p, layer, cfg):
 
 def load_balancing_loss(router_logits, E, k):
     """Hugging Face load_balancing_loss_func without an attention mask. router_logits: list over
-    layers of (N, E); the layers are concatenated to (L*N, E)."""
+    the MoE layers (dense layers have no router) of (N, E); they are concatenated to (L_moe*N, E)."""
     logits = torch.cat(router_logits, dim=0)
     probs = torch.softmax(logits, dim=-1)
     _, sel = torch.topk(probs, k, dim=-1)  # (L*N, k)
@@ -222,19 +271,25 @@ def load_balancing_loss(router_logits, E, k):
 def forward(p, cfg, input_ids, targets):
     """p: name -> tensor (all the same float dtype); input_ids, targets (B, T) integer tensors.
     Returns a dict: logits (B, T, V), loss, ce_loss, aux_loss (scalars), router_logits (list of
-    (N, E)), expert_counts (L lists of E ints)."""
+    (N, E), MoE layers only), expert_counts (L lists of E ints; all zero for a dense layer)."""
     input_ids, targets = input_ids.long(), targets.long()
     x = p["model.embed_tokens.weight"][input_ids]  # (B, T, H)
     router_logits, counts = [], []
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
         x = x + attention(rms_norm(x, p[pre + "input_layernorm.weight"], cfg.rms_norm_eps), p, i, cfg)
-        y, logits_i, c = moe(rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg.rms_norm_eps), p, i, cfg)
+        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        if not cfg.is_sparse(i):
+            x = x + dense_mlp(h, p, i)
+            counts.append([0] * cfg.num_experts)
+            continue
+        y, logits_i, c = moe(h, p, i, cfg)
         x = x + y
         router_logits.append(logits_i)
         counts.append(c)
     x = rms_norm(x, p["model.norm.weight"], cfg.rms_norm_eps)
-    logits = x @ p["lm_head.weight"].T  # (B, T, V)
+    head = p["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+    logits = x @ head.T  # (B, T, V)
     ce = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=IGNORE_INDEX)
     aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.num_experts_per_tok)
     loss = ce + cfg.router_aux_loss_coef * aux

@@ -3,7 +3,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "backend/backend.h"
 #include "core/error.h"
+#include "core/units.h"
+#include "model/hf_config.h"
+#include "model/params.h"
 #include "train/run_config.h"
 #include "../common/tiny_config.h"
 
@@ -86,6 +90,37 @@ TEST(Config, ParamCountMatchesLayout) {
   // embed + lm_head + final norm + per layer (norms, attention, q/k norms, router, experts)
   const int64_t per_layer = 2 * 64 + (4 * 16 * 64) * 2 + (2 * 16 * 64) * 2 + 2 * 16 + 8 * 64 + 8 * 3 * 64 * 64;
   EXPECT_EQ(m.param_count(), 2 * 256 * 64 + 64 + 2 * per_layer);
+}
+
+// The layer's switches in a run config: parsed, written as Hugging Face's config.json and read back to
+// the same model; the parameter count equals the parameters the store allocates.
+TEST(Config, LayerSwitchesRoundTrip) {
+  const RunConfig c = config_parse(tiny_text(), "tiny.toml",
+                                   {"model.attention_bias=true", "model.tie_word_embeddings=true",
+                                    "model.sliding_window=48", "model.mlp_only_layers=[1]",
+                                    "model.intermediate_size=96",
+                                    "model.rope_scaling={ rope_type = \"dynamic\", factor = 2.0, "
+                                    "original_max_position_embeddings = 64 }"});
+  const ModelConfig& m = c.model;
+  EXPECT_TRUE(m.attention_bias && m.tie_word_embeddings);
+  EXPECT_EQ(m.sliding_window, 48);
+  EXPECT_EQ(m.mlp_only_layers, std::vector<int64_t>{1});
+  EXPECT_FALSE(m.layer_is_sparse(1));
+  EXPECT_EQ(m.rope_scaling.kind, RopeScaling::Kind::Kind_dynamic);
+  const ModelConfig back = hf_config_parse(model_config_hf_json(m), "config.json").model;
+  EXPECT_TRUE(model_config_differences(m, back).empty()) << fmt::format("{}", fmt::join(model_config_differences(m, back), "; "));
+  auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore ps(m, *be);
+  int64_t allocated = 0;
+  for (const ParamInfo& p : ps.layout()) allocated += p.shape.numel();
+  EXPECT_EQ(m.param_count(), allocated);
+  EXPECT_EQ(ps.lm_head, ps.embed_tokens);
+  EXPECT_EQ(ps.find("lm_head.weight"), nullptr);
+  EXPECT_NE(ps.find("model.layers.1.mlp.down_proj.weight"), nullptr);
+  EXPECT_NE(ps.find("model.layers.0.self_attn.o_proj.bias"), nullptr);
+  // A list where a number belongs, and a dense layer without its width, are refused by name.
+  expect_error(tiny_text(), {"model.mlp_only_layers=1"}, {"model.mlp_only_layers"});
+  expect_error(tiny_text(), {"model.mlp_only_layers=[0]"}, {"intermediate_size"});
 }
 
 }  // namespace fp

@@ -50,8 +50,13 @@ TEST(HfConfig, PublishedQwen3MoeParses) {
 
 TEST(HfConfig, RefusesByName) {
   for (const auto& [kv, needle] : std::vector<std::pair<std::string, std::string>>{
-           {R"("use_sliding_window": true)", "use_sliding_window"},
-           {R"("tie_word_embeddings": true)", "tie_word_embeddings"},
+           // the published config's max_window_layers = 48: transformers 4.x and 5.x disagree there
+           {R"("use_sliding_window": true, "sliding_window": 4096)", "max_window_layers"},
+           {R"("use_sliding_window": true, "max_window_layers": 0)", "sliding_window"},
+           {R"("layer_types": ["sliding_attention"])", "layer_types"},
+           {R"("decoder_sparse_step": 0)", "decoder_sparse_step"},
+           {R"("mlp_only_layers": [48])", "mlp_only_layers"},
+           {R"("mlp_only_layers": "0")", "mlp_only_layers"},
            {R"("hidden_act": null)", "hidden_act"},
            {R"("some_new_key": 3)", "some_new_key"},
        }) {
@@ -63,6 +68,32 @@ TEST(HfConfig, RefusesByName) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   }
+}
+
+// The layer's switches: each read into ModelConfig, and the parameter count follows them.
+TEST(HfConfig, LayerSwitches) {
+  const ModelConfig plain = hf_config_parse(kQwen3_30B, "config.json").model;
+  const ModelConfig m =
+      hf_config_parse(with(R"("use_sliding_window": true, "sliding_window": 4096, "max_window_layers": 0,
+      "attention_bias": true, "tie_word_embeddings": true, "mlp_only_layers": [0, 5], "decoder_sparse_step": 2)"),
+                      "config.json")
+          .model;
+  EXPECT_EQ(m.sliding_window, 4096);
+  EXPECT_TRUE(m.attention_bias);
+  EXPECT_TRUE(m.tie_word_embeddings);
+  EXPECT_EQ(m.mlp_only_layers, (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(m.intermediate_size, 6144);
+  // Sparse: odd layers (decoder_sparse_step 2) but 5: 1, 3, 7, ..., 47 -> 23 of 48.
+  EXPECT_EQ(m.sparse_layer_count(), 23);
+  EXPECT_FALSE(m.layer_is_sparse(0));
+  EXPECT_TRUE(m.layer_is_sparse(1));
+  EXPECT_FALSE(m.layer_is_sparse(5));
+  const int64_t H = 2048, V = 151936, q = 32 * 128, kv = 4 * 128, E = 128, I = 768, Id = 6144;
+  const int64_t moe = E * H + 3 * E * I * H, dense = 3 * Id * H, bias = q + 2 * kv + H;
+  EXPECT_EQ(m.param_count(), plain.param_count() - V * H + 48 * bias - 25 * moe + 25 * dense);
+  // Without a dense layer intermediate_size is inert: not read, left 0 (a resume compares it).
+  EXPECT_EQ(plain.intermediate_size, 0);
+  EXPECT_EQ(plain.sliding_window, 0);
 }
 
 // Qwen3's documented long-context setting: YaRN, factor 4 over the 32768 tokens it was trained at.

@@ -10,6 +10,14 @@
 // (TQ, hdp) output accumulator when the max grows. Key tiles fully above the diagonal are never
 // visited; inside the diagonal tile the keys after each query are masked.
 //
+// A sliding window w > 0 (Note [Sliding-window bands], ops/cpu/attention_tile.h) adds a lower edge
+// parallel to the diagonal: query i sees keys (i - w, i]. Over the query tile [i0, i0 + nq) those form
+// the one contiguous range [i0 - w + 1, i0 + nq - 1], so the forward and pass 2 start at the key tile
+// holding key i0 - w + 1 (and every tile from there to the diagonal holds a visible pair), and pass 1
+// stops at the query tile holding query j0 + nk - 2 + w, the last that sees a key of the key tile
+// [j0, j0 + nk). Per row, the keys before the edge are masked like those after the query. A window
+// >= T masks nothing and is run as w = 0. Every query sees itself, so l > 0 and no row is empty.
+//
 // Note [Deterministic attention backward]: dK and dV of one key tile sum over every query of every
 // query head of its group; dQ of one query tile sums over every key tile. FlashAttention-2 makes both in
 // one sweep over key tiles with atomic adds into dQ, whose order (and so bits) depends on the thread
@@ -42,34 +50,46 @@ namespace {
 
 using namespace attention_tile;  // TQ, TK, tile_gemm, rows_load, ... (ops/cpu/attention_tile.h)
 
-// How many keys of the key tile starting at j0 (nk keys) query i sees: clamp(i - j0 + 1, 0, nk).
-inline int64_t keys_visible(int64_t i, int64_t j0, int64_t nk) { return std::clamp<int64_t>(i - j0 + 1, 0, nk); }
+// The first key query i sees: i - w + 1 with a window w > 0 (clamped to 0), else 0.
+inline int64_t first_key(int64_t i, int64_t w) { return w > 0 ? std::max<int64_t>(0, i - w + 1) : 0; }
+
+// The keys of the key tile starting at j0 (nk keys) that query i sees, as [jbeg, jend) within the tile:
+// j0 + jbeg = first_key(i) and j0 + jend = i + 1, both clamped to the tile (jbeg = 0 without a window).
+struct KeyRun {
+  int64_t jbeg, jend;
+};
+inline KeyRun keys_visible(int64_t i, int64_t j0, int64_t nk, int64_t w) {
+  return {std::clamp<int64_t>(first_key(i, w) - j0, 0, nk), std::clamp<int64_t>(i - j0 + 1, 0, nk)};
+}
 
 // Backward tile core, shared by both passes so they form the same P and dS. On entry s (TQ, TK) holds
 // q.k and dp (TQ, TK) holds dO.v of nq queries from i0 against nk keys from j0; on exit s holds
 // P = exp(scale q.k - lse) and dp holds dS = P (dP - D), both zero where masked or padded.
-// lse, D (TQ): the rows' log-sum-exp and rowsum(dO * O).
+// lse, D (TQ): the rows' log-sum-exp and rowsum(dO * O); w the window (0: none).
 void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const float* __restrict lse,
-                                const float* __restrict D, int64_t nq, int64_t nk, int64_t i0, int64_t j0, float scale) {
+                                const float* __restrict D, int64_t nq, int64_t nk, int64_t i0, int64_t j0, float scale,
+                                int64_t w) {
   for (int64_t r = 0; r < TQ; ++r) {
     float* sr = s + r * TK;    // (TK)
     float* dpr = dp + r * TK;  // (TK)
-    const int64_t jend = r < nq ? keys_visible(i0 + r, j0, nk) : 0;
-    row_probs_and_score_grads(sr, dpr, jend, scale, lse[r], D[r]);
+    const KeyRun run = r < nq ? keys_visible(i0 + r, j0, nk, w) : KeyRun{0, 0};
+    row_probs_and_score_grads(sr, dpr, run.jbeg, run.jend, scale, lse[r], D[r]);
   }
 }
 
-void shapes_check(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd) {
-  FP_ASSERT(B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
-            "attention shapes B={} T={} nh={} nkv={} hd={} (nh must be a multiple of nkv)", B, T, nh, nkv, hd);
+void shapes_check(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t window) {
+  FP_ASSERT(B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0 && window >= 0,
+            "attention shapes B={} T={} nh={} nkv={} hd={} window={} (nh must be a multiple of nkv, window >= 0)",
+            B, T, nh, nkv, hd, window);
 }
 
 }  // namespace
 
 void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t B, int64_t T,
-                       int64_t nh, int64_t nkv, int64_t hd, float scale) {
-  shapes_check(B, T, nh, nkv, hd);
+                       int64_t nh, int64_t nkv, int64_t hd, float scale, int64_t window) {
+  shapes_check(B, T, nh, nkv, hd, window);
   if (B == 0 || T == 0) return;
+  const int64_t w = window >= T ? 0 : window;  // a window of T or more masks nothing
   const int64_t group = nh / nkv, hdp = hd_padded(hd), nqt = (T + TQ - 1) / TQ;
   const int64_t items = B * nh * nqt;
 #pragma omp parallel if (items > 1)
@@ -82,7 +102,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
     float* s = vs + TK * hdp;     // (TQ, TK) scores, then probabilities
     float* m = s + TQ * TK;       // (TQ) running max of the scaled scores
     float* l = m + TQ;            // (TQ) running sum of exp(score - m)
-    // The last query tiles visit the most key tiles: hand them out first.
+    // The last query tiles visit the most key tiles (without a window): hand them out first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qt = nqt - 1 - it % nqt, bh = it / nqt, b = bh / nh, h = bh % nh, g = h / group;
@@ -92,8 +112,11 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
       std::fill(acc, acc + TQ * hdp, 0.0f);
       std::fill(m, m + TQ, -std::numeric_limits<float>::infinity());
       std::fill(l, l + TQ, 0.0f);
-      const int64_t nkt = (i0 + nq - 1) / TK + 1;  // key tiles up to the last query: the rest are masked
-      for (int64_t kt_i = 0; kt_i < nkt; ++kt_i) {
+      // Key tiles from the one holding the first query's first key to the one holding the last query:
+      // the rest are masked.
+      const int64_t kt_lo = first_key(i0, w) / TK, nkt = (i0 + nq - 1) / TK + 1;
+      tile_pairs_computed.fetch_add(nkt - kt_lo, std::memory_order_relaxed);
+      for (int64_t kt_i = kt_lo; kt_i < nkt; ++kt_i) {
         const int64_t j0 = kt_i * TK, nk = std::min(TK, T - j0);
         const int64_t koff = ((b * T + j0) * nkv + g) * hd;
         rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
@@ -101,8 +124,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
         std::fill(s, s + TQ * TK, 0.0f);
         tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
         for (int64_t r = 0; r < TQ; ++r) {
-          const int64_t jend = r < nq ? keys_visible(i0 + r, j0, nk) : 0;
-          row_online_softmax(s + r * TK, jend, scale, m[r], l[r], acc + r * hdp, hdp);
+          const KeyRun run = r < nq ? keys_visible(i0 + r, j0, nk, w) : KeyRun{0, 0};
+          row_online_softmax(s + r * TK, run.jbeg, run.jend, scale, m[r], l[r], acc + r * hdp, hdp);
         }
         tile_gemm(s, TK, vs, hdp, acc, hdp, TQ, hdp, TK);
       }
@@ -117,9 +140,10 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
 
 void attention_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t nh,
-                        int64_t nkv, int64_t hd, float scale) {
-  shapes_check(B, T, nh, nkv, hd);
+                        int64_t nkv, int64_t hd, float scale, int64_t window) {
+  shapes_check(B, T, nh, nkv, hd, window);
   if (B == 0 || T == 0) return;
+  const int64_t w = window >= T ? 0 : window;  // a window of T or more masks nothing
   const int64_t group = nh / nkv, hdp = hd_padded(hd), nqt = (T + TQ - 1) / TQ, nkt = (T + TK - 1) / TK;
   // Per thread: qs, dos (TQ, hdp); kt, vt (hdp, TK); ks (TK, hdp); two accumulators of up to
   // max(TQ, TK) rows; s, dp (TQ, TK); tr (TK, TQ); lse_t, D (TQ).
@@ -150,14 +174,18 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
       rows_load_transposed(vt, v + koff, nkv * hd, nk, hd, hdp);
       std::fill(dk_acc, dk_acc + 2 * TK * hdp, 0.0f);  // dk_acc and dv_acc
+      // Query tiles holding a query at or after key j0 and, with a window, at or before query
+      // j0 + nk - 2 + w, the last that sees the tile's last key.
+      const int64_t qt_lo = j0 / TQ, qt_hi = w > 0 ? std::min(nqt, (j0 + nk - 2 + w) / TQ + 1) : nqt;
+      tile_pairs_computed.fetch_add(group * (qt_hi - qt_lo), std::memory_order_relaxed);
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        for (int64_t qt = j0 / TQ; qt < nqt; ++qt) {  // query tiles holding a query at or after key j0
+        for (int64_t qt = qt_lo; qt < qt_hi; ++qt) {
           const int64_t i0 = qt * TQ, nq = std::min(TQ, T - i0);
           query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, T, nh, hd, hdp);
           std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
           tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
           tile_gemm(dos, hdp, vt, TK, dp, TK, TQ, TK, hdp);
-          tile_probs_and_score_grads(s, dp, lse_t, D, nq, nk, i0, j0, scale);
+          tile_probs_and_score_grads(s, dp, lse_t, D, nq, nk, i0, j0, scale, w);
           tile_transpose(tr, s, TQ, TK);
           tile_gemm(tr, TQ, dos, hdp, dv_acc, hdp, TK, hdp, TQ);
           tile_transpose(tr, dp, TQ, TK);
@@ -195,8 +223,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       const int64_t i0 = qt * TQ, nq = std::min(TQ, T - i0);
       query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, T, nh, hd, hdp);
       std::fill(dq_acc, dq_acc + TQ * hdp, 0.0f);
-      const int64_t nkt_q = (i0 + nq - 1) / TK + 1;  // key tiles up to the last query
-      for (int64_t kt_i = 0; kt_i < nkt_q; ++kt_i) {
+      // Key tiles from the first query's first key up to the last query, as in the forward.
+      const int64_t kt_lo = first_key(i0, w) / TK, nkt_q = (i0 + nq - 1) / TK + 1;
+      tile_pairs_computed.fetch_add(nkt_q - kt_lo, std::memory_order_relaxed);
+      for (int64_t kt_i = kt_lo; kt_i < nkt_q; ++kt_i) {
         const int64_t j0 = kt_i * TK, nk = std::min(TK, T - j0);
         const int64_t koff = ((b * T + j0) * nkv + g) * hd;
         rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
@@ -205,7 +235,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
         std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
         tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
         tile_gemm(dos, hdp, vt, TK, dp, TK, TQ, TK, hdp);
-        tile_probs_and_score_grads(s, dp, lse_t, D, nq, nk, i0, j0, scale);
+        tile_probs_and_score_grads(s, dp, lse_t, D, nq, nk, i0, j0, scale, w);
         tile_gemm(dp, TK, ks, hdp, dq_acc, hdp, TQ, hdp, TK);
       }
       for (int64_t r = 0; r < nq; ++r) {

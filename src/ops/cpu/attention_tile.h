@@ -1,7 +1,8 @@
 // Tile helpers shared by the cpu attention kernels (ops/cpu/attention.cpp: the whole causal sequence;
 // ops/cpu/attention_block.cpp: one block of queries against one block of keys, by global positions).
 // Private to ops/cpu: nothing outside those two files includes it (tests/ops/test_attention.cpp checks
-// the SSE2 and AVX2 copies of tile_gemm and exp_inplace against each other, and exp_inplace against exp).
+// the SSE2 and AVX2 copies of tile_gemm and exp_inplace against each other, and exp_inplace against exp;
+// both attention tests read tile_pairs_computed).
 // Dimensions: TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, hd head_dim, hdp = hd
 // rounded up to kNr (the padded row length of every scratch tile), nh query heads, T query tokens.
 //
@@ -15,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -141,23 +143,39 @@ inline void exp_inplace(float* __restrict x, int64_t n) {
   exp_inplace_baseline(x, n);
 }
 
+// Note [Sliding-window bands]: with a window w > 0 a query at position p sees the keys at positions in
+// (p - w, p] (Hugging Face's sliding window), so each row of a tile sees a contiguous run [jbeg, jend)
+// of the tile's keys rather than a prefix, and both ends ascend with the row. The row helpers below take
+// both ends; the kernels compute only the tile pairs where some row's run is non-empty (the band between
+// the causal diagonal and the window's lower edge, Tq / TQ times about w / TK + 2 pairs), so the work
+// is about T * w instead of T^2 / 2. A window that reaches past every key (w >= T in attention.cpp) is
+// run as w = 0: jbeg = 0 everywhere, the causal code with the same tiles, loops and bits.
+
+// Counts (query tile, key tile) products visited by the attention kernels since the program started,
+// one per pair in the forward and one per pair in each backward pass, summed over b and heads. Only
+// tests and benchmarks read it (a deterministic check that tiles outside the mask are skipped); each
+// work item adds its count once, so the cost is one relaxed atomic add per item.
+inline std::atomic<int64_t> tile_pairs_computed{0};
+
 // Forward, one query row of a score tile (the online softmax): sr (TK) holds the row's q.k against the
-// tile's keys, of which the first jend are visible. Scales them, raises the running maximum m, turns
-// them into exp(scale q.k - m) (zero past jend), adds their sum to the running sum l and rescales the
-// row's unnormalised output acc (hdp) by exp(m_old - m_new). jend == 0 leaves m, l and acc alone.
-inline void row_online_softmax(float* __restrict sr, int64_t jend, float scale, float& m, float& l,
+// tile's keys, of which [jbeg, jend) are visible (jbeg <= jend). Scales them, raises the running
+// maximum m, turns them into exp(scale q.k - m) (zero outside [jbeg, jend)), adds their sum to the
+// running sum l and rescales the row's unnormalised output acc (hdp) by exp(m_old - m_new). An empty run
+// leaves m, l and acc alone.
+inline void row_online_softmax(float* __restrict sr, int64_t jbeg, int64_t jend, float scale, float& m, float& l,
                                float* __restrict acc, int64_t hdp) {
   float mx = m;
-  for (int64_t j = 0; j < jend; ++j) {
+  for (int64_t j = jbeg; j < jend; ++j) {
     sr[j] *= scale;
     mx = std::max(mx, sr[j]);
   }
-  for (int64_t j = 0; j < jend; ++j) sr[j] -= mx;
-  exp_inplace(sr, jend);
+  for (int64_t j = jbeg; j < jend; ++j) sr[j] -= mx;
+  exp_inplace(sr + jbeg, jend - jbeg);
   float sum = 0.0f;
-  for (int64_t j = 0; j < jend; ++j) sum += sr[j];
+  for (int64_t j = jbeg; j < jend; ++j) sum += sr[j];
+  std::fill(sr, sr + jbeg, 0.0f);
   std::fill(sr + jend, sr + TK, 0.0f);
-  if (jend == 0) return;
+  if (jend == jbeg) return;
   // The running max grew from m to mx: earlier terms shrink by exp(m - mx) (0 on the first tile).
   const float corr = std::exp(m - mx);
   l = l * corr + sum;
@@ -167,13 +185,15 @@ inline void row_online_softmax(float* __restrict sr, int64_t jend, float scale, 
 }
 
 // Backward, one query row of a tile: on entry sr (TK) holds q.k and dpr (TK) holds dO.v against the
-// tile's keys, the first jend visible; on exit sr holds P = exp(scale q.k - lse) and dpr holds
-// dS = P (dP - D), both zero past jend. lse, D: the row's log-sum-exp and rowsum(dO * O).
-inline void row_probs_and_score_grads(float* __restrict sr, float* __restrict dpr, int64_t jend, float scale,
-                                      float lse, float D) {
-  for (int64_t j = 0; j < jend; ++j) sr[j] = scale * sr[j] - lse;
-  exp_inplace(sr, jend);
-  for (int64_t j = 0; j < jend; ++j) dpr[j] = sr[j] * (dpr[j] - D);
+// tile's keys, [jbeg, jend) visible (jbeg <= jend); on exit sr holds P = exp(scale q.k - lse) and dpr
+// holds dS = P (dP - D), both zero outside [jbeg, jend). lse, D: the row's log-sum-exp and rowsum(dO * O).
+inline void row_probs_and_score_grads(float* __restrict sr, float* __restrict dpr, int64_t jbeg, int64_t jend,
+                                      float scale, float lse, float D) {
+  for (int64_t j = jbeg; j < jend; ++j) sr[j] = scale * sr[j] - lse;
+  exp_inplace(sr + jbeg, jend - jbeg);
+  for (int64_t j = jbeg; j < jend; ++j) dpr[j] = sr[j] * (dpr[j] - D);
+  std::fill(sr, sr + jbeg, 0.0f);
+  std::fill(dpr, dpr + jbeg, 0.0f);
   std::fill(sr + jend, sr + TK, 0.0f);
   std::fill(dpr + jend, dpr + TK, 0.0f);
 }

@@ -84,4 +84,24 @@ void reduce_sum(const float* x, int64_t n, float* out) { *out = reduce<false>(x,
 
 void reduce_sumsq(const float* x, int64_t n, float* out) { *out = reduce<true>(x, n); }
 
+void bias_add(float* __restrict y, const float* __restrict b, int64_t rows, int64_t d) {
+#pragma omp parallel for schedule(static) if (rows * d >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < d; ++j) y[r * d + j] += b[j];
+}
+
+void bias_backward(const float* __restrict dy, float* __restrict db, int64_t rows, int64_t d) {
+  // Threads own blocks of columns; each column is one double sum in row order.
+  constexpr int64_t kCols = 64;
+  const int64_t nblocks = (d + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) if (rows * d >= kParallelMinElements)
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const int64_t j0 = blk * kCols, nc = std::min(kCols, d - j0);
+    double acc[kCols] = {};
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < nc; ++j) acc[j] += static_cast<double>(dy[r * d + j0 + j]);
+    for (int64_t j = 0; j < nc; ++j) db[j0 + j] = static_cast<float>(static_cast<double>(db[j0 + j]) + acc[j]);
+  }
+}
+
 }  // namespace fp::ops::cpu

@@ -1,7 +1,8 @@
 // Scalar reference of block attention by global positions (ops/attention_block.h), in T. Like
 // ops/ref/attention.h it materialises each (b, h)'s (Tq, Tk) probability matrix: the readable oracle.
 // Dimensions: B sequences, Tq queries and Tk keys each, nh query heads, nkv key/value heads (query head h
-// reads kv head h / (nh / nkv)), hd head_dim. Key j is visible to query i iff k_pos[j] <= q_pos[i].
+// reads kv head h / (nh / nkv)), hd head_dim. Key j is visible to query i iff k_pos[j] <= q_pos[i] and,
+// with a sliding window w > 0, q_pos[i] - w < k_pos[j].
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,11 @@
 
 namespace fp::ops::ref {
 
+// Whether the key at position kp is visible to the query at position qp under the window (0: none).
+inline bool attention_block_visible(int32_t qp, int32_t kp, int64_t window) {
+  return kp <= qp && (window == 0 || int64_t{qp} - window < kp);
+}
+
 // q (B, Tq, nh, hd), k, v (B, Tk, nkv, hd), q_pos (Tq), k_pos (Tk); o (B, Tq, nh, hd), lse (B, nh, Tq)
 // the running state. The block's o_b = sum_{visible j} p_j v_j, p_j = exp(scale q.k_j - lse_b),
 // lse_b = log sum_{visible j} exp(scale q.k_j) (o_b = 0, lse_b = -inf with no visible key); first: the
@@ -20,7 +26,7 @@ namespace fp::ops::ref {
 template <class T>
 void attention_block_forward(const T* q, const T* k, const T* v, const int32_t* q_pos, const int32_t* k_pos, T* o,
                              T* lse, bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv,
-                             int64_t hd, T scale) {
+                             int64_t hd, T scale, int64_t window) {
   const T inf = std::numeric_limits<T>::infinity();
   const int64_t group = nh / nkv;
   std::vector<T> s(Tk);   // (Tk) scaled scores of one query
@@ -33,7 +39,7 @@ void attention_block_forward(const T* q, const T* k, const T* v, const int32_t* 
         T m = -inf;
         bool any = false;
         for (int64_t j = 0; j < Tk; ++j) {
-          if (k_pos[j] > q_pos[i]) continue;
+          if (!attention_block_visible(q_pos[i], k_pos[j], window)) continue;
           const T* kj = k + ((b * Tk + j) * nkv + g) * hd;  // (hd)
           T dot = 0;
           for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kj[d];
@@ -46,10 +52,10 @@ void attention_block_forward(const T* q, const T* k, const T* v, const int32_t* 
         if (any) {
           T l = 0;
           for (int64_t j = 0; j < Tk; ++j)
-            if (k_pos[j] <= q_pos[i]) l += std::exp(s[j] - m);
+            if (attention_block_visible(q_pos[i], k_pos[j], window)) l += std::exp(s[j] - m);
           lse_b = m + std::log(l);
           for (int64_t j = 0; j < Tk; ++j) {
-            if (k_pos[j] > q_pos[i]) continue;
+            if (!attention_block_visible(q_pos[i], k_pos[j], window)) continue;
             const T p = std::exp(s[j] - lse_b);
             const T* vj = v + ((b * Tk + j) * nkv + g) * hd;  // (hd)
             for (int64_t d = 0; d < hd; ++d) ob[d] += p * vj[d];
@@ -79,7 +85,7 @@ void attention_block_forward(const T* q, const T* k, const T* v, const int32_t* 
 template <class T>
 void attention_block_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout,
                               const int32_t* q_pos, const int32_t* k_pos, T* dq, T* dk, T* dv, int64_t B, int64_t Tq,
-                              int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, T scale) {
+                              int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, T scale, int64_t window) {
   const int64_t group = nh / nkv;
   std::vector<T> P(Tq * Tk);   // (Tq, Tk) probabilities, zero where masked
   std::vector<T> dS(Tq * Tk);  // (Tq, Tk) score gradients (unscaled), zero where masked
@@ -93,7 +99,7 @@ void attention_block_backward(const T* q, const T* k, const T* v, const T* o, co
         for (int64_t d = 0; d < hd; ++d) D += qrow(dout, i)[d] * qrow(o, i)[d];
         for (int64_t j = 0; j < Tk; ++j) {
           P[i * Tk + j] = dS[i * Tk + j] = 0;
-          if (k_pos[j] > q_pos[i]) continue;
+          if (!attention_block_visible(q_pos[i], k_pos[j], window)) continue;
           T dot = 0, dp = 0;
           for (int64_t d = 0; d < hd; ++d) {
             dot += qrow(q, i)[d] * krow(k, j)[d];

@@ -46,4 +46,21 @@ void reduce_sumsq(const T* x, int64_t n, T* out) {
   *out = static_cast<T>(s);
 }
 
+// y (rows, d) += b (d) on every row.
+template <class T>
+void bias_add(T* y, const T* b, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < d; ++j) y[r * d + j] += b[j];
+}
+
+// db (d) += column sums of dy (rows, d), one double accumulator per column in row order.
+template <class T>
+void bias_backward(const T* dy, T* db, int64_t rows, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) {
+    double s = 0;
+    for (int64_t r = 0; r < rows; ++r) s += static_cast<double>(dy[r * d + j]);
+    db[j] = static_cast<T>(static_cast<double>(db[j]) + s);
+  }
+}
+
 }  // namespace fp::ops::ref

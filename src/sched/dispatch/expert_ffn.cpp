@@ -17,15 +17,15 @@ ExpertWeights expert_weights(const LayerParams& lp, int64_t e) {
   return {g.w.f32(), u.w.f32(), d.w.f32(), g.g.f32(), u.g.f32(), d.g.f32()};
 }
 
-Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
+Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
                           std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name,
                           Category out_cat, DType dt) {
   const ops::Kernels& K = be.kernels();
-  const int64_t G = static_cast<int64_t>(w.size()), H = c.hidden_size, I = c.moe_intermediate_size;
+  const int64_t G = static_cast<int64_t>(w.size()), H = d.H, I = d.I;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];
-  a.g = be.alloc(kAct, {r, I}, dt, "moe.g");  // (r, I)
-  a.u = be.alloc(kAct, {r, I}, dt, "moe.u");  // (r, I)
+  a.g = be.alloc(kAct, {r, I}, dt, fmt::format("{}.g", d.tag));  // (r, I)
+  a.u = be.alloc(kAct, {r, I}, dt, fmt::format("{}.u", d.tag));  // (r, I)
   // Note [Meta skips the per-expert loops]: every allocation here is sized by the total rows r; the
   // per-group loops only launch GEMMs, which do nothing on meta. Skipping them there keeps the
   // allocation sequence and makes a W-rank plan's cost independent of how many blocks a chunk holds.
@@ -36,7 +36,7 @@ Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const Exp
     linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].gate, ptr_at(a.g.f32(), r0 * I), ne, H, I);
     linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].up, ptr_at(a.u.f32(), r0 * I), ne, H, I);
   }
-  a.act = be.alloc(kAct, {r, I}, dt, "moe.act");  // (r, I)
+  a.act = be.alloc(kAct, {r, I}, dt, fmt::format("{}.act", d.tag));  // (r, I)
   K.swiglu_forward(a.g.f32(), a.u.f32(), a.act.f32(), r * I);
   if (!keep) {
     a.x.reset();
@@ -53,16 +53,16 @@ Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const Exp
   return y;
 }
 
-Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
+Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
                            std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name,
                            Category out_cat, DType dt) {
   const ops::Kernels& K = be.kernels();
-  const int64_t G = static_cast<int64_t>(w.size()), H = c.hidden_size, I = c.moe_intermediate_size;
+  const int64_t G = static_cast<int64_t>(w.size()), H = d.H, I = d.I;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];
 
   // down_proj
-  Tensor dact = be.alloc(kAct, {r, I}, dt, "moe.dact");  // (r, I)
+  Tensor dact = be.alloc(kAct, {r, I}, dt, fmt::format("{}.dact", d.tag));  // (r, I)
   const int64_t groups = be.computes() ? G : 0;  // Note [Meta skips the per-expert loops]
   for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
@@ -74,8 +74,8 @@ Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const Ex
   a.act.reset();
 
   // SwiGLU
-  Tensor dg = be.alloc(kAct, {r, I}, dt, "moe.dg");  // (r, I)
-  Tensor du = be.alloc(kAct, {r, I}, dt, "moe.du");  // (r, I)
+  Tensor dg = be.alloc(kAct, {r, I}, dt, fmt::format("{}.dg", d.tag));  // (r, I)
+  Tensor du = be.alloc(kAct, {r, I}, dt, fmt::format("{}.du", d.tag));  // (r, I)
   K.swiglu_backward(a.g.f32(), a.u.f32(), dact.f32(), dg.f32(), du.f32(), r * I);
   dact.reset();
   a.g.reset();

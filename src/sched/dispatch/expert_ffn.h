@@ -29,6 +29,15 @@ struct ExpertWeights {
 // The weights and gradients of expert e of a layer's parameters (the caller owns e).
 ExpertWeights expert_weights(const LayerParams& lp, int64_t e);
 
+// The FFN's widths and the prefix of its intermediates' ledger names ("moe": the experts, I =
+// moe_intermediate_size; "mlp": a dense layer's MLP, one group, I = intermediate_size).
+struct FfnDims {
+  int64_t H = 0, I = 0;
+  const char* tag = "moe";
+};
+// The experts' FFN of a config.
+inline FfnDims expert_ffn_dims(const ModelConfig& c) { return {c.hidden_size, c.moe_intermediate_size, "moe"}; }
+
 struct ExpertActs {
   Tensor x;          // (r, H) input rows, grouped (set by the caller: received rows in category dispatch,
                      // or the rank's own routed copies xs in category activations for the local dispatch)
@@ -41,14 +50,14 @@ struct ExpertActs {
 // a.act stay for expert_ffn_backward. Allocation order (the ledger's timeline; W = 1 is the model's
 // plain single-rank sequence): g, u, act, [free x, g, u], y, [free act].
 // dt: the dtype of every buffer allocated here (the run's activations dtype, StepContext::precision).
-Tensor expert_ffn_forward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
+Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
                           std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name,
                           Category out_cat, DType dt);
 
 // In: dy (r, H) (freed here once consumed) and a as left by a forward with keep = true (freed here).
 // Returns dx (r, H) in category out_cat (as for expert_ffn_forward's y), named dx_name; accumulates each group's weight gradients
 // into w[i].d_*. Allocation order: dact, [free dy, act], dg, du, [free dact, g, u], dx, [free dg, du, x].
-Tensor expert_ffn_backward(Backend& be, const ModelConfig& c, std::span<const ExpertWeights> w,
+Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
                            std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name,
                            Category out_cat, DType dt);
 

@@ -270,7 +270,7 @@ class LlepDispatch : public LlepDispatchBase {
     if (!keep) a->perm.reset();
 
     weights_fill(s, lp, *a);
-    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "llep.y", kDispatch,
+    Tensor y = expert_ffn_forward(be, expert_ffn_dims(s.cfg), weights_, a->group_offsets, a->ffn, keep != nullptr, "llep.y", kDispatch,
                                   s.precision.activations);  // (R, H)
     Tensor y_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.y_send");  // (R, H) source-major
     K.moe_gather(y.f32(), a->unperm.i32(), y_send.f32(), R, H);
@@ -316,7 +316,7 @@ class LlepDispatch : public LlepDispatchBase {
 
     a->guests.grads_zero(s);
     weights_fill(s, lp, *a);
-    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "llep.dx", kDispatch,
+    Tensor dx = expert_ffn_backward(be, expert_ffn_dims(s.cfg), weights_, a->group_offsets, a->ffn, dy, "llep.dx", kDispatch,
                                     s.precision.activations);  // (R, H)
     a->guests.grads_start(s);  // overlaps the all-to-all of dx below
     Tensor dx_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dx_send");  // (R, H) source-major

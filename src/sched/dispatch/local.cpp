@@ -31,7 +31,7 @@ class LocalDispatch : public ExpertDispatch {
     }
     last_ = {0, xs.dim(0)};
     a->x = std::move(xs);
-    return expert_ffn_forward(s.be, s.cfg, weights_, offsets, *a, keep != nullptr, "moe.ys",
+    return expert_ffn_forward(s.be, expert_ffn_dims(s.cfg), weights_, offsets, *a, keep != nullptr, "moe.ys",
                               Category::Category_activations, s.precision.activations);
   }
 
@@ -40,7 +40,7 @@ class LocalDispatch : public ExpertDispatch {
     auto* a = dynamic_cast<LocalActs*>(acts.get());
     FP_ASSERT(a != nullptr, "local dispatch backward needs the acts of a local forward with keep");
     weights_fill(lp, offsets);
-    return expert_ffn_backward(s.be, s.cfg, weights_, offsets, a->ffn, dys, "moe.dxs",
+    return expert_ffn_backward(s.be, expert_ffn_dims(s.cfg), weights_, offsets, a->ffn, dys, "moe.dxs",
                                Category::Category_activations, s.precision.activations);
   }
 

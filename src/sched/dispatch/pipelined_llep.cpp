@@ -145,7 +145,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       send.reset();
       if (i == 0) a->guests.weights_wait(s);
       groups_fill(s, lp, *a, i);
-      Tensor y = expert_ffn_forward(be, s.cfg, weights_, offsets_, ffn, keep != nullptr, "pllep.y", kDispatch,
+      Tensor y = expert_ffn_forward(be, expert_ffn_dims(s.cfg), weights_, offsets_, ffn, keep != nullptr, "pllep.y", kDispatch,
                                     s.precision.activations);  // (r_i, H)
       ffn.x.reset();  // sent again in backward (Note [Why PipelinedLLEP sends the rows again])
       Tensor back = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.back");  // (m_i, H)
@@ -193,7 +193,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
         K.moe_gather(dys.f32(), rows_i, send.f32(), mi, H);
         exchange(s, send, dy, C, i, false);
       }
-      Tensor dx = expert_ffn_backward(be, s.cfg, weights_, offsets_, ffn, dy, "pllep.dx", kDispatch,
+      Tensor dx = expert_ffn_backward(be, expert_ffn_dims(s.cfg), weights_, offsets_, ffn, dy, "pllep.dx", kDispatch,
                                       s.precision.activations);  // (r_i, H)
       Tensor back = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.back");  // (m_i, H)
       exchange(s, dx, back, C, i, true);

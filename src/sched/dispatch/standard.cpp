@@ -86,7 +86,7 @@ class StandardDispatch : public ExpertDispatch {
     if (!keep) a->perm.reset();
 
     weights_fill(s, lp);
-    Tensor y = expert_ffn_forward(be, s.cfg, weights_, a->group_offsets, a->ffn, keep != nullptr, "ep.y", kDispatch,
+    Tensor y = expert_ffn_forward(be, expert_ffn_dims(s.cfg), weights_, a->group_offsets, a->ffn, keep != nullptr, "ep.y", kDispatch,
                                   s.precision.activations);  // (R, H)
     Tensor y_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.y_send");  // (R, H) source-major
     K.moe_gather(y.f32(), a->unperm.i32(), y_send.f32(), R, H);
@@ -117,7 +117,7 @@ class StandardDispatch : public ExpertDispatch {
     a->perm.reset();
 
     weights_fill(s, lp);
-    Tensor dx = expert_ffn_backward(be, s.cfg, weights_, a->group_offsets, a->ffn, dy, "ep.dx", kDispatch,
+    Tensor dx = expert_ffn_backward(be, expert_ffn_dims(s.cfg), weights_, a->group_offsets, a->ffn, dy, "ep.dx", kDispatch,
                                     s.precision.activations);  // (R, H)
     Tensor dx_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dx_send");  // (R, H) source-major
     K.moe_gather(dx.f32(), a->unperm.i32(), dx_send.f32(), R, H);
