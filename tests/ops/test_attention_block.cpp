@@ -244,23 +244,22 @@ void expect_block_matches_reference(const BlockCase& c, const BlockInputs& in, i
   const std::string label = c.label() + (window > 0 ? " window=" + std::to_string(window) : "");
   const int64_t B = c.B, Tq = c.Tq(), Tk = c.Tk(), nh = c.nh, nkv = c.nkv, hd = c.hd;
   const double rel = 2e-5;
-  // first = true: the previous contents (NaN here) are never read.
   std::vector<float> o(in.q.size(), NAN), lse(B * nh * Tq, NAN), o_ref(in.q.size(), NAN), lse_ref(lse.size(), NAN);
-  ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
-                                    lse.data(), true, B, Tq, Tk, nh, nkv, hd, in.scale, window);
-  ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
-                                           o_ref.data(), lse_ref.data(), true, B, Tq, Tk, nh, nkv, hd, in.scale,
-                                           window);
+  auto forward_both = [&](bool first) {  // the kernel into (o, lse), the reference into (o_ref, lse_ref)
+    ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
+                                      o.data(), lse.data(), first, B, Tq, Tk, nh, nkv, hd, in.scale, window);
+    ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
+                                             o_ref.data(), lse_ref.data(), first, B, Tq, Tk, nh, nkv, hd, in.scale,
+                                             window);
+  };
+  // first = true: the previous contents (NaN here) are never read.
+  forward_both(true);
   EXPECT_TRUE(all_near(o, o_ref, rel, "first o " + label));
   EXPECT_TRUE(all_near(lse, lse_ref, rel, "first lse " + label));
   // first = false: merged into a previous state with some empty rows.
   o = o_ref = in.o0;
   lse = lse_ref = in.lse0;
-  ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
-                                    lse.data(), false, B, Tq, Tk, nh, nkv, hd, in.scale, window);
-  ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
-                                           o_ref.data(), lse_ref.data(), false, B, Tq, Tk, nh, nkv, hd, in.scale,
-                                           window);
+  forward_both(false);
   EXPECT_TRUE(all_near(o, o_ref, rel, "merged o " + label));
   EXPECT_TRUE(all_near(lse, lse_ref, rel, "merged lse " + label));
   // Backward from the merged state (a final state whose lse covers more than this block); both sides
