@@ -5,7 +5,9 @@
 //   cpu   computes: kernels are ops/cpu, memory is real, copy streams are worker threads.
 //   meta  computes nothing: the same allocations and frees reach the same ledger in the same order,
 //         data pointers are null and kernels do nothing, so peaks at any scale take seconds.
-//   cuda  later: its own arena over cudaMalloc, streams over cudaStream_t, kernels over CUDA/cuBLAS.
+//   cuda  (FLATPEAK_CUDA, src/backend/cuda) a skeleton: arenas over cudaMalloc / cudaMallocHost, copies
+//         with cudaMemcpy, a few kernels (fill, copy, add, GEMM through cuBLAS); the rest of its kernel
+//         table is empty, so it runs no model yet. Streams are still the cpu Stream class.
 #pragma once
 
 #include <cstdint>
@@ -78,10 +80,11 @@ class Backend {
   }
 
  protected:
-  // copy_mode: how the copy streams run their work (worker threads on cpu; inline on meta, where a
-  // copy moves nothing, so a W-rank plan does not wake 2W threads per copy).
-  Backend(uint64_t device_capacity, uint64_t host_capacity, bool materialize, const ops::Kernels& k,
-          Stream::Mode copy_mode = Stream::Mode::Mode_worker);
+  // The device and host arenas over the backend's allocators (memory/allocator.h; they must outlive
+  // the backend). copy_mode: how the copy streams run their work (worker threads on cpu; inline on
+  // meta, where a copy moves nothing, so a W-rank plan does not wake 2W threads per copy).
+  Backend(uint64_t device_capacity, uint64_t host_capacity, Allocator& device_allocator, Allocator& host_allocator,
+          const ops::Kernels& k, Stream::Mode copy_mode = Stream::Mode::Mode_worker);
 
   std::unique_ptr<Arena> device_;
   std::unique_ptr<Arena> host_;
@@ -92,7 +95,8 @@ class Backend {
   double link_gbps_ = 0.0;  // Note [Emulated link]; 0 = off
 };
 
-// name: "cpu" or "meta" (fp::Error otherwise). Capacities in bytes (kUnlimitedBytes for none).
+// name: "cpu", "meta", or "cuda" in a build with FLATPEAK_CUDA (fp::Error otherwise, and for cuda
+// without a usable GPU). Capacities in bytes (kUnlimitedBytes for none).
 std::unique_ptr<Backend> backend_create(std::string_view name, uint64_t device_capacity, uint64_t host_capacity);
 
 }  // namespace fp

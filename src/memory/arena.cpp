@@ -10,21 +10,49 @@ namespace fp {
 
 void* Arena::allocate(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
   ledger_.on_alloc(c, bytes, tag, shape, dtype);  // throws when over capacity
-  if (!materialize_ || bytes == 0) return nullptr;
-  const uint64_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
+  if (!allocator_.materializes() || bytes == 0) return nullptr;
+  void* p = allocator_.allocate(bytes);
   if (p == nullptr) {
     ledger_.on_free(c, bytes, tag, shape, dtype);
-    throw Error(fmt::format("the operating system refused {} for tensor '{}' {} in category '{}' ({})", bytes_format(bytes),
-                            tag, shape.str(), category_name(c), ledger_.space()),
+    throw Error(fmt::format("the {} allocator refused {} for tensor '{}' {} in category '{}' ({})", allocator_.name(),
+                            bytes_format(bytes), tag, shape.str(), category_name(c), ledger_.space()),
                 "set --device-mem below this machine's free memory so the ledger refuses first, with a category");
   }
   return p;
 }
 
 void Arena::release(void* p, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
-  std::free(p);
+  if (p != nullptr) allocator_.deallocate(p, bytes);
   ledger_.on_free(c, bytes, tag, shape, dtype);
+}
+
+namespace {
+
+class HostAlignedAllocator final : public Allocator {
+ public:
+  void* allocate(uint64_t bytes) override { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+  void deallocate(void* p, uint64_t) override { std::free(p); }
+  std::string_view name() const override { return "host"; }
+};
+
+class NullAllocator final : public Allocator {
+ public:
+  void* allocate(uint64_t) override { return nullptr; }
+  void deallocate(void*, uint64_t) override {}
+  bool materializes() const override { return false; }
+  std::string_view name() const override { return "null"; }
+};
+
+}  // namespace
+
+Allocator& allocator_host_aligned() {
+  static HostAlignedAllocator a;
+  return a;
+}
+
+Allocator& allocator_null() {
+  static NullAllocator a;
+  return a;
 }
 
 Tensor::Tensor(Arena& arena, Category c, const Shape& shape, DType dtype, std::string name)

@@ -1,8 +1,9 @@
 // Arenas and tensors.
 //
-// An Arena is one memory space (the device, or host memory) with a Ledger. When it materializes,
-// allocations are real (64-byte aligned); when it does not (the meta backend), they are accounted
-// in the ledger identically but no memory exists and data pointers are null.
+// An Arena is one memory space (the device, or host memory) with a Ledger, over an Allocator
+// (memory/allocator.h) that the backend injects. When the allocator materializes, allocations are
+// real; when it does not (the meta backend), they are accounted in the ledger identically but no
+// memory exists and data pointers are null.
 //
 // A Tensor is a move-only owning handle: it names its category, shape and dtype, and gives its bytes
 // back to its arena when destroyed or reset(). Every device allocation in flatpeak is a Tensor.
@@ -16,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "core/shape.h"
+#include "memory/allocator.h"
 #include "memory/category.h"
 #include "memory/ledger.h"
 
@@ -23,7 +25,9 @@ namespace fp {
 
 class Arena {
  public:
-  Arena(std::string space, uint64_t capacity, bool materialize) : ledger_(std::move(space), capacity), materialize_(materialize) {}
+  // allocator must outlive the arena.
+  Arena(std::string space, uint64_t capacity, Allocator& allocator)
+      : ledger_(std::move(space), capacity), allocator_(allocator) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
@@ -33,11 +37,12 @@ class Arena {
 
   Ledger& ledger() { return ledger_; }
   const Ledger& ledger() const { return ledger_; }
-  bool materializes() const { return materialize_; }
+  bool materializes() const { return allocator_.materializes(); }
+  Allocator& allocator() const { return allocator_; }
 
  private:
   Ledger ledger_;
-  bool materialize_;
+  Allocator& allocator_;
 };
 
 class Tensor {

@@ -8,7 +8,7 @@
 namespace fp {
 
 TEST(Ledger, TracksCurrentAndPeakPerCategory) {
-  Arena a("device", kUnlimitedBytes, true);
+  Arena a("device", kUnlimitedBytes, allocator_host_aligned());
   {
     Tensor p(a, Category::Category_params, {10, 10}, DType::DType_F32, "w");
     Tensor x(a, Category::Category_activations, {100}, DType::DType_F32, "x");
@@ -27,7 +27,7 @@ TEST(Ledger, TracksCurrentAndPeakPerCategory) {
 }
 
 TEST(Ledger, MovedTensorFreesOnce) {
-  Arena a("device", kUnlimitedBytes, true);
+  Arena a("device", kUnlimitedBytes, allocator_host_aligned());
   Tensor t(a, Category::Category_vocab, {4}, DType::DType_F32, "t");
   Tensor u = std::move(t);
   EXPECT_FALSE(t.defined());
@@ -38,7 +38,7 @@ TEST(Ledger, MovedTensorFreesOnce) {
 }
 
 TEST(Ledger, OverCapacityNamesCategoryShapeHoldingsAndSchedule) {
-  Arena a("device", 1000, true);
+  Arena a("device", 1000, allocator_host_aligned());
   Tensor p(a, Category::Category_params, {100}, DType::DType_F32, "w");
   try {
     Tensor big(a, Category::Category_vocab, {8, 32}, DType::DType_F32, "head.logits");
@@ -68,7 +68,7 @@ TEST(Ledger, EveryFlattenedCategoryHintsItsSchedule) {
 }
 
 TEST(Ledger, MetaArenaAccountsWithoutMemory) {
-  Arena a("device", kUnlimitedBytes, false);
+  Arena a("device", kUnlimitedBytes, allocator_null());
   Tensor t(a, Category::Category_checkpoints, {1 << 20, 1 << 10}, DType::DType_BF16, "huge");
   EXPECT_EQ(t.data(), nullptr);
   EXPECT_EQ(t.f32(), nullptr);
@@ -76,7 +76,7 @@ TEST(Ledger, MetaArenaAccountsWithoutMemory) {
 }
 
 TEST(Trace, ChromeCounterTracksPerCategory) {
-  Arena a("device", kUnlimitedBytes, false);
+  Arena a("device", kUnlimitedBytes, allocator_null());
   {
     Tensor p(a, Category::Category_params, {10}, DType::DType_F32, "w");
     Tensor x(a, Category::Category_activations, {5}, DType::DType_F32, "x");

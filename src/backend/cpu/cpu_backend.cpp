@@ -8,7 +8,7 @@
 namespace fp {
 
 CpuBackend::CpuBackend(uint64_t device_capacity, uint64_t host_capacity)
-    : Backend(device_capacity, host_capacity, /*materialize=*/true, ops::kernels_cpu()) {}
+    : Backend(device_capacity, host_capacity, allocator_host_aligned(), allocator_host_aligned(), ops::kernels_cpu()) {}
 
 void CpuBackend::copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) {
   if (bytes == 0) return;

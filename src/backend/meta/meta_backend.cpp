@@ -5,7 +5,8 @@
 namespace fp {
 
 MetaBackend::MetaBackend(uint64_t device_capacity, uint64_t host_capacity)
-    : Backend(device_capacity, host_capacity, /*materialize=*/false, ops::kernels_meta(), Stream::Mode::Mode_inline) {}
+    : Backend(device_capacity, host_capacity, allocator_null(), allocator_null(), ops::kernels_meta(),
+              Stream::Mode::Mode_inline) {}
 
 void MetaBackend::copy_async(Stream& s, void*, const void*, uint64_t) { s.enqueue([] {}); }
 

@@ -1,0 +1,179 @@
+// The cuda backend skeleton (cuda_backend.h).
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "core/error.h"
+
+namespace fp {
+
+namespace {
+
+constexpr const char* kCudaHint = "run on a machine with an NVIDIA GPU and its driver, or use --device cpu / meta";
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(fmt::format("{}: {}", what, cudaGetErrorString(e)), kCudaHint);
+}
+
+// Device memory. A failed cudaMalloc returns null: the arena names the tensor and category.
+class CudaDeviceAllocator final : public Allocator {
+ public:
+  void* allocate(uint64_t bytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* p, uint64_t) override { cuda_check(cudaFree(p), "cudaFree"); }
+  std::string_view name() const override { return "cuda device"; }
+};
+
+// Pinned host memory: what host-device copies run at full link speed from.
+class CudaPinnedAllocator final : public Allocator {
+ public:
+  void* allocate(uint64_t bytes) override {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* p, uint64_t) override { cuda_check(cudaFreeHost(p), "cudaFreeHost"); }
+  std::string_view name() const override { return "cuda pinned host"; }
+};
+
+// cuBLAS, opened on first use (dlopen): a process that never runs a GEMM on cuda does not load it.
+struct Cublas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+  cublasHandle_t handle = nullptr;
+};
+
+const Cublas& cublas() {
+  static std::once_flag once;
+  static Cublas api;
+  std::call_once(once, [] {
+    constexpr const char* kLib = "libcublas.so." FP_CUBLAS_MAJOR;
+    void* lib = dlopen(kLib, RTLD_NOW | RTLD_LOCAL);
+    FP_CHECK(lib != nullptr, "install the CUDA toolkit's cuBLAS (or put it on LD_LIBRARY_PATH)", "cannot open {}: {}",
+             kLib, dlerror());
+    api.create = reinterpret_cast<decltype(api.create)>(dlsym(lib, "cublasCreate_v2"));
+    api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(dlsym(lib, "cublasSetMathMode"));
+    api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(lib, "cublasSgemm_v2"));
+    FP_CHECK(api.create && api.set_math_mode && api.sgemm, kCudaHint, "{} lacks cublasCreate_v2 / cublasSgemm_v2", kLib);
+    FP_CHECK(api.create(&api.handle) == CUBLAS_STATUS_SUCCESS, kCudaHint, "cublasCreate failed");
+    // fp32 GEMMs stay fp32 (no TF32): the kernels' contract is the cpu kernels' results to rounding.
+    api.set_math_mode(api.handle, CUBLAS_DEFAULT_MATH);
+  });
+  return api;
+}
+
+// Row-major C (M, N) = alpha op(A) op(B) + beta C is column-major C^T (N, M) = alpha op(B)^T op(A)^T +
+// beta C^T: the same memory, cuBLAS called with the operands swapped.
+void gemm_cublas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  const Cublas& blas = cublas();
+  const cublasStatus_t s =
+      blas.sgemm(blas.handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B, static_cast<int>(ldb), A,
+                  static_cast<int>(lda), &beta, C, static_cast<int>(ldc));
+  FP_CHECK(s == CUBLAS_STATUS_SUCCESS, kCudaHint, "cublasSgemm M={} N={} K={} failed (status {})", M, N, K,
+           static_cast<int>(s));
+}
+
+void copy_device(float* dst, const float* src, int64_t n) {
+  if (n > 0) cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDefault), "copy");
+}
+
+// Every kernel of the table the skeleton lacks: an error naming it.
+#define FP_CUDA_KERNEL_NAME(name) constexpr char kCudaKernelName_##name[] = #name;
+FP_KERNEL_LIST(FP_CUDA_KERNEL_NAME)
+#undef FP_CUDA_KERNEL_NAME
+template <class F, const char* Name>
+struct Missing;
+template <class R, class... A, const char* Name>
+struct Missing<R (*)(A...), Name> {
+  static R fn(A...) {
+    throw Error(fmt::format("kernel {} is not implemented on the cuda backend yet", Name),
+                "the cuda backend is a skeleton (src/backend/cuda/cuda_backend.h); use --device cpu");
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(uint64_t device_capacity, uint64_t host_capacity)
+      : Backend(device_capacity, host_capacity, device_allocator(), pinned_allocator(), kernels_cuda()) {}
+  std::string_view name() const override { return "cuda"; }
+  bool computes() const override { return true; }
+  // Skeleton: the copy runs in order on the stream's worker (cudaMemcpy blocks that worker, not the host).
+  void copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) override {
+    if (bytes == 0) return;
+    s.enqueue([dst, src, bytes] { cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy_async"); });
+  }
+  void copy_to_host(void* dst, const void* src, uint64_t bytes) override {
+    compute_->synchronize();
+    if (bytes) cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy_to_host");
+  }
+  void copy_from_host(void* dst, const void* src, uint64_t bytes) override {
+    compute_->synchronize();
+    if (bytes) cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy_from_host");
+  }
+
+ private:
+  static Allocator& device_allocator() {
+    static CudaDeviceAllocator a;
+    return a;
+  }
+  static Allocator& pinned_allocator() {
+    static CudaPinnedAllocator a;
+    return a;
+  }
+};
+
+}  // namespace
+
+bool cuda_device_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why != nullptr) *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> cuda_backend_create(uint64_t device_capacity, uint64_t host_capacity) {
+  std::string why;
+  FP_CHECK(cuda_device_available(&why), kCudaHint, "--device cuda: no usable GPU ({})", why);
+  cuda_check(cudaSetDevice(0), "cudaSetDevice(0)");
+  return std::make_unique<CudaBackend>(device_capacity, host_capacity);
+}
+
+const ops::Kernels& kernels_cuda() {
+  static const ops::Kernels k = [] {
+    ops::Kernels t;
+#define FP_CUDA_MISSING(name) t.name = &Missing<decltype(t.name), kCudaKernelName_##name>::fn;
+    FP_KERNEL_LIST(FP_CUDA_MISSING)
+#undef FP_CUDA_MISSING
+    t.gemm = &gemm_cublas;
+    t.fill = &ops::cuda::fill;
+    t.copy = &copy_device;
+    t.add_inplace = &ops::cuda::add_inplace;
+    t.scale_inplace = &ops::cuda::scale_inplace;
+    return t;
+  }();
+  return k;
+}
+
+}  // namespace fp

@@ -1,0 +1,31 @@
+// The cuda backend skeleton (built with FLATPEAK_CUDA): the proof that a GPU backend plugs into the
+// backend contract (backend/backend.h) without a change under src/model or src/sched.
+//
+// What it has: the device arena over cudaMalloc and the host arena over pinned cudaMallocHost
+// (memory/allocator.h), copies in every direction (cudaMemcpy with cudaMemcpyDefault, unified
+// addressing), and a kernel table (ops/kernels.h) with fill, copy, add_inplace, scale_inplace
+// (cuda_kernels.cu) and gemm (cuBLAS, row-major through the column-major transpose identity). Every
+// other kernel of the table throws an error naming it: a model step on cuda stops at its first
+// missing kernel instead of computing something else.
+// What it does not have yet: its own streams (the Backend's cpu Stream objects order its copies;
+// cudaMemcpy is synchronous), stream-ordered frees, and the model's kernels.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace fp {
+
+// True when the CUDA runtime sees at least one device; otherwise false and *why says what it said.
+bool cuda_device_available(std::string* why);
+
+// A cuda backend on device 0. Throws fp::Error without a usable device.
+std::unique_ptr<Backend> cuda_backend_create(uint64_t device_capacity, uint64_t host_capacity);
+
+// The cuda kernel table (see above).
+const ops::Kernels& kernels_cuda();
+
+}  // namespace fp
