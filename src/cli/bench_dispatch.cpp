@@ -40,6 +40,7 @@
 #include "io/atomic_file.h"
 #include "model/blocks.h"
 #include "model/layout.h"
+#include "model/routing.h"
 #include "sched/dispatch/dispatch.h"
 #include "sched/dispatch/llep.h"
 
@@ -255,11 +256,7 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
   const RoutingProfile prof = routing_profile_parse(o.profile, "--profile");
   FP_CHECK(prof.kind != RoutingProfile::Kind::Kind_router, "--profile balanced or --profile hot:R:H",
            "--profile router: the benchmark sets the routing (and meta computes no router)");
-  if (prof.kind == RoutingProfile::Kind::Kind_hot)
-    FP_CHECK(prof.hot_experts >= o.top_k && o.experts - prof.hot_experts >= o.top_k,
-             "a hot token's k slots go to k distinct hot experts and a cold token's to k distinct cold ones",
-             "--profile {} needs --top-k ({}) <= H <= --experts - --top-k ({})", o.profile, o.top_k,
-             o.experts - o.top_k);
+  routing_profile_check(prof, o.top_k, o.experts, "--profile");
   Comm& comm = comm_world();
   const int W = comm.size(), rank = comm.rank();
   const bool lead = rank == 0, timed = o.device == "cpu";

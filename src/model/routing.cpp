@@ -10,6 +10,34 @@
 
 namespace fp {
 
+namespace {
+// Hot slots per hot token, and how many tokens are hot (Note [Hot routes per slot]).
+struct HotSplit {
+  int64_t s = 0, n_hot = 0;
+};
+HotSplit hot_split(const RoutingProfile& p, int64_t n, int64_t k, int64_t E) {
+  const int64_t h = p.hot_experts;
+  FP_ASSERT(h >= 1 && E - h >= k && p.hot_fraction * static_cast<double>(k) <= static_cast<double>(std::min(h, k)),
+            "hot profile R={} h={} with k={} E={} (routing_profile_check)", p.hot_fraction, h, k, E);
+  HotSplit hs;
+  hs.s = std::min(h, k);
+  // k / s is exactly 1 when h >= k: then n_hot = floor(R n), as before per-slot routing existed.
+  const double per_token = static_cast<double>(k) / static_cast<double>(hs.s);
+  hs.n_hot = std::min<int64_t>(n, static_cast<int64_t>(std::floor(p.hot_fraction * per_token * static_cast<double>(n))));
+  return hs;
+}
+}  // namespace
+
+void routing_profile_check(const RoutingProfile& p, int64_t k, int64_t E, const std::string& key) {
+  if (p.kind != RoutingProfile::Kind::Kind_hot) return;
+  const int64_t h = p.hot_experts, s = std::min(h, k);
+  FP_CHECK(E - h >= k, "a token's k experts are distinct: cold slots need k cold experts",
+           "{} = \"{}\" needs at least k = {} cold experts, but E - H = {} - {} = {}", key, p.str(), k, E, h, E - h);
+  FP_CHECK(p.hot_fraction * static_cast<double>(k) <= static_cast<double>(s),
+           "with H < k a token can send only H of its k routes to the hot experts (Note [Hot routes per slot])",
+           "{} = \"{}\": at most H / k = {} / {} of the routes can go to {} hot experts", key, p.str(), s, k, h);
+}
+
 void routing_profile_assign(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int32_t* topk_idx) {
   FP_ASSERT(p.kind != RoutingProfile::Kind::Kind_router);
   if (p.kind == RoutingProfile::Kind::Kind_balanced) {
@@ -18,11 +46,10 @@ void routing_profile_assign(const RoutingProfile& p, int64_t n, int64_t k, int64
     return;
   }
   const int64_t h = p.hot_experts;
-  FP_ASSERT(h >= k && E - h >= k, "hot profile needs k <= h <= E - k");
-  const int64_t n_hot = static_cast<int64_t>(std::floor(p.hot_fraction * static_cast<double>(n)));
+  const HotSplit hs = hot_split(p, n, k, E);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < k; ++j)
-      topk_idx[i * k + j] = static_cast<int32_t>(i < n_hot ? j % h : h + (i + j) % (E - h));
+      topk_idx[i * k + j] = static_cast<int32_t>(i < hs.n_hot && j < hs.s ? j : h + (i + j) % (E - h));
 }
 
 // ---- closed form ---------------------------------------------------------------------------------
@@ -61,11 +88,13 @@ ProfileTokens::ProfileTokens(const RoutingProfile& p, int64_t n, int64_t k, int6
     return;
   }
   const int64_t h = p.hot_experts;
-  FP_ASSERT(h >= k && E - h >= k, "hot profile needs k <= h <= E - k");
-  const int64_t n_hot = static_cast<int64_t>(std::floor(p.hot_fraction * static_cast<double>(n)));
-  if (e < k) runs_.push_back({0, n_hot, 1, 0});  // slot e of every hot token (j mod h = j for j < k <= h)
+  const HotSplit hs = hot_split(p, n, k, E);
+  if (e < hs.s) runs_.push_back({0, hs.n_hot, 1, 0});  // slot e of every hot token
   if (e >= h)
-    for (int64_t j = 0; j < k; ++j) runs_.push_back({n_hot, n, E - h, floor_mod(e - h - j, E - h)});
+    for (int64_t j = 0; j < k; ++j) {
+      runs_.push_back({hs.n_hot, n, E - h, floor_mod(e - h - j, E - h)});            // cold tokens, every slot
+      if (j >= hs.s) runs_.push_back({0, hs.n_hot, E - h, floor_mod(e - h - j, E - h)});  // hot tokens' cold slots
+    }
 }
 
 int64_t ProfileTokens::count(int64_t lo, int64_t hi) const { return count_mod(lo, hi, 1, 0); }

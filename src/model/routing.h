@@ -2,18 +2,33 @@
 // meta run (which computes no router) and a cpu run allocate exactly the same sizes, and so that
 // benchmarks set the skew. Pure host arithmetic.
 //
-// Per rank, token i of n, slot j of k, E experts:
+// Per rank, token i of n, slot j of k, E experts (Note [Hot routes per slot]):
 //   balanced:   expert (i + j) mod E
-//   hot(R, h):  the first floor(R n) tokens send slot j to expert j mod h; every other token sends
-//               slot j to h + ((i + j) mod (E - h)).
+//   hot(R, h):  a fraction R of the routes goes to the h hot experts. With s = min(h, k) hot slots per
+//               hot token, the first n_hot = floor(R n k / s) tokens send slots j < s to expert j and
+//               slots j >= s to h + ((i + j) mod (E - h)); every other token sends slot j to
+//               h + ((i + j) mod (E - h)).
+//
+// Note [Hot routes per slot]: a profile is a benchmark load, not a router: it fixes how many routes
+// each expert receives so that a meta run and a cpu run see the same skew. A token's k experts must
+// be distinct, so with h >= k a hot token puts all k slots on hot experts (experts 0 .. k-1; the
+// other hot experts get nothing, which is the skew the recorded figures were measured with), and
+// with h < k only h of them: "hot 0.5/4" at k = 8 (half of the routes to 4 experts) is every token
+// sending 4 slots to experts 0-3 and 4 to cold experts. So R <= s / k, and the cold slots need
+// E - h >= k distinct cold experts (routing_profile_check).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
 
 namespace fp {
+
+// Refuses (fp::Error naming `key`) a hot profile these k and E cannot route: R > min(h, k) / k, or
+// fewer than k cold experts (E - h < k).
+void routing_profile_check(const RoutingProfile& p, int64_t k, int64_t E, const std::string& key);
 
 // topk_idx (n, k). Asserts the profile is not "router".
 void routing_profile_assign(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int32_t* topk_idx);
@@ -22,8 +37,9 @@ void routing_profile_assign(const RoutingProfile& p, int64_t n, int64_t k, int64
 // the (n, k) routing arrays: Note [Meta routes a profile in closed form]). They are at most k disjoint
 // arithmetic progressions {i in [begin, end) : i = res (mod step)}:
 //   balanced:  res = (e - j) mod E, step E, over [0, n), for each slot j < k
-//   hot(R, h): e < k: every token of [0, floor(R n)) (slot e);  k <= e < h: none;
-//              e >= h: res = (e - h - j) mod (E - h), step E - h, over [floor(R n), n), for each slot j
+//   hot(R, h): e < s: every token of [0, n_hot) (slot e);  s <= e < h: none;
+//              e >= h: res = (e - h - j) mod (E - h), step E - h, over [n_hot, n) for each slot j, and
+//              over [0, n_hot) for each slot j >= s
 // A token sends at most one copy to an expert (the k experts of a token are distinct), so expert e's
 // rows in expert order (ops::moe_routing_build: tokens ascending, then slots) are these tokens ascending.
 class ProfileTokens {

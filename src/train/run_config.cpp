@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "model/routing.h"
 
 namespace fp {
 
@@ -341,15 +342,8 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
   } catch (const Error& e) {
     throw Error(fmt::format("{}: {}", source, e.what()), e.hint());
   }
-  const RoutingProfile& p = c.moe.routing_profile;
-  if (p.kind == RoutingProfile::Kind::Kind_hot) {
-    FP_CHECK(p.hot_experts >= c.model.num_experts_per_tok &&
-                 c.model.num_experts - p.hot_experts >= c.model.num_experts_per_tok,
-             "a hot token's k slots go to k distinct hot experts and a cold token's to k distinct cold ones",
-             "{}: moe.routing_profile = \"{}\" needs num_experts_per_tok ({}) <= H <= num_experts - "
-             "num_experts_per_tok ({})",
-             source, p.str(), c.model.num_experts_per_tok, c.model.num_experts - c.model.num_experts_per_tok);
-  }
+  routing_profile_check(c.moe.routing_profile, c.model.num_experts_per_tok, c.model.num_experts,
+                        source + ": moe.routing_profile");
   return c;
 }
 }  // namespace

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "model/routing.h"
 #include "ops/moe_routing.h"
 
@@ -81,4 +82,28 @@ TEST(ProfileTokens, HotEqualsTheRoutedArrays) {
   check_profile("hot:1:2", 50, 2, 8);  // every token hot: the cold experts get none
   check_profile("hot:0:4", 77, 3, 10);
   check_profile("hot:0.5:3", 128, 3, 6);  // h = E - h = k
+}
+
+// Note [Hot routes per slot]: fewer hot experts than slots. The paper's "hot 0.5/4" at top-8: every
+// token sends 4 routes to experts 0-3, so each of them gets every token and half of all routes are hot;
+// the closed form equals the arrays, every token's experts are distinct, and too large an R is refused.
+TEST(ProfileTokens, HotWithFewerHotExpertsThanSlots) {
+  check_profile("hot:0.5:4", 96, 8, 32);
+  check_profile("hot:0.3:2", 101, 5, 12);  // some tokens partly hot, the rest cold
+  check_profile("hot:0.1:1", 64, 3, 7);
+  const int64_t n = 96, k = 8, E = 32;
+  const RoutingProfile p = routing_profile_parse("hot:0.5:4");
+  std::vector<int32_t> topk(static_cast<size_t>(n * k));
+  routing_profile_assign(p, n, k, E, topk.data());
+  int64_t hot = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int32_t> mine(topk.begin() + i * k, topk.begin() + (i + 1) * k);
+    std::sort(mine.begin(), mine.end());
+    EXPECT_EQ(std::adjacent_find(mine.begin(), mine.end()), mine.end()) << "token " << i << " repeats an expert";
+    for (int32_t e : mine) hot += e < 4;
+  }
+  EXPECT_EQ(hot, n * k / 2);
+  EXPECT_THROW(routing_profile_check(routing_profile_parse("hot:0.6:4"), k, E, "profile"), Error);
+  EXPECT_THROW(routing_profile_check(routing_profile_parse("hot:0.5:30"), k, E, "profile"), Error);  // 2 cold experts
+  EXPECT_NO_THROW(routing_profile_check(p, k, E, "profile"));
 }
