@@ -42,6 +42,7 @@
 #include "core/rng.h"
 #include "core/units.h"
 #include "io/atomic_file.h"
+#include "memory/report.h"
 #include "ops/gemm_profile.h"
 #include "sched/vocab/ring_dtp.h"
 #include "sched/vocab/vocab_head.h"
@@ -63,6 +64,11 @@ struct VocabBenchOptions {
   bool no_torch = false;
   std::string torch_script = "tests/reference/bench_vocab_torch.py";
   std::string python = "/usr/bin/python3";
+  // The ring variants' lm_head in the FSDP layout (each rank holds its V / W rows, as `flatpeak train`
+  // lays it out) instead of whole on every rank; W > 1.
+  bool fsdp = false;
+  std::string precision = "fp32";  // the recipe (core/precision.h); other than fp32 on meta only
+  bool breakdown = false;          // print every tensor live at each variant's device peak (rank 0)
 };
 
 // User + system CPU seconds of this process so far, every thread.
@@ -81,14 +87,15 @@ double median(std::vector<double> v) {
 }
 
 // The head's configuration: only hidden_size, vocab_size and rms_norm_eps are read; no layer.
-ModelConfig head_config(const VocabBenchOptions& o) {
+// W: the ranks the store is laid out over (the experts must divide among them; there are none).
+ModelConfig head_config(const VocabBenchOptions& o, int W) {
   ModelConfig m;
   m.hidden_size = o.hidden;
   m.num_hidden_layers = 0;
   m.num_attention_heads = 1;
   m.num_key_value_heads = 1;
   m.head_dim = 1;
-  m.num_experts = 1;
+  m.num_experts = W;
   m.num_experts_per_tok = 1;
   m.moe_intermediate_size = 1;
   m.vocab_size = o.vocab;
@@ -104,6 +111,7 @@ struct Variant {
   Variant(std::string n, VocabSchedule v) : name(std::move(n)), sched(std::move(v)) {}
   std::string name;  // "full", "ring", "ring_weights", "ring_weights_keep_strips", ...
   VocabSchedule sched;
+  bool fsdp = false;  // lm_head rows sharded over the ranks (VocabBenchOptions::fsdp)
   bool ring() const { return sched.kind == VocabSchedule::Kind::Kind_ring; }
   ModelConfig cfg;  // the head's (head_config); s refers to it
   std::unique_ptr<Backend> be;
@@ -116,6 +124,7 @@ struct Variant {
   std::vector<double> seconds, cpu_seconds;  // wall, and CPU time of the process (all threads)
   std::vector<double> gemm_s, softmax_s, comm_wait_s;
   uint64_t comm_bytes = 0;  // sent by one rank in one run (the largest over the ranks)
+  std::string breakdown;    // rank 0's tensors at its device peak (VocabBenchOptions::breakdown)
   double loss = std::nan("");
   std::vector<float> dx_host, dW_host;  // (N, H), (V, H)
 };
@@ -147,22 +156,30 @@ void variant_setup(Variant& v, const VocabBenchOptions& o, const Inputs* in, Com
   v.be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
   // The full head's GEMMs are timed by the kernel table (the ring times its own, RingDtpStats).
   if (o.device == "cpu" && !v.ring()) v.be->kernels_set(ops::kernels_cpu_gemm_profiled());
-  v.cfg = head_config(o);
-  v.ps = std::make_unique<ParamStore>(v.cfg, *v.be);
-  v.ps->embed_tokens->w.reset();  // not read by the head (see the file comment)
-  v.ps->embed_tokens->g.reset();
+  v.fsdp = o.fsdp && v.ring() && comm.size() > 1;
+  v.cfg = head_config(o, v.fsdp ? comm.size() : 1);
+  const Precision precision = precision_recipe(o.precision);
+  v.ps = std::make_unique<ParamStore>(v.cfg, *v.be, v.fsdp ? &comm : nullptr, precision);
+  // The embedding is not read by the head (see the file comment).
+  v.ps->embed_tokens->local_w().reset();
+  v.ps->embed_tokens->local_g().reset();
   v.s = std::make_unique<StepContext>(*v.be, v.cfg, RoutingProfile{}, comm);
+  v.s->precision = precision;
   v.s->B = 1;
   v.s->T = N;
   v.s->n = N;
-  v.xL = v.be->alloc_f32(Category::Category_activations, {N, H}, "bench.x");
+  v.xL = v.be->alloc(Category::Category_activations, {N, H}, precision.activations, "bench.x");
   v.targets = v.be->alloc(Category::Category_activations, {N}, DType::DType_I32, "bench.targets");
-  v.dx = v.be->alloc_f32(Category::Category_activations, {N, H}, "bench.dx");
+  v.dx = v.be->alloc(Category::Category_activations, {N, H}, precision.activations, "bench.dx");
   if (in != nullptr) {
     v.be->copy_from_host(v.xL.data(), in->x.data(), v.xL.bytes());
-    v.be->copy_from_host(v.ps->lm_head->w.data(), in->W.data(), v.ps->lm_head->w.bytes());
     v.be->copy_from_host(v.targets.data(), in->targets.data(), v.targets.bytes());
-    v.be->kernels().fill(v.ps->norm->w.f32(), 1.0f, H);
+    // Every rank passes the whole tensor and keeps its part (its rows under FSDP).
+    const std::vector<float> ones(static_cast<size_t>(H), 1.0f);
+    for (const ParamInfo& p : v.ps->layout()) {
+      if (p.local == v.ps->lm_head) v.ps->full_scatter(p, in->W.data(), &p.local->local_w());
+      if (p.local == v.ps->norm) v.ps->full_scatter(p, ones.data(), &p.local->local_w());
+    }
   }
 }
 
@@ -184,8 +201,8 @@ double mean_over_ranks(Comm& comm, double v) {
 void variant_run_once(Variant& v, const VocabBenchOptions& o, Comm& comm, int i) {
   const int64_t V = o.vocab, H = o.hidden;
   Backend& be = *v.be;
-  be.kernels().fill(v.ps->lm_head->g.f32(), 0.0f, V * H);
-  be.kernels().fill(v.ps->norm->g.f32(), 0.0f, H);
+  ParamStore& ps = *v.ps;
+  for (Param* p : {ps.lm_head, ps.norm}) be.kernels().fill(p->local_g().f32(), 0.0f, p->local_g().numel());
   be.device_ledger().peaks_reset();
   RingDtpStats st;
   ops::GemmProfile& gp = ops::gemm_profile();
@@ -194,9 +211,14 @@ void variant_run_once(Variant& v, const VocabBenchOptions& o, Comm& comm, int i)
   const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   const float scale = loss_scale(o, comm.size());
+  // Under FSDP the ring reads its own lm_head rows and model.norm is gathered, as in Model::step.
+  ps.unit_gather(ps.unit_norm());
+  ps.unit_grad_begin(ps.unit_norm());
   const HeadResult h =
-      v.ring() ? head_ring_forward_backward(*v.s, v.sched, *v.ps, v.xL, v.targets, scale, v.dx, nullptr, true, &st)
-               : head_forward_backward(*v.s, v.sched, *v.ps, v.xL, v.targets, scale, v.dx, nullptr, true);
+      v.ring() ? head_ring_forward_backward(*v.s, v.sched, ps, v.xL, v.targets, scale, v.dx, nullptr, true, &st)
+               : head_forward_backward(*v.s, v.sched, ps, v.xL, v.targets, scale, v.dx, nullptr, true);
+  ps.unit_grad_reduce(ps.unit_norm());
+  ps.unit_release(ps.unit_norm());
   be.synchronize();
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double cpu = process_cpu_seconds() - cpu0;
@@ -217,14 +239,16 @@ void variant_run_once(Variant& v, const VocabBenchOptions& o, Comm& comm, int i)
       v.vocab_peak_bytes, static_cast<uint64_t>(max_over_ranks(comm, static_cast<double>(led.peak(Category::Category_vocab)))));
   v.comm_peak_bytes = std::max(
       v.comm_peak_bytes, static_cast<uint64_t>(max_over_ranks(comm, static_cast<double>(led.peak(Category::Category_comm)))));
+  if (i == 0 && o.breakdown) v.breakdown = ledger_peak_breakdown(led);
   if (i == 0 && be.computes()) {
     double loss_sum = h.loss_sum;
     comm.all_reduce_sum(&loss_sum, 1, DType::DType_F64);
     v.loss = loss_sum * static_cast<double>(scale);
     v.dx_host.resize(static_cast<size_t>(v.dx.numel()));
-    v.dW_host.resize(static_cast<size_t>(V * H));
+    v.dW_host.assign(static_cast<size_t>(V * H), 0.0f);
     be.copy_to_host(v.dx_host.data(), v.dx.data(), v.dx.bytes());
-    be.copy_to_host(v.dW_host.data(), v.ps->lm_head->g.data(), v.ps->lm_head->g.bytes());
+    const ParamShard sh = ps.lm_head_shard();  // all V rows unless under FSDP
+    be.copy_to_host(v.dW_host.data() + sh.row0 * H, sh.g, static_cast<uint64_t>(sh.rows * H) * sizeof(float));
   }
   if (be.computes() && comm.rank() == 0)
     log_info("bench vocab: {} run {}: {:.3f} s (cpu {:.3f} s)", v.name, i, sec, cpu);
@@ -368,8 +392,8 @@ int bench_vocab_run(const VocabBenchOptions& o) {
   const bool lead = comm.rank() == 0;
   const bool timed = o.device == "cpu";
   if (lead)
-    log_info("bench vocab: N {} per rank, V {}, H {}, block_tokens {}, {} rank(s) on {}", o.tokens, o.vocab, o.hidden,
-             o.block_tokens, W, o.device);
+    log_info("bench vocab: N {} per rank, V {}, H {}, block_tokens {}, {} rank(s) on {}, precision {}{}", o.tokens,
+             o.vocab, o.hidden, o.block_tokens, W, o.device, o.precision, o.fsdp ? ", ring lm_head FSDP-sharded" : "");
   std::optional<Inputs> in;
   if (timed) in = inputs_make(o, comm.rank());
   std::vector<Variant> vs = variants_make(o, W);
@@ -488,6 +512,8 @@ int bench_vocab_run(const VocabBenchOptions& o) {
         fmt::print(", time {:.3f}x (process cpu time {:.3f}x)", r["seconds"].get<double>(), r["cpu_seconds"].get<double>());
       fmt::print("\n");
     }
+    for (const Variant& v : vs)
+      if (!v.breakdown.empty()) fmt::print("\n{}: every tensor at rank 0's device peak\n{}", v.name, v.breakdown);
     if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
   }
   return 0;
@@ -512,6 +538,11 @@ void bench_vocab_register(CLI::App& parent, Runner& run) {
   sub->add_option("--warmup", o.warmup, "untimed runs first");
   sub->add_option("--json", o.json, "write the results here");
   sub->add_flag("--no-torch", o.no_torch, "skip the PyTorch comparison (cpu, one rank)");
+  sub->add_flag("--fsdp", o.fsdp,
+                "W > 1: the ring variants hold only their V / W rows of lm_head (the FSDP layout train uses) instead "
+                "of the whole matrix on every rank");
+  sub->add_option("--precision", o.precision, "the precision recipe: fp32 or bf16 (bf16 on --device meta only)");
+  sub->add_flag("--breakdown", o.breakdown, "print every tensor live at each variant's device peak (rank 0)");
   sub->add_option("--torch-script", o.torch_script, "the PyTorch companion script");
   sub->add_option("--python", o.python, "the Python with torch");
 }

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "memory/ledger.h"
 
@@ -15,5 +16,14 @@ std::string ledger_peaks_table(const Ledger& l);
 nlohmann::json ledger_peaks_json(const Ledger& l);
 // The category with the largest peak.
 Category ledger_binding_category(const Ledger& l);
+
+// Every tensor live at the moment the total first reached its peak, replayed from the timeline (the
+// allocations that peak holds: alloc events without their free), largest first; tensors allocated
+// before the timeline's first event are not in it (the caller sees their sum as total_peak() minus
+// these). Empty when the timeline was not kept.
+std::vector<LedgerEvent> ledger_live_at_peak(const Ledger& l);
+// "  tensor  category  dtype  shape  bytes" lines of ledger_live_at_peak, identical tensors (tag,
+// category, shape, dtype) grouped with a count, and a last line for what the timeline does not show.
+std::string ledger_peak_breakdown(const Ledger& l);
 
 }  // namespace fp
