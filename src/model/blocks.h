@@ -52,7 +52,6 @@ struct StepContext {
   std::vector<int32_t> host_topk;     // (n, k)
   std::vector<int32_t> host_rows;     // (m) token of each routed copy in expert order (the current MoE block)
   std::vector<int32_t> host_slot;     // (n, k)
-  std::vector<float> host_probs;      // (n, E)
   // Note [A routing profile is routed once per step]: a profile's choice depends only on (n, k, E),
   // never on the layer or the data, so with a profile the first MoE block builds host_topk, host_rows,
   // host_slot and these offsets and every later block (and the recompute) reuses them. On meta only

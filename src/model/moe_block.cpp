@@ -80,12 +80,13 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     stats->counts.assign(static_cast<size_t>(E), 0);
     for (int64_t e = 0; e < E; ++e) stats->counts[e] = a.offsets[e + 1] - a.offsets[e];
     stats->prob_sum.clear();
+    // Summed on the device (the same double sums, in token order, as a host loop would): E numbers
+    // cross to the host, not the (n, E) probabilities. Allocated on meta too (the same ledger).
+    Tensor sums = be.alloc(Category::Category_workspace, {E}, DType::DType_F64, "moe.prob_sum");
+    K.column_sums_f64(a.probs.f32(), n, E, sums.f64());
     if (be.computes()) {
-      s.host_probs.resize(static_cast<size_t>(n * E));
-      be.copy_to_host(s.host_probs.data(), a.probs.data(), a.probs.bytes());
-      stats->prob_sum.assign(static_cast<size_t>(E), 0.0);
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t e = 0; e < E; ++e) stats->prob_sum[e] += s.host_probs[t * E + e];
+      stats->prob_sum.resize(static_cast<size_t>(E));
+      be.copy_to_host(stats->prob_sum.data(), sums.data(), sums.bytes());
     }
   }
   a.rows = be.alloc(kAct, {m}, DType::DType_I32, "moe.rows");

@@ -22,5 +22,8 @@ void bias_add(float* y, const float* b, int64_t rows, int64_t d);
 // Its gradient: db (d) += sum over rows of dy (rows, d), each column summed in double in row order
 // (the same bits for any thread count).
 void bias_backward(const float* dy, float* db, int64_t rows, int64_t d);
+// out (d) = the column sums of x (rows, d) in double, each in row order (the router's probability sums
+// of the load-balancing loss; the same bits for any thread count).
+void column_sums_f64(const float* x, int64_t rows, int64_t d, double* out);
 
 }  // namespace fp::ops::cpu

@@ -34,7 +34,7 @@ namespace fp::ops {
   X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)                                    \
   X(online_lse_init) X(online_lse_fold) X(online_lse_loss) X(online_lse_backward)                    \
   X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq)                      \
-  X(bias_add) X(bias_backward)                                                                       \
+  X(bias_add) X(bias_backward) X(column_sums_f64)                                                    \
   X(adamw_update)
 
 struct Kernels {

@@ -134,9 +134,9 @@ TEST(Elementwise, ReductionsBitwiseAcrossThreads) {
   omp_set_num_threads(saved);
 }
 
-// Bias add and its gradient against the reference: the add is one float operation per element (equal
-// bits); each column sum is one double sum in row order in both (equal bits), for 1 and 2 threads, at
-// shapes around the 64-column block and the parallel threshold.
+// Bias add, its gradient and the column sums against the reference: the add is one float operation
+// per element (equal bits); each column sum is one double sum in row order in both (equal bits), for
+// 1 and 2 threads, at shapes around the 64-column block and the parallel threshold.
 TEST(Elementwise, BiasMatchesReferenceExactly) {
   const int saved = omp_get_max_threads();
   uint64_t seed = 7;
@@ -156,6 +156,10 @@ TEST(Elementwise, BiasMatchesReferenceExactly) {
       std::vector<float> got_db = db0;
       ops::cpu::bias_backward(y0.data(), got_db.data(), rows, d);
       EXPECT_TRUE(vectors_equal(got_db, want_db, "bias_backward")) << rows << " x " << d << ", " << t << " threads";
+      std::vector<double> sums(static_cast<size_t>(d)), want_sums(static_cast<size_t>(d));
+      ops::cpu::column_sums_f64(y0.data(), rows, d, sums.data());
+      ops::ref::column_sums_f64<float>(y0.data(), rows, d, want_sums.data());
+      EXPECT_EQ(sums, want_sums) << "column_sums_f64 " << rows << " x " << d << ", " << t << " threads";
     }
   }
   omp_set_num_threads(saved);

@@ -395,7 +395,7 @@ TEST(AdamW, MetaBackendAccountsStateAndReadsNothing) {
   {
     AdamW opt(ps, *be, test_config());
     EXPECT_EQ(led.current(Category::Category_optimizer), 2 * params_bytes);
-    EXPECT_EQ(led.current(Category::Category_workspace), 4u);  // the sum-of-squares scalar
+    EXPECT_EQ(led.current(Category::Category_workspace), 4 * ps.all().size());  // a sum of squares per parameter
     // copy_to_host asserts on meta: a step that read any data would throw.
     for (int64_t s = 1; s <= 3; ++s) {
       const AdamW::StepStats st = opt.step(s, 3);

@@ -90,8 +90,11 @@ void bias_add(float* __restrict y, const float* __restrict b, int64_t rows, int6
     for (int64_t j = 0; j < d; ++j) y[r * d + j] += b[j];
 }
 
-void bias_backward(const float* __restrict dy, float* __restrict db, int64_t rows, int64_t d) {
-  // Threads own blocks of columns; each column is one double sum in row order.
+namespace {
+// Column sums of x (rows, d) in double, each in row order; done(j0, nc, acc) takes each block of
+// columns [j0, j0 + nc). Threads own blocks of columns, so the bits do not depend on them.
+template <class Done>
+void column_sums(const float* __restrict x, int64_t rows, int64_t d, Done&& done) {
   constexpr int64_t kCols = 64;
   const int64_t nblocks = (d + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static) if (rows * d >= kParallelMinElements)
@@ -99,9 +102,22 @@ void bias_backward(const float* __restrict dy, float* __restrict db, int64_t row
     const int64_t j0 = blk * kCols, nc = std::min(kCols, d - j0);
     double acc[kCols] = {};
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < nc; ++j) acc[j] += static_cast<double>(dy[r * d + j0 + j]);
-    for (int64_t j = 0; j < nc; ++j) db[j0 + j] = static_cast<float>(static_cast<double>(db[j0 + j]) + acc[j]);
+      for (int64_t j = 0; j < nc; ++j) acc[j] += static_cast<double>(x[r * d + j0 + j]);
+    done(j0, nc, acc);
   }
+}
+}  // namespace
+
+void bias_backward(const float* __restrict dy, float* __restrict db, int64_t rows, int64_t d) {
+  column_sums(dy, rows, d, [db](int64_t j0, int64_t nc, const double* acc) {
+    for (int64_t j = 0; j < nc; ++j) db[j0 + j] = static_cast<float>(static_cast<double>(db[j0 + j]) + acc[j]);
+  });
+}
+
+void column_sums_f64(const float* __restrict x, int64_t rows, int64_t d, double* __restrict out) {
+  column_sums(x, rows, d, [out](int64_t j0, int64_t nc, const double* acc) {
+    for (int64_t j = 0; j < nc; ++j) out[j0 + j] = acc[j];
+  });
 }
 
 }  // namespace fp::ops::cpu

@@ -23,7 +23,7 @@ AdamW::AdamW(ParamStore& params, Backend& be, const OptimConfig& cfg) : params_(
     k.fill(m.f32(), 0.0f, m.numel());
     k.fill(v.f32(), 0.0f, v.numel());
   }
-  sumsq_ = be_.alloc_f32(Category::Category_workspace, {1}, "adamw.grad_sumsq");
+  sumsq_ = grad_sumsq_alloc(params_, be_);
 }
 
 double AdamW::grad_norm_compute() { return grad_norm_global(params_, be_, sumsq_); }

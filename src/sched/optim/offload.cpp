@@ -84,7 +84,7 @@ OffloadAdamW::OffloadAdamW(ParamStore& params, Backend& be, const OptimConfig& c
     if (m.data() != nullptr) std::memset(m.data(), 0, m.bytes());
     if (v.data() != nullptr) std::memset(v.data(), 0, v.bytes());
   }
-  sumsq_ = be_.alloc_f32(Category::Category_workspace, {1}, "adamw.grad_sumsq");
+  sumsq_ = grad_sumsq_alloc(params_, be_);
 }
 
 double OffloadAdamW::grad_norm_compute() { return grad_norm_global(params_, be_, sumsq_); }

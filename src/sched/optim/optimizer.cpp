@@ -1,6 +1,7 @@
 #include "sched/optim/optimizer.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "sched/optim/adamw.h"
@@ -16,15 +17,21 @@ std::unique_ptr<Optimizer> optimizer_create(const OptimConfig& cfg, ParamStore& 
               "set optim.schedule = \"device\", \"offload_serial\" or \"offload_stream\"");
 }
 
+Tensor grad_sumsq_alloc(ParamStore& params, Backend& be) {
+  return be.alloc_f32(Category::Category_workspace, {static_cast<int64_t>(params.all().size())}, "adamw.grad_sumsq");
+}
+
 double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq) {
   const auto& k = be.kernels();
+  const int64_t P = static_cast<int64_t>(params.all().size());
+  FP_ASSERT(sumsq.numel() == P, "grad_norm_global: sumsq holds {} slots for {} params", sumsq.numel(), P);
+  int64_t i = 0;
+  for (const Param& p : params.all())  // each element of the model's gradient is on one rank only
+    k.reduce_sumsq(p.local_g().f32(), p.local_g().numel(), sumsq.f32() + i++);  // computes: data exists
+  std::vector<float> s(static_cast<size_t>(P));
+  be.copy_to_host(s.data(), sumsq.data(), sumsq.bytes());
   double total = 0.0;
-  for (const Param& p : params.all()) {  // each element of the model's gradient is on one rank only
-    k.reduce_sumsq(p.local_g().f32(), p.local_g().numel(), sumsq.f32());
-    float s = 0.0f;
-    be.copy_to_host(&s, sumsq.data(), sizeof(float));
-    total += static_cast<double>(s);
-  }
+  for (float v : s) total += static_cast<double>(v);
   params.comm().all_reduce_sum(&total, 1, DType::DType_F64);
   return std::sqrt(total);
 }

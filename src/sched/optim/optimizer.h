@@ -39,9 +39,13 @@ class Optimizer {
 std::unique_ptr<Optimizer> optimizer_create(const OptimConfig& cfg, ParamStore& params, Backend& be);
 
 // The L2 norm of the whole model's gradient, the same bits on every rank and in every variant: per
-// parameter one device reduction of its local gradient into sumsq (1) and one scalar read, summed in
-// double in parameter order, then summed over the ranks of params.comm() (all_reduce in the comm's
-// fixed order; every element of the gradient lives on one rank). Only when the backend computes.
+// parameter one device reduction of its local gradient into its slot of sumsq (one float per local
+// parameter, grad_sumsq_alloc), then one read of all of them (one synchronisation, not one per
+// parameter), summed in double in parameter order, then summed over the ranks of params.comm()
+// (all_reduce in the comm's fixed order; every element of the gradient lives on one rank). Only when
+// the backend computes.
 double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq);
+// grad_norm_global's device buffer: (number of params this rank holds) floats, category workspace.
+Tensor grad_sumsq_alloc(ParamStore& params, Backend& be);
 
 }  // namespace fp
