@@ -427,6 +427,10 @@ RingResult whole_run(const RingProblem& p, int64_t window = 0) {
 
 }  // namespace
 
+// The (nh, nkv) and head_dim the ring tests cycle through.
+const std::vector<std::pair<int64_t, int64_t>> kRingHeads = {{4, 2}, {3, 1}, {2, 2}};
+const std::vector<int64_t> kRingHeadDims = {24, 64, 8};
+
 // The ring reproduces the whole sequence. Both sides are the same float kernels; what differs is the
 // order of the sums: the ring merges W partial softmaxes by the log-sum-exp rule and adds W partial
 // gradients per element, so each side carries its own rounding, and the two are about equally far from
@@ -435,8 +439,8 @@ RingResult whole_run(const RingProblem& p, int64_t window = 0) {
 // 1.5e-5: each gradient sums up to T terms of both signs). A key block dropped or folded twice, a wrong
 // position or a wrong merge is off by 1e-2 or more.
 TEST(AttentionBlock, RingMatchesWholeSequence) {
-  const std::vector<std::pair<int64_t, int64_t>> heads = {{4, 2}, {3, 1}, {2, 2}};
-  const std::vector<int64_t> hds = {24, 64, 8};
+  const auto& heads = kRingHeads;
+  const auto& hds = kRingHeadDims;
   uint64_t seed = 300;
   int64_t n = 0;
   for (const int W : {1, 2, 3, 4})
@@ -495,8 +499,8 @@ TEST(AttentionBlock, RingMatchesDoubleReference) {
 // (RingMatchesWholeSequence), bit for bit at W = 1 (one block over contiguous positions runs the same
 // tiles and masks as the whole-sequence kernel), and a window of T is the causal ring bit for bit.
 TEST(AttentionBlock, SlidingWindowRingMatchesWholeSequence) {
-  const std::vector<std::pair<int64_t, int64_t>> heads = {{4, 2}, {3, 1}, {2, 2}};
-  const std::vector<int64_t> hds = {24, 64, 8};
+  const auto& heads = kRingHeads;
+  const auto& hds = kRingHeadDims;
   uint64_t seed = 700;
   int64_t n = 0;
   for (const int W : {1, 2, 3, 4})
