@@ -58,7 +58,9 @@ TEST(Config, ErrorsNameTheKey) {
   expect_error(t, {"model.norm_topk_prob=1"}, {"model.norm_topk_prob must be true or false"});
   expect_error(t, {"moe.routing_profile=hot:2:3"}, {"moe.routing_profile", "[0, 1]"});
   expect_error(t, {"moe.routing_profile=skewed"}, {"not a routing profile"});
-  expect_error(t, {"moe.routing_profile=hot:0.5:1"}, {"num_experts_per_tok"});
+  // k = 2: one hot expert takes at most half of the routes (Note [Hot routes per slot]).
+  expect_error(t, {"moe.routing_profile=hot:0.6:1"}, {"moe.routing_profile", "at most H / k = 1 / 2"});
+  expect_error(t, {"moe.routing_profile=hot:0.5:7"}, {"moe.routing_profile", "cold experts"});
   expect_error(t, {"train.seq_len=1"}, {"train.seq_len"});
   expect_error(t, {"nodot=1"}, {"has no table"});
   expect_error(t, {"model.vocab_size"}, {"table.key=value"});

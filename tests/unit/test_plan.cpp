@@ -125,7 +125,10 @@ TEST(PlanOneRank, ClosedFormsOfThePlainSchedules) {
   EXPECT_EQ(at(r.peak, kVocab), static_cast<uint64_t>(3 * N * V) * 4);  // fp32 logits, log-softmax, grad
   // One rank receives nothing: its own routed copies (xs, ys, dys, dxs, ids) are activations.
   EXPECT_EQ(at(r.peak, kDisp), 0u);
-  EXPECT_EQ(at(r.peak, kWs), 4 + 4 * static_cast<uint64_t>(E) + 4 * static_cast<uint64_t>(N) + 4);
+  // The gradient norm's sums of squares, one float per parameter tensor (embed, norm, lm_head, and per
+  // layer 9 dense tensors and 3 per expert), the aux-loss bias, the rmsnorm partials.
+  const uint64_t tensors = 3 + static_cast<uint64_t>(L * (9 + 3 * E));
+  EXPECT_EQ(at(r.peak, kWs), 4 * tensors + 4 * static_cast<uint64_t>(E) + 4 * static_cast<uint64_t>(N) + 4);
   EXPECT_EQ(at(r.peak, Category::Category_comm), 0u);
   EXPECT_TRUE(r.exact());
   // The step peak is a simultaneous maximum: at least every persistent category plus the largest
