@@ -1,13 +1,14 @@
 // Writes a model test case for the PyTorch twin (check_case.py): the weights, a batch, and what
 // flatpeak computes for it (logits, losses, every parameter gradient), as one safetensors file.
 //
-//   dump_case OUT.safetensors CASE      CASE: "gqa_norm" | "mha_nonorm" | "hf_layers"
+//   dump_case OUT.safetensors CASE      CASE: "gqa_norm" | "mha_nonorm" | "hf_layers" | "yarn"
 //
 // Every case uses sequences that span several attention tiles, top-k > 1, and arranges that the last
 // expert of every MoE layer receives no token (Note [An expert with no tokens]). hf_layers has every
 // switch of the Hugging Face layer on: attention biases, a sliding window that is not a multiple of the
 // attention tile, tied embeddings, dense layers from both mlp_only_layers and decoder_sparse_step, and
-// dynamic NTK RoPE active at its sequence length.
+// dynamic NTK RoPE active at its sequence length. yarn is gqa_norm with YaRN RoPE past its original
+// context, DeepSeek's mscale pair making the attention factor (the cos/sin scale) differ from 1.
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -46,6 +47,14 @@ Case case_make(const std::string& name) {
     m.head_dim = 6, m.num_experts = 5, m.num_experts_per_tok = 3, m.moe_intermediate_size = 10;
     m.vocab_size = 33, m.norm_topk_prob = false, m.router_aux_loss_coef = 0.1, m.rope_theta = 500;
     c.B = 1, c.T = 131;
+  } else if (name == "yarn") {
+    m.hidden_size = 32, m.num_hidden_layers = 2, m.num_attention_heads = 4, m.num_key_value_heads = 2;
+    m.head_dim = 8, m.num_experts = 6, m.num_experts_per_tok = 2, m.moe_intermediate_size = 24;
+    m.vocab_size = 40, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.05;
+    m.rope_scaling.kind = RopeScaling::Kind::Kind_yarn;
+    m.rope_scaling.factor = 4.0, m.rope_scaling.original_max_position_embeddings = 64;
+    m.rope_scaling.mscale = 1.0, m.rope_scaling.mscale_all_dim = 0.5;
+    c.B = 2, c.T = 150;
   } else if (name == "hf_layers") {
     m.hidden_size = 32, m.num_hidden_layers = 4, m.num_attention_heads = 4, m.num_key_value_heads = 2;
     m.head_dim = 8, m.num_experts = 6, m.num_experts_per_tok = 2, m.moe_intermediate_size = 24;
@@ -57,7 +66,7 @@ Case case_make(const std::string& name) {
     m.rope_scaling.factor = 2.0, m.rope_scaling.original_max_position_embeddings = 100;
     c.B = 2, c.T = 150;
   } else {
-    throw Error("unknown case '" + name + "'", "cases: gqa_norm, mha_nonorm, hf_layers");
+    throw Error("unknown case '" + name + "'", "cases: gqa_norm, mha_nonorm, hf_layers, yarn");
   }
   return c;
 }
@@ -72,7 +81,7 @@ std::vector<float> to_host(Backend& be, const Tensor& t) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm|hf_layers\n");
+    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm|hf_layers|yarn\n");
     return 2;
   }
   try {
