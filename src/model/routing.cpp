@@ -17,8 +17,7 @@ struct HotSplit {
 };
 HotSplit hot_split(const RoutingProfile& p, int64_t n, int64_t k, int64_t E) {
   const int64_t h = p.hot_experts;
-  FP_ASSERT(h >= 1 && E - h >= k && p.hot_fraction * static_cast<double>(k) <= static_cast<double>(std::min(h, k)),
-            "hot profile R={} h={} with k={} E={} (routing_profile_check)", p.hot_fraction, h, k, E);
+  routing_profile_check(p, k, E, "routing profile");  // callers validated it already; a direct caller gets the error
   HotSplit hs;
   hs.s = std::min(h, k);
   // k / s is exactly 1 when h >= k: then n_hot = floor(R n), as before per-slot routing existed.

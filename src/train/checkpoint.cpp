@@ -173,7 +173,8 @@ std::string tensor_hint(const std::string& name) {
       name.find("mlp.down_proj") != std::string::npos)
     return "the file holds a dense MLP where config.json (mlp_only_layers, decoder_sparse_step) puts a MoE layer";
   if (name.find("mlp.gate.weight") != std::string::npos || name.find(".mlp.experts.") != std::string::npos)
-    return "the file holds a MoE layer where config.json (mlp_only_layers, decoder_sparse_step) puts a dense MLP";
+    return "the file holds router or expert tensors config.json does not expect: check num_experts, and "
+           "mlp_only_layers / decoder_sparse_step (a layer config.json makes dense)";
   if (name == "lm_head.weight") return "tie_word_embeddings = true shares the embedding, so lm_head.weight must equal it";
   return "check that config.json describes the model the weights were saved from (num_hidden_layers, num_experts, "
          "...)";
