@@ -83,9 +83,9 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   a.o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.o");
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
   if (s.comm.size() > 1) {
-    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse);
+    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
   } else {
-    K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nkv, hd,
+    K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nkv, hd, hd,
                         1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
   }
   if (!keep) {
@@ -121,10 +121,11 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   Tensor dk = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk");
   Tensor dv = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dv");
   if (s.comm.size() > 1) {
-    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv);
+    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv, hd, hd,
+                            1.0f / std::sqrt(static_cast<float>(hd)));
   } else {
     K.attention_backward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), d_o.f32(), dq.f32(), dk.f32(),
-                         dv.f32(), s.B, s.T, nh, nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd)),
+                         dv.f32(), s.B, s.T, nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)),
                          c.sliding_window);
   }
   d_o.reset();

@@ -1,7 +1,6 @@
 #include "model/ring_attention.h"
 
-#include <cmath>
-
+#include "core/error.h"
 #include "data/context_split.h"
 
 namespace fp {
@@ -34,20 +33,31 @@ std::vector<int32_t> block_positions(const Backend& be, const RingGeometry& g, i
   return be.computes() ? context_positions(g.T, g.source(step), g.world) : std::vector<int32_t>{};
 }
 
+// The ring's tensors hold the sizes their contract states (q (B, N, nh, hd), k (B, N, nkv, hd), v and the
+// others of hdv columns): the blocks that travel are allocated from k's and v's shapes.
+void ring_sizes_check(const StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                      int64_t hd, int64_t hdv) {
+  const int64_t rows = s.B * s.T, nh = s.cfg.num_attention_heads, nkv = s.cfg.num_key_value_heads;
+  FP_ASSERT(hd > 0 && hdv > 0 && q.numel() == rows * nh * hd && k.numel() == rows * nkv * hd &&
+                v.numel() == rows * nkv * hdv && o.numel() == rows * nh * hdv,
+            "ring attention sizes: q {} k {} v {} o {} elements for B={} N={} nh={} nkv={} hd={} hdv={}", q.numel(),
+            k.numel(), v.numel(), o.numel(), s.B, s.T, nh, nkv, hd, hdv);
+}
+
 }  // namespace
 
-void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
-                            Tensor& lse) {
+void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse,
+                            int64_t hd, int64_t hdv, float scale) {
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, N = s.T;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ring_sizes_check(s, q, k, v, o, hd, hdv);
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, N = s.T;
   const RingGeometry g = ring_geometry(s);
-  const Shape kv_shape = k.shape();
+  const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
   const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
-  Tensor kb[2] = {be.alloc(kComm, kv_shape, act, "ring.k0"), be.alloc(kComm, kv_shape, act, "ring.k1")};
-  Tensor vb[2] = {be.alloc(kComm, kv_shape, act, "ring.v0"), be.alloc(kComm, kv_shape, act, "ring.v1")};
+  Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
+  Tensor vb[2] = {be.alloc(kComm, v_shape, act, "ring.v0"), be.alloc(kComm, v_shape, act, "ring.v1")};
   K.copy(kb[0].f32(), k.f32(), k.numel());
   K.copy(vb[0].f32(), v.f32(), v.numel());
   for (int step = 0; step < g.world; ++step) {
@@ -57,7 +67,7 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
     // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp). It
     // still travels: the ranks after this one may need it.
     K.attention_block_forward(q.f32(), kb[cur].f32(), vb[cur].f32(), s.seq_pos.data(), k_pos.data(), o.f32(),
-                              lse.f32(), step == 0, s.B, N, N, nh, nkv, hd, scale, c.sliding_window);
+                              lse.f32(), step == 0, s.B, N, N, nh, nkv, hd, hdv, scale, c.sliding_window);
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
@@ -66,20 +76,24 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
 }
 
 void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, int64_t hd,
+                             int64_t hdv, float scale) {
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, N = s.T;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ring_sizes_check(s, q, k, v, o, hd, hdv);
+  FP_ASSERT(dout.numel() == o.numel() && dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),
+            "ring attention gradients: dout {} dq {} dk {} dv {} elements for o {} q {} k {} v {}", dout.numel(),
+            dq.numel(), dk.numel(), dv.numel(), o.numel(), q.numel(), k.numel(), v.numel());
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, N = s.T;
   const RingGeometry g = ring_geometry(s);
-  const Shape kv_shape = k.shape();
+  const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
   const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
-  Tensor kb[2] = {be.alloc(kComm, kv_shape, act, "ring.k0"), be.alloc(kComm, kv_shape, act, "ring.k1")};
-  Tensor vb[2] = {be.alloc(kComm, kv_shape, act, "ring.v0"), be.alloc(kComm, kv_shape, act, "ring.v1")};
+  Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
+  Tensor vb[2] = {be.alloc(kComm, v_shape, act, "ring.v0"), be.alloc(kComm, v_shape, act, "ring.v1")};
   // dK/dV accumulate in fp32 whatever the recipe (Note [Which dtype each allocation gets]).
-  Tensor dkb[2] = {be.alloc_f32(kComm, kv_shape, "ring.dk0"), be.alloc_f32(kComm, kv_shape, "ring.dk1")};
-  Tensor dvb[2] = {be.alloc_f32(kComm, kv_shape, "ring.dv0"), be.alloc_f32(kComm, kv_shape, "ring.dv1")};
+  Tensor dkb[2] = {be.alloc_f32(kComm, k_shape, "ring.dk0"), be.alloc_f32(kComm, k_shape, "ring.dk1")};
+  Tensor dvb[2] = {be.alloc_f32(kComm, v_shape, "ring.dv0"), be.alloc_f32(kComm, v_shape, "ring.dv1")};
   K.copy(kb[0].f32(), k.f32(), k.numel());
   K.copy(vb[0].f32(), v.f32(), v.numel());
   K.fill(dkb[0].f32(), 0.0f, dk.numel());
@@ -92,7 +106,7 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
     const std::vector<int32_t> k_pos = block_positions(be, g, step);
     K.attention_block_backward(q.f32(), kb[cur].f32(), vb[cur].f32(), o.f32(), lse.f32(), dout.f32(),
                                s.seq_pos.data(), k_pos.data(), dq.f32(), dkb[cur].f32(), dvb[cur].f32(), s.B, N, N,
-                               nh, nkv, hd, scale, c.sliding_window);
+                               nh, nkv, hd, hdv, scale, c.sliding_window);
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);

@@ -1,6 +1,7 @@
 // Ring attention over the context-parallel ranks (DESIGN.md; issue "Multi-process training").
 // Legend: B sequences, N = T / W tokens per rank (zig-zag pieces, data/context_split.h), nh/nkv
-// heads, hd head_dim.
+// heads, hd the query/key head width, hdv the value/output head width (Note [Value heads of their own
+// width], ops/attention.h).
 //
 // Forward: each rank keeps its queries; the K/V blocks of all ranks travel the ring (rank r sends to
 // r + 1 and receives from r - 1), and each arriving block's partial attention, causal by global
@@ -10,17 +11,23 @@
 // accumulators; each rank adds its queries' contribution; after W hops every block is home with its
 // complete dK/dV, and each rank's dQ has seen every block.
 // Transfers are blocking send_recv for now (the overlap with the block's compute comes with the
-// stream-ordered comm of the schedules). Buffers: category comm, two blocks of K and V (and dK/dV).
+// stream-ordered comm of the schedules). Buffers: category comm, two blocks of K (B, N, nkv, hd) and of
+// V (B, N, nkv, hdv) (and of dK, dV, the same shapes).
 #pragma once
 
 #include "model/blocks.h"
 
 namespace fp {
 
-// q (B, N, nh, hd), k, v (B, N, nkv, hd) -> o (B, N, nh, hd), lse (B, nh, N).
-void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse);
-// dout (B, N, nh, hd) -> dq (B, N, nh, hd), dk, dv (B, N, nkv, hd), overwritten.
+// q (B, N, nh, hd), k (B, N, nkv, hd), v (B, N, nkv, hdv) -> o (B, N, nh, hdv), lse (B, nh, N); scale
+// multiplies the scores q.k (usually hd^-0.5; the caller's, as for ops/attention.h). The tensors may have
+// any shape of these sizes (the model's are 2-D). The window is the config's sliding_window.
+void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse,
+                            int64_t hd, int64_t hdv, float scale);
+// dout (B, N, nh, hdv) -> dq (B, N, nh, hd), dk (B, N, nkv, hd), dv (B, N, nkv, hdv), overwritten. scale:
+// the forward's.
 void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, int64_t hd,
+                             int64_t hdv, float scale);
 
 }  // namespace fp

@@ -1,6 +1,13 @@
 // Causal grouped-query attention computed tile by tile with an online softmax (FlashAttention-2):
 // no (T, T) buffer exists at any T. B sequences of T tokens, nh query heads, nkv key/value heads
-// (nh % nkv == 0; query head h reads kv head h / (nh / nkv)), hd head_dim, scale usually hd^-0.5.
+// (nh % nkv == 0; query head h reads kv head h / (nh / nkv)), hd the query/key head width, hdv the
+// value/output head width, scale usually hd^-0.5.
+//
+// Note [Value heads of their own width]: the scores q.k run over hd and the outputs P V over hdv, and
+// nothing ties the two: DeepSeek-V3's multi-head latent attention has q/k heads of 192 (128 + 64 rope)
+// and v heads of 128. Q K^T, dQ = dS K and dK = dS^T Q run over hd; P V, dO V^T, D = rowsum(dO * O) and
+// dV = P^T dO over hdv. With hd == hdv (every other model) the tiles, loops and bits are those of a
+// single width.
 //
 // Masking: query i sees key j iff j <= i, and with a sliding window w > 0 also i - w < j (the last w
 // tokens, itself included: Hugging Face's sliding_window, kv_idx > q_idx - sliding_window). window = 0
@@ -17,14 +24,15 @@ namespace fp::ops::cpu {
 inline constexpr int64_t kAttentionTileQ = 64;
 inline constexpr int64_t kAttentionTileK = 64;
 
-// q (B, T, nh, hd), k, v (B, T, nkv, hd) -> o (B, T, nh, hd), lse (B, nh, T) the log-sum-exp of each
-// query's scaled scores over its visible keys (kept for backward). window >= 0 (0: no window).
+// q (B, T, nh, hd), k (B, T, nkv, hd), v (B, T, nkv, hdv) -> o (B, T, nh, hdv), lse (B, nh, T) the
+// log-sum-exp of each query's scaled scores over its visible keys (kept for backward). window >= 0 (0: no
+// window).
 void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t B, int64_t T,
-                       int64_t nh, int64_t nkv, int64_t hd, float scale, int64_t window);
-// Recomputes the probabilities tile by tile from q, k and lse. dout (B, T, nh, hd);
-// dq (B, T, nh, hd), dk, dv (B, T, nkv, hd) are overwritten. window: the forward's. Deterministic.
+                       int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
+// Recomputes the probabilities tile by tile from q, k and lse. o, dout (B, T, nh, hdv); dq (B, T, nh, hd),
+// dk (B, T, nkv, hd), dv (B, T, nkv, hdv) are overwritten. window: the forward's. Deterministic.
 void attention_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t nh,
-                        int64_t nkv, int64_t hd, float scale, int64_t window);
+                        int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
 
 }  // namespace fp::ops::cpu

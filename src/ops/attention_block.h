@@ -6,8 +6,9 @@
 // Backward: with the final (o, lse), each (query block, key block) pair adds its terms to dq of the
 // queries and to dk, dv of the keys.
 // Dimensions: B sequences, Tq queries and Tk keys of each sequence in this block pair, nh query heads,
-// nkv key/value heads (nh % nkv == 0; query head h reads kv head h / (nh / nkv)), hd head_dim, scale
-// usually hd^-0.5. Layouts as in ops/attention.h: (B, T, heads, hd) rows, (B, nh, T) log-sum-exps.
+// nkv key/value heads (nh % nkv == 0; query head h reads kv head h / (nh / nkv)), hd the query/key head
+// width, hdv the value/output head width (Note [Value heads of their own width], ops/attention.h), scale
+// usually hd^-0.5. Layouts as in ops/attention.h: (B, T, heads, hd or hdv) rows, (B, nh, T) log-sum-exps.
 //
 // Masking: key j is visible to query i iff k_pos[j] <= q_pos[i], and with a sliding window w > 0 also
 // q_pos[i] - w < k_pos[j] (ops/attention.h's window, by global positions). q_pos (Tq) and k_pos (Tk) are
@@ -24,8 +25,8 @@
 namespace fp::ops::cpu {
 
 // Folds the block (k, v) into the running state of the queries q.
-// q (B, Tq, nh, hd); k, v (B, Tk, nkv, hd); q_pos (Tq), k_pos (Tk) ascending.
-// first = true: o (B, Tq, nh, hd), lse (B, nh, Tq) := this block's attention and log-sum-exp; a query
+// q (B, Tq, nh, hd); k (B, Tk, nkv, hd); v (B, Tk, nkv, hdv); q_pos (Tq), k_pos (Tk) ascending.
+// first = true: o (B, Tq, nh, hdv), lse (B, nh, Tq) := this block's attention and log-sum-exp; a query
 //   with no visible key gets o = 0, lse = -inf. Their previous contents are not read.
 // first = false: merged with the previous state by the log-sum-exp rule
 //   lse' = log(exp(lse) + exp(lse_b)),  o' = o exp(lse - lse') + o_b exp(lse_b - lse'),
@@ -36,19 +37,20 @@ namespace fp::ops::cpu {
 // Deterministic: each query row is computed by one thread in a fixed order.
 void attention_block_forward(const float* q, const float* k, const float* v, const int32_t* q_pos,
                              const int32_t* k_pos, float* o, float* lse, bool first, int64_t B, int64_t Tq,
-                             int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, float scale, int64_t window);
+                             int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale,
+                             int64_t window);
 
 // The block pair's share of the gradient, ADDED to dq, dk, dv. o, lse are the FINAL forward state of the
-// queries (after every key block was merged), dout (B, Tq, nh, hd) the gradient of o. The probabilities
-// P = exp(scale q.k - lse) are recomputed tile by tile and D = rowsum(dout * o) inside (no extra input:
-// it costs Tq * nh * hd per tile row, nothing next to the tile products). Summed over all key blocks
-// this is attention_backward of ops/attention.h.
-// dq (B, Tq, nh, hd) += scale dS K;  dk (B, Tk, nkv, hd) += scale dS^T Q;  dv (B, Tk, nkv, hd) += P^T dout,
+// queries (after every key block was merged), dout (B, Tq, nh, hdv) the gradient of o (B, Tq, nh, hdv). The
+// probabilities P = exp(scale q.k - lse) are recomputed tile by tile and D = rowsum(dout * o) inside (no
+// extra input: it costs Tq * nh * hdv per tile row, nothing next to the tile products). Summed over all
+// key blocks this is attention_backward of ops/attention.h.
+// dq (B, Tq, nh, hd) += scale dS K;  dk (B, Tk, nkv, hd) += scale dS^T Q;  dv (B, Tk, nkv, hdv) += P^T dout,
 // with dS = P (dO V^T - D), P and dS zero on masked pairs. window: the forward's. Deterministic: the
 // same bits for any thread count.
 void attention_block_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
                               const float* dout, const int32_t* q_pos, const int32_t* k_pos, float* dq, float* dk,
                               float* dv, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
-                              float scale, int64_t window);
+                              int64_t hdv, float scale, int64_t window);
 
 }  // namespace fp::ops::cpu

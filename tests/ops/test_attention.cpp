@@ -1,8 +1,10 @@
 // Causal grouped-query flash attention: the tiled cpu kernel against the scalar reference (forward o and
 // lse, backward dq, dk, dv) at T around and across the 64-token tiles, several head groupings and head
 // dims; the fast forward against the double reference; the double reference backward against central
-// finite differences of its forward; bitwise determinism across thread counts and runs.
-// Dimensions: B sequences, T tokens, nh query heads, nkv kv heads, hd head_dim.
+// finite differences of its forward; bitwise determinism across thread counts and runs; value heads of
+// another width than the query/key heads (hdv != hd, Note [Value heads of their own width]).
+// Dimensions: B sequences, T tokens, nh query heads, nkv kv heads, hd the query/key head width, hdv the
+// value/output head width.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -69,9 +71,12 @@ template <class W>
 
 struct Case {
   int64_t B, T, nh, nkv, hd;
+  int64_t hdv = 0;  // the value/output head width; 0: hd
+  int64_t vd() const { return hdv > 0 ? hdv : hd; }
   std::string name() const {
     return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " nh=" + std::to_string(nh) +
-           " nkv=" + std::to_string(nkv) + " hd=" + std::to_string(hd);
+           " nkv=" + std::to_string(nkv) + " hd=" + std::to_string(hd) +
+           (vd() != hd ? " hdv=" + std::to_string(vd()) : "");
   }
 };
 
@@ -84,8 +89,8 @@ struct Inputs {
     Rng rng(seed);
     q = random_vector<float>(c.B * c.T * c.nh * c.hd, rng, 2.0);
     k = random_vector<float>(c.B * c.T * c.nkv * c.hd, rng);
-    v = random_vector<float>(c.B * c.T * c.nkv * c.hd, rng);
-    dout = random_vector<float>(c.B * c.T * c.nh * c.hd, rng);
+    v = random_vector<float>(c.B * c.T * c.nkv * c.vd(), rng);
+    dout = random_vector<float>(c.B * c.T * c.nh * c.vd(), rng);
     scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   }
 };
@@ -96,13 +101,55 @@ struct Outputs {
 
 // The cpu kernels, forward then backward, with a sliding window (0: causal).
 Outputs fast_run(const Case& c, const Inputs& in, int64_t window = 0) {
-  Outputs r{std::vector<float>(in.q.size()), std::vector<float>(c.B * c.nh * c.T), std::vector<float>(in.q.size()),
-            std::vector<float>(in.k.size()), std::vector<float>(in.k.size())};
+  Outputs r{std::vector<float>(in.dout.size()), std::vector<float>(c.B * c.nh * c.T), std::vector<float>(in.q.size()),
+            std::vector<float>(in.k.size()), std::vector<float>(in.v.size())};
   ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), c.B, c.T, c.nh, c.nkv,
-                              c.hd, in.scale, window);
+                              c.hd, c.vd(), in.scale, window);
   ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), in.dout.data(),
-                               r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, in.scale, window);
+                               r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale,
+                               window);
   return r;
+}
+
+// Both float: the cpu kernels (forward o, lse; backward dq, dk, dv) against the float reference, the
+// reference backward from the kernel's forward outputs so that only the backward kernels are compared.
+// Tolerance: Attention.MatchesReference.
+void expect_matches_reference(const Case& c, const Inputs& in, int64_t window) {
+  const Outputs got = fast_run(c, in, window);
+  std::vector<float> o(in.dout.size()), lse(c.B * c.nh * c.T), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
+  ops::ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh,
+                                     c.nkv, c.hd, c.vd(), in.scale, window);
+  ops::ref::attention_backward<float>(in.q.data(), in.k.data(), in.v.data(), got.o.data(), got.lse.data(),
+                                      in.dout.data(), dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd,
+                                      c.vd(), in.scale, window);
+  const std::string l = c.name() + " window=" + std::to_string(window);
+  const double rel = 2e-5;
+  EXPECT_TRUE(all_near(got.o, o, rel, "o " + l));
+  EXPECT_TRUE(all_near(got.lse, lse, rel, "lse " + l));
+  EXPECT_TRUE(all_near(got.dq, dq, rel, "dq " + l));
+  EXPECT_TRUE(all_near(got.dk, dk, rel, "dk " + l));
+  EXPECT_TRUE(all_near(got.dv, dv, rel, "dv " + l));
+}
+
+// The cpu kernels (float) against the double reference on the same float inputs, forward and backward:
+// within 1e-5 of the magnitude (the bound of ForwardMatchesDoubleReference and
+// SlidingWindowMatchesDoubleReference).
+void expect_matches_double_reference(const Case& c, const Inputs& in, int64_t window) {
+  const Outputs got = fast_run(c, in, window);
+  const std::vector<double> q = converted<double>(in.q), k = converted<double>(in.k), v = converted<double>(in.v);
+  const std::vector<double> dout = converted<double>(in.dout);
+  std::vector<double> o(dout.size()), lse(c.B * c.nh * c.T), dq(q.size()), dk(k.size()), dv(v.size());
+  const double scale = in.scale;
+  ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv, c.hd,
+                                      c.vd(), scale, window);
+  ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
+                                       dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), scale, window);
+  const std::string l = c.name() + " window=" + std::to_string(window);
+  EXPECT_TRUE(all_near(got.o, o, 1e-5, "o vs double " + l));
+  EXPECT_TRUE(all_near(got.lse, lse, 1e-5, "lse vs double " + l));
+  EXPECT_TRUE(all_near(got.dq, dq, 1e-5, "dq vs double " + l));
+  EXPECT_TRUE(all_near(got.dk, dk, 1e-5, "dk vs double " + l));
+  EXPECT_TRUE(all_near(got.dv, dv, 1e-5, "dv vs double " + l));
 }
 
 std::vector<Case> all_cases() {
@@ -132,11 +179,11 @@ TEST(Attention, MatchesReference) {
     const Outputs got = fast_run(c, in);
     std::vector<float> o(in.q.size()), lse(c.B * c.nh * c.T), dq(in.q.size()), dk(in.k.size()), dv(in.k.size());
     ops::ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh,
-                                       c.nkv, c.hd, in.scale, 0);
+                                       c.nkv, c.hd, c.hd, in.scale, 0);
     // Both backwards from the same forward outputs, so that only the backward kernels are compared.
     ops::ref::attention_backward<float>(in.q.data(), in.k.data(), in.v.data(), got.o.data(), got.lse.data(),
                                         in.dout.data(), dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd,
-                                        in.scale, 0);
+                                        c.hd, in.scale, 0);
     const double rel = 2e-5;
     EXPECT_TRUE(all_near(got.o, o, rel, "o " + c.name()));
     EXPECT_TRUE(all_near(got.lse, lse, rel, "lse " + c.name()));
@@ -155,31 +202,32 @@ TEST(Attention, ForwardMatchesDoubleReference) {
     const Inputs in(c, seed++);
     std::vector<float> o(in.q.size()), lse(c.B * c.nh * c.T);
     ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                c.hd, in.scale, 0);
+                                c.hd, c.hd, in.scale, 0);
     const std::vector<double> q = converted<double>(in.q), k = converted<double>(in.k), v = converted<double>(in.v);
     std::vector<double> od(o.size()), lsed(lse.size());
     ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), od.data(), lsed.data(), c.B, c.T, c.nh, c.nkv,
-                                        c.hd, static_cast<double>(in.scale), 0);
+                                        c.hd, c.hd, static_cast<double>(in.scale), 0);
     EXPECT_TRUE(all_near(o, od, 1e-5, "o vs double " + c.name()));
     EXPECT_TRUE(all_near(lse, lsed, 1e-5, "lse vs double " + c.name()));
   }
 }
 
+namespace {
+
 // L = sum w * o for a random w; the double reference backward with dout = w against central differences
-// of the double reference forward. h = 1e-5: truncation ~h^2 * O(1) third derivatives and rounding
-// ~1e-16 / h, both far under 1e-7.
-TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
-  const Case c{2, 7, 4, 2, 5};
-  Rng rng(7);
+// of the double reference forward, with the sliding window `window` (0: causal). h = 1e-5: truncation
+// ~h^2 * O(1) third derivatives and rounding ~1e-16 / h, both far under 1e-7.
+void expect_reference_backward_matches_finite_differences(const Case& c, uint64_t seed, int64_t window) {
+  Rng rng(seed);
   std::vector<double> q = random_vector<double>(c.B * c.T * c.nh * c.hd, rng, 1.5);
   std::vector<double> k = random_vector<double>(c.B * c.T * c.nkv * c.hd, rng);
-  std::vector<double> v = random_vector<double>(c.B * c.T * c.nkv * c.hd, rng);
-  const std::vector<double> w = random_vector<double>(q.size(), rng);
+  std::vector<double> v = random_vector<double>(c.B * c.T * c.nkv * c.vd(), rng);
+  const std::vector<double> w = random_vector<double>(c.B * c.T * c.nh * c.vd(), rng);
   const double scale = 0.6;
-  std::vector<double> o(q.size()), lse(c.B * c.nh * c.T);
+  std::vector<double> o(w.size()), lse(c.B * c.nh * c.T);
   auto loss = [&] {
     ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                        c.hd, scale, 0);
+                                        c.hd, c.vd(), scale, window);
     double L = 0;
     for (size_t i = 0; i < o.size(); ++i) L += w[i] * o[i];
     return L;
@@ -187,7 +235,7 @@ TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
   loss();
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
   ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), w.data(), dq.data(),
-                                       dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, scale, 0);
+                                       dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), scale, window);
   auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
     for (size_t i = 0; i < x.size(); ++i) {
       const double h = 1e-5, saved = x[i];
@@ -197,13 +245,19 @@ TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
       const double lm = loss();
       x[i] = saved;
       const double fd = (lp - lm) / (2 * h);
-      ASSERT_TRUE(std::isfinite(grad[i]));
-      ASSERT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "]";
+      ASSERT_TRUE(std::isfinite(grad[i])) << name << "[" << i << "] " << c.name();
+      ASSERT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "] " << c.name();
     }
   };
   check(q, dq, "dq");
   check(k, dk, "dk");
   check(v, dv, "dv");
+}
+
+}  // namespace
+
+TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
+  expect_reference_backward_matches_finite_differences(Case{2, 7, 4, 2, 5}, 7, 0);
 }
 
 // The contract promises the same bits for any thread count (Note [Deterministic attention backward]).
@@ -310,9 +364,9 @@ TEST(Attention, SlidingWindowMatchesDoubleReference) {
       std::vector<double> o(q.size()), lse(c.B * c.nh * c.T), dq(q.size()), dk(k.size()), dv(k.size());
       const double scale = in.scale;
       ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                          c.hd, scale, window);
+                                          c.hd, c.hd, scale, window);
       ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                                           dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, scale, window);
+                                           dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, scale, window);
       const std::string l = c.name() + " window=" + std::to_string(window);
       EXPECT_TRUE(all_near(got.o, o, 1e-5, "o vs double " + l));
       EXPECT_TRUE(all_near(got.lse, lse, 1e-5, "lse vs double " + l));
@@ -354,6 +408,108 @@ TEST(Attention, WindowOfTOrMoreIsCausalBitwise) {
       EXPECT_NE(0, std::memcmp(narrower.o.data(), causal.o.data(), causal.o.size() * sizeof(float))) << c.name();
     }
   }
+}
+
+// Value heads of another width than the query/key heads (Note [Value heads of their own width],
+// ops/attention.h): q, k of hd columns, v, o, dO, dV of hdv. The kernels against the float reference as in
+// MatchesReference (same 2e-5), causal and with a window, at T around and across the tiles: hdv < hd (24 /
+// 16, DeepSeek-V3's 192 / 128 with nh = nkv), hdv > hd with GQA (16 / 40, 8 / 64), widths that are not
+// multiples of the 8-column register block (5 / 3, 5 / 13), one token.
+TEST(Attention, ValueWidthMatchesReference) {
+  uint64_t seed = 1000;
+  for (const Case& c : {Case{1, 130, 4, 2, 24, 16}, Case{2, 65, 4, 1, 24, 16}, Case{1, 200, 2, 2, 192, 128},
+                        Case{2, 63, 6, 3, 16, 40}, Case{1, 257, 4, 2, 8, 64}, Case{2, 64, 1, 1, 64, 8},
+                        Case{1, 130, 4, 2, 5, 3}, Case{1, 70, 2, 1, 5, 13}, Case{1, 1, 2, 1, 24, 16}}) {
+    const Inputs in(c, seed++);
+    for (const int64_t window : {int64_t{0}, int64_t{50}}) {
+      expect_matches_reference(c, in, window);
+      if (::testing::Test::HasFailure()) return;  // one case's dump is enough
+    }
+  }
+}
+
+// The same kernels against the double reference, forward and backward, within the 1e-5 every other width
+// is held to (SlidingWindowMatchesDoubleReference), causal and with windows under, at and across tiles.
+TEST(Attention, ValueWidthMatchesDoubleReference) {
+  uint64_t seed = 1100;
+  for (const Case& c : {Case{1, 200, 2, 2, 192, 128}, Case{2, 130, 4, 2, 24, 16}, Case{1, 257, 6, 3, 16, 40}}) {
+    const Inputs in(c, seed++);
+    for (const int64_t window : {int64_t{0}, int64_t{1}, int64_t{64}, int64_t{100}}) {
+      expect_matches_double_reference(c, in, window);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+// Nothing but P depends on q and k, and every column of o = P V and of dV = P^T dO is computed on its own
+// (the tile products and the online softmax's rescaling are column by column, Note [Tile products as
+// register-blocked loops]): so with v = [v1 | v2] and dout = [d1 | d2] split by columns, o, lse and dv of
+// the width hdv1 + hdv2 are those of (v1, d1) and (v2, d2) side by side, bit for bit. With v1 of width hd
+// this ties the other widths to the single-width path (hdv = hd), whose bits are those of the kernels
+// before hdv existed. dq and dk are not split: D and dP sum over all hdv columns.
+TEST(Attention, ValueWidthSplitsByColumnsBitwise) {
+  for (const auto& [c, hdv1] : std::vector<std::pair<Case, int64_t>>{{Case{1, 200, 4, 2, 64, 128}, 64},
+                                                                     {Case{2, 130, 6, 3, 24, 40}, 24},
+                                                                     {Case{1, 70, 2, 2, 16, 21}, 13}}) {
+    const int64_t hdv = c.vd(), hdv2 = hdv - hdv1, rows = c.B * c.T;
+    const Inputs in(c, 1200);
+    // The columns [c0, c0 + w) of each head of x (rows, heads, hdv): (rows, heads, w).
+    auto columns = [&](const std::vector<float>& x, int64_t heads, int64_t c0, int64_t w) {
+      std::vector<float> out(rows * heads * w);
+      for (int64_t r = 0; r < rows * heads; ++r) std::copy_n(x.data() + r * hdv + c0, w, out.data() + r * w);
+      return out;
+    };
+    for (const int64_t window : {int64_t{0}, int64_t{50}}) {
+      const std::string l = c.name() + " split " + std::to_string(hdv1) + "+" + std::to_string(hdv2) +
+                            " window=" + std::to_string(window);
+      const Outputs whole = fast_run(c, in, window);
+      for (const auto& [c0, w] : {std::pair{int64_t{0}, hdv1}, std::pair{hdv1, hdv2}}) {
+        Case part = c;
+        part.hdv = w;
+        Inputs pin = in;
+        pin.v = columns(in.v, c.nkv, c0, w);
+        pin.dout = columns(in.dout, c.nh, c0, w);
+        const Outputs got = fast_run(part, pin, window);
+        const std::string lp = l + " columns " + std::to_string(c0) + ".." + std::to_string(c0 + w);
+        EXPECT_EQ(0, std::memcmp(got.o.data(), columns(whole.o, c.nh, c0, w).data(), got.o.size() * sizeof(float)))
+            << "o " << lp;
+        EXPECT_EQ(0, std::memcmp(got.lse.data(), whole.lse.data(), got.lse.size() * sizeof(float))) << "lse " << lp;
+        EXPECT_EQ(0,
+                  std::memcmp(got.dv.data(), columns(whole.dv, c.nkv, c0, w).data(), got.dv.size() * sizeof(float)))
+            << "dv " << lp;
+      }
+    }
+  }
+}
+
+// The double reference with hdv != hd against central differences of its forward (the pattern of
+// ReferenceBackwardMatchesFiniteDifferences): hdv under and over hd, GQA, causal and with a window.
+TEST(Attention, ValueWidthReferenceBackwardMatchesFiniteDifferences) {
+  expect_reference_backward_matches_finite_differences(Case{2, 7, 4, 2, 5, 3}, 8, 0);
+  expect_reference_backward_matches_finite_differences(Case{1, 9, 2, 1, 3, 6}, 9, 4);
+}
+
+// The same bits for any thread count and run with hdv != hd (Note [Deterministic attention backward]).
+TEST(Attention, ValueWidthBitwiseDeterministicAcrossThreadsAndRuns) {
+  const int saved = omp_get_max_threads();
+  for (const auto& [c, window] : std::vector<std::pair<Case, int64_t>>{{Case{2, 200, 4, 2, 24, 16}, 0},
+                                                                       {Case{1, 130, 2, 2, 192, 128}, 0},
+                                                                       {Case{1, 300, 4, 2, 16, 40}, 70}}) {
+    const Inputs in(c, 44);
+    omp_set_num_threads(1);
+    const Outputs one = fast_run(c, in, window);
+    omp_set_num_threads(2);
+    const Outputs two = fast_run(c, in, window);
+    const Outputs again = fast_run(c, in, window);
+    for (const Outputs* other : {&two, &again}) {
+      EXPECT_EQ(0, std::memcmp(one.o.data(), other->o.data(), one.o.size() * sizeof(float))) << "o " << c.name();
+      EXPECT_EQ(0, std::memcmp(one.lse.data(), other->lse.data(), one.lse.size() * sizeof(float))) << c.name();
+      EXPECT_EQ(0, std::memcmp(one.dq.data(), other->dq.data(), one.dq.size() * sizeof(float))) << "dq " << c.name();
+      EXPECT_EQ(0, std::memcmp(one.dk.data(), other->dk.data(), one.dk.size() * sizeof(float))) << "dk " << c.name();
+      EXPECT_EQ(0, std::memcmp(one.dv.data(), other->dv.data(), one.dv.size() * sizeof(float))) << "dv " << c.name();
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 namespace {
@@ -399,10 +555,10 @@ TEST(Attention, SlidingWindowSkipsTilesOutsideTheBand) {
     const std::string l = c.name() + " window=" + std::to_string(window);
     const int64_t before = at::tile_pairs_computed.load();
     ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                c.hd, in.scale, window);
+                                c.hd, c.hd, in.scale, window);
     const int64_t forward = at::tile_pairs_computed.load() - before;
     ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
-                                 dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, in.scale, window);
+                                 dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, window);
     const int64_t backward = at::tile_pairs_computed.load() - before - forward;
     EXPECT_EQ(forward, want) << l;
     EXPECT_EQ(backward, 2 * want) << l;
@@ -478,10 +634,10 @@ TEST(Attention, DISABLED_BenchSlidingWindow) {
       const int64_t before = at::tile_pairs_computed.load();
       const auto t0 = Clock::now();
       ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), c.B, c.T, c.nh,
-                                  c.nkv, c.hd, in.scale, windows[w]);
+                                  c.nkv, c.hd, c.hd, in.scale, windows[w]);
       const auto t1 = Clock::now();
       ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), in.dout.data(),
-                                   r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, in.scale,
+                                   r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale,
                                    windows[w]);
       const auto t2 = Clock::now();
       pairs[w] = (at::tile_pairs_computed.load() - before) / (3 * c.B * c.nh);

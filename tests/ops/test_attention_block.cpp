@@ -6,13 +6,17 @@
 //     reassembled, against attention_forward / attention_backward of the whole sequence (ops/attention.h);
 //   - the double reference backward of two merged blocks against central finite differences;
 //   - bitwise determinism across thread counts and runs; no NaN from queries that see no key;
+//   - value heads of another width than the query/key heads (hdv != hd): block pairs against the reference,
+//     the ring against the whole sequence and the double reference, finite differences;
 //   - a benchmark (disabled; see docs/benchmarks.md): the ring's block calls against the whole sequence.
 // Dimensions: B sequences, T tokens of the whole sequence, W ranks, C = T / (2W) tokens per zig-zag
-// chunk, Tq / Tk queries / keys of a block pair, nh query heads, nkv kv heads, hd head_dim.
+// chunk, Tq / Tk queries / keys of a block pair, nh query heads, nkv kv heads, hd the query/key head
+// width, hdv the value/output head width (Note [Value heads of their own width], ops/attention.h).
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -97,7 +101,7 @@ std::vector<int32_t> zigzag_positions(int64_t T, int W, int r) {
   return pos;
 }
 
-// The rows of the tokens pos (n) of x (B, T, heads, hd): (B, n, heads, hd).
+// The rows of the tokens pos (n) of x (B, T, heads, width): (B, n, heads, width) (width: heads * head width).
 std::vector<float> rows_gather(const std::vector<float>& x, const std::vector<int32_t>& pos, int64_t B, int64_t T,
                                int64_t width) {
   const int64_t n = static_cast<int64_t>(pos.size());
@@ -108,7 +112,7 @@ std::vector<float> rows_gather(const std::vector<float>& x, const std::vector<in
   return out;
 }
 
-// x (B, T, heads, hd) rows pos := piece (B, n, heads, hd).
+// x (B, T, heads, width) rows pos := piece (B, n, heads, width).
 void rows_scatter(std::vector<float>& x, const std::vector<float>& piece, const std::vector<int32_t>& pos, int64_t B,
                   int64_t T, int64_t width) {
   const int64_t n = static_cast<int64_t>(pos.size());
@@ -131,27 +135,32 @@ struct BlockCase {
   std::string name;
   int64_t B, nh, nkv, hd;
   std::vector<int32_t> q_pos, k_pos;
+  int64_t hdv = 0;  // the value/output head width; 0: hd
+  int64_t vd() const { return hdv > 0 ? hdv : hd; }
   int64_t Tq() const { return static_cast<int64_t>(q_pos.size()); }
   int64_t Tk() const { return static_cast<int64_t>(k_pos.size()); }
   std::string label() const {
     return name + " B=" + std::to_string(B) + " Tq=" + std::to_string(Tq()) + " Tk=" + std::to_string(Tk()) +
-           " nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" + std::to_string(hd);
+           " nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" + std::to_string(hd) +
+           (vd() != hd ? " hdv=" + std::to_string(vd()) : "");
   }
 };
 
 struct BlockInputs {
   std::vector<float> q, k, v, dout;
-  std::vector<float> o0, lse0;       // a previous running state: (B, Tq, nh, hd), (B, nh, Tq)
+  std::vector<float> o0, lse0;       // a previous running state: (B, Tq, nh, hdv), (B, nh, Tq)
   std::vector<float> dq0, dk0, dv0;  // gradients already accumulated by other blocks
   float scale;
   BlockInputs(const BlockCase& c, uint64_t seed) {
     Rng rng(seed);
     const int64_t nq = c.B * c.Tq() * c.nh * c.hd, nk = c.B * c.Tk() * c.nkv * c.hd;
+    const int64_t no = c.B * c.Tq() * c.nh * c.vd(), nv = c.B * c.Tk() * c.nkv * c.vd();
+    // With hdv == hd the draws are those before hdv existed (no = nq, nv = nk): the same inputs.
     q = random_vector<float>(nq, rng, 2.0);
     k = random_vector<float>(nk, rng);
-    v = random_vector<float>(nk, rng);
-    dout = random_vector<float>(nq, rng);
-    o0 = random_vector<float>(nq, rng);
+    v = random_vector<float>(nv, rng);
+    dout = random_vector<float>(no, rng);
+    o0 = random_vector<float>(no, rng);
     lse0 = random_vector<float>(c.B * c.nh * c.Tq(), rng, 2.0);
     // A quarter of the rows still empty (0, -inf), as left by blocks none of whose keys they saw.
     for (int64_t bh = 0; bh < c.B * c.nh; ++bh)
@@ -159,11 +168,11 @@ struct BlockInputs {
         if (rng.below(4) != 0) continue;
         lse0[bh * c.Tq() + i] = kNegInf;
         const int64_t b = bh / c.nh, h = bh % c.nh;
-        std::fill_n(o0.data() + ((b * c.Tq() + i) * c.nh + h) * c.hd, c.hd, 0.0f);
+        std::fill_n(o0.data() + ((b * c.Tq() + i) * c.nh + h) * c.vd(), c.vd(), 0.0f);
       }
     dq0 = random_vector<float>(nq, rng);
     dk0 = random_vector<float>(nk, rng);
-    dv0 = random_vector<float>(nk, rng);
+    dv0 = random_vector<float>(nv, rng);
     scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   }
 };
@@ -242,15 +251,15 @@ static_assert(ops::cpu::kAttentionTileQ == 64 && ops::cpu::kAttentionTileK == 64
 // block, a merge into a previous state, the backward from that state, and the += contract.
 void expect_block_matches_reference(const BlockCase& c, const BlockInputs& in, int64_t window) {
   const std::string label = c.label() + (window > 0 ? " window=" + std::to_string(window) : "");
-  const int64_t B = c.B, Tq = c.Tq(), Tk = c.Tk(), nh = c.nh, nkv = c.nkv, hd = c.hd;
+  const int64_t B = c.B, Tq = c.Tq(), Tk = c.Tk(), nh = c.nh, nkv = c.nkv, hd = c.hd, hdv = c.vd();
   const double rel = 2e-5;
-  std::vector<float> o(in.q.size(), NAN), lse(B * nh * Tq, NAN), o_ref(in.q.size(), NAN), lse_ref(lse.size(), NAN);
+  std::vector<float> o(in.o0.size(), NAN), lse(B * nh * Tq, NAN), o_ref(in.o0.size(), NAN), lse_ref(lse.size(), NAN);
   auto forward_both = [&](bool first) {  // the kernel into (o, lse), the reference into (o_ref, lse_ref)
     ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
-                                      o.data(), lse.data(), first, B, Tq, Tk, nh, nkv, hd, in.scale, window);
+                                      o.data(), lse.data(), first, B, Tq, Tk, nh, nkv, hd, hdv, in.scale, window);
     ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
-                                             o_ref.data(), lse_ref.data(), first, B, Tq, Tk, nh, nkv, hd, in.scale,
-                                             window);
+                                             o_ref.data(), lse_ref.data(), first, B, Tq, Tk, nh, nkv, hd, hdv,
+                                             in.scale, window);
   };
   // first = true: the previous contents (NaN here) are never read.
   forward_both(true);
@@ -266,21 +275,22 @@ void expect_block_matches_reference(const BlockCase& c, const BlockInputs& in, i
   // from zero gradients (a float reference accumulating onto nonzero values would round each of its Tk
   // terms against them), then the += contract on its own: from gradients already holding other blocks'
   // terms the kernel adds exactly the same increments, dq0 + increment rounded once, bit for bit.
-  const std::vector<float> zq(in.q.size(), 0.0f), zk(in.k.size(), 0.0f);
-  std::vector<float> dq = zq, dk = zk, dv = zk, dq_ref = zq, dk_ref = zk, dv_ref = zk;
+  const std::vector<float> zq(in.q.size(), 0.0f), zk(in.k.size(), 0.0f), zv(in.v.size(), 0.0f);
+  std::vector<float> dq = zq, dk = zk, dv = zv, dq_ref = zq, dk_ref = zk, dv_ref = zv;
   ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
                                      c.q_pos.data(), c.k_pos.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh,
-                                     nkv, hd, in.scale, window);
+                                     nkv, hd, hdv, in.scale, window);
   ops::ref::attention_block_backward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(),
                                             in.dout.data(), c.q_pos.data(), c.k_pos.data(), dq_ref.data(),
-                                            dk_ref.data(), dv_ref.data(), B, Tq, Tk, nh, nkv, hd, in.scale, window);
+                                            dk_ref.data(), dv_ref.data(), B, Tq, Tk, nh, nkv, hd, hdv, in.scale,
+                                            window);
   EXPECT_TRUE(all_near(dq, dq_ref, rel, "dq " + label));
   EXPECT_TRUE(all_near(dk, dk_ref, rel, "dk " + label));
   EXPECT_TRUE(all_near(dv, dv_ref, rel, "dv " + label));
   std::vector<float> dq_acc = in.dq0, dk_acc = in.dk0, dv_acc = in.dv0;
   ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
                                      c.q_pos.data(), c.k_pos.data(), dq_acc.data(), dk_acc.data(), dv_acc.data(), B,
-                                     Tq, Tk, nh, nkv, hd, in.scale, window);
+                                     Tq, Tk, nh, nkv, hd, hdv, in.scale, window);
   auto plus = [](std::vector<float> x, const std::vector<float>& y) {
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     return x;
@@ -330,41 +340,43 @@ struct RingResult {
 };
 
 struct RingProblem {
-  int64_t B, T, nh, nkv, hd;
-  std::vector<float> q, k, v, dout;  // (B, T, nh, hd), (B, T, nkv, hd) x2, (B, T, nh, hd)
+  int64_t B, T, nh, nkv, hd, hdv;
+  std::vector<float> q, k, v, dout;  // (B, T, nh, hd), (B, T, nkv, hd), (B, T, nkv, hdv), (B, T, nh, hdv)
   float scale;
-  RingProblem(int64_t B_, int64_t T_, int64_t nh_, int64_t nkv_, int64_t hd_, uint64_t seed)
-      : B(B_), T(T_), nh(nh_), nkv(nkv_), hd(hd_) {
+  // hdv_ = 0: hdv = hd.
+  RingProblem(int64_t B_, int64_t T_, int64_t nh_, int64_t nkv_, int64_t hd_, uint64_t seed, int64_t hdv_ = 0)
+      : B(B_), T(T_), nh(nh_), nkv(nkv_), hd(hd_), hdv(hdv_ > 0 ? hdv_ : hd_) {
     Rng rng(seed);
     q = random_vector<float>(B * T * nh * hd, rng, 2.0);
     k = random_vector<float>(B * T * nkv * hd, rng);
-    v = random_vector<float>(B * T * nkv * hd, rng);
-    dout = random_vector<float>(B * T * nh * hd, rng);
+    v = random_vector<float>(B * T * nkv * hdv, rng);
+    dout = random_vector<float>(B * T * nh * hdv, rng);
     scale = 1.0f / std::sqrt(static_cast<float>(hd));
   }
   std::string label(int W) const {
     return "W=" + std::to_string(W) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-           " nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" + std::to_string(hd);
+           " nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" + std::to_string(hd) +
+           (hdv != hd ? " hdv=" + std::to_string(hdv) : "");
   }
 };
 
 // Each rank's inputs, gathered once (the ring's data movement is not the kernels' business).
 struct RingPieces {
   std::vector<std::vector<int32_t>> pos;                       // [r] (N) global positions, N = T / W
-  std::vector<std::vector<float>> q, k, v, dout;               // [r] (B, N, heads, hd)
+  std::vector<std::vector<float>> q, k, v, dout;               // [r] (B, N, heads, hd or hdv)
   std::vector<std::vector<float>> o, lse, dq, dk, dv;          // [r] running state and gradients
   RingPieces(const RingProblem& p, int W) {
     for (int r = 0; r < W; ++r) {
       pos.push_back(zigzag_positions(p.T, W, r));
       q.push_back(rows_gather(p.q, pos[r], p.B, p.T, p.nh * p.hd));
       k.push_back(rows_gather(p.k, pos[r], p.B, p.T, p.nkv * p.hd));
-      v.push_back(rows_gather(p.v, pos[r], p.B, p.T, p.nkv * p.hd));
-      dout.push_back(rows_gather(p.dout, pos[r], p.B, p.T, p.nh * p.hd));
-      o.emplace_back(q[r].size());
+      v.push_back(rows_gather(p.v, pos[r], p.B, p.T, p.nkv * p.hdv));
+      dout.push_back(rows_gather(p.dout, pos[r], p.B, p.T, p.nh * p.hdv));
+      o.emplace_back(dout[r].size());
       lse.emplace_back(p.B * p.nh * static_cast<int64_t>(pos[r].size()));
       dq.emplace_back(q[r].size());
       dk.emplace_back(k[r].size());
-      dv.emplace_back(k[r].size());
+      dv.emplace_back(v[r].size());
     }
   }
 };
@@ -377,7 +389,7 @@ void ring_forward(const RingProblem& p, RingPieces& x, int W, int64_t window = 0
       const int src = (r - s + W) % W;
       ops::cpu::attention_block_forward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.pos[r].data(),
                                         x.pos[src].data(), x.o[r].data(), x.lse[r].data(), s == 0, p.B, N, N, p.nh,
-                                        p.nkv, p.hd, p.scale, window);
+                                        p.nkv, p.hd, p.hdv, p.scale, window);
     }
 }
 
@@ -394,7 +406,7 @@ void ring_backward(const RingProblem& p, RingPieces& x, int W, int64_t window = 
       ops::cpu::attention_block_backward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.o[r].data(),
                                          x.lse[r].data(), x.dout[r].data(), x.pos[r].data(), x.pos[src].data(),
                                          x.dq[r].data(), x.dk[src].data(), x.dv[src].data(), p.B, N, N, p.nh, p.nkv,
-                                         p.hd, p.scale, window);
+                                         p.hd, p.hdv, p.scale, window);
     }
 }
 
@@ -402,26 +414,26 @@ RingResult ring_run(const RingProblem& p, int W, int64_t window = 0) {
   RingPieces x(p, W);
   ring_forward(p, x, W, window);
   ring_backward(p, x, W, window);
-  RingResult out{std::vector<float>(p.q.size()), std::vector<float>(p.B * p.nh * p.T), std::vector<float>(p.q.size()),
-                 std::vector<float>(p.k.size()), std::vector<float>(p.k.size())};
+  RingResult out{std::vector<float>(p.dout.size()), std::vector<float>(p.B * p.nh * p.T),
+                 std::vector<float>(p.q.size()), std::vector<float>(p.k.size()), std::vector<float>(p.v.size())};
   for (int r = 0; r < W; ++r) {
-    rows_scatter(out.o, x.o[r], x.pos[r], p.B, p.T, p.nh * p.hd);
+    rows_scatter(out.o, x.o[r], x.pos[r], p.B, p.T, p.nh * p.hdv);
     lse_scatter(out.lse, x.lse[r], x.pos[r], p.B, p.nh, p.T);
     rows_scatter(out.dq, x.dq[r], x.pos[r], p.B, p.T, p.nh * p.hd);
     rows_scatter(out.dk, x.dk[r], x.pos[r], p.B, p.T, p.nkv * p.hd);
-    rows_scatter(out.dv, x.dv[r], x.pos[r], p.B, p.T, p.nkv * p.hd);
+    rows_scatter(out.dv, x.dv[r], x.pos[r], p.B, p.T, p.nkv * p.hdv);
   }
   return out;
 }
 
 RingResult whole_run(const RingProblem& p, int64_t window = 0) {
-  RingResult out{std::vector<float>(p.q.size()), std::vector<float>(p.B * p.nh * p.T), std::vector<float>(p.q.size()),
-                 std::vector<float>(p.k.size()), std::vector<float>(p.k.size())};
+  RingResult out{std::vector<float>(p.dout.size()), std::vector<float>(p.B * p.nh * p.T),
+                 std::vector<float>(p.q.size()), std::vector<float>(p.k.size()), std::vector<float>(p.v.size())};
   ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(), p.B, p.T, p.nh, p.nkv,
-                              p.hd, p.scale, window);
+                              p.hd, p.hdv, p.scale, window);
   ops::cpu::attention_backward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(), p.dout.data(),
-                               out.dq.data(), out.dk.data(), out.dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale,
-                               window);
+                               out.dq.data(), out.dk.data(), out.dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hdv,
+                               p.scale, window);
   return out;
 }
 
@@ -478,9 +490,9 @@ TEST(AttentionBlock, RingMatchesDoubleReference) {
     const std::vector<double> dout(p.dout.begin(), p.dout.end());
     std::vector<double> o(q.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(k.size());
     ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv,
-                                        p.hd, p.scale, 0);
+                                        p.hd, p.hd, p.scale, 0);
     ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale, 0);
+                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hd, p.scale, 0);
     for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
       const std::string l = std::string(who) + " " + p.label(W);
       EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
@@ -547,9 +559,9 @@ TEST(AttentionBlock, SlidingWindowRingMatchesDoubleReference) {
     const std::vector<double> dout(p.dout.begin(), p.dout.end());
     std::vector<double> o(q.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(k.size());
     ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv,
-                                        p.hd, p.scale, window);
+                                        p.hd, p.hd, p.scale, window);
     ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.scale, window);
+                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hd, p.scale, window);
     for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
       const std::string l = std::string(who) + " " + p.label(W) + " window=" + std::to_string(window);
       EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
@@ -558,6 +570,120 @@ TEST(AttentionBlock, SlidingWindowRingMatchesDoubleReference) {
       EXPECT_TRUE(all_near(got->dk, dk, 1e-5, "dk vs double " + l));
       EXPECT_TRUE(all_near(got->dv, dv, 1e-5, "dv vs double " + l));
     }
+  }
+}
+
+// Value heads of another width than the query/key heads (Note [Value heads of their own width],
+// ops/attention.h): every block pair of block_cases (contiguous, offset, fully visible, fully masked,
+// ties, random, zig-zag) with hdv != hd, against the float reference as in MatchesReference (first block,
+// merge, backward, +=), causal and with a window; hdv under and over hd and not a multiple of the 8-column
+// register block; and DeepSeek-V3's 192 / 128 with nh = nkv on the block pairs of a zig-zag ring.
+TEST(AttentionBlock, ValueWidthMatchesReference) {
+  const std::vector<int64_t> hdvs = {16, 40, 13, 8, 24, 3};
+  const std::vector<int64_t> windows = {0, 3, 20, 100};
+  std::vector<BlockCase> cases;
+  int64_t n = 0;
+  for (BlockCase c : block_cases()) {
+    c.hdv = hdvs[n++ % hdvs.size()];
+    if (c.hdv == c.hd) c.hdv = c.hd + 7;
+    cases.push_back(std::move(c));
+  }
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < 2; ++s)
+      cases.push_back({"zigzag W=2 C=70 r=" + std::to_string(r) + " s=" + std::to_string(s), 1, 2, 2, 192,
+                       zigzag_positions(280, 2, r), zigzag_positions(280, 2, s), 128});
+  uint64_t seed = 1300;
+  n = 0;
+  for (const BlockCase& c : cases) {
+    const BlockInputs in(c, seed++);
+    for (const int64_t window : {int64_t{0}, windows[1 + n % (windows.size() - 1)]}) {
+      expect_block_matches_reference(c, in, window);
+      if (::testing::Test::HasFailure()) return;  // one case's dump is enough
+    }
+    ++n;
+  }
+}
+
+// The (nh, nkv, hd, hdv) the value-width ring tests cycle through: hdv < hd, DeepSeek-V3's 192 / 128 with
+// nh = nkv, hdv > hd with GQA (two query heads a kv head, three), hdv not a multiple of 8.
+const std::vector<std::array<int64_t, 4>> kRingValueWidths = {
+    {4, 2, 24, 16}, {2, 2, 192, 128}, {4, 2, 16, 40}, {3, 1, 8, 64}, {2, 1, 5, 13}};
+
+// The ring with hdv != hd, its K block (B, N, nkv, hd) and V block (B, N, nkv, hdv) of different sizes,
+// against the whole-sequence kernels with the same widths: bit for bit at W = 1, and within the causal
+// ring's tolerances (RingMatchesWholeSequence) otherwise; causal and with a window, in turn.
+TEST(AttentionBlock, ValueWidthRingMatchesWholeSequence) {
+  uint64_t seed = 1400;
+  int64_t n = 0;
+  for (const int W : {1, 2, 3, 4})
+    for (const int64_t C : {7, 33, 70}) {
+      const auto [nh, nkv, hd, hdv] = kRingValueWidths[n % kRingValueWidths.size()];
+      const RingProblem p(1 + n % 2, 2 * W * C, nh, nkv, hd, seed++, hdv);
+      const int64_t window = n % 2 == 0 ? 0 : C + 5;
+      ++n;
+      const RingResult ring = ring_run(p, W, window), whole = whole_run(p, window);
+      const std::string l = p.label(W) + " window=" + std::to_string(window);
+      if (W == 1) {
+        EXPECT_TRUE(bits_equal(ring.o, whole.o)) << "o " << l;
+        EXPECT_TRUE(bits_equal(ring.lse, whole.lse)) << "lse " << l;
+        EXPECT_TRUE(bits_equal(ring.dq, whole.dq)) << "dq " << l;
+        EXPECT_TRUE(bits_equal(ring.dk, whole.dk)) << "dk " << l;
+        EXPECT_TRUE(bits_equal(ring.dv, whole.dv)) << "dv " << l;
+      }
+      EXPECT_TRUE(all_near(ring.o, whole.o, 3e-6, "o " + l));
+      EXPECT_TRUE(all_near(ring.lse, whole.lse, 3e-6, "lse " + l));
+      EXPECT_TRUE(all_near(ring.dq, whole.dq, 1.5e-5, "dq " + l));
+      EXPECT_TRUE(all_near(ring.dk, whole.dk, 1.5e-5, "dk " + l));
+      EXPECT_TRUE(all_near(ring.dv, whole.dv, 1.5e-5, "dv " + l));
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+// The ring and the whole-sequence kernel with hdv != hd, both against the double reference of the whole
+// sequence within 1e-5 (the bound of RingMatchesDoubleReference).
+TEST(AttentionBlock, ValueWidthRingMatchesDoubleReference) {
+  // W, C, window, and (nh, nkv, hd, hdv)
+  const std::vector<std::tuple<int, int64_t, int64_t, std::array<int64_t, 4>>> cases = {
+      {4, 33, 0, {4, 2, 24, 16}}, {3, 70, 100, {2, 2, 192, 128}}, {2, 64, 0, {4, 2, 16, 40}}};
+  for (const auto& [W, C, window, widths] : cases) {
+    const auto [nh, nkv, hd, hdv] = widths;
+    const RingProblem p(1, 2 * W * C, nh, nkv, hd, 1500 + W, hdv);
+    const RingResult ring = ring_run(p, W, window), whole = whole_run(p, window);
+    const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
+    const std::vector<double> dout(p.dout.begin(), p.dout.end());
+    std::vector<double> o(dout.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(v.size());
+    ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv,
+                                        p.hd, p.hdv, p.scale, window);
+    ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
+                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hdv, p.scale, window);
+    for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
+      const std::string l = std::string(who) + " " + p.label(W) + " window=" + std::to_string(window);
+      EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
+      EXPECT_TRUE(all_near(got->lse, lse, 1e-5, "lse vs double " + l));
+      EXPECT_TRUE(all_near(got->dq, dq, 1e-5, "dq vs double " + l));
+      EXPECT_TRUE(all_near(got->dk, dk, 1e-5, "dk vs double " + l));
+      EXPECT_TRUE(all_near(got->dv, dv, 1e-5, "dv vs double " + l));
+    }
+  }
+}
+
+// The same bits for any thread count with hdv != hd: a ring of 3 ranks, 1 thread vs 2, and a second run.
+TEST(AttentionBlock, ValueWidthBitwiseDeterministicAcrossThreadsAndRuns) {
+  const int saved = omp_get_max_threads();
+  const int W = 3;
+  const RingProblem p(2, 2 * W * 70, 4, 2, 24, 78, 40);
+  omp_set_num_threads(1);
+  const RingResult one = ring_run(p, W, 90);
+  omp_set_num_threads(2);
+  const RingResult two = ring_run(p, W, 90);
+  const RingResult again = ring_run(p, W, 90);
+  omp_set_num_threads(saved);
+  for (const RingResult* other : {&two, &again}) {
+    EXPECT_TRUE(bits_equal(one.o, other->o)) << "o";
+    EXPECT_TRUE(bits_equal(one.lse, other->lse)) << "lse";
+    EXPECT_TRUE(bits_equal(one.dq, other->dq)) << "dq";
+    EXPECT_TRUE(bits_equal(one.dk, other->dk)) << "dk";
+    EXPECT_TRUE(bits_equal(one.dv, other->dv)) << "dv";
   }
 }
 
@@ -624,14 +750,14 @@ TEST(AttentionBlock, SlidingWindowSkipsMaskedTilePairs) {
   const std::vector<float> o = x.o[0], lse = x.lse[0];
   int64_t before = at::tile_pairs_computed.load();
   ops::cpu::attention_block_forward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.pos[0].data(), x.pos[2].data(),
-                                    x.o[0].data(), x.lse[0].data(), false, p.B, N, N, p.nh, p.nkv, p.hd, p.scale,
-                                    window);
+                                    x.o[0].data(), x.lse[0].data(), false, p.B, N, N, p.nh, p.nkv, p.hd, p.hd,
+                                    p.scale, window);
   EXPECT_EQ(at::tile_pairs_computed.load(), before);
   EXPECT_TRUE(bits_equal(x.o[0], o) && bits_equal(x.lse[0], lse));
   std::vector<float> o_first(o.size(), NAN), lse_first(lse.size(), NAN);
   ops::cpu::attention_block_forward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.pos[0].data(), x.pos[2].data(),
-                                    o_first.data(), lse_first.data(), true, p.B, N, N, p.nh, p.nkv, p.hd, p.scale,
-                                    window);
+                                    o_first.data(), lse_first.data(), true, p.B, N, N, p.nh, p.nkv, p.hd, p.hd,
+                                    p.scale, window);
   EXPECT_EQ(at::tile_pairs_computed.load(), before);
   EXPECT_TRUE(std::all_of(o_first.begin(), o_first.end(), [](float v) { return v == 0.0f && !std::signbit(v); }));
   EXPECT_TRUE(std::all_of(lse_first.begin(), lse_first.end(), [](float v) { return v == kNegInf; }));
@@ -639,7 +765,7 @@ TEST(AttentionBlock, SlidingWindowSkipsMaskedTilePairs) {
   const std::vector<float> dq0 = dq, dk0 = dk, dv0 = dv;  // -0 would turn into +0 if anything were added
   ops::cpu::attention_block_backward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.o[0].data(), x.lse[0].data(),
                                      x.dout[0].data(), x.pos[0].data(), x.pos[2].data(), dq.data(), dk.data(),
-                                     dv.data(), p.B, N, N, p.nh, p.nkv, p.hd, p.scale, window);
+                                     dv.data(), p.B, N, N, p.nh, p.nkv, p.hd, p.hd, p.scale, window);
   EXPECT_EQ(at::tile_pairs_computed.load(), before);
   EXPECT_TRUE(bits_equal(dq, dq0) && bits_equal(dk, dk0) && bits_equal(dv, dv0));
 }
@@ -649,26 +775,28 @@ TEST(AttentionBlock, SlidingWindowSkipsMaskedTilePairs) {
 // own call. Against central differences of the forward (h = 1e-5: truncation ~h^2, rounding ~1e-16 / h,
 // both far under 1e-7). The positions make query 0 see no key at all (o = 0, lse = -inf: gradient 0),
 // queries 1-3 see no key of the block folded first (the merge's empty-state branch), and ties.
-TEST(AttentionBlock, ReferenceBackwardMatchesFiniteDifferences) {
-  const int64_t B = 2, nh = 4, nkv = 2, hd = 5;
+// hd / hdv: the query-key / value-output head widths; window: every call's (0: causal).
+void expect_merged_reference_backward_matches_finite_differences(int64_t hd, int64_t hdv, uint64_t seed,
+                                                                 int64_t window) {
+  const int64_t B = 2, nh = 4, nkv = 2;
   const std::vector<int32_t> q_pos = {0, 2, 3, 3, 7, 9};  // (Tq)
   const std::vector<int32_t> k1_pos = {1, 2, 3, 4};        // (Tk1) folded second
   const std::vector<int32_t> k2_pos = {5, 6, 7, 8, 9};     // (Tk2) folded first
   const int64_t Tq = 6, Tk1 = 4, Tk2 = 5;
-  Rng rng(11);
+  Rng rng(seed);
   std::vector<double> q = random_vector<double>(B * Tq * nh * hd, rng, 1.5);
   std::vector<double> k1 = random_vector<double>(B * Tk1 * nkv * hd, rng);
-  std::vector<double> v1 = random_vector<double>(B * Tk1 * nkv * hd, rng);
+  std::vector<double> v1 = random_vector<double>(B * Tk1 * nkv * hdv, rng);
   std::vector<double> k2 = random_vector<double>(B * Tk2 * nkv * hd, rng);
-  std::vector<double> v2 = random_vector<double>(B * Tk2 * nkv * hd, rng);
-  const std::vector<double> w = random_vector<double>(q.size(), rng);
+  std::vector<double> v2 = random_vector<double>(B * Tk2 * nkv * hdv, rng);
+  const std::vector<double> w = random_vector<double>(B * Tq * nh * hdv, rng);
   const double scale = 0.6;
-  std::vector<double> o(q.size()), lse(B * nh * Tq);
+  std::vector<double> o(w.size()), lse(B * nh * Tq);
   auto loss = [&] {
     ops::ref::attention_block_forward<double>(q.data(), k2.data(), v2.data(), q_pos.data(), k2_pos.data(), o.data(),
-                                              lse.data(), true, B, Tq, Tk2, nh, nkv, hd, scale, 0);
+                                              lse.data(), true, B, Tq, Tk2, nh, nkv, hd, hdv, scale, window);
     ops::ref::attention_block_forward<double>(q.data(), k1.data(), v1.data(), q_pos.data(), k1_pos.data(), o.data(),
-                                              lse.data(), false, B, Tq, Tk1, nh, nkv, hd, scale, 0);
+                                              lse.data(), false, B, Tq, Tk1, nh, nkv, hd, hdv, scale, window);
     double L = 0;
     for (size_t i = 0; i < o.size(); ++i) L += w[i] * o[i];
     return L;
@@ -678,10 +806,10 @@ TEST(AttentionBlock, ReferenceBackwardMatchesFiniteDifferences) {
   std::vector<double> dq(q.size()), dk1(k1.size()), dv1(v1.size()), dk2(k2.size()), dv2(v2.size());
   ops::ref::attention_block_backward<double>(q.data(), k1.data(), v1.data(), o.data(), lse.data(), w.data(),
                                              q_pos.data(), k1_pos.data(), dq.data(), dk1.data(), dv1.data(), B, Tq,
-                                             Tk1, nh, nkv, hd, scale, 0);
+                                             Tk1, nh, nkv, hd, hdv, scale, window);
   ops::ref::attention_block_backward<double>(q.data(), k2.data(), v2.data(), o.data(), lse.data(), w.data(),
                                              q_pos.data(), k2_pos.data(), dq.data(), dk2.data(), dv2.data(), B, Tq,
-                                             Tk2, nh, nkv, hd, scale, 0);
+                                             Tk2, nh, nkv, hd, hdv, scale, window);
   auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
     for (size_t i = 0; i < x.size(); ++i) {
       const double h = 1e-5, saved = x[i];
@@ -691,8 +819,8 @@ TEST(AttentionBlock, ReferenceBackwardMatchesFiniteDifferences) {
       const double lm = loss();
       x[i] = saved;
       const double fd = (lp - lm) / (2 * h);
-      ASSERT_TRUE(std::isfinite(grad[i])) << name << "[" << i << "]";
-      ASSERT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "]";
+      ASSERT_TRUE(std::isfinite(grad[i])) << name << "[" << i << "] hd=" << hd << " hdv=" << hdv;
+      ASSERT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "] hd=" << hd << " hdv=" << hdv;
     }
   };
   check(q, dq, "dq");
@@ -700,6 +828,17 @@ TEST(AttentionBlock, ReferenceBackwardMatchesFiniteDifferences) {
   check(v1, dv1, "dv1");
   check(k2, dk2, "dk2");
   check(v2, dv2, "dv2");
+}
+
+TEST(AttentionBlock, ReferenceBackwardMatchesFiniteDifferences) {
+  expect_merged_reference_backward_matches_finite_differences(5, 5, 11, 0);
+}
+
+// The same with value heads narrower and wider than the query/key heads, causal and with a window of 3
+// (Note [Value heads of their own width], ops/attention.h).
+TEST(AttentionBlock, ValueWidthReferenceBackwardMatchesFiniteDifferences) {
+  expect_merged_reference_backward_matches_finite_differences(5, 3, 12, 0);
+  expect_merged_reference_backward_matches_finite_differences(3, 7, 13, 3);
 }
 
 // The contract promises the same bits for any thread count: a ring of 3 ranks (diagonal, visible and
@@ -740,7 +879,7 @@ TEST(AttentionBlock, QueriesWithoutKeysGiveNoNaN) {
   const float scale = 0.2f;
   auto fwd = [&](const std::vector<int32_t>& kp, std::vector<float>& o, std::vector<float>& lse, bool first) {
     ops::cpu::attention_block_forward(q.data(), k.data(), v.data(), q_pos.data(), kp.data(), o.data(), lse.data(),
-                                      first, B, Tq, Tk, nh, nkv, hd, scale, 0);
+                                      first, B, Tq, Tk, nh, nkv, hd, hd, scale, 0);
   };
   std::vector<float> o(q.size(), NAN), lse(B * nh * Tq, NAN);
   fwd(k_late, o, lse, true);
@@ -763,13 +902,14 @@ TEST(AttentionBlock, QueriesWithoutKeysGiveNoNaN) {
   // Backward with this (partly empty) final state: the masked block adds 0, the visible one finite terms.
   std::vector<float> dq(q.size(), 1.0f), dk(k.size(), 1.0f), dv(k.size(), 1.0f);
   ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), q_pos.data(),
-                                     k_late.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, scale, 0);
+                                     k_late.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, hd, scale,
+                                     0);
   EXPECT_TRUE(std::all_of(dq.begin(), dq.end(), [](float x) { return x == 1.0f; }));
   EXPECT_TRUE(std::all_of(dk.begin(), dk.end(), [](float x) { return x == 1.0f; }));
   EXPECT_TRUE(std::all_of(dv.begin(), dv.end(), [](float x) { return x == 1.0f; }));
   ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), q_pos.data(),
-                                     k_early.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, scale,
-                                     0);
+                                     k_early.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, hd,
+                                     scale, 0);
   EXPECT_TRUE(all_finite_or_neg_inf(dq, "dq") && all_finite_or_neg_inf(dk, "dk") && all_finite_or_neg_inf(dv, "dv"));
   // Query 0 of (b 0, h 0) saw no key anywhere: its dq is untouched.
   EXPECT_TRUE(std::all_of(dq.begin(), dq.begin() + hd, [](float x) { return x == 1.0f; }));
@@ -782,11 +922,11 @@ TEST(AttentionBlock, UnsortedPositionsAreRejected) {
   const std::vector<float> x(3 * 8, 0.5f);
   std::vector<float> o(x.size()), lse(3), dq(x.size()), dk(x.size()), dv(x.size());
   EXPECT_THROW(ops::cpu::attention_block_forward(x.data(), x.data(), x.data(), unsorted.data(), sorted.data(), o.data(),
-                                                 lse.data(), true, 1, 3, 3, 1, 1, 8, 1.0f, 0),
+                                                 lse.data(), true, 1, 3, 3, 1, 1, 8, 8, 1.0f, 0),
                InternalError);
   EXPECT_THROW(ops::cpu::attention_block_backward(x.data(), x.data(), x.data(), o.data(), lse.data(), x.data(),
                                                   sorted.data(), unsorted.data(), dq.data(), dk.data(), dv.data(), 1, 3,
-                                                  3, 1, 1, 8, 1.0f, 0),
+                                                  3, 1, 1, 8, 8, 1.0f, 0),
                InternalError);
 }
 
@@ -855,13 +995,13 @@ TEST(AttentionBlock, DISABLED_BenchRingVsWholeSequence) {
     for (int rep = 0; rep < repeats; ++rep) {
       timed(0, [&] {
         ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(), B, T, nh,
-                                    nkv, hd, p.scale, 0);
+                                    nkv, hd, hd, p.scale, 0);
       });
       timed(1, [&] { ring_forward(p, x, W); });
       timed(2, [&] {
         ops::cpu::attention_backward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(),
                                      p.dout.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), B, T, nh, nkv,
-                                     hd, p.scale, 0);
+                                     hd, hd, p.scale, 0);
       });
       timed(3, [&] { ring_backward(p, x, W); });  // includes zeroing the ranks' gradients: negligible
     }

@@ -1,9 +1,10 @@
 // Causal grouped-query flash attention (ops/attention.h), forward and backward, tile by tile.
 // Dimensions: B sequences, T tokens each, nh query heads, nkv kv heads, group = nh / nkv query heads per
-// kv head, hd head_dim, hdp = hd rounded up to kNr (the padded row length of every scratch tile),
-// TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, nqt / nkt the number of query / key
-// tiles. No buffer grows with T * T: each thread owns a fixed scratch of a few (64, hdp) and (64, 64)
-// tiles, allocated once per parallel region.
+// kv head, hd the query/key head width, hdv the value/output head width (Note [Value heads of their own
+// width], ops/attention.h), hdp / hdvp = hd / hdv rounded up to kNr (the padded row lengths of the scratch
+// tiles of q, k, dq, dk / of v, o, dO, dV), TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key)
+// tile, nqt / nkt the number of query / key tiles. No buffer grows with T * T: each thread owns a fixed
+// scratch of a few (64, hdp), (64, hdvp) and (64, 64) tiles, allocated once per parallel region.
 //
 // Forward (FlashAttention-2): threads take (b, h, query tile) items; each walks the key tiles at or
 // below the diagonal keeping a running max m and sum l per query (online softmax), rescaling its
@@ -77,29 +78,30 @@ void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const
   }
 }
 
-void shapes_check(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t window) {
-  FP_ASSERT(B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0 && window >= 0,
-            "attention shapes B={} T={} nh={} nkv={} hd={} window={} (nh must be a multiple of nkv, window >= 0)",
-            B, T, nh, nkv, hd, window);
+void shapes_check(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, int64_t window) {
+  FP_ASSERT(B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && hdv > 0 && nh % nkv == 0 && window >= 0,
+            "attention shapes B={} T={} nh={} nkv={} hd={} hdv={} window={} (nh must be a multiple of nkv, "
+            "window >= 0)",
+            B, T, nh, nkv, hd, hdv, window);
 }
 
 }  // namespace
 
 void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t B, int64_t T,
-                       int64_t nh, int64_t nkv, int64_t hd, float scale, int64_t window) {
-  shapes_check(B, T, nh, nkv, hd, window);
+                       int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
+  shapes_check(B, T, nh, nkv, hd, hdv, window);
   if (B == 0 || T == 0) return;
   const int64_t w = window >= T ? 0 : window;  // a window of T or more masks nothing
-  const int64_t group = nh / nkv, hdp = hd_padded(hd), nqt = (T + TQ - 1) / TQ;
+  const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = (T + TQ - 1) / TQ;
   const int64_t items = B * nh * nqt;
 #pragma omp parallel if (items > 1)
   {
-    std::vector<float> scratch(3 * TQ * hdp + TK * hdp + TQ * TK + 2 * TQ);
+    std::vector<float> scratch(TQ * hdp + TQ * hdvp + hdp * TK + TK * hdvp + TQ * TK + 2 * TQ);
     float* qs = scratch.data();   // (TQ, hdp) query tile
-    float* acc = qs + TQ * hdp;   // (TQ, hdp) unnormalised output
-    float* kt = acc + TQ * hdp;   // (hdp, TK) key tile, transposed
-    float* vs = kt + hdp * TK;    // (TK, hdp) value tile
-    float* s = vs + TK * hdp;     // (TQ, TK) scores, then probabilities
+    float* acc = qs + TQ * hdp;   // (TQ, hdvp) unnormalised output
+    float* kt = acc + TQ * hdvp;  // (hdp, TK) key tile, transposed
+    float* vs = kt + hdp * TK;    // (TK, hdvp) value tile
+    float* s = vs + TK * hdvp;    // (TQ, TK) scores, then probabilities
     float* m = s + TQ * TK;       // (TQ) running max of the scaled scores
     float* l = m + TQ;            // (TQ) running sum of exp(score - m)
     // The last query tiles visit the most key tiles (without a window): hand them out first.
@@ -107,9 +109,9 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qt = nqt - 1 - it % nqt, bh = it / nqt, b = bh / nh, h = bh % nh, g = h / group;
       const int64_t i0 = qt * TQ, nq = std::min(TQ, T - i0);
-      const int64_t qoff = ((b * T + i0) * nh + h) * hd;
-      rows_load(qs, q + qoff, nh * hd, nq, TQ, hd, hdp);
-      std::fill(acc, acc + TQ * hdp, 0.0f);
+      const int64_t qrow = (b * T + i0) * nh + h;  // the tile's first row of the (B, T, nh) rows
+      rows_load(qs, q + qrow * hd, nh * hd, nq, TQ, hd, hdp);
+      std::fill(acc, acc + TQ * hdvp, 0.0f);
       std::fill(m, m + TQ, -std::numeric_limits<float>::infinity());
       std::fill(l, l + TQ, 0.0f);
       // Key tiles from the one holding the first query's first key to the one holding the last query:
@@ -118,20 +120,20 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
       tile_pairs_computed.fetch_add(nkt - kt_lo, std::memory_order_relaxed);
       for (int64_t kt_i = kt_lo; kt_i < nkt; ++kt_i) {
         const int64_t j0 = kt_i * TK, nk = std::min(TK, T - j0);
-        const int64_t koff = ((b * T + j0) * nkv + g) * hd;
-        rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
-        rows_load(vs, v + koff, nkv * hd, nk, TK, hd, hdp);
+        const int64_t krow = (b * T + j0) * nkv + g;  // the tile's first row of the (B, T, nkv) rows
+        rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
+        rows_load(vs, v + krow * hdv, nkv * hdv, nk, TK, hdv, hdvp);
         std::fill(s, s + TQ * TK, 0.0f);
         tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
         for (int64_t r = 0; r < TQ; ++r) {
           const KeyRun run = r < nq ? keys_visible(i0 + r, j0, nk, w) : KeyRun{0, 0};
-          row_online_softmax(s + r * TK, run.jbeg, run.jend, scale, m[r], l[r], acc + r * hdp, hdp);
+          row_online_softmax(s + r * TK, run.jbeg, run.jend, scale, m[r], l[r], acc + r * hdvp, hdvp);
         }
-        tile_gemm(s, TK, vs, hdp, acc, hdp, TQ, hdp, TK);
+        tile_gemm(s, TK, vs, hdvp, acc, hdvp, TQ, hdvp, TK);
       }
       for (int64_t r = 0; r < nq; ++r) {
-        float* orow = o + qoff + r * nh * hd;  // (hd)
-        for (int64_t c = 0; c < hd; ++c) orow[c] = acc[r * hdp + c] / l[r];
+        float* orow = o + (qrow + r * nh) * hdv;  // (hdv)
+        for (int64_t c = 0; c < hdv; ++c) orow[c] = acc[r * hdvp + c] / l[r];
         lse[(b * nh + h) * T + i0 + r] = m[r] + std::log(l[r]);
       }
     }
@@ -140,40 +142,42 @@ void attention_forward(const float* q, const float* k, const float* v, float* o,
 
 void attention_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t nh,
-                        int64_t nkv, int64_t hd, float scale, int64_t window) {
-  shapes_check(B, T, nh, nkv, hd, window);
+                        int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
+  shapes_check(B, T, nh, nkv, hd, hdv, window);
   if (B == 0 || T == 0) return;
   const int64_t w = window >= T ? 0 : window;  // a window of T or more masks nothing
-  const int64_t group = nh / nkv, hdp = hd_padded(hd), nqt = (T + TQ - 1) / TQ, nkt = (T + TK - 1) / TK;
-  // Per thread: qs, dos (TQ, hdp); kt, vt (hdp, TK); ks (TK, hdp); two accumulators of up to
-  // max(TQ, TK) rows; s, dp (TQ, TK); tr (TK, TQ); lse_t, D (TQ).
+  const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv);
+  const int64_t nqt = (T + TQ - 1) / TQ, nkt = (T + TK - 1) / TK;
+  // Per thread: qs (TQ, hdp), dos (TQ, hdvp); kt (hdp, TK), vt (hdvp, TK); ks (TK, hdp); two
+  // accumulators of up to max(TQ, TK) rows, of hdp (dK or dQ) and of hdvp (dV) columns; s, dp (TQ, TK);
+  // tr (TK, TQ); lse_t, D (TQ).
   const int64_t tmax = std::max(TQ, TK);
-  const int64_t scratch_size = 2 * TQ * hdp + 3 * TK * hdp + 2 * tmax * hdp + 3 * TQ * TK + 2 * TQ;
+  const int64_t scratch_size = TQ * (hdp + hdvp) + TK * (2 * hdp + hdvp) + tmax * (hdp + hdvp) + 3 * TQ * TK + 2 * TQ;
   // Pass 1: dK, dV (Note [Deterministic attention backward]). Key tile 0 is seen by every query tile:
   // ascending key tiles hand out the heaviest items first.
   const int64_t items1 = B * nkv * nkt;
 #pragma omp parallel if (items1 > 1)
   {
     std::vector<float> scratch(scratch_size);
-    float* qs = scratch.data();     // (TQ, hdp) queries
-    float* dos = qs + TQ * hdp;     // (TQ, hdp) output gradients
-    float* kt = dos + TQ * hdp;     // (hdp, TK) keys, transposed
-    float* vt = kt + hdp * TK;      // (hdp, TK) values, transposed
-    float* dk_acc = vt + hdp * TK;  // (TK, hdp) unscaled dK of the key tile
-    float* dv_acc = dk_acc + TK * hdp;  // (TK, hdp) dV of the key tile
-    float* s = dv_acc + TK * hdp;   // (TQ, TK) scores, then P
-    float* dp = s + TQ * TK;        // (TQ, TK) dP, then dS
-    float* tr = dp + TQ * TK;       // (TK, TQ) P^T or dS^T
-    float* lse_t = tr + TK * TQ;    // (TQ)
-    float* D = lse_t + TQ;          // (TQ)
+    float* qs = scratch.data();         // (TQ, hdp) queries
+    float* dos = qs + TQ * hdp;         // (TQ, hdvp) output gradients
+    float* kt = dos + TQ * hdvp;        // (hdp, TK) keys, transposed
+    float* vt = kt + hdp * TK;          // (hdvp, TK) values, transposed
+    float* dk_acc = vt + hdvp * TK;     // (TK, hdp) unscaled dK of the key tile
+    float* dv_acc = dk_acc + TK * hdp;  // (TK, hdvp) dV of the key tile
+    float* s = dv_acc + TK * hdvp;      // (TQ, TK) scores, then P
+    float* dp = s + TQ * TK;            // (TQ, TK) dP, then dS
+    float* tr = dp + TQ * TK;           // (TK, TQ) P^T or dS^T
+    float* lse_t = tr + TK * TQ;        // (TQ)
+    float* D = lse_t + TQ;              // (TQ)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items1; ++it) {
       const int64_t kt_i = it % nkt, bg = it / nkt, b = bg / nkv, g = bg % nkv;
       const int64_t j0 = kt_i * TK, nk = std::min(TK, T - j0);
-      const int64_t koff = ((b * T + j0) * nkv + g) * hd;
-      rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
-      rows_load_transposed(vt, v + koff, nkv * hd, nk, hd, hdp);
-      std::fill(dk_acc, dk_acc + 2 * TK * hdp, 0.0f);  // dk_acc and dv_acc
+      const int64_t krow = (b * T + j0) * nkv + g;  // the tile's first row of the (B, T, nkv) rows
+      rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
+      rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
+      std::fill(dk_acc, dk_acc + TK * (hdp + hdvp), 0.0f);  // dk_acc and dv_acc
       // Query tiles holding a query at or after key j0 and, with a window, at or before query
       // j0 + nk - 2 + w, the last that sees the tile's last key.
       const int64_t qt_lo = j0 / TQ, qt_hi = w > 0 ? std::min(nqt, (j0 + nk - 2 + w) / TQ + 1) : nqt;
@@ -181,24 +185,22 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         for (int64_t qt = qt_lo; qt < qt_hi; ++qt) {
           const int64_t i0 = qt * TQ, nq = std::min(TQ, T - i0);
-          query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, T, nh, hd, hdp);
+          query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, T, nh, hd, hdp, hdv, hdvp);
           std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
           tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
-          tile_gemm(dos, hdp, vt, TK, dp, TK, TQ, TK, hdp);
+          tile_gemm(dos, hdvp, vt, TK, dp, TK, TQ, TK, hdvp);
           tile_probs_and_score_grads(s, dp, lse_t, D, nq, nk, i0, j0, scale, w);
           tile_transpose(tr, s, TQ, TK);
-          tile_gemm(tr, TQ, dos, hdp, dv_acc, hdp, TK, hdp, TQ);
+          tile_gemm(tr, TQ, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);
           tile_transpose(tr, dp, TQ, TK);
           tile_gemm(tr, TQ, qs, hdp, dk_acc, hdp, TK, hdp, TQ);
         }
       }
       for (int64_t j = 0; j < nk; ++j) {
-        float* dkr = dk + koff + j * nkv * hd;  // (hd)
-        float* dvr = dv + koff + j * nkv * hd;  // (hd)
-        for (int64_t c = 0; c < hd; ++c) {
-          dkr[c] = scale * dk_acc[j * hdp + c];
-          dvr[c] = dv_acc[j * hdp + c];
-        }
+        float* dkr = dk + (krow + j * nkv) * hd;   // (hd)
+        float* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
+        for (int64_t c = 0; c < hd; ++c) dkr[c] = scale * dk_acc[j * hdp + c];
+        for (int64_t c = 0; c < hdv; ++c) dvr[c] = dv_acc[j * hdvp + c];
       }
     }
   }
@@ -208,10 +210,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   {
     std::vector<float> scratch(scratch_size);
     float* qs = scratch.data();     // (TQ, hdp) queries
-    float* dos = qs + TQ * hdp;     // (TQ, hdp) output gradients
-    float* kt = dos + TQ * hdp;     // (hdp, TK) keys, transposed
-    float* vt = kt + hdp * TK;      // (hdp, TK) values, transposed
-    float* ks = vt + hdp * TK;      // (TK, hdp) keys
+    float* dos = qs + TQ * hdp;     // (TQ, hdvp) output gradients
+    float* kt = dos + TQ * hdvp;    // (hdp, TK) keys, transposed
+    float* vt = kt + hdp * TK;      // (hdvp, TK) values, transposed
+    float* ks = vt + hdvp * TK;     // (TK, hdp) keys
     float* dq_acc = ks + TK * hdp;  // (TQ, hdp) unscaled dQ of the query tile
     float* s = dq_acc + TQ * hdp;   // (TQ, TK) scores, then P
     float* dp = s + TQ * TK;        // (TQ, TK) dP, then dS
@@ -221,20 +223,20 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
     for (int64_t it = 0; it < items2; ++it) {
       const int64_t qt = nqt - 1 - it % nqt, bh = it / nqt, b = bh / nh, h = bh % nh, g = h / group;
       const int64_t i0 = qt * TQ, nq = std::min(TQ, T - i0);
-      query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, T, nh, hd, hdp);
+      query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, T, nh, hd, hdp, hdv, hdvp);
       std::fill(dq_acc, dq_acc + TQ * hdp, 0.0f);
       // Key tiles from the first query's first key up to the last query, as in the forward.
       const int64_t kt_lo = first_key(i0, w) / TK, nkt_q = (i0 + nq - 1) / TK + 1;
       tile_pairs_computed.fetch_add(nkt_q - kt_lo, std::memory_order_relaxed);
       for (int64_t kt_i = kt_lo; kt_i < nkt_q; ++kt_i) {
         const int64_t j0 = kt_i * TK, nk = std::min(TK, T - j0);
-        const int64_t koff = ((b * T + j0) * nkv + g) * hd;
-        rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
-        rows_load_transposed(vt, v + koff, nkv * hd, nk, hd, hdp);
-        rows_load(ks, k + koff, nkv * hd, nk, TK, hd, hdp);
+        const int64_t krow = (b * T + j0) * nkv + g;  // the tile's first row of the (B, T, nkv) rows
+        rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
+        rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
+        rows_load(ks, k + krow * hd, nkv * hd, nk, TK, hd, hdp);
         std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
         tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
-        tile_gemm(dos, hdp, vt, TK, dp, TK, TQ, TK, hdp);
+        tile_gemm(dos, hdvp, vt, TK, dp, TK, TQ, TK, hdvp);
         tile_probs_and_score_grads(s, dp, lse_t, D, nq, nk, i0, j0, scale, w);
         tile_gemm(dp, TK, ks, hdp, dq_acc, hdp, TQ, hdp, TK);
       }

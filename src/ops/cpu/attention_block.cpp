@@ -1,8 +1,9 @@
 // Block attention by global positions (ops/attention_block.h), forward with a log-sum-exp merge and
 // backward, tile by tile: the kernels of ring attention.
 // Dimensions: B sequences, Tq queries and Tk keys each, nh query heads, nkv kv heads, group = nh / nkv
-// query heads per kv head, hd head_dim, hdp = hd rounded up to kNr, TQ x TK the (query, key) tile, nqt /
-// nkt the number of query / key tiles. As in ops/cpu/attention.cpp, no buffer grows with Tq or Tk: each
+// query heads per kv head, hd / hdv the query-key / value-output head widths (Note [Value heads of their
+// own width], ops/attention.h), hdp / hdvp = hd / hdv rounded up to kNr, TQ x TK the (query, key) tile,
+// nqt / nkt the number of query / key tiles. As in ops/cpu/attention.cpp, no buffer grows with Tq or Tk: each
 // thread owns a fixed scratch of a few tiles.
 //
 // The tiling, the register-blocked tile products and the two-pass deterministic backward are those of
@@ -57,11 +58,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t tiles(int64_t n, int64_t t) { return (n + t - 1) / t; }
 
-void block_shapes_check(int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t window) {
-  FP_ASSERT(B >= 0 && Tq >= 0 && Tk >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0 && window >= 0,
-            "attention block shapes B={} Tq={} Tk={} nh={} nkv={} hd={} window={} (nh must be a multiple of nkv, "
-            "window >= 0)",
-            B, Tq, Tk, nh, nkv, hd, window);
+void block_shapes_check(int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv,
+                        int64_t window) {
+  FP_ASSERT(B >= 0 && Tq >= 0 && Tk >= 0 && nh > 0 && nkv > 0 && hd > 0 && hdv > 0 && nh % nkv == 0 && window >= 0,
+            "attention block shapes B={} Tq={} Tk={} nh={} nkv={} hd={} hdv={} window={} (nh must be a multiple of "
+            "nkv, window >= 0)",
+            B, Tq, Tk, nh, nkv, hd, hdv, window);
 }
 
 void positions_check(const int32_t* q_pos, const int32_t* k_pos, int64_t Tq, int64_t Tk) {
@@ -115,23 +117,23 @@ void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const
 
 }  // namespace
 
-void attention_block_forward(const float* q, const float* k, const float* v, const int32_t* q_pos,
-                             const int32_t* k_pos, float* o, float* lse, bool first, int64_t B, int64_t Tq,
-                             int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, float scale, int64_t window) {
-  block_shapes_check(B, Tq, Tk, nh, nkv, hd, window);
+void attention_block_forward(const float* q, const float* k, const float* v, const int32_t* q_pos, const int32_t* k_pos,
+                             float* o, float* lse, bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh,
+                             int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
+  block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
   if (B == 0 || Tq == 0) return;
   positions_check(q_pos, k_pos, Tq, Tk);
   const int64_t w = window >= kWindowMasksNothing ? 0 : window;
-  const int64_t group = nh / nkv, hdp = hd_padded(hd), nqt = tiles(Tq, TQ);
+  const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ);
   const int64_t items = B * nh * nqt;
 #pragma omp parallel if (items > 1)
   {
-    std::vector<float> scratch(3 * TQ * hdp + TK * hdp + TQ * TK + 2 * TQ);
+    std::vector<float> scratch(TQ * hdp + TQ * hdvp + hdp * TK + TK * hdvp + TQ * TK + 2 * TQ);
     float* qs = scratch.data();   // (TQ, hdp) query tile
-    float* acc = qs + TQ * hdp;   // (TQ, hdp) unnormalised output
-    float* kt = acc + TQ * hdp;   // (hdp, TK) key tile, transposed
-    float* vs = kt + hdp * TK;    // (TK, hdp) value tile
-    float* s = vs + TK * hdp;     // (TQ, TK) scores, then probabilities
+    float* acc = qs + TQ * hdp;   // (TQ, hdvp) unnormalised output
+    float* kt = acc + TQ * hdvp;  // (hdp, TK) key tile, transposed
+    float* vs = kt + hdp * TK;    // (TK, hdvp) value tile
+    float* s = vs + TK * hdvp;    // (TQ, TK) scores, then probabilities
     float* m = s + TQ * TK;       // (TQ) running max of the scaled scores
     float* l = m + TQ;            // (TQ) running sum of exp(score - m)
     int64_t lo[TQ], hi[TQ];       // (TQ) each query's visible run of the block's keys
@@ -140,13 +142,13 @@ void attention_block_forward(const float* q, const float* k, const float* v, con
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qt = nqt - 1 - it % nqt, bh = it / nqt, b = bh / nh, h = bh % nh, g = h / group;
       const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
-      const int64_t qoff = ((b * Tq + i0) * nh + h) * hd;
+      const int64_t qrow = (b * Tq + i0) * nh + h;  // the tile's first row of the (B, Tq, nh) rows
       // Key tiles that may hold a key some query of the tile sees (Note [Masks from sorted positions]).
       tile_visible_runs(lo, hi, q_pos, k_pos, i0, nq, Tk, w);
       const int64_t kt_lo = lo[0] / TK, kt_hi = tiles(hi[nq - 1], TK);
       if (!first && kt_lo >= kt_hi) continue;  // the whole tile is masked: the state stays as it is
-      rows_load(qs, q + qoff, nh * hd, nq, TQ, hd, hdp);
-      std::fill(acc, acc + TQ * hdp, 0.0f);
+      rows_load(qs, q + qrow * hd, nh * hd, nq, TQ, hd, hdp);
+      std::fill(acc, acc + TQ * hdvp, 0.0f);
       std::fill(m, m + TQ, kNegInf);
       std::fill(l, l + TQ, 0.0f);
       int64_t visited = 0;
@@ -154,39 +156,39 @@ void attention_block_forward(const float* q, const float* k, const float* v, con
         const int64_t j0 = kt_i * TK, nk = std::min(TK, Tk - j0);
         if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
         ++visited;
-        const int64_t koff = ((b * Tk + j0) * nkv + g) * hd;
-        rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
-        rows_load(vs, v + koff, nkv * hd, nk, TK, hd, hdp);
+        const int64_t krow = (b * Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
+        rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
+        rows_load(vs, v + krow * hdv, nkv * hdv, nk, TK, hdv, hdvp);
         std::fill(s, s + TQ * TK, 0.0f);
         tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
         for (int64_t r = 0; r < TQ; ++r) {
           const int64_t jbeg = std::clamp<int64_t>(lo[r] - j0, 0, nk), jend = std::clamp<int64_t>(hi[r] - j0, 0, nk);
-          row_online_softmax(s + r * TK, jbeg, jend, scale, m[r], l[r], acc + r * hdp, hdp);
+          row_online_softmax(s + r * TK, jbeg, jend, scale, m[r], l[r], acc + r * hdvp, hdvp);
         }
-        tile_gemm(s, TK, vs, hdp, acc, hdp, TQ, hdp, TK);
+        tile_gemm(s, TK, vs, hdvp, acc, hdvp, TQ, hdvp, TK);
       }
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       // Note [Merging partial attention].
       for (int64_t r = 0; r < nq; ++r) {
-        float* orow = o + qoff + r * nh * hd;         // (hd)
+        float* orow = o + (qrow + r * nh) * hdv;     // (hdv)
         float& L = lse[(b * nh + h) * Tq + i0 + r];  // the row's running log-sum-exp
-        const float* arow = acc + r * hdp;            // (hdp)
+        const float* arow = acc + r * hdvp;          // (hdvp)
         if (l[r] == 0.0f) {  // no visible key in this block (l >= 1 as soon as one is)
           if (first) {
-            std::fill(orow, orow + hd, 0.0f);
+            std::fill(orow, orow + hdv, 0.0f);
             L = kNegInf;
           }
           continue;
         }
         if (first || L == kNegInf) {
-          for (int64_t c = 0; c < hd; ++c) orow[c] = arow[c] / l[r];
+          for (int64_t c = 0; c < hdv; ++c) orow[c] = arow[c] / l[r];
           L = m[r] + std::log(l[r]);
           continue;
         }
         const float lse_b = m[r] + std::log(l[r]);
         const float merged = std::max(L, lse_b) + std::log1p(std::exp(-std::abs(L - lse_b)));
         const float w_old = std::exp(L - merged), w_acc = std::exp(m[r] - merged);
-        for (int64_t c = 0; c < hd; ++c) orow[c] = orow[c] * w_old + arow[c] * w_acc;
+        for (int64_t c = 0; c < hdv; ++c) orow[c] = orow[c] * w_old + arow[c] * w_acc;
         L = merged;
       }
     }
@@ -196,17 +198,17 @@ void attention_block_forward(const float* q, const float* k, const float* v, con
 void attention_block_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
                               const float* dout, const int32_t* q_pos, const int32_t* k_pos, float* dq, float* dk,
                               float* dv, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
-                              float scale, int64_t window) {
-  block_shapes_check(B, Tq, Tk, nh, nkv, hd, window);
+                              int64_t hdv, float scale, int64_t window) {
+  block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
   if (B == 0 || Tq == 0 || Tk == 0) return;
   positions_check(q_pos, k_pos, Tq, Tk);
   const int64_t w = window >= kWindowMasksNothing ? 0 : window;
-  const int64_t group = nh / nkv, hdp = hd_padded(hd), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
-  // Per thread, as attention_backward: qs, dos (TQ, hdp); kt, vt (hdp, TK); ks (TK, hdp); two
-  // accumulators of up to max(TQ, TK) rows; s, dp (TQ, TK); tr (TK, TQ); lse_t, D (TQ); and lo, hi
-  // (TQ) on the stack.
+  const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
+  // Per thread, as attention_backward: qs (TQ, hdp), dos (TQ, hdvp); kt (hdp, TK), vt (hdvp, TK); ks
+  // (TK, hdp); two accumulators of up to max(TQ, TK) rows, of hdp and of hdvp columns; s, dp (TQ, TK);
+  // tr (TK, TQ); lse_t, D (TQ); and lo, hi (TQ) on the stack.
   const int64_t tmax = std::max(TQ, TK);
-  const int64_t scratch_size = 2 * TQ * hdp + 3 * TK * hdp + 2 * tmax * hdp + 3 * TQ * TK + 2 * TQ;
+  const int64_t scratch_size = TQ * (hdp + hdvp) + TK * (2 * hdp + hdvp) + tmax * (hdp + hdvp) + 3 * TQ * TK + 2 * TQ;
   // Pass 1: dK, dV of each key tile, one item per (b, kv head, key tile) summing over the heads of the
   // group, then the query tiles in order (Note [Deterministic attention backward], attention.cpp).
   const int64_t items1 = B * nkv * nkt;
@@ -214,12 +216,12 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
   {
     std::vector<float> scratch(scratch_size);
     float* qs = scratch.data();         // (TQ, hdp) queries
-    float* dos = qs + TQ * hdp;         // (TQ, hdp) output gradients
-    float* kt = dos + TQ * hdp;         // (hdp, TK) keys, transposed
-    float* vt = kt + hdp * TK;          // (hdp, TK) values, transposed
-    float* dk_acc = vt + hdp * TK;      // (TK, hdp) unscaled dK of the key tile
-    float* dv_acc = dk_acc + TK * hdp;  // (TK, hdp) dV of the key tile
-    float* s = dv_acc + TK * hdp;       // (TQ, TK) scores, then P
+    float* dos = qs + TQ * hdp;         // (TQ, hdvp) output gradients
+    float* kt = dos + TQ * hdvp;        // (hdp, TK) keys, transposed
+    float* vt = kt + hdp * TK;          // (hdvp, TK) values, transposed
+    float* dk_acc = vt + hdvp * TK;     // (TK, hdp) unscaled dK of the key tile
+    float* dv_acc = dk_acc + TK * hdp;  // (TK, hdvp) dV of the key tile
+    float* s = dv_acc + TK * hdvp;      // (TQ, TK) scores, then P
     float* dp = s + TQ * TK;            // (TQ, TK) dP, then dS
     float* tr = dp + TQ * TK;           // (TK, TQ) P^T or dS^T
     float* lse_t = tr + TK * TQ;        // (TQ)
@@ -236,10 +238,10 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
           w > 0 ? std::lower_bound(q_pos, q_pos + Tq, int64_t{k_pos[j0 + nk - 1]} + w) - q_pos : Tq;
       if (i_first >= i_end) continue;
       const int64_t qt_lo = i_first / TQ, qt_hi = tiles(i_end, TQ);
-      const int64_t koff = ((b * Tk + j0) * nkv + g) * hd;
-      rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
-      rows_load_transposed(vt, v + koff, nkv * hd, nk, hd, hdp);
-      std::fill(dk_acc, dk_acc + 2 * TK * hdp, 0.0f);  // dk_acc and dv_acc
+      const int64_t krow = (b * Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
+      rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
+      rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
+      std::fill(dk_acc, dk_acc + TK * (hdp + hdvp), 0.0f);  // dk_acc and dv_acc
       int64_t visited = 0;
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         for (int64_t qt = qt_lo; qt < qt_hi; ++qt) {
@@ -247,13 +249,13 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
           tile_visible_runs(lo, hi, q_pos, k_pos, i0, nq, Tk, w);
           if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
           ++visited;
-          query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp);
+          query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
           std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
           tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
-          tile_gemm(dos, hdp, vt, TK, dp, TK, TQ, TK, hdp);
+          tile_gemm(dos, hdvp, vt, TK, dp, TK, TQ, TK, hdvp);
           tile_probs_and_score_grads(s, dp, lo, hi, lse_t, D, nk, j0, scale);
           tile_transpose(tr, s, TQ, TK);
-          tile_gemm(tr, TQ, dos, hdp, dv_acc, hdp, TK, hdp, TQ);
+          tile_gemm(tr, TQ, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);
           tile_transpose(tr, dp, TQ, TK);
           tile_gemm(tr, TQ, qs, hdp, dk_acc, hdp, TK, hdp, TQ);
         }
@@ -261,12 +263,10 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       if (visited == 0) continue;  // every query fell between the keys: nothing to add
       for (int64_t j = 0; j < nk; ++j) {
-        float* dkr = dk + koff + j * nkv * hd;  // (hd)
-        float* dvr = dv + koff + j * nkv * hd;  // (hd)
-        for (int64_t c = 0; c < hd; ++c) {
-          dkr[c] += scale * dk_acc[j * hdp + c];
-          dvr[c] += dv_acc[j * hdp + c];
-        }
+        float* dkr = dk + (krow + j * nkv) * hd;   // (hd)
+        float* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
+        for (int64_t c = 0; c < hd; ++c) dkr[c] += scale * dk_acc[j * hdp + c];
+        for (int64_t c = 0; c < hdv; ++c) dvr[c] += dv_acc[j * hdvp + c];
       }
     }
   }
@@ -277,10 +277,10 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
   {
     std::vector<float> scratch(scratch_size);
     float* qs = scratch.data();     // (TQ, hdp) queries
-    float* dos = qs + TQ * hdp;     // (TQ, hdp) output gradients
-    float* kt = dos + TQ * hdp;     // (hdp, TK) keys, transposed
-    float* vt = kt + hdp * TK;      // (hdp, TK) values, transposed
-    float* ks = vt + hdp * TK;      // (TK, hdp) keys
+    float* dos = qs + TQ * hdp;     // (TQ, hdvp) output gradients
+    float* kt = dos + TQ * hdvp;    // (hdp, TK) keys, transposed
+    float* vt = kt + hdp * TK;      // (hdvp, TK) values, transposed
+    float* ks = vt + hdvp * TK;     // (TK, hdp) keys
     float* dq_acc = ks + TK * hdp;  // (TQ, hdp) unscaled dQ of the query tile
     float* s = dq_acc + TQ * hdp;   // (TQ, TK) scores, then P
     float* dp = s + TQ * TK;        // (TQ, TK) dP, then dS
@@ -295,20 +295,20 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
       tile_visible_runs(lo, hi, q_pos, k_pos, i0, nq, Tk, w);
       const int64_t kt_lo = lo[0] / TK, kt_hi = tiles(hi[nq - 1], TK);
       if (kt_lo >= kt_hi) continue;
-      query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp);
+      query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
       std::fill(dq_acc, dq_acc + TQ * hdp, 0.0f);
       int64_t visited = 0;
       for (int64_t kt_i = kt_lo; kt_i < kt_hi; ++kt_i) {
         const int64_t j0 = kt_i * TK, nk = std::min(TK, Tk - j0);
         if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
         ++visited;
-        const int64_t koff = ((b * Tk + j0) * nkv + g) * hd;
-        rows_load_transposed(kt, k + koff, nkv * hd, nk, hd, hdp);
-        rows_load_transposed(vt, v + koff, nkv * hd, nk, hd, hdp);
-        rows_load(ks, k + koff, nkv * hd, nk, TK, hd, hdp);
+        const int64_t krow = (b * Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
+        rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
+        rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
+        rows_load(ks, k + krow * hd, nkv * hd, nk, TK, hd, hdp);
         std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
         tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
-        tile_gemm(dos, hdp, vt, TK, dp, TK, TQ, TK, hdp);
+        tile_gemm(dos, hdvp, vt, TK, dp, TK, TQ, TK, hdvp);
         tile_probs_and_score_grads(s, dp, lo, hi, lse_t, D, nk, j0, scale);
         tile_gemm(dp, TK, ks, hdp, dq_acc, hdp, TQ, hdp, TK);
       }

@@ -3,8 +3,10 @@
 // Private to ops/cpu: nothing outside those two files includes it (tests/ops/test_attention.cpp checks
 // the SSE2 and AVX2 copies of tile_gemm and exp_inplace against each other, and exp_inplace against exp;
 // both attention tests read tile_pairs_computed).
-// Dimensions: TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, hd head_dim, hdp = hd
-// rounded up to kNr (the padded row length of every scratch tile), nh query heads, T query tokens.
+// Dimensions: TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, hd the query/key head
+// width, hdv the value/output head width (Note [Value heads of their own width], ops/attention.h), hdp
+// and hdvp = hd and hdv rounded up to kNr (the padded row lengths of the scratch tiles: hdp for q, k and
+// their gradients, hdvp for v, o, dO and dV), nh query heads, T query tokens.
 //
 // Note [Tile products as register-blocked loops]: every product is C (M, N) += A (M, K) B (K, N) on
 // zero-padded scratch tiles (row lengths multiples of kNr, row counts the full tile), computed kMr x kNr
@@ -160,10 +162,10 @@ inline std::atomic<int64_t> tile_pairs_computed{0};
 // Forward, one query row of a score tile (the online softmax): sr (TK) holds the row's q.k against the
 // tile's keys, of which [jbeg, jend) are visible (jbeg <= jend). Scales them, raises the running
 // maximum m, turns them into exp(scale q.k - m) (zero outside [jbeg, jend)), adds their sum to the
-// running sum l and rescales the row's unnormalised output acc (hdp) by exp(m_old - m_new). An empty run
+// running sum l and rescales the row's unnormalised output acc (hdvp) by exp(m_old - m_new). An empty run
 // leaves m, l and acc alone.
 inline void row_online_softmax(float* __restrict sr, int64_t jbeg, int64_t jend, float scale, float& m, float& l,
-                               float* __restrict acc, int64_t hdp) {
+                               float* __restrict acc, int64_t hdvp) {
   float mx = m;
   for (int64_t j = jbeg; j < jend; ++j) {
     sr[j] *= scale;
@@ -181,7 +183,7 @@ inline void row_online_softmax(float* __restrict sr, int64_t jbeg, int64_t jend,
   l = l * corr + sum;
   m = mx;
   if (corr != 1.0f)
-    for (int64_t c = 0; c < hdp; ++c) acc[c] *= corr;
+    for (int64_t c = 0; c < hdvp; ++c) acc[c] *= corr;
 }
 
 // Backward, one query row of a tile: on entry sr (TK) holds q.k and dpr (TK) holds dO.v against the
@@ -198,23 +200,24 @@ inline void row_probs_and_score_grads(float* __restrict sr, float* __restrict dp
   std::fill(dpr + jend, dpr + TK, 0.0f);
 }
 
-// dst (rows, hdp) = the n rows of src (stride apart, hd each), zero in columns >= hd and rows >= n.
+// dst (rows, wp) = the n rows of src (stride apart, width w each), zero in columns >= w and rows >= n.
+// (w, wp) is (hd, hdp) for q and k rows, (hdv, hdvp) for v and dO rows.
 inline void rows_load(float* __restrict dst, const float* __restrict src, int64_t stride, int64_t n, int64_t rows,
-                      int64_t hd, int64_t hdp) {
+                      int64_t w, int64_t wp) {
   for (int64_t r = 0; r < rows; ++r) {
-    float* d = dst + r * hdp;  // (hdp)
-    const int64_t valid = r < n ? hd : 0;
+    float* d = dst + r * wp;  // (wp)
+    const int64_t valid = r < n ? w : 0;
     for (int64_t c = 0; c < valid; ++c) d[c] = src[r * stride + c];
-    for (int64_t c = valid; c < hdp; ++c) d[c] = 0.0f;
+    for (int64_t c = valid; c < wp; ++c) d[c] = 0.0f;
   }
 }
 
-// dst (hdp, TK) = the transpose of n rows of src (stride apart, hd each), zero-padded.
+// dst (wp, TK) = the transpose of n rows of src (stride apart, width w each), zero-padded.
 inline void rows_load_transposed(float* __restrict dst, const float* __restrict src, int64_t stride, int64_t n,
-                                 int64_t hd, int64_t hdp) {
-  std::fill(dst, dst + hdp * TK, 0.0f);
+                                 int64_t w, int64_t wp) {
+  std::fill(dst, dst + wp * TK, 0.0f);
   for (int64_t j = 0; j < n; ++j)
-    for (int64_t c = 0; c < hd; ++c) dst[c * TK + j] = src[j * stride + c];
+    for (int64_t c = 0; c < w; ++c) dst[c * TK + j] = src[j * stride + c];
 }
 
 // dst (cols, rows) = src (rows, cols)^T.
@@ -223,19 +226,21 @@ inline void tile_transpose(float* __restrict dst, const float* __restrict src, i
     for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
-// Loads the query tile of (b, h, i0) of a (B, T, nh, hd) layout: qs, dos (TQ, hdp) from q and dout,
-// lse_t (TQ) from lse (B, nh, T) and D (TQ) = rowsum(dO * O); rows >= nq are zero.
+// Loads the query tile of (b, h, i0): qs (TQ, hdp) from q (B, T, nh, hd), dos (TQ, hdvp) from dout
+// (B, T, nh, hdv), lse_t (TQ) from lse (B, nh, T) and D (TQ) = rowsum(dO * O) over hdv (o (B, T, nh,
+// hdv)); rows >= nq are zero.
 inline void query_tile_load(const float* q, const float* o, const float* lse, const float* dout, float* qs, float* dos,
                             float* lse_t, float* D, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t T,
-                            int64_t nh, int64_t hd, int64_t hdp) {
-  const int64_t off = ((b * T + i0) * nh + h) * hd, stride = nh * hd;
-  rows_load(qs, q + off, stride, nq, TQ, hd, hdp);
-  rows_load(dos, dout + off, stride, nq, TQ, hd, hdp);
+                            int64_t nh, int64_t hd, int64_t hdp, int64_t hdv, int64_t hdvp) {
+  const int64_t row = (b * T + i0) * nh + h;  // the first query's row of the (B, T, nh) rows
+  const int64_t qoff = row * hd, voff = row * hdv;
+  rows_load(qs, q + qoff, nh * hd, nq, TQ, hd, hdp);
+  rows_load(dos, dout + voff, nh * hdv, nq, TQ, hdv, hdvp);
   for (int64_t r = 0; r < TQ; ++r) {
     float sum = 0.0f;
     if (r < nq) {
-      const float* orow = o + off + r * stride;  // (hd)
-      for (int64_t c = 0; c < hd; ++c) sum += dos[r * hdp + c] * orow[c];
+      const float* orow = o + voff + r * nh * hdv;  // (hdv)
+      for (int64_t c = 0; c < hdv; ++c) sum += dos[r * hdvp + c] * orow[c];
     }
     D[r] = sum;
     lse_t[r] = r < nq ? lse[(b * nh + h) * T + i0 + r] : 0.0f;
