@@ -66,26 +66,34 @@ struct AttnActs {
   Tensor q, k;                 // after q_norm/k_norm and RoPE
   Tensor rstd_q, rstd_k;       // (n*nh), (n*nkv)
   Tensor o, lse;               // (n, nh*hd), (B, nh, T)
+  // MLA (Note [Multi-head latent attention] in model/mla_block.cpp; rstd_q, rstd_k: the latents' norms).
+  Tensor q_a, q_a_n;           // (n, ql) the query latent before and after q_a_layernorm
+  Tensor kv_a, kv_a_n;         // (n, kl) the key/value latent before and after kv_a_layernorm
 };
 // x (n, H) -> x1 (n, H), allocated here (category activations). keep: when not null, everything
 // backward needs is left in it; otherwise intermediates are freed as soon as they are consumed.
 Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep);
 // dx (n, H): in d x1, out d x (the residual path plus the block's input gradient). Frees `a`.
 void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx);
+// The same contract for deepseek_v3's multi-head latent attention (model/mla_block.cpp); attn_block_forward
+// and attn_block_backward call these for that model type.
+Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep);
+void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx);
 
-// ---- MoE block: x2 = x1 + sum_j w_j expert_{e_j}(rmsnorm(x1))
+// ---- MoE block: x2 = x1 + sum_j w_j expert_{e_j}(rmsnorm(x1)) [+ shared(rmsnorm(x1))]
 // The routed copies go to their experts through s.dispatch (sched/dispatch/dispatch.h): with W > 1
 // only the experts this rank owns (model/layout.h) are read and get gradients. The token side (this
 // rank's own m = n k routed copies: rows, slot_pos, xs, ys, dys, dxs) is category activations, sized
 // by the config; category dispatch holds only what the dispatch receives from other ranks.
 struct MoeActs {
   Tensor h2, rstd2;            // (n, H), (n)
-  Tensor probs;                // (n, E) router softmax
+  Tensor probs;                // (n, E) router softmax (the sigmoid router: its scores)
   Tensor topk_idx, topk_w;     // (n, k) i32, (n, k)
   Tensor rows, slot_pos;       // (m) i32, (n, k) i32: expert order <-> token order
   std::vector<int64_t> offsets;  // (E + 1) rows of each expert in expert order (host)
   std::unique_ptr<DispatchActs> dispatch;  // what the expert dispatch keeps (routed copies, FFN intermediates)
   Tensor ys;                   // (m, H) expert outputs in expert order (activations)
+  Tensor shared_g, shared_u, shared_act;  // (n, Is) x 3: the shared experts' FFN (Note [Shared experts])
 };
 // Per-layer routing statistics for the load-balancing loss (host).
 struct RouterStats {

@@ -14,7 +14,20 @@ constexpr const char* kConfigHint = "see configs/tiny.toml for a complete, comme
 }  // namespace
 
 
+const char* model_type_name(ModelType t) {
+  return t == ModelType::ModelType_deepseek_v3 ? "deepseek_v3" : "qwen3_moe";
+}
+
+ModelType model_type_parse(const std::string& s, const std::string& key) {
+  if (s == "qwen3_moe") return ModelType::ModelType_qwen3_moe;
+  if (s == "deepseek_v3") return ModelType::ModelType_deepseek_v3;
+  throw Error(fmt::format("{} = \"{}\" is not implemented", key, s),
+              "flatpeak computes \"qwen3_moe\" (Qwen3MoeForCausalLM) and \"deepseek_v3\" (DeepseekV3ForCausalLM: "
+              "DeepSeek-V3, R1, Kimi-K2)");
+}
+
 bool ModelConfig::layer_is_sparse(int64_t l) const {
+  if (l < first_k_dense_replace) return false;
   for (int64_t d : mlp_only_layers)
     if (d == l) return false;
   return decoder_sparse_step >= 1 && (l + 1) % decoder_sparse_step == 0;
@@ -27,13 +40,23 @@ int64_t ModelConfig::sparse_layer_count() const {
 }
 
 int64_t ModelConfig::param_count() const {
-  const int64_t H = hidden_size, hd = head_dim;
-  int64_t attn = 2 * H;                                                     // two RMSNorms
-  attn += num_attention_heads * hd * H * 2 + num_key_value_heads * hd * H * 2;  // q, o, k, v
-  attn += 2 * hd;                                                           // q_norm, k_norm
-  if (attention_bias) attn += (num_attention_heads + 2 * num_key_value_heads) * hd + H;  // q, k, v, o biases
+  const int64_t H = hidden_size, hd = head_dim, nh = num_attention_heads;
+  int64_t attn = 2 * H;  // two RMSNorms
+  if (is_deepseek()) {
+    const int64_t dqk = qk_head_dim();
+    attn += q_lora_rank > 0 ? q_lora_rank * H + q_lora_rank + nh * dqk * q_lora_rank : nh * dqk * H;  // queries
+    attn += (kv_lora_rank + qk_rope_head_dim) * H + kv_lora_rank;  // kv_a_proj_with_mqa, kv_a_layernorm
+    attn += nh * (qk_nope_head_dim + v_head_dim) * kv_lora_rank;   // kv_b_proj
+    attn += H * nh * v_head_dim;                                    // o_proj
+  } else {
+    attn += nh * hd * H * 2 + num_key_value_heads * hd * H * 2;  // q, o, k, v
+    attn += 2 * hd;                                              // q_norm, k_norm
+    if (attention_bias) attn += (nh + 2 * num_key_value_heads) * hd + H;  // q, k, v, o biases
+  }
   const int64_t sparse = sparse_layer_count();
-  const int64_t moe = num_experts * H + num_experts * 3 * moe_intermediate_size * H;  // router, experts
+  int64_t moe = num_experts * H + num_experts * 3 * moe_intermediate_size * H;  // router, experts
+  if (router_sigmoid()) moe += num_experts;                                       // e_score_correction_bias
+  moe += 3 * n_shared_experts * moe_intermediate_size * H;                        // shared experts
   const int64_t dense = 3 * intermediate_size * H;                                 // one SwiGLU MLP
   return (tie_word_embeddings ? 1 : 2) * vocab_size * H + H + num_hidden_layers * attn + sparse * moe +
          (num_hidden_layers - sparse) * dense;
@@ -77,6 +100,73 @@ RoutingProfile routing_profile_parse(const std::string& s, const std::string& ke
   throw Error(fmt::format("{} = \"{}\" is not a routing profile", key, s), hint);
 }
 
+namespace {
+// The keys of one architecture (Note [Two architectures, one layer]): those of the other are refused by
+// name, and DeepSeek-V3's relations are checked.
+void model_config_validate_architecture(const ModelConfig& m, const std::string& src) {
+  const char* type = model_type_name(m.model_type);
+  // A key another architecture reads, set here: refused by name (it would be ignored otherwise).
+  auto unused = [&](const char* key, bool at_default, const char* owner) {
+    FP_CHECK(at_default, fmt::format("{} is a key of model_type \"{}\" (Note [Two architectures, one layer])", key, owner),
+             "{}: model.{} is set, but model_type \"{}\" does not read it", src, key, type);
+  };
+  if (!m.is_deepseek()) {
+    unused("q_lora_rank", m.q_lora_rank == 0, "deepseek_v3");
+    unused("kv_lora_rank", m.kv_lora_rank == 0, "deepseek_v3");
+    unused("qk_nope_head_dim", m.qk_nope_head_dim == 0, "deepseek_v3");
+    unused("qk_rope_head_dim", m.qk_rope_head_dim == 0, "deepseek_v3");
+    unused("v_head_dim", m.v_head_dim == 0, "deepseek_v3");
+    unused("rope_interleave", !m.rope_interleave, "deepseek_v3");
+    unused("n_shared_experts", m.n_shared_experts == 0, "deepseek_v3");
+    unused("n_group", m.n_group == 1, "deepseek_v3");
+    unused("topk_group", m.topk_group == 1, "deepseek_v3");
+    unused("routed_scaling_factor", m.routed_scaling_factor == 1.0, "deepseek_v3");
+    unused("first_k_dense_replace", m.first_k_dense_replace == 0, "deepseek_v3");
+    return;
+  }
+  unused("mlp_only_layers", m.mlp_only_layers.empty(), "qwen3_moe");
+  unused("decoder_sparse_step", m.decoder_sparse_step == 1, "qwen3_moe");
+  unused("sliding_window", m.sliding_window == 0, "qwen3_moe");
+  FP_CHECK(!m.attention_bias, "DeepSeek-V3's attention biases (q_a_proj, kv_a_proj_with_mqa, o_proj) are not implemented",
+           "{}: model.attention_bias = true is not implemented for model_type \"deepseek_v3\"", src);
+  constexpr const char* kMla = "multi-head latent attention: q/k heads of qk_nope_head_dim + qk_rope_head_dim, values of "
+                               "v_head_dim, from latents of kv_lora_rank (and q_lora_rank, 0 for none)";
+  for (auto [key, v] : {std::pair{"kv_lora_rank", m.kv_lora_rank}, {"qk_nope_head_dim", m.qk_nope_head_dim},
+                        {"qk_rope_head_dim", m.qk_rope_head_dim}, {"v_head_dim", m.v_head_dim}})
+    FP_CHECK(v >= 1, kMla, "{}: model.{} = {} must be at least 1", src, key, v);
+  FP_CHECK(m.q_lora_rank >= 0, kMla, "{}: model.q_lora_rank = {} must be >= 0 (0: no query latent)", src, m.q_lora_rank);
+  FP_CHECK(m.qk_rope_head_dim % 2 == 0, "rotary embeddings rotate pairs of dimensions",
+           "{}: model.qk_rope_head_dim = {} must be even", src, m.qk_rope_head_dim);
+  FP_CHECK(m.head_dim == m.qk_rope_head_dim, "under MLA head_dim is the RoPE width (transformers sets it so)",
+           "{}: model.head_dim = {} must equal model.qk_rope_head_dim = {}", src, m.head_dim, m.qk_rope_head_dim);
+  FP_CHECK(m.num_key_value_heads == m.num_attention_heads, "MLA expands its latent to a key and a value per query head",
+           "{}: model.num_key_value_heads = {} must equal model.num_attention_heads = {}", src, m.num_key_value_heads,
+           m.num_attention_heads);
+  constexpr const char* kGroups = "n_group groups of num_experts / n_group experts; each token picks its k experts "
+                                  "within the topk_group groups whose two best experts score highest";
+  FP_CHECK(m.n_group >= 1 && m.num_experts % m.n_group == 0, kGroups,
+           "{}: model.n_group = {} must divide model.num_experts = {}", src, m.n_group, m.num_experts);
+  FP_CHECK(m.num_experts / m.n_group >= 2, kGroups, "{}: a group of {} / {} = {} experts has no two best (at least 2 per group)",
+           src, m.num_experts, m.n_group, m.num_experts / m.n_group);
+  FP_CHECK(m.topk_group >= 1 && m.topk_group <= m.n_group, kGroups, "{}: model.topk_group = {} must lie in 1 .. n_group = {}",
+           src, m.topk_group, m.n_group);
+  FP_CHECK(m.topk_group * (m.num_experts / m.n_group) >= m.num_experts_per_tok, kGroups,
+           "{}: topk_group = {} groups of {} experts hold fewer than num_experts_per_tok = {}", src, m.topk_group,
+           m.num_experts / m.n_group, m.num_experts_per_tok);
+  FP_CHECK(std::isfinite(m.routed_scaling_factor) && m.routed_scaling_factor > 0, kGroups,
+           "{}: model.routed_scaling_factor = {} must be > 0", src, m.routed_scaling_factor);
+  FP_CHECK(m.n_shared_experts >= 0, "shared experts run on every token beside the routed ones",
+           "{}: model.n_shared_experts = {} must be >= 0", src, m.n_shared_experts);
+  FP_CHECK(m.first_k_dense_replace >= 0, "layers 0 .. first_k_dense_replace - 1 are dense",
+           "{}: model.first_k_dense_replace = {} must be >= 0", src, m.first_k_dense_replace);
+  FP_CHECK(m.router_aux_loss_coef == 0.0,
+           "DeepSeek-V3 balances its experts without an auxiliary loss (e_score_correction_bias, moe.bias_update_rate); "
+           "set router_aux_loss_coef = 0",
+           "{}: model.router_aux_loss_coef = {} is not implemented for the sigmoid router of model_type \"deepseek_v3\"",
+           src, m.router_aux_loss_coef);
+}
+}  // namespace
+
 void model_config_validate(const ModelConfig& m, const std::string& src) {
   auto positive = [&](const char* key, int64_t v) {
     FP_CHECK(v >= 1, kConfigHint, "{}: model.{} = {} must be at least 1", src, key, v);
@@ -119,25 +209,75 @@ void model_config_validate(const ModelConfig& m, const std::string& src) {
   if (m.sparse_layer_count() < m.num_hidden_layers)
     FP_CHECK(m.intermediate_size >= 1, "a dense layer's MLP has width intermediate_size",
              "{}: model.intermediate_size = {} must be at least 1 when a layer is dense", src, m.intermediate_size);
+  model_config_validate_architecture(m, src);
 }
 
-std::string model_config_hf_json(const ModelConfig& m) {
-  nlohmann::ordered_json j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}};
-  model_keys_visit(m, [&](const char* key, const auto& v) { j[key] = v; });  // the architecture
-  // In Hugging Face's spelling: intermediate_size is inert when every layer is sparse, and the window is
-  // use_sliding_window + sliding_window (max_window_layers 0: every layer, as transformers 5.x computes
-  // it; Note [Sliding window] in model/hf_config.cpp).
+namespace {
+// DeepseekV3ForCausalLM's config.json: its own names for the expert count and the query latent (null
+// for none); no head_dim (transformers derives it from qk_rope_head_dim), no Qwen3-MoE keys.
+nlohmann::ordered_json deepseek_hf_json(const ModelConfig& m) {
+  nlohmann::ordered_json j = {{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"}};
   const bool dense = m.sparse_layer_count() < m.num_hidden_layers;
   j.update(nlohmann::ordered_json{
+      {"vocab_size", m.vocab_size},
+      {"hidden_size", m.hidden_size},
       {"intermediate_size", dense ? m.intermediate_size : m.moe_intermediate_size},
-      {"mlp_only_layers", m.mlp_only_layers},
+      {"moe_intermediate_size", m.moe_intermediate_size},
+      {"num_hidden_layers", m.num_hidden_layers},
+      {"num_attention_heads", m.num_attention_heads},
+      {"num_key_value_heads", m.num_key_value_heads},
+      {"n_shared_experts", m.n_shared_experts},
+      {"n_routed_experts", m.num_experts},
+      {"routed_scaling_factor", m.routed_scaling_factor},
+      {"kv_lora_rank", m.kv_lora_rank},
+      {"q_lora_rank", m.q_lora_rank > 0 ? nlohmann::ordered_json(m.q_lora_rank) : nlohmann::ordered_json()},
+      {"qk_rope_head_dim", m.qk_rope_head_dim},
+      {"v_head_dim", m.v_head_dim},
+      {"qk_nope_head_dim", m.qk_nope_head_dim},
+      {"n_group", m.n_group},
+      {"topk_group", m.topk_group},
+      {"num_experts_per_tok", m.num_experts_per_tok},
+      {"first_k_dense_replace", m.first_k_dense_replace},
+      {"norm_topk_prob", m.norm_topk_prob},
+      {"rms_norm_eps", m.rms_norm_eps},
+      {"rope_theta", m.rope_theta},
       {"rope_scaling", rope_scaling_json(m.rope_scaling)},
-      {"output_router_logits", true},
+      {"rope_interleave", m.rope_interleave},
+      {"tie_word_embeddings", m.tie_word_embeddings},
+      {"attention_bias", false},
       {"hidden_act", "silu"},
       {"attention_dropout", 0.0},
-      {"use_sliding_window", m.sliding_window > 0},
-      {"sliding_window", m.sliding_window > 0 ? nlohmann::ordered_json(m.sliding_window) : nlohmann::ordered_json()},
-      {"max_window_layers", m.sliding_window > 0 ? 0 : m.num_hidden_layers},
+  });
+  return j;
+}
+}  // namespace
+
+std::string model_config_hf_json(const ModelConfig& m) {
+  nlohmann::ordered_json j;
+  if (m.is_deepseek()) {
+    j = deepseek_hf_json(m);
+  } else {
+    j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}};
+    model_keys_visit(m, [&](const char* key, const auto& v) {  // the architecture, without the other's keys
+      if (!model_key_deepseek_only(key)) j[key] = v;
+    });
+    // In Hugging Face's spelling: intermediate_size is inert when every layer is sparse, and the window is
+    // use_sliding_window + sliding_window (max_window_layers 0: every layer, as transformers 5.x computes
+    // it; Note [Sliding window] in model/hf_config.cpp).
+    const bool dense = m.sparse_layer_count() < m.num_hidden_layers;
+    j.update(nlohmann::ordered_json{
+        {"intermediate_size", dense ? m.intermediate_size : m.moe_intermediate_size},
+        {"mlp_only_layers", m.mlp_only_layers},
+        {"rope_scaling", rope_scaling_json(m.rope_scaling)},
+        {"output_router_logits", true},
+        {"hidden_act", "silu"},
+        {"attention_dropout", 0.0},
+        {"use_sliding_window", m.sliding_window > 0},
+        {"sliding_window", m.sliding_window > 0 ? nlohmann::ordered_json(m.sliding_window) : nlohmann::ordered_json()},
+        {"max_window_layers", m.sliding_window > 0 ? 0 : m.num_hidden_layers},
+    });
+  }
+  j.update(nlohmann::ordered_json{
       // dynamic RoPE reads it; otherwise inert
       {"max_position_embeddings", m.rope_scaling.kind == RopeScaling::Kind::Kind_dynamic
                                       ? m.rope_scaling.original_max_position_embeddings

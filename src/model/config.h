@@ -1,5 +1,18 @@
-// Model configuration: the Qwen3-MoE architecture with Hugging Face key names ([model] of a run
-// config, see train/run_config.h), and routing profiles.
+// Model configuration: the Qwen3-MoE and DeepSeek-V3 architectures with Hugging Face key names ([model]
+// of a run config, see train/run_config.h), and routing profiles.
+//
+// Note [Two architectures, one layer]: model_type "qwen3_moe" (Qwen3MoeForCausalLM) and "deepseek_v3"
+// (DeepseekV3ForCausalLM; DeepSeek-V3, R1 and Kimi-K2) share the decoder layer's frame (two RMSNorms,
+// attention, a MoE or dense MLP, the residuals) and differ in three places, each chosen by model_type:
+//   attention  qwen3_moe: GQA with per-head q/k RMSNorm; deepseek_v3: multi-head latent attention (MLA:
+//              q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head widths, one RoPE key shared by the heads)
+//   router     qwen3_moe: softmax top-k; deepseek_v3: sigmoid scores, experts chosen on scores +
+//              e_score_correction_bias within the topk_group best of n_group groups, weights the scores
+//              (renormalised with norm_topk_prob) times routed_scaling_factor (Note [Sigmoid routing])
+//   MLP        deepseek_v3 adds n_shared_experts shared experts (one SwiGLU of width n_shared_experts x
+//              moe_intermediate_size on every token, never dispatched); its dense layers are the first
+//              first_k_dense_replace ones (qwen3_moe: mlp_only_layers and decoder_sparse_step)
+// A key of one architecture in the other's config is refused by name (model_config_validate).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +41,12 @@ struct RopeScaling {
 // "default", "linear", "yarn", "llama3", "dynamic".
 const char* rope_kind_name(RopeScaling::Kind k);
 
+enum class ModelType { ModelType_qwen3_moe, ModelType_deepseek_v3 };
+// "qwen3_moe", "deepseek_v3".
+const char* model_type_name(ModelType t);
+
 struct ModelConfig {
+  ModelType model_type = ModelType::ModelType_qwen3_moe;
   int64_t hidden_size = 0;            // H
   int64_t num_hidden_layers = 0;      // L
   int64_t num_attention_heads = 0;    // nh
@@ -54,7 +72,28 @@ struct ModelConfig {
   std::vector<int64_t> mlp_only_layers;
   int64_t decoder_sparse_step = 1;
   int64_t intermediate_size = 0;
+  // deepseek_v3 (Note [Two architectures, one layer]); zero / one / false under qwen3_moe.
+  int64_t q_lora_rank = 0;         // 0: q_proj (Hugging Face's null); else q_a_proj, q_a_layernorm, q_b_proj
+  int64_t kv_lora_rank = 0;        // the compressed key/value latent (kv_a_proj_with_mqa, kv_a_layernorm)
+  int64_t qk_nope_head_dim = 0;    // the per-head key/query part without RoPE
+  int64_t qk_rope_head_dim = 0;    // the RoPE part (head_dim, the RoPE width, equals it)
+  int64_t v_head_dim = 0;          // value (and attention output) head width
+  bool rope_interleave = false;    // RoPE rotates adjacent pairs (2i, 2i+1) instead of (i, i + d/2)
+  int64_t n_shared_experts = 0;    // shared experts of a MoE layer (one SwiGLU of n_shared_experts x I)
+  int64_t n_group = 1;             // expert groups of the group-limited top-k
+  int64_t topk_group = 1;          // groups a token may pick its experts from
+  double routed_scaling_factor = 1.0;  // the routed experts' weights are multiplied by it
+  int64_t first_k_dense_replace = 0;   // layers 0 .. first_k_dense_replace - 1 are dense
   uint64_t seed = 0;
+
+  bool is_deepseek() const { return model_type == ModelType::ModelType_deepseek_v3; }
+  // Whether the router is DeepSeek's sigmoid router with e_score_correction_bias (Note [Sigmoid routing]).
+  bool router_sigmoid() const { return is_deepseek(); }
+  // Query/key and value head widths of the attention kernels (MLA: nope + rope, v_head_dim; GQA: head_dim).
+  int64_t qk_head_dim() const { return is_deepseek() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
+  int64_t value_head_dim() const { return is_deepseek() ? v_head_dim : head_dim; }
+  // Key/value heads the attention kernels see (MLA expands its latent to one key and value per query head).
+  int64_t attention_kv_heads() const { return is_deepseek() ? num_attention_heads : num_key_value_heads; }
 
   // Whether layer l has the MoE block (router and experts) or a dense MLP.
   bool layer_is_sparse(int64_t l) const;
@@ -66,8 +105,9 @@ struct ModelConfig {
 };
 
 // The architecture's scalar keys under their Hugging Face names, in config.json order: f(name, member)
-// for each (int64_t, double or bool members; rope_scaling and seed are not scalars of the file). One
-// list for the run config's schema, --init-from's filling in and the differences a resume reports.
+// for each (int64_t, double or bool members; rope_scaling and seed are not scalars of the file; model_type
+// is visited by the callers that read it as a string). One list for the run config's schema, --init-from's
+// filling in and the differences a resume reports.
 template <class M, class F>  // M: ModelConfig or const ModelConfig
 void model_keys_visit(M& m, F&& f) {
   f("hidden_size", m.hidden_size);
@@ -89,12 +129,38 @@ void model_keys_visit(M& m, F&& f) {
   f("sliding_window", m.sliding_window);
   f("decoder_sparse_step", m.decoder_sparse_step);
   f("intermediate_size", m.intermediate_size);
+  // deepseek_v3 (Note [Two architectures, one layer]).
+  f("q_lora_rank", m.q_lora_rank);
+  f("kv_lora_rank", m.kv_lora_rank);
+  f("qk_nope_head_dim", m.qk_nope_head_dim);
+  f("qk_rope_head_dim", m.qk_rope_head_dim);
+  f("v_head_dim", m.v_head_dim);
+  f("rope_interleave", m.rope_interleave);
+  f("n_shared_experts", m.n_shared_experts);
+  f("n_group", m.n_group);
+  f("topk_group", m.topk_group);
+  f("routed_scaling_factor", m.routed_scaling_factor);
+  f("first_k_dense_replace", m.first_k_dense_replace);
 }
 // Keys of model_keys_visit a run config may leave out (and mlp_only_layers, which is a list).
 inline bool model_key_optional(std::string_view key) {
-  return key == "attention_bias" || key == "tie_word_embeddings" || key == "sliding_window" ||
-         key == "decoder_sparse_step" || key == "intermediate_size";
+  for (const char* k : {"attention_bias", "tie_word_embeddings", "sliding_window", "decoder_sparse_step",
+                        "intermediate_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                        "v_head_dim", "rope_interleave", "n_shared_experts", "n_group", "topk_group",
+                        "routed_scaling_factor", "first_k_dense_replace"})
+    if (key == k) return true;
+  return false;
 }
+// The keys of model_keys_visit only model_type "deepseek_v3" reads (Note [Two architectures, one layer]).
+inline bool model_key_deepseek_only(std::string_view key) {
+  for (const char* k : {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                        "rope_interleave", "n_shared_experts", "n_group", "topk_group", "routed_scaling_factor",
+                        "first_k_dense_replace"})
+    if (key == k) return true;
+  return false;
+}
+// Parses "qwen3_moe" or "deepseek_v3"; throws fp::Error naming `key`.
+ModelType model_type_parse(const std::string& s, const std::string& key = "model.model_type");
 
 // Which experts the tokens go to. "router": the model's own router (cpu only); "balanced" and
 // "hot:R:H" override the router's choice (weights are still the router's probabilities at the chosen
@@ -112,7 +178,7 @@ RoutingProfile routing_profile_parse(const std::string& s, const std::string& ke
 // Checks the relations between model keys (also used for configs built in code).
 void model_config_validate(const ModelConfig& m, const std::string& source);
 
-// Hugging Face config.json for Qwen3MoeForCausalLM (model_type qwen3_moe).
+// Hugging Face config.json for Qwen3MoeForCausalLM (model_type qwen3_moe) or DeepseekV3ForCausalLM.
 std::string model_config_hf_json(const ModelConfig& m);
 
 }  // namespace fp

@@ -14,8 +14,9 @@ namespace fp {
 namespace {
 
 constexpr const char* kSupported =
-    "flatpeak computes Qwen3MoeForCausalLM with SiLU experts: attention with or without biases and a sliding "
-    "window, tied or untied embeddings, MoE and dense layers, default/linear/yarn/llama3/dynamic RoPE (docs/models.md)";
+    "flatpeak computes Qwen3MoeForCausalLM with SiLU experts (attention with or without biases and a sliding window, "
+    "tied or untied embeddings, MoE and dense layers) and DeepseekV3ForCausalLM (MLA, sigmoid group-limited routing, "
+    "shared experts, dense first layers), with default/linear/yarn/llama3/dynamic RoPE (docs/models.md)";
 
 // Keys that do not change the function the model computes (PretrainedConfig's bookkeeping, token ids,
 // generation defaults that older transformers wrote into config.json, and Qwen3-MoE keys that only
@@ -70,7 +71,7 @@ class Reader {
     }
     throw Error(fmt::format("{}: missing key {}{}", source_, key,
                             fallback_key ? fmt::format(" (or {})", fallback_key) : std::string()),
-                "a Qwen3-MoE config.json as transformers writes it has every architecture key");
+                "a config.json as transformers writes it has every architecture key");
   }
   double number(const char* key, double fallback) {
     if (!has(key)) return mark(key), fallback;
@@ -118,6 +119,47 @@ RopeScaling rope_dictionary(Reader& r, const char* key, std::optional<double>* t
   return rope_scaling_parse(r.at(key), fmt::format("{}: {}", r.source(), key), theta, max_position_embeddings);
 }
 
+
+// DeepseekV3ForCausalLM's own keys (Note [Two architectures, one layer] in model/config.h): multi-head
+// latent attention, the sigmoid router's groups and scale, shared experts, dense first layers. Keys of the
+// original DeepSeek code that transformers' class computes for one value only are checked (moe_layer_freq,
+// scoring_func, topk_method); its training-time keys (aux_loss_alpha, seq_aux) and the multi-token
+// prediction module (num_nextn_predict_layers: weights transformers does not load either) are inert.
+void deepseek_parse(Reader& r, ModelConfig& m) {
+  const std::string& source = r.source();
+  m.kv_lora_rank = r.integer("kv_lora_rank");
+  m.q_lora_rank = r.has("q_lora_rank") ? r.integer("q_lora_rank") : (r.mark("q_lora_rank"), 0);
+  FP_CHECK(m.q_lora_rank != 0 || !r.has("q_lora_rank"), kSupported,
+           "{}: q_lora_rank = 0; write null for queries without a latent (q_proj)", source);
+  m.qk_nope_head_dim = r.integer("qk_nope_head_dim");
+  m.qk_rope_head_dim = r.integer("qk_rope_head_dim");
+  m.v_head_dim = r.integer("v_head_dim");
+  m.head_dim = m.qk_rope_head_dim;  // transformers sets head_dim to the RoPE width
+  for (const char* k : {"head_dim", "qk_head_dim"})  // derived attributes save_pretrained may write
+    if (r.has(k)) {
+      const int64_t want = std::string_view(k) == "head_dim" ? m.qk_rope_head_dim : m.qk_nope_head_dim + m.qk_rope_head_dim;
+      FP_CHECK(r.integer(k) == want, kSupported, "{}: {} = {} disagrees with the MLA widths ({} expected)", source, k,
+               r.at(k).dump(), want);
+    } else {
+      r.mark(k);
+    }
+  m.rope_interleave = r.boolean("rope_interleave", true);
+  m.n_shared_experts = r.has("n_shared_experts") ? r.integer("n_shared_experts") : (r.mark("n_shared_experts"), 1);
+  m.n_group = r.has("n_group") ? r.integer("n_group") : (r.mark("n_group"), 1);
+  m.topk_group = r.has("topk_group") ? r.integer("topk_group") : (r.mark("topk_group"), 1);
+  m.routed_scaling_factor = r.number("routed_scaling_factor", 1.0);
+  m.first_k_dense_replace =
+      r.has("first_k_dense_replace") ? r.integer("first_k_dense_replace") : (r.mark("first_k_dense_replace"), 0);
+  r.only("moe_layer_freq", 1, "MoE layers other than every layer past first_k_dense_replace; transformers' "
+         "DeepseekV3ForCausalLM computes 1");
+  r.only("scoring_func", "sigmoid", "the router's scores; DeepseekV3ForCausalLM computes sigmoid");
+  r.only("topk_method", "noaux_tc", "the router's choice; DeepseekV3ForCausalLM computes noaux_tc (group-limited, "
+         "with e_score_correction_bias)");
+  for (const char* k : {"aux_loss_alpha", "seq_aux", "ep_size", "num_nextn_predict_layers", "num_mtp_layers",
+                        "pretraining_tp", "auto_map"})
+    r.mark(k);
+}
+
 }  // namespace
 
 HfConfig hf_config_parse(const std::string& text, const std::string& source) {
@@ -130,37 +172,40 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source) {
   FP_CHECK(out.raw.is_object(), "a config.json is one JSON object", "{}: not a JSON object", source);
   Reader r(out.raw, source);
 
-  // What model this is.
-  FP_CHECK(r.has("model_type"), kSupported, "{}: missing key model_type (flatpeak reads \"qwen3_moe\")", source);
+  // What model this is (Note [Two architectures, one layer] in model/config.h).
+  FP_CHECK(r.has("model_type"), kSupported, "{}: missing key model_type (flatpeak reads \"qwen3_moe\" and \"deepseek_v3\")",
+           source);
   const auto& type = r.at("model_type");
-  FP_CHECK(type == "qwen3_moe",
-           type == "deepseek_v3" ? "DeepSeek-V3 (MLA, shared experts, sigmoid routing) is not implemented yet"
-                                 : "flatpeak computes the Qwen3-MoE architecture only",
-           "{}: model_type = {} is not implemented; flatpeak reads \"qwen3_moe\"", source, type.dump());
+  FP_CHECK(type.is_string(), kSupported, "{}: model_type = {} is not a string", source, type.dump());
+  ModelConfig& m = out.model;
+  m.model_type = model_type_parse(type.get<std::string>(), fmt::format("{}: model_type", source));
+  const bool deepseek = m.is_deepseek();
   if (r.has("architectures")) {
+    const char* arch = deepseek ? "DeepseekV3ForCausalLM" : "Qwen3MoeForCausalLM";
     const auto& a = r.at("architectures");
-    FP_CHECK(a.is_array() && a.size() == 1 && a[0] == "Qwen3MoeForCausalLM",
-             "flatpeak computes the causal language model head (lm_head) only",
-             "{}: architectures = {} is not implemented; flatpeak reads [\"Qwen3MoeForCausalLM\"]", source, a.dump());
+    FP_CHECK(a.is_array() && a.size() == 1 && a[0] == arch, "flatpeak computes the causal language model head (lm_head) only",
+             "{}: architectures = {} is not implemented; flatpeak reads [\"{}\"]", source, a.dump(), arch);
   }
 
   // The architecture.
-  ModelConfig& m = out.model;
   m.hidden_size = r.integer("hidden_size");
   m.num_hidden_layers = r.integer("num_hidden_layers");
   m.num_attention_heads = r.integer("num_attention_heads");
-  m.num_key_value_heads = r.integer("num_key_value_heads");
-  m.num_experts = r.integer("num_experts", "num_local_experts");
-  if (r.has("num_experts") && r.has("num_local_experts"))
-    FP_CHECK(r.at("num_local_experts") == r.at("num_experts"), kSupported,
-             "{}: num_experts = {} and num_local_experts = {} disagree", source, r.at("num_experts").dump(),
-             r.at("num_local_experts").dump());
+  // DeepSeek-V3: null means one per query head.
+  m.num_key_value_heads = deepseek && !r.has("num_key_value_heads") ? (r.mark("num_key_value_heads"), m.num_attention_heads)
+                                                                    : r.integer("num_key_value_heads");
+  const char* experts_key = deepseek ? "n_routed_experts" : "num_experts";
+  m.num_experts = r.integer(experts_key, "num_local_experts");
+  if (r.has(experts_key) && r.has("num_local_experts"))
+    FP_CHECK(r.at("num_local_experts") == r.at(experts_key), kSupported, "{}: {} = {} and num_local_experts = {} disagree",
+             source, experts_key, r.at(experts_key).dump(), r.at("num_local_experts").dump());
   r.mark("num_local_experts");
   m.num_experts_per_tok = r.integer("num_experts_per_tok");
   m.moe_intermediate_size = r.integer("moe_intermediate_size");
   m.vocab_size = r.integer("vocab_size");
-  // head_dim: transformers 5.x leaves it out when it is hidden_size / num_attention_heads.
-  if (r.has("head_dim")) {
+  if (deepseek) {
+    deepseek_parse(r, m);
+  } else if (r.has("head_dim")) {  // transformers 5.x leaves it out when it is hidden_size / num_attention_heads
     m.head_dim = r.integer("head_dim");
   } else {
     r.mark("head_dim");
@@ -169,8 +214,8 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source) {
     m.head_dim = m.hidden_size / m.num_attention_heads;
   }
   m.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
-  m.norm_topk_prob = r.boolean("norm_topk_prob", false);
-  m.router_aux_loss_coef = r.number("router_aux_loss_coef", 0.001);
+  m.norm_topk_prob = r.boolean("norm_topk_prob", deepseek);  // transformers' defaults
+  m.router_aux_loss_coef = deepseek ? 0.0 : r.number("router_aux_loss_coef", 0.001);
   // RoPE: rope_theta (4.x) and rope_scaling, or rope_parameters (5.x).
   std::optional<double> theta_scaling, theta_params;
   int64_t max_positions = 0;  // read only as YaRN's default original context (otherwise inert)
@@ -198,7 +243,7 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source) {
   // The layer's switches (Note [Sliding window] for the window).
   m.attention_bias = r.boolean("attention_bias", false);
   m.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
-  if (r.boolean("use_sliding_window", false)) {
+  if (!deepseek && r.boolean("use_sliding_window", false)) {
     FP_CHECK(r.has("sliding_window") && r.at("sliding_window").is_number_integer() &&
                  r.at("sliding_window").get<int64_t>() >= 1,
              "use_sliding_window = true needs sliding_window, the number of positions each query sees",
@@ -212,18 +257,20 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source) {
                "{}: max_window_layers = {} with use_sliding_window = true is not implemented", source, mw.dump());
     }
   }
-  // Dense layers (Qwen3MoeMLP of width intermediate_size): the key is read only when a layer is dense.
-  m.decoder_sparse_step = r.has("decoder_sparse_step") ? r.integer("decoder_sparse_step") : 1;
-  r.mark("decoder_sparse_step");
-  if (r.has("mlp_only_layers")) {
-    const auto& d = r.at("mlp_only_layers");
-    FP_CHECK(d.is_array(), kSupported, "{}: mlp_only_layers = {} is not a list of layer indices", source, d.dump());
-    for (const auto& l : d) {
-      FP_CHECK(l.is_number_integer(), kSupported, "{}: mlp_only_layers holds {}, not a layer index", source, l.dump());
-      m.mlp_only_layers.push_back(l.get<int64_t>());
+  if (!deepseek) {
+    // Dense layers (Qwen3MoeMLP of width intermediate_size): the key is read only when a layer is dense.
+    m.decoder_sparse_step = r.has("decoder_sparse_step") ? r.integer("decoder_sparse_step") : 1;
+    r.mark("decoder_sparse_step");
+    if (r.has("mlp_only_layers")) {
+      const auto& d = r.at("mlp_only_layers");
+      FP_CHECK(d.is_array(), kSupported, "{}: mlp_only_layers = {} is not a list of layer indices", source, d.dump());
+      for (const auto& l : d) {
+        FP_CHECK(l.is_number_integer(), kSupported, "{}: mlp_only_layers holds {}, not a layer index", source, l.dump());
+        m.mlp_only_layers.push_back(l.get<int64_t>());
+      }
     }
+    r.mark("mlp_only_layers");
   }
-  r.mark("mlp_only_layers");
   if (m.decoder_sparse_step >= 1 && m.sparse_layer_count() < m.num_hidden_layers)
     m.intermediate_size = r.integer("intermediate_size");
 
@@ -377,6 +424,8 @@ nlohmann::json rope_scaling_json(const RopeScaling& r) {
 
 std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b) {
   std::vector<std::string> d;
+  if (a.model_type != b.model_type)
+    d.push_back(fmt::format("model_type: {} vs {}", model_type_name(a.model_type), model_type_name(b.model_type)));
   // The same member of b for each of a's (both visits walk one list in one order).
   std::vector<std::string> values_b;
   model_keys_visit(b, [&](const char*, const auto& y) { values_b.push_back(fmt::format("{}", y)); });

@@ -156,7 +156,8 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) aux += (count_total[e] / R) * (prob_total[e] / R);
   aux *= static_cast<double>(E);
-  out.aux_loss = be_.computes() ? aux : std::nan("");
+  // The sigmoid router has no load-balancing loss (its bias balances between steps: routing_bias_update).
+  out.aux_loss = cfg_.router_sigmoid() ? 0.0 : be_.computes() ? aux : std::nan("");
   Tensor aux_bias;
   if (backward && cfg_.router_aux_loss_coef != 0.0) {
     std::vector<float> bias(static_cast<size_t>(E));
@@ -220,6 +221,36 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   // Every gradient is final: the dense shards got the sum over ranks by reduce-scatter, and each
   // expert's owner received every rank's tokens for it (the dispatch), so nothing is left to sum.
   return out;
+}
+
+std::vector<Param*> Model::routing_bias_update(const std::vector<int64_t>& expert_counts, double rate) {
+  std::vector<Param*> written;
+  if (!cfg_.router_sigmoid() || rate == 0.0 || !be_.computes()) return written;
+  const int64_t L = cfg_.num_hidden_layers, E = cfg_.num_experts;
+  FP_ASSERT(static_cast<int64_t>(expert_counts.size()) == L * E, "expert_counts holds {} for L x E = {}",
+            expert_counts.size(), L * E);
+  std::vector<double> counts(expert_counts.begin(), expert_counts.end());
+  params_.comm().all_reduce_sum(counts.data(), L * E, DType::DType_F64);
+  std::vector<float> host;
+  for (int64_t l = 0; l < L; ++l) {
+    if (!cfg_.layer_is_sparse(l)) continue;
+    Param* b = params_.layers[l].gate_bias;
+    const double* c = counts.data() + l * E;
+    double mean = 0;
+    for (int64_t e = 0; e < E; ++e) mean += c[e];
+    mean /= static_cast<double>(E);
+    Tensor& w = b->local_w();  // this rank's rows of the (E) bias
+    host.resize(static_cast<size_t>(w.numel()));
+    be_.copy_to_host(host.data(), w.data(), w.bytes());
+    for (int64_t r = 0; r < b->block.rows; ++r) {
+      const double err = mean - c[b->block.row0 + r];
+      const double step = err > 0 ? rate : err < 0 ? -rate : 0.0;
+      host[r] = static_cast<float>(static_cast<double>(host[r]) + step);
+    }
+    be_.copy_from_host(w.data(), host.data(), w.bytes());
+    written.push_back(b);
+  }
+  return written;
 }
 
 }  // namespace fp

@@ -70,6 +70,13 @@ class Model {
     return step(batch, logits_out, false);
   }
 
+  // deepseek_v3, after a training step (Note [Sigmoid routing] in ops/router.h): each MoE layer's
+  // e_score_correction_bias moves by `rate` toward balance, b_e += rate * sign(mean - c_e), with c_e the
+  // routed copies of expert e in that layer over every rank (expert_counts of the step's outputs, summed
+  // over ranks here: collective) and mean their average. Only when the backend computes. Returns the
+  // parameters it wrote (for Optimizer::weights_written); empty without a sigmoid router or at rate 0.
+  std::vector<Param*> routing_bias_update(const std::vector<int64_t>& expert_counts, double rate);
+
   ParamStore& params() { return params_; }
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() { return be_; }

@@ -1,15 +1,33 @@
-// MoE block of a decoder layer, forward and backward: norm, router, expert order, the expert dispatch
-// (sched/dispatch/dispatch.h), combine.
-// Legend: n tokens, H hidden, E experts, k experts per token, m = n * k routed copies, I expert width.
+// MoE block of a decoder layer, forward and backward: norm, router (softmax, or DeepSeek-V3's sigmoid:
+// Note [Sigmoid routing] in ops/router.h), expert order, the expert dispatch (sched/dispatch/dispatch.h),
+// combine; DeepSeek-V3's shared experts beside them.
+// Legend: n tokens, H hidden, E experts, k experts per token, m = n * k routed copies, I expert width,
+// Is = n_shared_experts * I.
+//
+// Note [Shared experts]: the shared experts are one SwiGLU of width Is on every token's normed input h2,
+// with the layer's own weights (row-sharded with the layer's dense weights, never dispatched). The block
+// computes them before the routed copies leave: x2 = (shared(h2) + x1), formed in the FFN's output buffer,
+// and the combine then adds the routed outputs into it, so h2 can go before the dispatch as without
+// shared experts (x2 is alive during the dispatch instead: the same n x H). transformers sums
+// x1 + (routed + shared); the order of the three terms differs from it by float rounding only.
 #include "model/blocks.h"
 #include "model/routing.h"
 #include "ops/moe_routing.h"
 #include "sched/dispatch/dispatch.h"
+#include "sched/dispatch/expert_ffn.h"
 
 namespace fp {
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
+
+FfnDims shared_dims(const ModelConfig& c) {
+  return {c.hidden_size, c.n_shared_experts * c.moe_intermediate_size, "moe.shared"};
+}
+ExpertWeights shared_weights(const LayerParams& lp) {
+  return {lp.shared_gate_proj->w.f32(), lp.shared_up_proj->w.f32(), lp.shared_down_proj->w.f32(),
+          lp.shared_gate_proj->g.f32(), lp.shared_up_proj->g.f32(), lp.shared_down_proj->g.f32()};
+}
 
 // The step's dispatch; without one (a StepContext built by hand, one rank) the local one.
 ExpertDispatch& expert_dispatch(StepContext& s) {
@@ -41,7 +59,12 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     a.probs = be.alloc(kAct, {n, E}, s.precision.router, "moe.probs");
     a.topk_idx = be.alloc(kAct, {n, k}, DType::DType_I32, "moe.topk_idx");
     a.topk_w = be.alloc(kAct, {n, k}, s.precision.router, "moe.topk_w");
-    K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
+    if (c.router_sigmoid())
+      K.router_sigmoid_forward(logits.f32(), lp.gate_bias->w.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n,
+                               E, k, c.n_group, c.topk_group, c.norm_topk_prob,
+                               static_cast<float>(c.routed_scaling_factor));
+    else
+      K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
   const bool routed = profiled && !s.profile_offsets.empty();  // Note [A routing profile is routed once per step]
@@ -56,7 +79,11 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   }
   if (profiled) {
     be.copy_from_host(a.topk_idx.data(), s.host_topk.data(), a.topk_idx.bytes());
-    K.router_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
+    if (c.router_sigmoid())
+      K.router_sigmoid_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob,
+                              static_cast<float>(c.routed_scaling_factor));
+    else
+      K.router_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
 
   // Expert order: a stable counting sort of the routed copies by expert (host, like the count
@@ -94,6 +121,21 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   be.copy_from_host(a.rows.data(), s.host_rows.data(), a.rows.bytes());
   be.copy_from_host(a.slot_pos.data(), s.host_slot.data(), a.slot_pos.bytes());
 
+  // Note [Shared experts]: x2 = shared(h2) + x1 before the routed copies leave.
+  Tensor x2;
+  if (c.n_shared_experts > 0) {
+    ExpertActs sh;
+    sh.x = Tensor::view(a.h2, 0, {n, H}, "moe.h2");
+    const ExpertWeights w = shared_weights(lp);
+    const int64_t offsets[2] = {0, n};
+    x2 = expert_ffn_forward(be, shared_dims(c), {&w, 1}, offsets, sh, keep != nullptr, out_name, out_cat,
+                            s.precision.activations);
+    K.add_inplace(x2.f32(), x1.f32(), n * H);
+    a.shared_g = std::move(sh.g);
+    a.shared_u = std::move(sh.u);
+    a.shared_act = std::move(sh.act);
+  }
+
   Tensor xs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.xs");  // (m, H) routed copies in expert order
   K.moe_gather(a.h2.f32(), a.rows.i32(), xs.f32(), m, H);
   if (!keep) {
@@ -109,8 +151,10 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   a.ys = expert_dispatch(s).forward(s, lp, std::move(xs), a.offsets, keep ? &a.dispatch : nullptr);
   s.moe_h2 = nullptr;
 
-  Tensor x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
-  K.copy(x2.f32(), x1.f32(), n * H);
+  if (!x2.defined()) {
+    x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
+    K.copy(x2.f32(), x1.f32(), n * H);
+  }
   K.moe_combine_forward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), x2.f32(), n, k, H);
   if (!keep) {
     a.ys.reset();
@@ -134,24 +178,47 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   Tensor dys = std::move(a.ys);  // (m, H) now d loss / d ys
   a.topk_w.reset();
 
+  // Shared experts (Note [Shared experts]): their input gradient starts d h2.
+  Tensor dh2;
+  if (c.n_shared_experts > 0) {
+    Tensor dy = be.alloc(kAct, {n, H}, s.precision.activations, "moe.shared.dy");
+    K.copy(dy.f32(), dx.f32(), n * H);
+    ExpertActs sh;
+    sh.x = Tensor::view(a.h2, 0, {n, H}, "moe.h2");
+    sh.g = std::move(a.shared_g);
+    sh.u = std::move(a.shared_u);
+    sh.act = std::move(a.shared_act);
+    const ExpertWeights w = shared_weights(lp);
+    const int64_t offsets[2] = {0, n};
+    dh2 = expert_ffn_backward(be, shared_dims(c), {&w, 1}, offsets, sh, dy, "moe.dh2", kAct, s.precision.activations);
+  }
+
   // The experts' backward, wherever they live: dys (m, H) -> dxs (m, H); owned experts' weight gradients.
   s.moe_h2 = &a.h2;
   Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(dys), a.offsets, std::move(a.dispatch));
   s.moe_h2 = nullptr;
 
   // back to token order
-  Tensor dh2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dh2");
-  K.fill(dh2.f32(), 0.0f, n * H);
+  if (!dh2.defined()) {
+    dh2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dh2");
+    K.fill(dh2.f32(), 0.0f, n * H);
+  }
   K.moe_scatter_add(dxs.f32(), a.slot_pos.i32(), dh2.f32(), n, k, H);
   dxs.reset();
   a.slot_pos.reset();
   a.rows.reset();
 
-  // router: through the top-k weights, the softmax, and the load-balancing loss.
+  // router: through the top-k weights, the softmax (or sigmoid), and the load-balancing loss.
   {
     Tensor dlogits = be.alloc(kAct, {n, E}, s.precision.router, "moe.drouter_logits");
-    K.router_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), aux_bias.defined() ? aux_bias.f32() : nullptr,
-                      dlogits.f32(), n, E, k, c.norm_topk_prob);
+    if (c.router_sigmoid()) {
+      FP_ASSERT(!aux_bias.defined(), "the sigmoid router has no load-balancing loss (router_aux_loss_coef = 0)");
+      K.router_sigmoid_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), dlogits.f32(), n, E, k, c.norm_topk_prob,
+                                static_cast<float>(c.routed_scaling_factor));
+    } else {
+      K.router_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), aux_bias.defined() ? aux_bias.f32() : nullptr,
+                        dlogits.f32(), n, E, k, c.norm_topk_prob);
+    }
     linear_backward_input(be, dlogits.f32(), lp.gate->w.f32(), dh2.f32(), n, H, E, 1.0f);
     linear_backward_weight(be, dlogits.f32(), a.h2.f32(), lp.gate->g.f32(), n, H, E);
   }

@@ -66,16 +66,34 @@ void ParamStore::walk(Fn&& fn) {
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     LayerParams& l = layers[i];
     fn(Entry{i, -1, "input_layernorm.weight", {H}, dense, rows, &l.input_layernorm});
-    fn(Entry{i, -1, "self_attn.q_proj.weight", {q, H}, dense, rows, &l.q_proj});
-    if (bias) fn(Entry{i, -1, "self_attn.q_proj.bias", {q}, dense, rows, &l.q_bias});
-    fn(Entry{i, -1, "self_attn.k_proj.weight", {kv, H}, dense, rows, &l.k_proj});
-    if (bias) fn(Entry{i, -1, "self_attn.k_proj.bias", {kv}, dense, rows, &l.k_bias});
-    fn(Entry{i, -1, "self_attn.v_proj.weight", {kv, H}, dense, rows, &l.v_proj});
-    if (bias) fn(Entry{i, -1, "self_attn.v_proj.bias", {kv}, dense, rows, &l.v_bias});
-    fn(Entry{i, -1, "self_attn.o_proj.weight", {H, q}, dense, rows, &l.o_proj});
-    if (bias) fn(Entry{i, -1, "self_attn.o_proj.bias", {H}, dense, rows, &l.o_bias});
-    fn(Entry{i, -1, "self_attn.q_norm.weight", {hd}, dense, rows, &l.q_norm});
-    fn(Entry{i, -1, "self_attn.k_norm.weight", {hd}, dense, rows, &l.k_norm});
+    if (cfg.is_deepseek()) {
+      // Multi-head latent attention (DeepseekV3Attention).
+      const int64_t nh = cfg.num_attention_heads, dqk = cfg.qk_head_dim(), ql = cfg.q_lora_rank, kl = cfg.kv_lora_rank;
+      if (ql > 0) {
+        fn(Entry{i, -1, "self_attn.q_a_proj.weight", {ql, H}, dense, rows, &l.q_a_proj});
+        fn(Entry{i, -1, "self_attn.q_a_layernorm.weight", {ql}, dense, rows, &l.q_a_layernorm});
+        fn(Entry{i, -1, "self_attn.q_b_proj.weight", {nh * dqk, ql}, dense, rows, &l.q_b_proj});
+      } else {
+        fn(Entry{i, -1, "self_attn.q_proj.weight", {nh * dqk, H}, dense, rows, &l.q_proj});
+      }
+      fn(Entry{i, -1, "self_attn.kv_a_proj_with_mqa.weight", {kl + cfg.qk_rope_head_dim, H}, dense, rows,
+               &l.kv_a_proj_with_mqa});
+      fn(Entry{i, -1, "self_attn.kv_a_layernorm.weight", {kl}, dense, rows, &l.kv_a_layernorm});
+      fn(Entry{i, -1, "self_attn.kv_b_proj.weight", {nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), kl}, dense, rows,
+               &l.kv_b_proj});
+      fn(Entry{i, -1, "self_attn.o_proj.weight", {H, nh * cfg.v_head_dim}, dense, rows, &l.o_proj});
+    } else {
+      fn(Entry{i, -1, "self_attn.q_proj.weight", {q, H}, dense, rows, &l.q_proj});
+      if (bias) fn(Entry{i, -1, "self_attn.q_proj.bias", {q}, dense, rows, &l.q_bias});
+      fn(Entry{i, -1, "self_attn.k_proj.weight", {kv, H}, dense, rows, &l.k_proj});
+      if (bias) fn(Entry{i, -1, "self_attn.k_proj.bias", {kv}, dense, rows, &l.k_bias});
+      fn(Entry{i, -1, "self_attn.v_proj.weight", {kv, H}, dense, rows, &l.v_proj});
+      if (bias) fn(Entry{i, -1, "self_attn.v_proj.bias", {kv}, dense, rows, &l.v_bias});
+      fn(Entry{i, -1, "self_attn.o_proj.weight", {H, q}, dense, rows, &l.o_proj});
+      if (bias) fn(Entry{i, -1, "self_attn.o_proj.bias", {H}, dense, rows, &l.o_bias});
+      fn(Entry{i, -1, "self_attn.q_norm.weight", {hd}, dense, rows, &l.q_norm});
+      fn(Entry{i, -1, "self_attn.k_norm.weight", {hd}, dense, rows, &l.k_norm});
+    }
     fn(Entry{i, -1, "post_attention_layernorm.weight", {H}, dense, rows, &l.post_attention_layernorm});
     if (!cfg.layer_is_sparse(i)) {
       fn(Entry{i, -1, "mlp.gate_proj.weight", {Id, H}, dense, rows, &l.mlp_gate_proj});
@@ -84,6 +102,14 @@ void ParamStore::walk(Fn&& fn) {
       continue;
     }
     fn(Entry{i, -1, "mlp.gate.weight", {cfg.num_experts, H}, dense, rows, &l.gate});
+    if (cfg.router_sigmoid())
+      fn(Entry{i, -1, "mlp.gate.e_score_correction_bias", {cfg.num_experts}, dense, rows, &l.gate_bias});
+    if (cfg.n_shared_experts > 0) {
+      const int64_t Is = cfg.n_shared_experts * I;
+      fn(Entry{i, -1, "mlp.shared_experts.gate_proj.weight", {Is, H}, dense, rows, &l.shared_gate_proj});
+      fn(Entry{i, -1, "mlp.shared_experts.up_proj.weight", {Is, H}, dense, rows, &l.shared_up_proj});
+      fn(Entry{i, -1, "mlp.shared_experts.down_proj.weight", {H, Is}, dense, rows, &l.shared_down_proj});
+    }
     for (int64_t e = 0; e < cfg.num_experts; ++e) {
       const int owner = expert_owner(e, W, cfg.num_experts);
       const Placement whole = Placement::Placement_whole;
@@ -126,9 +152,11 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   if (W == 1) return;
   unit_add("fsdp.embed_tokens", {embed_tokens});
   for (const LayerParams& l : layers)
-    unit_add("fsdp.layer", {l.input_layernorm, l.q_proj, l.q_bias, l.k_proj, l.k_bias, l.v_proj, l.v_bias, l.o_proj,
-                            l.o_bias, l.q_norm, l.k_norm, l.post_attention_layernorm, l.gate, l.mlp_gate_proj,
-                            l.mlp_up_proj, l.mlp_down_proj});
+    unit_add("fsdp.layer", {l.input_layernorm, l.q_proj, l.q_bias, l.q_a_proj, l.q_a_layernorm, l.q_b_proj, l.k_proj,
+                            l.k_bias, l.v_proj, l.v_bias, l.kv_a_proj_with_mqa, l.kv_a_layernorm, l.kv_b_proj, l.o_proj,
+                            l.o_bias, l.q_norm, l.k_norm, l.post_attention_layernorm, l.gate, l.gate_bias,
+                            l.shared_gate_proj, l.shared_up_proj, l.shared_down_proj, l.mlp_gate_proj, l.mlp_up_proj,
+                            l.mlp_down_proj});
   unit_add("fsdp.lm_head", {norm, lm_head});
   unit_add("fsdp.norm", {norm});
 }
@@ -187,7 +215,8 @@ void ParamStore::init(uint64_t seed) {
   std::vector<float> host;
   for (const ParamInfo& p : layout()) {
     host.resize(static_cast<size_t>(p.shape.numel()));
-    const bool is_bias = p.name.ends_with(".bias");  // zero, as transformers starts them
+    // Zero, as transformers starts them: biases and DeepSeek-V3's routing bias.
+    const bool is_bias = p.name.ends_with(".bias") || p.name.ends_with(".e_score_correction_bias");
     const bool is_norm = p.shape.rank == 1 && !is_bias;
     for (float& v : host) v = is_bias ? 0.0f : is_norm ? 1.0f : static_cast<float>(0.02 * rng.normal());
     full_scatter(p, host.data(), p.local ? &p.local->local_w() : nullptr);

@@ -12,8 +12,9 @@
 // rank may hold no real row at all). The shard keeps the tensor's rank (AdamW decays rank >= 2 only).
 // Parameters are grouped into units gathered together right before use and freed right after:
 //   fsdp.embed_tokens  the embedding (forward only: its backward needs no weight)
-//   fsdp.layer         one layer's dense weights (both norms, q/k/v/o and their biases, q_norm, k_norm, the
-//                      router, or a dense layer's MLP)
+//   fsdp.layer         one layer's dense weights (both norms, q/k/v/o and their biases, q_norm, k_norm or
+//                      MLA's projections and latent norms, the router and its bias, the shared experts, or
+//                      a dense layer's MLP)
 //   fsdp.lm_head       model.norm + lm_head (the plain "full" head: every rank computes N x V logits)
 //   fsdp.norm          model.norm alone (Ring-DTP reads its own lm_head rows, lm_head_shard())
 // A gathered unit is one buffer (category params) of W Rp rows per parameter, filled by one all_gather
@@ -98,14 +99,29 @@ struct LayerParams {
   Param* o_bias = nullptr;                    // (H)
   Param* q_norm = nullptr;                    // (hd)
   Param* k_norm = nullptr;                    // (hd)
+  // deepseek_v3's multi-head latent attention (dqk = qk_nope + qk_rope, dn = qk_nope, dr = qk_rope, dv =
+  // v_head_dim, ql = q_lora_rank, kl = kv_lora_rank): q_proj (nh*dqk, H) when ql = 0, else these three.
+  Param* q_a_proj = nullptr;                  // (ql, H)
+  Param* q_a_layernorm = nullptr;             // (ql)
+  Param* q_b_proj = nullptr;                  // (nh*dqk, ql)
+  Param* kv_a_proj_with_mqa = nullptr;        // (kl + dr, H)
+  Param* kv_a_layernorm = nullptr;            // (kl)
+  Param* kv_b_proj = nullptr;                 // (nh*(dn + dv), kl); o_proj is (H, nh*dv)
   Param* post_attention_layernorm = nullptr;  // (H)
   Param* gate = nullptr;                      // (E, H) the router
+  // deepseek_v3: the router's selection bias (E) (Note [Sigmoid routing]): a parameter without gradient
+  // (its gradient stays zero, so AdamW leaves it; moe.bias_update_rate moves it after each step).
+  Param* gate_bias = nullptr;                 // (E) mlp.gate.e_score_correction_bias
   std::vector<Param*> gate_proj;              // E x (I, H)
   std::vector<Param*> up_proj;                // E x (I, H)
   std::vector<Param*> down_proj;              // E x (H, I)
   Param* mlp_gate_proj = nullptr;             // (Id, H) a dense layer's MLP, Id = intermediate_size
   Param* mlp_up_proj = nullptr;               // (Id, H)
   Param* mlp_down_proj = nullptr;             // (H, Id)
+  // deepseek_v3: the shared experts of a MoE layer, one SwiGLU of width Is = n_shared_experts * I.
+  Param* shared_gate_proj = nullptr;          // (Is, H) mlp.shared_experts.gate_proj
+  Param* shared_up_proj = nullptr;            // (Is, H)
+  Param* shared_down_proj = nullptr;          // (H, Is)
 };
 
 // This rank's rows of lm_head (V, H) (Ring-DTP's vocabulary shard): rows [row0, row0 + rows) of the

@@ -25,5 +25,9 @@ void bias_backward(const float* dy, float* db, int64_t rows, int64_t d);
 // out (d) = the column sums of x (rows, d) in double, each in row order (the router's probability sums
 // of the load-balancing loss; the same bits for any thread count).
 void column_sums_f64(const float* x, int64_t rows, int64_t d, double* out);
+// Strided blocks (MLA's head splits and the shared RoPE key): dst[r * ldd + c] = src[r * lds + c] (copy_2d)
+// or += it (add_2d), for r < rows, c < cols (cols <= lds, ldd; the blocks do not overlap).
+void copy_2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
+void add_2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
 
 }  // namespace fp::ops::cpu

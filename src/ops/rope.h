@@ -36,4 +36,15 @@ void rope_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_
 // dx (n, heads, hd) in place: the transpose rotation (times s).
 void rope_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
 
+// The same rotation on the first hd numbers of rows that lie head_stride apart: token t's head h starts at
+// x + (t * heads + h) * head_stride (head_stride >= hd), so RoPE can rotate the last qk_rope_head_dim
+// numbers of MLA's query heads in place (x = q + qk_nope_head_dim, head_stride = qk_head_dim). With
+// interleaved the pairs are adjacent, (2i, 2i + 1) rotated by angle i (DeepSeek's rope_interleave):
+// transformers rotates the same pairs and writes them de-interleaved, a permutation applied alike to queries
+// and keys, which leaves every score q.k unchanged. interleaved = false, head_stride = hd is rope_forward.
+void rope_strided_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
+                          bool interleaved, RopeFreqs f);
+void rope_strided_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
+                           bool interleaved, RopeFreqs f);
+
 }  // namespace fp::ops::cpu

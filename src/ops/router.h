@@ -1,5 +1,17 @@
 // MoE router after its gate GEMM: softmax over E experts in fp32, top-k, optional renormalisation
-// of the k weights (norm_topk_prob). n tokens, E experts, k experts per token.
+// of the k weights (norm_topk_prob); and DeepSeek-V3's sigmoid router. n tokens, E experts, k experts
+// per token.
+//
+// Note [Sigmoid routing] (DeepSeek-V3, transformers' DeepseekV3TopkRouter): per token,
+//   s_e = sigmoid(logit_e)                          the scores (kept for backward, in place of probs)
+//   c_e = s_e + b_e                                  b: e_score_correction_bias, used for the choice only
+//   group g of the n_group groups of E / n_group consecutive experts scores the sum of its two largest c_e;
+//   the topk_group best groups are allowed, and the k largest c_e among their experts are chosen
+//   w_j = r * s_{idx_j} / (sum_i s_{idx_i} + 1e-20) with norm (norm_topk_prob), else r * s_{idx_j};
+//   r = routed_scaling_factor.
+// Ties (groups or experts) go to the lower index. No gradient flows through the choice or b: d logit_e =
+// d s_e s_e (1 - s_e), nonzero for the chosen experts only. b moves between steps instead, by
+// moe.bias_update_rate against each expert's load (aux-loss-free balancing, model/model.h).
 #pragma once
 
 #include <cstdint>
@@ -19,5 +31,18 @@ void router_gather(const float* probs, const int32_t* topk_idx, float* topk_w, i
 // which is the same for every token of a step).
 void router_backward(const float* probs, const int32_t* topk_idx, const float* d_topk_w, const float* dprobs_bias,
                      float* dlogits, int64_t n, int64_t E, int64_t k, bool norm);
+
+// Note [Sigmoid routing]: logits (n, E), bias (E) -> scores (n, E), topk_idx (n, k) by descending
+// s + b, topk_w (n, k). n_group divides E with at least two experts per group, 1 <= topk_group <= n_group,
+// topk_group groups hold at least k experts.
+void router_sigmoid_forward(const float* logits, const float* bias, float* scores, int32_t* topk_idx, float* topk_w,
+                            int64_t n, int64_t E, int64_t k, int64_t n_group, int64_t topk_group, bool norm,
+                            float scaling);
+// The weights of a given choice (a routing profile): topk_w (n, k) from scores at topk_idx.
+void router_sigmoid_gather(const float* scores, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
+                           int64_t k, bool norm, float scaling);
+// dlogits (n, E), overwritten, from d_topk_w (n, k) through the weights and the sigmoid.
+void router_sigmoid_backward(const float* scores, const int32_t* topk_idx, const float* d_topk_w, float* dlogits,
+                             int64_t n, int64_t E, int64_t k, bool norm, float scaling);
 
 }  // namespace fp::ops::cpu

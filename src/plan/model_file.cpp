@@ -158,6 +158,10 @@ Model model_from_toml(const std::string& text, const std::string& source) {
   const toml::table* t = doc["model"].as_table();
   FP_CHECK(t != nullptr, kTomlHint, "{}: no [model] table", source);
   ModelConfig& c = m.cfg;
+  if (const toml::node* n = t->get("model_type")) {
+    FP_CHECK(n->is_string(), kTomlHint, "{}: model.model_type must be a string", source);
+    c.model_type = model_type_parse(*n->value<std::string>(), fmt::format("{}: model.model_type", source));
+  }
   // Every architecture key of the run config's [model] (model_keys_visit), the layer's switches included.
   model_keys_visit(c, [&](const char* key, auto& member) {
     const toml::node* n = t->get(key);
@@ -185,7 +189,7 @@ Model model_from_toml(const std::string& text, const std::string& source) {
       c.mlp_only_layers.push_back(*l.value<int64_t>());
     }
   FP_CHECK(c.num_attention_heads >= 1, kTomlHint, "{}: model.num_attention_heads must be >= 1", source);
-  if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (c.head_dim == 0) c.head_dim = c.is_deepseek() ? c.qk_rope_head_dim : c.hidden_size / c.num_attention_heads;
   model_config_validate(c, source);
   return m;
 }

@@ -168,7 +168,14 @@ std::string tensor_hint(const std::string& name) {
   if (name.find("mlp.experts.gate_up_proj") != std::string::npos || name.find("mlp.experts.down_proj") != std::string::npos)
     return "fused expert tensors (transformers 5's in-memory layout) are not read: save the model with per-expert "
            "names (mlp.experts.<e>.gate_proj.weight, ...)";
-  if (name.find("shared_expert") != std::string::npos) return "shared experts are not implemented";
+  if (name.find("shared_expert") != std::string::npos)
+    return "the file holds shared experts but config.json has none (n_shared_experts = 0, or a model_type without them)";
+  if (name.find("e_score_correction_bias") != std::string::npos)
+    return "the file holds DeepSeek-V3's routing bias but config.json's model_type has a softmax router";
+  if (name.find("kv_a_proj_with_mqa") != std::string::npos || name.find("q_a_proj") != std::string::npos ||
+      name.find("kv_b_proj") != std::string::npos)
+    return "the file holds multi-head latent attention (model_type \"deepseek_v3\"); check config.json's model_type "
+           "and q_lora_rank (null: q_proj)";
   if (name.find("mlp.gate_proj") != std::string::npos || name.find("mlp.up_proj") != std::string::npos ||
       name.find("mlp.down_proj") != std::string::npos)
     return "the file holds a dense MLP where config.json (mlp_only_layers, decoder_sparse_step) puts a MoE layer";
@@ -177,7 +184,8 @@ std::string tensor_hint(const std::string& name) {
            "mlp_only_layers / decoder_sparse_step (a layer config.json makes dense)";
   if (name == "lm_head.weight") return "tie_word_embeddings = true shares the embedding, so lm_head.weight must equal it";
   return "check that config.json describes the model the weights were saved from (num_hidden_layers, num_experts, "
-         "...)";
+         "...); DeepSeek-V3's multi-token prediction layers (num_nextn_predict_layers, past num_hidden_layers) are "
+         "not implemented: drop them from the files, as transformers does on load";
 }
 
 // Note [No weight is dropped silently]: every tensor of a checkpoint file must be read by the model.
@@ -198,17 +206,26 @@ void unread_check(const SafetensorsSet& f) {
 std::string implied_by(const std::string& name, const ModelConfig& cfg) {
   if (name == "lm_head.weight") return "tie_word_embeddings = false (a separate output matrix)";
   if (name.find(".bias") != std::string::npos) return "attention_bias = true";
+  if (name.find("shared_experts") != std::string::npos)
+    return fmt::format("n_shared_experts = {} (shared experts in every MoE layer)", cfg.n_shared_experts);
+  if (name.find("e_score_correction_bias") != std::string::npos)
+    return "model_type = \"deepseek_v3\" (the sigmoid router's bias, in every MoE layer)";
+  if (name.find("q_a_") != std::string::npos || name.find("q_b_proj") != std::string::npos)
+    return fmt::format("q_lora_rank = {} (a query latent)", cfg.q_lora_rank);
+  if (name.find("kv_a_") != std::string::npos || name.find("kv_b_proj") != std::string::npos)
+    return "model_type = \"deepseek_v3\" (multi-head latent attention)";
   if (name.find(".mlp.gate_proj") != std::string::npos || name.find(".mlp.up_proj") != std::string::npos ||
       name.find(".mlp.down_proj") != std::string::npos)
-    return fmt::format("mlp_only_layers = [{}] and decoder_sparse_step = {} (a dense layer)",
-                       fmt::join(cfg.mlp_only_layers, ", "), cfg.decoder_sparse_step);
+    return cfg.is_deepseek() ? fmt::format("first_k_dense_replace = {} (a dense layer)", cfg.first_k_dense_replace)
+                             : fmt::format("mlp_only_layers = [{}] and decoder_sparse_step = {} (a dense layer)",
+                                           fmt::join(cfg.mlp_only_layers, ", "), cfg.decoder_sparse_step);
   if (name.find(".mlp.experts.") != std::string::npos)
     return fmt::format("num_experts = {} (experts 0..{} in every layer)", cfg.num_experts, cfg.num_experts - 1);
   if (name.find("q_norm") != std::string::npos || name.find("k_norm") != std::string::npos)
     return "model_type = \"qwen3_moe\" (Qwen3 normalises q and k per head)";
   if (name.rfind("model.layers.", 0) == 0)
     return fmt::format("num_hidden_layers = {} (layers 0..{})", cfg.num_hidden_layers, cfg.num_hidden_layers - 1);
-  return "the Qwen3-MoE architecture";
+  return cfg.is_deepseek() ? "the DeepSeek-V3 architecture" : "the Qwen3-MoE architecture";
 }
 
 void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore& params, const ModelConfig& cfg) {

@@ -32,6 +32,7 @@ struct Field {
 
 // Keys read as strings first and converted after validation.
 struct StringKeys {
+  std::string model_type = "qwen3_moe";
   std::string profile = "router";
   std::string vocab_schedule = "full";
   std::string ckpt_schedule = "device";
@@ -74,12 +75,15 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
   std::vector<Field> fields;
   model_keys_visit(m, [&](const char* key, auto& member) {
     using T = std::remove_reference_t<decltype(member)>;
-    const bool required = !model_key_optional(key);
+    // head_dim: required but under MLA, where it is the RoPE width (checked after model_type is known).
+    const bool required = !model_key_optional(key) && std::string_view(key) != "head_dim";
     if constexpr (std::is_same_v<T, int64_t>) fields.push_back({"model", key, K::Kind_int, required, i64(&member)});
     else if constexpr (std::is_same_v<T, double>) fields.push_back({"model", key, K::Kind_float, required, f64(&member)});
     else fields.push_back({"model", key, K::Kind_bool, required, b(&member)});
   });
   std::vector<Field> rest = {
+      // Optional: "qwen3_moe" (default) or "deepseek_v3" (Note [Two architectures, one layer]).
+      {"model", "model_type", K::Kind_string, false, str(&strings.model_type)},
       // Optional: the dense layers by index, e.g. [0, 1] (with intermediate_size).
       {"model", "mlp_only_layers", K::Kind_int_list, false,
        [&m](const toml::node& n) {
@@ -125,6 +129,7 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
       {"moe", "routing_profile", K::Kind_string, false,
        [&strings](const toml::node& n) { strings.profile = *n.value<std::string>(); }},
       {"moe", "dispatch", K::Kind_string, false, str(&strings.dispatch)},
+      {"moe", "bias_update_rate", K::Kind_float, false, f64(&c.moe.bias_update_rate)},
       {"llep", "lambda", K::Kind_float, false, f64(&c.schedules.dispatch.lambda)},
       {"llep", "alpha", K::Kind_float, false, f64(&c.schedules.dispatch.alpha)},
       {"llep", "min_tokens_per_gemm", K::Kind_int, false, i64(&c.schedules.dispatch.min_tokens_per_gemm)},
@@ -207,6 +212,7 @@ void model_fill(toml::table& doc, const ModelConfig& m) {
   if (!doc.contains("model")) doc.insert("model", toml::table{});
   toml::table* t = doc["model"].as_table();
   if (t == nullptr) return;  // config_build reports "[model] must be a table"
+  if (!t->contains("model_type")) t->insert("model_type", std::string(model_type_name(m.model_type)));
   model_keys_visit(m, [&](const char* key, const auto& v) {
     if (!t->contains(key)) t->insert(key, v);
   });
@@ -266,7 +272,20 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
     FP_CHECK(!f.required || n != nullptr, kConfigHint, "{}: missing key {}.{}", source, f.table, f.key);
   }
 
+  c.model.model_type = model_type_parse(strings.model_type, fmt::format("{}: model.model_type", source));
+  // MLA: head_dim is the RoPE width; a config may leave it out.
+  if (doc.at_path("model.head_dim").node() == nullptr) {
+    FP_CHECK(c.model.is_deepseek(), kConfigHint, "{}: missing key model.head_dim", source);
+    c.model.head_dim = c.model.qk_rope_head_dim;
+  }
   model_config_validate(c.model, source);
+  FP_CHECK(std::isfinite(c.moe.bias_update_rate) && c.moe.bias_update_rate >= 0,
+           "the step of e_score_correction_bias per training step (Note [Sigmoid routing]); 0 freezes it",
+           "{}: moe.bias_update_rate = {} must be >= 0", source, c.moe.bias_update_rate);
+  FP_CHECK(c.model.router_sigmoid() || doc.at_path("moe.bias_update_rate").node() == nullptr,
+           "moe.bias_update_rate moves DeepSeek-V3's e_score_correction_bias (model_type \"deepseek_v3\")",
+           "{}: moe.bias_update_rate is set, but model_type \"{}\" has no routing bias", source,
+           model_type_name(c.model.model_type));
   FP_CHECK(c.train.batch_size >= 1, kConfigHint, "{}: train.batch_size = {} must be at least 1", source,
            c.train.batch_size);
   FP_CHECK(c.train.seq_len >= 2, kConfigHint, "{}: train.seq_len = {} must be at least 2", source, c.train.seq_len);

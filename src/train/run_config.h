@@ -1,11 +1,12 @@
 // Run configuration, read from TOML (configs/*.toml) with command-line overrides (--set key=value).
 //
-//   [model]  Qwen3-MoE architecture, Hugging Face key names; every key required (model/config.h).
+//   [model]  Qwen3-MoE or DeepSeek-V3 architecture (model_type), Hugging Face key names (model/config.h).
 //   [train]  batch_size, seq_len, steps, checkpoint_every
 //   [optim]  AdamW: lr, beta1, beta2, eps, weight_decay, grad_clip, warmup_steps, min_lr_ratio
 //   [data]   source ("recall" or a token file), pairs, loss_on, seed
 //   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (DESIGN.md, routing profiles)
 //            dispatch = "standard" | "llep" | "pipelined_llep"       (expert dispatch with W > 1)
+//            bias_update_rate (deepseek_v3: e_score_correction_bias step per training step, 0.001)
 //   [llep]   lambda, alpha, min_tokens_per_gemm                      (LLEP plan)
 //   [pipelined] chunk_cap, max_chunks, membership = "strided" | "contiguous"  (PipelinedLLEP)
 //   [vocab]  schedule = "full" | "ring", block_tokens, ring_mode, keep_strips        (Ring-DTP)
@@ -43,6 +44,10 @@ struct TrainConfig {
 
 struct MoeConfig {
   RoutingProfile routing_profile;
+  // deepseek_v3: the step by which each MoE layer's e_score_correction_bias moves after every training
+  // step, up for an expert below the mean load and down above it (Note [Sigmoid routing]); 0 freezes it.
+  // DeepSeek-V3's value (its report, section 2.1.2).
+  double bias_update_rate = 0.001;
 };
 
 struct DataConfig {

@@ -512,6 +512,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       if (recent.size() > kLossWindow) recent.pop_front();
     }
     Optimizer::StepStats os = optim.step(step, schedule_total);
+    // DeepSeek-V3's aux-loss-free balancing: the routing bias follows this step's expert loads.
+    optim.weights_written(model.routing_bias_update(out.expert_counts, cfg.moe.bias_update_rate));
     be->synchronize();
     if (step == fault.step && fault.kind == "nan_update") fault_apply(*be, model.params(), fault.kind);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -165,4 +165,20 @@ TEST(Elementwise, BiasMatchesReferenceExactly) {
   omp_set_num_threads(saved);
 }
 
+// Strided block copies and sums (MLA's head splits): every element of the block, nothing outside it.
+TEST(Elementwise, StridedBlocksCopyAndAdd) {
+  const int64_t rows = 300, cols = 7, lds = 11, ldd = 13;
+  std::vector<float> src(rows * lds), dst(rows * ldd), want(rows * ldd);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) * 0.5f;
+  for (size_t i = 0; i < dst.size(); ++i) dst[i] = want[i] = -static_cast<float>(i);
+  fp::ops::cpu::add_2d(dst.data(), ldd, src.data(), lds, rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) want[r * ldd + c] += src[r * lds + c];
+  EXPECT_EQ(dst, want);
+  fp::ops::cpu::copy_2d(dst.data(), ldd, src.data(), lds, rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) want[r * ldd + c] = src[r * lds + c];
+  EXPECT_EQ(dst, want);
+}
+
 }  // namespace fp

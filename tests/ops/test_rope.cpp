@@ -52,6 +52,44 @@ std::vector<int32_t> random_positions(int64_t n, Rng& rng) {
 
 const std::vector<int64_t> kHeadDims = {2, 4, 6, 8, 14, 16, 18, 30, 32, 34, 62, 64, 66, 126, 128, 130, 256};
 
+// The strided, interleaved rotation of MLA against the contiguous rotate-half kernel: rows that lie
+// head_stride apart rotate exactly as those rows packed together, the numbers around them untouched; and
+// the interleaved pairs (2i, 2i + 1) rotate exactly as rotate-half does on the de-interleaved vector
+// (x0, x2, ..., x1, x3, ...), which is how transformers' apply_rotary_pos_emb_interleave writes them.
+TEST(Rope, StridedAndInterleavedMatchRotateHalf) {
+  Rng rng(77);
+  const int64_t n = 37, heads = 3, hd = 8, pad = 5, stride = hd + pad;
+  const std::vector<double> inv = ops::rope_default_inv_freq(10000.0, hd);
+  const ops::RopeFreqs f{inv.data(), 1.3f};
+  const std::vector<int32_t> pos = random_positions(n, rng);
+  for (bool inter : {false, true})
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "interleaved=" << inter << " backward=" << backward);
+      std::vector<float> x = random_vector<float>(n * heads * stride, rng), got = x;
+      // Packed: each row's hd numbers (de-interleaved when inter), rotated by the plain kernel.
+      std::vector<float> packed(n * heads * hd);
+      for (int64_t r = 0; r < n * heads; ++r)
+        for (int64_t i = 0; i < hd; ++i) {
+          const int64_t src = inter ? (i < hd / 2 ? 2 * i : 2 * (i - hd / 2) + 1) : i;
+          packed[r * hd + i] = x[r * stride + pad + src];
+        }
+      if (backward) {
+        ops::cpu::rope_strided_backward(got.data() + pad, pos.data(), n, heads, hd, stride, inter, f);
+        ops::cpu::rope_backward(packed.data(), pos.data(), n, heads, hd, f);
+      } else {
+        ops::cpu::rope_strided_forward(got.data() + pad, pos.data(), n, heads, hd, stride, inter, f);
+        ops::cpu::rope_forward(packed.data(), pos.data(), n, heads, hd, f);
+      }
+      for (int64_t r = 0; r < n * heads; ++r) {
+        for (int64_t i = 0; i < pad; ++i) ASSERT_EQ(got[r * stride + i], x[r * stride + i]) << "row " << r << " pad";
+        for (int64_t i = 0; i < hd; ++i) {
+          const int64_t src = inter ? (i < hd / 2 ? 2 * i : 2 * (i - hd / 2) + 1) : i;
+          ASSERT_EQ(got[r * stride + pad + src], packed[r * hd + i]) << "row " << r << " dim " << i;
+        }
+      }
+    }
+}
+
 }  // namespace
 
 // The kernel and ref<float> round the same double cos/sin to float and do the same float products;

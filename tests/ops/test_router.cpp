@@ -312,4 +312,152 @@ TEST(Router, BitwiseDeterministicAcrossThreadCounts) {
   EXPECT_EQ(0, std::memcmp(a.w.data(), a.wg.data(), a.w.size() * sizeof(float)));
 }
 
+// ---- DeepSeek-V3's sigmoid router (Note [Sigmoid routing] in ops/router.h)
+
+struct GroupCase {
+  int64_t E, k, n_group, topk_group;
+};
+const GroupCase kGroupCases[] = {{2, 1, 1, 1}, {8, 2, 1, 1}, {8, 2, 4, 2}, {16, 4, 4, 1}, {16, 8, 4, 2},
+                                 {64, 8, 8, 4}, {24, 6, 3, 3}, {256, 8, 8, 4}};
+
+TEST(RouterSigmoid, ForwardBackwardMatchRef) {
+  fp::Rng rng(31);
+  for (const GroupCase& g : kGroupCases)
+    for (int64_t n : {1, 5, 130})
+      for (bool norm : {false, true})
+        for (float scaling : {1.0f, 2.5f}) {
+          SCOPED_TRACE(testing::Message() << "E=" << g.E << " k=" << g.k << " groups=" << g.n_group << "/"
+                                          << g.topk_group << " n=" << n << " norm=" << norm << " r=" << scaling);
+          const auto logits = randn(rng, n * g.E, 2.0);
+          const auto bias = randn(rng, g.E, 0.3);
+          std::vector<float> s_ref(n * g.E), s_cpu(n * g.E), w_ref(n * g.k), w_cpu(n * g.k);
+          std::vector<int32_t> i_ref(n * g.k), i_cpu(n * g.k);
+          fp::ops::ref::router_sigmoid_forward(logits.data(), bias.data(), s_ref.data(), i_ref.data(), w_ref.data(), n,
+                                               g.E, g.k, g.n_group, g.topk_group, norm, scaling);
+          fp::ops::cpu::router_sigmoid_forward(logits.data(), bias.data(), s_cpu.data(), i_cpu.data(), w_cpu.data(), n,
+                                               g.E, g.k, g.n_group, g.topk_group, norm, scaling);
+          expect_close(s_cpu.data(), s_ref.data(), n * g.E, "scores");
+          for (int64_t i = 0; i < n * g.k; ++i) ASSERT_EQ(i_cpu[i], i_ref[i]) << "topk_idx[" << i << "]";
+          expect_close(w_cpu.data(), w_ref.data(), n * g.k, "topk_w");
+          // The weights are r s at the chosen experts, summing to r with norm.
+          for (int64_t t = 0; t < n && norm; ++t) {
+            double sum = 0;
+            for (int64_t j = 0; j < g.k; ++j) sum += w_cpu[t * g.k + j];
+            EXPECT_NEAR(sum, scaling, 1e-5 * scaling) << "token " << t;
+          }
+          const auto dw = randn(rng, n * g.k, 1.0);
+          std::vector<float> dl_ref(n * g.E), dl_cpu(n * g.E, NAN);
+          fp::ops::ref::router_sigmoid_backward(s_ref.data(), i_ref.data(), dw.data(), dl_ref.data(), n, g.E, g.k, norm,
+                                                scaling);
+          fp::ops::cpu::router_sigmoid_backward(s_cpu.data(), i_cpu.data(), dw.data(), dl_cpu.data(), n, g.E, g.k, norm,
+                                                scaling);
+          expect_close(dl_cpu.data(), dl_ref.data(), n * g.E, "dlogits");
+          std::vector<float> wg(n * g.k, NAN);
+          fp::ops::cpu::router_sigmoid_gather(s_cpu.data(), i_cpu.data(), wg.data(), n, g.E, g.k, norm, scaling);
+          EXPECT_EQ(0, std::memcmp(wg.data(), w_cpu.data(), wg.size() * sizeof(float)))
+              << "the gather of the chosen experts reproduces the forward's weights";
+        }
+}
+
+// The contract on hand-made rows: the bias moves the choice but not the weights; a group with one strong
+// expert loses to a group whose two best are stronger together; ties go to the lower index.
+TEST(RouterSigmoid, GroupsAndBiasChooseAsDeepSeekDoes) {
+  const int64_t E = 8, k = 2, n_group = 4, topk_group = 1;  // groups {0,1} {2,3} {4,5} {6,7}
+  auto logit = [](double p) { return static_cast<float>(std::log(p / (1 - p))); };
+  // Expert 0 scores 0.9 but its partner 0.1 (group sum 1.0); group {4,5} scores 0.6 + 0.6 = 1.2.
+  std::vector<float> x = {logit(0.9), logit(0.1), logit(0.2), logit(0.2), logit(0.6), logit(0.6), logit(0.3),
+                          logit(0.3)};
+  std::vector<float> bias(E, 0.0f), s(E), w(k);
+  std::vector<int32_t> idx(k);
+  fp::ops::cpu::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(), 1, E, k, n_group,
+                                       topk_group, false, 1.0f);
+  EXPECT_EQ(idx, (std::vector<int32_t>{4, 5})) << "the group of the two best together, not of the best one";
+  EXPECT_NEAR(w[0], 0.6, 1e-6);
+  // A bias on expert 1 lifts group {0,1} to 0.9 + 0.1 + 0.5 = 1.5: it wins, and the weights stay the scores.
+  bias[1] = 0.5f;
+  fp::ops::cpu::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(), 1, E, k, n_group,
+                                       topk_group, false, 1.0f);
+  EXPECT_EQ(idx, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(w[0], 0.9, 1e-6);
+  EXPECT_NEAR(w[1], 0.1, 1e-6) << "the bias chooses; the weight is the unbiased score";
+  // Equal logits everywhere: groups 0 and then experts 0, 1 (lower indices on ties).
+  std::vector<float> flat(E, 0.25f), b0(E, 0.0f);
+  fp::ops::cpu::router_sigmoid_forward(flat.data(), b0.data(), s.data(), idx.data(), w.data(), 1, E, k, n_group, 2,
+                                       true, 2.5f);
+  EXPECT_EQ(idx, (std::vector<int32_t>{0, 1}));
+  EXPECT_FLOAT_EQ(w[0], 1.25f) << "renormalised, times routed_scaling_factor";
+}
+
+// ref<double>'s backward against central differences of L = sum r_j w_j, with the choice held (the
+// logits are a ladder, so a 1e-6 step cannot reorder them; checked).
+TEST(RouterSigmoid, BackwardMatchesFiniteDifferences) {
+  fp::Rng rng(32);
+  for (const GroupCase& g : kGroupCases)
+    for (bool norm : {false, true}) {
+      if (g.E > 64) continue;
+      SCOPED_TRACE(testing::Message() << "E=" << g.E << " k=" << g.k << " norm=" << norm);
+      const int64_t n = 2, E = g.E, k = g.k;
+      std::vector<double> logits(n * E), bias(E), r(n * k);
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<int64_t> perm(E);
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int64_t e = E - 1; e > 0; --e) std::swap(perm[e], perm[rng.below(e + 1)]);
+        for (int64_t e = 0; e < E; ++e) logits[t * E + e] = 4.0 * (perm[e] - E / 2.0) / E + 0.01 * rng.uniform();
+      }
+      for (auto& b : bias) b = 0.01 * rng.normal();
+      for (auto& v : r) v = rng.normal();
+      auto loss = [&](const std::vector<double>& x, std::vector<int32_t>* idx_out) {
+        std::vector<double> s(n * E), w(n * k);
+        std::vector<int32_t> idx(n * k);
+        fp::ops::ref::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(), n, E, k, g.n_group,
+                                             g.topk_group, norm, 2.5f);
+        if (idx_out) *idx_out = idx;
+        double L = 0;
+        for (int64_t i = 0; i < n * k; ++i) L += r[i] * w[i];
+        return L;
+      };
+      std::vector<double> s(n * E), w(n * k), dl(n * E);
+      std::vector<int32_t> idx(n * k);
+      fp::ops::ref::router_sigmoid_forward(logits.data(), bias.data(), s.data(), idx.data(), w.data(), n, E, k,
+                                           g.n_group, g.topk_group, norm, 2.5f);
+      fp::ops::ref::router_sigmoid_backward(s.data(), idx.data(), r.data(), dl.data(), n, E, k, norm, 2.5f);
+      const double eps = 1e-6;
+      for (int64_t i = 0; i < n * E; ++i) {
+        std::vector<double> lp = logits, lm = logits;
+        lp[i] += eps;
+        lm[i] -= eps;
+        std::vector<int32_t> ip, im;
+        const double fd = (loss(lp, &ip) - loss(lm, &im)) / (2 * eps);
+        ASSERT_EQ(ip, idx) << "perturbing logit " << i << " changed the choice";
+        ASSERT_EQ(im, idx);
+        EXPECT_LE(std::fabs(fd - dl[i]), 1e-7 * std::max(1.0, std::fabs(fd))) << "dlogits[" << i << "]";
+      }
+    }
+}
+
+TEST(RouterSigmoid, BitwiseDeterministicAcrossThreadCounts) {
+  fp::Rng rng(33);
+  const int64_t n = 1001, E = 64, k = 8;
+  const auto logits = randn(rng, n * E, 2.0);
+  const auto bias = randn(rng, E, 0.1);
+  const auto dw = randn(rng, n * k, 1.0);
+  const int saved = omp_get_max_threads();
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<float> s(n * E), w(n * k), dl(n * E);
+    std::vector<int32_t> idx(n * k);
+    fp::ops::cpu::router_sigmoid_forward(logits.data(), bias.data(), s.data(), idx.data(), w.data(), n, E, k, 8, 4,
+                                         true, 2.5f);
+    fp::ops::cpu::router_sigmoid_backward(s.data(), idx.data(), dw.data(), dl.data(), n, E, k, true, 2.5f);
+    std::vector<float> all = s;
+    all.insert(all.end(), w.begin(), w.end());
+    all.insert(all.end(), dl.begin(), dl.end());
+    for (int32_t i : idx) all.push_back(static_cast<float>(i));
+    return all;
+  };
+  const auto a = run(1), b = run(2);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
 }  // namespace

@@ -104,18 +104,20 @@ def main(argv=None):
           f"E={cfg.num_experts} k={cfg.num_experts_per_tok} I={cfg.moe_intermediate_size} V={cfg.vocab_size} "
           f"norm_topk_prob={cfg.norm_topk_prob} aux_coef={cfg.router_aux_loss_coef} bias={cfg.attention_bias} "
           f"tied={cfg.tie_word_embeddings} window={cfg.window()} "
-          f"dense={[i for i in range(cfg.num_hidden_layers) if not cfg.is_sparse(i)]}")
+          f"dense={[i for i in range(cfg.num_hidden_layers) if not cfg.is_sparse(i)]} type={cfg.model_type}")
     ref = twin.forward_backward(params, cfg, ids, targets)
 
     # Routing: tokens per expert, empty experts, and how close the top-k choice came to a tie (a tie
     # broken differently in float32 would route a token elsewhere and no tolerance would help).
     empty_total = 0
     sparse = [i for i in range(cfg.num_hidden_layers) if cfg.is_sparse(i)]
-    for i, logits in zip(sparse, ref["router_logits"]):
+    for i, choice in zip(sparse, ref["choice_scores"]):
         counts = ref["expert_counts"][i]
         empty = sum(1 for c in counts if c == 0)
         empty_total += empty
-        probs = torch.softmax(logits.detach(), dim=-1).sort(dim=-1, descending=True).values
+        # The scores the top-k chose on: softmax probabilities, or DeepSeek's sigmoid + bias within the
+        # chosen groups (-inf elsewhere: an excluded expert is never near a tie).
+        probs = choice.sort(dim=-1, descending=True).values
         k = cfg.num_experts_per_tok
         margin = (probs[:, k - 1] - probs[:, k]).min().item() if k < cfg.num_experts else float("inf")
         print(f"layer {i}: tokens per expert {counts}, {empty} experts with no tokens, "

@@ -1,7 +1,7 @@
 // Writes a model test case for the PyTorch twin (check_case.py): the weights, a batch, and what
 // flatpeak computes for it (logits, losses, every parameter gradient), as one safetensors file.
 //
-//   dump_case OUT.safetensors CASE      CASE: "gqa_norm" | "mha_nonorm" | "hf_layers" | "yarn"
+//   dump_case OUT.safetensors CASE      CASE: "gqa_norm" | "mha_nonorm" | "hf_layers" | "yarn" | "mla" | "mla_yarn"
 //
 // Every case uses sequences that span several attention tiles, top-k > 1, and arranges that the last
 // expert of every MoE layer receives no token (Note [An expert with no tokens]). hf_layers has every
@@ -9,6 +9,10 @@
 // attention tile, tied embeddings, dense layers from both mlp_only_layers and decoder_sparse_step, and
 // dynamic NTK RoPE active at its sequence length. yarn is gqa_norm with YaRN RoPE past its original
 // context, DeepSeek's mscale pair making the attention factor (the cos/sin scale) differ from 1.
+// mla is DeepSeek-V3's layer (model_type deepseek_v3): multi-head latent attention with a query latent and
+// interleaved RoPE, the sigmoid router with a nonzero e_score_correction_bias choosing within 2 of 4 expert
+// groups, routed_scaling_factor, a shared expert and a dense first layer. mla_yarn: no query latent,
+// rotate-half RoPE, one group, no renormalisation, YaRN with mscale_all_dim (the softmax scale's mscale^2).
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -65,8 +69,26 @@ Case case_make(const std::string& name) {
     m.rope_scaling.kind = RopeScaling::Kind::Kind_dynamic;
     m.rope_scaling.factor = 2.0, m.rope_scaling.original_max_position_embeddings = 100;
     c.B = 2, c.T = 150;
+  } else if (name == "mla" || name == "mla_yarn") {
+    m.model_type = ModelType::ModelType_deepseek_v3;
+    m.hidden_size = 32, m.num_hidden_layers = 3, m.num_attention_heads = 4, m.num_key_value_heads = 4;
+    m.kv_lora_rank = 12, m.qk_nope_head_dim = 6, m.qk_rope_head_dim = 4, m.v_head_dim = 5;
+    m.head_dim = m.qk_rope_head_dim;
+    m.num_experts = 8, m.num_experts_per_tok = 2, m.moe_intermediate_size = 12, m.vocab_size = 40;
+    m.router_aux_loss_coef = 0;
+    if (name == "mla") {
+      m.q_lora_rank = 10, m.rope_interleave = true, m.n_group = 4, m.topk_group = 2, m.norm_topk_prob = true;
+      m.routed_scaling_factor = 2.5, m.n_shared_experts = 1, m.first_k_dense_replace = 1, m.intermediate_size = 20;
+    } else {
+      m.q_lora_rank = 0, m.rope_interleave = false, m.norm_topk_prob = false, m.routed_scaling_factor = 1.5;
+      m.n_shared_experts = 2;
+      m.rope_scaling.kind = RopeScaling::Kind::Kind_yarn;
+      m.rope_scaling.factor = 4.0, m.rope_scaling.original_max_position_embeddings = 64;
+      m.rope_scaling.mscale = 1.0, m.rope_scaling.mscale_all_dim = 1.0;
+    }
+    c.B = 2, c.T = 150;
   } else {
-    throw Error("unknown case '" + name + "'", "cases: gqa_norm, mha_nonorm, hf_layers, yarn");
+    throw Error("unknown case '" + name + "'", "cases: gqa_norm, mha_nonorm, hf_layers, yarn, mla, mla_yarn");
   }
   return c;
 }
@@ -81,7 +103,7 @@ std::vector<float> to_host(Backend& be, const Tensor& t) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm|hf_layers|yarn\n");
+    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm|hf_layers|yarn|mla|mla_yarn\n");
     return 2;
   }
   try {
@@ -102,20 +124,26 @@ int main(int argc, char** argv) {
       std::vector<float> w = to_host(*be, p.w);
       const bool bias = p.name.ends_with(".bias");  // ~ N(0, 0.3): a constant q/k offset would make
                                                     // every query alike (the q/k gradients cancel)
-      const bool norm = p.w.shape().rank == 1 && !bias;
+      // DeepSeek's routing bias ~ N(0, 0.1): it moves the choice (the sigmoid scores lie in (0, 1)).
+      const bool route_bias = p.name.ends_with("e_score_correction_bias");
+      const bool norm = p.w.shape().rank == 1 && !bias && !route_bias;
       const bool router = p.name.find("mlp.gate.weight") != std::string::npos;
-      const bool qk = p.name.find("q_proj") != std::string::npos || p.name.find("k_proj") != std::string::npos;
+      const bool qk = p.name.find("q_proj") != std::string::npos || p.name.find("k_proj") != std::string::npos ||
+                      p.name.find("q_b_proj") != std::string::npos || p.name.find("kv_b_proj") != std::string::npos ||
+                      p.name.find("kv_a_proj") != std::string::npos;
       const bool embed = p.name == "model.embed_tokens.weight";
       for (float& x : w) {
         if (norm) x = static_cast<float>(1.0 + 0.2 * rng.normal());
         if (bias) x = static_cast<float>(0.3 * rng.normal());
         if (router) x = static_cast<float>(0.5 * rng.normal());
+        if (route_bias) x = static_cast<float>(0.1 * rng.normal());
         if (qk) x *= 10.0f;
         if (embed) x *= 50.0f;
       }
       if (p.name == "model.embed_tokens.weight")
         for (int64_t r = 0; r < c.m.vocab_size; ++r) w[r * c.m.hidden_size] += 3.0f;
       if (router) w[(c.m.num_experts - 1) * c.m.hidden_size] = -8.0f;
+      if (route_bias) w[c.m.num_experts - 1] = -1.0f;  // the last expert's sigmoid score ~0 stays last
       if (p.name.ends_with("o_proj.bias")) w[0] = 0.5f;  // adds to dimension 0 of the residual: keeps it positive
       be->copy_from_host(p.w.data(), w.data(), p.w.bytes());
     }

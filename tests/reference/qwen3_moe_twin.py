@@ -1,7 +1,12 @@
-"""An independent, plain PyTorch twin of Qwen3-MoE (Hugging Face Qwen3MoeForCausalLM), written to check
-flatpeak's model: logits, losses and every parameter gradient. Beside the plain layer it computes
-attention biases, a sliding window (transformers 5.x: on every layer, key j visible to query i iff
-i - sliding_window < j <= i), tied embeddings and dense layers (mlp_only_layers, decoder_sparse_step).
+"""An independent, plain PyTorch twin of Qwen3-MoE (Hugging Face Qwen3MoeForCausalLM) and DeepSeek-V3
+(DeepseekV3ForCausalLM), written to check flatpeak's model: logits, losses and every parameter gradient.
+Beside the plain Qwen3-MoE layer it computes attention biases, a sliding window (transformers 5.x: on
+every layer, key j visible to query i iff i - sliding_window < j <= i), tied embeddings and dense layers
+(mlp_only_layers, decoder_sparse_step). model_type "deepseek_v3" follows
+transformers/models/deepseek_v3/modeling_deepseek_v3.py: multi-head latent attention (with or without
+the query latent, interleaved or rotate-half RoPE on the shared key), the sigmoid router with
+e_score_correction_bias for the choice only, group-limited top-k and routed_scaling_factor, shared
+experts, and dense first layers (first_k_dense_replace); it has no load-balancing loss.
 
 Dimensions: B batch, T sequence, H hidden_size, L layers, nh query heads, nkv key/value heads,
 hd head_dim, E experts, k experts per token, I moe_intermediate_size, Id intermediate_size (dense
@@ -45,21 +50,47 @@ class Config:
     decoder_sparse_step: int = 1
     intermediate_size: int = None
     max_position_embeddings: int = None  # read by dynamic RoPE only
+    # deepseek_v3
+    model_type: str = "qwen3_moe"
+    q_lora_rank: int = None  # None: q_proj
+    kv_lora_rank: int = None
+    qk_nope_head_dim: int = None
+    qk_rope_head_dim: int = None
+    v_head_dim: int = None
+    rope_interleave: bool = True
+    n_shared_experts: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 0
 
     OPTIONAL = ("rope_scaling", "attention_bias", "tie_word_embeddings", "use_sliding_window", "sliding_window",
-                "mlp_only_layers", "decoder_sparse_step", "intermediate_size", "max_position_embeddings")
+                "mlp_only_layers", "decoder_sparse_step", "intermediate_size", "max_position_embeddings",
+                "model_type", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                "rope_interleave", "n_shared_experts", "n_group", "topk_group", "routed_scaling_factor",
+                "first_k_dense_replace")
 
     @staticmethod
     def from_dict(d):
         """Takes the keys above from d, a Hugging Face config.json dict (those in OPTIONAL may be left
-        out; the rest are required); others are ignored."""
+        out; the rest are required); others are ignored. A deepseek_v3 dict names its experts
+        n_routed_experts and has no head_dim (the RoPE width) nor a load-balancing loss."""
+        if d.get("model_type") == "deepseek_v3":
+            d = dict(d, num_experts=d["n_routed_experts"], router_aux_loss_coef=0.0)
+            d.setdefault("head_dim", d["qk_rope_head_dim"])
         missing = [f.name for f in fields(Config) if f.name not in d and f.name not in Config.OPTIONAL]
         if missing:
             raise KeyError(f"config lacks {missing}")
         return Config(**{f.name: d[f.name] for f in fields(Config) if f.name in d})
 
+    def deepseek(self):
+        return self.model_type == "deepseek_v3"
+
     def is_sparse(self, layer):
-        """Qwen3MoeDecoderLayer: a MoE block unless listed in mlp_only_layers or off the sparse step."""
+        """Qwen3MoeDecoderLayer: a MoE block unless listed in mlp_only_layers or off the sparse step;
+        DeepseekV3DecoderLayer: from first_k_dense_replace on."""
+        if self.deepseek():
+            return layer >= self.first_k_dense_replace
         return layer not in (self.mlp_only_layers or []) and (layer + 1) % self.decoder_sparse_step == 0
 
     def window(self):
@@ -75,6 +106,9 @@ def param_shapes(cfg):
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         s[p + "input_layernorm.weight"] = (H,)
+        if cfg.deepseek():
+            deepseek_layer_shapes(cfg, i, s)
+            continue
         for proj, out_dim, in_dim in (("q", nh * hd, H), ("k", nkv * hd, H), ("v", nkv * hd, H), ("o", H, nh * hd)):
             s[p + f"self_attn.{proj}_proj.weight"] = (out_dim, in_dim)
             if cfg.attention_bias:
@@ -98,6 +132,42 @@ def param_shapes(cfg):
     if not cfg.tie_word_embeddings:
         s["lm_head.weight"] = (V, H)
     return s
+
+
+def deepseek_layer_shapes(cfg, i, s):
+    """DeepseekV3DecoderLayer's parameters (after input_layernorm) into s."""
+    H, I, E, nh = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_attention_heads
+    dn, dr, dv, kl, ql = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank, cfg.q_lora_rank
+    p = f"model.layers.{i}."
+    if ql:
+        s[p + "self_attn.q_a_proj.weight"] = (ql, H)
+        s[p + "self_attn.q_a_layernorm.weight"] = (ql,)
+        s[p + "self_attn.q_b_proj.weight"] = (nh * (dn + dr), ql)
+    else:
+        s[p + "self_attn.q_proj.weight"] = (nh * (dn + dr), H)
+    s[p + "self_attn.kv_a_proj_with_mqa.weight"] = (kl + dr, H)
+    s[p + "self_attn.kv_a_layernorm.weight"] = (kl,)
+    s[p + "self_attn.kv_b_proj.weight"] = (nh * (dn + dv), kl)
+    s[p + "self_attn.o_proj.weight"] = (H, nh * dv)
+    s[p + "post_attention_layernorm.weight"] = (H,)
+    if not cfg.is_sparse(i):
+        Id = cfg.intermediate_size
+        s[p + "mlp.gate_proj.weight"] = (Id, H)
+        s[p + "mlp.up_proj.weight"] = (Id, H)
+        s[p + "mlp.down_proj.weight"] = (H, Id)
+        return
+    s[p + "mlp.gate.weight"] = (E, H)
+    s[p + "mlp.gate.e_score_correction_bias"] = (E,)
+    if cfg.n_shared_experts:
+        Is = cfg.n_shared_experts * I
+        s[p + "mlp.shared_experts.gate_proj.weight"] = (Is, H)
+        s[p + "mlp.shared_experts.up_proj.weight"] = (Is, H)
+        s[p + "mlp.shared_experts.down_proj.weight"] = (H, Is)
+    for e in range(E):
+        q = f"{p}mlp.experts.{e}."
+        s[q + "gate_proj.weight"] = (I, H)
+        s[q + "up_proj.weight"] = (I, H)
+        s[q + "down_proj.weight"] = (H, I)
 
 
 def init_params(cfg, seed=0, dtype=torch.float64):
@@ -188,8 +258,64 @@ def rotate_half(x):
     return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
 
+def causal_softmax_attention(q, k, v, scale, window=None):
+    """q, k (B, heads, T, dqk), v (B, heads, T, dv) -> (B, heads, T, dv), causal (and windowed)."""
+    T = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)) * scale
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    hidden = j > i
+    if window is not None:
+        hidden = hidden | (j <= i - window)
+    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ v
+
+
+def mla_attention(x, p, layer, cfg):
+    """DeepseekV3Attention: x (B, T, H) normed -> o_proj output (B, T, H)."""
+    B, T, _ = x.shape
+    nh, dn, dr, dv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    kl, eps = cfg.kv_lora_rank, cfg.rms_norm_eps
+    pre = f"model.layers.{layer}.self_attn."
+    W = lambda n: p[pre + n + ".weight"]  # noqa: E731
+    if cfg.q_lora_rank:
+        q = rms_norm(x @ W("q_a_proj").T, W("q_a_layernorm"), eps) @ W("q_b_proj").T
+    else:
+        q = x @ W("q_proj").T
+    q = q.view(B, T, nh, dn + dr).transpose(1, 2)  # (B, nh, T, dqk)
+    q_pass, q_rot = q[..., :dn], q[..., dn:]
+    ckv = x @ W("kv_a_proj_with_mqa").T  # (B, T, kl + dr)
+    kv_nope, k_rot = ckv[..., :kl], ckv[..., kl:]
+    kv = rms_norm(kv_nope, W("kv_a_layernorm"), eps) @ W("kv_b_proj").T  # (B, T, nh*(dn+dv))
+    kv = kv.view(B, T, nh, dn + dv).transpose(1, 2)
+    k_nope, v = kv[..., :dn], kv[..., dn:]
+    k_rot = k_rot.view(B, 1, T, dr)
+    cos, sin = rope_cos_sin(T, dr, cfg.rope_theta, x.dtype, cfg.rope_scaling, cfg.max_position_embeddings)
+    cos, sin = cos[None, None], sin[None, None]  # (1, 1, T, dr)
+    if cfg.rope_interleave:
+        # apply_rotary_pos_emb_interleave: pairs (2i, 2i+1) rotated by angle i, written de-interleaved.
+        c, sn = cos[..., : dr // 2], sin[..., : dr // 2]
+
+        def rot(t):
+            t1, t2 = t[..., 0::2], t[..., 1::2]
+            return torch.cat([t1 * c - t2 * sn, t2 * c + t1 * sn], dim=-1)
+    else:
+        def rot(t):
+            return t * cos + rotate_half(t) * sin
+    q = torch.cat([q_pass, rot(q_rot)], dim=-1)
+    k = torch.cat([k_nope, rot(k_rot).expand(B, nh, T, dr)], dim=-1)
+    scale = (dn + dr) ** -0.5
+    rs = cfg.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type", "default")) != "default" and rs.get("mscale_all_dim"):
+        factor = float(rs["factor"])
+        m = 0.1 * rs["mscale_all_dim"] * math.log(factor) + 1.0 if factor > 1 else 1.0
+        scale = scale * m * m
+    o = causal_softmax_attention(q, k, v, scale)  # (B, nh, T, dv)
+    return o.transpose(1, 2).reshape(B, T, nh * dv) @ W("o_proj").T
+
+
 def attention(x, p, layer, cfg):
     """x (B, T, H): the normed hidden states. Returns the o_proj output (B, T, H)."""
+    if cfg.deepseek():
+        return mla_attention(x, p, layer, cfg)
     B, T, _ = x.shape
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     pre = f"model.layers.{layer}.self_attn."
@@ -229,22 +355,44 @@ def expert_mlp(x, p, layer, e):
     return (F.silu(x @ p[pre + "gate_proj.weight"].T) * (x @ p[pre + "up_proj.weight"].T)) @ p[pre + "down_proj.weight"].T
 
 
-def dense_mlp(x, p, layer):
-    """A dense layer's Qwen3MoeMLP: x (B, T, H) -> down(silu(gate(x)) * up(x))."""
-    pre = f"model.layers.{layer}.mlp."
+def dense_mlp(x, p, layer, leaf="mlp."):
+    """A dense layer's Qwen3MoeMLP (or DeepSeek's shared experts, leaf "mlp.shared_experts."):
+    x (..., H) -> down(silu(gate(x)) * up(x))."""
+    pre = f"model.layers.{layer}.{leaf}"
     return (F.silu(x @ p[pre + "gate_proj.weight"].T) * (x @ p[pre + "up_proj.weight"].T)) @ p[pre + "down_proj.weight"].T
+
+
+def deepseek_route(logits, p, layer, cfg):
+    """DeepseekV3TopkRouter after its GEMM: logits (N, E) -> weights (N, k), sel (N, k), and the scores
+    the choice was made on (N, E; -inf outside the chosen groups)."""
+    N, E = logits.shape
+    scores = logits.sigmoid()
+    choice = scores + p[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"].detach()
+    groups = choice.detach().view(N, cfg.n_group, E // cfg.n_group).topk(2, dim=-1)[0].sum(dim=-1)  # (N, n_group)
+    gsel = torch.topk(groups, cfg.topk_group, dim=-1)[1]
+    gmask = torch.zeros_like(groups).scatter_(1, gsel, 1.0)
+    mask = gmask.unsqueeze(-1).expand(N, cfg.n_group, E // cfg.n_group).reshape(N, E)
+    choice = choice.detach().masked_fill(mask == 0, float("-inf"))
+    sel = torch.topk(choice, cfg.num_experts_per_tok, dim=-1)[1]
+    weights = scores.gather(1, sel)
+    if cfg.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor, sel, choice
 
 
 def moe(x, p, layer, cfg):
     """x (B, T, H): the normed hidden states. Returns (output (B, T, H), router logits (N, E),
-    tokens per expert (E) as a list of ints)."""
+    tokens per expert (E) as a list of ints, the scores the top-k chose on (N, E))."""
     B, T, H = x.shape
     xs = x.reshape(B * T, H)
     logits = xs @ p[f"model.layers.{layer}.mlp.gate.weight"].T  # (N, E)
-    probs = torch.softmax(logits, dim=-1)
-    weights, sel = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # (N, k)
-    if cfg.norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if cfg.deepseek():
+        weights, sel, choice = deepseek_route(logits, p, layer, cfg)
+    else:
+        choice = torch.softmax(logits, dim=-1)
+        weights, sel = torch.topk(choice, cfg.num_experts_per_tok, dim=-1)  # (N, k)
+        if cfg.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(xs)
     counts = []
     for e in range(cfg.num_experts):
@@ -254,7 +402,9 @@ def moe(x, p, layer, cfg):
             continue
         y = expert_mlp(xs[tok], p, layer, e) * weights[tok, slot, None]
         out = out.index_add(0, tok, y)
-    return out.view(B, T, H), logits, counts
+    if cfg.deepseek() and cfg.n_shared_experts:
+        out = out + dense_mlp(xs, p, layer, "mlp.shared_experts.")
+    return out.view(B, T, H), logits, counts, choice.detach()
 
 
 def load_balancing_loss(router_logits, E, k):
@@ -274,7 +424,7 @@ def forward(p, cfg, input_ids, targets):
     (N, E), MoE layers only), expert_counts (L lists of E ints; all zero for a dense layer)."""
     input_ids, targets = input_ids.long(), targets.long()
     x = p["model.embed_tokens.weight"][input_ids]  # (B, T, H)
-    router_logits, counts = [], []
+    router_logits, counts, choices = [], [], []
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
         x = x + attention(rms_norm(x, p[pre + "input_layernorm.weight"], cfg.rms_norm_eps), p, i, cfg)
@@ -283,18 +433,22 @@ def forward(p, cfg, input_ids, targets):
             x = x + dense_mlp(h, p, i)
             counts.append([0] * cfg.num_experts)
             continue
-        y, logits_i, c = moe(h, p, i, cfg)
+        y, logits_i, c, choice = moe(h, p, i, cfg)
         x = x + y
         router_logits.append(logits_i)
         counts.append(c)
+        choices.append(choice)
     x = rms_norm(x, p["model.norm.weight"], cfg.rms_norm_eps)
     head = p["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
     logits = x @ head.T  # (B, T, V)
     ce = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=IGNORE_INDEX)
-    aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.num_experts_per_tok)
+    if cfg.deepseek():  # no load-balancing loss (its bias balances between steps)
+        aux = torch.zeros((), dtype=logits.dtype)
+    else:
+        aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.num_experts_per_tok)
     loss = ce + cfg.router_aux_loss_coef * aux
     return {"logits": logits, "loss": loss, "ce_loss": ce, "aux_loss": aux, "router_logits": router_logits,
-            "expert_counts": counts}
+            "expert_counts": counts, "choice_scores": choices}
 
 
 def forward_backward(p, cfg, input_ids, targets):

@@ -189,7 +189,7 @@ def check_moe_and_forward():
         p = twin.init_params(cfg, seed=3)
         x = torch.randn(B, T, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
         for layer in range(cfg.num_hidden_layers):
-            out, logits, counts = twin.moe(x, p, layer, cfg)
+            out, logits, counts, _ = twin.moe(x, p, layer, cfg)
             out_n, logits_n, counts_n = moe_naive(x, p, layer, cfg)
             assert counts == counts_n, f"tokens per expert {counts} vs {counts_n}"
             assert sum(counts) == B * T * cfg.num_experts_per_tok

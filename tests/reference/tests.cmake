@@ -11,7 +11,7 @@ set_tests_properties(twin_selfcheck PROPERTIES LABELS reference TIMEOUT 300)
 add_executable(dump_case ${CMAKE_CURRENT_SOURCE_DIR}/reference/dump_case.cpp)
 target_compile_options(dump_case PRIVATE ${FLATPEAK_WARNINGS})
 target_link_libraries(dump_case PRIVATE flatpeak_engine)
-foreach(case gqa_norm mha_nonorm hf_layers yarn)
+foreach(case gqa_norm mha_nonorm hf_layers yarn mla mla_yarn)
   add_test(NAME model_vs_twin_${case}
            COMMAND sh -c "$<TARGET_FILE:dump_case> ${CMAKE_CURRENT_BINARY_DIR}/case_${case}.safetensors ${case} && /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/check_case.py ${CMAKE_CURRENT_BINARY_DIR}/case_${case}.safetensors --rtol 1e-5")
   set_tests_properties(model_vs_twin_${case} PROPERTIES LABELS reference TIMEOUT 600)

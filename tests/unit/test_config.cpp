@@ -125,4 +125,61 @@ TEST(Config, LayerSwitchesRoundTrip) {
   expect_error(tiny_text(), {"model.mlp_only_layers=[0]"}, {"intermediate_size"});
 }
 
+// model_type "deepseek_v3" in a run config: its keys parsed (head_dim defaults to the RoPE width), written
+// as DeepseekV3ForCausalLM's config.json and read back to the same model; the parameter count equals the
+// store's; the other architecture's keys are refused by name in each.
+TEST(Config, DeepseekV3RoundTrip) {
+  const std::vector<std::string> ds = {
+      "model.model_type=deepseek_v3", "model.num_key_value_heads=4", "model.q_lora_rank=24",
+      "model.kv_lora_rank=16",        "model.qk_nope_head_dim=12",    "model.qk_rope_head_dim=8",
+      "model.v_head_dim=10",          "model.n_shared_experts=2",     "model.n_group=4",
+      "model.topk_group=2",           "model.routed_scaling_factor=2.5", "model.first_k_dense_replace=1",
+      "model.intermediate_size=96",   "model.router_aux_loss_coef=0", "model.rope_interleave=true",
+      "moe.bias_update_rate=0.01"};
+  // head_dim may be left out under MLA: it is the RoPE width.
+  std::string text = tiny_text();
+  const size_t at = text.find("head_dim = 16\n");
+  ASSERT_NE(at, std::string::npos);
+  text.erase(at, std::string("head_dim = 16\n").size());
+  const RunConfig c = config_parse(text, "tiny.toml", ds);
+  const ModelConfig& m = c.model;
+  EXPECT_TRUE(m.is_deepseek() && m.router_sigmoid());
+  EXPECT_EQ(m.qk_head_dim(), 20);
+  EXPECT_EQ(m.value_head_dim(), 10);
+  EXPECT_FALSE(m.layer_is_sparse(0));
+  EXPECT_TRUE(m.layer_is_sparse(1));
+  EXPECT_EQ(c.moe.bias_update_rate, 0.01);
+  const std::string json = model_config_hf_json(m);
+  EXPECT_NE(json.find("\"DeepseekV3ForCausalLM\""), std::string::npos);
+  EXPECT_EQ(json.find("q_norm"), std::string::npos);
+  const ModelConfig back = hf_config_parse(json, "config.json").model;
+  EXPECT_TRUE(model_config_differences(m, back).empty()) << fmt::format("{}", fmt::join(model_config_differences(m, back), "; "));
+  auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore ps(m, *be);
+  int64_t allocated = 0;
+  for (const ParamInfo& p : ps.layout()) allocated += p.shape.numel();
+  EXPECT_EQ(m.param_count(), allocated);
+  EXPECT_NE(ps.find("model.layers.1.self_attn.kv_a_proj_with_mqa.weight"), nullptr);
+  EXPECT_NE(ps.find("model.layers.1.mlp.gate.e_score_correction_bias"), nullptr);
+  EXPECT_NE(ps.find("model.layers.1.mlp.shared_experts.down_proj.weight"), nullptr);
+  EXPECT_NE(ps.find("model.layers.0.mlp.down_proj.weight"), nullptr);
+  EXPECT_EQ(ps.find("model.layers.1.self_attn.q_norm.weight"), nullptr);
+  EXPECT_EQ(m.head_dim, 8);
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> o = ds;
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+  };
+  expect_error(tiny_text(), ds, {"head_dim = 16", "qk_rope_head_dim"});  // tiny's head_dim, not the RoPE width
+  expect_error(text, with({"model.n_group=3"}), {"n_group"});
+  expect_error(text, with({"model.topk_group=1", "model.num_experts_per_tok=4"}), {"topk_group"});
+  expect_error(text, with({"model.router_aux_loss_coef=0.01"}), {"router_aux_loss_coef"});
+  expect_error(text, with({"model.sliding_window=16"}), {"sliding_window", "deepseek_v3"});
+  expect_error(text, with({"model.num_key_value_heads=2"}), {"num_key_value_heads"});
+  expect_error(text, with({"model.model_type=deepseek_v4"}), {"model_type", "deepseek_v4"});
+  // DeepSeek's keys in a Qwen3-MoE config, and the bias rate without a sigmoid router.
+  expect_error(tiny_text(), {"model.kv_lora_rank=16"}, {"kv_lora_rank", "qwen3_moe"});
+  expect_error(tiny_text(), {"moe.bias_update_rate=0.01"}, {"bias_update_rate"});
+}
+
 }  // namespace fp

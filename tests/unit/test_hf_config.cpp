@@ -159,5 +159,78 @@ TEST(HfConfig, DifferencesNameEveryKey) {
   EXPECT_TRUE(model_config_differences(a, a).empty());
 }
 
+// deepseek-ai/DeepSeek-V3's config.json as published (transformers 4.33, remote code), without its
+// quantization_config (FP8 weights: refused on its own below).
+constexpr const char* kDeepseekV3 = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+               "AutoModel": "modeling_deepseek.DeepseekV3Model",
+               "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+  "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+  "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+  "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+  "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+  "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "pretraining_tp": 1,
+  "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "original_max_position_embeddings": 4096, "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true,
+  "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+  "transformers_version": "4.33.1", "use_cache": true, "v_head_dim": 128, "vocab_size": 129280})";
+
+std::string deepseek_with(const std::string& key_value) {
+  std::string s = kDeepseekV3;
+  return s.substr(0, s.size() - 1) + ", " + key_value + "}";
+}
+
+TEST(HfConfig, PublishedDeepseekV3Parses) {
+  const ModelConfig m = hf_config_parse(kDeepseekV3, "DeepSeek-V3/config.json").model;
+  EXPECT_TRUE(m.is_deepseek());
+  EXPECT_EQ(m.num_experts, 256);
+  EXPECT_EQ(m.head_dim, 64);
+  EXPECT_EQ(m.qk_head_dim(), 192);
+  EXPECT_EQ(m.value_head_dim(), 128);
+  EXPECT_EQ(m.q_lora_rank, 1536);
+  EXPECT_EQ(m.n_group, 8);
+  EXPECT_EQ(m.topk_group, 4);
+  EXPECT_EQ(m.routed_scaling_factor, 2.5);
+  EXPECT_TRUE(m.rope_interleave);  // transformers' default when the key is absent
+  EXPECT_EQ(m.first_k_dense_replace, 3);
+  EXPECT_EQ(m.sparse_layer_count(), 58);
+  EXPECT_EQ(m.router_aux_loss_coef, 0.0);
+  EXPECT_EQ(m.rope_scaling.kind, RopeScaling::Kind::Kind_yarn);
+  // Published: 671B parameters in the main model (685B with the multi-token prediction module).
+  EXPECT_NEAR(static_cast<double>(m.param_count()) / 671e9, 1.0, 0.005) << m.param_count();
+  // q_lora_rank null (DeepSeek-V2-Lite's form): q_proj instead of the query latent.
+  const ModelConfig lite = hf_config_parse(deepseek_with(R"("q_lora_rank": null)"), "config.json").model;
+  EXPECT_EQ(lite.q_lora_rank, 0);
+  EXPECT_EQ(m.param_count() - lite.param_count(),
+            int64_t{61} * ((int64_t{1536} * 7168 + 1536 + 128 * 192 * 1536) - int64_t{128} * 192 * 7168));
+}
+
+TEST(HfConfig, DeepseekV3RefusesByName) {
+  for (const auto& [kv, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"("quantization_config": {"quant_method": "fp8"})", "quantization_config"},
+           {R"("moe_layer_freq": 2)", "moe_layer_freq"},
+           {R"("scoring_func": "softmax")", "scoring_func"},
+           {R"("topk_method": "greedy")", "topk_method"},
+           {R"("q_lora_rank": 0)", "q_lora_rank"},
+           {R"("n_group": 7)", "n_group"},
+           {R"("attention_bias": true)", "attention_bias"},
+           {R"("num_key_value_heads": 1)", "num_key_value_heads"},
+           {R"("architectures": ["Qwen3MoeForCausalLM"])", "architectures"},
+           {R"("head_dim": 128)", "head_dim"},
+           {R"("some_new_key": 3)", "some_new_key"},
+       }) {
+    try {
+      hf_config_parse(deepseek_with(kv), "config.json");
+      ADD_FAILURE() << kv << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fp

@@ -120,4 +120,18 @@ void column_sums_f64(const float* __restrict x, int64_t rows, int64_t d, double*
   });
 }
 
+void copy_2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ldd, src + r * lds, static_cast<size_t>(cols) * sizeof(float));
+}
+
+void add_2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* __restrict d = dst + r * ldd;
+    const float* __restrict x = src + r * lds;
+    for (int64_t c = 0; c < cols; ++c) d[c] += x[c];
+  }
+}
+
 }  // namespace fp::ops::cpu

@@ -26,8 +26,10 @@ namespace {
 // Below this many elements (n * heads * hd) a parallel region costs more than the work.
 constexpr int64_t kParallelMinElements = int64_t{1} << 14;
 
-// sin_sign = +1: forward rotation; -1: its transpose.
-void rope_rotate(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f, float sin_sign) {
+// sin_sign = +1: forward rotation; -1: its transpose. Head h of token t at x + (t heads + h) stride;
+// pair i is (i, i + half), or (2i, 2i + 1) when interleaved.
+void rope_rotate(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t stride, bool interleaved,
+                 RopeFreqs f, float sin_sign) {
   FP_ASSERT(hd % 2 == 0 && hd > 0, "rope head_dim {} must be even", hd);
   FP_ASSERT(f.inv_freq != nullptr || n == 0, "rope without frequencies");
   const int64_t half = hd / 2;
@@ -46,8 +48,17 @@ void rope_rotate(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t
         sn[i] = sin_sign * static_cast<float>(scale * std::sin(a));
       }
       for (int64_t h = 0; h < heads; ++h) {
-        float* __restrict x1 = x + (t * heads + h) * hd;  // (half) first halves
-        float* __restrict x2 = x1 + half;                 // (half) second halves
+        if (interleaved) {
+          float* __restrict xp = x + (t * heads + h) * stride;  // (half, 2) pairs
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = xp[2 * i], b = xp[2 * i + 1];
+            xp[2 * i] = a * cs[i] - b * sn[i];
+            xp[2 * i + 1] = b * cs[i] + a * sn[i];
+          }
+          continue;
+        }
+        float* __restrict x1 = x + (t * heads + h) * stride;  // (half) first halves
+        float* __restrict x2 = x1 + half;                     // (half) second halves
         for (int64_t i = 0; i < half; ++i) {
           const float a = x1[i], b = x2[i];
           x1[i] = a * cs[i] - b * sn[i];
@@ -61,11 +72,23 @@ void rope_rotate(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t
 }  // namespace
 
 void rope_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f) {
-  rope_rotate(x, pos, n, heads, hd, f, 1.0f);
+  rope_rotate(x, pos, n, heads, hd, hd, false, f, 1.0f);
 }
 
 void rope_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f) {
-  rope_rotate(dx, pos, n, heads, hd, f, -1.0f);
+  rope_rotate(dx, pos, n, heads, hd, hd, false, f, -1.0f);
+}
+
+void rope_strided_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
+                          bool interleaved, RopeFreqs f) {
+  FP_ASSERT(head_stride >= hd, "rope_strided: head_stride {} < hd {}", head_stride, hd);
+  rope_rotate(x, pos, n, heads, hd, head_stride, interleaved, f, 1.0f);
+}
+
+void rope_strided_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
+                           bool interleaved, RopeFreqs f) {
+  FP_ASSERT(head_stride >= hd, "rope_strided: head_stride {} < hd {}", head_stride, hd);
+  rope_rotate(dx, pos, n, heads, hd, head_stride, interleaved, f, -1.0f);
 }
 
 }  // namespace fp::ops::cpu

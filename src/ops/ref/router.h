@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "core/error.h"
 
@@ -105,6 +107,96 @@ void router_backward(const T* probs, const int32_t* topk_idx, const T* d_topk_w,
     double pdp = 0;  // Note [Router sums in double]
     for (int64_t e = 0; e < E; ++e) pdp += static_cast<double>(p[e]) * static_cast<double>(dp[e]);
     for (int64_t e = 0; e < E; ++e) dp[e] = static_cast<T>(static_cast<double>(p[e]) * (static_cast<double>(dp[e]) - pdp));
+  }
+}
+
+// ---- DeepSeek-V3's sigmoid router (Note [Sigmoid routing] in ops/router.h), written plainly: every
+// selection is a repeated argmax with ties to the lower index.
+
+template <class T>
+void router_sigmoid_gather(const T* scores, const int32_t* topk_idx, T* topk_w, int64_t n, int64_t E, int64_t k,
+                           bool norm, float scaling) {
+  for (int64_t t = 0; t < n; ++t) {
+    const T* s = scores + t * E;
+    const int32_t* idx = topk_idx + t * k;
+    T* w = topk_w + t * k;
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      FP_ASSERT(idx[j] >= 0 && idx[j] < E, "router_sigmoid_gather: expert {} outside [0, {})", idx[j], E);
+      sum += static_cast<double>(s[idx[j]]);
+    }
+    const double c = norm ? static_cast<double>(scaling) / (sum + 1e-20) : static_cast<double>(scaling);
+    for (int64_t j = 0; j < k; ++j) w[j] = static_cast<T>(static_cast<double>(s[idx[j]]) * c);
+  }
+}
+
+template <class T>
+void router_sigmoid_forward(const T* logits, const T* bias, T* scores, int32_t* topk_idx, T* topk_w, int64_t n,
+                            int64_t E, int64_t k, int64_t n_group, int64_t topk_group, bool norm, float scaling) {
+  FP_ASSERT(E % n_group == 0 && E / n_group >= 2 && topk_group <= n_group && topk_group * (E / n_group) >= k);
+  const int64_t per = E / n_group;
+  std::vector<T> c(static_cast<size_t>(E)), gs(static_cast<size_t>(n_group));
+  std::vector<char> allowed(static_cast<size_t>(E)), taken(static_cast<size_t>(n_group));
+  for (int64_t t = 0; t < n; ++t) {
+    const T* x = logits + t * E;
+    T* s = scores + t * E;
+    for (int64_t e = 0; e < E; ++e) {
+      s[e] = T(1) / (T(1) + std::exp(-x[e]));
+      c[e] = s[e] + bias[e];
+    }
+    for (int64_t g = 0; g < n_group; ++g) {  // the sum of the group's two largest (the larger first)
+      int64_t a = -1, b = -1;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e)
+        if (a < 0 || c[e] > c[a]) a = e;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e)
+        if (e != a && (b < 0 || c[e] > c[b])) b = e;
+      gs[g] = c[a] + c[b];
+    }
+    std::fill(taken.begin(), taken.end(), 0);
+    std::fill(allowed.begin(), allowed.end(), 0);
+    for (int64_t i = 0; i < topk_group; ++i) {
+      int64_t best = -1;
+      for (int64_t g = 0; g < n_group; ++g)
+        if (!taken[g] && (best < 0 || gs[g] > gs[best])) best = g;
+      FP_ASSERT(best >= 0);
+      taken[best] = 1;
+      for (int64_t e = best * per; e < (best + 1) * per; ++e) allowed[e] = 1;
+    }
+    int32_t* idx = topk_idx + t * k;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (allowed[e] && (best < 0 || c[e] > c[best])) best = e;
+      FP_ASSERT(best >= 0);
+      allowed[best] = 0;
+      idx[j] = static_cast<int32_t>(best);
+    }
+  }
+  router_sigmoid_gather(scores, topk_idx, topk_w, n, E, k, norm, scaling);
+}
+
+//   without norm: d s[idx_j] += r dw_j;  with norm: d s[idx_j] += r (dw_j / S' - sum_i dw_i s_i / S'^2),
+//   S' = sum_i s_{idx_i} + 1e-20;  then d logit = d s * s (1 - s).
+template <class T>
+void router_sigmoid_backward(const T* scores, const int32_t* topk_idx, const T* d_topk_w, T* dlogits, int64_t n,
+                             int64_t E, int64_t k, bool norm, float scaling) {
+  std::vector<double> ds(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t) {
+    const T* s = scores + t * E;
+    const int32_t* idx = topk_idx + t * k;
+    const T* dw = d_topk_w + t * k;
+    std::fill(ds.begin(), ds.end(), 0.0);
+    const double r = static_cast<double>(scaling);
+    double sum = 0, dot = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      sum += static_cast<double>(s[idx[j]]);
+      dot += static_cast<double>(dw[j]) * static_cast<double>(s[idx[j]]);
+    }
+    const double S = sum + 1e-20;
+    for (int64_t j = 0; j < k; ++j)
+      ds[idx[j]] += norm ? r * (static_cast<double>(dw[j]) / S - dot / (S * S)) : r * static_cast<double>(dw[j]);
+    for (int64_t e = 0; e < E; ++e)
+      dlogits[t * E + e] = static_cast<T>(ds[e] * static_cast<double>(s[e]) * (1.0 - static_cast<double>(s[e])));
   }
 }
 

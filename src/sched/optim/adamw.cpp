@@ -64,6 +64,13 @@ AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
   return st;
 }
 
+void AdamW::weights_written(const std::vector<Param*>& params) {
+  // Without a master the weights are the optimizer's only copy. With one (parameters in another dtype)
+  // nothing computes yet: the cpu kernels are fp32, and meta writes no weights.
+  FP_ASSERT(master_.empty() || !be_.computes() || params.empty(),
+            "AdamW::weights_written with a master copy of another dtype is not implemented");
+}
+
 std::vector<std::pair<std::string, const Tensor*>> AdamW::state_tensors() const {
   std::vector<std::pair<std::string, const Tensor*>> out;
   out.reserve(2 * m_.size());

@@ -45,6 +45,7 @@ class AdamW final : public Optimizer {
   // For checkpoints: ("<param name>.exp_avg", &m_i), ("<param name>.exp_avg_sq", &v_i), parameter by
   // parameter. The pointers stay valid for the optimizer's lifetime; loading writes into their data.
   std::vector<std::pair<std::string, const Tensor*>> state_tensors() const override;
+  void weights_written(const std::vector<Param*>& params) override;
 
   // The last step applied (0 before any). A resumed run sets it to the checkpoint's step after loading
   // the moments.

@@ -103,6 +103,17 @@ void OffloadAdamW::master_sync() {
   master_synced_ = true;
 }
 
+void OffloadAdamW::weights_written(const std::vector<Param*>& written) {
+  if (!master_synced_ || written.empty()) return;
+  be_.synchronize();
+  size_t i = 0;
+  for (const Param& p : params_.all()) {
+    if (std::find(written.begin(), written.end(), &p) != written.end())
+      be_.copy_to_host(master_[i].data(), p.local_w().data(), p.local_w().bytes());
+    ++i;
+  }
+}
+
 OffloadAdamW::StepStats OffloadAdamW::step(int64_t step, int64_t total_steps) {
   FP_ASSERT(step == steps_taken_ + 1, "OffloadAdamW::step({}) after step {}: steps must follow each other (resume "
             "sets set_steps_taken)", step, steps_taken_);

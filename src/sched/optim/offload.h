@@ -93,6 +93,8 @@ class OffloadAdamW : public Optimizer {
 
   // ("<param>.exp_avg", host m), ("<param>.exp_avg_sq", host v), parameter by parameter (as AdamW).
   std::vector<std::pair<std::string, const Tensor*>> state_tensors() const final;
+  // Copies the written weights into their host master (a master not yet synced is copied whole anyway).
+  void weights_written(const std::vector<Param*>& params) final;
   int64_t steps_taken() const final { return steps_taken_; }
   // Also marks the master stale: the next step copies it from the device weights again.
   void set_steps_taken(int64_t steps) final {

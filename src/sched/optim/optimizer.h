@@ -32,6 +32,9 @@ class Optimizer {
   virtual std::vector<std::pair<std::string, const Tensor*>> state_tensors() const = 0;
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
+  // These parameters' weights (local_w) were written outside the optimizer (DeepSeek-V3's routing bias,
+  // Model::routing_bias_update): a copy of them the optimizer keeps (a master) is refreshed from them.
+  virtual void weights_written(const std::vector<Param*>& params) = 0;
 };
 
 // The optimizer of cfg's schedule over params. Each rank updates only the storage it holds

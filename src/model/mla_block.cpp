@@ -1,0 +1,228 @@
+// Multi-head latent attention (DeepSeek-V2/V3, transformers' DeepseekV3Attention), forward and backward:
+// the attention block of model_type "deepseek_v3" (Note [Two architectures, one layer] in model/config.h).
+// Legend: n tokens (B sequences of T), H hidden, nh heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim,
+// dqk = dn + dr, dv = v_head_dim, kl = kv_lora_rank, ql = q_lora_rank (0: no query latent).
+//
+// Note [Multi-head latent attention]:
+//   h1 = rmsnorm(x)
+//   q  = q_b_proj(rmsnorm_qa(q_a_proj h1))  (ql > 0)   or   q_proj h1        (n, nh, dqk) = [q_nope | q_pe]
+//   [c_kv | k_pe] = kv_a_proj_with_mqa h1                                     (n, kl), (n, dr): one RoPE key
+//   [k_nope | v] per head = kv_b_proj(rmsnorm_kv(c_kv))                       (n, nh, dn), (n, nh, dv)
+//   k = [k_nope | rope(k_pe) for every head],  q_pe = rope(q_pe)             (n, nh, dqk)
+//   o = attention(q, k, v) scaled by dqk^-0.5 mscale^2 (YaRN's mscale_all_dim, as transformers)  (n, nh, dv)
+//   x1 = x + o_proj o
+// The tiled kernels take the different q/k and v widths (ops/attention.h); no T x T buffer exists. The
+// two halves of kv_a_proj_with_mqa are two GEMMs on its row blocks (no strided split of the output), and
+// kv_b_proj's output is split per head by strided copies. RoPE rotates the last dr numbers of each query
+// head and the one shared key in place (ops::cpu::rope_strided_forward; rope_interleave rotates adjacent
+// pairs). Backward: d k_pe is the sum over heads of the keys' RoPE parts (fixed head order).
+// Memory: with keep, h1, the latents before and after their norms, q, k, v, o and lse stay for backward.
+#include <cmath>
+
+#include "model/blocks.h"
+#include "model/ring_attention.h"
+
+namespace fp {
+
+namespace {
+constexpr Category kAct = Category::Category_activations;
+
+// transformers' DeepseekV3Attention.scaling: dqk^-0.5, times mscale^2 under YaRN with mscale_all_dim.
+float mla_softmax_scale(const ModelConfig& c) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
+  const RopeScaling& r = c.rope_scaling;
+  if (r.kind != RopeScaling::Kind::Kind_default && r.mscale_all_dim != 0 && r.factor > 1) {
+    const double m = 0.1 * r.mscale_all_dim * std::log(r.factor) + 1.0;
+    scale *= m * m;
+  }
+  return static_cast<float>(scale);
+}
+}  // namespace
+
+Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim,
+                dr = c.qk_rope_head_dim, dqk = dn + dr, dv = c.v_head_dim, kl = c.kv_lora_rank, ql = c.q_lora_rank;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const ops::RopeFreqs freqs = s.rope_freqs();
+  const DType dt = s.precision.activations;
+  AttnActs local;
+  AttnActs& a = keep ? *keep : local;
+
+  a.h1 = be.alloc(kAct, {n, H}, dt, "attn.h1");
+  a.rstd1 = be.alloc_f32(kAct, {n}, "attn.rstd1");
+  K.rmsnorm_forward(x.f32(), lp.input_layernorm->w.f32(), a.h1.f32(), a.rstd1.f32(), n, H, eps);
+
+  // Queries (n, nh, dqk).
+  a.q = be.alloc(kAct, {n, nh * dqk}, dt, "attn.q");
+  if (ql > 0) {
+    a.q_a = be.alloc(kAct, {n, ql}, dt, "attn.q_a");
+    linear_forward(be, a.h1.f32(), lp.q_a_proj->w.f32(), a.q_a.f32(), n, H, ql);
+    a.q_a_n = be.alloc(kAct, {n, ql}, dt, "attn.q_a_normed");
+    a.rstd_q = be.alloc_f32(kAct, {n}, "attn.rstd_q_a");
+    K.rmsnorm_forward(a.q_a.f32(), lp.q_a_layernorm->w.f32(), a.q_a_n.f32(), a.rstd_q.f32(), n, ql, eps);
+    linear_forward(be, a.q_a_n.f32(), lp.q_b_proj->w.f32(), a.q.f32(), n, ql, nh * dqk);
+    if (!keep) {
+      a.q_a.reset();
+      a.q_a_n.reset();
+      a.rstd_q.reset();
+    }
+  } else {
+    linear_forward(be, a.h1.f32(), lp.q_proj->w.f32(), a.q.f32(), n, H, nh * dqk);
+  }
+
+  // The key/value latent and the shared RoPE key: the two row blocks of kv_a_proj_with_mqa.
+  a.kv_a = be.alloc(kAct, {n, kl}, dt, "attn.kv_a");
+  Tensor k_pe = be.alloc(kAct, {n, dr}, dt, "attn.k_pe");
+  linear_forward(be, a.h1.f32(), lp.kv_a_proj_with_mqa->w.f32(), a.kv_a.f32(), n, H, kl);
+  linear_forward(be, a.h1.f32(), ptr_at(lp.kv_a_proj_with_mqa->w.f32(), kl * H), k_pe.f32(), n, H, dr);
+  if (!keep) {
+    a.h1.reset();
+    a.rstd1.reset();
+  }
+  a.kv_a_n = be.alloc(kAct, {n, kl}, dt, "attn.kv_a_normed");
+  a.rstd_k = be.alloc_f32(kAct, {n}, "attn.rstd_kv_a");
+  K.rmsnorm_forward(a.kv_a.f32(), lp.kv_a_layernorm->w.f32(), a.kv_a_n.f32(), a.rstd_k.f32(), n, kl, eps);
+  if (!keep) {
+    a.kv_a.reset();
+    a.rstd_k.reset();
+  }
+
+  // Per head [k_nope | v] from the normed latent, split into k (n, nh, dqk) and v (n, nh, dv).
+  a.k = be.alloc(kAct, {n, nh * dqk}, dt, "attn.k");
+  a.v = be.alloc(kAct, {n, nh * dv}, dt, "attn.v");
+  {
+    Tensor kv = be.alloc(kAct, {n, nh * (dn + dv)}, dt, "attn.kv_b");
+    linear_forward(be, a.kv_a_n.f32(), lp.kv_b_proj->w.f32(), kv.f32(), n, kl, nh * (dn + dv));
+    K.copy_2d(a.k.f32(), dqk, kv.f32(), dn + dv, n * nh, dn);
+    K.copy_2d(a.v.f32(), dv, ptr_at(kv.f32(), dn), dn + dv, n * nh, dv);
+  }
+  if (!keep) a.kv_a_n.reset();
+
+  // RoPE on the queries' last dr numbers and on the shared key, which every head's key then carries.
+  K.rope_strided_forward(ptr_at(a.q.f32(), dn), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
+  K.rope_strided_forward(k_pe.f32(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
+  for (int64_t h = 0; h < nh; ++h) K.copy_2d(ptr_at(a.k.f32(), h * dqk + dn), nh * dqk, k_pe.f32(), dr, n, dr);
+  k_pe.reset();
+
+  a.o = be.alloc(kAct, {n, nh * dv}, dt, "attn.o");
+  a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
+  const float scale = mla_softmax_scale(c);
+  if (s.comm.size() > 1) {
+    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, dqk, dv, scale);
+  } else {
+    K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nh, dqk, dv, scale, 0);
+  }
+  if (!keep) {
+    a.q.reset();
+    a.k.reset();
+    a.v.reset();
+    a.lse.reset();
+  }
+
+  Tensor x1 = be.alloc(kAct, {n, H}, dt, "attn.x1");
+  K.copy(x1.f32(), x.f32(), n * H);
+  linear_forward(be, a.o.f32(), lp.o_proj->w.f32(), x1.f32(), n, nh * dv, H, /*beta=*/1.0f);
+  if (!keep) a.o.reset();
+  return x1;
+}
+
+void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim,
+                dr = c.qk_rope_head_dim, dqk = dn + dr, dv = c.v_head_dim, kl = c.kv_lora_rank, ql = c.q_lora_rank;
+  const ops::RopeFreqs freqs = s.rope_freqs();
+  const DType dt = s.precision.activations;
+
+  // o_proj: dx holds d x1; the residual part stays in dx.
+  Tensor d_o = be.alloc(kAct, {n, nh * dv}, dt, "attn.d_o");
+  linear_backward_input(be, dx.f32(), lp.o_proj->w.f32(), d_o.f32(), n, nh * dv, H);
+  linear_backward_weight(be, dx.f32(), a.o.f32(), lp.o_proj->g.f32(), n, nh * dv, H);
+
+  Tensor dq = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dq");
+  Tensor dk = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dk");
+  Tensor dvv = be.alloc(kAct, {n, nh * dv}, dt, "attn.dv");
+  const float scale = mla_softmax_scale(c);
+  if (s.comm.size() > 1) {
+    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dvv, dqk, dv, scale);
+  } else {
+    K.attention_backward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), d_o.f32(), dq.f32(), dk.f32(),
+                         dvv.f32(), s.B, s.T, nh, nh, dqk, dv, scale, 0);
+  }
+  d_o.reset();
+  a.o.reset();
+  a.lse.reset();
+  a.q.reset();
+  a.k.reset();
+  a.v.reset();
+
+  // The shared RoPE key: the sum over heads of the keys' RoPE parts, rotated back.
+  Tensor dk_pe = be.alloc(kAct, {n, dr}, dt, "attn.dk_pe");
+  K.fill(dk_pe.f32(), 0.0f, n * dr);
+  for (int64_t h = 0; h < nh; ++h) K.add_2d(dk_pe.f32(), dr, ptr_at(dk.f32(), h * dqk + dn), nh * dqk, n, dr);
+  K.rope_strided_backward(dk_pe.f32(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
+
+  // kv_b_proj: its output gradient per head [d k_nope | d v].
+  Tensor dkv_a_n = be.alloc(kAct, {n, kl}, dt, "attn.dkv_a_normed");
+  {
+    Tensor dkv = be.alloc(kAct, {n, nh * (dn + dv)}, dt, "attn.dkv_b");
+    K.copy_2d(dkv.f32(), dn + dv, dk.f32(), dqk, n * nh, dn);
+    K.copy_2d(ptr_at(dkv.f32(), dn), dn + dv, dvv.f32(), dv, n * nh, dv);
+    dk.reset();
+    dvv.reset();
+    linear_backward_input(be, dkv.f32(), lp.kv_b_proj->w.f32(), dkv_a_n.f32(), n, kl, nh * (dn + dv));
+    linear_backward_weight(be, dkv.f32(), a.kv_a_n.f32(), lp.kv_b_proj->g.f32(), n, kl, nh * (dn + dv));
+  }
+  a.kv_a_n.reset();
+  Tensor dkv_a = be.alloc(kAct, {n, kl}, dt, "attn.dkv_a");
+  rmsnorm_backward(be, a.kv_a.f32(), lp.kv_a_layernorm->w.f32(), a.rstd_k.f32(), dkv_a_n.f32(), dkv_a.f32(),
+                   lp.kv_a_layernorm->g.f32(), n, kl);
+  dkv_a_n.reset();
+  a.kv_a.reset();
+  a.rstd_k.reset();
+
+  // Queries: RoPE back on their last dr numbers, then the projections.
+  K.rope_strided_backward(ptr_at(dq.f32(), dn), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
+  Tensor dh1 = be.alloc(kAct, {n, H}, dt, "attn.dh1");
+  if (ql > 0) {
+    Tensor dq_a_n = be.alloc(kAct, {n, ql}, dt, "attn.dq_a_normed");
+    linear_backward_input(be, dq.f32(), lp.q_b_proj->w.f32(), dq_a_n.f32(), n, ql, nh * dqk);
+    linear_backward_weight(be, dq.f32(), a.q_a_n.f32(), lp.q_b_proj->g.f32(), n, ql, nh * dqk);
+    dq.reset();
+    a.q_a_n.reset();
+    Tensor dq_a = be.alloc(kAct, {n, ql}, dt, "attn.dq_a");
+    rmsnorm_backward(be, a.q_a.f32(), lp.q_a_layernorm->w.f32(), a.rstd_q.f32(), dq_a_n.f32(), dq_a.f32(),
+                     lp.q_a_layernorm->g.f32(), n, ql);
+    dq_a_n.reset();
+    a.q_a.reset();
+    a.rstd_q.reset();
+    linear_backward_input(be, dq_a.f32(), lp.q_a_proj->w.f32(), dh1.f32(), n, H, ql);
+    linear_backward_weight(be, dq_a.f32(), a.h1.f32(), lp.q_a_proj->g.f32(), n, H, ql);
+  } else {
+    linear_backward_input(be, dq.f32(), lp.q_proj->w.f32(), dh1.f32(), n, H, nh * dqk);
+    linear_backward_weight(be, dq.f32(), a.h1.f32(), lp.q_proj->g.f32(), n, H, nh * dqk);
+    dq.reset();
+  }
+  // kv_a_proj_with_mqa's two row blocks.
+  Param& kva = *lp.kv_a_proj_with_mqa;
+  linear_backward_input(be, dkv_a.f32(), kva.w.f32(), dh1.f32(), n, H, kl, 1.0f);
+  linear_backward_weight(be, dkv_a.f32(), a.h1.f32(), kva.g.f32(), n, H, kl);
+  linear_backward_input(be, dk_pe.f32(), ptr_at(kva.w.f32(), kl * H), dh1.f32(), n, H, dr, 1.0f);
+  linear_backward_weight(be, dk_pe.f32(), a.h1.f32(), ptr_at(kva.g.f32(), kl * H), n, H, dr);
+  dkv_a.reset();
+  dk_pe.reset();
+  a.h1.reset();
+
+  // input_layernorm: dx += rmsnorm_backward(dh1).
+  Tensor dnorm = be.alloc(kAct, {n, H}, dt, "attn.dnorm");
+  rmsnorm_backward(be, x.f32(), lp.input_layernorm->w.f32(), a.rstd1.f32(), dh1.f32(), dnorm.f32(),
+                   lp.input_layernorm->g.f32(), n, H);
+  K.add_inplace(dx.f32(), dnorm.f32(), n * H);
+  a.rstd1.reset();
+}
+
+}  // namespace fp
