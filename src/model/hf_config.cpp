@@ -178,7 +178,11 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source) {
   const auto& type = r.at("model_type");
   FP_CHECK(type.is_string(), kSupported, "{}: model_type = {} is not a string", source, type.dump());
   ModelConfig& m = out.model;
-  m.model_type = model_type_parse(type.get<std::string>(), fmt::format("{}: model_type", source));
+  // Kimi-K2 publishes model_type "kimi_k2" with DeepSeek-V3's class (architectures DeepseekV3ForCausalLM):
+  // the same architecture, read as deepseek_v3 (the file's own keys are kept when written back).
+  const bool kimi = type == "kimi_k2";
+  m.model_type = kimi ? ModelType::ModelType_deepseek_v3
+                      : model_type_parse(type.get<std::string>(), fmt::format("{}: model_type", source));
   const bool deepseek = m.is_deepseek();
   if (r.has("architectures")) {
     const char* arch = deepseek ? "DeepseekV3ForCausalLM" : "Qwen3MoeForCausalLM";

@@ -66,7 +66,10 @@ Model model_from_hf_json(const std::string& text, const std::string& source) {
   ModelConfig& c = m.cfg;
   // The architecture the engine computes is read as train and eval read it (every key, strictly), so the
   // plan is of the very model they would run.
-  if (j.contains("model_type") && j["model_type"] == "qwen3_moe") {
+  // Qwen3-MoE and DeepSeek-V3 (Kimi-K2 publishes its own model_type for DeepSeek-V3's class) are the
+  // engine's own architectures: read strictly, planned exactly.
+  if (j.contains("model_type") &&
+      (j["model_type"] == "qwen3_moe" || j["model_type"] == "deepseek_v3" || j["model_type"] == "kimi_k2")) {
     c = hf_config_parse(text, source).model;
     return m;
   }

@@ -134,9 +134,10 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
   const ModelConfig& c = in.model;
   const Sizes& z = r.sizes;
   std::string out;
-  out += fmt::format("model {} ({}): {:.1f} B parameters, {} layers, hidden {}, {} experts top-{}, expert width {}, "
+  out += fmt::format("model {} ({}): {}, {:.1f} B parameters, {} layers, hidden {}, {} experts top-{}, expert width {}, "
                      "vocab {}\n",
-                     m.name, m.source, static_cast<double>(c.param_count()) / 1e9, c.num_hidden_layers,
+                     m.name, m.source, model_type_name(c.model_type), static_cast<double>(c.param_count()) / 1e9,
+                     c.num_hidden_layers,
                      c.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.vocab_size);
   out += fmt::format("context {} ({} tokens) x batch {} on {} rank(s): {} tokens per rank, routing {}\n",
                      context_format(in.context), in.context, in.settings.layout.batch, z.ranks, z.tokens,

@@ -5,11 +5,14 @@
 // ledger figures: out.ledger (W, 4) i64 = current params bytes after the step, peak params, peak
 // grads, current grads.
 //
-//   dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat]
+//   dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]
 // hf_layers turns on every switch of the Hugging Face layer: attention biases, a sliding window shorter
 // than the sequence (so some ring hops carry blocks outside every query's window), tied embeddings (one
 // parameter in two FSDP units), and a dense layer. hf_layers_flat runs that model with the flattened
-// schedules: Ring-DTP (the tied head reads the embedding's own shard), SCO and PipelinedLLEP.
+// schedules: Ring-DTP (the tied head reads the embedding's own shard), SCO and PipelinedLLEP. deepseek is
+// DeepSeek-V3's layer (multi-head latent attention on the ring, the sigmoid router with a nonzero routing
+// bias choosing within 2 of 4 groups, a shared expert, a dense first layer); deepseek_flat runs it with
+// the flattened schedules.
 #include <cstdio>
 
 #include "backend/backend.h"
@@ -24,8 +27,10 @@ using namespace fp;
 
 int main(int argc, char** argv) {
   const std::string variant = argc == 3 ? argv[2] : "plain";
-  if ((argc != 2 && argc != 3) || (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat")) {
-    std::fprintf(stderr, "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat]\n");
+  const bool deepseek = variant == "deepseek" || variant == "deepseek_flat";
+  if ((argc != 2 && argc != 3) ||
+      (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek)) {
+    std::fprintf(stderr, "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]\n");
     return 2;
   }
   Comm& comm = comm_world();
@@ -37,7 +42,7 @@ int main(int argc, char** argv) {
     m.vocab_size = 66, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
     m.rms_norm_eps = 1e-6, m.seed = 3;
     ModelSchedules sched;
-    if (variant == "hf_layers_flat") {
+    if (variant == "hf_layers_flat" || variant == "deepseek_flat") {
       sched.vocab.kind = VocabSchedule::Kind::Kind_ring;
       sched.vocab.block_tokens = 64;
       sched.ckpt.kind = CkptSchedule::Kind::Kind_sco;
@@ -46,7 +51,13 @@ int main(int argc, char** argv) {
       sched.dispatch.min_tokens_per_gemm = 8;
       sched.dispatch.chunk_cap = 32;
     }
-    if (variant != "plain") {
+    if (deepseek) {
+      m.model_type = ModelType::ModelType_deepseek_v3;
+      m.num_hidden_layers = 3, m.num_key_value_heads = 4, m.q_lora_rank = 16, m.kv_lora_rank = 12;
+      m.qk_nope_head_dim = 8, m.qk_rope_head_dim = 8, m.v_head_dim = 6, m.head_dim = 8, m.rope_interleave = true;
+      m.first_k_dense_replace = 1, m.intermediate_size = 20, m.n_shared_experts = 1;
+      m.n_group = 4, m.topk_group = 2, m.routed_scaling_factor = 2.5, m.router_aux_loss_coef = 0;
+    } else if (variant != "plain") {
       m.num_hidden_layers = 3, m.mlp_only_layers = {1}, m.intermediate_size = 20;
       m.attention_bias = true, m.tie_word_embeddings = true, m.sliding_window = 45;
     }
@@ -62,7 +73,7 @@ int main(int argc, char** argv) {
     for (Param& p : model.params().all()) {
       if (p.name.find("q_proj.weight") != std::string::npos || p.name.find("k_proj.weight") != std::string::npos)
         be->kernels().scale_inplace(p.local_w().f32(), 10.0f, p.local_w().numel());
-      if (p.name.ends_with(".bias")) {
+      if (p.name.ends_with(".bias") || p.name.ends_with("e_score_correction_bias")) {
         std::vector<float> b(static_cast<size_t>(p.local_w().numel()));
         for (size_t i = 0; i < b.size(); ++i)
           b[i] = 0.02f * static_cast<float>(((p.block.row0 + static_cast<int64_t>(i)) * 37 % 11) - 5);
