@@ -338,24 +338,30 @@ TEST(PlanModelFile, PresetsLoad) {
     double params_b;  // published total, billions
     double tol;       // relative
   };
-  // Paper: about 120 / 241 / 667 B. gpt-oss-120b 116.8 B, Qwen3-235B 235 B, Mixtral-8x22B 141 B; DeepSeek-V3
-  // 671 B, planned with its 3 dense layers as MoE layers and MLA as GQA (said in its notes): +4%.
+  // Paper: about 120 / 241 / 667 B (its models also in Kimi-K2's shape, -mla). gpt-oss-120b 116.8 B, Qwen3-235B
+  // 235 B, Mixtral-8x22B 141 B; DeepSeek-V3 671 B (without its multi-token prediction module), now the engine's
+  // own layer (MLA, shared experts, dense first layers): within 0.5%. Kimi-K2: the Hub counts 1.03T parameters in
+  // its files (the model card rounds to 1T).
   for (const Want& w : {Want{"configs/models/paper-7l.toml", 120, 0.03}, Want{"configs/models/paper-14l.toml", 241, 0.02},
-                        Want{"configs/models/paper-39l.toml", 667, 0.02}, Want{"configs/models/gpt-oss-120b.json", 116.8, 0.02},
+                        Want{"configs/models/paper-39l.toml", 667, 0.02}, Want{"configs/models/paper-7l-mla.toml", 120, 0.03},
+                        Want{"configs/models/paper-14l-mla.toml", 241, 0.02},
+                        Want{"configs/models/paper-39l-mla.toml", 667, 0.02}, Want{"configs/models/gpt-oss-120b.json", 116.8, 0.02},
                         Want{"configs/models/qwen3-235b-a22b.json", 235, 0.02},
                         Want{"configs/models/mixtral-8x22b.json", 141, 0.02},
-                        Want{"configs/models/deepseek-v3.json", 671, 0.06}}) {
+                        Want{"configs/models/deepseek-v3.json", 671, 0.005}, Want{"configs/models/kimi-k2.json", 1030, 0.005}}) {
     const Model m = model_load(source_path(w.file));
     const double p = static_cast<double>(m.cfg.param_count()) / 1e9;
     EXPECT_NEAR(p / w.params_b, 1.0, w.tol) << w.file << ": " << p << " B";
   }
   EXPECT_EQ(model_load(source_path("configs/models/paper-39l.toml")).default_ranks, 64);
-  const Model ds = model_load(source_path("configs/models/deepseek-v3.json"));
-  // MLA: k + v of 576 numbers per token and layer, like its compressed cache.
-  EXPECT_EQ(2 * ds.cfg.num_key_value_heads * ds.cfg.head_dim, 512 + 64);
-  EXPECT_EQ(ds.cfg.num_experts, 256);
-  ASSERT_FALSE(ds.approximate.empty());
-  EXPECT_NE(ds.approximate[0].find("MLA approximated by GQA"), std::string::npos);
+  for (const char* f : {"configs/models/deepseek-v3.json", "configs/models/kimi-k2.json", "configs/models/paper-7l-mla.toml"}) {
+    const Model ds = model_load(source_path(f));
+    EXPECT_TRUE(ds.cfg.is_deepseek()) << f;
+    EXPECT_TRUE(ds.approximate.empty()) << f << ": " << (ds.approximate.empty() ? "" : ds.approximate[0]);
+    EXPECT_EQ(ds.cfg.qk_head_dim(), 192) << f;
+    EXPECT_EQ(ds.cfg.value_head_dim(), 128) << f;
+  }
+  EXPECT_EQ(model_load(source_path("configs/models/deepseek-v3.json")).cfg.sparse_layer_count(), 58);
   // a run config's [model] table works too
   EXPECT_EQ(model_load(source_path("configs/tiny.toml")).cfg.hidden_size, 64);
   EXPECT_THROW(model_from_toml("[model]\nhidden_size = 8\n", "partial.toml"), Error);
