@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <set>
+#include <string_view>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
 
@@ -67,6 +69,21 @@ std::vector<Item> state_items(ParamStore& params, const Optimizer& optim, bool m
   return out;
 }
 
+// Note [Tensors transformers keeps in f32]: DeepseekV3ForCausalLM keeps each MoE layer's router,
+// mlp.gate.weight and mlp.gate.e_score_correction_bias, in float32 whatever dtype the rest of the model is
+// made or loaded in (its _keep_in_fp32_modules_strict), so save_pretrained of a bf16 model writes those two
+// F32 beside BF16 weights. flatpeak reads such a file as a bf16 model (the weights' dtype is that of the
+// other tensors: TrainerState::weights_dtype) and writes those two in F32 whatever CheckpointFormat::weights
+// says, as transformers does: a bf16 DeepSeek-V3 goes back as it came (every tensor in its dtype), and the
+// routing bias, whose small differences between experts decide the choice, is never rounded to bf16.
+bool kept_in_f32(const ModelConfig& cfg, const std::string& name) {
+  if (!cfg.is_deepseek()) return false;
+  for (const std::string_view end :
+       {std::string_view(".mlp.gate.weight"), std::string_view(".mlp.gate.e_score_correction_bias")})
+    if (name.size() >= end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0) return true;
+  return false;
+}
+
 // The first element of x that is not finite, or -1 (Note [No checkpoint holds a non-finite number]).
 int64_t first_nonfinite(const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
@@ -94,17 +111,23 @@ void finite_check(const std::string& tensor, const float* x, int64_t n, const st
 // tensor by tensor in the same order on every rank), which alone writes; loading lets every rank read
 // the file and keep its own rows (full_scatter). So any W loads a checkpoint of any other W.
 // Writes items into dir as stem.safetensors in dtype, or, above shard_bytes, as shards with an index
-// (Note [Checkpoint dtype and shards]); one shard's tensors are in host memory at a time.
+// (Note [Checkpoint dtype and shards]); one shard's tensors are in host memory at a time. With model (the
+// weights, not the optimizer state), its tensors transformers keeps in f32 are written in F32 (Note
+// [Tensors transformers keeps in f32]).
 // shown: how errors name the directory (the final checkpoint directory's, not the temporary one's).
 void tensors_write(const fs::path& dir, const std::string& stem, const std::string& shown,
-                   const std::vector<Item>& items, ParamStore& params, DType dtype, uint64_t shard_bytes) {
+                   const std::vector<Item>& items, ParamStore& params, DType dtype, uint64_t shard_bytes,
+                   const ModelConfig* model = nullptr) {
   const bool lead = params.rank() == 0;
+  auto dtype_of = [&](const Item& it) {
+    return model != nullptr && kept_in_f32(*model, it.name) ? DType::DType_F32 : dtype;
+  };
   // Shards: consecutive items, a new one when the next tensor would take the current one past
   // shard_bytes (a tensor larger than that is a shard of its own).
   std::vector<size_t> starts{0};
   uint64_t in_shard = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    const uint64_t b = static_cast<uint64_t>(items[i].param->shape.numel()) * dtype_size(dtype);
+    const uint64_t b = static_cast<uint64_t>(items[i].param->shape.numel()) * dtype_size(dtype_of(items[i]));
     if (in_shard > 0 && in_shard + b > shard_bytes) {
       starts.push_back(i);
       in_shard = 0;
@@ -119,25 +142,26 @@ void tensors_write(const fs::path& dir, const std::string& stem, const std::stri
   for (size_t s = 0; s < n_shards; ++s) {
     const std::string file = n_shards == 1 ? stem + ".safetensors"
                                            : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, s + 1, n_shards);
-    std::vector<std::vector<unsigned char>> host;  // rank 0: each tensor in dtype
+    std::vector<std::vector<unsigned char>> host;  // rank 0: each tensor in its dtype
     std::vector<SafetensorsView> views;
     for (size_t i = starts[s]; i < starts[s + 1]; ++i) {
       const ParamInfo& p = *items[i].param;
       const int64_t n = p.shape.numel();
+      const DType dt = dtype_of(items[i]);
       if (lead) f32.resize(static_cast<size_t>(n));
       params.full_gather(p, items[i].local, lead ? f32.data() : nullptr);
       if (!lead) continue;
       finite_check(items[i].name, f32.data(), n, (fs::path(shown) / file).string(), true);
-      host.emplace_back(static_cast<size_t>(n) * dtype_size(dtype));
+      host.emplace_back(static_cast<size_t>(n) * dtype_size(dt));
       unsigned char* dst = host.back().data();
-      if (dtype == DType::DType_F32) {
+      if (dt == DType::DType_F32) {
         std::memcpy(dst, f32.data(), static_cast<size_t>(n) * 4);
       } else {
         auto* h = reinterpret_cast<uint16_t*>(dst);
         for (int64_t k = 0; k < n; ++k)
-          h[k] = dtype == DType::DType_BF16 ? bf16_from_float(f32[k]) : f16_from_float(f32[k]);
+          h[k] = dt == DType::DType_BF16 ? bf16_from_float(f32[k]) : f16_from_float(f32[k]);
       }
-      views.push_back({items[i].name, dtype, p.shape, dst});
+      views.push_back({items[i].name, dt, p.shape, dst});
       weight_map[items[i].name] = file;
       total += host.back().size();
     }
@@ -228,7 +252,10 @@ std::string implied_by(const std::string& name, const ModelConfig& cfg) {
   return cfg.is_deepseek() ? "the DeepSeek-V3 architecture" : "the Qwen3-MoE architecture";
 }
 
-void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore& params, const ModelConfig& cfg) {
+// Reads items; with check_unread, then refuses any tensor of f left unread (Note [No weight is dropped
+// silently]).
+void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore& params, const ModelConfig& cfg,
+                  bool check_unread = true) {
   std::vector<float> host;  // (numel of the full shape)
   for (const Item& it : items) {
     FP_CHECK(f.has(it.name),
@@ -249,7 +276,7 @@ void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore&
                f.path());
     }
   }
-  unread_check(f);
+  if (check_unread) unread_check(f);
 }
 
 }  // namespace
@@ -272,7 +299,8 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
   try {
     FP_ASSERT(format.weights == DType::DType_F32 || format.weights == DType::DType_BF16 ||
               format.weights == DType::DType_F16);
-    tensors_write(tmp, "model", final_dir.string(), weight_items(params), params, format.weights, format.shard_bytes);
+    tensors_write(tmp, "model", final_dir.string(), weight_items(params), params, format.weights, format.shard_bytes,
+                  &cfg);
     if (optim != nullptr)
       tensors_write(tmp, "optimizer", final_dir.string(),
                     state_items(params, *optim, format.weights != DType::DType_F32), params, DType::DType_F32,
@@ -333,7 +361,8 @@ void checkpoint_export(const std::string& out, const ModelConfig& cfg, ParamStor
     fs::create_directories(tmp);
   }
   try {
-    tensors_write(tmp, "model", final_dir.string(), weight_items(params), params, format.weights, format.shard_bytes);
+    tensors_write(tmp, "model", final_dir.string(), weight_items(params), params, format.weights, format.shard_bytes,
+                  &cfg);
     if (!lead) return;
     file_write_atomic((tmp / "config.json").string(), config_text(cfg, format));
     fsync_dir(tmp);
@@ -371,8 +400,15 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   }
   {
     SafetensorsSet f(ck, "model");
-    tensors_read(f, weight_items(params), params, cfg);
-    state.weights_dtype = f.dtypes_read().size() == 1 ? *f.dtypes_read().begin() : DType::DType_F32;
+    // The weights' dtype is that of the tensors not kept in f32 (Note [Tensors transformers keeps in f32]):
+    // those are read first, their dtypes taken, then the rest.
+    std::vector<Item> items = weight_items(params);
+    const auto kept = std::stable_partition(items.begin(), items.end(),
+                                            [&](const Item& it) { return !kept_in_f32(cfg, it.name); });
+    tensors_read(f, std::vector<Item>(items.begin(), kept), params, cfg, /*check_unread=*/false);
+    const std::set<DType> dtypes = f.dtypes_read();
+    tensors_read(f, std::vector<Item>(kept, items.end()), params, cfg);
+    state.weights_dtype = dtypes.size() == 1 ? *dtypes.begin() : DType::DType_F32;
     if (state.weights_dtype == DType::DType_F64) state.weights_dtype = DType::DType_F32;
   }
   const fs::path state_path = root / "trainer_state.json";

@@ -31,7 +31,9 @@ namespace fp {
 // model.safetensors.index.json (Note [Sharded checkpoints] in io/safetensors_set.h), in parameter
 // order, as transformers' save_pretrained does. config.json keeps every key of the config.json the run
 // started from (its architecture keys are the run's by construction), with use_cache true and its
-// torch_dtype / dtype set to what was written.
+// torch_dtype / dtype set to what was written. DeepSeek-V3's routers (mlp.gate.weight and
+// e_score_correction_bias) are written in F32 whatever the weights' dtype, as transformers keeps them
+// (Note [Tensors transformers keeps in f32] in checkpoint.cpp).
 struct CheckpointFormat {
   DType weights = DType::DType_F32;         // F32, BF16 or F16
   uint64_t shard_bytes = 5'000'000'000;     // transformers 4.x's default max_shard_size, "5GB"
@@ -46,7 +48,7 @@ struct TrainerState {
   // continued with --extend: Note [Extending a finished run] in trainer.cpp); 0: train.steps.
   int64_t schedule_steps = 0;
   // What checkpoint_load found, for the run's CheckpointFormat: the weights' stored dtype (F32 when
-  // they mix dtypes) and the text of config.json.
+  // they mix dtypes; DeepSeek-V3's f32 routers do not count) and the text of config.json.
   DType weights_dtype = DType::DType_F32;
   std::string config_json;
 };

@@ -18,6 +18,10 @@ Cases:
   init_from          train --init-from a 5.x sharded BF16 directory with a run config without [model]:
                      the run starts from those weights, its checkpoint evaluates; a [model] key that
                      disagrees with config.json and --init-from with --resume are refused
+  convert_round_trip flatpeak convert writes a BF16 directory back bit for bit (one file, shards, f32);
+                     a DeepSeek-V3 directory as transformers 5's save_pretrained writes a bf16 model (its
+                     config.json keys, BF16 weights with F32 routers) evaluates to the twin and comes back
+                     through convert and train --init-from with every tensor in its own dtype
 
 Needs torch (/usr/bin/python3 on Debian has it).
 
@@ -320,7 +324,9 @@ def refusals(a, tmp):
         ("mlp_only_layers_past_last", "4.x", setter(mlp_only_layers=[5]), ["mlp_only_layers"]),
         ("decoder_sparse_step_zero", "4.x", setter(decoder_sparse_step=0), ["decoder_sparse_step"]),
         ("no_moe_layer", "4.x", setter(mlp_only_layers=[0, 1]), ["no MoE layer"]),
-        ("model_type", "4.x", setter(model_type="deepseek_v3"), ["model_type", "deepseek_v3"]),
+        ("model_type", "4.x", setter(model_type="mixtral"), ["model_type", "mixtral"]),
+        # A Qwen3-MoE config relabelled deepseek_v3 (a model_type flatpeak reads): its class is refused.
+        ("model_type_deepseek_v3", "4.x", setter(model_type="deepseek_v3"), ["architectures", "DeepseekV3ForCausalLM"]),
         ("unknown_key", "4.x", setter(foo_bar=1), ["unknown key", "foo_bar"]),
         ("unknown_key_5x", "5.x", setter(foo_bar=1), ["unknown key", "foo_bar"]),
     ]
@@ -488,6 +494,90 @@ def convert_round_trip(a, tmp):
     assert json.load(open(os.path.join(wide, "config.json")))["dtype"] == "float32"
     expect_refused(a, ["convert", "--checkpoint", d, "--out", one], "already exists")
     print(f"convert_round_trip: {len(src)} bf16 tensors bit-identical through 1 file, {len(mid_files)} shards, back")
+    deepseek_f32_routers(a, tmp)
+
+
+# config.json as transformers 5.24's save_pretrained writes it for a DeepseekV3ForCausalLM (the keys of
+# scripts/interop_hf_in.py's case deepseek, which checks this spelling against transformers itself): the
+# derived head_dim (the RoPE width) and qk_head_dim, num_nextn_predict_layers (its num_mtp_layers),
+# pretraining_tp, output_router_logits, rope_parameters and dtype.
+DEEPSEEK = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 0, "dtype": "bfloat16", "eos_token_id": 1, "first_k_dense_replace": 1, "head_dim": 4,
+    "hidden_act": "silu", "hidden_size": 32, "initializer_range": 0.02, "intermediate_size": 48,
+    "kv_lora_rank": 12, "max_position_embeddings": 256, "model_type": "deepseek_v3", "moe_intermediate_size": 16,
+    "n_group": 2, "n_routed_experts": 4, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 4,
+    "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_key_value_heads": 4, "num_nextn_predict_layers": 1,
+    "output_router_logits": False, "pad_token_id": None, "pretraining_tp": 1, "q_lora_rank": 16,
+    "qk_head_dim": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "rms_norm_eps": 1e-06,
+    "rope_interleave": True, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "routed_scaling_factor": 2.5, "tie_word_embeddings": False, "topk_group": 1, "transformers_version": "5.24.0",
+    "use_cache": True, "v_head_dim": 6, "vocab_size": 64}
+
+
+def deepseek_f32_routers(a, tmp):
+    """Note [Tensors transformers keeps in f32] (src/train/checkpoint.cpp): transformers keeps DeepSeek-V3's
+    routers (mlp.gate.weight, mlp.gate.e_score_correction_bias) in float32 in a bf16 model, so its files mix
+    F32 and BF16. Such a directory evaluates to the twin's logits on the loaded values, and convert and
+    train --init-from write every tensor back in its own dtype: the routers in F32, bit for bit (the bias is
+    not rounded to bf16), the rest BF16, config.json's dtype bfloat16."""
+    T, B = 32, 2
+    d = os.path.join(tmp, "deepseek")
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(DEEPSEEK, f, indent=2)
+    cfg = twin.Config.from_dict(dict(DEEPSEEK, rope_theta=10000.0))  # the twin reads 4.x's rope_theta
+    g = torch.Generator().manual_seed(11)
+    stored = {}
+    for name, shape in twin.param_shapes(cfg).items():
+        w = 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        if name.endswith("e_score_correction_bias"):
+            stored[name] = (0.02 * torch.randn(shape, generator=g, dtype=torch.float64)).to(torch.float32)
+        elif name.endswith(".mlp.gate.weight"):
+            stored[name] = w.to(torch.float32)
+        else:
+            stored[name] = (1.0 + w if len(shape) == 1 else w).to(torch.bfloat16)
+    f32 = sorted(n for n, t in stored.items() if t.dtype == torch.float32)
+    assert len(f32) == 2 and any(t.to(torch.bfloat16).to(torch.float32).ne(t).any() for n, t in stored.items()
+                                 if n in f32), "the f32 routers must not be bf16 values"
+    safetensors_io.save(os.path.join(d, "model.safetensors"), stored, {"format": "pt"})
+    loaded = {n: t.to(torch.float64) for n, t in stored.items()}
+
+    tokens = random_tokens(B * T + 1, DEEPSEEK["vocab_size"], seed=12)
+    data = os.path.join(tmp, "deepseek_tokens.bin")
+    write_tokens(data, tokens)
+    args, _, out_logits = eval_args(d, data, tmp, T, B, "deepseek")
+    run(a, args)
+    dump, _ = safetensors_io.load(out_logits)
+    with torch.no_grad():
+        ref = twin.forward(loaded, cfg, dump["input_ids"].long(), dump["targets"].long())["logits"]
+    rel = ((dump["logits"].to(torch.float64) - ref).abs().max() / ref.abs().max()).item()
+    assert rel < 1e-4, f"deepseek: max |logits - twin| / max |twin| = {rel:.3e} (>= 1e-4)"
+
+    def same_dtypes_and_bits(got, what):
+        assert set(got) == set(stored), (what, sorted(set(got) ^ set(stored)))
+        changed = [n for n in stored if got[n].dtype != stored[n].dtype]
+        assert not changed, f"{what}: {changed[:4]} not written back in their dtype"
+        return [n for n in stored if not torch.equal(got[n], stored[n])]
+
+    back = os.path.join(tmp, "deepseek_back")
+    run(a, ["convert", "--checkpoint", d, "--out", back])
+    got, _ = load_dir(back)
+    diff = same_dtypes_and_bits(got, "convert")
+    assert not diff, f"convert changed {diff[:4]}"
+    assert json.load(open(os.path.join(back, "config.json"))) == DEEPSEEK
+    run_toml = os.path.join(tmp, "deepseek_run.toml")
+    with open(run_toml, "w") as f:
+        f.write(re.sub(r"(?ms)^\[model\]\n.*?(?=^\[)", "", open(os.path.join(a.configs, "tiny.toml")).read()))
+    out = os.path.join(tmp, "deepseek_run")
+    run(a, ["train", "--config", run_toml, "--init-from", d, "--out", out, "--steps", "2", "--quiet",
+            "--set", f"train.seq_len={T}", "--set", "train.batch_size=2"])
+    ck = os.path.join(out, "checkpoint")
+    trained, _ = safetensors_io.load(os.path.join(ck, "model.safetensors"))
+    same_dtypes_and_bits(trained, "train --init-from")
+    assert json.load(open(os.path.join(ck, "config.json")))["dtype"] == "bfloat16"
+    print(f"deepseek_f32_routers: logits rel diff {rel:.2e} vs twin; {len(f32)} F32 router tensors and "
+          f"{len(stored) - len(f32)} BF16 tensors kept by convert (bit for bit) and train --init-from")
 
 
 def load_dir(d):

@@ -209,6 +209,61 @@ TEST(HfConfig, PublishedDeepseekV3Parses) {
             int64_t{61} * ((int64_t{1536} * 7168 + 1536 + 128 * 192 * 1536) - int64_t{128} * 192 * 7168));
 }
 
+// What transformers 5.24's save_pretrained writes for a DeepseekV3ForCausalLM made from DeepseekV3Config
+// (scripts/interop_hf_in.py, case deepseek_noq_yarn, checked there against transformers' logits): the 5.x
+// spelling (rope_parameters, dtype) with the derived head_dim and qk_head_dim, num_nextn_predict_layers
+// (its num_mtp_layers, whose modules the class does not build), pretraining_tp and output_router_logits.
+constexpr const char* kDeepseekV3Transformers5 = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 0, "dtype": "bfloat16", "eos_token_id": 1, "first_k_dense_replace": 1, "head_dim": 8,
+  "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 96,
+  "kv_lora_rank": 24, "max_position_embeddings": 256, "model_type": "deepseek_v3", "moe_intermediate_size": 32,
+  "n_group": 1, "n_routed_experts": 8, "n_shared_experts": 1, "norm_topk_prob": false, "num_attention_heads": 4,
+  "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_key_value_heads": 4, "num_nextn_predict_layers": 1,
+  "output_router_logits": false, "pad_token_id": null, "pretraining_tp": 1, "q_lora_rank": null,
+  "qk_head_dim": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "rms_norm_eps": 1e-06,
+  "rope_interleave": false,
+  "rope_parameters": {"factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 64,
+                      "rope_theta": 10000.0, "rope_type": "yarn"},
+  "routed_scaling_factor": 2.5, "tie_word_embeddings": false, "topk_group": 1, "transformers_version": "5.24.0",
+  "use_cache": true, "v_head_dim": 12, "vocab_size": 128})";
+
+TEST(HfConfig, TransformersDeepseekV3Parses) {
+  const HfConfig c = hf_config_parse(kDeepseekV3Transformers5, "deepseek_noq_yarn/config.json");
+  const ModelConfig& m = c.model;
+  EXPECT_TRUE(m.is_deepseek());
+  EXPECT_EQ(c.dtype, "bfloat16");
+  EXPECT_EQ(m.q_lora_rank, 0);  // null: q_proj
+  EXPECT_EQ(m.kv_lora_rank, 24);
+  EXPECT_EQ(m.head_dim, 8);
+  EXPECT_EQ(m.qk_head_dim(), 24);
+  EXPECT_EQ(m.value_head_dim(), 12);
+  EXPECT_FALSE(m.rope_interleave);
+  EXPECT_FALSE(m.norm_topk_prob);
+  EXPECT_EQ(m.n_group, 1);
+  EXPECT_EQ(m.first_k_dense_replace, 1);
+  EXPECT_EQ(m.intermediate_size, 96);  // the dense first layer's width
+  EXPECT_EQ(m.rope_theta, 10000.0);
+  EXPECT_EQ(m.rope_scaling.kind, RopeScaling::Kind::Kind_yarn);
+  EXPECT_EQ(m.rope_scaling.factor, 4.0);
+  EXPECT_EQ(m.rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_EQ(m.rope_scaling.mscale, 1.0);
+  EXPECT_EQ(m.rope_scaling.mscale_all_dim, 1.0);
+  // The derived widths are checked, not ignored.
+  const std::string text = kDeepseekV3Transformers5;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {R"("qk_head_dim": 24)", R"("qk_head_dim": 25)"}, {R"("head_dim": 8)", R"("head_dim": 16)"}}) {
+    std::string bad = text;
+    bad.replace(bad.find(from), from.size(), to);
+    try {
+      hf_config_parse(bad, "config.json");
+      ADD_FAILURE() << to << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(to.substr(1, to.find('"', 1) - 1)), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(HfConfig, DeepseekV3RefusesByName) {
   for (const auto& [kv, needle] : std::vector<std::pair<std::string, std::string>>{
            {R"("quantization_config": {"quant_method": "fp8"})", "quantization_config"},
