@@ -5,6 +5,7 @@
 // E experts, k experts per token, m = n * k routed copies, I expert FFN width, V vocabulary.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -41,16 +42,27 @@ struct StepContext {
   // every block allocates in it; all f32 unless the model's schedules say otherwise.
   Precision precision;
   ExpertDispatch* dispatch = nullptr;  // the step's expert dispatch (expert_dispatch_create); null: local (W = 1)
-  // (n, H) the current MoE block's normed tokens (MoeActs::h2), set only while s.dispatch->forward with
+  // (n, H) the current MoE block's normed tokens (MoeActs::h2; under token chunks the chunk's rows), set
+  // only while s.dispatch->forward with
   // keep and s.dispatch->backward run (null otherwise): a dispatch that recomputes in backward may
   // re-gather its rows from it (token of row i: host_rows[i]) instead of keeping xs.
   const Tensor* moe_h2 = nullptr;
   int64_t B = 0, T = 0, n = 0;  // T: this rank's tokens per sequence
+  // Note [The MoE token side in chunks] (model/moe_block.cpp): the MoE block hands the dispatch the routed
+  // copies of the rank's tokens [moe_t0, moe_t0 + moe_n), chunk number moe_chunk; moe_token_chunk is the
+  // configured chunk (0: one chunk of all n). A dispatch counts the tokens it serves with moe_tokens().
+  int64_t moe_token_chunk = 0;
+  int64_t moe_t0 = 0, moe_n = 0, moe_chunk = 0;
+  int64_t moe_tokens() const {
+    if (moe_n > 0) return moe_n;
+    return moe_token_chunk > 0 ? std::min(n, moe_token_chunk) : n;
+  }
   Tensor pos;                // (n) i32, position of each token in its sequence
   std::vector<int32_t> seq_pos;  // (T) host: the positions of this rank's tokens in a sequence
   // Host scratch reused across layers (no allocation per layer once sized).
   std::vector<int32_t> host_topk;     // (n, k)
-  std::vector<int32_t> host_rows;     // (m) token of each routed copy in expert order (the current MoE block)
+  std::vector<int32_t> host_rows;     // (m) token of each routed copy in expert order (the current MoE block; under
+                                      // token chunks the current chunk's copies, tokens counted from moe_t0)
   std::vector<int32_t> host_slot;     // (n, k)
   // Note [A routing profile is routed once per step]: a profile's choice depends only on (n, k, E),
   // never on the layer or the data, so with a profile the first MoE block builds host_topk, host_rows,
@@ -107,6 +119,11 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
 // the load-balancing loss (may be undefined when the coefficient is 0). Frees `a`.
 void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, const Tensor& aux_bias,
                         Tensor& dx);
+// The recompute before backward and the backward (moe_block_forward with keep, then moe_block_backward),
+// or, with s.moe_token_chunk < n, both chunk by chunk (Note [The MoE token side in chunks] in
+// model/moe_block.cpp). moe_block_forward without keep chunks the same way.
+void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, const Tensor& aux_bias,
+                                  Tensor& dx);
 
 // ---- dense MLP block (a layer ModelConfig::layer_is_sparse calls dense):
 // x2 = x1 + down(silu(gate h2) * up h2), h2 = rmsnorm(x1); Qwen3MoeMLP of width intermediate_size.

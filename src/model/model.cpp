@@ -68,6 +68,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
   Comm& comm = comm_ != nullptr ? *comm_ : *single;
   StepContext s(be_, cfg_, profile_, comm);
   s.precision = sched_.precision;
+  s.moe_token_chunk = sched_.dispatch.token_chunk;
   s.B = batch.B;
   s.T = batch.T;
   s.n = n;
@@ -198,9 +199,7 @@ StepOutputs Model::step(const Batch& batch, std::vector<float>* logits_out, bool
     const Tensor& xl = store->get(l);
     Tensor x1 = attn_block_forward(s, lp, xl, &attn);
     if (cfg_.layer_is_sparse(l)) {
-      MoeActs moe;
-      moe_block_forward(s, lp, x1, &moe, nullptr).reset();
-      moe_block_backward(s, lp, x1, moe, aux_bias, dx);
+      moe_block_recompute_backward(s, lp, x1, aux_bias, dx);
     } else {
       MlpActs mlp;
       mlp_block_forward(s, lp, x1, &mlp, Category::Category_activations, "mlp.x2").reset();

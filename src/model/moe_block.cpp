@@ -36,17 +36,16 @@ ExpertDispatch& expert_dispatch(StepContext& s) {
   thread_local std::unique_ptr<ExpertDispatch> local = dispatch_local_create();
   return *local;
 }
-}  // namespace
 
-Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats,
-                         Category out_cat, const std::string& out_name) {
+// h2 = rmsnorm(x1), the router (probs, topk_idx, topk_w into a) and a routing profile's choice over the
+// router's. fill_host_topk: s.host_topk (n, k) receives the choice (the profile's, or the router's copied
+// to the host) for the counting sort; otherwise it is left as it is (a profile routed earlier in the step,
+// or meta's closed form).
+void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, bool fill_host_topk) {
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, m = n * k;
-  MoeActs local;
-  MoeActs& a = keep ? *keep : local;
-
+  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
   a.h2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.h2");
   a.rstd2 = be.alloc_f32(kAct, {n}, "moe.rstd2");
   K.rmsnorm_forward(x1.f32(), lp.post_attention_layernorm->w.f32(), a.h2.f32(), a.rstd2.f32(), n, H,
@@ -67,10 +66,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
       K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
-  const bool routed = profiled && !s.profile_offsets.empty();  // Note [A routing profile is routed once per step]
-  // Note [Meta routes a profile in closed form] (model/routing.cpp): no (n, k) or (m) host arrays.
-  const bool closed_form = profiled && !be.computes();
-  if (!routed && !closed_form) {
+  if (fill_host_topk) {
     s.host_topk.resize(static_cast<size_t>(n * k));
     if (profiled)
       routing_profile_assign(s.profile, n, k, E, s.host_topk.data());
@@ -85,6 +81,203 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     else
       K.router_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
+}
+
+// stats (the load-balancing loss's): routed copies per expert from the offsets (E + 1) of a chunk of the
+// block's tokens (added), and with sums the router probabilities summed over all the block's tokens.
+void stats_fill(StepContext& s, const MoeActs& a, std::span<const int64_t> offsets, RouterStats& stats, bool sums) {
+  Backend& be = s.be;
+  const int64_t E = s.cfg.num_experts;
+  stats.counts.resize(static_cast<size_t>(E), 0);
+  for (int64_t e = 0; e < E; ++e) stats.counts[e] += offsets[e + 1] - offsets[e];
+  if (!sums) return;
+  // Summed on the device (the same double sums, in token order, as a host loop would): E numbers
+  // cross to the host, not the (n, E) probabilities. Allocated on meta too (the same ledger).
+  Tensor t = be.alloc(Category::Category_workspace, {E}, DType::DType_F64, "moe.prob_sum");
+  be.kernels().column_sums_f64(a.probs.f32(), s.n, E, t.f64());
+  if (!be.computes()) return;
+  stats.prob_sum.resize(static_cast<size_t>(E));
+  be.copy_to_host(stats.prob_sum.data(), t.data(), t.bytes());
+}
+
+// ---- Note [The MoE token side in chunks]
+// With moe.token_chunk = c < n the block's token side runs in chunks of c of the rank's tokens (the last
+// may be shorter): per chunk its routed copies are sorted by expert, gathered from h2 (xs, m_c = c k
+// rows), sent through the dispatch (every rank has the same n, so every rank makes the same number of
+// dispatch calls and the collectives stay matched) and combined into the chunk's rows of x2. In the
+// backward pass the recompute and the backward run chunk by chunk (moe_block_recompute_backward):
+// the chunk's forward with keep, the combine's backward for its rows (d ys, and d w into the (n, k) top-k
+// weight gradient), the dispatch's backward, d h2 scattered into its rows; the router's backward then
+// runs once over all tokens. So the routed copies (xs, ys, dys, dxs), the rows and the FFN intermediates
+// exist for one chunk at a time: the block's token side is bounded by c, not by n k. What stays whole is
+// per token: h2, d h2, the router's (n, E) and (n, k) tensors, and the shared experts' intermediates.
+// A dispatch sees the chunk as its tokens (StepContext::moe_tokens(), host_rows counted from the chunk's
+// first token, moe_h2 the chunk's rows of h2); a routing profile routes the rank's n tokens as without
+// chunks (the chunk takes its rows of that choice, in closed form on meta), so chunked and unchunked
+// steps route alike. Results: every token's output and every input gradient are the same function; the
+// expert GEMMs see the rows of one chunk at a time, and the weight gradients accumulate chunk by chunk, so
+// the sums run in another order (not bit-identical; within 1e-6 relative, tests/model/test_moe_chunks.cpp).
+// c >= n is the unchunked block, bit for bit.
+
+bool moe_chunked(const StepContext& s) { return s.moe_token_chunk > 0 && s.moe_token_chunk < s.n; }
+
+// The routing of the block's tokens [t0, t0 + nc): offsets (E + 1) of its copies by expert and, where
+// rows are moved, s.host_rows / s.host_slot (chunk-local token and slot positions) from s.host_topk.
+void chunk_route(StepContext& s, int64_t t0, int64_t nc, std::vector<int64_t>& offsets) {
+  const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok, mc = nc * k;
+  offsets.assign(static_cast<size_t>(E + 1), 0);
+  if (s.profile.kind != RoutingProfile::Kind::Kind_router && !s.be.computes()) {
+    routing_profile_offsets_range(s.profile, s.n, k, E, t0, t0 + nc, offsets.data());
+    s.host_rows.clear();  // Note [Meta routes a profile in closed form]
+    return;
+  }
+  s.host_rows.resize(static_cast<size_t>(mc));
+  s.host_slot.resize(static_cast<size_t>(mc));
+  ops::moe_routing_build(s.host_topk.data() + t0 * k, nc, k, E, s.host_rows.data(), s.host_slot.data(),
+                         offsets.data());
+}
+
+// The chunk's device rows (m_c) and slot positions (nc, k) from s.host_rows / s.host_slot.
+void chunk_rows_upload(StepContext& s, int64_t nc, Tensor& rows, Tensor& slot_pos) {
+  const int64_t k = s.cfg.num_experts_per_tok;
+  rows = s.be.alloc(kAct, {nc * k}, DType::DType_I32, "moe.rows");
+  slot_pos = s.be.alloc(kAct, {nc, k}, DType::DType_I32, "moe.slot_pos");
+  s.be.copy_from_host(rows.data(), s.host_rows.data(), rows.bytes());
+  s.be.copy_from_host(slot_pos.data(), s.host_slot.data(), slot_pos.bytes());
+}
+
+// The shared experts' output plus x1 (Note [Shared experts]) in a new (n, H) buffer, or x1's copy.
+Tensor moe_output_start(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, bool keep,
+                        Category out_cat, const std::string& out_name) {
+  Backend& be = s.be;
+  const int64_t n = s.n, H = s.cfg.hidden_size;
+  Tensor x2;
+  if (s.cfg.n_shared_experts > 0) {
+    ExpertActs sh;
+    sh.x = Tensor::view(a.h2, 0, {n, H}, "moe.h2");
+    const ExpertWeights w = shared_weights(lp);
+    const int64_t offsets[2] = {0, n};
+    x2 = expert_ffn_forward(be, shared_dims(s.cfg), {&w, 1}, offsets, sh, keep, out_name, out_cat,
+                            s.precision.activations);
+    be.kernels().add_inplace(x2.f32(), x1.f32(), n * H);
+    a.shared_g = std::move(sh.g);
+    a.shared_u = std::move(sh.u);
+    a.shared_act = std::move(sh.act);
+  } else {
+    x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
+    be.kernels().copy(x2.f32(), x1.f32(), n * H);
+  }
+  return x2;
+}
+
+// The shared experts' backward from d x2 (dx): d h2's start, or zeros without shared experts.
+Tensor moe_dh2_start(StepContext& s, const LayerParams& lp, MoeActs& a, const Tensor& dx) {
+  Backend& be = s.be;
+  const int64_t n = s.n, H = s.cfg.hidden_size;
+  if (s.cfg.n_shared_experts == 0) {
+    Tensor dh2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dh2");
+    be.kernels().fill(dh2.f32(), 0.0f, n * H);
+    return dh2;
+  }
+  Tensor dy = be.alloc(kAct, {n, H}, s.precision.activations, "moe.shared.dy");
+  be.kernels().copy(dy.f32(), dx.f32(), n * H);
+  ExpertActs sh;
+  sh.x = Tensor::view(a.h2, 0, {n, H}, "moe.h2");
+  sh.g = std::move(a.shared_g);
+  sh.u = std::move(a.shared_u);
+  sh.act = std::move(a.shared_act);
+  const ExpertWeights w = shared_weights(lp);
+  const int64_t offsets[2] = {0, n};
+  return expert_ffn_backward(be, shared_dims(s.cfg), {&w, 1}, offsets, sh, dy, "moe.dh2", kAct,
+                             s.precision.activations);
+}
+
+// The block's token window for the dispatch (and its end: every field back to the whole block).
+void window_set(StepContext& s, int64_t chunk, int64_t t0, int64_t nc) {
+  s.moe_chunk = chunk;
+  s.moe_t0 = t0;
+  s.moe_n = nc;
+}
+
+// The router's backward (through the top-k weights dw (n, k), the softmax or sigmoid, and the
+// load-balancing loss) into dh2, then post_attention_layernorm's into dx; frees dw and what is left of a.
+void router_norm_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, Tensor& dw,
+                          const Tensor& aux_bias, Tensor& dh2, Tensor& dx) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
+  // router: through the top-k weights, the softmax (or sigmoid), and the load-balancing loss.
+  {
+    Tensor dlogits = be.alloc(kAct, {n, E}, s.precision.router, "moe.drouter_logits");
+    if (c.router_sigmoid()) {
+      FP_ASSERT(!aux_bias.defined(), "the sigmoid router has no load-balancing loss (router_aux_loss_coef = 0)");
+      K.router_sigmoid_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), dlogits.f32(), n, E, k, c.norm_topk_prob,
+                                static_cast<float>(c.routed_scaling_factor));
+    } else {
+      K.router_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), aux_bias.defined() ? aux_bias.f32() : nullptr,
+                        dlogits.f32(), n, E, k, c.norm_topk_prob);
+    }
+    linear_backward_input(be, dlogits.f32(), lp.gate->w.f32(), dh2.f32(), n, H, E, 1.0f);
+    linear_backward_weight(be, dlogits.f32(), a.h2.f32(), lp.gate->g.f32(), n, H, E);
+  }
+  dw.reset();
+  a.probs.reset();
+  a.topk_idx.reset();
+  a.h2.reset();
+
+  // post_attention_layernorm
+  Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dnorm");
+  rmsnorm_backward(be, x1.f32(), lp.post_attention_layernorm->w.f32(), a.rstd2.f32(), dh2.f32(), dnorm.f32(),
+                     lp.post_attention_layernorm->g.f32(), n, H);
+  K.add_inplace(dx.f32(), dnorm.f32(), n * H);
+  a.rstd2.reset();
+}
+
+Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Tensor& x1, RouterStats* stats,
+                                 Category out_cat, const std::string& out_name) {
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const int64_t n = s.n, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok, c = s.moe_token_chunk;
+  const bool closed_form = s.profile.kind != RoutingProfile::Kind::Kind_router && !be.computes();
+  MoeActs a;
+  norm_and_route(s, lp, x1, a, !closed_form);
+  Tensor x2 = moe_output_start(s, lp, x1, a, false, out_cat, out_name);
+  if (stats) *stats = RouterStats{};
+  std::vector<int64_t> offsets;
+  for (int64_t t0 = 0, chunk = 0; t0 < n; t0 += c, ++chunk) {
+    const int64_t nc = std::min(c, n - t0), mc = nc * k;
+    window_set(s, chunk, t0, nc);
+    chunk_route(s, t0, nc, offsets);
+    if (stats) stats_fill(s, a, offsets, *stats, chunk == 0);
+    Tensor rows, slot_pos;
+    chunk_rows_upload(s, nc, rows, slot_pos);
+    Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
+    K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
+    rows.reset();
+    Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, nullptr);
+    K.moe_combine_forward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(x2.f32(), t0 * H), nc, k,
+                          H);
+  }
+  window_set(s, 0, 0, 0);
+  return x2;
+}
+}  // namespace
+
+Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats,
+                         Category out_cat, const std::string& out_name) {
+  if (!keep && moe_chunked(s)) return moe_block_forward_chunked(s, lp, x1, stats, out_cat, out_name);
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, m = n * k;
+  MoeActs local;
+  MoeActs& a = keep ? *keep : local;
+  const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
+  const bool routed = profiled && !s.profile_offsets.empty();  // Note [A routing profile is routed once per step]
+  // Note [Meta routes a profile in closed form] (model/routing.cpp): no (n, k) or (m) host arrays.
+  const bool closed_form = profiled && !be.computes();
+  norm_and_route(s, lp, x1, a, !routed && !closed_form);
 
   // Expert order: a stable counting sort of the routed copies by expert (host, like the count
   // exchange of expert parallelism), then the permutation goes to the device. With a profile, once
@@ -104,17 +297,8 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     if (profiled) s.profile_offsets = a.offsets;
   }
   if (stats) {
-    stats->counts.assign(static_cast<size_t>(E), 0);
-    for (int64_t e = 0; e < E; ++e) stats->counts[e] = a.offsets[e + 1] - a.offsets[e];
-    stats->prob_sum.clear();
-    // Summed on the device (the same double sums, in token order, as a host loop would): E numbers
-    // cross to the host, not the (n, E) probabilities. Allocated on meta too (the same ledger).
-    Tensor sums = be.alloc(Category::Category_workspace, {E}, DType::DType_F64, "moe.prob_sum");
-    K.column_sums_f64(a.probs.f32(), n, E, sums.f64());
-    if (be.computes()) {
-      stats->prob_sum.resize(static_cast<size_t>(E));
-      be.copy_to_host(stats->prob_sum.data(), sums.data(), sums.bytes());
-    }
+    *stats = RouterStats{};
+    stats_fill(s, a, a.offsets, *stats, true);
   }
   a.rows = be.alloc(kAct, {m}, DType::DType_I32, "moe.rows");
   a.slot_pos = be.alloc(kAct, {n, k}, DType::DType_I32, "moe.slot_pos");
@@ -123,18 +307,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
 
   // Note [Shared experts]: x2 = shared(h2) + x1 before the routed copies leave.
   Tensor x2;
-  if (c.n_shared_experts > 0) {
-    ExpertActs sh;
-    sh.x = Tensor::view(a.h2, 0, {n, H}, "moe.h2");
-    const ExpertWeights w = shared_weights(lp);
-    const int64_t offsets[2] = {0, n};
-    x2 = expert_ffn_forward(be, shared_dims(c), {&w, 1}, offsets, sh, keep != nullptr, out_name, out_cat,
-                            s.precision.activations);
-    K.add_inplace(x2.f32(), x1.f32(), n * H);
-    a.shared_g = std::move(sh.g);
-    a.shared_u = std::move(sh.u);
-    a.shared_act = std::move(sh.act);
-  }
+  if (c.n_shared_experts > 0) x2 = moe_output_start(s, lp, x1, a, keep != nullptr, out_cat, out_name);
 
   Tensor xs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.xs");  // (m, H) routed copies in expert order
   K.moe_gather(a.h2.f32(), a.rows.i32(), xs.f32(), m, H);
@@ -169,7 +342,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
+  const int64_t n = s.n, H = c.hidden_size, k = c.num_experts_per_tok;
 
   // combine: x2 = x1 + sum_j w_j ys[slot_j]; the residual part stays in dx. dys is formed in place in
   // ys's buffer (each row's dw is read first): no second (m, H) buffer at the layer's peak.
@@ -180,18 +353,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
 
   // Shared experts (Note [Shared experts]): their input gradient starts d h2.
   Tensor dh2;
-  if (c.n_shared_experts > 0) {
-    Tensor dy = be.alloc(kAct, {n, H}, s.precision.activations, "moe.shared.dy");
-    K.copy(dy.f32(), dx.f32(), n * H);
-    ExpertActs sh;
-    sh.x = Tensor::view(a.h2, 0, {n, H}, "moe.h2");
-    sh.g = std::move(a.shared_g);
-    sh.u = std::move(a.shared_u);
-    sh.act = std::move(a.shared_act);
-    const ExpertWeights w = shared_weights(lp);
-    const int64_t offsets[2] = {0, n};
-    dh2 = expert_ffn_backward(be, shared_dims(c), {&w, 1}, offsets, sh, dy, "moe.dh2", kAct, s.precision.activations);
-  }
+  if (c.n_shared_experts > 0) dh2 = moe_dh2_start(s, lp, a, dx);
 
   // The experts' backward, wherever they live: dys (m, H) -> dxs (m, H); owned experts' weight gradients.
   s.moe_h2 = &a.h2;
@@ -208,31 +370,53 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   a.slot_pos.reset();
   a.rows.reset();
 
-  // router: through the top-k weights, the softmax (or sigmoid), and the load-balancing loss.
-  {
-    Tensor dlogits = be.alloc(kAct, {n, E}, s.precision.router, "moe.drouter_logits");
-    if (c.router_sigmoid()) {
-      FP_ASSERT(!aux_bias.defined(), "the sigmoid router has no load-balancing loss (router_aux_loss_coef = 0)");
-      K.router_sigmoid_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), dlogits.f32(), n, E, k, c.norm_topk_prob,
-                                static_cast<float>(c.routed_scaling_factor));
-    } else {
-      K.router_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), aux_bias.defined() ? aux_bias.f32() : nullptr,
-                        dlogits.f32(), n, E, k, c.norm_topk_prob);
-    }
-    linear_backward_input(be, dlogits.f32(), lp.gate->w.f32(), dh2.f32(), n, H, E, 1.0f);
-    linear_backward_weight(be, dlogits.f32(), a.h2.f32(), lp.gate->g.f32(), n, H, E);
-  }
-  dw.reset();
-  a.probs.reset();
-  a.topk_idx.reset();
-  a.h2.reset();
+  router_norm_backward(s, lp, x1, a, dw, aux_bias, dh2, dx);
+}
 
-  // post_attention_layernorm
-  Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dnorm");
-  rmsnorm_backward(be, x1.f32(), lp.post_attention_layernorm->w.f32(), a.rstd2.f32(), dh2.f32(), dnorm.f32(),
-                     lp.post_attention_layernorm->g.f32(), n, H);
-  K.add_inplace(dx.f32(), dnorm.f32(), n * H);
-  a.rstd2.reset();
+void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, const Tensor& aux_bias,
+                                  Tensor& dx) {
+  if (!moe_chunked(s)) {
+    MoeActs a;
+    moe_block_forward(s, lp, x1, &a, nullptr).reset();
+    moe_block_backward(s, lp, x1, a, aux_bias, dx);
+    return;
+  }
+  // Note [The MoE token side in chunks]: the recompute and the backward, chunk by chunk.
+  Backend& be = s.be;
+  const ops::Kernels& K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, H = c.hidden_size, k = c.num_experts_per_tok, ct = s.moe_token_chunk;
+  const bool closed_form = s.profile.kind != RoutingProfile::Kind::Kind_router && !be.computes();
+  MoeActs a;
+  norm_and_route(s, lp, x1, a, !closed_form);
+  if (c.n_shared_experts > 0) moe_output_start(s, lp, x1, a, true, kAct, "moe.x2").reset();  // keeps its intermediates
+  Tensor dh2 = moe_dh2_start(s, lp, a, dx);
+  Tensor dw = be.alloc(kAct, {n, k}, s.precision.router, "moe.dw");
+  std::vector<int64_t> offsets;
+  for (int64_t t0 = 0, chunk = 0; t0 < n; t0 += ct, ++chunk) {
+    const int64_t nc = std::min(ct, n - t0), mc = nc * k;
+    window_set(s, chunk, t0, nc);
+    chunk_route(s, t0, nc, offsets);
+    Tensor rows, slot_pos;
+    chunk_rows_upload(s, nc, rows, slot_pos);
+    Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
+    K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
+    rows.reset();
+    const Tensor h2_chunk = Tensor::view(a.h2, t0 * H, {nc, H}, "moe.h2");
+    s.moe_h2 = &h2_chunk;
+    std::unique_ptr<DispatchActs> acts;
+    Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, &acts);
+    // d ys in ys's buffer and the chunk's rows of d w (as moe_block_backward does for the whole block).
+    K.moe_combine_backward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(dx.f32(), t0 * H),
+                           ys.f32(), ptr_at(dw.f32(), t0 * k), nc, k, H);
+    Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(ys), offsets, std::move(acts));
+    s.moe_h2 = nullptr;
+    K.moe_scatter_add(dxs.f32(), slot_pos.i32(), ptr_at(dh2.f32(), t0 * H), nc, k, H);
+  }
+  window_set(s, 0, 0, 0);
+  a.topk_w.reset();
+
+  router_norm_backward(s, lp, x1, a, dw, aux_bias, dh2, dx);
 }
 
 }  // namespace fp

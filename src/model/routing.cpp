@@ -145,8 +145,13 @@ int64_t ProfileTokens::nth(int64_t p) const {
 }
 
 void routing_profile_offsets(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int64_t* offsets) {
+  routing_profile_offsets_range(p, n, k, E, 0, n, offsets);
+}
+
+void routing_profile_offsets_range(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int64_t t0, int64_t t1,
+                                   int64_t* offsets) {
   offsets[0] = 0;
-  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + ProfileTokens(p, n, k, E, e).count(0, n);
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + ProfileTokens(p, n, k, E, e).count(t0, t1);
 }
 
 }  // namespace fp

@@ -66,5 +66,9 @@ class ProfileTokens {
 // offsets (E + 1): the rows of each expert in expert order under the profile, as ops::moe_routing_build
 // would count them from routing_profile_assign's choice.
 void routing_profile_offsets(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int64_t* offsets);
+// The same for the rank's tokens [t0, t1) only (a chunk of the MoE block's token side): what
+// ops::moe_routing_build counts from rows [t0, t1) of routing_profile_assign's (n, k) choice.
+void routing_profile_offsets_range(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int64_t t0, int64_t t1,
+                                   int64_t* offsets);
 
 }  // namespace fp

@@ -39,6 +39,9 @@ struct DispatchSchedule {
   int64_t chunk_cap = 1024;            // pipelined.chunk_cap: c, tokens per source per chunk
   int64_t max_chunks = 128;            // pipelined.max_chunks: K_max
   bool strided = true;                 // pipelined.membership: "strided" (true) | "contiguous"
+  // Every dispatch: the MoE block's token side in chunks of this many of a rank's tokens (moe.token_chunk;
+  // 0: all n at once). Note [The MoE token side in chunks] in model/moe_block.cpp.
+  int64_t token_chunk = 0;
 };
 
 struct ModelSchedules {

@@ -48,6 +48,7 @@ ModelSchedules engine_schedules(const Settings& set, const Schedules& sc) {
   d.chunk_cap = sc.chunk_tokens;
   d.max_chunks = sc.max_chunks;
   d.strided = sc.strided;
+  d.token_chunk = sc.token_chunk;
   ms.precision = set.precision;
   return ms;
 }
@@ -225,7 +226,8 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
   }
   if (sc.dispatch == Dispatch::Dispatch_pipelined_llep && lay.ranks > 1) {
     const ChunkPlan cp = chunk_plan_build(
-        std::max<int64_t>(z.tokens, 1), sc.chunk_tokens, sc.max_chunks,
+        std::max<int64_t>(sc.token_chunk > 0 ? std::min(z.tokens, sc.token_chunk) : z.tokens, 1), sc.chunk_tokens,
+        sc.max_chunks,
         sc.strided ? ChunkMembership::ChunkMembership_strided : ChunkMembership::ChunkMembership_contiguous);
     z.chunks = cp.K;
     z.chunk_tokens = cp.c_eff;

@@ -64,6 +64,7 @@ struct Schedules {
   int64_t chunk_tokens = 1024;         // pipelined_llep: c, tokens per source per chunk (pipelined.chunk_cap)
   int64_t max_chunks = 128;            // pipelined_llep: K_max (pipelined.max_chunks)
   bool strided = true;                 // pipelined_llep: chunk membership strided | contiguous (pipelined.membership)
+  int64_t token_chunk = 0;             // every dispatch: the MoE token side in chunks of this many tokens (moe.token_chunk)
   double lambda = 1.3;                 // llep, pipelined_llep: plan when max/mean rank load >= lambda (llep.lambda)
   double alpha = 1.0;                  // llep, pipelined_llep: per-rank cap alpha x mean load (llep.alpha)
   int64_t min_tokens_per_gemm = 1024;  // llep, pipelined_llep: smallest spilled piece (llep.min_tokens_per_gemm)

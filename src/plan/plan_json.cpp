@@ -27,6 +27,7 @@ nlohmann::ordered_json schedule_json(const Schedules& s) {
     j["alpha"] = s.alpha;
     j["min_tokens_per_gemm"] = s.min_tokens_per_gemm;
   }
+  j["token_chunk"] = s.token_chunk;
   if (s.dispatch == Dispatch::Dispatch_pipelined_llep) {
     j["chunk_tokens"] = s.chunk_tokens;
     j["max_chunks"] = s.max_chunks;

@@ -14,6 +14,7 @@ constexpr const char* kKeysHint =
     "items: baseline | flatpeak | dispatch=standard|llep|pipelined_llep | vocab=full|ring | ckpt=device|sco | "
     "optim=auto|device|offload_serial|offload_stream | block_tokens= ring_mode= keep_strips= "
     "chunk_tokens= (chunk_cap=) max_chunks= membership=strided|contiguous lambda= alpha= min_tokens_per_gemm= "
+    "token_chunk= (0: the whole token side at once) "
     "bucket_params= slots= update_on=device|host ckpt_host_budget=SIZE | batch= rank= | "
     "routing=balanced|hot:R:H | "
     "precision.recipe=fp32|bf16 | precision.params= precision.grads= precision.activations= precision.master= "
@@ -117,6 +118,7 @@ void settings_apply(Settings& s, std::string_view item) {
     FP_CHECK(sc.alpha > 0, kKeysHint, "--schedule alpha={}: must be positive", v);
   } else if (key == "min_tokens_per_gemm") sc.min_tokens_per_gemm = int_parse(key, v, 1);
   else if (key == "max_chunks") sc.max_chunks = int_parse(key, v, 1);
+  else if (key == "token_chunk") sc.token_chunk = int_parse(key, v, 0);
   else if (key == "bucket_params") sc.bucket_params = int_parse(key, v, 1);
   else if (key == "slots") sc.slots = int_parse(key, v, 1);
   else if (key == "update_on") {

@@ -130,6 +130,7 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
        [&strings](const toml::node& n) { strings.profile = *n.value<std::string>(); }},
       {"moe", "dispatch", K::Kind_string, false, str(&strings.dispatch)},
       {"moe", "bias_update_rate", K::Kind_float, false, f64(&c.moe.bias_update_rate)},
+      {"moe", "token_chunk", K::Kind_int, false, i64(&c.schedules.dispatch.token_chunk)},
       {"llep", "lambda", K::Kind_float, false, f64(&c.schedules.dispatch.lambda)},
       {"llep", "alpha", K::Kind_float, false, f64(&c.schedules.dispatch.alpha)},
       {"llep", "min_tokens_per_gemm", K::Kind_int, false, i64(&c.schedules.dispatch.min_tokens_per_gemm)},
@@ -349,6 +350,8 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
     FP_CHECK(d.min_tokens_per_gemm >= 1, kConfigHint, "{}: llep.min_tokens_per_gemm = {} must be >= 1", source,
              d.min_tokens_per_gemm);
     FP_CHECK(d.chunk_cap >= 1, kConfigHint, "{}: pipelined.chunk_cap = {} must be >= 1", source, d.chunk_cap);
+    FP_CHECK(d.token_chunk >= 0, "tokens of a rank per chunk of the MoE block's token side; 0: all at once",
+             "{}: moe.token_chunk = {} must be >= 0", source, d.token_chunk);
     FP_CHECK(d.max_chunks >= 1, kConfigHint, "{}: pipelined.max_chunks = {} must be >= 1", source, d.max_chunks);
     one_of("pipelined.membership", strings.membership, {"strided", "contiguous"});
     d.strided = strings.membership == "strided";

@@ -7,6 +7,7 @@
 //   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (DESIGN.md, routing profiles)
 //            dispatch = "standard" | "llep" | "pipelined_llep"       (expert dispatch with W > 1)
 //            bias_update_rate (deepseek_v3: e_score_correction_bias step per training step, 0.001)
+//            token_chunk (the MoE block's token side in chunks of this many of a rank's tokens; 0: whole)
 //   [llep]   lambda, alpha, min_tokens_per_gemm                      (LLEP plan)
 //   [pipelined] chunk_cap, max_chunks, membership = "strided" | "contiguous"  (PipelinedLLEP)
 //   [vocab]  schedule = "full" | "ring", block_tokens, ring_mode, keep_strips        (Ring-DTP)

@@ -12,7 +12,8 @@
 // schedules: Ring-DTP (the tied head reads the embedding's own shard), SCO and PipelinedLLEP. deepseek is
 // DeepSeek-V3's layer (multi-head latent attention on the ring, the sigmoid router with a nonzero routing
 // bias choosing within 2 of 4 groups, a shared expert, a dense first layer); deepseek_flat runs it with
-// the flattened schedules.
+// the flattened schedules. The suffix _llep takes the LLEP dispatch, _chunked runs the MoE block's token
+// side in chunks of 37 of a rank's tokens (Note [The MoE token side in chunks]).
 #include <cstdio>
 
 #include "backend/backend.h"
@@ -26,11 +27,19 @@
 using namespace fp;
 
 int main(int argc, char** argv) {
-  const std::string variant = argc == 3 ? argv[2] : "plain";
+  std::string variant = argc == 3 ? argv[2] : "plain";
+  // Suffixes: _llep (the LLEP dispatch), _chunked (the MoE token side in chunks of 37 tokens).
+  auto suffix = [&](const std::string& x) {
+    const bool has = variant.size() > x.size() && variant.ends_with(x);
+    if (has) variant.resize(variant.size() - x.size());
+    return has;
+  };
+  const bool chunked = suffix("_chunked"), llep = suffix("_llep");
   const bool deepseek = variant == "deepseek" || variant == "deepseek_flat";
   if ((argc != 2 && argc != 3) ||
       (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek)) {
-    std::fprintf(stderr, "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]\n");
+    std::fprintf(stderr, "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]"
+                         "[_llep][_chunked]\n");
     return 2;
   }
   Comm& comm = comm_world();
@@ -51,6 +60,12 @@ int main(int argc, char** argv) {
       sched.dispatch.min_tokens_per_gemm = 8;
       sched.dispatch.chunk_cap = 32;
     }
+    if (llep) {
+      sched.dispatch.kind = DispatchSchedule::Kind::Kind_llep;
+      sched.dispatch.lambda = 1.0;
+      sched.dispatch.min_tokens_per_gemm = 8;
+    }
+    if (chunked) sched.dispatch.token_chunk = 37;
     if (deepseek) {
       m.model_type = ModelType::ModelType_deepseek_v3;
       m.num_hidden_layers = 3, m.num_key_value_heads = 4, m.q_lora_rank = 16, m.kv_lora_rank = 12;

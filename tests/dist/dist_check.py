@@ -6,10 +6,12 @@ usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
              window, tied embeddings, a dense layer; DeepSeek-V3's layer): loss within 1e-5 relative, every
              gradient within 1e-4 norm-relative, every rank's params/grads bytes (shards, one gathered unit)
              as the FSDP layout implies; the switched and the DeepSeek model with Ring-DTP, SCO and
-             PipelinedLLEP on 2 and 4 ranks against their plain schedules on one process
+             PipelinedLLEP on 2 and 4 ranks against their plain schedules on one process; the MoE token
+             side in chunks through the standard, LLEP and PipelinedLLEP dispatches
   train      10 steps of flatpeak train on W = 2 and 4 track the single-process losses within 1e-4; meta
              runs peak like cpu in params, grads, optimizer, checkpoints, vocab; DeepSeek-V3's layer with its
-             routing bias moving on 2 ranks, and resumed on one process
+             routing bias moving on 2 ranks, and resumed on one process; the MoE token side in chunks
+             through PipelinedLLEP under a profile: meta allocates as cpu
   ckpt       checkpoints written by 2 or 4 ranks equal one process's and resume on 1 or 2 ranks, and vice
              versa, with the same losses within 1e-5
   failure    a failing rank ends every rank non-zero within 30 s, the error printed once
@@ -83,6 +85,11 @@ def case_grads(tmp):
     for model in ("hf_layers", "deepseek"):
         print(f"-- {model}_flat (Ring-DTP, SCO, PipelinedLLEP) against {model} on one process")
         grads_variant(tmp, f"{model}_flat", reference=model)
+    # The MoE token side in chunks, through every dispatch: standard, LLEP, PipelinedLLEP.
+    for variant, model in (("plain_chunked", "plain"), ("plain_llep_chunked", "plain"),
+                           ("hf_layers_flat_chunked", "hf_layers"), ("deepseek_flat_chunked", "deepseek")):
+        print(f"-- {variant} (the MoE token side in chunks) against {model} on one process")
+        grads_variant(tmp, variant, reference=model)
 
 
 def grads_variant(tmp, variant, reference=None):
@@ -134,8 +141,28 @@ def losses(out):
     return [json.loads(l)["loss"] for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
 
 
+def case_train_chunked_meta(tmp):
+    """The MoE token side in chunks (moe.token_chunk 45, a last chunk of another size) through
+    PipelinedLLEP under a skewed profile on 4 ranks: meta's closed-form routing of each chunk (its window
+    of the rank's tokens, strided and contiguous chunk membership) allocates as cpu, every category."""
+    for membership in ("strided", "contiguous"):
+        peaks = {}
+        for dev in ("cpu", "meta"):
+            d = os.path.join(tmp, f"chunked_{membership}_{dev}")
+            ok(mpirun(4, train_args(d, 2, ["--device", dev, "--set", "train.seq_len=512", "--set", "moe.token_chunk=45",
+                                           "--set", "moe.dispatch=pipelined_llep", "--set", "pipelined.chunk_cap=16",
+                                           "--set", "moe.routing_profile=hot:0.9:2", "--set", "llep.lambda=1.0",
+                                           "--set", "llep.min_tokens_per_gemm=4",
+                                           "--set", f"pipelined.membership={membership}"])),
+               f"chunked token side, {membership}, {dev}")
+            peaks[dev] = [json.loads(l)["peak_bytes"] for l in open(os.path.join(d, "metrics.jsonl")) if l.strip()]
+        assert peaks["cpu"] == peaks["meta"], f"{membership}: cpu {peaks['cpu']} vs meta {peaks['meta']}"
+        print(f"token chunks, {membership}: meta peaks as cpu in every category ({peaks['cpu'][-1]})")
+
+
 def case_train(tmp):
     case_train_deepseek(tmp)
+    case_train_chunked_meta(tmp)
     single = os.path.join(tmp, "w1")
     ok(mpirun(1, train_args(single, 10)), "single-process training")
     ref = losses(single)

@@ -41,7 +41,7 @@ void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64
   // One all-gather of (E + 1) numbers per rank: its copies per expert, then its token count.
   std::vector<int64_t> mine(static_cast<size_t>(E + 1));  // (E + 1)
   for (int64_t e = 0; e < E; ++e) mine[e] = offsets[e + 1] - offsets[e];
-  mine[E] = s.n;
+  mine[E] = s.moe_tokens();
   std::vector<int64_t> all(static_cast<size_t>(W * (E + 1)));  // (W, E + 1)
   s.comm.all_gather(mine.data(), all.data(), E + 1, DType::DType_I64);
   out.counts.resize(static_cast<size_t>(W * E));

@@ -101,18 +101,24 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     // decides alike (the profile is the run's), so the collectives inside (the all-gather of the
     // expert counts, the exchange of chunk counts) are skipped everywhere at once. On meta at 1M
     // tokens and 64 ranks this is most of a step's host work.
+    // Under token chunks (Note [The MoE token side in chunks]) one layout per chunk of the block.
     const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
-    if (!profiled || profile_chunks_ == nullptr) {
+    const size_t slot = static_cast<size_t>(s.moe_chunk);
+    if (profile_layers_.size() <= slot) {
+      profile_layers_.resize(slot + 1);
+      profile_chunks_.resize(slot + 1);
+    }
+    if (!profiled || profile_chunks_[slot] == nullptr) {
       auto layer = std::make_shared<LlepLayer>();
       llep_layer_build(s, params_, offsets, *layer);
       auto built = std::make_shared<ChunkLayout>();
       chunks_build(s, offsets, *layer, *built);
       a->layer = layer;
       a->chunks = built;
-      if (profiled) profile_layer_ = layer, profile_chunks_ = built;
+      if (profiled) profile_layers_[slot] = layer, profile_chunks_[slot] = built;
     } else {
-      a->layer = profile_layer_;
-      a->chunks = profile_chunks_;
+      a->layer = profile_layers_[slot];
+      a->chunks = profile_chunks_[slot];
     }
     const ChunkLayout& C = *a->chunks;
 
@@ -378,27 +384,35 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok, Kc = cp.K;
     const bool strided = cp.membership == ChunkMembership::ChunkMembership_strided;
     std::optional<ProfileTokens> tokens;
-    int64_t expert = -1;
+    int64_t expert = -1, before = 0;
+    // The profile routes the rank's n tokens; the MoE block may hand over one window of them (Note [The MoE
+    // token side in chunks]): tokens [b, b + moe_tokens()), counted from b for the chunk membership.
+    const int64_t b = s.moe_t0;
     by_class_.resize(static_cast<size_t>(Kc));
     for (const LlepPiece& pc : layer.pieces) {
-      if (pc.expert != expert) tokens.emplace(s.profile, s.n, k, E, expert = pc.expert);
+      if (pc.expert != expert) {
+        tokens.emplace(s.profile, s.n, k, E, expert = pc.expert);
+        before = tokens->count(0, b);  // the expert's rows in earlier windows
+      }
       const int d = pc.dest;
       const int32_t x = comp_pos_[d * E + expert];
       FP_ASSERT(x >= 0, "pipelined_llep: rows of expert {} go to rank {}, which does not compute it", expert, d);
       const int64_t Xd = comp_first_[d + 1] - comp_first_[d];
       int64_t* blocks = send_blocks_.data() + Kc * comp_first_[d];
-      const int64_t t0 = tokens->nth(pc.begin), t1 = tokens->nth(pc.end - 1) + 1;  // the piece's tokens
+      // The piece's tokens, in the rank's numbering.
+      const int64_t t0 = tokens->nth(before + pc.begin), t1 = tokens->nth(before + pc.end - 1) + 1;
       const auto add = [&](int64_t i, int64_t rows) {
         counts_[i * W + d + 1] += rows;
         blocks[i * Xd + x] += rows;
       };
-      if (strided) {
+      if (strided) {  // chunk of window token t - b: (t - b) mod K
         std::fill(by_class_.begin(), by_class_.end(), 0);
         tokens->count_classes(t0, t1, Kc, by_class_.data());
-        for (int64_t i = 0; i < Kc; ++i) add(i, by_class_[i]);
+        const int64_t shift = b % Kc;
+        for (int64_t i = 0; i < Kc; ++i) add(i, by_class_[(i + shift) % Kc]);
       } else {
-        for (int64_t i = t0 / cp.c_eff; i <= (t1 - 1) / cp.c_eff; ++i)
-          add(i, tokens->count(std::max(t0, i * cp.c_eff), std::min(t1, (i + 1) * cp.c_eff)));
+        for (int64_t i = (t0 - b) / cp.c_eff; i <= (t1 - 1 - b) / cp.c_eff; ++i)
+          add(i, tokens->count(std::max(t0, b + i * cp.c_eff), std::min(t1, b + (i + 1) * cp.c_eff)));
       }
     }
   }
@@ -439,16 +453,16 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   std::vector<int64_t> comp_first_, comp_experts_;  // Note [Counts only for the experts a rank computes]
   std::vector<int32_t> comp_pos_;
   std::vector<ExpertWeights> weights_;
-  // Note [One chunk layout per step under a routing profile]
-  std::shared_ptr<const LlepLayer> profile_layer_;
-  std::shared_ptr<const ChunkLayout> profile_chunks_;
+  // Note [One chunk layout per step under a routing profile]; one per token chunk of the MoE block.
+  std::vector<std::shared_ptr<const LlepLayer>> profile_layers_;
+  std::vector<std::shared_ptr<const ChunkLayout>> profile_chunks_;
 };
 
 }  // namespace
 
 std::unique_ptr<ExpertDispatch> dispatch_pipelined_llep_create(const DispatchSchedule& sched, const StepContext& s) {
   const int64_t W = s.comm.size(), k = s.cfg.num_experts_per_tok, H = s.cfg.hidden_size;
-  const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(s.n, 1), sched.chunk_cap, sched.max_chunks,
+  const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(s.moe_tokens(), 1), sched.chunk_cap, sched.max_chunks,
                                         sched.strided ? ChunkMembership::ChunkMembership_strided
                                                       : ChunkMembership::ChunkMembership_contiguous);
   const uint64_t a = dtype_size(s.precision.activations);
