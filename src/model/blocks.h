@@ -69,6 +69,8 @@ struct StepContext {
   // host_slot and these offsets and every later block (and the recompute) reuses them. On meta only
   // the offsets, in closed form (Note [Meta routes a profile in closed form] in model/routing.cpp).
   std::vector<int64_t> profile_offsets;  // (E + 1) once the step's profile is routed; empty before
+  // The same per chunk of the MoE token side, on meta (Note [The MoE token side in chunks]).
+  std::vector<std::vector<int64_t>> profile_chunk_offsets;
 };
 
 // ---- attention block: x1 = x + o_proj(attention(rope(norm_q(q)), rope(norm_k(k)), v)), q,k,v from rmsnorm(x)

@@ -127,8 +127,16 @@ void chunk_route(StepContext& s, int64_t t0, int64_t nc, std::vector<int64_t>& o
   const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok, mc = nc * k;
   offsets.assign(static_cast<size_t>(E + 1), 0);
   if (s.profile.kind != RoutingProfile::Kind::Kind_router && !s.be.computes()) {
-    routing_profile_offsets_range(s.profile, s.n, k, E, t0, t0 + nc, offsets.data());
-    s.host_rows.clear();  // Note [Meta routes a profile in closed form]
+    // Note [Meta routes a profile in closed form]; every layer routes a chunk alike (Note [A routing
+    // profile is routed once per step]): counted once per step.
+    const size_t c = static_cast<size_t>(s.moe_chunk);
+    if (s.profile_chunk_offsets.size() <= c) s.profile_chunk_offsets.resize(c + 1);
+    if (s.profile_chunk_offsets[c].empty()) {
+      s.profile_chunk_offsets[c].assign(static_cast<size_t>(E + 1), 0);
+      routing_profile_offsets_range(s.profile, s.n, k, E, t0, t0 + nc, s.profile_chunk_offsets[c].data());
+    }
+    offsets = s.profile_chunk_offsets[c];
+    s.host_rows.clear();
     return;
   }
   s.host_rows.resize(static_cast<size_t>(mc));

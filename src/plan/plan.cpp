@@ -225,9 +225,9 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
     }
   }
   if (sc.dispatch == Dispatch::Dispatch_pipelined_llep && lay.ranks > 1) {
+    const int64_t window = sc.token_chunk > 0 ? std::min(z.tokens, sc.token_chunk) : z.tokens;
     const ChunkPlan cp = chunk_plan_build(
-        std::max<int64_t>(sc.token_chunk > 0 ? std::min(z.tokens, sc.token_chunk) : z.tokens, 1), sc.chunk_tokens,
-        sc.max_chunks,
+        std::max<int64_t>(window, 1), sc.chunk_tokens, chunk_budget(sc.max_chunks, window, z.tokens),
         sc.strided ? ChunkMembership::ChunkMembership_strided : ChunkMembership::ChunkMembership_contiguous);
     z.chunks = cp.K;
     z.chunk_tokens = cp.c_eff;

@@ -53,6 +53,10 @@ std::string_view vocab_name(Vocab v);
 std::string_view ckpt_name(Ckpt c);
 std::string_view optim_name(Optim o);
 
+// The flatpeak preset's moe.token_chunk: at paper-7L's former reach on 16 ranks (4.74M tokens) it takes the
+// step peak from 131.3 to 77.2 GiB (docs/benchmarks.md); smaller chunks gain little more.
+inline constexpr int64_t kFlatpeakTokenChunk = 16384;
+
 struct Schedules {
   Dispatch dispatch = Dispatch::Dispatch_standard;
   Vocab vocab = Vocab::Vocab_full;

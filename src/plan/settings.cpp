@@ -74,6 +74,7 @@ std::string_view optim_name(Optim o) { return enum_name(o, kOptim); }
 
 void schedules_set_baseline(Schedules& s) {
   s.dispatch = Dispatch::Dispatch_standard;
+  s.token_chunk = 0;
   s.vocab = Vocab::Vocab_full;
   s.ckpt = Ckpt::Ckpt_device;
   s.optim = Optim::Optim_auto;
@@ -81,6 +82,7 @@ void schedules_set_baseline(Schedules& s) {
 
 void schedules_set_flatpeak(Schedules& s) {
   s.dispatch = Dispatch::Dispatch_pipelined_llep;
+  s.token_chunk = kFlatpeakTokenChunk;
   s.vocab = Vocab::Vocab_ring;
   s.ckpt = Ckpt::Ckpt_sco;
   s.optim = Optim::Optim_offload_stream;

@@ -23,6 +23,11 @@ ChunkPlan chunk_plan_build(int64_t n, int64_t chunk_cap, int64_t max_chunks, Chu
   return p;
 }
 
+int64_t chunk_budget(int64_t max_chunks, int64_t window, int64_t n) {
+  if (window >= n || n < 1) return max_chunks;
+  return std::max<int64_t>(1, ceil_div(max_chunks * window, n));
+}
+
 int64_t ChunkPlan::chunk_of(int64_t token) const {
   return membership == ChunkMembership::ChunkMembership_strided ? token % K : token / c_eff;
 }

@@ -28,6 +28,12 @@ struct ChunkPlan {
   int64_t chunk_of(int64_t token) const;
 };
 
+// pipelined.max_chunks is a budget per layer: when the MoE block hands the dispatch a window of
+// `window` of a source's n tokens at a time (Note [The MoE token side in chunks] in model/moe_block.cpp),
+// each window gets its share, ceil(max_chunks window / n), at least 1, so a layer makes about as many
+// chunk exchanges as without windows and c_eff stays near n / max_chunks.
+int64_t chunk_budget(int64_t max_chunks, int64_t window, int64_t n);
+
 // Asserts n >= 1, chunk_cap >= 1, max_chunks >= 1 (the config checks the user's values).
 ChunkPlan chunk_plan_build(int64_t n, int64_t chunk_cap, int64_t max_chunks, ChunkMembership membership);
 

@@ -240,7 +240,8 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok;
     const int64_t m = offsets[E];
     // n_max, not n: K and c_eff must be the same on every rank (every chunk is one collective).
-    C.cp = chunk_plan_build(std::max<int64_t>(layer.n_max, 1), sched_.chunk_cap, sched_.max_chunks,
+    C.cp = chunk_plan_build(std::max<int64_t>(layer.n_max, 1), sched_.chunk_cap,
+                            chunk_budget(sched_.max_chunks, s.moe_tokens(), s.n),
                             sched_.strided ? ChunkMembership::ChunkMembership_strided
                                            : ChunkMembership::ChunkMembership_contiguous);
     const int64_t Kc = C.cp.K;
@@ -462,7 +463,8 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
 std::unique_ptr<ExpertDispatch> dispatch_pipelined_llep_create(const DispatchSchedule& sched, const StepContext& s) {
   const int64_t W = s.comm.size(), k = s.cfg.num_experts_per_tok, H = s.cfg.hidden_size;
-  const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(s.moe_tokens(), 1), sched.chunk_cap, sched.max_chunks,
+  const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(s.moe_tokens(), 1), sched.chunk_cap,
+                                        chunk_budget(sched.max_chunks, s.moe_tokens(), s.n),
                                         sched.strided ? ChunkMembership::ChunkMembership_strided
                                                       : ChunkMembership::ChunkMembership_contiguous);
   const uint64_t a = dtype_size(s.precision.activations);
