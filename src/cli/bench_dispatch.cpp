@@ -60,6 +60,7 @@ struct DispatchBenchOptions {
   double lambda = 1.3;
   double alpha = 1.0;
   int64_t min_tokens_per_gemm = 1024;
+  int64_t token_chunk = 0;  // > 0: also pipelined_llep (strided) with the token side in chunks
   std::string device = "cpu";
   int repeats = 5;
   int warmup = 1;
@@ -187,11 +188,19 @@ double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile
   be.device_ledger().events_clear();
   comm.barrier();
   const auto t0 = std::chrono::steady_clock::now();
-  MoeActs acts;
-  Tensor x2 = moe_block_forward(s, v.params.lp, v.x1, &acts, nullptr);
-  if (first && be.computes()) v.x2_host = host_of(be, x2);
-  x2.reset();
-  moe_block_backward(s, v.params.lp, v.x1, acts, Tensor(), dx);
+  if (v.sched.token_chunk > 0) {
+    // The token side in chunks (Note [The MoE token side in chunks]): the checkpointed forward's x2 for
+    // the checks, then the chunked recompute and backward, as a training step runs them.
+    s.moe_token_chunk = v.sched.token_chunk;
+    if (first && be.computes()) v.x2_host = host_of(be, moe_block_forward(s, v.params.lp, v.x1, nullptr, nullptr));
+    moe_block_recompute_backward(s, v.params.lp, v.x1, Tensor(), dx);
+  } else {
+    MoeActs acts;
+    Tensor x2 = moe_block_forward(s, v.params.lp, v.x1, &acts, nullptr);
+    if (first && be.computes()) v.x2_host = host_of(be, x2);
+    x2.reset();
+    moe_block_backward(s, v.params.lp, v.x1, acts, Tensor(), dx);
+  }
   be.synchronize();
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Ledger& led = be.device_ledger();
@@ -257,6 +266,8 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
   FP_CHECK(prof.kind != RoutingProfile::Kind::Kind_router, "--profile balanced or --profile hot:R:H",
            "--profile router: the benchmark sets the routing (and meta computes no router)");
   routing_profile_check(prof, o.top_k, o.experts, "--profile");
+  FP_CHECK(o.token_chunk >= 0, "e.g. --token-chunk 8192 (0: no chunked variant)", "--token-chunk {} must be >= 0",
+           o.token_chunk);
   Comm& comm = comm_world();
   const int W = comm.size(), rank = comm.rank();
   const bool lead = rank == 0, timed = o.device == "cpu";
@@ -282,6 +293,10 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
   add("llep", DispatchSchedule::Kind::Kind_llep, true);
   add("pipelined_llep_strided", DispatchSchedule::Kind::Kind_pipelined_llep, true);
   add("pipelined_llep_contiguous", DispatchSchedule::Kind::Kind_pipelined_llep, false);
+  if (o.token_chunk > 0) {
+    add("pipelined_llep_token_chunks", DispatchSchedule::Kind::Kind_pipelined_llep, true);
+    vs.back().sched.token_chunk = o.token_chunk;
+  }
   for (Variant& v : vs) {
     v.be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
     block_params_make(v.params, *v.be, cfg, mine);
@@ -333,6 +348,7 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
   j["lambda"] = o.lambda;
   j["alpha"] = o.alpha;
   j["min_tokens_per_gemm"] = o.min_tokens_per_gemm;
+  j["token_chunk"] = o.token_chunk;
   j["device"] = o.device;
   j["blas"] = ops::cpu::blas_setup().str();  // Note [OpenBLAS's kernels are ours to choose]
   j["cpu"] = ops::cpu::cpu_features().str();
@@ -445,6 +461,9 @@ void bench_dispatch_register(CLI::App& parent, Runner& run) {
   sub->add_option("--lambda", o.lambda, "llep.lambda");
   sub->add_option("--alpha", o.alpha, "llep.alpha");
   sub->add_option("--min-tokens-per-gemm", o.min_tokens_per_gemm, "llep.min_tokens_per_gemm");
+  sub->add_option("--token-chunk", o.token_chunk,
+                  "also run pipelined_llep (strided) with the MoE block's token side in chunks of this many tokens "
+                  "(moe.token_chunk; 0: not)");
   sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
       ->check(CLI::IsMember({"cpu", "meta"}));
   sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
