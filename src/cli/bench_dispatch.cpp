@@ -180,6 +180,7 @@ double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile
   const int64_t n = v.x1.dim(0), H = cfg.hidden_size;
   StepContext s(be, cfg, prof, comm);
   s.B = 1, s.T = n, s.n = n;
+  s.moe_token_chunk = v.sched.token_chunk;  // before the dispatch: its launch bound is the largest window's
   std::unique_ptr<ExpertDispatch> dispatch = dispatch_make(v.sched, s);
   s.dispatch = dispatch.get();
   Tensor dx = be.alloc_f32(Category::Category_activations, {n, H}, "dx");  // (N, H) d x2 in, d x1 out
@@ -191,7 +192,6 @@ double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile
   if (v.sched.token_chunk > 0) {
     // The token side in chunks (Note [The MoE token side in chunks]): the checkpointed forward's x2 for
     // the checks, then the chunked recompute and backward, as a training step runs them.
-    s.moe_token_chunk = v.sched.token_chunk;
     if (first && be.computes()) v.x2_host = host_of(be, moe_block_forward(s, v.params.lp, v.x1, nullptr, nullptr));
     moe_block_recompute_backward(s, v.params.lp, v.x1, Tensor(), dx);
   } else {

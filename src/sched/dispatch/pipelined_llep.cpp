@@ -78,7 +78,8 @@ struct PipelinedActs : DispatchActs {
 
 class PipelinedLlepDispatch : public LlepDispatchBase {
  public:
-  PipelinedLlepDispatch(const DispatchSchedule& sched, uint64_t bound_bytes) : sched_(sched), params_(llep_params(sched)) {
+  PipelinedLlepDispatch(const DispatchSchedule& sched, uint64_t bound_bytes)
+      : sched_(sched), params_(llep_params(sched)), launch_bound_(bound_bytes) {
     stats_.chunk_bound_bytes = bound_bytes;
   }
   std::string_view name() const override { return "pipelined_llep"; }
@@ -339,7 +340,9 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     stats_.chunk_recv_max = recv_max;
     stats_.chunk_recv_bound = chunk_recv_bound(W, k, C.cp.c_eff);
     const uint64_t a = dtype_size(s.precision.activations);  // the dispatch buffers' element bytes
-    stats_.chunk_bound_bytes = chunk_dispatch_bound_bytes(W, k, C.cp.c_eff, H, a);
+    // The launch-time bound holds for every window of the token side (Note [The MoE token side in chunks]):
+    // a shorter last window has a smaller one of its own.
+    stats_.chunk_bound_bytes = std::max(launch_bound_, chunk_dispatch_bound_bytes(W, k, C.cp.c_eff, H, a));
     // Expert side at once: 2 r_i rows (see the file comment).
     stats_.chunk_peak_bytes = 2 * static_cast<uint64_t>(recv_max) * static_cast<uint64_t>(H) * a;
     FP_ASSERT(recv_max <= stats_.chunk_recv_bound, "pipelined_llep: {} rows in one chunk over the bound {}", recv_max,
@@ -448,6 +451,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
   DispatchSchedule sched_;
   LlepParams params_;
+  uint64_t launch_bound_ = 0;  // chunk_dispatch_bound_bytes of the largest window, reserved at launch
   // Host scratch reused across layers.
   std::vector<int32_t> row_dest_, host_tokens_;
   std::vector<int64_t> row_chunk_, counts_, by_class_, send_blocks_, recv_blocks_, pair_counts_, recv_counts_, offsets_;
