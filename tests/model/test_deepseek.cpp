@@ -11,23 +11,12 @@
 #include "data/random_batch.h"
 #include "model/model.h"
 #include "sched/optim/optimizer.h"
+#include "../common/deepseek_config.h"
 
 namespace fp {
 
 namespace {
-ModelConfig deepseek_config() {
-  ModelConfig m;
-  m.model_type = ModelType::ModelType_deepseek_v3;
-  m.hidden_size = 24, m.num_hidden_layers = 3, m.num_attention_heads = 4, m.num_key_value_heads = 4;
-  m.q_lora_rank = 12, m.kv_lora_rank = 10, m.qk_nope_head_dim = 6, m.qk_rope_head_dim = 4, m.v_head_dim = 5;
-  m.head_dim = 4;
-  m.num_experts = 8, m.num_experts_per_tok = 2, m.moe_intermediate_size = 16, m.vocab_size = 50;
-  m.n_group = 4, m.topk_group = 2, m.routed_scaling_factor = 2.5, m.n_shared_experts = 1;
-  m.first_k_dense_replace = 1, m.intermediate_size = 20, m.router_aux_loss_coef = 0;
-  m.rope_interleave = true;
-  m.seed = 7;
-  return m;
-}
+ModelConfig deepseek_config() { return deepseek_small_config(3, 12, 1); }
 
 std::vector<float> host_of(Backend& be, const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));

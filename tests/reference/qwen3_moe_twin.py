@@ -117,21 +117,22 @@ def param_shapes(cfg):
         s[p + "self_attn.k_norm.weight"] = (hd,)
         s[p + "post_attention_layernorm.weight"] = (H,)
         if not cfg.is_sparse(i):
-            Id = cfg.intermediate_size
-            s[p + "mlp.gate_proj.weight"] = (Id, H)
-            s[p + "mlp.up_proj.weight"] = (Id, H)
-            s[p + "mlp.down_proj.weight"] = (H, Id)
+            swiglu_shapes(s, p + "mlp.", H, cfg.intermediate_size)
             continue
         s[p + "mlp.gate.weight"] = (E, H)
         for e in range(E):
-            q = f"{p}mlp.experts.{e}."
-            s[q + "gate_proj.weight"] = (I, H)
-            s[q + "up_proj.weight"] = (I, H)
-            s[q + "down_proj.weight"] = (H, I)
+            swiglu_shapes(s, f"{p}mlp.experts.{e}.", H, I)
     s["model.norm.weight"] = (H,)
     if not cfg.tie_word_embeddings:
         s["lm_head.weight"] = (V, H)
     return s
+
+
+def swiglu_shapes(s, prefix, H, width):
+    """A SwiGLU MLP's three projections (an expert, a dense layer's MLP, the shared experts) into s."""
+    s[prefix + "gate_proj.weight"] = (width, H)
+    s[prefix + "up_proj.weight"] = (width, H)
+    s[prefix + "down_proj.weight"] = (H, width)
 
 
 def deepseek_layer_shapes(cfg, i, s):
@@ -151,23 +152,14 @@ def deepseek_layer_shapes(cfg, i, s):
     s[p + "self_attn.o_proj.weight"] = (H, nh * dv)
     s[p + "post_attention_layernorm.weight"] = (H,)
     if not cfg.is_sparse(i):
-        Id = cfg.intermediate_size
-        s[p + "mlp.gate_proj.weight"] = (Id, H)
-        s[p + "mlp.up_proj.weight"] = (Id, H)
-        s[p + "mlp.down_proj.weight"] = (H, Id)
+        swiglu_shapes(s, p + "mlp.", H, cfg.intermediate_size)
         return
     s[p + "mlp.gate.weight"] = (E, H)
     s[p + "mlp.gate.e_score_correction_bias"] = (E,)
     if cfg.n_shared_experts:
-        Is = cfg.n_shared_experts * I
-        s[p + "mlp.shared_experts.gate_proj.weight"] = (Is, H)
-        s[p + "mlp.shared_experts.up_proj.weight"] = (Is, H)
-        s[p + "mlp.shared_experts.down_proj.weight"] = (H, Is)
+        swiglu_shapes(s, p + "mlp.shared_experts.", H, cfg.n_shared_experts * I)
     for e in range(E):
-        q = f"{p}mlp.experts.{e}."
-        s[q + "gate_proj.weight"] = (I, H)
-        s[q + "up_proj.weight"] = (I, H)
-        s[q + "down_proj.weight"] = (H, I)
+        swiglu_shapes(s, f"{p}mlp.experts.{e}.", H, I)
 
 
 def init_params(cfg, seed=0, dtype=torch.float64):

@@ -25,6 +25,15 @@ void expect_error(const std::string& text, std::vector<std::string> overrides,
     for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
   }
 }
+// Written as Hugging Face's config.json and read back, m is the same model; its parameter count is what
+// the store allocates.
+void expect_round_trip_and_count(const ModelConfig& m, ParamStore& ps) {
+  const ModelConfig back = hf_config_parse(model_config_hf_json(m), "config.json").model;
+  EXPECT_TRUE(model_config_differences(m, back).empty()) << fmt::format("{}", fmt::join(model_config_differences(m, back), "; "));
+  int64_t allocated = 0;
+  for (const ParamInfo& p : ps.layout()) allocated += p.shape.numel();
+  EXPECT_EQ(m.param_count(), allocated);
+}
 }  // namespace
 
 TEST(Config, TinyParses) {
@@ -109,13 +118,9 @@ TEST(Config, LayerSwitchesRoundTrip) {
   EXPECT_EQ(m.mlp_only_layers, std::vector<int64_t>{1});
   EXPECT_FALSE(m.layer_is_sparse(1));
   EXPECT_EQ(m.rope_scaling.kind, RopeScaling::Kind::Kind_dynamic);
-  const ModelConfig back = hf_config_parse(model_config_hf_json(m), "config.json").model;
-  EXPECT_TRUE(model_config_differences(m, back).empty()) << fmt::format("{}", fmt::join(model_config_differences(m, back), "; "));
   auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
   ParamStore ps(m, *be);
-  int64_t allocated = 0;
-  for (const ParamInfo& p : ps.layout()) allocated += p.shape.numel();
-  EXPECT_EQ(m.param_count(), allocated);
+  expect_round_trip_and_count(m, ps);
   EXPECT_EQ(ps.lm_head, ps.embed_tokens);
   EXPECT_EQ(ps.find("lm_head.weight"), nullptr);
   EXPECT_NE(ps.find("model.layers.1.mlp.down_proj.weight"), nullptr);
@@ -152,13 +157,9 @@ TEST(Config, DeepseekV3RoundTrip) {
   const std::string json = model_config_hf_json(m);
   EXPECT_NE(json.find("\"DeepseekV3ForCausalLM\""), std::string::npos);
   EXPECT_EQ(json.find("q_norm"), std::string::npos);
-  const ModelConfig back = hf_config_parse(json, "config.json").model;
-  EXPECT_TRUE(model_config_differences(m, back).empty()) << fmt::format("{}", fmt::join(model_config_differences(m, back), "; "));
   auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
   ParamStore ps(m, *be);
-  int64_t allocated = 0;
-  for (const ParamInfo& p : ps.layout()) allocated += p.shape.numel();
-  EXPECT_EQ(m.param_count(), allocated);
+  expect_round_trip_and_count(m, ps);
   EXPECT_NE(ps.find("model.layers.1.self_attn.kv_a_proj_with_mqa.weight"), nullptr);
   EXPECT_NE(ps.find("model.layers.1.mlp.gate.e_score_correction_bias"), nullptr);
   EXPECT_NE(ps.find("model.layers.1.mlp.shared_experts.down_proj.weight"), nullptr);
