@@ -548,28 +548,33 @@ TEST(AttentionBlock, SlidingWindowRingMatchesWholeSequence) {
     }
 }
 
+// The ring on W ranks and the whole-sequence kernel, both within 1e-5 of the double reference (o, lse and
+// the three gradients), with the given window.
+void ring_and_whole_near_double(const RingProblem& p, int W, int64_t window) {
+  const RingResult ring = ring_run(p, W, window), whole = whole_run(p, window);
+  const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
+  const std::vector<double> dout(p.dout.begin(), p.dout.end());
+  std::vector<double> o(dout.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(v.size());
+  ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv, p.hd,
+                                      p.hdv, p.scale, window);
+  ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
+                                       dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hdv, p.scale, window);
+  for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
+    const std::string l = std::string(who) + " " + p.label(W) + " window=" + std::to_string(window);
+    EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
+    EXPECT_TRUE(all_near(got->lse, lse, 1e-5, "lse vs double " + l));
+    EXPECT_TRUE(all_near(got->dq, dq, 1e-5, "dq vs double " + l));
+    EXPECT_TRUE(all_near(got->dk, dk, 1e-5, "dk vs double " + l));
+    EXPECT_TRUE(all_near(got->dv, dv, 1e-5, "dv vs double " + l));
+  }
+}
+
 // The windowed ring and the windowed whole-sequence kernel are both within 1e-5 of the double reference
 // with the window (the causal bound, RingMatchesDoubleReference).
 TEST(AttentionBlock, SlidingWindowRingMatchesDoubleReference) {
   const std::vector<std::tuple<int, int64_t, int64_t>> cases = {{4, 33, 50}, {3, 70, 100}, {2, 64, 1}};  // W, C, w
   for (const auto& [W, C, window] : cases) {
-    const RingProblem p(1, 2 * W * C, 4, 2, 24, 800 + W);
-    const RingResult ring = ring_run(p, W, window), whole = whole_run(p, window);
-    const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
-    const std::vector<double> dout(p.dout.begin(), p.dout.end());
-    std::vector<double> o(q.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(k.size());
-    ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv,
-                                        p.hd, p.hd, p.scale, window);
-    ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hd, p.scale, window);
-    for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
-      const std::string l = std::string(who) + " " + p.label(W) + " window=" + std::to_string(window);
-      EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
-      EXPECT_TRUE(all_near(got->lse, lse, 1e-5, "lse vs double " + l));
-      EXPECT_TRUE(all_near(got->dq, dq, 1e-5, "dq vs double " + l));
-      EXPECT_TRUE(all_near(got->dk, dk, 1e-5, "dk vs double " + l));
-      EXPECT_TRUE(all_near(got->dv, dv, 1e-5, "dv vs double " + l));
-    }
+    ring_and_whole_near_double(RingProblem(1, 2 * W * C, 4, 2, 24, 800 + W), W, window);
   }
 }
 
@@ -647,23 +652,7 @@ TEST(AttentionBlock, ValueWidthRingMatchesDoubleReference) {
       {4, 33, 0, {4, 2, 24, 16}}, {3, 70, 100, {2, 2, 192, 128}}, {2, 64, 0, {4, 2, 16, 40}}};
   for (const auto& [W, C, window, widths] : cases) {
     const auto [nh, nkv, hd, hdv] = widths;
-    const RingProblem p(1, 2 * W * C, nh, nkv, hd, 1500 + W, hdv);
-    const RingResult ring = ring_run(p, W, window), whole = whole_run(p, window);
-    const std::vector<double> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
-    const std::vector<double> dout(p.dout.begin(), p.dout.end());
-    std::vector<double> o(dout.size()), lse(p.B * p.nh * p.T), dq(q.size()), dk(k.size()), dv(v.size());
-    ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.T, p.nh, p.nkv,
-                                        p.hd, p.hdv, p.scale, window);
-    ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                                         dk.data(), dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hdv, p.scale, window);
-    for (const auto& [got, who] : {std::pair{&ring, "ring"}, std::pair{&whole, "whole"}}) {
-      const std::string l = std::string(who) + " " + p.label(W) + " window=" + std::to_string(window);
-      EXPECT_TRUE(all_near(got->o, o, 1e-5, "o vs double " + l));
-      EXPECT_TRUE(all_near(got->lse, lse, 1e-5, "lse vs double " + l));
-      EXPECT_TRUE(all_near(got->dq, dq, 1e-5, "dq vs double " + l));
-      EXPECT_TRUE(all_near(got->dk, dk, 1e-5, "dk vs double " + l));
-      EXPECT_TRUE(all_near(got->dv, dv, 1e-5, "dv vs double " + l));
-    }
+    ring_and_whole_near_double(RingProblem(1, 2 * W * C, nh, nkv, hd, 1500 + W, hdv), W, window);
   }
 }
 
