@@ -56,6 +56,7 @@ class Reader {
   Reader(const nlohmann::ordered_json& j, const std::string& source) : j_(j), source_(source) {}
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  bool j_contains(const char* key) const { return j_.contains(key); }
   const nlohmann::ordered_json& at(const char* key) {
     seen_.insert(key);
     return j_[key];
@@ -124,13 +125,23 @@ RopeScaling rope_dictionary(Reader& r, const char* key, std::optional<double>* t
 // latent attention, the sigmoid router's groups and scale, shared experts, dense first layers. Keys of the
 // original DeepSeek code that transformers' class computes for one value only are checked (moe_layer_freq,
 // scoring_func, topk_method); its training-time keys (aux_loss_alpha, seq_aux) and the multi-token
-// prediction module (num_nextn_predict_layers: weights transformers does not load either) are inert.
+// prediction module (num_nextn_predict_layers: weights transformers does not load either) are inert. A key
+// left out takes transformers' DeepseekV3Config default (q_lora_rank 1536, n_group 8, topk_group 4,
+// routed_scaling_factor 2.5, first_k_dense_replace 3, n_shared_experts 1, rope_interleave and
+// norm_topk_prob true), as transformers would compute the file; the widths of MLA are required.
 void deepseek_parse(Reader& r, ModelConfig& m) {
   const std::string& source = r.source();
+  // Absent: transformers' default; null: refused (transformers' class would fail on it), but q_lora_rank.
+  auto integer_or = [&](const char* key, int64_t fallback) {
+    if (!r.j_contains(key)) return r.mark(key), fallback;
+    FP_CHECK(r.has(key), kSupported, "{}: {} = null is not implemented", source, key);
+    return r.integer(key);
+  };
   m.kv_lora_rank = r.integer("kv_lora_rank");
-  m.q_lora_rank = r.has("q_lora_rank") ? r.integer("q_lora_rank") : (r.mark("q_lora_rank"), 0);
-  FP_CHECK(m.q_lora_rank != 0 || !r.has("q_lora_rank"), kSupported,
+  FP_CHECK(!r.has("q_lora_rank") || r.at("q_lora_rank") != 0, kSupported,
            "{}: q_lora_rank = 0; write null for queries without a latent (q_proj)", source);
+  m.q_lora_rank = r.j_contains("q_lora_rank") && !r.has("q_lora_rank") ? (r.mark("q_lora_rank"), 0)  // null: q_proj
+                                                                         : integer_or("q_lora_rank", 1536);
   m.qk_nope_head_dim = r.integer("qk_nope_head_dim");
   m.qk_rope_head_dim = r.integer("qk_rope_head_dim");
   m.v_head_dim = r.integer("v_head_dim");
@@ -144,12 +155,11 @@ void deepseek_parse(Reader& r, ModelConfig& m) {
       r.mark(k);
     }
   m.rope_interleave = r.boolean("rope_interleave", true);
-  m.n_shared_experts = r.has("n_shared_experts") ? r.integer("n_shared_experts") : (r.mark("n_shared_experts"), 1);
-  m.n_group = r.has("n_group") ? r.integer("n_group") : (r.mark("n_group"), 1);
-  m.topk_group = r.has("topk_group") ? r.integer("topk_group") : (r.mark("topk_group"), 1);
-  m.routed_scaling_factor = r.number("routed_scaling_factor", 1.0);
-  m.first_k_dense_replace =
-      r.has("first_k_dense_replace") ? r.integer("first_k_dense_replace") : (r.mark("first_k_dense_replace"), 0);
+  m.n_shared_experts = integer_or("n_shared_experts", 1);
+  m.n_group = integer_or("n_group", 8);
+  m.topk_group = integer_or("topk_group", 4);
+  m.routed_scaling_factor = r.number("routed_scaling_factor", 2.5);
+  m.first_k_dense_replace = integer_or("first_k_dense_replace", 3);
   r.only("moe_layer_freq", 1, "MoE layers other than every layer past first_k_dense_replace; transformers' "
          "DeepseekV3ForCausalLM computes 1");
   r.only("scoring_func", "sigmoid", "the router's scores; DeepseekV3ForCausalLM computes sigmoid");

@@ -264,6 +264,24 @@ TEST(HfConfig, TransformersDeepseekV3Parses) {
   }
 }
 
+// Keys left out take transformers' DeepseekV3Config defaults (what transformers computes for the file).
+TEST(HfConfig, DeepseekV3DefaultsAreTransformers) {
+  std::string text = kDeepseekV3;
+  for (const char* key : {"\"q_lora_rank\": 1536,", "\"n_group\": 8,", "\"topk_group\": 4,",
+                          "\"routed_scaling_factor\": 2.5,", "\"first_k_dense_replace\": 3,", "\"n_shared_experts\": 1,",
+                          "\"norm_topk_prob\": true,"}) {
+    const size_t at = text.find(key);
+    ASSERT_NE(at, std::string::npos) << key;
+    text.erase(at, std::string(key).size());
+  }
+  const ModelConfig m = hf_config_parse(text, "config.json").model;
+  const ModelConfig full = hf_config_parse(kDeepseekV3, "config.json").model;
+  EXPECT_TRUE(model_config_differences(m, full).empty()) << fmt::format("{}", fmt::join(model_config_differences(m, full), "; "));
+  // null: q_proj for q_lora_rank; refused for a count transformers' class cannot take as null.
+  EXPECT_EQ(hf_config_parse(deepseek_with(R"("q_lora_rank": null)"), "c").model.q_lora_rank, 0);
+  EXPECT_THROW(hf_config_parse(deepseek_with(R"("n_group": null)"), "c"), Error);
+}
+
 TEST(HfConfig, DeepseekV3RefusesByName) {
   for (const auto& [kv, needle] : std::vector<std::pair<std::string, std::string>>{
            {R"("quantization_config": {"quant_method": "fp8"})", "quantization_config"},
