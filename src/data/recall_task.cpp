@@ -1,10 +1,11 @@
 // The recall task (Note [Recall sequence layout] in recall_task.h).
 //
 // Dimensions: B sequences, T tokens per sequence, V vocabulary, P pairs, K keys available,
-// F = V - 3 - K value/filler tokens, R = T - 3P context positions after BOS.
+// F value/filler tokens (V - 3 - K; K when packed), R = T - 3P context positions after BOS.
 #include "data/recall_task.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -37,15 +38,18 @@ std::vector<double> zipf_cdf(int64_t F) {
 // Writes the T + 1 tokens of one sequence into s; answer positions are query_begin + 3j + 1.
 void sequence_fill(const RecallTaskConfig& cfg, const RecallLayout& lay, const std::vector<double>& cdf,
                    int64_t sequence, int32_t* s /* (T + 1) */) {
+  const bool packed = cfg.task == RecallTask::RecallTask_packed;
   const int64_t T = cfg.seq_len, P = lay.pairs, C = lay.query_begin;
-  const int64_t R = C - 1;      // context positions s[1 .. C)
-  const int64_t m = R - 2 * P;  // "items": P triples + (R - 3P) fillers, each triple one item
+  const int64_t R = C - 1;  // context positions s[1 .. C)
+  // "items": P plants + the fillers, each plant one item (a triple, or one pair token when packed)
+  const int64_t m = packed ? R : R - 2 * P;
   const int64_t K = lay.key_end - lay.key_begin;
   const int64_t F = lay.value_end - lay.value_begin;
   Rng rng(sequence_seed(cfg.seed, sequence));
 
   // Places: P distinct items of m by Floyd's algorithm, so every non-overlapping placement of the
-  // triples is equally likely; item i (the j-th chosen) starts its triple at 1 + i + 2j.
+  // plants is equally likely; item i (the j-th chosen) starts its triple at 1 + i + 2j (its pair
+  // token at 1 + i when packed).
   std::vector<uint8_t> chosen(static_cast<size_t>(m), 0);
   for (int64_t j = m - P; j < m; ++j) {
     const int64_t t = static_cast<int64_t>(rng.below(static_cast<uint64_t>(j + 1)));
@@ -63,7 +67,10 @@ void sequence_fill(const RecallTaskConfig& cfg, const RecallLayout& lay, const s
   int64_t pos = 1, j = 0;
   const double total = cdf.back();
   for (int64_t i = 0; i < m; ++i) {
-    if (chosen[i]) {
+    if (chosen[i] && packed) {
+      s[pos++] = recall_pair_token(lay, keys[j], values[j]);
+      ++j;
+    } else if (chosen[i]) {
       s[pos] = kRecallKey;
       s[pos + 1] = keys[j];
       s[pos + 2] = values[j];
@@ -91,6 +98,22 @@ void sequence_fill(const RecallTaskConfig& cfg, const RecallLayout& lay, const s
 
 }  // namespace
 
+RecallTask recall_task_parse(const std::string& s) {
+  if (s == "recall") return RecallTask::RecallTask_triples;
+  if (s == "recall_packed") return RecallTask::RecallTask_packed;
+  throw Error(fmt::format("data.task = \"{}\" is neither \"recall\" nor \"recall_packed\"", s),
+              "write \"recall\" ([KEY, k, v] triples: an induction head answers) or \"recall_packed\" (one pair "
+              "token per (k, v): one attention hop answers); docs/data.md");
+}
+
+int32_t recall_pair_token(const RecallLayout& lay, int32_t key, int32_t value) {
+  const int32_t n = lay.value_end - lay.value_begin;
+  FP_ASSERT(lay.pair_end - lay.pair_begin == n * n && key >= lay.key_begin && key < lay.key_end &&
+                value >= lay.value_begin && value < lay.value_end,
+            "pair token of key {} value {} in a layout with pairs [{}, {})", key, value, lay.pair_begin, lay.pair_end);
+  return lay.pair_begin + (key - lay.key_begin) * n + (value - lay.value_begin);
+}
+
 LossOn loss_on_parse(const std::string& s) {
   if (s == "all") return LossOn::LossOn_all;
   if (s == "answers") return LossOn::LossOn_answers;
@@ -106,22 +129,45 @@ RecallLayout recall_layout(const RecallTaskConfig& cfg) {
   FP_CHECK(T >= 6, "one key->value pair takes 3 tokens in the context and 3 in the queries",
            "train.seq_len = {} is too short for the recall task (needs >= 6)", T);
   RecallLayout lay;
-  const int64_t K = (V - 3) / 2;
+  const bool packed = cfg.task == RecallTask::RecallTask_packed;
+  // Triples: K = (V - 3) / 2 keys, the rest values and filler. Packed (Note [Packed recall]): n keys,
+  // n values and n^2 pair tokens, n the largest with 3 + 2n + n^2 <= V.
+  int64_t K = (V - 3) / 2;
+  if (packed) {
+    K = static_cast<int64_t>(std::sqrt(static_cast<double>(V - 2)));
+    while (K * K > V - 2) --K;
+    while ((K + 1) * (K + 1) <= V - 2) ++K;
+    K -= 1;  // (K + 1)^2 <= V - 2, i.e. 3 + 2K + K^2 <= V
+  }
   lay.key_begin = 3;
   lay.key_end = static_cast<int32_t>(3 + K);
   lay.value_begin = lay.key_end;
-  lay.value_end = static_cast<int32_t>(V);
+  lay.value_end = static_cast<int32_t>(packed ? 3 + 2 * K : V);
+  lay.pair_begin = lay.pair_end = lay.value_end;
+  if (packed) lay.pair_end = static_cast<int32_t>(lay.pair_begin + K * K);
   FP_CHECK(cfg.pairs >= 0, "set data.pairs >= 1, or 0 for the default train.seq_len / 64",
            "data.pairs = {} must be >= 0", cfg.pairs);
   lay.pairs = cfg.pairs > 0 ? cfg.pairs : std::min(std::max<int64_t>(1, T / 64), K);
-  FP_CHECK(lay.pairs * 6 <= T,
-           fmt::format("each pair takes 3 tokens in the context and 3 in the queries: data.pairs <= "
-                       "train.seq_len / 6 = {}", T / 6),
+  // A triple takes 3 context tokens, a pair token 1; each query takes 3.
+  const int64_t per_pair = packed ? 4 : 6;
+  FP_CHECK(lay.pairs * per_pair <= T,
+           fmt::format("each pair takes {} in the context and 3 tokens in the queries: data.pairs <= "
+                       "train.seq_len / {} = {}",
+                       packed ? "1 token (data.task = \"recall_packed\")" : "3 tokens", per_pair, T / per_pair),
            "data.pairs = {} does not fit in train.seq_len = {}", lay.pairs, T);
-  FP_CHECK(lay.pairs <= K,
-           fmt::format("keys are distinct and use ids [3, {}): lower data.pairs to <= {} or raise "
-                       "model.vocab_size to >= {}", 3 + K, K, 2 * lay.pairs + 3),
-           "data.pairs = {} exceeds the {} distinct keys of model.vocab_size = {}", lay.pairs, K, V);
+  if (packed)
+    FP_CHECK(lay.pairs <= K,
+             fmt::format("data.task = \"recall_packed\" uses n keys, n values and n^2 pair tokens, "
+                         "n = floor(sqrt(model.vocab_size - 2)) - 1 = {}: lower data.pairs to <= {} or raise "
+                         "model.vocab_size to >= {} (3 + 2n + n^2 for n = {})",
+                         K, K, 3 + 2 * lay.pairs + lay.pairs * lay.pairs, lay.pairs),
+             "data.pairs = {} exceeds the {} distinct keys of model.vocab_size = {} (data.task = \"recall_packed\")",
+             lay.pairs, K, V);
+  else
+    FP_CHECK(lay.pairs <= K,
+             fmt::format("keys are distinct and use ids [3, {}): lower data.pairs to <= {} or raise "
+                         "model.vocab_size to >= {}", 3 + K, K, 2 * lay.pairs + 3),
+             "data.pairs = {} exceeds the {} distinct keys of model.vocab_size = {}", lay.pairs, K, V);
   lay.query_begin = T + 1 - 3 * lay.pairs;
   return lay;
 }

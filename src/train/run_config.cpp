@@ -122,6 +122,7 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
       {"ckpt", "schedule", K::Kind_string, false, str(&strings.ckpt_schedule)},
       {"ckpt", "host_budget", K::Kind_string, false, str(&strings.ckpt_host_budget)},
       {"data", "source", K::Kind_string, false, str(&c.data.source)},
+      {"data", "task", K::Kind_string, false, str(&c.data.task)},
       {"data", "pairs", K::Kind_int, false, i64(&c.data.pairs)},
       {"data", "loss_on", K::Kind_string, false, str(&c.data.loss_on)},
       {"data", "seed", K::Kind_int, false,
@@ -307,6 +308,9 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
            source, o.min_lr_ratio);
   FP_CHECK(c.data.loss_on == "all" || c.data.loss_on == "answers", "write \"all\" or \"answers\"",
            "{}: data.loss_on = \"{}\" is neither \"all\" nor \"answers\"", source, c.data.loss_on);
+  FP_CHECK(c.data.task == "recall" || c.data.task == "recall_packed",
+           "write \"recall\" ([KEY, k, v] triples) or \"recall_packed\" (one pair token per plant); docs/data.md",
+           "{}: data.task = \"{}\" is neither \"recall\" nor \"recall_packed\"", source, c.data.task);
   FP_CHECK(c.data.pairs >= 0, kConfigHint, "{}: data.pairs = {} must be >= 0", source, c.data.pairs);
   FP_CHECK(!c.data.source.empty(), "write \"recall\" or the path of a token file", "{}: data.source is empty",
            source);

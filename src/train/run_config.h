@@ -3,7 +3,7 @@
 //   [model]  Qwen3-MoE or DeepSeek-V3 architecture (model_type), Hugging Face key names (model/config.h).
 //   [train]  batch_size, seq_len, steps, checkpoint_every
 //   [optim]  AdamW: lr, beta1, beta2, eps, weight_decay, grad_clip, warmup_steps, min_lr_ratio
-//   [data]   source ("recall" or a token file), pairs, loss_on, seed
+//   [data]   source ("recall" or a token file), task, pairs, loss_on, seed
 //   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (DESIGN.md, routing profiles)
 //            dispatch = "standard" | "llep" | "pipelined_llep"       (expert dispatch with W > 1)
 //            bias_update_rate (deepseek_v3: e_score_correction_bias step per training step, 0.001)
@@ -53,6 +53,7 @@ struct MoeConfig {
 
 struct DataConfig {
   std::string source = "recall";  // "recall": the built-in long-context task; otherwise a token file
+  std::string task = "recall";    // recall: "recall" ([KEY, k, v] triples) | "recall_packed" (one pair token per plant)
   int64_t pairs = 0;              // recall: key->value pairs per sequence (0: seq_len / 64, at least 1)
   std::string loss_on = "all";    // recall: "all" positions or only the "answers"
   uint64_t seed = 1;

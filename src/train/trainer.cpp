@@ -42,6 +42,7 @@ class DataSource {
  public:
   DataSource(const RunConfig& c) : B_(c.train.batch_size) {
     if (c.data.source == "recall") {
+      recall_.task = recall_task_parse(c.data.task);
       recall_.vocab_size = c.model.vocab_size;
       recall_.seq_len = c.train.seq_len;
       recall_.pairs = c.data.pairs;
@@ -104,6 +105,8 @@ nlohmann::json run_config_json(const RunConfig& c) {
           {"moe", {{"routing_profile", c.moe.routing_profile.str()}}}};
   // Only when it is not fp32: the run configs (and resume checks) of fp32 runs stay as they were.
   if (!precision_all_f32(c.schedules.precision)) j["precision"] = precision_describe(c.schedules.precision);
+  // Likewise data.task only when it is not the default "recall": a resume with another task is refused.
+  if (c.data.task != "recall") j["data"]["task"] = c.data.task;
   return j;
 }
 

@@ -241,6 +241,170 @@ TEST(RecallTask, BadConfigNamesTheKey) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Packed recall (data.task = "recall_packed", Note [Packed recall])
+
+RecallTaskConfig packed_cfg(int64_t V = 83, int64_t T = 256, int64_t pairs = 0, uint64_t seed = 7) {
+  RecallTaskConfig c = recall_cfg(V, T, pairs, seed);
+  c.task = RecallTask::RecallTask_packed;
+  return c;
+}
+
+TEST(RecallPacked, TokenRangesFollowTheVocabulary) {
+  // n = floor(sqrt(V - 2)) - 1: keys [3, 3 + n), values [3 + n, 3 + 2n), pairs [3 + 2n, 3 + 2n + n^2).
+  struct Case { int64_t V, n; };
+  for (const Case& k : {Case{64, 6}, Case{82, 7}, Case{83, 8}, Case{123, 10}, Case{256, 14}, Case{258, 15},
+                        Case{50257, 223}}) {
+    SCOPED_TRACE(::testing::Message() << "V " << k.V);
+    const RecallLayout lay = recall_layout(packed_cfg(k.V, 4096, 1));
+    EXPECT_EQ(lay.key_begin, 3);
+    EXPECT_EQ(lay.key_end, 3 + k.n);
+    EXPECT_EQ(lay.value_begin, 3 + k.n);
+    EXPECT_EQ(lay.value_end, 3 + 2 * k.n);
+    EXPECT_EQ(lay.pair_begin, 3 + 2 * k.n);
+    EXPECT_EQ(lay.pair_end, 3 + 2 * k.n + k.n * k.n);
+    EXPECT_LE(lay.pair_end, k.V);
+    // Every (k, v) has its own pair token.
+    std::set<int32_t> ids;
+    for (int32_t key = lay.key_begin; key < lay.key_end; ++key)
+      for (int32_t v = lay.value_begin; v < lay.value_end; ++v) ids.insert(recall_pair_token(lay, key, v));
+    EXPECT_EQ(static_cast<int64_t>(ids.size()), k.n * k.n);
+    EXPECT_EQ(*ids.begin(), lay.pair_begin);
+    EXPECT_EQ(*ids.rbegin(), lay.pair_end - 1);
+  }
+  // The triples' layout has no pair tokens.
+  const RecallLayout tri = recall_layout(recall_cfg(83, 256));
+  EXPECT_EQ(tri.pair_begin, tri.pair_end);
+  EXPECT_EQ(tri.value_end, 83);
+}
+
+// Every queried key's pair token lies in the context, before its query, with the answer's value.
+TEST(RecallPacked, LayoutPlantsAnswersAndRanges) {
+  struct Case { int64_t V, T, pairs; };
+  for (const Case& k : {Case{83, 256, 0}, Case{83, 1024, 8}, Case{83, 6, 1}, Case{83, 8, 2}, Case{256, 64, 14},
+                        Case{64, 24, 6}, Case{1000, 999, 30}}) {
+    const RecallTaskConfig c = packed_cfg(k.V, k.T, k.pairs, 11);
+    const RecallLayout lay = recall_layout(c);
+    const int64_t T = k.T, P = lay.pairs, C = lay.query_begin;
+    EXPECT_EQ(C, T + 1 - 3 * P);
+    std::vector<uint8_t> mask;
+    const Batch b = recall_batch(c, 100, 5, &mask);
+    ASSERT_EQ(static_cast<int64_t>(mask.size()), 5 * T);
+    for (int64_t i = 0; i < 5; ++i) {
+      SCOPED_TRACE(::testing::Message() << "V " << k.V << " T " << T << " row " << i);
+      std::vector<int32_t> s(b.tokens.begin() + i * T, b.tokens.begin() + (i + 1) * T);
+      s.push_back(b.targets[(i + 1) * T - 1]);
+      for (int64_t t = 0; t + 1 < T; ++t) ASSERT_EQ(b.targets[i * T + t], s[t + 1]) << "target not next token at " << t;
+      EXPECT_EQ(s, recall_sequence(c, 100 + i));
+      EXPECT_EQ(s[0], kRecallBos);
+      std::map<int32_t, std::pair<int32_t, int64_t>> planted;  // key -> (value, position of the pair token)
+      for (int64_t t = 1; t < C; ++t) {
+        if (s[t] >= lay.pair_begin && s[t] < lay.pair_end) {
+          const int32_t n = lay.value_end - lay.value_begin, off = s[t] - lay.pair_begin;
+          const int32_t key = lay.key_begin + off / n, value = lay.value_begin + off % n;
+          EXPECT_EQ(recall_pair_token(lay, key, value), s[t]);
+          EXPECT_TRUE(planted.emplace(key, std::make_pair(value, t)).second) << "key " << key << " planted twice";
+        } else {
+          // Filler: a value token, never a special token, a key or a pair token.
+          EXPECT_TRUE(s[t] >= lay.value_begin && s[t] < lay.value_end) << "filler " << s[t] << " at " << t;
+        }
+      }
+      ASSERT_EQ(static_cast<int64_t>(planted.size()), P);
+      for (int64_t t = 0; t < T; ++t) {
+        const bool answer = t >= C && (t - C) % 3 == 1;
+        EXPECT_EQ(mask[i * T + t], answer ? 1 : 0) << "mask at " << t;
+      }
+      std::set<int32_t> queried;
+      for (int64_t q = 0; q < P; ++q) {
+        const int64_t t = C + 3 * q;
+        EXPECT_EQ(s[t], kRecallQuery);
+        const int32_t key = s[t + 1];
+        EXPECT_TRUE(key >= lay.key_begin && key < lay.key_end) << "query key " << key;
+        auto it = planted.find(key);
+        ASSERT_NE(it, planted.end()) << "queried key " << key << " has no pair token in the context";
+        EXPECT_LT(it->second.second, C);
+        EXPECT_EQ(s[t + 2], it->second.first);
+        EXPECT_EQ(b.targets[i * T + t + 1], it->second.first) << "answer at " << t + 1;
+        EXPECT_TRUE(queried.insert(key).second) << "key " << key << " queried twice";
+      }
+      // A key occurs only in its pair token and its query: no key token and no KEY marker in the context.
+      for (int64_t t = 0; t < C; ++t) EXPECT_FALSE(s[t] == kRecallKey || (s[t] >= lay.key_begin && s[t] < lay.key_end));
+    }
+  }
+}
+
+TEST(RecallPacked, DeterministicSplittableAndOtherThanTriples) {
+  const RecallTaskConfig c = packed_cfg(83, 512, 8, 3);
+  std::vector<uint8_t> m, m0, m1, m2;
+  const Batch all = recall_batch(c, 0, 4, &m), again = recall_batch(c, 0, 4, &m2);
+  EXPECT_EQ(all.tokens, again.tokens);
+  EXPECT_EQ(all.targets, again.targets);
+  EXPECT_EQ(m, m2);
+  const Batch lo = recall_batch(c, 0, 2, &m0), hi = recall_batch(c, 2, 2, &m1);
+  std::vector<int32_t> joined = lo.tokens;
+  joined.insert(joined.end(), hi.tokens.begin(), hi.tokens.end());
+  EXPECT_EQ(joined, all.tokens);
+  m0.insert(m0.end(), m1.begin(), m1.end());
+  EXPECT_EQ(m0, m);
+  EXPECT_NE(recall_batch(packed_cfg(83, 512, 8, 4), 0, 4, nullptr).tokens, all.tokens);
+  EXPECT_NE(recall_batch(recall_cfg(83, 512, 8, 3), 0, 4, nullptr).tokens, all.tokens);
+}
+
+TEST(RecallPacked, PlantsSpreadOverTheContext) {
+  const RecallTaskConfig c = packed_cfg(83, 1024, 4, 5);
+  const RecallLayout lay = recall_layout(c);
+  const int64_t C = lay.query_begin;
+  int64_t first_quarter = 0, last_quarter = 0, plants = 0;
+  for (int64_t i = 0; i < 200; ++i) {
+    const std::vector<int32_t> s = recall_sequence(c, i);
+    for (int64_t t = 1; t < C; ++t)
+      if (s[t] >= lay.pair_begin) {
+        ++plants;
+        first_quarter += t < C / 4;
+        last_quarter += t >= 3 * C / 4;
+      }
+  }
+  EXPECT_EQ(plants, 800);
+  EXPECT_GT(first_quarter, 120);  // 200 expected in each quarter
+  EXPECT_GT(last_quarter, 120);
+}
+
+TEST(RecallPacked, LossOnAnswersMasksEverythingElse) {
+  RecallTaskConfig c = packed_cfg(83, 1024, 8, 2);
+  std::vector<uint8_t> mask, mask2;
+  const Batch all = recall_batch(c, 0, 3, &mask);
+  c.loss_on = LossOn::LossOn_answers;
+  const Batch ans = recall_batch(c, 0, 3, &mask2);
+  EXPECT_EQ(all.tokens, ans.tokens);
+  EXPECT_EQ(mask, mask2);
+  int64_t answers = 0;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    answers += mask[i];
+    EXPECT_EQ(ans.targets[i], mask[i] ? all.targets[i] : -100) << i;
+  }
+  EXPECT_EQ(answers, 3 * 8);
+  // recall_accuracy: a model that reads the answer off the targets scores 1.
+  const int64_t N = ans.B * ans.T, V = 83;
+  std::vector<float> logits(static_cast<size_t>(N * V), 0.0f);
+  for (int64_t i = 0; i < N; ++i)
+    if (mask[i]) logits[i * V + ans.targets[i]] = 1.0f;
+  EXPECT_EQ(recall_accuracy(logits, ans, mask), 1.0);
+}
+
+TEST(RecallPacked, BadConfigSaysWhatVocabularyItNeeds) {
+  EXPECT_EQ(recall_layout(packed_cfg(83, 1024)).pairs, 8);  // T / 64 = 16, capped at the n = 8 keys
+  EXPECT_EQ(recall_layout(packed_cfg(83, 128)).pairs, 2);
+  const std::string many = error_of([] { recall_layout(packed_cfg(83, 1024, 9)); });
+  EXPECT_HAS(many, "data.pairs = 9 exceeds the 8 distinct keys of model.vocab_size = 83");
+  EXPECT_HAS(many, "model.vocab_size to >= 102");  // 3 + 2 * 9 + 81
+  EXPECT_HAS(error_of([] { recall_layout(packed_cfg(83, 31, 8)); }), "train.seq_len / 4 = 7");
+  EXPECT_EQ(recall_layout(packed_cfg(83, 32, 8)).query_begin, 9);  // 8 pair tokens + 24 query tokens + BOS
+  EXPECT_HAS(error_of([] { recall_layout(packed_cfg(32, 256)); }), "model.vocab_size = 32");
+  EXPECT_EQ(recall_task_parse("recall"), RecallTask::RecallTask_triples);
+  EXPECT_EQ(recall_task_parse("recall_packed"), RecallTask::RecallTask_packed);
+  EXPECT_HAS(error_of([] { recall_task_parse("packed"); }), "data.task = \"packed\"");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Token files
 
 class TokenFileTest : public ::testing::Test {
