@@ -26,3 +26,8 @@ foreach(case eval_matches_twin refusals init_from convert_round_trip)
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
   set_tests_properties(cli_hf_${case} PROPERTIES LABELS cli TIMEOUT 300)
 endforeach()
+# The demo learns recall (tests/cli/test_demo.py): scripts/demo in full with this build's binary; its recall
+# accuracy at 1024 tokens must end >= 0.9. About 40 s on 2 idle cores.
+add_test(NAME cli_demo_learns_recall COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_demo.py
+         --bin $<TARGET_FILE:flatpeak> --root ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli_demo_learns_recall PROPERTIES LABELS cli TIMEOUT 600)
