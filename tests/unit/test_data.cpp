@@ -45,6 +45,15 @@ std::string error_of(F&& f) {
 // ---------------------------------------------------------------------------------------------
 // Recall task
 
+// Row i's stream s[0..T] (loss on all positions): its tokens, then its last target; every target is the
+// next token.
+std::vector<int32_t> stream_of(const Batch& b, int64_t i, int64_t T) {
+  std::vector<int32_t> s(b.tokens.begin() + i * T, b.tokens.begin() + (i + 1) * T);
+  s.push_back(b.targets[(i + 1) * T - 1]);
+  for (int64_t t = 0; t + 1 < T; ++t) EXPECT_EQ(b.targets[i * T + t], s[t + 1]) << "target not next token at " << t;
+  return s;
+}
+
 TEST(RecallTask, SameIndexSameBatchOtherIndexOrSeedDiffers) {
   const RecallTaskConfig c = recall_cfg();
   std::vector<uint8_t> m1, m2;
@@ -92,10 +101,8 @@ TEST(RecallTask, LayoutPlantsAnswersAndRanges) {
     ASSERT_EQ(static_cast<int64_t>(mask.size()), 5 * T);
     for (int64_t i = 0; i < 5; ++i) {
       SCOPED_TRACE(::testing::Message() << "V " << k.V << " T " << T << " row " << i);
-      // The stream s[0..T]: tokens, then the last target (loss on all positions).
-      std::vector<int32_t> s(b.tokens.begin() + i * T, b.tokens.begin() + (i + 1) * T);
-      s.push_back(b.targets[(i + 1) * T - 1]);
-      for (int64_t t = 0; t + 1 < T; ++t) ASSERT_EQ(b.targets[i * T + t], s[t + 1]) << "target not next token at " << t;
+      const std::vector<int32_t> s = stream_of(b, i, T);
+      if (::testing::Test::HasFailure()) return;
       EXPECT_EQ(s, recall_sequence(c, 100 + i));
       EXPECT_EQ(s[0], kRecallBos);
       std::map<int32_t, std::pair<int32_t, int64_t>> planted;  // key -> (value, position)
@@ -291,9 +298,8 @@ TEST(RecallPacked, LayoutPlantsAnswersAndRanges) {
     ASSERT_EQ(static_cast<int64_t>(mask.size()), 5 * T);
     for (int64_t i = 0; i < 5; ++i) {
       SCOPED_TRACE(::testing::Message() << "V " << k.V << " T " << T << " row " << i);
-      std::vector<int32_t> s(b.tokens.begin() + i * T, b.tokens.begin() + (i + 1) * T);
-      s.push_back(b.targets[(i + 1) * T - 1]);
-      for (int64_t t = 0; t + 1 < T; ++t) ASSERT_EQ(b.targets[i * T + t], s[t + 1]) << "target not next token at " << t;
+      const std::vector<int32_t> s = stream_of(b, i, T);
+      if (::testing::Test::HasFailure()) return;
       EXPECT_EQ(s, recall_sequence(c, 100 + i));
       EXPECT_EQ(s[0], kRecallBos);
       std::map<int32_t, std::pair<int32_t, int64_t>> planted;  // key -> (value, position of the pair token)
