@@ -1,28 +1,45 @@
 // Block attention by global positions (ops/attention_block.h), forward with a log-sum-exp merge and
-// backward, tile by tile: the kernels of ring attention.
+// backward, tile by tile: the kernels of ring attention, and of whole-sequence attention (ops/cpu/attention.cpp
+// runs them with q_pos = k_pos = 0 .. T-1, Note [Whole sequences as one block pair] there).
 // Dimensions: B sequences, Tq queries and Tk keys each, nh query heads, nkv kv heads, group = nh / nkv
 // query heads per kv head, hd / hdv the query-key / value-output head widths (Note [Value heads of their
-// own width], ops/attention.h), hdp / hdvp = hd / hdv rounded up to kNr, TQ x TK the (query, key) tile,
-// nqt / nkt the number of query / key tiles. As in ops/cpu/attention.cpp, no buffer grows with Tq or Tk: each
-// thread owns a fixed scratch of a few tiles.
+// own width], ops/attention.h), hdp / hdvp = hd / hdv rounded up to kNr (the padded row lengths of the
+// scratch tiles of q, k, dq, dk / of v, o, dO, dV), TQ x TK = kAttentionTileQ x kAttentionTileK the
+// (query, key) tile, nqt / nkt the number of query / key tiles. No buffer grows with Tq or Tk: each thread
+// owns a fixed scratch of a few (64, hdp), (64, hdvp) and (64, 64) tiles, allocated once per parallel region.
 //
-// The tiling, the register-blocked tile products and the two-pass deterministic backward are those of
-// ops/cpu/attention.cpp (Note [Deterministic attention backward] there; Note [Tile products as
-// register-blocked loops] in ops/cpu/attention_tile.h); what differs is the mask and the merge.
+// Forward (FlashAttention-2): threads take (b, h, query tile) items; each walks the key tiles that hold
+// a key some query of the tile sees, keeping a running max m and sum l per query (online softmax) and
+// rescaling its (TQ, hdvp) output accumulator when the max grows; inside a tile the keys outside each
+// query's run are masked. The tile products are register-blocked loops (Note [Tile products as
+// register-blocked loops] in ops/cpu/attention_tile.h, with the tile helpers).
+//
+// Note [Deterministic attention backward]: dK and dV of one key tile sum over every query of every
+// query head of its group; dQ of one query tile sums over every key tile. FlashAttention-2 makes both in
+// one sweep over key tiles with atomic adds into dQ, whose order (and so bits) depends on the thread
+// schedule. Here each sum is owned by one work item that adds its terms in a fixed order:
+//   pass 1, items (b, kv head, key tile): for each head of the group, then each query tile in order,
+//     recompute P and dS and add P^T dO into dV and dS^T Q into dK;
+//   pass 2, items (b, head, query tile): for each key tile in order, recompute P and dS and add dS K
+//     into dQ.
+// Both passes recompute the scores, the probabilities P = exp(scale q.k - lse) and dP = dO V^T: 14
+// tile products instead of FA2's 10, bought for results that are the same bits for any thread count
+// and any schedule (dynamic scheduling only changes which thread computes an item, never its sums).
 //
 // Note [Masks from sorted positions]: with q_pos and k_pos ascending, the keys query i sees are a run
 // of the block, [lo_i, hi_i) with hi_i = #{j : k_pos[j] <= q_pos[i]} and, with a window w > 0,
 // lo_i = #{j : k_pos[j] <= q_pos[i] - w} (0 without one), and both ends ascend with i. Without a window
-// the mask is a staircase like the causal diagonal (contiguous positions give hi_i = i + 1, exactly
-// attention.cpp's mask); a window adds a second staircase below it, a band (Note [Sliding-window bands]
-// in ops/cpu/attention_tile.h). Row r of the tile pair (i0, j0) sees the keys [lo - j0, hi - j0) of the
+// the mask is a staircase like the causal diagonal (contiguous positions give hi_i = i + 1, the causal
+// mask itself); a window adds a second staircase below it, a band (Note [Sliding-window bands] in
+// ops/cpu/attention_tile.h). Row r of the tile pair (i0, j0) sees the keys [lo - j0, hi - j0) of the
 // tile, clamped to [0, nk). The runs of the tile's rows need not join up (a query tile straddling two
 // zig-zag chunks sees two separate stretches of keys), so a tile pair is computed iff some row's run
 // meets the key tile; because both ends ascend, the key tiles worth testing lie between the one holding
 // lo of the first row and the one holding hi - 1 of the last. The forward and pass 2 test those; pass 1
 // tests the query tiles from the one holding the first query that sees key j0 (q_pos >= k_pos[j0]) to
 // the one holding the last that sees key j0 + nk - 1 (q_pos < k_pos[j0 + nk - 1] + w). Without a window
-// every tested pair passes, and the tiles visited (and so the bits) are the causal kernel's. Each work
+// every tested pair passes; over contiguous positions every tested pair passes with a window too, so
+// whole-sequence attention visits exactly the tiles of the causal band. Each work
 // item finds its tile's runs by binary search (2 TQ searches of log2 Tk steps against a tile product's
 // TQ * TK * hd multiply-adds). In a zig-zag ring every chunk pair is fully visible, fully masked or
 // diagonal, so when C is a multiple of the tile the ring visits exactly the tile pairs of the whole
@@ -36,13 +53,14 @@
 //   o' = o exp(lse - lse') + acc exp(m - lse')      (= o_b exp(lse_b - lse'), without rounding acc / l),
 // every exponent <= 0, so nothing overflows. An empty side (no visible key: l = 0, lse_b = -inf; or a
 // state still at lse = -inf) is branched on, never put into an exp: -inf - -inf would be NaN. first = true
-// writes (acc / l, m + log l) exactly as attention_forward does, so a single block over contiguous
-// positions reproduces it bit for bit.
+// writes (acc / l, m + log l): a single block over contiguous positions is attention_forward.
 #include "ops/attention_block.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -99,14 +117,21 @@ inline bool tile_pair_visible(const int64_t* lo, const int64_t* hi, int64_t nq, 
   return false;
 }
 
-// Backward tile core (as in attention.cpp, with the positional mask): on entry s (TQ, TK) holds q.k and
-// dp (TQ, TK) holds dO.v of a query tile against nk keys from j0; on exit s holds P = exp(scale q.k -
-// lse) and dp holds dS = P (dP - D), both zero where masked or padded. lo, hi, lse, D (TQ): the rows'
+// Backward tile core, shared by both passes so they form the same P and dS: s (TQ, TK) := P =
+// exp(scale q.k - lse) and dp (TQ, TK) := dS = P (dO.v - D) of the query tile qs (TQ, hdp) with output
+// gradients dos (TQ, hdvp) against the key tile kt (hdp, TK) and value tile vt (hdvp, TK) (both
+// transposed) of nk keys from j0, both zero where masked or padded. lo, hi, lse, D (TQ): the rows'
 // visible runs (Note [Masks from sorted positions]; empty in padded rows), log-sum-exps and
 // rowsum(dO * O).
-void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const int64_t* __restrict lo,
-                                const int64_t* __restrict hi, const float* __restrict lse, const float* __restrict D,
-                                int64_t nk, int64_t j0, float scale) {
+void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const float* __restrict qs,
+                                const float* __restrict dos, const float* __restrict kt, const float* __restrict vt,
+                                int64_t hdp, int64_t hdvp, const int64_t* __restrict lo, const int64_t* __restrict hi,
+                                const float* __restrict lse, const float* __restrict D, int64_t nk, int64_t j0,
+                                float scale) {
+  std::fill(s, s + TQ * TK, 0.0f);
+  std::fill(dp, dp + TQ * TK, 0.0f);
+  tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
+  tile_gemm(dos, hdvp, vt, TK, dp, TK, TQ, TK, hdvp);
   for (int64_t r = 0; r < TQ; ++r) {
     float* sr = s + r * TK;    // (TK)
     float* dpr = dp + r * TK;  // (TK)
@@ -114,6 +139,43 @@ void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const
     row_probs_and_score_grads(sr, dpr, jbeg, jend, scale, lse[r], D[r]);
   }
 }
+
+// One thread's scratch in a backward pass: the tiles both passes use, then `rest` floats of the pass's
+// own (pass 1: the dK and dV accumulators and a transposed tile; pass 2: the keys and the dQ
+// accumulator). Allocated once per parallel region; no size grows with Tq or Tk.
+class BackwardScratch {
+ public:
+  struct Tiles {
+    float* qs;     // (TQ, hdp) queries
+    float* dos;    // (TQ, hdvp) output gradients
+    float* kt;     // (hdp, TK) keys, transposed
+    float* vt;     // (hdvp, TK) values, transposed
+    float* s;      // (TQ, TK) scores, then P
+    float* dp;     // (TQ, TK) dP, then dS
+    float* lse_t;  // (TQ) the query rows' log-sum-exps
+    float* D;      // (TQ) rowsum(dO * O)
+    float* rest;   // (rest) the pass's own
+  };
+  BackwardScratch(int64_t hdp, int64_t hdvp, int64_t rest)
+      : hdp_(hdp), hdvp_(hdvp), buf_(TQ * (hdp + hdvp) + TK * (hdp + hdvp) + 2 * TQ * TK + 2 * TQ + rest) {}
+  Tiles tiles() {
+    Tiles t;
+    t.qs = buf_.data();
+    t.dos = t.qs + TQ * hdp_;
+    t.kt = t.dos + TQ * hdvp_;
+    t.vt = t.kt + hdp_ * TK;
+    t.s = t.vt + hdvp_ * TK;
+    t.dp = t.s + TQ * TK;
+    t.lse_t = t.dp + TQ * TK;
+    t.D = t.lse_t + TQ;
+    t.rest = t.D + TQ;
+    return t;
+  }
+
+ private:
+  int64_t hdp_, hdvp_;
+  std::vector<float> buf_;
+};
 
 }  // namespace
 
@@ -204,28 +266,16 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
   positions_check(q_pos, k_pos, Tq, Tk);
   const int64_t w = window >= kWindowMasksNothing ? 0 : window;
   const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
-  // Per thread, as attention_backward: qs (TQ, hdp), dos (TQ, hdvp); kt (hdp, TK), vt (hdvp, TK); ks
-  // (TK, hdp); two accumulators of up to max(TQ, TK) rows, of hdp and of hdvp columns; s, dp (TQ, TK);
-  // tr (TK, TQ); lse_t, D (TQ); and lo, hi (TQ) on the stack.
-  const int64_t tmax = std::max(TQ, TK);
-  const int64_t scratch_size = TQ * (hdp + hdvp) + TK * (2 * hdp + hdvp) + tmax * (hdp + hdvp) + 3 * TQ * TK + 2 * TQ;
   // Pass 1: dK, dV of each key tile, one item per (b, kv head, key tile) summing over the heads of the
-  // group, then the query tiles in order (Note [Deterministic attention backward], attention.cpp).
+  // group, then the query tiles in order (Note [Deterministic attention backward]).
   const int64_t items1 = B * nkv * nkt;
 #pragma omp parallel if (items1 > 1)
   {
-    std::vector<float> scratch(scratch_size);
-    float* qs = scratch.data();         // (TQ, hdp) queries
-    float* dos = qs + TQ * hdp;         // (TQ, hdvp) output gradients
-    float* kt = dos + TQ * hdvp;        // (hdp, TK) keys, transposed
-    float* vt = kt + hdp * TK;          // (hdvp, TK) values, transposed
-    float* dk_acc = vt + hdvp * TK;     // (TK, hdp) unscaled dK of the key tile
+    BackwardScratch sc(hdp, hdvp, TK * (hdp + hdvp) + TK * TQ);
+    auto [qs, dos, kt, vt, s, dp, lse_t, D, rest] = sc.tiles();
+    float* dk_acc = rest;               // (TK, hdp) unscaled dK of the key tile
     float* dv_acc = dk_acc + TK * hdp;  // (TK, hdvp) dV of the key tile
-    float* s = dv_acc + TK * hdvp;      // (TQ, TK) scores, then P
-    float* dp = s + TQ * TK;            // (TQ, TK) dP, then dS
-    float* tr = dp + TQ * TK;           // (TK, TQ) P^T or dS^T
-    float* lse_t = tr + TK * TQ;        // (TQ)
-    float* D = lse_t + TQ;              // (TQ)
+    float* tr = dv_acc + TK * hdvp;     // (TK, TQ) P^T or dS^T
     int64_t lo[TQ], hi[TQ];             // (TQ) each query's visible run of the block's keys
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items1; ++it) {
@@ -250,10 +300,7 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
           if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
           ++visited;
           query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
-          std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
-          tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
-          tile_gemm(dos, hdvp, vt, TK, dp, TK, TQ, TK, hdvp);
-          tile_probs_and_score_grads(s, dp, lo, hi, lse_t, D, nk, j0, scale);
+          tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale);
           tile_transpose(tr, s, TQ, TK);
           tile_gemm(tr, TQ, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);
           tile_transpose(tr, dp, TQ, TK);
@@ -275,17 +322,10 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
   const int64_t items2 = B * nh * nqt;
 #pragma omp parallel if (items2 > 1)
   {
-    std::vector<float> scratch(scratch_size);
-    float* qs = scratch.data();     // (TQ, hdp) queries
-    float* dos = qs + TQ * hdp;     // (TQ, hdvp) output gradients
-    float* kt = dos + TQ * hdvp;    // (hdp, TK) keys, transposed
-    float* vt = kt + hdp * TK;      // (hdvp, TK) values, transposed
-    float* ks = vt + hdvp * TK;     // (TK, hdp) keys
+    BackwardScratch sc(hdp, hdvp, TK * hdp + TQ * hdp);
+    auto [qs, dos, kt, vt, s, dp, lse_t, D, rest] = sc.tiles();
+    float* ks = rest;               // (TK, hdp) keys
     float* dq_acc = ks + TK * hdp;  // (TQ, hdp) unscaled dQ of the query tile
-    float* s = dq_acc + TQ * hdp;   // (TQ, TK) scores, then P
-    float* dp = s + TQ * TK;        // (TQ, TK) dP, then dS
-    float* lse_t = dp + TQ * TK;    // (TQ)
-    float* D = lse_t + TQ;          // (TQ)
     int64_t lo[TQ], hi[TQ];         // (TQ) each query's visible run of the block's keys
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items2; ++it) {
@@ -306,10 +346,7 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
         rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
         rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
         rows_load(ks, k + krow * hd, nkv * hd, nk, TK, hd, hdp);
-        std::fill(s, s + 2 * TQ * TK, 0.0f);  // s and dp
-        tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
-        tile_gemm(dos, hdvp, vt, TK, dp, TK, TQ, TK, hdvp);
-        tile_probs_and_score_grads(s, dp, lo, hi, lse_t, D, nk, j0, scale);
+        tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale);
         tile_gemm(dp, TK, ks, hdp, dq_acc, hdp, TQ, hdp, TK);
       }
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
@@ -320,6 +357,17 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
       }
     }
   }
+}
+
+bool attention_tile::uses_avx2() {
+  const char* force = std::getenv("FLATPEAK_SIMD");
+  if (force != nullptr && std::string_view(force) == "baseline") return false;
+#if FP_ATTENTION_TILE_AVX2
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
 }
 
 }  // namespace fp::ops::cpu

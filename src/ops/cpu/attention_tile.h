@@ -1,6 +1,6 @@
-// Tile helpers shared by the cpu attention kernels (ops/cpu/attention.cpp: the whole causal sequence;
-// ops/cpu/attention_block.cpp: one block of queries against one block of keys, by global positions).
-// Private to ops/cpu: nothing outside those two files includes it (tests/ops/test_attention.cpp checks
+// Tile helpers of the cpu attention kernels (ops/cpu/attention_block.cpp: one block of queries against
+// one block of keys, by global positions; ops/cpu/attention.cpp runs those over the whole sequence).
+// Private to ops/cpu: nothing outside attention_block.cpp includes it (tests/ops/test_attention.cpp checks
 // the SSE2 and AVX2 copies of tile_gemm and exp_inplace against each other, and exp_inplace against exp;
 // both attention tests read tile_pairs_computed).
 // Dimensions: TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, hd the query/key head
@@ -150,8 +150,9 @@ inline void exp_inplace(float* __restrict x, int64_t n) {
 // of the tile's keys rather than a prefix, and both ends ascend with the row. The row helpers below take
 // both ends; the kernels compute only the tile pairs where some row's run is non-empty (the band between
 // the causal diagonal and the window's lower edge, Tq / TQ times about w / TK + 2 pairs), so the work
-// is about T * w instead of T^2 / 2. A window that reaches past every key (w >= T in attention.cpp) is
-// run as w = 0: jbeg = 0 everywhere, the causal code with the same tiles, loops and bits.
+// is about T * w instead of T^2 / 2. A window that reaches past every key (w >= T in attention.cpp,
+// w >= 2^32 in attention_block.cpp) is run as w = 0: jbeg = 0 everywhere, the causal code with the same
+// tiles, loops and bits.
 
 // Counts (query tile, key tile) products visited by the attention kernels since the program started,
 // one per pair in the forward and one per pair in each backward pass, summed over b and heads. Only
