@@ -5,8 +5,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/adamw.h"
 #include "ops/cpu/adamw_path.h"
 #include "ops/ref/adamw.h"
@@ -63,36 +64,6 @@ void ref_step(State& s, const Hyper& h, int64_t step) {
                                 h.grad_scale, step);
 }
 
-// Element by element, |got - want| <= tol_i. m and v go through the same float operations in both
-// (1 - beta is exact in float for beta in [0.5, 1), Sterbenz), so a few ulps of |want| bound them.
-// The weights differ by the rounding of the folded scalars (1 - lr*wd, lr/bc1, sqrt(bc2), formed in
-// double then rounded in the kernel, in float in the reference): a couple of ulps per step of the
-// largest magnitude in play (the weight or the update, both below the element's running maximum
-// |weight|), and those errors carry from step to step. Hence tol_i = 4 eps * step * max_i for the
-// weights, where max_i is the largest |weight_i| seen so far.
-::testing::AssertionResult states_near(const std::vector<float>& got, const std::vector<float>& want, const char* what,
-                                       const std::vector<double>& tol) {
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double a = got[i], b = want[i];
-    if (!std::isfinite(a) || !std::isfinite(b) || !(std::abs(a - b) <= tol[i])) {
-      return ::testing::AssertionFailure() << what << " differs at index " << i << " of " << want.size()
-                                           << ": expected " << b << ", got " << a << " (|diff| " << std::abs(a - b)
-                                           << ", tolerance " << tol[i] << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-std::vector<double> tol_relative(const std::vector<float>& want, double ulps) {
-  std::vector<double> t(want.size());
-  for (size_t i = 0; i < want.size(); ++i) t[i] = ulps * FLT_EPSILON * std::abs(static_cast<double>(want[i]));
-  return t;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 }  // namespace
 
 TEST(AdamwUpdate, MatchesReferenceOnOddSizes) {
@@ -114,16 +85,23 @@ TEST(AdamwUpdate, MatchesReferenceOnOddSizes) {
           }
           fast_step(fast, h, step);
           ref_step(ref, h, step);
-          SCOPED_TRACE(::testing::Message() << "n " << n << " step " << step << " wd " << wd << " grad_scale "
-                                            << grad_scale);
+          SCOPED_TRACE(::testing::Message()
+                       << "n " << n << " step " << step << " wd " << wd << " grad_scale " << grad_scale);
+          // Element by element, |got - want| <= tol_i. m and v go through the same float operations in both
+          // (1 - beta is exact in float for beta in [0.5, 1), Sterbenz), so a few ulps of |want| bound them.
+          // The weights differ by the rounding of the folded scalars (1 - lr*wd, lr/bc1, sqrt(bc2), formed in
+          // double then rounded in the kernel, in float in the reference): a couple of ulps per step of the
+          // largest magnitude in play (the weight or the update, both below the element's running maximum
+          // |weight|), and those errors carry from step to step. Hence tol_i = 4 eps * step * max_i for the
+          // weights, where max_i is the largest |weight_i| seen so far.
           std::vector<double> tol_param(n);
           for (int64_t i = 0; i < n; ++i) {
             max_abs[i] = std::max(max_abs[i], static_cast<double>(std::abs(ref.param[i])));
             tol_param[i] = 4.0 * FLT_EPSILON * static_cast<double>(step) * max_abs[i];
           }
-          ASSERT_TRUE(states_near(fast.m, ref.m, "m", tol_relative(ref.m, 2)));
-          ASSERT_TRUE(states_near(fast.v, ref.v, "v", tol_relative(ref.v, 2)));
-          ASSERT_TRUE(states_near(fast.param, ref.param, "param", tol_param));
+          ASSERT_TRUE(op_test::near("adamw_update m", {n}, fast.m, ref.m, op_test::tol_ulps(2)));
+          ASSERT_TRUE(op_test::near("adamw_update v", {n}, fast.v, ref.v, op_test::tol_ulps(2)));
+          ASSERT_TRUE(op_test::near("adamw_update param", {n}, fast.param, ref.param, op_test::tol_each(tol_param)));
         }
       }
     }
@@ -180,12 +158,12 @@ TEST(AdamwUpdate, SubRangesAndThreadCountsGiveIdenticalBits) {
     omp_set_num_threads(1);
     fast_step(one_thread, h, step);
     omp_set_num_threads(saved_threads);
-    ASSERT_TRUE(same_bits(whole.param, split.param)) << "step " << step;
-    ASSERT_TRUE(same_bits(whole.m, split.m)) << "step " << step;
-    ASSERT_TRUE(same_bits(whole.v, split.v)) << "step " << step;
-    ASSERT_TRUE(same_bits(whole.param, one_thread.param)) << "step " << step;
-    ASSERT_TRUE(same_bits(whole.m, one_thread.m)) << "step " << step;
-    ASSERT_TRUE(same_bits(whole.v, one_thread.v)) << "step " << step;
+    ASSERT_TRUE(op_test::bits_equal(whole.param, split.param)) << "step " << step;
+    ASSERT_TRUE(op_test::bits_equal(whole.m, split.m)) << "step " << step;
+    ASSERT_TRUE(op_test::bits_equal(whole.v, split.v)) << "step " << step;
+    ASSERT_TRUE(op_test::bits_equal(whole.param, one_thread.param)) << "step " << step;
+    ASSERT_TRUE(op_test::bits_equal(whole.m, one_thread.m)) << "step " << step;
+    ASSERT_TRUE(op_test::bits_equal(whole.v, one_thread.v)) << "step " << step;
   }
 }
 
@@ -202,7 +180,8 @@ TEST(AdamwUpdate, EveryPathMatchesReferenceAndScalarBits) {
   int tested = 0;
   for (AdamwPath path : paths) {
     if (!ops::cpu::adamw_path_available(path)) {
-      std::printf("adamw path %s: not available on this cpu, skipped\n", std::string(ops::cpu::adamw_path_name(path)).c_str());
+      std::printf("adamw path %s: not available on this cpu, skipped\n",
+                  std::string(ops::cpu::adamw_path_name(path)).c_str());
       continue;
     }
     ++tested;
@@ -236,11 +215,12 @@ TEST(AdamwUpdate, EveryPathMatchesReferenceAndScalarBits) {
             max_abs[i] = std::max(max_abs[i], static_cast<double>(std::abs(ref.param[i])));
             tol_param[i] = 4.0 * FLT_EPSILON * static_cast<double>(step) * max_abs[i];
           }
-          ASSERT_TRUE(states_near(fast.m, ref.m, "m", tol_relative(ref.m, 2)));
-          ASSERT_TRUE(states_near(fast.v, ref.v, "v", tol_relative(ref.v, 2)));
-          ASSERT_TRUE(states_near(fast.param, ref.param, "param", tol_param));
-          for (const auto& [got, want, what] : {std::tuple{&fast.param, &scalar.param, "param"},
-                                                std::tuple{&fast.m, &scalar.m, "m"}, std::tuple{&fast.v, &scalar.v, "v"}}) {
+          ASSERT_TRUE(op_test::near("adamw_update m", {n}, fast.m, ref.m, op_test::tol_ulps(2)));
+          ASSERT_TRUE(op_test::near("adamw_update v", {n}, fast.v, ref.v, op_test::tol_ulps(2)));
+          ASSERT_TRUE(op_test::near("adamw_update param", {n}, fast.param, ref.param, op_test::tol_each(tol_param)));
+          for (const auto& [got, want, what] :
+               {std::tuple{&fast.param, &scalar.param, "param"}, std::tuple{&fast.m, &scalar.m, "m"},
+                std::tuple{&fast.v, &scalar.v, "v"}}) {
             for (int64_t i = 0; i < n + shift; ++i)
               ASSERT_EQ(std::memcmp(&(*got)[i], &(*want)[i], sizeof(float)), 0)
                   << what << " index " << i << ": scalar " << (*want)[i] << ", got " << (*got)[i];
@@ -335,10 +315,11 @@ TEST(AdamwUpdate, DISABLED_BenchTiming) {
   }
   const double fast_gbs = 28.0 * n / fast_s / 1e9;
   const double stream_gbs = 28.0 * n / stream_s / 1e9;
-  std::printf("adamw_update n=%lld threads=%d: fast %.3f ms (%.1f Mparams/s, %.1f GB/s), ref %.3f ms "
-              "(%.1f Mparams/s), fast/ref %.2fx; same-traffic stream loop %.1f GB/s, fast at %.0f%% of it\n",
-              static_cast<long long>(n), omp_get_max_threads(), fast_s * 1e3, n / fast_s / 1e6, fast_gbs,
-              ref_s * 1e3, n / ref_s / 1e6, ref_s / fast_s, stream_gbs, 100.0 * fast_gbs / stream_gbs);
+  std::printf(
+      "adamw_update n=%lld threads=%d: fast %.3f ms (%.1f Mparams/s, %.1f GB/s), ref %.3f ms "
+      "(%.1f Mparams/s), fast/ref %.2fx; same-traffic stream loop %.1f GB/s, fast at %.0f%% of it\n",
+      static_cast<long long>(n), omp_get_max_threads(), fast_s * 1e3, n / fast_s / 1e6, fast_gbs, ref_s * 1e3,
+      n / ref_s / 1e6, ref_s / fast_s, stream_gbs, 100.0 * fast_gbs / stream_gbs);
 }
 
 }  // namespace fp

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/attention.h"
 #include "ops/cpu/attention_tile.h"
 #include "ops/ref/attention.h"
@@ -28,46 +29,6 @@
 namespace fp {
 
 namespace {
-
-template <class T>
-std::vector<T> random_vector(int64_t n, Rng& rng, double stddev = 1.0) {
-  std::vector<T> v(n);
-  for (T& x : v) {
-    x = static_cast<T>(stddev * rng.normal());
-    if (x == T(0)) x = T(0.5);
-  }
-  return v;
-}
-
-template <class T>
-std::vector<T> converted(const std::vector<float>& x) {
-  return std::vector<T>(x.begin(), x.end());
-}
-
-double rms(const std::vector<double>& x) {
-  double s = 0;
-  for (double v : x) s += v * v;
-  return std::sqrt(s / static_cast<double>(x.size()));
-}
-
-// |got - want| <= rel * (|want| + rms(want)) element by element. The rms term is the magnitude of the
-// tensor: an element that is small only through cancellation (a gradient summing terms of both signs)
-// is judged by the size of the terms around it, not by its own near-zero value.
-template <class W>
-::testing::AssertionResult all_near(const std::vector<float>& got, const std::vector<W>& want, double rel,
-                                    const std::string& what) {
-  const std::vector<double> wd(want.begin(), want.end());
-  const double mag = rms(wd);
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = wd[i];
-    const double tol = rel * (std::abs(w) + mag);
-    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol)) {
-      return ::testing::AssertionFailure() << what << " at element " << i << ": expected " << w << ", got " << g
-                                           << " (tolerance " << tol << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 struct Case {
   int64_t B, T, nh, nkv, hd;
@@ -87,10 +48,10 @@ struct Inputs {
   float scale;
   Inputs(const Case& c, uint64_t seed) {
     Rng rng(seed);
-    q = random_vector<float>(c.B * c.T * c.nh * c.hd, rng, 2.0);
-    k = random_vector<float>(c.B * c.T * c.nkv * c.hd, rng);
-    v = random_vector<float>(c.B * c.T * c.nkv * c.vd(), rng);
-    dout = random_vector<float>(c.B * c.T * c.nh * c.vd(), rng);
+    q = op_test::random_vector<float>(c.B * c.T * c.nh * c.hd, rng, 2.0);
+    k = op_test::random_vector<float>(c.B * c.T * c.nkv * c.hd, rng);
+    v = op_test::random_vector<float>(c.B * c.T * c.nkv * c.vd(), rng);
+    dout = op_test::random_vector<float>(c.B * c.T * c.nh * c.vd(), rng);
     scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   }
 };
@@ -117,18 +78,18 @@ Outputs fast_run(const Case& c, const Inputs& in, int64_t window = 0) {
 void expect_matches_reference(const Case& c, const Inputs& in, int64_t window) {
   const Outputs got = fast_run(c, in, window);
   std::vector<float> o(in.dout.size()), lse(c.B * c.nh * c.T), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
-  ops::ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh,
-                                     c.nkv, c.hd, c.vd(), in.scale, window);
+  ops::ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
+                                     c.hd, c.vd(), in.scale, window);
   ops::ref::attention_backward<float>(in.q.data(), in.k.data(), in.v.data(), got.o.data(), got.lse.data(),
                                       in.dout.data(), dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd,
                                       c.vd(), in.scale, window);
   const std::string l = c.name() + " window=" + std::to_string(window);
   const double rel = 2e-5;
-  EXPECT_TRUE(all_near(got.o, o, rel, "o " + l));
-  EXPECT_TRUE(all_near(got.lse, lse, rel, "lse " + l));
-  EXPECT_TRUE(all_near(got.dq, dq, rel, "dq " + l));
-  EXPECT_TRUE(all_near(got.dk, dk, rel, "dk " + l));
-  EXPECT_TRUE(all_near(got.dv, dv, rel, "dv " + l));
+  EXPECT_TRUE(op_test::near("o " + l, got.o, o, op_test::tol_near_rms(rel, o)));
+  EXPECT_TRUE(op_test::near("lse " + l, got.lse, lse, op_test::tol_near_rms(rel, lse)));
+  EXPECT_TRUE(op_test::near("dq " + l, got.dq, dq, op_test::tol_near_rms(rel, dq)));
+  EXPECT_TRUE(op_test::near("dk " + l, got.dk, dk, op_test::tol_near_rms(rel, dk)));
+  EXPECT_TRUE(op_test::near("dv " + l, got.dv, dv, op_test::tol_near_rms(rel, dv)));
 }
 
 // The cpu kernels (float) against the double reference on the same float inputs, forward and backward:
@@ -136,8 +97,9 @@ void expect_matches_reference(const Case& c, const Inputs& in, int64_t window) {
 // SlidingWindowMatchesDoubleReference).
 void expect_matches_double_reference(const Case& c, const Inputs& in, int64_t window) {
   const Outputs got = fast_run(c, in, window);
-  const std::vector<double> q = converted<double>(in.q), k = converted<double>(in.k), v = converted<double>(in.v);
-  const std::vector<double> dout = converted<double>(in.dout);
+  const std::vector<double> q = op_test::converted<double>(in.q), k = op_test::converted<double>(in.k),
+                            v = op_test::converted<double>(in.v);
+  const std::vector<double> dout = op_test::converted<double>(in.dout);
   std::vector<double> o(dout.size()), lse(c.B * c.nh * c.T), dq(q.size()), dk(k.size()), dv(v.size());
   const double scale = in.scale;
   ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv, c.hd,
@@ -145,11 +107,11 @@ void expect_matches_double_reference(const Case& c, const Inputs& in, int64_t wi
   ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
                                        dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), scale, window);
   const std::string l = c.name() + " window=" + std::to_string(window);
-  EXPECT_TRUE(all_near(got.o, o, 1e-5, "o vs double " + l));
-  EXPECT_TRUE(all_near(got.lse, lse, 1e-5, "lse vs double " + l));
-  EXPECT_TRUE(all_near(got.dq, dq, 1e-5, "dq vs double " + l));
-  EXPECT_TRUE(all_near(got.dk, dk, 1e-5, "dk vs double " + l));
-  EXPECT_TRUE(all_near(got.dv, dv, 1e-5, "dv vs double " + l));
+  EXPECT_TRUE(op_test::near("o vs double " + l, got.o, o, op_test::tol_near_rms(1e-5, o)));
+  EXPECT_TRUE(op_test::near("lse vs double " + l, got.lse, lse, op_test::tol_near_rms(1e-5, lse)));
+  EXPECT_TRUE(op_test::near("dq vs double " + l, got.dq, dq, op_test::tol_near_rms(1e-5, dq)));
+  EXPECT_TRUE(op_test::near("dk vs double " + l, got.dk, dk, op_test::tol_near_rms(1e-5, dk)));
+  EXPECT_TRUE(op_test::near("dv vs double " + l, got.dv, dv, op_test::tol_near_rms(1e-5, dv)));
 }
 
 std::vector<Case> all_cases() {
@@ -185,11 +147,11 @@ TEST(Attention, MatchesReference) {
                                         in.dout.data(), dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd,
                                         c.hd, in.scale, 0);
     const double rel = 2e-5;
-    EXPECT_TRUE(all_near(got.o, o, rel, "o " + c.name()));
-    EXPECT_TRUE(all_near(got.lse, lse, rel, "lse " + c.name()));
-    EXPECT_TRUE(all_near(got.dq, dq, rel, "dq " + c.name()));
-    EXPECT_TRUE(all_near(got.dk, dk, rel, "dk " + c.name()));
-    EXPECT_TRUE(all_near(got.dv, dv, rel, "dv " + c.name()));
+    EXPECT_TRUE(op_test::near("o " + c.name(), got.o, o, op_test::tol_near_rms(rel, o)));
+    EXPECT_TRUE(op_test::near("lse " + c.name(), got.lse, lse, op_test::tol_near_rms(rel, lse)));
+    EXPECT_TRUE(op_test::near("dq " + c.name(), got.dq, dq, op_test::tol_near_rms(rel, dq)));
+    EXPECT_TRUE(op_test::near("dk " + c.name(), got.dk, dk, op_test::tol_near_rms(rel, dk)));
+    EXPECT_TRUE(op_test::near("dv " + c.name(), got.dv, dv, op_test::tol_near_rms(rel, dv)));
     if (::testing::Test::HasFailure()) return;  // one case's dump is enough
   }
 }
@@ -203,12 +165,13 @@ TEST(Attention, ForwardMatchesDoubleReference) {
     std::vector<float> o(in.q.size()), lse(c.B * c.nh * c.T);
     ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
                                 c.hd, c.hd, in.scale, 0);
-    const std::vector<double> q = converted<double>(in.q), k = converted<double>(in.k), v = converted<double>(in.v);
+    const std::vector<double> q = op_test::converted<double>(in.q), k = op_test::converted<double>(in.k),
+                              v = op_test::converted<double>(in.v);
     std::vector<double> od(o.size()), lsed(lse.size());
     ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), od.data(), lsed.data(), c.B, c.T, c.nh, c.nkv,
                                         c.hd, c.hd, static_cast<double>(in.scale), 0);
-    EXPECT_TRUE(all_near(o, od, 1e-5, "o vs double " + c.name()));
-    EXPECT_TRUE(all_near(lse, lsed, 1e-5, "lse vs double " + c.name()));
+    EXPECT_TRUE(op_test::near("o vs double " + c.name(), o, od, op_test::tol_near_rms(1e-5, od)));
+    EXPECT_TRUE(op_test::near("lse vs double " + c.name(), lse, lsed, op_test::tol_near_rms(1e-5, lsed)));
   }
 }
 
@@ -219,15 +182,15 @@ namespace {
 // ~h^2 * O(1) third derivatives and rounding ~1e-16 / h, both far under 1e-7.
 void expect_reference_backward_matches_finite_differences(const Case& c, uint64_t seed, int64_t window) {
   Rng rng(seed);
-  std::vector<double> q = random_vector<double>(c.B * c.T * c.nh * c.hd, rng, 1.5);
-  std::vector<double> k = random_vector<double>(c.B * c.T * c.nkv * c.hd, rng);
-  std::vector<double> v = random_vector<double>(c.B * c.T * c.nkv * c.vd(), rng);
-  const std::vector<double> w = random_vector<double>(c.B * c.T * c.nh * c.vd(), rng);
+  std::vector<double> q = op_test::random_vector<double>(c.B * c.T * c.nh * c.hd, rng, 1.5);
+  std::vector<double> k = op_test::random_vector<double>(c.B * c.T * c.nkv * c.hd, rng);
+  std::vector<double> v = op_test::random_vector<double>(c.B * c.T * c.nkv * c.vd(), rng);
+  const std::vector<double> w = op_test::random_vector<double>(c.B * c.T * c.nh * c.vd(), rng);
   const double scale = 0.6;
   std::vector<double> o(w.size()), lse(c.B * c.nh * c.T);
   auto loss = [&] {
-    ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                        c.hd, c.vd(), scale, window);
+    ops::ref::attention_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv, c.hd,
+                                        c.vd(), scale, window);
     double L = 0;
     for (size_t i = 0; i < o.size(); ++i) L += w[i] * o[i];
     return L;
@@ -238,13 +201,7 @@ void expect_reference_backward_matches_finite_differences(const Case& c, uint64_
                                        dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), scale, window);
   auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
     for (size_t i = 0; i < x.size(); ++i) {
-      const double h = 1e-5, saved = x[i];
-      x[i] = saved + h;
-      const double lp = loss();
-      x[i] = saved - h;
-      const double lm = loss();
-      x[i] = saved;
-      const double fd = (lp - lm) / (2 * h);
+      const double fd = op_test::central_difference(x[i], loss);
       ASSERT_TRUE(std::isfinite(grad[i])) << name << "[" << i << "] " << c.name();
       ASSERT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "] " << c.name();
     }
@@ -291,8 +248,8 @@ TEST(Attention, Avx2TileProductEqualsBaselineBitwise) {
   if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
   namespace at = ops::cpu::attention_tile;
   Rng rng(17);
-  for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{{at::TQ, at::TK, 8}, {at::TQ, 24, at::TK},
-                                                                 {at::TK, 64, at::TQ}, {4, 8, 1}, {at::TQ, at::TK, 136}}) {
+  for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{
+           {at::TQ, at::TK, 8}, {at::TQ, 24, at::TK}, {at::TK, 64, at::TQ}, {4, 8, 1}, {at::TQ, at::TK, 136}}) {
     std::vector<float> A(M * K), B(K * N), C0(M * N), C1;
     for (float& x : A) x = static_cast<float>(rng.normal());
     for (float& x : B) x = static_cast<float>(rng.normal());
@@ -356,10 +313,11 @@ TEST(Attention, SlidingWindowMatchesDoubleReference) {
   for (const Case& c :
        {Case{1, 300, 4, 2, 64}, Case{2, 200, 6, 3, 24}, Case{1, 257, 4, 1, 16}, Case{1, 130, 2, 2, 8}}) {
     const Inputs in(c, seed++);
-    const std::vector<double> q = converted<double>(in.q), k = converted<double>(in.k), v = converted<double>(in.v);
-    const std::vector<double> dout = converted<double>(in.dout);
-    for (const int64_t window : {int64_t{1}, int64_t{17}, int64_t{64}, int64_t{100}, int64_t{150}, c.T - 1, c.T,
-                                 c.T + 40}) {
+    const std::vector<double> q = op_test::converted<double>(in.q), k = op_test::converted<double>(in.k),
+                              v = op_test::converted<double>(in.v);
+    const std::vector<double> dout = op_test::converted<double>(in.dout);
+    for (const int64_t window :
+         {int64_t{1}, int64_t{17}, int64_t{64}, int64_t{100}, int64_t{150}, c.T - 1, c.T, c.T + 40}) {
       const Outputs got = fast_run(c, in, window);
       std::vector<double> o(q.size()), lse(c.B * c.nh * c.T), dq(q.size()), dk(k.size()), dv(k.size());
       const double scale = in.scale;
@@ -368,11 +326,11 @@ TEST(Attention, SlidingWindowMatchesDoubleReference) {
       ops::ref::attention_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
                                            dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, scale, window);
       const std::string l = c.name() + " window=" + std::to_string(window);
-      EXPECT_TRUE(all_near(got.o, o, 1e-5, "o vs double " + l));
-      EXPECT_TRUE(all_near(got.lse, lse, 1e-5, "lse vs double " + l));
-      EXPECT_TRUE(all_near(got.dq, dq, 1e-5, "dq vs double " + l));
-      EXPECT_TRUE(all_near(got.dk, dk, 1e-5, "dk vs double " + l));
-      EXPECT_TRUE(all_near(got.dv, dv, 1e-5, "dv vs double " + l));
+      EXPECT_TRUE(op_test::near("o vs double " + l, got.o, o, op_test::tol_near_rms(1e-5, o)));
+      EXPECT_TRUE(op_test::near("lse vs double " + l, got.lse, lse, op_test::tol_near_rms(1e-5, lse)));
+      EXPECT_TRUE(op_test::near("dq vs double " + l, got.dq, dq, op_test::tol_near_rms(1e-5, dq)));
+      EXPECT_TRUE(op_test::near("dk vs double " + l, got.dk, dk, op_test::tol_near_rms(1e-5, dk)));
+      EXPECT_TRUE(op_test::near("dv vs double " + l, got.dv, dv, op_test::tol_near_rms(1e-5, dv)));
       if (window == 1) {  // each query attends to itself alone: o is its own value row
         for (int64_t b = 0; b < c.B; ++b)
           for (int64_t t = 0; t < c.T; ++t)
@@ -448,9 +406,8 @@ TEST(Attention, ValueWidthMatchesDoubleReference) {
 // this ties the other widths to the single-width path (hdv = hd), whose bits are those of the kernels
 // before hdv existed. dq and dk are not split: D and dP sum over all hdv columns.
 TEST(Attention, ValueWidthSplitsByColumnsBitwise) {
-  for (const auto& [c, hdv1] : std::vector<std::pair<Case, int64_t>>{{Case{1, 200, 4, 2, 64, 128}, 64},
-                                                                     {Case{2, 130, 6, 3, 24, 40}, 24},
-                                                                     {Case{1, 70, 2, 2, 16, 21}, 13}}) {
+  for (const auto& [c, hdv1] : std::vector<std::pair<Case, int64_t>>{
+           {Case{1, 200, 4, 2, 64, 128}, 64}, {Case{2, 130, 6, 3, 24, 40}, 24}, {Case{1, 70, 2, 2, 16, 21}, 13}}) {
     const int64_t hdv = c.vd(), hdv2 = hdv - hdv1, rows = c.B * c.T;
     const Inputs in(c, 1200);
     // The columns [c0, c0 + w) of each head of x (rows, heads, hdv): (rows, heads, w).
@@ -474,8 +431,7 @@ TEST(Attention, ValueWidthSplitsByColumnsBitwise) {
         EXPECT_EQ(0, std::memcmp(got.o.data(), columns(whole.o, c.nh, c0, w).data(), got.o.size() * sizeof(float)))
             << "o " << lp;
         EXPECT_EQ(0, std::memcmp(got.lse.data(), whole.lse.data(), got.lse.size() * sizeof(float))) << "lse " << lp;
-        EXPECT_EQ(0,
-                  std::memcmp(got.dv.data(), columns(whole.dv, c.nkv, c0, w).data(), got.dv.size() * sizeof(float)))
+        EXPECT_EQ(0, std::memcmp(got.dv.data(), columns(whole.dv, c.nkv, c0, w).data(), got.dv.size() * sizeof(float)))
             << "dv " << lp;
       }
     }
@@ -492,9 +448,8 @@ TEST(Attention, ValueWidthReferenceBackwardMatchesFiniteDifferences) {
 // The same bits for any thread count and run with hdv != hd (Note [Deterministic attention backward]).
 TEST(Attention, ValueWidthBitwiseDeterministicAcrossThreadsAndRuns) {
   const int saved = omp_get_max_threads();
-  for (const auto& [c, window] : std::vector<std::pair<Case, int64_t>>{{Case{2, 200, 4, 2, 24, 16}, 0},
-                                                                       {Case{1, 130, 2, 2, 192, 128}, 0},
-                                                                       {Case{1, 300, 4, 2, 16, 40}, 70}}) {
+  for (const auto& [c, window] : std::vector<std::pair<Case, int64_t>>{
+           {Case{2, 200, 4, 2, 24, 16}, 0}, {Case{1, 130, 2, 2, 192, 128}, 0}, {Case{1, 300, 4, 2, 16, 40}, 70}}) {
     const Inputs in(c, 44);
     omp_set_num_threads(1);
     const Outputs one = fast_run(c, in, window);
@@ -557,8 +512,8 @@ TEST(Attention, SlidingWindowSkipsTilesOutsideTheBand) {
     ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
                                 c.hd, c.hd, in.scale, window);
     const int64_t forward = at::tile_pairs_computed.load() - before;
-    ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
-                                 dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, window);
+    ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(), dq.data(),
+                                 dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, window);
     const int64_t backward = at::tile_pairs_computed.load() - before - forward;
     EXPECT_EQ(forward, want) << l;
     EXPECT_EQ(backward, 2 * want) << l;

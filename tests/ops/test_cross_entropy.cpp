@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/cross_entropy.h"
 #include "ops/ref/cross_entropy.h"
 
@@ -19,41 +20,6 @@ namespace fp {
 namespace {
 
 using ops::cpu::kIgnoreIndex;
-
-// Row t's logits ~ N(0, scale_t^2) with scale_t cycling through 1, 10 and 1e4 (the last makes all but
-// a few exponentials underflow: the max subtraction must hold), no zeros.
-template <class T>
-std::vector<T> random_logits(int64_t n, int64_t V, Rng& rng) {
-  std::vector<T> v(n * V);
-  const double scales[3] = {1.0, 10.0, 1e4};
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t i = 0; i < V; ++i) {
-      T& x = v[t * V + i];
-      x = static_cast<T>(scales[t % 3] * rng.normal());
-      if (x == T(0)) x = T(0.5);
-    }
-  }
-  return v;
-}
-
-// Every third target ignored, the others uniform in [0, V).
-std::vector<int32_t> random_targets(int64_t n, int64_t V, Rng& rng) {
-  std::vector<int32_t> t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = i % 3 == 1 ? kIgnoreIndex : static_cast<int32_t>(rng.below(V));
-  return t;
-}
-
-::testing::AssertionResult near_each(const std::vector<float>& got, const std::vector<float>& want,
-                                     const std::vector<double>& tol, const std::string& what, int64_t V) {
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = want[i];
-    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol[i])) {
-      return ::testing::AssertionFailure() << what << " at (" << i / V << ", " << i % V << "): expected " << w
-                                           << ", got " << g << " (tolerance " << tol[i] << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 const std::vector<int64_t> kVocab = {1, 3, 7, 9, 15, 16, 17, 31, 33, 63, 65, 127, 129, 1000, 4099};
 
@@ -68,20 +34,20 @@ TEST(CrossEntropy, MatchesReference) {
   for (const int64_t V : kVocab) {
     const int64_t n = 7;
     Rng rng(seed++);
-    const std::vector<float> logits = random_logits<float>(n, V, rng);
-    const std::vector<int32_t> targets = random_targets(n, V, rng);
+    const std::vector<float> logits = op_test::random_logits(n, V, rng);
+    const std::vector<int32_t> targets = op_test::random_targets(n, V, rng, kIgnoreIndex);
     const std::string where = "V=" + std::to_string(V);
     std::vector<float> logp(n * V), logp_ref(n * V);
     ops::cpu::log_softmax_forward(logits.data(), logp.data(), n, V);
     ops::ref::log_softmax_forward<float>(logits.data(), logp_ref.data(), n, V);
     std::vector<double> tol(n * V);
     for (int64_t i = 0; i < n * V; ++i) tol[i] = 2 * FLT_EPSILON * std::abs(logp_ref[i]) + 4 * FLT_EPSILON;
-    EXPECT_TRUE(near_each(logp, logp_ref, tol, "log_softmax_forward " + where, V));
+    EXPECT_TRUE(op_test::near("log_softmax_forward " + where, {n, V}, logp, logp_ref, op_test::tol_each(tol)));
 
     std::vector<float> loss(n), loss_ref(n);
     ops::cpu::nll_forward(logp_ref.data(), targets.data(), loss.data(), n, V);
     ops::ref::nll_forward<float>(logp_ref.data(), targets.data(), loss_ref.data(), n, V);
-    EXPECT_TRUE(near_each(loss, loss_ref, std::vector<double>(n, 0.0), "nll_forward " + where, 1));
+    EXPECT_TRUE(op_test::near("nll_forward " + where, {n}, loss, loss_ref, op_test::tol_exact()));
     for (int64_t t = 0; t < n; ++t) {
       if (targets[t] == kIgnoreIndex) {
         EXPECT_EQ(loss[t], 0.0f) << "ignored row " << t;
@@ -103,7 +69,7 @@ TEST(CrossEntropy, MatchesReference) {
         tol[t * V + i] = 2 * FLT_EPSILON * scale * (p + (i == targets[t] ? 1.0 : 0.0));
       }
     }
-    EXPECT_TRUE(near_each(d, d_ref, tol, "cross_entropy_backward " + where, V));
+    EXPECT_TRUE(op_test::near("cross_entropy_backward " + where, {n, V}, d, d_ref, op_test::tol_each(tol)));
     for (int64_t t = 0; t < n; ++t) {
       if (targets[t] != kIgnoreIndex) continue;
       for (int64_t i = 0; i < V; ++i) ASSERT_EQ(d[t * V + i], 0.0f) << "ignored row " << t << " column " << i;
@@ -119,7 +85,7 @@ TEST(CrossEntropy, UniformRowAndNormalisation) {
   for (int64_t i = 0; i < V; ++i) ASSERT_FLOAT_EQ(logp[i], static_cast<float>(-std::log(1001.0))) << i;
   Rng rng(4);
   const int64_t n = 3, V2 = 70001;
-  const std::vector<float> x = random_logits<float>(n, V2, rng);
+  const std::vector<float> x = op_test::random_logits(n, V2, rng);
   std::vector<float> lp(n * V2);
   ops::cpu::log_softmax_forward(x.data(), lp.data(), n, V2);
   for (int64_t t = 0; t < n; ++t) {
@@ -145,7 +111,7 @@ TEST(CrossEntropy, ReferenceGradientMatchesFiniteDifferences) {
     Rng rng(30 + V);
     std::vector<double> logits(n * V);
     for (double& x : logits) x = 2.0 * rng.normal();
-    const std::vector<int32_t> targets = random_targets(n, V, rng);
+    const std::vector<int32_t> targets = op_test::random_targets(n, V, rng, kIgnoreIndex);
     int64_t count = 0;
     for (const int32_t t : targets) count += t != kIgnoreIndex;
     auto loss = [&] {
@@ -158,16 +124,10 @@ TEST(CrossEntropy, ReferenceGradientMatchesFiniteDifferences) {
     };
     std::vector<double> logp(n * V), grad(n * V);
     ops::ref::log_softmax_forward<double>(logits.data(), logp.data(), n, V);
-    ops::ref::cross_entropy_backward<double>(logp.data(), targets.data(), 1.0 / static_cast<double>(count),
-                                             grad.data(), n, V);
+    ops::ref::cross_entropy_backward<double>(logp.data(), targets.data(), 1.0 / static_cast<double>(count), grad.data(),
+                                             n, V);
     for (int64_t i = 0; i < n * V; ++i) {
-      const double h = 1e-5, saved = logits[i];
-      logits[i] = saved + h;
-      const double lp = loss();
-      logits[i] = saved - h;
-      const double lm = loss();
-      logits[i] = saved;
-      const double fd = (lp - lm) / (2 * h);
+      const double fd = op_test::central_difference(logits[i], loss);
       EXPECT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << "V=" << V << " dlogits[" << i / V << "," << i % V << "]";
     }
   }

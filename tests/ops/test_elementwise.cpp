@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/elementwise.h"
 #include "ops/ref/elementwise.h"
 
@@ -16,30 +17,9 @@ namespace fp {
 
 namespace {
 
-std::vector<float> random_vector(int64_t n, Rng& rng) {
-  std::vector<float> v(n);
-  for (float& x : v) {
-    x = static_cast<float>(rng.normal());
-    if (x == 0.0f) x = 0.5f;
-  }
-  return v;
-}
-
-::testing::AssertionResult vectors_equal(const std::vector<float>& got, const std::vector<float>& want,
-                                         const char* what) {
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i]) || !(got[i] == want[i])) {
-      return ::testing::AssertionFailure() << what << " n=" << want.size() << " index " << i << ": expected "
-                                           << want[i] << ", got " << got[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // SIMD widths, the 4096 reduction block and the 32768 parallel threshold, each +-1.
-const std::vector<int64_t> kSizes = {0,    1,    3,    7,    8,    9,     15,    16,    17,    31,    33,
-                                     63,   64,   65,   127,  129,  4095,  4096,  4097,  8191,  8193,  32767,
-                                     32768, 32769, 100003};
+const std::vector<int64_t> kSizes = {0,  1,   3,   7,    8,    9,    15,   16,   17,    31,    33,    63,    64,
+                                     65, 127, 129, 4095, 4096, 4097, 8191, 8193, 32767, 32768, 32769, 100003};
 
 }  // namespace
 
@@ -48,20 +28,20 @@ TEST(Elementwise, MatchesReferenceExactly) {
   uint64_t seed = 1;
   for (const int64_t n : kSizes) {
     Rng rng(seed++);
-    const std::vector<float> x = random_vector(n, rng), y0 = random_vector(n, rng);
+    const std::vector<float> x = op_test::random_vector(n, rng), y0 = op_test::random_vector(n, rng);
     std::vector<float> got = y0, want = y0;
     ops::cpu::add_inplace(got.data(), x.data(), n);
     ops::ref::add_inplace<float>(want.data(), x.data(), n);
-    EXPECT_TRUE(vectors_equal(got, want, "add_inplace"));
+    EXPECT_TRUE(op_test::near("add_inplace", {n}, got, want, op_test::tol_exact()));
     ops::cpu::scale_inplace(got.data(), -0.3f, n);
     ops::ref::scale_inplace<float>(want.data(), -0.3f, n);
-    EXPECT_TRUE(vectors_equal(got, want, "scale_inplace"));
+    EXPECT_TRUE(op_test::near("scale_inplace", {n}, got, want, op_test::tol_exact()));
     ops::cpu::copy(got.data(), x.data(), n);
     ops::ref::copy<float>(want.data(), x.data(), n);
-    EXPECT_TRUE(vectors_equal(got, want, "copy"));
+    EXPECT_TRUE(op_test::near("copy", {n}, got, want, op_test::tol_exact()));
     ops::cpu::fill(got.data(), 1.25f, n);
     ops::ref::fill<float>(want.data(), 1.25f, n);
-    EXPECT_TRUE(vectors_equal(got, want, "fill"));
+    EXPECT_TRUE(op_test::near("fill", {n}, got, want, op_test::tol_exact()));
   }
 }
 
@@ -73,7 +53,7 @@ TEST(Elementwise, ReductionsMatchReference) {
   uint64_t seed = 100;
   for (const int64_t n : kSizes) {
     Rng rng(seed++);
-    const std::vector<float> x = random_vector(n, rng);
+    const std::vector<float> x = op_test::random_vector(n, rng);
     double abs_sum = 0, sq_sum = 0;
     for (const float v : x) {
       abs_sum += std::abs(v);
@@ -140,10 +120,11 @@ TEST(Elementwise, ReductionsBitwiseAcrossThreads) {
 TEST(Elementwise, BiasMatchesReferenceExactly) {
   const int saved = omp_get_max_threads();
   uint64_t seed = 7;
-  for (const auto& [rows, d] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 63}, {5, 64}, {7, 65}, {300, 129},
-                                                                        {1000, 257}}) {
+  for (const auto& [rows, d] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 63}, {5, 64}, {7, 65}, {300, 129}, {1000, 257}}) {
     Rng rng(seed++);
-    const std::vector<float> y0 = random_vector(rows * d, rng), b = random_vector(d, rng), db0 = random_vector(d, rng);
+    const std::vector<float> y0 = op_test::random_vector(rows * d, rng), b = op_test::random_vector(d, rng),
+                             db0 = op_test::random_vector(d, rng);
     std::vector<float> want = y0;
     ops::ref::bias_add<float>(want.data(), b.data(), rows, d);
     std::vector<float> want_db = db0;
@@ -152,10 +133,12 @@ TEST(Elementwise, BiasMatchesReferenceExactly) {
       omp_set_num_threads(t);
       std::vector<float> got = y0;
       ops::cpu::bias_add(got.data(), b.data(), rows, d);
-      EXPECT_TRUE(vectors_equal(got, want, "bias_add")) << rows << " x " << d << ", " << t << " threads";
+      EXPECT_TRUE(op_test::near("bias_add", {rows, d}, got, want, op_test::tol_exact()))
+          << rows << " x " << d << ", " << t << " threads";
       std::vector<float> got_db = db0;
       ops::cpu::bias_backward(y0.data(), got_db.data(), rows, d);
-      EXPECT_TRUE(vectors_equal(got_db, want_db, "bias_backward")) << rows << " x " << d << ", " << t << " threads";
+      EXPECT_TRUE(op_test::near("bias_backward db", {d}, got_db, want_db, op_test::tol_exact()))
+          << rows << " x " << d << ", " << t << " threads";
       std::vector<double> sums(static_cast<size_t>(d)), want_sums(static_cast<size_t>(d));
       ops::cpu::column_sums_f64(y0.data(), rows, d, sums.data());
       ops::ref::column_sums_f64<float>(y0.data(), rows, d, want_sums.data());

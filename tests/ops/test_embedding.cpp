@@ -11,39 +11,13 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/embedding.h"
 #include "ops/ref/embedding.h"
 
 namespace fp {
 
 namespace {
-
-template <class T>
-std::vector<T> random_vector(int64_t n, Rng& rng) {
-  std::vector<T> v(n);
-  for (T& x : v) {
-    x = static_cast<T>(rng.normal());
-    if (x == T(0)) x = T(0.5);
-  }
-  return v;
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t V, Rng& rng) {
-  std::vector<int32_t> t(n);
-  for (int32_t& id : t) id = static_cast<int32_t>(rng.below(V));
-  return t;
-}
-
-::testing::AssertionResult vectors_equal(const std::vector<float>& got, const std::vector<float>& want,
-                                         const char* what, int64_t H) {
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i]) || !(got[i] == want[i])) {
-      return ::testing::AssertionFailure() << what << " H=" << H << " at (" << i / H << ", " << i % H
-                                           << "): expected " << want[i] << ", got " << got[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 const std::vector<int64_t> kHidden = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 257};
 
@@ -55,18 +29,18 @@ TEST(Embedding, MatchesReferenceExactly) {
     for (const int64_t V : {int64_t{3}, int64_t{1000}}) {  // V = 3: nearly every token repeats
       Rng rng(seed++);
       const int64_t n = 37 + H % 11;
-      const std::vector<int32_t> tokens = random_tokens(n, V, rng);
-      const std::vector<float> table = random_vector<float>(V * H, rng);   // (V, H)
-      const std::vector<float> dout = random_vector<float>(n * H, rng);    // (n, H)
-      const std::vector<float> dtable0 = random_vector<float>(V * H, rng);  // (V, H) accumulated into
+      const std::vector<int32_t> tokens = op_test::random_ids(n, V, rng);
+      const std::vector<float> table = op_test::random_vector<float>(V * H, rng);    // (V, H)
+      const std::vector<float> dout = op_test::random_vector<float>(n * H, rng);     // (n, H)
+      const std::vector<float> dtable0 = op_test::random_vector<float>(V * H, rng);  // (V, H) accumulated into
       std::vector<float> got(n * H), want(n * H);
       ops::cpu::embedding_forward(tokens.data(), table.data(), got.data(), n, H);
       ops::ref::embedding_forward<float>(tokens.data(), table.data(), want.data(), n, H);
-      EXPECT_TRUE(vectors_equal(got, want, "embedding_forward", H));
+      EXPECT_TRUE(op_test::near("embedding_forward", {n, H}, got, want, op_test::tol_exact()));
       std::vector<float> dgot = dtable0, dwant = dtable0;
       ops::cpu::embedding_backward(tokens.data(), dout.data(), dgot.data(), n, H);
       ops::ref::embedding_backward<float>(tokens.data(), dout.data(), dwant.data(), n, H);
-      EXPECT_TRUE(vectors_equal(dgot, dwant, "embedding_backward", H));
+      EXPECT_TRUE(op_test::near("embedding_backward", {V, H}, dgot, dwant, op_test::tol_exact()));
     }
   }
 }
@@ -82,9 +56,9 @@ TEST(Embedding, BackwardBitwiseAcrossThreads) {
   const int saved = omp_get_max_threads();
   const int64_t n = 1031, H = 333, V = 17;
   Rng rng(5);
-  const std::vector<int32_t> tokens = random_tokens(n, V, rng);
-  const std::vector<float> dout = random_vector<float>(n * H, rng);
-  const std::vector<float> dtable0 = random_vector<float>(V * H, rng);
+  const std::vector<int32_t> tokens = op_test::random_ids(n, V, rng);
+  const std::vector<float> dout = op_test::random_vector<float>(n * H, rng);
+  const std::vector<float> dtable0 = op_test::random_vector<float>(V * H, rng);
   std::vector<float> r[3] = {dtable0, dtable0, dtable0};
   const int threads[3] = {1, 2, 2};
   for (int t = 0; t < 3; ++t) {
@@ -95,7 +69,7 @@ TEST(Embedding, BackwardBitwiseAcrossThreads) {
   // Past the parallel threshold, still the reference's bits.
   std::vector<float> want = dtable0;
   ops::ref::embedding_backward<float>(tokens.data(), dout.data(), want.data(), n, H);
-  EXPECT_TRUE(vectors_equal(r[2], want, "embedding_backward (2 threads)", H));
+  EXPECT_TRUE(op_test::near("embedding_backward (2 threads)", {V, H}, r[2], want, op_test::tol_exact()));
   EXPECT_EQ(std::memcmp(r[0].data(), r[1].data(), r[0].size() * sizeof(float)), 0) << "1 vs 2 threads differ";
   EXPECT_EQ(std::memcmp(r[1].data(), r[2].data(), r[0].size() * sizeof(float)), 0) << "two runs differ";
 }
@@ -106,9 +80,9 @@ TEST(Embedding, BackwardBitwiseAcrossThreads) {
 TEST(Embedding, ReferenceBackwardMatchesFiniteDifferences) {
   const int64_t n = 13, H = 5, V = 4;
   Rng rng(9);
-  const std::vector<int32_t> tokens = random_tokens(n, V, rng);
-  std::vector<double> table = random_vector<double>(V * H, rng);
-  const std::vector<double> r = random_vector<double>(n * H, rng);
+  const std::vector<int32_t> tokens = op_test::random_ids(n, V, rng);
+  std::vector<double> table = op_test::random_vector<double>(V * H, rng);
+  const std::vector<double> r = op_test::random_vector<double>(n * H, rng);
   auto loss = [&] {
     std::vector<double> out(n * H);
     ops::ref::embedding_forward<double>(tokens.data(), table.data(), out.data(), n, H);
@@ -120,13 +94,7 @@ TEST(Embedding, ReferenceBackwardMatchesFiniteDifferences) {
   ops::ref::embedding_backward<double>(tokens.data(), r.data(), grad.data(), n, H);
   const double step = 1e-4;
   for (int64_t i = 0; i < V * H; ++i) {
-    const double saved = table[i];
-    table[i] = saved + step;
-    const double lp = loss();
-    table[i] = saved - step;
-    const double lm = loss();
-    table[i] = saved;
-    const double fd = (lp - lm) / (2 * step);
+    const double fd = op_test::central_difference(table[i], loss, step);
     EXPECT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << "dtable[" << i / H << "," << i % H << "]";
   }
 }

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/cpu/blas_check.h"
 #include "ops/cpu/blas_setup.h"
 #include "ops/cpu/cpu_features.h"
@@ -23,15 +24,6 @@
 namespace fp {
 
 namespace {
-
-std::vector<float> random_vector(size_t n, Rng& rng) {
-  std::vector<float> v(n);
-  for (float& x : v) {
-    x = static_cast<float>(rng.normal());
-    if (x == 0.0f) x = 0.5f;
-  }
-  return v;
-}
 
 struct Case {
   bool ta, tb;
@@ -51,9 +43,9 @@ struct Case {
   const int64_t a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
   const int64_t b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
   const int64_t lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.N + c.pad;
-  const std::vector<float> A = random_vector(a_rows * lda, rng);  // (a_rows, lda)
-  const std::vector<float> B = random_vector(b_rows * ldb, rng);  // (b_rows, ldb)
-  std::vector<float> C0 = random_vector(c.M * ldc, rng);          // (M, ldc)
+  const std::vector<float> A = op_test::random_vector(a_rows * lda, rng);  // (a_rows, lda)
+  const std::vector<float> B = op_test::random_vector(b_rows * ldb, rng);  // (b_rows, ldb)
+  std::vector<float> C0 = op_test::random_vector(c.M * ldc, rng);          // (M, ldc)
   if (c.beta == 0.0f) {
     // beta == 0 must not read C: poison it (the padding too, which must stay as it was).
     for (int64_t i = 0; i < c.M; ++i)
@@ -62,9 +54,8 @@ struct Case {
   std::vector<float> got = C0, want = C0;
   ops::cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, got.data(), ldc);
   ops::ref::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, want.data(), ldc);
-  const std::string where = "ta=" + std::to_string(c.ta) + " tb=" + std::to_string(c.tb) + " M=" +
-                            std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
-                            " pad=" + std::to_string(c.pad);
+  const std::string where = "ta=" + std::to_string(c.ta) + " tb=" + std::to_string(c.tb) + " M=" + std::to_string(c.M) +
+                            " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " pad=" + std::to_string(c.pad);
   for (int64_t i = 0; i < c.M; ++i) {
     for (int64_t j = 0; j < ldc; ++j) {
       const int64_t idx = i * ldc + j;
@@ -83,8 +74,8 @@ struct Case {
       const double tol = (2.0 * c.K + 8.0) * FLT_EPSILON * absum;
       const double g = got[idx], w = want[idx];
       if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol)) {
-        return ::testing::AssertionFailure() << where << ": C[" << i << "," << j << "] expected " << w << ", got "
-                                             << g << " (tolerance " << tol << ")";
+        return ::testing::AssertionFailure() << where << ": C[" << i << "," << j << "] expected " << w << ", got " << g
+                                             << " (tolerance " << tol << ")";
       }
     }
   }
@@ -104,8 +95,8 @@ TEST(Gemm, MatchesReferenceAllTransposes) {
     const bool ta = t & 1, tb = t & 2;
     for (int64_t i = 0; i < ns; ++i) {
       // Every size appears as M, N and K, paired with sizes from other parts of the list.
-      const Case c{ta, tb, kSizes[i], kSizes[(i + 5) % ns], kSizes[(i + 11) % ns], i % 3, alphas[i % 3],
-                   betas[(i / 3) % 3]};
+      const Case c{
+          ta, tb, kSizes[i], kSizes[(i + 5) % ns], kSizes[(i + 11) % ns], i % 3, alphas[i % 3], betas[(i / 3) % 3]};
       EXPECT_TRUE(case_check(c, seed++));
     }
   }
@@ -114,7 +105,7 @@ TEST(Gemm, MatchesReferenceAllTransposes) {
 TEST(Gemm, MatchesReferenceLargerOddShapes) {
   // Past OpenBLAS's blocking (its kernels tile M and N by a few to a few dozen and K by a few hundred).
   const Case cases[] = {
-      {false, false, 257, 130, 515, 3, 1.0f, 0.0f}, {false, true, 200, 301, 257, 0, 0.5f, 1.0f},
+      {false, false, 257, 130, 515, 3, 1.0f, 0.0f},  {false, true, 200, 301, 257, 0, 0.5f, 1.0f},
       {true, false, 129, 513, 300, 1, -1.0f, 0.25f}, {true, true, 333, 97, 401, 7, 2.0f, -1.0f},
       {false, true, 1, 700, 513, 0, 1.0f, 0.0f},     {true, false, 600, 1, 129, 2, 1.0f, 1.0f},
   };
@@ -125,7 +116,7 @@ TEST(Gemm, MatchesReferenceLargerOddShapes) {
 TEST(Gemm, EmptyDimensions) {
   Rng rng(7);
   const int64_t M = 5, N = 9, ldc = 11;
-  const std::vector<float> C0 = random_vector(M * ldc, rng);  // (M, ldc)
+  const std::vector<float> C0 = op_test::random_vector(M * ldc, rng);  // (M, ldc)
   // M == 0 or N == 0: nothing is touched, null pointers allowed.
   ops::cpu::gemm(false, false, 0, N, 4, 1.0f, nullptr, 4, nullptr, N, 0.0f, nullptr, N);
   ops::cpu::gemm(true, true, M, 0, 4, 1.0f, nullptr, M, nullptr, 4, 0.0f, nullptr, 1);
@@ -165,8 +156,8 @@ TEST(Gemm, BadArgumentsAssert) {
   EXPECT_THROW(ops::cpu::gemm(false, false, -1, 4, 4, 1.0f, A.data(), 4, B.data(), 4, 0.0f, C.data(), 4),
                InternalError);
   // Dimensions that do not fit in a 32-bit blasint.
-  EXPECT_THROW(ops::cpu::gemm(false, false, 1, int64_t{1} << 32, 1, 1.0f, A.data(), 1, B.data(), int64_t{1} << 32,
-                              0.0f, C.data(), int64_t{1} << 32),
+  EXPECT_THROW(ops::cpu::gemm(false, false, 1, int64_t{1} << 32, 1, 1.0f, A.data(), 1, B.data(), int64_t{1} << 32, 0.0f,
+                              C.data(), int64_t{1} << 32),
                InternalError);
   // The last call site is recorded for diagnostics.
   ops::cpu::gemm(false, false, 4, 4, 4, 1.0f, A.data(), 4, B.data(), 4, 0.0f, C.data(), 4);
@@ -189,9 +180,9 @@ TEST(Gemm, DISABLED_BenchSingleThreadRate) {
   };
   for (const Shape s : {Shape{512, 512, 512}, Shape{2048, 1024, 1024}}) {
     Rng rng(3);
-    const std::vector<float> A = random_vector(s.M * s.K, rng);  // (M, K)
-    const std::vector<float> B = random_vector(s.K * s.N, rng);  // (K, N)
-    std::vector<float> C(s.M * s.N);                              // (M, N)
+    const std::vector<float> A = op_test::random_vector(s.M * s.K, rng);                                   // (M, K)
+    const std::vector<float> B = op_test::random_vector(s.K * s.N, rng);                                   // (K, N)
+    std::vector<float> C(s.M * s.N);                                                                       // (M, N)
     ops::cpu::gemm(false, false, s.M, s.N, s.K, 1.0f, A.data(), s.K, B.data(), s.N, 0.0f, C.data(), s.N);  // warm
     std::vector<double> secs;
     for (int r = 0; r < 7; ++r) {
@@ -224,7 +215,10 @@ TEST(BlasSetup, KernelsArePinnedFromTheCpu) {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* want = avx512 ? "SkylakeX" : avx2 ? "Haswell" : __builtin_cpu_supports("avx") ? "Sandybridge" : "Prescott";
+  const char* want = avx512                          ? "SkylakeX"
+                     : avx2                          ? "Haswell"
+                     : __builtin_cpu_supports("avx") ? "Sandybridge"
+                                                     : "Prescott";
   EXPECT_EQ(k.chosen, want) << k.str();
   std::printf("%s\ncpu: %s\n", k.str().c_str(), fp::ops::cpu::cpu_features().str().c_str());
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/gemm.h"
 #include "ops/gemm_tiled.h"
 #include "ops/ref/gemm_tiled.h"
@@ -24,15 +25,6 @@ namespace {
 
 using ops::cpu::kGemmTileCols;
 using ops::cpu::kGemmTileRows;
-
-std::vector<float> random_vector(size_t n, Rng& rng) {
-  std::vector<float> v(n);
-  for (float& x : v) {
-    x = static_cast<float>(rng.normal());
-    if (x == 0.0f) x = 0.5f;
-  }
-  return v;
-}
 
 struct Case {
   bool ta, tb;
@@ -54,9 +46,9 @@ Operands operands_make(const Case& c, uint64_t seed) {
   o.lda = a_cols + c.pad;
   o.ldb = b_cols + c.pad;
   o.ldc = c.N + c.pad;
-  o.A = random_vector(a_rows * o.lda, rng);  // (a_rows, lda)
-  o.B = random_vector(b_rows * o.ldb, rng);  // (b_rows, ldb)
-  o.C0 = random_vector(c.M * o.ldc, rng);    // (M, ldc)
+  o.A = op_test::random_vector(a_rows * o.lda, rng);  // (a_rows, lda)
+  o.B = op_test::random_vector(b_rows * o.ldb, rng);  // (b_rows, ldb)
+  o.C0 = op_test::random_vector(c.M * o.ldc, rng);    // (M, ldc)
   if (c.beta == 0.0f)  // beta == 0 must not read C: poison it (not the padding, which must stay)
     for (int64_t i = 0; i < c.M; ++i)
       for (int64_t j = 0; j < c.N; ++j) o.C0[i * o.ldc + j] = std::numeric_limits<float>::quiet_NaN();
@@ -118,10 +110,14 @@ std::vector<float> product_with_threads(const Case& c, const Operands& o, int th
 TEST(GemmTiled, MatchesReferenceAroundTileEdges) {
   const int64_t R = kGemmTileRows, Cc = kGemmTileCols;
   const Case cases[] = {
-      {false, true, 1, 1, 1, 0, 1.0f, 0.0f},          {false, false, 7, 9, 33, 1, 0.5f, 1.0f},
-      {false, true, R - 1, Cc + 1, 65, 3, 1.0f, 0.0f}, {true, false, R + 1, Cc - 1, 17, 0, -1.0f, 0.25f},
-      {false, false, 2 * R + 3, 37, 129, 2, 1.0f, 1.0f}, {true, true, 19, 2 * Cc + 5, 40, 1, 2.0f, -1.0f},
-      {true, false, R, Cc, 8, 0, 1.0f, 1.0f},          {false, true, 3, 3 * Cc, 1, 0, 1.0f, 0.0f},
+      {false, true, 1, 1, 1, 0, 1.0f, 0.0f},
+      {false, false, 7, 9, 33, 1, 0.5f, 1.0f},
+      {false, true, R - 1, Cc + 1, 65, 3, 1.0f, 0.0f},
+      {true, false, R + 1, Cc - 1, 17, 0, -1.0f, 0.25f},
+      {false, false, 2 * R + 3, 37, 129, 2, 1.0f, 1.0f},
+      {true, true, 19, 2 * Cc + 5, 40, 1, 2.0f, -1.0f},
+      {true, false, R, Cc, 8, 0, 1.0f, 1.0f},
+      {false, true, 3, 3 * Cc, 1, 0, 1.0f, 0.0f},
   };
   uint64_t seed = 1;
   for (const Case& c : cases) EXPECT_TRUE(case_check(c, seed++));
@@ -130,7 +126,7 @@ TEST(GemmTiled, MatchesReferenceAroundTileEdges) {
 TEST(GemmTiled, EmptyDimensions) {
   Rng rng(7);
   const int64_t M = 5, N = 9, ldc = 11;
-  const std::vector<float> C0 = random_vector(M * ldc, rng);  // (M, ldc)
+  const std::vector<float> C0 = op_test::random_vector(M * ldc, rng);  // (M, ldc)
   ops::cpu::gemm_tiled(false, false, 0, N, 4, 1.0f, nullptr, 4, nullptr, N, 0.0f, nullptr, N);
   ops::cpu::gemm_tiled(true, true, M, 0, 4, 1.0f, nullptr, M, nullptr, 4, 0.0f, nullptr, 1);
   std::vector<float> C = C0;

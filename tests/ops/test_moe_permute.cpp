@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/moe_permute.h"
 #include "ops/ref/moe_permute.h"
 
@@ -48,26 +49,6 @@ Routing routing_random(fp::Rng& rng, int64_t n, int64_t k, int64_t E, int64_t em
   return r;
 }
 
-template <class T>
-std::vector<T> randn(fp::Rng& rng, int64_t count) {
-  std::vector<T> v(static_cast<size_t>(count));
-  for (auto& x : v) x = static_cast<T>(rng.normal());
-  return v;
-}
-
-// Element by element against a per-element bound; NaN/Inf never pass.
-void expect_close(const float* got, const float* want, const std::vector<double>& bound, const char* what) {
-  int failures = 0;
-  for (size_t i = 0; i < bound.size(); ++i) {
-    const double g = got[i], w = want[i];
-    if (!std::isfinite(g) || !(std::fabs(g - w) <= bound[i])) {
-      if (++failures <= 10)
-        ADD_FAILURE() << what << "[" << i << "]: expected " << w << ", got " << g << " (bound " << bound[i] << ")";
-    }
-  }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << bound.size() << " differ";
-}
-
 const int64_t kH[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65, 127, 129};
 
 TEST(MoePermute, GatherAndScatterAddMatchRef) {
@@ -78,15 +59,15 @@ TEST(MoePermute, GatherAndScatterAddMatchRef) {
         SCOPED_TRACE(testing::Message() << "H=" << H << " n=" << n << " k=" << k);
         const int64_t E = 8, m = n * k;
         const Routing r = routing_random(rng, n, k, E, 3);
-        const auto x = randn<float>(rng, n * H);
+        const auto x = fp::op_test::random_vector<float>(n * H, rng);
         std::vector<float> xs_ref(m * H), xs_cpu(m * H, NAN);
         fp::ops::ref::moe_gather(x.data(), r.rows.data(), xs_ref.data(), m, H);
         fp::ops::cpu::moe_gather(x.data(), r.rows.data(), xs_cpu.data(), m, H);
         // A copy: exact.
-        expect_close(xs_cpu.data(), xs_ref.data(), std::vector<double>(m * H, 0.0), "xs");
+        EXPECT_TRUE(fp::op_test::near("xs", {m, H}, xs_cpu, xs_ref, fp::op_test::tol_exact()));
 
-        const auto dxs = randn<float>(rng, m * H);
-        auto dx_ref = randn<float>(rng, n * H);
+        const auto dxs = fp::op_test::random_vector<float>(m * H, rng);
+        auto dx_ref = fp::op_test::random_vector<float>(n * H, rng);
         auto dx_cpu = dx_ref;
         // |error| <= k eps (|dx| + sum_j |dxs_j|): k float additions, each rounding once.
         std::vector<double> bound(n * H);
@@ -98,7 +79,7 @@ TEST(MoePermute, GatherAndScatterAddMatchRef) {
           }
         fp::ops::ref::moe_scatter_add(dxs.data(), r.slot_pos.data(), dx_ref.data(), n, k, H);
         fp::ops::cpu::moe_scatter_add(dxs.data(), r.slot_pos.data(), dx_cpu.data(), n, k, H);
-        expect_close(dx_cpu.data(), dx_ref.data(), bound, "dx");
+        EXPECT_TRUE(fp::op_test::near("dx", {n, H}, dx_cpu, dx_ref, fp::op_test::tol_each(bound)));
       }
 }
 
@@ -110,10 +91,10 @@ TEST(MoePermute, CombineMatchesRef) {
         SCOPED_TRACE(testing::Message() << "H=" << H << " n=" << n << " k=" << k);
         const int64_t E = 8, m = n * k;
         const Routing r = routing_random(rng, n, k, E, 5);
-        const auto ys = randn<float>(rng, m * H);
+        const auto ys = fp::op_test::random_vector<float>(m * H, rng);
         std::vector<float> w(n * k);
         for (auto& x : w) x = static_cast<float>(0.05 + rng.uniform());
-        auto out_ref = randn<float>(rng, n * H);
+        auto out_ref = fp::op_test::random_vector<float>(n * H, rng);
         auto out_cpu = out_ref;
         // |error| <= 2 k eps (|out| + sum_j |w_j y_j|): a rounded product and a rounded sum per slot.
         std::vector<double> bound(n * H);
@@ -125,9 +106,9 @@ TEST(MoePermute, CombineMatchesRef) {
           }
         fp::ops::ref::moe_combine_forward(ys.data(), r.slot_pos.data(), w.data(), out_ref.data(), n, k, H);
         fp::ops::cpu::moe_combine_forward(ys.data(), r.slot_pos.data(), w.data(), out_cpu.data(), n, k, H);
-        expect_close(out_cpu.data(), out_ref.data(), bound, "out");
+        EXPECT_TRUE(fp::op_test::near("out", {n, H}, out_cpu, out_ref, fp::op_test::tol_each(bound)));
 
-        const auto dout = randn<float>(rng, n * H);
+        const auto dout = fp::op_test::random_vector<float>(n * H, rng);
         std::vector<float> dys_ref(m * H), dys_cpu(m * H, NAN), dw_ref(n * k), dw_cpu(n * k, NAN);
         fp::ops::ref::moe_combine_backward(ys.data(), r.slot_pos.data(), w.data(), dout.data(), dys_ref.data(),
                                            dw_ref.data(), n, k, H);
@@ -143,8 +124,8 @@ TEST(MoePermute, CombineMatchesRef) {
             for (int64_t h = 0; h < H; ++h) mag += std::fabs(dout[t * H + h] * ys[r.slot_pos[t * k + j] * H + h]);
             bound_dw[t * k + j] = (H + 1) * FLT_EPSILON * mag;
           }
-        expect_close(dys_cpu.data(), dys_ref.data(), bound_dys, "dys");
-        expect_close(dw_cpu.data(), dw_ref.data(), bound_dw, "dw");
+        EXPECT_TRUE(fp::op_test::near("dys", {m, H}, dys_cpu, dys_ref, fp::op_test::tol_each(bound_dys)));
+        EXPECT_TRUE(fp::op_test::near("dw", {n, k}, dw_cpu, dw_ref, fp::op_test::tol_each(bound_dw)));
       }
 }
 
@@ -157,10 +138,10 @@ TEST(MoePermute, CombineBackwardMatchesFiniteDifferences) {
       SCOPED_TRACE(testing::Message() << "H=" << H << " k=" << k);
       const int64_t n = 5, E = 4, m = n * k;
       const Routing r = routing_random(rng, n, k, E, 0);
-      auto ys = randn<double>(rng, m * H);
-      auto w = randn<double>(rng, n * k);
-      const auto out0 = randn<double>(rng, n * H);
-      const auto rr = randn<double>(rng, n * H);
+      auto ys = fp::op_test::random_vector<double>(m * H, rng);
+      auto w = fp::op_test::random_vector<double>(n * k, rng);
+      const auto out0 = fp::op_test::random_vector<double>(n * H, rng);
+      const auto rr = fp::op_test::random_vector<double>(n * H, rng);
       auto loss = [&]() {
         std::vector<double> out = out0;
         fp::ops::ref::moe_combine_forward(ys.data(), r.slot_pos.data(), w.data(), out.data(), n, k, H);
@@ -169,18 +150,12 @@ TEST(MoePermute, CombineBackwardMatchesFiniteDifferences) {
         return L;
       };
       std::vector<double> dys(m * H), dw(n * k);
-      fp::ops::ref::moe_combine_backward(ys.data(), r.slot_pos.data(), w.data(), rr.data(), dys.data(), dw.data(), n,
-                                         k, H);
+      fp::ops::ref::moe_combine_backward(ys.data(), r.slot_pos.data(), w.data(), rr.data(), dys.data(), dw.data(), n, k,
+                                         H);
       const double eps = 1e-5;
       auto check = [&](std::vector<double>& v, const std::vector<double>& grad, const char* what) {
         for (size_t i = 0; i < v.size(); ++i) {
-          const double v0 = v[i];
-          v[i] = v0 + eps;
-          const double lp = loss();
-          v[i] = v0 - eps;
-          const double lm = loss();
-          v[i] = v0;
-          const double fd = (lp - lm) / (2 * eps);
+          const double fd = fp::op_test::central_difference(v[i], loss, eps);
           EXPECT_LE(std::fabs(fd - grad[i]), 1e-7 * std::max(1.0, std::fabs(fd)))
               << what << "[" << i << "]: finite difference " << fd << ", backward " << grad[i];
         }
@@ -197,8 +172,8 @@ TEST(MoePermute, ScatterAddIsTheGathersAdjoint) {
     for (int64_t k : {1, 2, 4}) {
       const int64_t n = 11, E = 6, m = n * k;
       const Routing r = routing_random(rng, n, k, E, 2);
-      const auto x = randn<double>(rng, n * H);
-      const auto g = randn<double>(rng, m * H);
+      const auto x = fp::op_test::random_vector<double>(n * H, rng);
+      const auto g = fp::op_test::random_vector<double>(m * H, rng);
       std::vector<double> xs(m * H), dx(n * H, 0.0);
       fp::ops::ref::moe_gather(x.data(), r.rows.data(), xs.data(), m, H);
       fp::ops::ref::moe_scatter_add(g.data(), r.slot_pos.data(), dx.data(), n, k, H);
@@ -213,11 +188,11 @@ TEST(MoePermute, BitwiseDeterministicAcrossThreadCounts) {
   fp::Rng rng(25);
   const int64_t n = 301, k = 4, E = 16, H = 257, m = n * k;
   const Routing r = routing_random(rng, n, k, E, 7);
-  const auto x = randn<float>(rng, n * H);
-  const auto ys = randn<float>(rng, m * H);
-  const auto w = randn<float>(rng, n * k);
-  const auto dout = randn<float>(rng, n * H);
-  const auto base = randn<float>(rng, n * H);
+  const auto x = fp::op_test::random_vector<float>(n * H, rng);
+  const auto ys = fp::op_test::random_vector<float>(m * H, rng);
+  const auto w = fp::op_test::random_vector<float>(n * k, rng);
+  const auto dout = fp::op_test::random_vector<float>(n * H, rng);
+  const auto base = fp::op_test::random_vector<float>(n * H, rng);
   struct Out {
     std::vector<float> xs, out, dys, dw, dx;
   };
@@ -227,8 +202,8 @@ TEST(MoePermute, BitwiseDeterministicAcrossThreadCounts) {
     Out o{std::vector<float>(m * H), base, std::vector<float>(m * H), std::vector<float>(n * k), base};
     fp::ops::cpu::moe_gather(x.data(), r.rows.data(), o.xs.data(), m, H);
     fp::ops::cpu::moe_combine_forward(ys.data(), r.slot_pos.data(), w.data(), o.out.data(), n, k, H);
-    fp::ops::cpu::moe_combine_backward(ys.data(), r.slot_pos.data(), w.data(), dout.data(), o.dys.data(),
-                                       o.dw.data(), n, k, H);
+    fp::ops::cpu::moe_combine_backward(ys.data(), r.slot_pos.data(), w.data(), dout.data(), o.dys.data(), o.dw.data(),
+                                       n, k, H);
     fp::ops::cpu::moe_scatter_add(ys.data(), r.slot_pos.data(), o.dx.data(), n, k, H);
     return o;
   };

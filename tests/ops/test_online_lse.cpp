@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/cross_entropy.h"
 #include "ops/online_lse.h"
 #include "ops/ref/cross_entropy.h"
@@ -28,27 +29,6 @@ namespace {
 
 using ops::cpu::kIgnoreIndex;
 using Range = std::pair<int64_t, int64_t>;  // [v0, v1)
-
-// Row t's logits ~ N(0, scale_t^2), scale_t cycling through 1, 10 and 1e4 (all but a few exponentials
-// underflow: the running max must hold), no zeros.
-std::vector<float> random_logits(int64_t n, int64_t V, Rng& rng) {
-  std::vector<float> v(n * V);
-  const double scales[3] = {1.0, 10.0, 1e4};
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < V; ++i) {
-      float& x = v[t * V + i];
-      x = static_cast<float>(scales[t % 3] * rng.normal());
-      if (x == 0.0f) x = 0.5f;
-    }
-  return v;
-}
-
-// Every third target ignored, the others uniform in [0, V).
-std::vector<int32_t> random_targets(int64_t n, int64_t V, Rng& rng) {
-  std::vector<int32_t> t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = i % 3 == 1 ? kIgnoreIndex : static_cast<int32_t>(rng.below(V));
-  return t;
-}
 
 // [0, V) cut at random points into at most `parts` ranges, returned in a scrambled order (a ring
 // visits the shards starting from its own).
@@ -80,8 +60,7 @@ State fold_all(const std::vector<float>& x, const std::vector<int32_t>& targets,
   }
   for (const auto& [v0, v1] : ranges) {
     if (ref) {
-      ops::ref::online_lse_fold<float>(x.data() + v0, V, targets.data(), n, v0, v1, s.m.data(), s.z.data(),
-                                       s.y.data());
+      ops::ref::online_lse_fold<float>(x.data() + v0, V, targets.data(), n, v0, v1, s.m.data(), s.z.data(), s.y.data());
     } else {
       ops::cpu::online_lse_fold(x.data() + v0, V, targets.data(), n, v0, v1, s.m.data(), s.z.data(), s.y.data());
     }
@@ -102,8 +81,8 @@ TEST(OnlineLse, MatchesReference) {
     for (const int parts : {1, 2, 5}) {
       const int64_t n = 7;
       Rng rng(seed++);
-      const std::vector<float> x = random_logits(n, V, rng);
-      const std::vector<int32_t> targets = random_targets(n, V, rng);
+      const std::vector<float> x = op_test::random_logits(n, V, rng);
+      const std::vector<int32_t> targets = op_test::random_targets(n, V, rng, kIgnoreIndex);
       const std::vector<Range> ranges = random_ranges(V, parts, rng);
       const std::string where = "V=" + std::to_string(V) + " ranges=" + std::to_string(ranges.size());
 
@@ -155,8 +134,8 @@ TEST(OnlineLse, AgreesWithTheFullLoss) {
   for (const int64_t V : {int64_t{17}, int64_t{1000}, int64_t{4099}}) {
     const int64_t n = 9;
     Rng rng(seed++);
-    const std::vector<float> x = random_logits(n, V, rng);
-    const std::vector<int32_t> targets = random_targets(n, V, rng);
+    const std::vector<float> x = op_test::random_logits(n, V, rng);
+    const std::vector<int32_t> targets = op_test::random_targets(n, V, rng, kIgnoreIndex);
     std::vector<float> logp(n * V), nll(n), d_full(n * V);
     ops::cpu::log_softmax_forward(x.data(), logp.data(), n, V);
     ops::cpu::nll_forward(logp.data(), targets.data(), nll.data(), n, V);
@@ -192,8 +171,8 @@ TEST(OnlineLse, AgreesWithTheFullLoss) {
 TEST(OnlineLse, BackwardStaysInItsRange) {
   const int64_t n = 5, V = 40, v0 = 11, v1 = 29;
   Rng rng(7);
-  const std::vector<float> x = random_logits(n, V, rng);
-  const std::vector<int32_t> targets = random_targets(n, V, rng);
+  const std::vector<float> x = op_test::random_logits(n, V, rng);
+  const std::vector<int32_t> targets = op_test::random_targets(n, V, rng, kIgnoreIndex);
   const State s = fold_all(x, targets, n, V, {{0, V}}, false);
   std::vector<float> d = x;
   ops::cpu::online_lse_backward(d.data() + v0, V, targets.data(), n, v0, v1, s.m.data(), s.z.data(), 1.0f);
@@ -212,7 +191,7 @@ TEST(OnlineLse, ReferenceGradientMatchesFiniteDifferences) {
     Rng rng(30 + V);
     std::vector<double> x(n * V);
     for (double& v : x) v = 2.0 * rng.normal();
-    const std::vector<int32_t> targets = random_targets(n, V, rng);
+    const std::vector<int32_t> targets = op_test::random_targets(n, V, rng, kIgnoreIndex);
     const std::vector<Range> ranges = random_ranges(V, 3, rng);
     int64_t count = 0;
     for (const int32_t t : targets) count += t != kIgnoreIndex;
@@ -238,13 +217,7 @@ TEST(OnlineLse, ReferenceGradientMatchesFiniteDifferences) {
       ops::ref::online_lse_backward<double>(grad.data() + v0, V, targets.data(), n, v0, v1, m.data(), z.data(),
                                             1.0 / static_cast<double>(count));
     for (int64_t i = 0; i < n * V; ++i) {
-      const double h = 1e-5, saved = x[i];
-      x[i] = saved + h;
-      const double lp = loss();
-      x[i] = saved - h;
-      const double lm = loss();
-      x[i] = saved;
-      const double fd = (lp - lm) / (2 * h);
+      const double fd = op_test::central_difference(x[i], loss);
       EXPECT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << "V=" << V << " d x[" << i / V << "," << i % V << "]";
     }
   }
@@ -254,8 +227,8 @@ TEST(OnlineLse, ReferenceGradientMatchesFiniteDifferences) {
 TEST(OnlineLse, BitwiseAcrossThreadCounts) {
   const int64_t n = 67, V = 3001;
   Rng rng(9);
-  const std::vector<float> x = random_logits(n, V, rng);
-  const std::vector<int32_t> targets = random_targets(n, V, rng);
+  const std::vector<float> x = op_test::random_logits(n, V, rng);
+  const std::vector<int32_t> targets = op_test::random_targets(n, V, rng, kIgnoreIndex);
   const std::vector<Range> ranges = random_ranges(V, 3, rng);
   const int saved = omp_get_max_threads();
   std::vector<float> d[2];
@@ -282,10 +255,8 @@ TEST(OnlineLse, BadTargetOrRangeAsserts) {
   EXPECT_THROW(ops::cpu::online_lse_fold(x.data(), 3, bad.data(), 2, 0, 3, m.data(), z.data(), y.data()),
                InternalError);
   const std::vector<int32_t> ok = {0, 1};
-  EXPECT_THROW(ops::cpu::online_lse_fold(x.data(), 2, ok.data(), 2, 0, 3, m.data(), z.data(), y.data()),
-               InternalError);
-  EXPECT_THROW(ops::cpu::online_lse_backward(x.data(), 3, ok.data(), 2, 2, 2, m.data(), z.data(), 1.0f),
-               InternalError);
+  EXPECT_THROW(ops::cpu::online_lse_fold(x.data(), 2, ok.data(), 2, 0, 3, m.data(), z.data(), y.data()), InternalError);
+  EXPECT_THROW(ops::cpu::online_lse_backward(x.data(), 3, ok.data(), 2, 2, 2, m.data(), z.data(), 1.0f), InternalError);
 }
 
 }  // namespace fp

@@ -12,35 +12,13 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/ref/rmsnorm.h"
 #include "ops/rmsnorm.h"
 
 namespace fp {
 
 namespace {
-
-template <class T>
-std::vector<T> random_vector(int64_t n, Rng& rng, double scale = 1.0) {
-  std::vector<T> v(n);
-  for (T& x : v) {
-    x = static_cast<T>(scale * rng.normal());
-    if (x == T(0)) x = static_cast<T>(0.5 * scale);
-  }
-  return v;
-}
-
-// Element by element |got - want| <= tol[i], NaN/Inf failing.
-::testing::AssertionResult near_each(const std::vector<float>& got, const std::vector<float>& want,
-                                     const std::vector<double>& tol, const std::string& what, int64_t d) {
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = want[i];
-    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol[i])) {
-      return ::testing::AssertionFailure() << what << " at (" << i / d << ", " << i % d << "): expected " << w
-                                           << ", got " << g << " (tolerance " << tol[i] << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 const std::vector<int64_t> kWidths = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 1000};
 const std::vector<int64_t> kRows = {1, 3, 63, 64, 65, 130};
@@ -59,12 +37,12 @@ TEST(Rmsnorm, MatchesReference) {
     for (const int64_t rows : kRows) {
       Rng rng(seed++);
       // Rows with magnitudes spread over 10^-2..10^2, so rstd varies.
-      std::vector<float> x = random_vector<float>(rows * d, rng);
+      std::vector<float> x = op_test::random_vector<float>(rows * d, rng);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < d; ++i) x[r * d + i] *= static_cast<float>(std::pow(10.0, -2.0 + 4.0 * r / rows));
-      const std::vector<float> w = random_vector<float>(d, rng);
-      const std::vector<float> dy = random_vector<float>(rows * d, rng);
-      const std::vector<float> dw0 = random_vector<float>(d, rng);
+      const std::vector<float> w = op_test::random_vector<float>(d, rng);
+      const std::vector<float> dy = op_test::random_vector<float>(rows * d, rng);
+      const std::vector<float> dw0 = op_test::random_vector<float>(d, rng);
       const std::string where = "rows=" + std::to_string(rows) + " d=" + std::to_string(d);
 
       std::vector<float> y(rows * d), y_ref(rows * d), rstd(rows), rstd_ref(rows);
@@ -72,15 +50,16 @@ TEST(Rmsnorm, MatchesReference) {
       ops::ref::rmsnorm_forward<float>(x.data(), w.data(), y_ref.data(), rstd_ref.data(), rows, d, eps);
       std::vector<double> tol(rows * d);
       for (int64_t i = 0; i < rows * d; ++i) tol[i] = 4 * FLT_EPSILON * std::abs(y_ref[i]);
-      EXPECT_TRUE(near_each(y, y_ref, tol, "rmsnorm_forward y " + where, d));
+      EXPECT_TRUE(op_test::near("rmsnorm_forward y " + where, {rows, d}, y, y_ref, op_test::tol_each(tol)));
       std::vector<double> tol_rstd(rows);
       for (int64_t r = 0; r < rows; ++r) tol_rstd[r] = 2 * FLT_EPSILON * std::abs(rstd_ref[r]);
-      EXPECT_TRUE(near_each(rstd, rstd_ref, tol_rstd, "rmsnorm_forward rstd " + where, 1));
+      EXPECT_TRUE(op_test::near("rmsnorm_forward rstd " + where, {rows}, rstd, rstd_ref, op_test::tol_each(tol_rstd)));
 
       // In place (y aliases x), without rstd.
       std::vector<float> inplace = x;
       ops::cpu::rmsnorm_forward(inplace.data(), w.data(), inplace.data(), nullptr, rows, d, eps);
-      EXPECT_TRUE(near_each(inplace, y_ref, tol, "rmsnorm_forward in place " + where, d));
+      EXPECT_TRUE(
+          op_test::near("rmsnorm_forward in place " + where, {rows, d}, inplace, y_ref, op_test::tol_each(tol)));
 
       std::vector<float> dx(rows * d), dx_ref(rows * d), dw = dw0, dw_ref = dw0;
       std::vector<float> ws(static_cast<size_t>(ops::cpu::rmsnorm_backward_workspace(rows, d)));
@@ -101,8 +80,8 @@ TEST(Rmsnorm, MatchesReference) {
         }
       }
       for (int64_t i = 0; i < d; ++i) tol_dw[i] = (64 + 8) * FLT_EPSILON * tol_dw[i] + FLT_EPSILON * std::abs(dw0[i]);
-      EXPECT_TRUE(near_each(dx, dx_ref, tol_dx, "rmsnorm_backward dx " + where, d));
-      EXPECT_TRUE(near_each(dw, dw_ref, tol_dw, "rmsnorm_backward dw " + where, d));
+      EXPECT_TRUE(op_test::near("rmsnorm_backward dx " + where, {rows, d}, dx, dx_ref, op_test::tol_each(tol_dx)));
+      EXPECT_TRUE(op_test::near("rmsnorm_backward dw " + where, {d}, dw, dw_ref, op_test::tol_each(tol_dw)));
     }
   }
 }
@@ -111,8 +90,9 @@ TEST(Rmsnorm, BackwardBitwiseAcrossThreads) {
   const int saved = omp_get_max_threads();
   const int64_t rows = 1000, d = 129;  // 16 row blocks, the last one partial
   Rng rng(3);
-  const std::vector<float> x = random_vector<float>(rows * d, rng), w = random_vector<float>(d, rng);
-  const std::vector<float> dy = random_vector<float>(rows * d, rng), dw0 = random_vector<float>(d, rng);
+  const std::vector<float> x = op_test::random_vector<float>(rows * d, rng), w = op_test::random_vector<float>(d, rng);
+  const std::vector<float> dy = op_test::random_vector<float>(rows * d, rng),
+                           dw0 = op_test::random_vector<float>(d, rng);
   std::vector<float> rstd(rows), y(rows * d);
   ops::cpu::rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, d, 1e-6f);
   std::vector<float> dx[3], dw[3];
@@ -139,8 +119,8 @@ TEST(Rmsnorm, ReferenceBackwardMatchesFiniteDifferences) {
     const int64_t rows = 3;
     const double eps = 1e-3;  // large enough to matter in the gradient
     Rng rng(11 + d);
-    std::vector<double> x = random_vector<double>(rows * d, rng), w = random_vector<double>(d, rng);
-    const std::vector<double> q = random_vector<double>(rows * d, rng);
+    std::vector<double> x = op_test::random_vector<double>(rows * d, rng), w = op_test::random_vector<double>(d, rng);
+    const std::vector<double> q = op_test::random_vector<double>(rows * d, rng);
     auto loss = [&] {
       std::vector<double> y(rows * d);
       ops::ref::rmsnorm_forward<double>(x.data(), w.data(), y.data(), nullptr, rows, d, eps);
@@ -151,15 +131,7 @@ TEST(Rmsnorm, ReferenceBackwardMatchesFiniteDifferences) {
     std::vector<double> y(rows * d), rstd(rows), dx(rows * d), dw(d, 0.0);
     ops::ref::rmsnorm_forward<double>(x.data(), w.data(), y.data(), rstd.data(), rows, d, eps);
     ops::ref::rmsnorm_backward<double>(x.data(), w.data(), rstd.data(), q.data(), dx.data(), dw.data(), rows, d);
-    auto fd = [&](double& v) {
-      const double h = 1e-5, saved = v;
-      v = saved + h;
-      const double lp = loss();
-      v = saved - h;
-      const double lm = loss();
-      v = saved;
-      return (lp - lm) / (2 * h);
-    };
+    auto fd = [&](double& v) { return op_test::central_difference(v, loss); };
     for (int64_t i = 0; i < rows * d; ++i) {
       const double g = fd(x[i]);
       EXPECT_NEAR(dx[i], g, 1e-7 * (1 + std::abs(g))) << "d=" << d << " dx[" << i / d << "," << i % d << "]";
@@ -180,8 +152,8 @@ TEST(Rmsnorm, WorkspaceBoundedAtManyRows) {
   EXPECT_LE(ops::cpu::rmsnorm_backward_workspace(int64_t{64} << 20, 128), 256 * 128);
   const int64_t rows = 40000, d = 8, br = (rows + 255) / 256;  // 157-row blocks, 255 of them
   Rng rng(11);
-  const std::vector<float> x = random_vector<float>(rows * d, rng), w = random_vector<float>(d, rng);
-  const std::vector<float> dy = random_vector<float>(rows * d, rng);
+  const std::vector<float> x = op_test::random_vector<float>(rows * d, rng), w = op_test::random_vector<float>(d, rng);
+  const std::vector<float> dy = op_test::random_vector<float>(rows * d, rng);
   std::vector<float> rstd(rows), y(rows * d), dx(rows * d), dw(d, 0.0f), dx_ref(rows * d), dw_ref(d, 0.0f);
   ops::cpu::rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, d, 1e-6f);
   std::vector<float> ws(static_cast<size_t>(ops::cpu::rmsnorm_backward_workspace(rows, d)));

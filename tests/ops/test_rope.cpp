@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/ref/rope.h"
 #include "ops/rope.h"
 
@@ -17,37 +18,19 @@ namespace fp {
 
 namespace {
 
-template <class T>
-std::vector<T> random_vector(int64_t n, Rng& rng) {
-  std::vector<T> v(n);
-  for (T& x : v) {
-    x = static_cast<T>(rng.normal());
-    if (x == T(0)) x = T(0.5);
-  }
-  return v;
-}
-
 std::vector<int32_t> random_positions(int64_t n, Rng& rng) {
   std::vector<int32_t> p(n);
   for (int64_t t = 0; t < n; ++t) p[t] = t == 0 ? 0 : static_cast<int32_t>(rng.below(40000));
   return p;
 }
 
-// Each output is x_a c -+ x_b s over the pair (a, b): tol = k eps (|x_a| + |x_b|) of the input pair.
-::testing::AssertionResult pairs_near(const std::vector<float>& got, const std::vector<float>& want,
-                                      const std::vector<float>& in, int64_t hd, double k, const std::string& what) {
-  const int64_t half = hd / 2;
-  for (size_t idx = 0; idx < want.size(); ++idx) {
-    const int64_t i = static_cast<int64_t>(idx % hd), base = static_cast<int64_t>(idx) - i;
-    const double mag = std::abs(in[base + i % half]) + std::abs(in[base + i % half + half]);
-    const double tol = k * FLT_EPSILON * mag;
-    const double g = got[idx], w = want[idx];
-    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol)) {
-      return ::testing::AssertionFailure() << what << " at element " << idx << " (vector " << idx / hd << ", i " << i
-                                           << "): expected " << w << ", got " << g << " (tolerance " << tol << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
+// Each output is x_a c -+ x_b s over the pair (a, b): tol = k eps (|x_a| + |x_b|) of the input pair
+// in (rows of hd).
+op_test::Tol tol_pairs(const std::vector<float>& in, int64_t hd, double k) {
+  return [x = in.data(), hd, k](size_t idx, double) {
+    const int64_t half = hd / 2, i = static_cast<int64_t>(idx % hd), base = static_cast<int64_t>(idx) - i;
+    return k * FLT_EPSILON * (std::abs(x[base + i % half]) + std::abs(x[base + i % half + half]));
+  };
 }
 
 const std::vector<int64_t> kHeadDims = {2, 4, 6, 8, 14, 16, 18, 30, 32, 34, 62, 64, 66, 126, 128, 130, 256};
@@ -65,7 +48,7 @@ TEST(Rope, StridedAndInterleavedMatchRotateHalf) {
   for (bool inter : {false, true})
     for (bool backward : {false, true}) {
       SCOPED_TRACE(testing::Message() << "interleaved=" << inter << " backward=" << backward);
-      std::vector<float> x = random_vector<float>(n * heads * stride, rng), got = x;
+      std::vector<float> x = op_test::random_vector<float>(n * heads * stride, rng), got = x;
       // Packed: each row's hd numbers (de-interleaved when inter), rotated by the plain kernel.
       std::vector<float> packed(n * heads * hd);
       for (int64_t r = 0; r < n * heads; ++r)
@@ -102,24 +85,27 @@ TEST(Rope, MatchesReference) {
         Rng rng(seed++);
         const int64_t n = 5 + hd % 13;
         const std::vector<int32_t> pos = random_positions(n, rng);
-        const std::vector<float> x = random_vector<float>(n * heads * hd, rng);
+        const std::vector<float> x = op_test::random_vector<float>(n * heads * hd, rng);
         const std::string where = "hd=" + std::to_string(hd) + " heads=" + std::to_string(heads);
         std::vector<float> got = x, want = x;
         const std::vector<double> inv = ops::rope_default_inv_freq(theta, hd);
         const ops::RopeFreqs f{inv.data(), 1.0f};
         ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, f);
         ops::ref::rope_forward<float>(want.data(), pos.data(), n, heads, hd, inv.data());
-        EXPECT_TRUE(pairs_near(got, want, x, hd, 2, "rope_forward " + where));
+        EXPECT_TRUE(op_test::near("rope_forward " + where, {static_cast<int64_t>(want.size()) / hd, hd}, got, want,
+                                  tol_pairs(x, hd, 2)));
         got = x;
         want = x;
         ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, f);
         ops::ref::rope_backward<float>(want.data(), pos.data(), n, heads, hd, inv.data());
-        EXPECT_TRUE(pairs_near(got, want, x, hd, 2, "rope_backward " + where));
+        EXPECT_TRUE(op_test::near("rope_backward " + where, {static_cast<int64_t>(want.size()) / hd, hd}, got, want,
+                                  tol_pairs(x, hd, 2)));
         // The inverse: c^2 + s^2 = 1 within a few eps after rounding cos and sin to float.
         got = x;
         ops::cpu::rope_forward(got.data(), pos.data(), n, heads, hd, f);
         ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, f);
-        EXPECT_TRUE(pairs_near(got, x, x, hd, 6, "rope_backward(rope_forward(x)) " + where));
+        EXPECT_TRUE(op_test::near("rope_backward(rope_forward(x)) " + where, {static_cast<int64_t>(x.size()) / hd, hd},
+                                  got, x, tol_pairs(x, hd, 6)));
         // YaRN's attention factor multiplies cos and sin (both directions).
         const ops::RopeFreqs scaled{inv.data(), 1.25f};
         for (const bool fwd : {true, false}) {
@@ -132,7 +118,8 @@ TEST(Rope, MatchesReference) {
             ops::cpu::rope_backward(got.data(), pos.data(), n, heads, hd, scaled);
             ops::ref::rope_backward<float>(want.data(), pos.data(), n, heads, hd, inv.data(), 1.25);
           }
-          EXPECT_TRUE(pairs_near(got, want, x, hd, 3, "rope scaled by 1.25 " + where));
+          EXPECT_TRUE(op_test::near("rope scaled by 1.25 " + where, {static_cast<int64_t>(want.size()) / hd, hd}, got,
+                                    want, tol_pairs(x, hd, 3)));
         }
       }
     }
@@ -163,8 +150,8 @@ TEST(Rope, ReferenceBackwardMatchesFiniteDifferences) {
   const int64_t n = 4, heads = 2, hd = 6;
   Rng rng(21);
   const std::vector<int32_t> pos = random_positions(n, rng);
-  std::vector<double> x = random_vector<double>(n * heads * hd, rng);
-  const std::vector<double> q = random_vector<double>(n * heads * hd, rng);
+  std::vector<double> x = op_test::random_vector<double>(n * heads * hd, rng);
+  const std::vector<double> q = op_test::random_vector<double>(n * heads * hd, rng);
   const std::vector<double> inv = ops::rope_default_inv_freq(10000.0, hd);  // with a YaRN-like factor 1.3
   auto loss = [&] {
     std::vector<double> y = x;
@@ -176,13 +163,7 @@ TEST(Rope, ReferenceBackwardMatchesFiniteDifferences) {
   std::vector<double> grad = q;
   ops::ref::rope_backward<double>(grad.data(), pos.data(), n, heads, hd, inv.data(), 1.3);
   for (size_t i = 0; i < x.size(); ++i) {
-    const double h = 1e-5, saved = x[i];
-    x[i] = saved + h;
-    const double lp = loss();
-    x[i] = saved - h;
-    const double lm = loss();
-    x[i] = saved;
-    const double fd = (lp - lm) / (2 * h);
+    const double fd = op_test::central_difference(x[i], loss);
     EXPECT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << "dx[" << i << "]";
   }
 }

@@ -12,31 +12,17 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/ref/router.h"
 #include "ops/router.h"
 
 namespace {
 
-std::vector<float> randn(fp::Rng& rng, int64_t count, double scale) {
-  std::vector<float> v(static_cast<size_t>(count));
-  for (auto& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
-
 // Element by element; NaN/Inf never pass. Every value compared here is O(1) (probs <= 1, weights
 // <= 1, d_topk_w and the bias ~N(0, 1), so each dlogit is p times a difference of O(1) terms) and
 // each kernel value is a handful of float roundings away from the reference, so an absolute-plus-
 // relative 1e-5 is ~100 float ulps of slack and still catches any wrong term.
-void expect_close(const float* got, const float* want, int64_t count, const char* what) {
-  int failures = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    const double g = got[i], w = want[i];
-    if (!std::isfinite(g) || !(std::fabs(g - w) <= 1e-5 * (1.0 + std::fabs(w)))) {
-      if (++failures <= 10) ADD_FAILURE() << what << "[" << i << "]: expected " << w << ", got " << g;
-    }
-  }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << count << " differ";
-}
+fp::op_test::Tol router_tol() { return fp::op_test::tol_abs_rel(1e-5); }
 
 std::vector<int64_t> k_values(int64_t E) {
   std::vector<int64_t> ks = {1, 2, E};
@@ -67,8 +53,8 @@ void expect_topk_contract(const float* probs, const int32_t* idx, int64_t n, int
     for (int64_t e = 0; e < E; ++e) {
       if (chosen[e]) continue;
       EXPECT_TRUE(before(p[id[k - 1]], id[k - 1], p[e], static_cast<int32_t>(e)))
-          << "token " << t << ": unchosen expert " << e << " (p " << p[e] << ") beats chosen " << id[k - 1]
-          << " (p " << p[id[k - 1]] << ")";
+          << "token " << t << ": unchosen expert " << e << " (p " << p[e] << ") beats chosen " << id[k - 1] << " (p "
+          << p[id[k - 1]] << ")";
     }
   }
 }
@@ -80,18 +66,18 @@ TEST(Router, ForwardBackwardMatchRef) {
       for (int64_t n : {1, 3, 33, 129})
         for (bool norm : {false, true})
           for (bool bias : {false, true}) {
-            SCOPED_TRACE(testing::Message() << "E=" << E << " k=" << k << " n=" << n << " norm=" << norm
-                                            << " bias=" << bias);
-            const auto logits = randn(rng, n * E, 2.0);
+            SCOPED_TRACE(testing::Message()
+                         << "E=" << E << " k=" << k << " n=" << n << " norm=" << norm << " bias=" << bias);
+            const auto logits = fp::op_test::random_vector(n * E, rng, 2.0);
             std::vector<float> p_ref(n * E), p_cpu(n * E), w_ref(n * k), w_cpu(n * k);
             std::vector<int32_t> i_ref(n * k), i_cpu(n * k);
             fp::ops::ref::router_forward(logits.data(), p_ref.data(), i_ref.data(), w_ref.data(), n, E, k, norm);
             fp::ops::cpu::router_forward(logits.data(), p_cpu.data(), i_cpu.data(), w_cpu.data(), n, E, k, norm);
-            expect_close(p_cpu.data(), p_ref.data(), n * E, "probs");
+            EXPECT_TRUE(fp::op_test::near("router probs", {n, E}, p_cpu.data(), p_ref.data(), n * E, router_tol()));
             // The same arithmetic gives the same choice (Note [Router sums in double]).
             for (int64_t i = 0; i < n * k; ++i)
               ASSERT_EQ(i_cpu[i], i_ref[i]) << "topk_idx[" << i << "] (token " << i / k << ")";
-            expect_close(w_cpu.data(), w_ref.data(), n * k, "topk_w");
+            EXPECT_TRUE(fp::op_test::near("router topk_w", {n, k}, w_cpu.data(), w_ref.data(), n * k, router_tol()));
             expect_topk_contract(p_cpu.data(), i_cpu.data(), n, E, k);
             for (int64_t t = 0; t < n; ++t) {
               double s = 0;
@@ -99,14 +85,14 @@ TEST(Router, ForwardBackwardMatchRef) {
               EXPECT_NEAR(s, 1.0, 1e-6) << "token " << t << ": probs sum";
             }
 
-            const auto dw = randn(rng, n * k, 1.0);
-            const auto db = randn(rng, E, 1.0);
+            const auto dw = fp::op_test::random_vector(n * k, rng, 1.0);
+            const auto db = fp::op_test::random_vector(E, rng, 1.0);
             std::vector<float> dl_ref(n * E), dl_cpu(n * E, NAN);  // NaN: every element must be overwritten
             fp::ops::ref::router_backward(p_ref.data(), i_ref.data(), dw.data(), bias ? db.data() : nullptr,
                                           dl_ref.data(), n, E, k, norm);
             fp::ops::cpu::router_backward(p_cpu.data(), i_cpu.data(), dw.data(), bias ? db.data() : nullptr,
                                           dl_cpu.data(), n, E, k, norm);
-            expect_close(dl_cpu.data(), dl_ref.data(), n * E, "dlogits");
+            EXPECT_TRUE(fp::op_test::near("router dlogits", {n, E}, dl_cpu.data(), dl_ref.data(), n * E, router_tol()));
           }
 }
 
@@ -118,7 +104,7 @@ TEST(Router, GatherAndBackwardWithGivenChoiceMatchRef) {
       for (bool norm : {false, true}) {
         SCOPED_TRACE(testing::Message() << "E=" << E << " k=" << k << " norm=" << norm);
         const int64_t n = 31;
-        const auto logits = randn(rng, n * E, 1.5);
+        const auto logits = fp::op_test::random_vector(n * E, rng, 1.5);
         std::vector<float> probs(n * E), w0(n);
         std::vector<int32_t> i0(n);
         fp::ops::ref::router_forward(logits.data(), probs.data(), i0.data(), w0.data(), n, E, 1, false);
@@ -127,13 +113,13 @@ TEST(Router, GatherAndBackwardWithGivenChoiceMatchRef) {
         std::vector<float> w_ref(n * k), w_cpu(n * k, NAN);
         fp::ops::ref::router_gather(probs.data(), idx.data(), w_ref.data(), n, E, k, norm);
         fp::ops::cpu::router_gather(probs.data(), idx.data(), w_cpu.data(), n, E, k, norm);
-        expect_close(w_cpu.data(), w_ref.data(), n * k, "topk_w");
-        const auto dw = randn(rng, n * k, 1.0);
-        const auto db = randn(rng, E, 1.0);
+        EXPECT_TRUE(fp::op_test::near("router topk_w", {n, k}, w_cpu.data(), w_ref.data(), n * k, router_tol()));
+        const auto dw = fp::op_test::random_vector(n * k, rng, 1.0);
+        const auto db = fp::op_test::random_vector(E, rng, 1.0);
         std::vector<float> dl_ref(n * E), dl_cpu(n * E, NAN);
         fp::ops::ref::router_backward(probs.data(), idx.data(), dw.data(), db.data(), dl_ref.data(), n, E, k, norm);
         fp::ops::cpu::router_backward(probs.data(), idx.data(), dw.data(), db.data(), dl_cpu.data(), n, E, k, norm);
-        expect_close(dl_cpu.data(), dl_ref.data(), n * E, "dlogits");
+        EXPECT_TRUE(fp::op_test::near("router dlogits", {n, E}, dl_cpu.data(), dl_ref.data(), n * E, router_tol()));
       }
 }
 
@@ -167,7 +153,7 @@ TEST(Router, ChosenExpertsAreTheKLargest) {
     for (int64_t k : {int64_t{1}, int64_t{2}, std::min<int64_t>(E, 6), std::min<int64_t>(E, 8), E}) {
       SCOPED_TRACE(testing::Message() << "E=" << E << " k=" << k);
       const int64_t n = 65;
-      auto logits = randn(rng, n * E, 1.0);
+      auto logits = fp::op_test::random_vector(n * E, rng, 1.0);
       // Quantised logits make ties common, so the tie order is exercised too.
       for (int64_t i = 0; i < n * E / 2; ++i) logits[i] = std::round(logits[i] * 2.0f) * 0.5f;
       std::vector<float> probs(n * E), w(n * k);
@@ -187,8 +173,8 @@ TEST(Router, ChosenExpertsAreTheKLargest) {
 
 // L = sum_{t,j} r[t,j] topk_w[t,j] + sum_{t,e} b[e] probs[t,e], in double.
 double router_loss(const std::vector<double>& logits, const std::vector<double>& r, const std::vector<double>& b,
-                   const int32_t* fixed_idx, std::vector<int32_t>* idx_out, int64_t n, int64_t E, int64_t k,
-                   bool norm, bool use_bias) {
+                   const int32_t* fixed_idx, std::vector<int32_t>* idx_out, int64_t n, int64_t E, int64_t k, bool norm,
+                   bool use_bias) {
   std::vector<double> probs(n * E), w(n * k);
   std::vector<int32_t> idx(n * k);
   if (fixed_idx) {
@@ -242,8 +228,8 @@ void check_router_fd(int64_t E, int64_t k, bool norm, bool use_bias, bool fixed_
   } else {
     fp::ops::ref::router_forward(logits.data(), probs.data(), idx.data(), w.data(), n, E, k, norm);
   }
-  fp::ops::ref::router_backward(probs.data(), idx.data(), r.data(), use_bias ? b.data() : nullptr, dl.data(), n, E,
-                                k, norm);
+  fp::ops::ref::router_backward(probs.data(), idx.data(), r.data(), use_bias ? b.data() : nullptr, dl.data(), n, E, k,
+                                norm);
   const double eps = 1e-5;
   for (int64_t i = 0; i < n * E; ++i) {
     std::vector<double> lp = logits, lm = logits;
@@ -282,9 +268,9 @@ TEST(Router, BackwardThroughGivenChoiceMatchesFiniteDifferences) {
 TEST(Router, BitwiseDeterministicAcrossThreadCounts) {
   fp::Rng rng(14);
   const int64_t n = 1001, E = 64, k = 8;
-  const auto logits = randn(rng, n * E, 2.0);
-  const auto dw = randn(rng, n * k, 1.0);
-  const auto db = randn(rng, E, 1.0);
+  const auto logits = fp::op_test::random_vector(n * E, rng, 2.0);
+  const auto dw = fp::op_test::random_vector(n * k, rng, 1.0);
+  const auto db = fp::op_test::random_vector(E, rng, 1.0);
   const int saved = omp_get_max_threads();
   struct Out {
     std::vector<float> p, w, wg, dl;
@@ -292,8 +278,8 @@ TEST(Router, BitwiseDeterministicAcrossThreadCounts) {
   };
   auto run = [&](int threads) {
     omp_set_num_threads(threads);
-    Out o{std::vector<float>(n * E), std::vector<float>(n * k), std::vector<float>(n * k),
-          std::vector<float>(n * E), std::vector<int32_t>(n * k)};
+    Out o{std::vector<float>(n * E), std::vector<float>(n * k), std::vector<float>(n * k), std::vector<float>(n * E),
+          std::vector<int32_t>(n * k)};
     fp::ops::cpu::router_forward(logits.data(), o.p.data(), o.idx.data(), o.w.data(), n, E, k, true);
     fp::ops::cpu::router_gather(o.p.data(), o.idx.data(), o.wg.data(), n, E, k, true);
     fp::ops::cpu::router_backward(o.p.data(), o.idx.data(), dw.data(), db.data(), o.dl.data(), n, E, k, true);
@@ -317,8 +303,8 @@ TEST(Router, BitwiseDeterministicAcrossThreadCounts) {
 struct GroupCase {
   int64_t E, k, n_group, topk_group;
 };
-const GroupCase kGroupCases[] = {{2, 1, 1, 1}, {8, 2, 1, 1}, {8, 2, 4, 2}, {16, 4, 4, 1}, {16, 8, 4, 2},
-                                 {64, 8, 8, 4}, {24, 6, 3, 3}, {256, 8, 8, 4}};
+const GroupCase kGroupCases[] = {{2, 1, 1, 1},  {8, 2, 1, 1},  {8, 2, 4, 2},  {16, 4, 4, 1},
+                                 {16, 8, 4, 2}, {64, 8, 8, 4}, {24, 6, 3, 3}, {256, 8, 8, 4}};
 
 TEST(RouterSigmoid, ForwardBackwardMatchRef) {
   fp::Rng rng(31);
@@ -328,30 +314,31 @@ TEST(RouterSigmoid, ForwardBackwardMatchRef) {
         for (float scaling : {1.0f, 2.5f}) {
           SCOPED_TRACE(testing::Message() << "E=" << g.E << " k=" << g.k << " groups=" << g.n_group << "/"
                                           << g.topk_group << " n=" << n << " norm=" << norm << " r=" << scaling);
-          const auto logits = randn(rng, n * g.E, 2.0);
-          const auto bias = randn(rng, g.E, 0.3);
+          const auto logits = fp::op_test::random_vector(n * g.E, rng, 2.0);
+          const auto bias = fp::op_test::random_vector(g.E, rng, 0.3);
           std::vector<float> s_ref(n * g.E), s_cpu(n * g.E), w_ref(n * g.k), w_cpu(n * g.k);
           std::vector<int32_t> i_ref(n * g.k), i_cpu(n * g.k);
           fp::ops::ref::router_sigmoid_forward(logits.data(), bias.data(), s_ref.data(), i_ref.data(), w_ref.data(), n,
                                                g.E, g.k, g.n_group, g.topk_group, norm, scaling);
           fp::ops::cpu::router_sigmoid_forward(logits.data(), bias.data(), s_cpu.data(), i_cpu.data(), w_cpu.data(), n,
                                                g.E, g.k, g.n_group, g.topk_group, norm, scaling);
-          expect_close(s_cpu.data(), s_ref.data(), n * g.E, "scores");
+          EXPECT_TRUE(fp::op_test::near("router scores", {n, g.E}, s_cpu.data(), s_ref.data(), n * g.E, router_tol()));
           for (int64_t i = 0; i < n * g.k; ++i) ASSERT_EQ(i_cpu[i], i_ref[i]) << "topk_idx[" << i << "]";
-          expect_close(w_cpu.data(), w_ref.data(), n * g.k, "topk_w");
+          EXPECT_TRUE(fp::op_test::near("router topk_w", {n, g.k}, w_cpu.data(), w_ref.data(), n * g.k, router_tol()));
           // The weights are r s at the chosen experts, summing to r with norm.
           for (int64_t t = 0; t < n && norm; ++t) {
             double sum = 0;
             for (int64_t j = 0; j < g.k; ++j) sum += w_cpu[t * g.k + j];
             EXPECT_NEAR(sum, scaling, 1e-5 * scaling) << "token " << t;
           }
-          const auto dw = randn(rng, n * g.k, 1.0);
+          const auto dw = fp::op_test::random_vector(n * g.k, rng, 1.0);
           std::vector<float> dl_ref(n * g.E), dl_cpu(n * g.E, NAN);
           fp::ops::ref::router_sigmoid_backward(s_ref.data(), i_ref.data(), dw.data(), dl_ref.data(), n, g.E, g.k, norm,
                                                 scaling);
           fp::ops::cpu::router_sigmoid_backward(s_cpu.data(), i_cpu.data(), dw.data(), dl_cpu.data(), n, g.E, g.k, norm,
                                                 scaling);
-          expect_close(dl_cpu.data(), dl_ref.data(), n * g.E, "dlogits");
+          EXPECT_TRUE(
+              fp::op_test::near("router dlogits", {n, g.E}, dl_cpu.data(), dl_ref.data(), n * g.E, router_tol()));
           std::vector<float> wg(n * g.k, NAN);
           fp::ops::cpu::router_sigmoid_gather(s_cpu.data(), i_cpu.data(), wg.data(), n, g.E, g.k, norm, scaling);
           EXPECT_EQ(0, std::memcmp(wg.data(), w_cpu.data(), wg.size() * sizeof(float)))
@@ -365,8 +352,8 @@ TEST(RouterSigmoid, GroupsAndBiasChooseAsDeepSeekDoes) {
   const int64_t E = 8, k = 2, n_group = 4, topk_group = 1;  // groups {0,1} {2,3} {4,5} {6,7}
   auto logit = [](double p) { return static_cast<float>(std::log(p / (1 - p))); };
   // Expert 0 scores 0.9 but its partner 0.1 (group sum 1.0); group {4,5} scores 0.6 + 0.6 = 1.2.
-  std::vector<float> x = {logit(0.9), logit(0.1), logit(0.2), logit(0.2), logit(0.6), logit(0.6), logit(0.3),
-                          logit(0.3)};
+  std::vector<float> x = {logit(0.9), logit(0.1), logit(0.2), logit(0.2),
+                          logit(0.6), logit(0.6), logit(0.3), logit(0.3)};
   std::vector<float> bias(E, 0.0f), s(E), w(k);
   std::vector<int32_t> idx(k);
   fp::ops::cpu::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(), 1, E, k, n_group,
@@ -438,9 +425,9 @@ TEST(RouterSigmoid, BackwardMatchesFiniteDifferences) {
 TEST(RouterSigmoid, BitwiseDeterministicAcrossThreadCounts) {
   fp::Rng rng(33);
   const int64_t n = 1001, E = 64, k = 8;
-  const auto logits = randn(rng, n * E, 2.0);
-  const auto bias = randn(rng, E, 0.1);
-  const auto dw = randn(rng, n * k, 1.0);
+  const auto logits = fp::op_test::random_vector(n * E, rng, 2.0);
+  const auto bias = fp::op_test::random_vector(E, rng, 0.1);
+  const auto dw = fp::op_test::random_vector(n * k, rng, 1.0);
   const int saved = omp_get_max_threads();
   auto run = [&](int threads) {
     omp_set_num_threads(threads);

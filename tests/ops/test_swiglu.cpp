@@ -6,13 +6,14 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/ref/swiglu.h"
 #include "ops/swiglu.h"
 
@@ -20,32 +21,8 @@ namespace fp {
 
 namespace {
 
-template <class T>
-std::vector<T> random_vector(int64_t n, Rng& rng, double scale) {
-  std::vector<T> v(n);
-  for (T& x : v) {
-    x = static_cast<T>(scale * rng.normal());
-    if (x == T(0)) x = static_cast<T>(0.5 * scale);
-  }
-  return v;
-}
-
-// |got - want| <= k eps scale[i] (scale = |want| when empty).
-::testing::AssertionResult near_rel(const std::vector<float>& got, const std::vector<float>& want, double k,
-                                    const std::string& what, const std::vector<double>& scale = {}) {
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = want[i];
-    const double tol = k * FLT_EPSILON * (scale.empty() ? std::abs(w) : scale[i]) + 1e-40;
-    if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol)) {
-      return ::testing::AssertionFailure() << what << " index " << i << ": expected " << w << ", got " << g
-                                           << " (tolerance " << tol << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-const std::vector<int64_t> kSizes = {1,  3,  7,  8,  9,   15,  16,  17,   31,   33,   63,
-                                     64, 65, 127, 129, 1000, 8191, 8192, 8193, 20001};
+const std::vector<int64_t> kSizes = {1,  3,  7,  8,   9,   15,   16,   17,   31,   33,
+                                     63, 64, 65, 127, 129, 1000, 8191, 8192, 8193, 20001};
 
 }  // namespace
 
@@ -58,29 +35,31 @@ TEST(Swiglu, MatchesReference) {
   uint64_t seed = 1;
   for (const int64_t n : kSizes) {
     Rng rng(seed++);
-    const std::vector<float> g = random_vector<float>(n, rng, 3.0), u = random_vector<float>(n, rng, 1.0);
-    const std::vector<float> da = random_vector<float>(n, rng, 1.0);
+    const std::vector<float> g = op_test::random_vector<float>(n, rng, 3.0),
+                             u = op_test::random_vector<float>(n, rng, 1.0);
+    const std::vector<float> da = op_test::random_vector<float>(n, rng, 1.0);
     std::vector<float> a(n), a_ref(n), dg(n), dg_ref(n), du(n), du_ref(n);
     ops::cpu::swiglu_forward(g.data(), u.data(), a.data(), n);
     ops::ref::swiglu_forward<float>(g.data(), u.data(), a_ref.data(), n);
-    EXPECT_TRUE(near_rel(a, a_ref, 4, "swiglu_forward n=" + std::to_string(n)));
+    EXPECT_TRUE(op_test::near("swiglu_forward", {n}, a, a_ref, op_test::tol_ulps(4, 1e-40)));
     ops::cpu::swiglu_backward(g.data(), u.data(), da.data(), dg.data(), du.data(), n);
     ops::ref::swiglu_backward<float>(g.data(), u.data(), da.data(), dg_ref.data(), du_ref.data(), n);
-    EXPECT_TRUE(near_rel(du, du_ref, 4, "swiglu_backward du n=" + std::to_string(n)));
-    std::vector<double> dg_scale(n);
+    EXPECT_TRUE(op_test::near("swiglu_backward du", {n}, du, du_ref, op_test::tol_ulps(4, 1e-40)));
+    std::vector<double> dg_tol(n);
     for (int64_t i = 0; i < n; ++i) {
       const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(g[i])));
-      dg_scale[i] = std::abs(static_cast<double>(da[i]) * u[i]) * s * (1.0 + std::abs(g[i] * (1.0 - s)));
+      dg_tol[i] = std::abs(static_cast<double>(da[i]) * u[i]) * s * (1.0 + std::abs(g[i] * (1.0 - s)));
+      dg_tol[i] = 8 * FLT_EPSILON * dg_tol[i] + 1e-40;
     }
-    EXPECT_TRUE(near_rel(dg, dg_ref, 8, "swiglu_backward dg n=" + std::to_string(n), dg_scale));
+    EXPECT_TRUE(op_test::near("swiglu_backward dg", {n}, dg, dg_ref, op_test::tol_each(dg_tol)));
   }
 }
 
 // Large |g|: no inf or NaN, and the values the limits give: silu(g) -> g for g -> +inf, -> -0 for
 // g -> -inf, silu'(g) -> 1 and -> 0. Checked against the double reference.
 TEST(Swiglu, LargeGatesStayFinite) {
-  const std::vector<float> g = {100.0f, -100.0f, 88.0f, -88.0f, 89.0f, -89.0f, 1e4f, -1e4f, 1e30f, -1e30f, 20.0f,
-                                -20.0f};
+  const std::vector<float> g = {100.0f, -100.0f, 88.0f, -88.0f, 89.0f, -89.0f,
+                                1e4f,   -1e4f,   1e30f, -1e30f, 20.0f, -20.0f};
   const int64_t n = static_cast<int64_t>(g.size());
   const std::vector<float> u(n, 1.5f), da(n, 0.75f);
   std::vector<float> a(n), dg(n), du(n);
@@ -121,8 +100,7 @@ TEST(Swiglu, DenseSweepAgainstDouble) {
     ASSERT_TRUE(std::abs(a[i] - silu) <= tol) << "a at g=" << g[i] << ": expected " << silu << ", got " << a[i];
     ASSERT_TRUE(std::abs(du[i] - silu) <= tol) << "du at g=" << g[i] << ": expected " << silu << ", got " << du[i];
     const double tol_dg = 8 * FLT_EPSILON * s * (1.0 + std::abs(gd * (1.0 - s)));
-    ASSERT_TRUE(std::abs(dg[i] - dsilu) <= tol_dg) << "dg at g=" << g[i] << ": expected " << dsilu << ", got "
-                                                    << dg[i];
+    ASSERT_TRUE(std::abs(dg[i] - dsilu) <= tol_dg) << "dg at g=" << g[i] << ": expected " << dsilu << ", got " << dg[i];
   }
   std::printf("swiglu a: worst relative error %.2f eps\n", worst);
 }
@@ -133,8 +111,9 @@ TEST(Swiglu, DenseSweepAgainstDouble) {
 TEST(Swiglu, SameBitsForAnyRangeAndThreads) {
   const int64_t n = 40003;
   Rng rng(8);
-  const std::vector<float> g = random_vector<float>(n, rng, 5.0), u = random_vector<float>(n, rng, 1.0);
-  const std::vector<float> da = random_vector<float>(n, rng, 1.0);
+  const std::vector<float> g = op_test::random_vector<float>(n, rng, 5.0),
+                           u = op_test::random_vector<float>(n, rng, 1.0);
+  const std::vector<float> da = op_test::random_vector<float>(n, rng, 1.0);
   std::vector<float> a(n), dg(n), du(n);
   const int saved = omp_get_max_threads();
   omp_set_num_threads(2);
@@ -159,8 +138,8 @@ TEST(Swiglu, SameBitsForAnyRangeAndThreads) {
 TEST(Swiglu, ReferenceBackwardMatchesFiniteDifferences) {
   const int64_t n = 41;
   Rng rng(5);
-  std::vector<double> g = random_vector<double>(n, rng, 4.0), u = random_vector<double>(n, rng, 1.0);
-  const std::vector<double> q = random_vector<double>(n, rng, 1.0);
+  std::vector<double> g = op_test::random_vector<double>(n, rng, 4.0), u = op_test::random_vector<double>(n, rng, 1.0);
+  const std::vector<double> q = op_test::random_vector<double>(n, rng, 1.0);
   std::vector<double> dg(n), du(n);
   ops::ref::swiglu_backward<double>(g.data(), u.data(), q.data(), dg.data(), du.data(), n);
   auto loss = [&] {
@@ -170,15 +149,7 @@ TEST(Swiglu, ReferenceBackwardMatchesFiniteDifferences) {
     for (int64_t i = 0; i < n; ++i) L += q[i] * a[i];
     return L;
   };
-  auto fd = [&](double& v) {
-    const double h = 1e-5, saved = v;
-    v = saved + h;
-    const double lp = loss();
-    v = saved - h;
-    const double lm = loss();
-    v = saved;
-    return (lp - lm) / (2 * h);
-  };
+  auto fd = [&](double& v) { return op_test::central_difference(v, loss); };
   for (int64_t i = 0; i < n; ++i) {
     const double fg = fd(g[i]), fu = fd(u[i]);
     EXPECT_NEAR(dg[i], fg, 1e-7 * (1 + std::abs(fg))) << "dg[" << i << "] at g=" << g[i];
