@@ -18,7 +18,7 @@
 #include "core/units.h"
 #include "data/random_batch.h"
 #include "io/atomic_file.h"
-#include "model/model.h"
+#include "step/step.h"
 #include "train/run_config.h"
 
 namespace fp::cli {
@@ -55,7 +55,7 @@ double step_timed(Variant& v, const Batch& batch) {
   v.be->host_ledger().peaks_reset();
   const auto t0 = std::chrono::steady_clock::now();
   v.model->zero_grads();
-  v.loss = v.model->forward_backward(batch).loss;
+  v.loss = step_forward_backward(*v.model, batch).loss;
   v.be->synchronize();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   v.ckpt_peak = v.be->device_ledger().peak(Category::Category_checkpoints);

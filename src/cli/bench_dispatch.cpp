@@ -180,7 +180,7 @@ double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile
   const int64_t n = v.x1.dim(0), H = cfg.hidden_size;
   StepContext s(be, cfg, prof, comm);
   s.B = 1, s.T = n, s.n = n;
-  s.moe_token_chunk = v.sched.token_chunk;  // before the dispatch: its launch bound is the largest window's
+  s.moe_token_chunk = v.sched.token_chunk;  // the MoE block's chunks (the dispatch bounds its windows by v.sched)
   std::unique_ptr<ExpertDispatch> dispatch = dispatch_make(v.sched, s);
   s.dispatch = dispatch.get();
   Tensor dx = be.alloc_f32(Category::Category_activations, {n, H}, "dx");  // (N, H) d x2 in, d x1 out

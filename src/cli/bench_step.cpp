@@ -20,11 +20,11 @@
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "memory/report.h"
-#include "model/model.h"
 #include "ops/cpu/blas_setup.h"
 #include "ops/cpu/cpu_features.h"
 #include "ops/gemm_profile.h"
 #include "sched/optim/optimizer.h"
+#include "step/step.h"
 #include "train/run_config.h"
 
 namespace fp::cli {
@@ -117,7 +117,7 @@ int bench_step_run(const BenchOptions& o) {
     be->device_ledger().peaks_reset();
     const auto t0 = std::chrono::steady_clock::now();
     model.zero_grads();
-    model.forward_backward(batch);
+    step_forward_backward(model, batch);
     optim.step(i + 1, o.warmup + o.repeats);
     be->synchronize();
     const double t = seconds_since(t0);

@@ -211,7 +211,7 @@ void variant_run_once(Variant& v, const VocabBenchOptions& o, Comm& comm, int i)
   const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   const float scale = loss_scale(o, comm.size());
-  // Under FSDP the ring reads its own lm_head rows and model.norm is gathered, as in Model::step.
+  // Under FSDP the ring reads its own lm_head rows and model.norm is gathered, as in the step (step/step.cpp).
   ps.unit_gather(ps.unit_norm());
   ps.unit_grad_begin(ps.unit_norm());
   const HeadResult h =

@@ -9,7 +9,7 @@
 #include "io/atomic_file.h"
 #include "memory/report.h"
 #include "memory/trace.h"
-#include "model/model.h"
+#include "step/step.h"
 #include "train/run_config.h"
 
 namespace fp::cli {
@@ -66,7 +66,7 @@ int step_with(const StepOptions& o, RunConfig& cfg) {
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, o.data_seed);
   be->device_ledger().peaks_reset();
   const auto t0 = std::chrono::steady_clock::now();
-  StepOutputs out = model.forward_backward(batch);
+  StepOutputs out = step_forward_backward(model, batch);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Ledger& led = be->device_ledger();
   fmt::print("loss {:.6f} (cross-entropy {:.6f}, aux {:.6f}) in {:.3f} s, {:.0f} tokens/s\n", out.loss, out.ce_loss,

@@ -13,7 +13,7 @@
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "model/hf_config.h"
-#include "model/model.h"
+#include "step/step.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -96,7 +96,7 @@ int eval_run(const EvalOptions& o) {
   for (size_t i = 0; i < batches.size(); ++i) {
     std::vector<float> logits;
     const bool dump = i == 0 && !o.dump_logits.empty();
-    StepOutputs out = model.forward(batches[i], dump ? &logits : nullptr);
+    StepOutputs out = step_forward(model, batches[i], dump ? &logits : nullptr);
     if (dump) {
       const Batch& b = batches[i];
       safetensors_write(o.dump_logits,

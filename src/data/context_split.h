@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/model.h"
+#include "data/batch.h"
 
 namespace fp {
 

@@ -11,10 +11,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "data/batch.h"
 #include "data/token_file.h"
-#include "model/model.h"
 
 namespace fp {
 

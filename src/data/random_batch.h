@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "model/model.h"
+#include "data/batch.h"
 
 namespace fp {
 

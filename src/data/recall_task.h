@@ -41,7 +41,7 @@
 #include <string>
 #include <vector>
 
-#include "model/model.h"
+#include "data/batch.h"
 
 namespace fp {
 

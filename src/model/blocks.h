@@ -1,5 +1,5 @@
 // The two blocks of a decoder layer and the LM head, forward and backward, written against the
-// backend's kernel table. Internal to src/model (the orchestrator model.cpp drives them).
+// backend's kernel table. The step (step/step.cpp) drives them.
 //
 // Legend: n tokens on this rank (B sequences of T), H hidden, nh/nkv heads, hd head_dim,
 // E experts, k experts per token, m = n * k routed copies, I expert FFN width, V vocabulary.
@@ -42,27 +42,18 @@ struct StepContext {
   // every block allocates in it; all f32 unless the model's schedules say otherwise.
   Precision precision;
   ExpertDispatch* dispatch = nullptr;  // the step's expert dispatch (expert_dispatch_create); null: local (W = 1)
-  // (n, H) the current MoE block's normed tokens (MoeActs::h2; under token chunks the chunk's rows), set
-  // only while s.dispatch->forward with
-  // keep and s.dispatch->backward run (null otherwise): a dispatch that recomputes in backward may
-  // re-gather its rows from it (token of row i: host_rows[i]) instead of keeping xs.
-  const Tensor* moe_h2 = nullptr;
   int64_t B = 0, T = 0, n = 0;  // T: this rank's tokens per sequence
-  // Note [The MoE token side in chunks] (model/moe_block.cpp): the MoE block hands the dispatch the routed
-  // copies of the rank's tokens [moe_t0, moe_t0 + moe_n), chunk number moe_chunk; moe_token_chunk is the
-  // configured chunk (0: one chunk of all n). A dispatch counts the tokens it serves with moe_tokens().
+  // The MoE blocks' token side in chunks of this many of the rank's tokens (moe.token_chunk; 0: all n at
+  // once), read by the MoE block only: each dispatch call is given its window explicitly (MoeChunk in
+  // sched/dispatch/dispatch.h; Note [The MoE token side in chunks] in model/moe_block.cpp).
   int64_t moe_token_chunk = 0;
-  int64_t moe_t0 = 0, moe_n = 0, moe_chunk = 0;
-  int64_t moe_tokens() const {
-    if (moe_n > 0) return moe_n;
-    return moe_token_chunk > 0 ? std::min(n, moe_token_chunk) : n;
-  }
   Tensor pos;                // (n) i32, position of each token in its sequence
   std::vector<int32_t> seq_pos;  // (T) host: the positions of this rank's tokens in a sequence
-  // Host scratch reused across layers (no allocation per layer once sized).
+  // The MoE block's host scratch, reused across layers (no allocation per layer once sized); the block
+  // hands a dispatch the rows it needs (MoeChunk::rows), never this context.
   std::vector<int32_t> host_topk;     // (n, k)
   std::vector<int32_t> host_rows;     // (m) token of each routed copy in expert order (the current MoE block; under
-                                      // token chunks the current chunk's copies, tokens counted from moe_t0)
+                                      // token chunks the current chunk's copies, tokens counted from its first)
   std::vector<int32_t> host_slot;     // (n, k)
   // Note [A routing profile is routed once per step]: a profile's choice depends only on (n, k, E),
   // never on the layer or the data, so with a profile the first MoE block builds host_topk, host_rows,

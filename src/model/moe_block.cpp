@@ -111,8 +111,9 @@ void stats_fill(StepContext& s, const MoeActs& a, std::span<const int64_t> offse
 // runs once over all tokens. So the routed copies (xs, ys, dys, dxs), the rows and the FFN intermediates
 // exist for one chunk at a time: the block's token side is bounded by c, not by n k. What stays whole is
 // per token: h2, d h2, the router's (n, E) and (n, k) tensors, and the shared experts' intermediates.
-// A dispatch sees the chunk as its tokens (StepContext::moe_tokens(), host_rows counted from the chunk's
-// first token, moe_h2 the chunk's rows of h2); a routing profile routes the rank's n tokens as without
+// A dispatch sees the chunk as its tokens: the block hands it a MoeChunk (sched/dispatch/dispatch.h) with the
+// window, its rows' tokens counted from the chunk's first token and, where offered, the chunk's rows of h2
+// (the unchunked block is the one window of all n tokens); a routing profile routes the rank's n tokens as without
 // chunks (the chunk takes its rows of that choice, in closed form on meta), so chunked and unchunked
 // steps route alike. Results: every token's output and every input gradient are the same function; the
 // expert GEMMs see the rows of one chunk at a time, and the weight gradients accumulate chunk by chunk, so
@@ -121,15 +122,16 @@ void stats_fill(StepContext& s, const MoeActs& a, std::span<const int64_t> offse
 
 bool moe_chunked(const StepContext& s) { return s.moe_token_chunk > 0 && s.moe_token_chunk < s.n; }
 
-// The routing of the block's tokens [t0, t0 + nc): offsets (E + 1) of its copies by expert and, where
-// rows are moved, s.host_rows / s.host_slot (chunk-local token and slot positions) from s.host_topk.
-void chunk_route(StepContext& s, int64_t t0, int64_t nc, std::vector<int64_t>& offsets) {
+// The routing of the block's tokens [t0, t0 + nc), its chunk number `chunk`: offsets (E + 1) of its copies by
+// expert and, where rows are moved, s.host_rows / s.host_slot (chunk-local token and slot positions) from
+// s.host_topk.
+void chunk_route(StepContext& s, int64_t chunk, int64_t t0, int64_t nc, std::vector<int64_t>& offsets) {
   const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok, mc = nc * k;
   offsets.assign(static_cast<size_t>(E + 1), 0);
   if (s.profile.kind != RoutingProfile::Kind::Kind_router && !s.be.computes()) {
     // Note [Meta routes a profile in closed form]; every layer routes a chunk alike (Note [A routing
     // profile is routed once per step]): counted once per step.
-    const size_t c = static_cast<size_t>(s.moe_chunk);
+    const size_t c = static_cast<size_t>(chunk);
     if (s.profile_chunk_offsets.size() <= c) s.profile_chunk_offsets.resize(c + 1);
     if (s.profile_chunk_offsets[c].empty()) {
       s.profile_chunk_offsets[c].assign(static_cast<size_t>(E + 1), 0);
@@ -200,13 +202,6 @@ Tensor moe_dh2_start(StepContext& s, const LayerParams& lp, MoeActs& a, const Te
                              s.precision.activations);
 }
 
-// The block's token window for the dispatch (and its end: every field back to the whole block).
-void window_set(StepContext& s, int64_t chunk, int64_t t0, int64_t nc) {
-  s.moe_chunk = chunk;
-  s.moe_t0 = t0;
-  s.moe_n = nc;
-}
-
 // The router's backward (through the top-k weights dw (n, k), the softmax or sigmoid, and the
 // load-balancing loss) into dh2, then post_attention_layernorm's into dx; frees dw and what is left of a.
 void router_norm_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, Tensor& dw,
@@ -255,19 +250,18 @@ Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Te
   std::vector<int64_t> offsets;
   for (int64_t t0 = 0, chunk = 0; t0 < n; t0 += c, ++chunk) {
     const int64_t nc = std::min(c, n - t0), mc = nc * k;
-    window_set(s, chunk, t0, nc);
-    chunk_route(s, t0, nc, offsets);
+    chunk_route(s, chunk, t0, nc, offsets);
     if (stats) stats_fill(s, a, offsets, *stats, chunk == 0);
     Tensor rows, slot_pos;
     chunk_rows_upload(s, nc, rows, slot_pos);
     Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
     K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
     rows.reset();
-    Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, nullptr);
+    const MoeChunk window{chunk, t0, nc, s.host_rows, nullptr};
+    Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, nullptr);
     K.moe_combine_forward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(x2.f32(), t0 * H), nc, k,
                           H);
   }
-  window_set(s, 0, 0, 0);
   return x2;
 }
 }  // namespace
@@ -328,9 +322,8 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   }
 
   // The experts, wherever they live: the dispatch takes xs and returns ys (m, H) in the same order.
-  s.moe_h2 = keep ? &a.h2 : nullptr;  // freed above unless kept
-  a.ys = expert_dispatch(s).forward(s, lp, std::move(xs), a.offsets, keep ? &a.dispatch : nullptr);
-  s.moe_h2 = nullptr;
+  const MoeChunk whole{0, 0, n, s.host_rows, keep ? &a.h2 : nullptr};  // h2 freed above unless kept
+  a.ys = expert_dispatch(s).forward(s, lp, std::move(xs), a.offsets, whole, keep ? &a.dispatch : nullptr);
 
   if (!x2.defined()) {
     x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
@@ -364,9 +357,8 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   if (c.n_shared_experts > 0) dh2 = moe_dh2_start(s, lp, a, dx);
 
   // The experts' backward, wherever they live: dys (m, H) -> dxs (m, H); owned experts' weight gradients.
-  s.moe_h2 = &a.h2;
-  Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(dys), a.offsets, std::move(a.dispatch));
-  s.moe_h2 = nullptr;
+  const MoeChunk whole{0, 0, n, s.host_rows, &a.h2};
+  Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(dys), a.offsets, whole, std::move(a.dispatch));
 
   // back to token order
   if (!dh2.defined()) {
@@ -403,25 +395,22 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
   std::vector<int64_t> offsets;
   for (int64_t t0 = 0, chunk = 0; t0 < n; t0 += ct, ++chunk) {
     const int64_t nc = std::min(ct, n - t0), mc = nc * k;
-    window_set(s, chunk, t0, nc);
-    chunk_route(s, t0, nc, offsets);
+    chunk_route(s, chunk, t0, nc, offsets);
     Tensor rows, slot_pos;
     chunk_rows_upload(s, nc, rows, slot_pos);
     Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
     K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
     rows.reset();
     const Tensor h2_chunk = Tensor::view(a.h2, t0 * H, {nc, H}, "moe.h2");
-    s.moe_h2 = &h2_chunk;
+    const MoeChunk window{chunk, t0, nc, s.host_rows, &h2_chunk};
     std::unique_ptr<DispatchActs> acts;
-    Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, &acts);
+    Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, &acts);
     // d ys in ys's buffer and the chunk's rows of d w (as moe_block_backward does for the whole block).
     K.moe_combine_backward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(dx.f32(), t0 * H),
                            ys.f32(), ptr_at(dw.f32(), t0 * k), nc, k, H);
-    Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(ys), offsets, std::move(acts));
-    s.moe_h2 = nullptr;
+    Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(ys), offsets, window, std::move(acts));
     K.moe_scatter_add(dxs.f32(), slot_pos.i32(), ptr_at(dh2.f32(), t0 * H), nc, k, H);
   }
-  window_set(s, 0, 0, 0);
   a.topk_w.reset();
 
   router_norm_backward(s, lp, x1, a, dw, aux_bias, dh2, dx);

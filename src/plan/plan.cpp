@@ -8,10 +8,10 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "data/context_split.h"
-#include "model/model.h"
 #include "sched/dispatch/chunk_plan.h"
 #include "sched/optim/optimizer.h"
 #include "sched/vocab/ring_dtp.h"
+#include "step/step.h"
 
 namespace fp::plan {
 
@@ -65,7 +65,7 @@ OptimConfig engine_optim(const Schedules& sc) {
 
 namespace {
 
-// One training step as the trainer runs it (zero grads, forward_backward, the optimizer step) on
+// One training step as the trainer runs it (zero grads, step_forward_backward, the optimizer step) on
 // every rank of a W-rank thread world, each on its own meta backend; returns every rank's ledgers.
 std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const PlanOptions& opt) {
   const ModelConfig& cfg = in.model;
@@ -99,7 +99,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     batch.tokens.assign(static_cast<size_t>(batch.B * batch.T), 0);
     batch.targets.assign(batch.tokens.size(), 0);
     if (W > 1) batch.positions = context_positions(T, r, W);
-    model.forward_backward(batch);
+    step_forward_backward(model, batch);
     optim->step(1, 1);
     be->synchronize();
     const Ledger& d = be->device_ledger();

@@ -6,7 +6,7 @@
 // A plan is a run of the engine: W ranks as threads of one process (comm/thread_comm.h), each with a
 // meta backend that performs the engine's own allocations and computes nothing, joined by a comm
 // that really exchanges the host data behind data-dependent sizes (EP's counts, LLEP's loads,
-// Ring-DTP's token counts), running the step the trainer runs (zero grads, forward_backward, the
+// Ring-DTP's token counts), running the step the trainer runs (zero grads, step_forward_backward, the
 // optimizer step) in the settings' precision recipe. Its ledgers are the plan. No second copy of the
 // allocation sequence exists, so nothing can drift from the engine (ggml plans allocation from the
 // graph it will run, for the same reason). The plan describes the rank with the largest step peak,

@@ -25,7 +25,7 @@
 #include "memory/report.h"
 #include "memory/trace.h"
 #include "model/hf_config.h"
-#include "model/model.h"
+#include "step/step.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
 #include "train/run_config.h"
@@ -496,7 +496,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     if (step == fault.step && (fault.kind == "spike" || fault.kind == "nan"))
       fault_apply(*be, model.params(), fault.kind);
     model.zero_grads();
-    StepOutputs out = model.forward_backward(batch, want_logits ? &logits : nullptr);
+    StepOutputs out = step_forward_backward(model, batch, want_logits ? &logits : nullptr);
     if (be->computes() && !std::isfinite(out.loss))
       throw Error(fmt::format("the loss is {} at step {} (cross-entropy {}, aux {}); no update was applied", out.loss,
                               step, out.ce_loss, out.aux_loss),

@@ -22,7 +22,7 @@
 #include "data/context_split.h"
 #include "data/recall_task.h"
 #include "io/safetensors.h"
-#include "model/model.h"
+#include "step/step.h"
 
 using namespace fp;
 
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     Batch global = recall_batch(rc, 0, 2, nullptr);
     Batch local = context_slice(global, comm.rank(), comm.size());
     be->device_ledger().peaks_reset();
-    StepOutputs out = model.forward_backward(local);
+    StepOutputs out = step_forward_backward(model, local);
     const Ledger& led = be->device_ledger();
     int64_t mine[4] = {static_cast<int64_t>(led.current(Category::Category_params)),
                        static_cast<int64_t>(led.peak(Category::Category_params)),

@@ -1,6 +1,6 @@
 // flatpeak plan against a real multi-process meta run (run under mpirun -np W; W = 1 runs too).
 // For every case (model shape x schedules x routing x precision recipe), each MPI rank runs one
-// training step as the trainer does (zero grads, forward_backward, the optimizer step) on its own meta
+// training step as the trainer does (zero grads, step_forward_backward, the optimizer step) on its own meta
 // backend with the MPI world as its comm, and compares its ledgers with plan::plan_step's run of the
 // same step (W threads in this process, comm/thread_comm.h):
 //   - every category's device peak, the step peak, every host category's peak and the host total;
@@ -18,9 +18,9 @@
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "data/context_split.h"
-#include "model/model.h"
 #include "plan/plan.h"
 #include "sched/optim/optimizer.h"
+#include "step/step.h"
 
 using namespace fp;
 
@@ -104,7 +104,7 @@ void case_run(Comm& comm, const Case& c) {
     batch.tokens.assign(static_cast<size_t>(batch.B * batch.T), 0);
     batch.targets.assign(batch.tokens.size(), 0);
     if (W > 1) batch.positions = context_positions(c.shape.T, r, W);
-    model.forward_backward(batch);
+    step_forward_backward(model, batch);
     optim->step(1, 1);
     be->synchronize();
   }

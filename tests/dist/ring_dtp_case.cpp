@@ -29,10 +29,10 @@
 #include "core/units.h"
 #include "data/context_split.h"
 #include "data/random_batch.h"
-#include "model/model.h"
 #include "sched/optim/adamw.h"
 #include "sched/vocab/ring_dtp.h"
 #include "sched/vocab/vocab_head.h"
+#include "step/step.h"
 
 #include "../common/vocab_head_case.h"
 
@@ -265,7 +265,7 @@ std::vector<double> train_losses(Comm& comm, const VocabSchedule& v) {
   const int64_t steps = 10;
   for (int64_t s = 1; s <= steps; ++s) {
     model.zero_grads();
-    losses.push_back(model.forward_backward(local).loss);
+    losses.push_back(step_forward_backward(model, local).loss);
     opt.step(s, steps);
   }
   return losses;

@@ -9,8 +9,8 @@
 #include "backend/backend.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "model/model.h"
 #include "sched/optim/optimizer.h"
+#include "step/step.h"
 #include "../common/deepseek_config.h"
 
 namespace fp {
@@ -34,7 +34,7 @@ TEST(DeepseekV3, MetaAllocatesAsCpu) {
       auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
       Model model(m, *be, routing_profile_parse(prof));
       model.init_weights(m.seed);
-      StepOutputs out = model.forward_backward(batch_random(2, 37, m.vocab_size, 3));
+      StepOutputs out = step_forward_backward(model, batch_random(2, 37, m.vocab_size, 3));
       if (std::string(device) == "cpu") EXPECT_TRUE(std::isfinite(out.loss));
       ev[i++] = be->device_ledger().events();
     }
@@ -66,7 +66,7 @@ TEST(DeepseekV3, RoutingBiasFollowsTheLoads) {
     std::vector<std::vector<float>> before(m.num_hidden_layers);
     for (int step = 1; step <= 2; ++step) {
       model.zero_grads();
-      StepOutputs out = model.forward_backward(batch);
+      StepOutputs out = step_forward_backward(model, batch);
       for (int64_t l = 1; l < m.num_hidden_layers; ++l)
         before[l] = host_of(*be, model.params().layers[l].gate_bias->w);
       optim->step(step, 2);
@@ -93,7 +93,7 @@ TEST(DeepseekV3, RoutingBiasFollowsTheLoads) {
     }
     // The next optimizer step starts from the written bias: it is still there after it.
     model.zero_grads();
-    model.forward_backward(batch);
+    step_forward_backward(model, batch);
     const std::vector<float> b1 = host_of(*be, model.params().layers[1].gate_bias->w);
     optim->step(3, 3);
     EXPECT_EQ(host_of(*be, model.params().layers[1].gate_bias->w), b1);
@@ -108,7 +108,7 @@ TEST(DeepseekV3, StepIsBitwiseRepeatable) {
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
     Model model(m, *be);
     model.init_weights(m.seed);
-    model.forward_backward(batch_random(2, 70, m.vocab_size, 4), &logits[run]);
+    step_forward_backward(model, batch_random(2, 70, m.vocab_size, 4), &logits[run]);
     for (Param& p : model.params().all()) {
       const std::vector<float> g = host_of(*be, p.g);
       grads[run].insert(grads[run].end(), g.begin(), g.end());

@@ -5,8 +5,8 @@
 #include "backend/backend.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "model/model.h"
 #include "sched/optim/optimizer.h"
+#include "step/step.h"
 
 namespace fp {
 
@@ -36,7 +36,7 @@ std::vector<LedgerEvent> run_events(const std::string& device, const RoutingProf
   Model model(m, *be, p);
   model.init_weights(m.seed);
   Batch b = batch_random(B, T, m.vocab_size, 3);
-  StepOutputs out = model.forward_backward(b);
+  StepOutputs out = step_forward_backward(model, b);
   if (device == "cpu") {
     EXPECT_TRUE(std::isfinite(out.loss));
   }
@@ -54,7 +54,7 @@ std::pair<std::vector<LedgerEvent>, std::vector<LedgerEvent>> step_events(const 
   std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
   model.zero_grads();
   Batch b = batch_random(2, 29, m.vocab_size, 5);
-  StepOutputs out = model.forward_backward(b);
+  StepOutputs out = step_forward_backward(model, b);
   optim->step(1, 1);
   if (device == "cpu") EXPECT_TRUE(std::isfinite(out.loss));
   return {be->device_ledger().events(), be->host_ledger().events()};
@@ -128,7 +128,7 @@ TEST(MetaBackend, ScalesToLongContextInstantly) {
   auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
   Model model(m, *be, routing_profile_parse("balanced"));
   Batch b = batch_random(1, 131072, m.vocab_size, 1);
-  model.forward_backward(b);
+  step_forward_backward(model, b);
   const Ledger& l = be->device_ledger();
   // Full logits, log-softmax and their gradient: 3 x n x V fp32 at once.
   EXPECT_EQ(l.peak(Category::Category_vocab), 3ull * 131072 * 32000 * 4);
@@ -144,7 +144,7 @@ TEST(OutOfMemory, NamesTheCategoryThatRanOut) {
   {
     auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
     Model model(m, *be, p);
-    model.forward_backward(batch_random(2, 64, m.vocab_size, 1));
+    step_forward_backward(model, batch_random(2, 64, m.vocab_size, 1));
     peak = be->device_ledger().total_peak();
   }
   for (const char* dev : {"meta", "cpu"}) {
@@ -152,7 +152,7 @@ TEST(OutOfMemory, NamesTheCategoryThatRanOut) {
     Model model(m, *be, p);
     model.init_weights(1);
     try {
-      model.forward_backward(batch_random(2, 64, m.vocab_size, 1));
+      step_forward_backward(model, batch_random(2, 64, m.vocab_size, 1));
       FAIL() << dev;
     } catch (const OutOfMemoryError& e) {
       EXPECT_EQ(e.category(), Category::Category_vocab) << e.what();
@@ -171,16 +171,16 @@ TEST(Model, BatchValidationNamesThePosition) {
   Batch b = batch_random(2, 8, m.vocab_size, 1);
   b.tokens[11] = 50;
   try {
-    model.forward_backward(b);
+    step_forward_backward(model, b);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token id 50 at sequence 1, position 3"), std::string::npos) << e.what();
   }
   b = batch_random(2, 8, m.vocab_size, 1);
   b.targets[0] = -1;
-  EXPECT_THROW(model.forward_backward(b), Error);
+  EXPECT_THROW(step_forward_backward(model, b), Error);
   for (auto& t : b.targets) t = -100;
-  EXPECT_THROW(model.forward_backward(b), Error);
+  EXPECT_THROW(step_forward_backward(model, b), Error);
 }
 
 TEST(Model, BitwiseDeterministic) {
@@ -191,7 +191,7 @@ TEST(Model, BitwiseDeterministic) {
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
     Model model(m, *be, RoutingProfile{});
     model.init_weights(m.seed);
-    loss[r] = model.forward_backward(batch_random(2, 70, m.vocab_size, 5)).loss;
+    loss[r] = step_forward_backward(model, batch_random(2, 70, m.vocab_size, 5)).loss;
     for (Param& p : model.params().all()) {
       const float* g = p.g.f32();
       grads[r].emplace_back(g, g + p.g.numel());

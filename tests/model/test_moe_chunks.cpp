@@ -12,7 +12,7 @@
 #include "backend/backend.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "model/model.h"
+#include "step/step.h"
 #include "../common/deepseek_config.h"
 
 namespace fp {
@@ -47,7 +47,7 @@ StepRun run(const ModelConfig& m, const std::string& device, int64_t token_chunk
   Model model(m, *be, p, sched);
   model.init_weights(m.seed);
   StepRun r;
-  r.out = model.forward_backward(batch_random(2, 45, m.vocab_size, 8), device == "cpu" ? &r.logits : nullptr);
+  r.out = step_forward_backward(model, batch_random(2, 45, m.vocab_size, 8), device == "cpu" ? &r.logits : nullptr);
   if (device == "cpu")
     for (Param& q : model.params().all()) {
       std::vector<float> g(static_cast<size_t>(q.g.numel()));

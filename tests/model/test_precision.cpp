@@ -20,8 +20,8 @@
 #include "core/precision.h"
 #include "data/context_split.h"
 #include "data/random_batch.h"
-#include "model/model.h"
 #include "sched/optim/optimizer.h"
+#include "step/step.h"
 #include "train/run_config.h"
 #include "../common/case_model.h"
 #include "../common/tiny_config.h"
@@ -207,7 +207,7 @@ struct StepRun {
   std::unique_ptr<Optimizer> opt;
 };
 
-// One training step on meta (zero grads, forward_backward, the optimizer step) in precision p, on
+// One training step on meta (zero grads, step_forward_backward, the optimizer step) in precision p, on
 // rank comm->rank() of comm->size() (one rank when comm is null).
 StepRun run_step(const Case& c, const Sched& sc, const Precision& p, Comm* comm) {
   const ModelConfig m = case_config(c);
@@ -227,7 +227,7 @@ StepRun run_step(const Case& c, const Sched& sc, const Precision& p, Comm* comm)
   model.zero_grads();
   Batch batch = batch_random(c.B, c.T, c.V, 11);
   if (comm != nullptr) batch = context_slice(batch, comm->rank(), comm->size());
-  model.forward_backward(batch);
+  step_forward_backward(model, batch);
   run.opt->step(1, 1);
   return run;
 }

@@ -16,10 +16,10 @@
 #include "core/rng.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "model/model.h"
 #include "sched/optim/adamw.h"
 #include "sched/vocab/ring_dtp.h"
 #include "sched/vocab/vocab_head.h"
+#include "step/step.h"
 
 #include "../common/vocab_head_case.h"
 
@@ -168,7 +168,7 @@ TEST(RingDtp, ForwardOnlyLoss) {
     sched.vocab.block_tokens = 7;
     Model model(m, *be, RoutingProfile{}, sched);
     model.init_weights(2);
-    loss[k] = model.forward(b).ce_loss;
+    loss[k] = step_forward(model, b).ce_loss;
     for (const Param& p : model.params().all()) {
       const std::vector<float> g = to_host(*be, p.g);
       for (const float v : g) ASSERT_EQ(v, 0.0f) << p.name;
@@ -228,7 +228,7 @@ TEST(RingDtp, MetaAllocatesAsCpuAndFlattensTheVocabPeak) {
     auto be = backend_create(k ? "meta" : "cpu", kUnlimitedBytes, kUnlimitedBytes);
     Model model(m, *be, p, sched);
     model.init_weights(1);
-    model.forward_backward(batch_random(2, 37, m.vocab_size, 3));
+    step_forward_backward(model, batch_random(2, 37, m.vocab_size, 3));
     ev[k] = be->device_ledger().events();
   }
   ASSERT_EQ(ev[0].size(), ev[1].size());
@@ -244,7 +244,7 @@ TEST(RingDtp, MetaAllocatesAsCpuAndFlattensTheVocabPeak) {
   auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
   sched.vocab.block_tokens = 1024;
   Model model(m, *be, p, sched);
-  model.forward_backward(batch_random(1, n, m.vocab_size, 1));
+  step_forward_backward(model, batch_random(1, n, m.vocab_size, 1));
   const uint64_t ring = be->device_ledger().peak(Category::Category_vocab);
   EXPECT_EQ(ring, ring_dtp_vocab_bytes(sched.vocab, n, m.vocab_size));
   EXPECT_LT(ring, 3ull * n * 32000 * 4 / 100);  // over 99% below the full head's peak
@@ -279,7 +279,7 @@ TEST(RingDtp, TrainingMatchesFullHead) {
     AdamW opt(model.params(), *be, oc);
     for (int64_t s = 1; s <= steps; ++s) {
       model.zero_grads();
-      losses[k].push_back(model.forward_backward(batch).loss);
+      losses[k].push_back(step_forward_backward(model, batch).loss);
       opt.step(s, steps);
     }
     for (const Param& p : model.params().all()) weights[k].push_back(to_host(*be, p.w));

@@ -13,9 +13,9 @@
 #include "backend/backend.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "model/model.h"
 #include "sched/ckpt/sco.h"
 #include "sched/optim/adamw.h"
+#include "step/step.h"
 
 namespace fp {
 
@@ -85,7 +85,7 @@ TrainResult train(const ModelConfig& m, const ModelSchedules& sched, int steps, 
   TrainResult r;
   for (int step = 1; step <= steps; ++step) {
     model.zero_grads();
-    r.losses.push_back(model.forward_backward(batch_random(kB, kT, m.vocab_size, 100 + step)).loss);
+    r.losses.push_back(step_forward_backward(model, batch_random(kB, kT, m.vocab_size, 100 + step)).loss);
     if (step == steps)
       for (Param& p : model.params().all()) r.grads.emplace_back(p.g.f32(), p.g.f32() + p.g.numel());
     optim.step(step, steps);
@@ -153,7 +153,7 @@ TEST(Sco, CheckpointsPeakIsTwoBoundariesWhateverTheDepth) {
         Model model(m, *be, routing_profile_parse("balanced"),
                     schedules(v ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device));
         if (be->computes()) model.init_weights(m.seed);
-        model.forward_backward(batch_random(kB, kT, m.vocab_size, 3));
+        step_forward_backward(model, batch_random(kB, kT, m.vocab_size, 3));
         peak[v] = be->device_ledger().peak(Category::Category_checkpoints);
         host_peak[v] = be->host_ledger().peak(Category::Category_checkpoints);
         EXPECT_EQ(be->device_ledger().current(Category::Category_checkpoints), 0u);
@@ -199,7 +199,7 @@ TEST(Sco, MetaLedgerSequenceEqualsCpu) {
     auto be = backend_create(d ? "meta" : "cpu", kUnlimitedBytes, kUnlimitedBytes);
     Model model(m, *be, p, schedules(CkptSchedule::Kind::Kind_sco, 3 * boundary_bytes(m)));
     if (be->computes()) model.init_weights(m.seed);
-    for (int step = 0; step < 2; ++step) model.forward_backward(batch_random(kB, kT, m.vocab_size, 9 + step));
+    for (int step = 0; step < 2; ++step) step_forward_backward(model, batch_random(kB, kT, m.vocab_size, 9 + step));
     ev[d][0] = be->device_ledger().events();
     ev[d][1] = be->host_ledger().events();
   }

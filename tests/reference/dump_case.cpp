@@ -24,7 +24,7 @@
 #include "core/units.h"
 #include "data/random_batch.h"
 #include "io/safetensors.h"
-#include "model/model.h"
+#include "step/step.h"
 
 using namespace fp;
 
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
     Batch batch = batch_random(c.B, c.T, c.m.vocab_size, 5);
     for (int64_t i = 0; i < c.B * c.T; i += 7) batch.targets[i] = -100;  // some ignored positions
     std::vector<float> logits;
-    StepOutputs out = model.forward_backward(batch, &logits);
+    StepOutputs out = step_forward_backward(model, batch, &logits);
 
     std::vector<std::vector<float>> keep;  // host copies backing the views
     std::vector<SafetensorsView> views;

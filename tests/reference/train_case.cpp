@@ -13,8 +13,8 @@
 #include "core/units.h"
 #include "data/recall_task.h"
 #include "io/safetensors.h"
-#include "model/model.h"
 #include "sched/optim/adamw.h"
+#include "step/step.h"
 
 using namespace fp;
 
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     for (int64_t s = 1; s <= steps; ++s) {
       Batch b = recall_batch(rc, (s - 1) * B, B, nullptr);
       model.zero_grads();
-      StepOutputs out = model.forward_backward(b);
+      StepOutputs out = step_forward_backward(model, b);
       AdamW::StepStats st = optim.step(s, steps);
       losses.push_back(static_cast<float>(out.loss));
       keep_i.push_back(b.tokens);

@@ -23,11 +23,11 @@
 #include "core/rng.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "model/model.h"
 #include "model/params.h"
 #include "sched/optim/adamw.h"
 #include "sched/optim/offload.h"
 #include "sched/optim/optimizer.h"
+#include "step/step.h"
 
 namespace fp {
 
@@ -267,7 +267,7 @@ TEST(OffloadAdamW, MatchesDeviceAdamWOverTenTrainingSteps) {
     const int steps = 10;
     for (int s = 1; s <= steps; ++s) {
       model.zero_grads();
-      const StepOutputs out = model.forward_backward(batch_random(2, 9, tiny_model().vocab_size, 500 + s));
+      const StepOutputs out = step_forward_backward(model, batch_random(2, 9, tiny_model().vocab_size, 500 + s));
       losses->push_back(out.loss);
       opt->step(s, steps);
     }

@@ -1,5 +1,5 @@
 // Where the checkpoint boundaries live between forward and backward (Note [Per-layer checkpointing]
-// in model/model.h). Legend: L layers, n tokens, H hidden; a boundary is x_l (n, H).
+// in step/step.h). Legend: L layers, n tokens, H hidden; a boundary is x_l (n, H).
 //
 // The model calls, for one step:
 //   forward   put(0, x_0), put(1, x_1), ..., put(L-1, x_{L-1})      (l ascending)

@@ -17,7 +17,7 @@
 // restore two at a time].
 //
 // clear() waits for every copy, frees every device copy and returns the host buffers to the pool;
-// the pool frees them when the store is destroyed (model.cpp creates one store per step, so host
+// the pool frees them when the store is destroyed (step/step.cpp creates one store per step, so host
 // memory is released at the end of the step; a store kept across steps would reuse its buffers).
 //
 // Allocation order depends only on the call sequence, never on when a copy finishes (frees happen

@@ -12,9 +12,9 @@
 //   llep            (llep.cpp)      LLEP: the least-loaded plan (llep_plan.h) moves pieces of hot experts
 //                                   to other ranks with the experts' weights; standard below lambda.
 //   pipelined_llep  (pipelined_llep.cpp) LLEP's plan dispatched in K chunks (chunk_plan.h): what a rank
-//                                   receives at once is bounded at launch. Reads s.host_rows (the token
-//                                   of each row of xs, set by moe_block_forward) for chunk membership;
-//                                   on meta under a profile, the profile's closed form (model/routing.h).
+//                                   receives at once is bounded at launch. Reads MoeChunk::rows (the token
+//                                   of each row of xs) for chunk membership; on meta under a profile, the
+//                                   profile's closed form (model/routing.h).
 //
 // Legend: n tokens on this rank, k experts per token, m = n * k routed copies, H hidden, I expert FFN
 // width, E experts, W ranks, E_p = E / W, R = rows this rank computes (under standard: every route of
@@ -25,7 +25,8 @@
 //   ops/moe_routing.h: expert by expert, and within an expert tokens then slots in order), category
 //   activations (the token side: what the rank itself routes); offsets (E + 1) on the host: the rows
 //   of global expert e are [offsets[e], offsets[e+1]). The counts are real on every backend (on meta
-//   they come from the routing profile).
+//   they come from the routing profile). chunk (MoeChunk): which of the rank's tokens xs holds the
+//   copies of; the same for a forward and the backward of its acts.
 // - forward returns ys (m, H) in category activations, in the same order: ys[i] = expert_e(xs[i]) for the
 //   expert e whose range holds i. Ownership of xs passes to the call: the variant frees it as soon as
 //   it is done with it (or keeps it in its DispatchActs when backward needs it).
@@ -55,6 +56,22 @@
 
 namespace fp {
 
+// The tokens one dispatch call serves, given by the MoE block (model/moe_block.cpp) with xs: the rank's
+// tokens [t0, t0 + n), window number `index` of the block (Note [The MoE token side in chunks]; an
+// unchunked block is the one window {0, 0, n}). Every field is the caller's and lives through the call.
+struct MoeChunk {
+  int64_t index = 0;  // the window's number in the block, 0 unchunked: per-window caches key on it
+  int64_t t0 = 0;     // its first token among the rank's n
+  int64_t n = 0;      // its tokens; every rank's windows have the same sizes (the collectives stay matched)
+  // (m) the token of each row of xs (expert order), counted from t0; empty where rows are not built (meta
+  // under a profile: Note [Meta routes a profile in closed form] in model/routing.cpp).
+  std::span<const int32_t> rows;
+  // (n, H) the window's normed tokens (MoeActs::h2), offered to a forward with keep and to the backward
+  // (null otherwise): a dispatch that sends rows again in backward may gather them from it (token of row
+  // i: rows[i]) instead of keeping xs.
+  const Tensor* h2 = nullptr;
+};
+
 // What the last forward moved, for tests and benchmarks (rows of H values).
 struct DispatchStats {
   int64_t rows_sent = 0;      // rows of xs this rank sent to other ranks (0 with W = 1)
@@ -68,10 +85,10 @@ class ExpertDispatch {
 
   // xs (m, H) -> ys (m, H); see the contract above.
   virtual Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
-                         std::unique_ptr<DispatchActs>* keep) = 0;
-  // dys (m, H) -> dxs (m, H); acts: what forward left in *keep (same offsets).
+                         const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) = 0;
+  // dys (m, H) -> dxs (m, H); acts: what forward left in *keep (same offsets and chunk).
   virtual Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
-                          std::unique_ptr<DispatchActs> acts) = 0;
+                          const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) = 0;
 
   const DispatchStats& last() const { return last_; }
 

@@ -34,14 +34,15 @@ constexpr Category kComm = Category::Category_comm;
 
 LlepParams llep_params(const DispatchSchedule& d) { return {d.lambda, d.alpha, d.min_tokens_per_gemm}; }
 
-void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64_t> offsets, LlepLayer& out) {
+void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64_t> offsets, int64_t tokens,
+                      LlepLayer& out) {
   const int W = s.comm.size(), me = s.comm.rank();
   const int64_t E = s.cfg.num_experts;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == E + 1);
   // One all-gather of (E + 1) numbers per rank: its copies per expert, then its token count.
   std::vector<int64_t> mine(static_cast<size_t>(E + 1));  // (E + 1)
   for (int64_t e = 0; e < E; ++e) mine[e] = offsets[e + 1] - offsets[e];
-  mine[E] = s.moe_tokens();
+  mine[E] = tokens;
   std::vector<int64_t> all(static_cast<size_t>(W * (E + 1)));  // (W, E + 1)
   s.comm.all_gather(mine.data(), all.data(), E + 1, DType::DType_I64);
   out.counts.resize(static_cast<size_t>(W * E));
@@ -224,7 +225,7 @@ class LlepDispatch : public LlepDispatchBase {
   std::string_view name() const override { return "llep"; }
 
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
-                 std::unique_ptr<DispatchActs>* keep) override {
+                 const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
     Backend& be = s.be;
     const ops::Kernels& K = be.kernels();
     const int64_t H = s.cfg.hidden_size, m = xs.dim(0);
@@ -235,11 +236,11 @@ class LlepDispatch : public LlepDispatchBase {
       a = acts.get();
       *keep = std::move(acts);
     }
-    llep_layer_build(s, params_, offsets, a->layer);
+    llep_layer_build(s, params_, offsets, chunk.n, a->layer);
     const LlepPlan& plan = a->layer.plan;
     stats_ = {plan.active, plan.imbalance, plan.load_ratio(), static_cast<int64_t>(a->layer.guests.size())};
     if (!plan.active) {  // below lambda: standard expert parallelism, unchanged
-      Tensor ys = standard_->forward(s, lp, std::move(xs), offsets, keep ? &a->standard : nullptr);
+      Tensor ys = standard_->forward(s, lp, std::move(xs), offsets, chunk, keep ? &a->standard : nullptr);
       last_ = standard_->last();
       return ys;
     }
@@ -293,12 +294,12 @@ class LlepDispatch : public LlepDispatchBase {
   }
 
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
-                  std::unique_ptr<DispatchActs> acts) override {
+                  const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) override {
     Backend& be = s.be;
     const ops::Kernels& K = be.kernels();
     auto* a = dynamic_cast<LlepActs*>(acts.get());
     FP_ASSERT(a != nullptr, "llep dispatch backward needs the acts of an llep forward with keep");
-    if (a->standard) return standard_->backward(s, lp, std::move(dys), offsets, std::move(a->standard));
+    if (a->standard) return standard_->backward(s, lp, std::move(dys), offsets, chunk, std::move(a->standard));
     const int64_t H = s.cfg.hidden_size, m = dys.dim(0), R = a->group_offsets.back();
 
     Tensor dsend = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.dsend");  // (m, H) by destination

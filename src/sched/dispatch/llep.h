@@ -27,8 +27,10 @@ struct LlepLayer {
   std::vector<int64_t> guests;     // (G) experts computed here and owned elsewhere, ascending (so by home)
   int64_t n_max = 0;               // the most tokens any rank has (chunking must agree on every rank)
 };
-// Collective (all-gather of the E counts and the token count): offsets (E + 1) rows of each expert in this rank's xs.
-void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64_t> offsets, LlepLayer& out);
+// Collective (all-gather of the E counts and the token count): offsets (E + 1) rows of each expert in this rank's xs,
+// the copies of `tokens` of the rank's tokens (MoeChunk::n).
+void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64_t> offsets, int64_t tokens,
+                      LlepLayer& out);
 
 // The weights of this rank's guest experts, received point-to-point from their homes, and their
 // gradients, sent home in backward and added there to the owner's (DESIGN.md: "A rank that computes
@@ -113,7 +115,8 @@ void* comm_ptr(const Backend& be, const Tensor& t);
 
 // The factories (registered in dispatch.cpp).
 std::unique_ptr<ExpertDispatch> dispatch_llep_create(const DispatchSchedule& sched);
-// n: tokens per rank (the same on every rank); checks at launch that the chunk bound fits the device.
+// s.n: tokens per rank (the same on every rank); the largest window the MoE block hands over is
+// min(s.n, sched.token_chunk) (all s.n when token_chunk is 0). Checks at launch that the chunk bound fits the device.
 std::unique_ptr<ExpertDispatch> dispatch_pipelined_llep_create(const DispatchSchedule& sched, const StepContext& s);
 
 }  // namespace fp

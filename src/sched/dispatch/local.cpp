@@ -20,7 +20,7 @@ class LocalDispatch : public ExpertDispatch {
   std::string_view name() const override { return "local"; }
 
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
-                 std::unique_ptr<DispatchActs>* keep) override {
+                 const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
     weights_fill(lp, offsets);
     ExpertActs scratch;
     ExpertActs* a = &scratch;
@@ -36,7 +36,7 @@ class LocalDispatch : public ExpertDispatch {
   }
 
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
-                  std::unique_ptr<DispatchActs> acts) override {
+                  const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) override {
     auto* a = dynamic_cast<LocalActs*>(acts.get());
     FP_ASSERT(a != nullptr, "local dispatch backward needs the acts of a local forward with keep");
     weights_fill(lp, offsets);

@@ -17,7 +17,7 @@
 //   pllep.back (m_i, H)   all-to-all-v back; y freed; the rows are copied into the output; back freed
 // The output is xs itself (each chunk's rows of xs are sent before its results overwrite them), so
 // the token side holds one (m, H) buffer. With keep, backward needs the rows again: when the MoE block
-// offers its normed tokens (s.moe_h2) they are gathered from there (pllep.tokens (m) i32: the token of
+// offers its normed tokens (MoeChunk::h2) they are gathered from there (pllep.tokens (m) i32: the token of
 // each chunk row), otherwise xs stays for backward and the output is a new moe.ys (m, H) (category activations, as xs).
 //
 // With keep (the forward before backward), each chunk's FFN intermediates g, u, act (r_i, I, category
@@ -71,7 +71,7 @@ struct PipelinedActs : DispatchActs {
   std::shared_ptr<const ChunkLayout> chunks;
   GuestExperts guests;          // received weights kept for backward
   Tensor xs;                    // (m, H) the routed copies, sent again chunk by chunk in backward, unless ...
-  Tensor tokens;                // (m) i32 ... the rows are gathered again from s.moe_h2: the token of each chunk row
+  Tensor tokens;                // (m) i32 ... the rows are gathered again from MoeChunk::h2: each chunk row's token
   Tensor rows;                  // (m) i32 device copy of chunks.rows
   std::vector<ExpertActs> ffn;  // (K) each chunk's g, u, act (r_i, I); x is not kept
 };
@@ -85,7 +85,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   std::string_view name() const override { return "pipelined_llep"; }
 
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
-                 std::unique_ptr<DispatchActs>* keep) override {
+                 const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
     Backend& be = s.be;
     const ops::Kernels& K = be.kernels();
     const int64_t H = s.cfg.hidden_size, m = xs.dim(0);
@@ -104,16 +104,16 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     // tokens and 64 ranks this is most of a step's host work.
     // Under token chunks (Note [The MoE token side in chunks]) one layout per chunk of the block.
     const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
-    const size_t slot = static_cast<size_t>(s.moe_chunk);
+    const size_t slot = static_cast<size_t>(chunk.index);
     if (profile_layers_.size() <= slot) {
       profile_layers_.resize(slot + 1);
       profile_chunks_.resize(slot + 1);
     }
     if (!profiled || profile_chunks_[slot] == nullptr) {
       auto layer = std::make_shared<LlepLayer>();
-      llep_layer_build(s, params_, offsets, *layer);
+      llep_layer_build(s, params_, offsets, chunk.n, *layer);
       auto built = std::make_shared<ChunkLayout>();
-      chunks_build(s, offsets, *layer, *built);
+      chunks_build(s, offsets, chunk, *layer, *built);
       a->layer = layer;
       a->chunks = built;
       if (profiled) profile_layers_[slot] = layer, profile_chunks_[slot] = built;
@@ -127,12 +127,12 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     be.copy_from_host(a->rows.data(), C.rows.data(), a->rows.bytes());
     // Backward sends the rows again: from the block's h2 when the block offers it (then xs can take
     // the outputs in place, as without keep), else from xs kept here (then the output is new).
-    const bool regather = keep && s.moe_h2 != nullptr;
+    const bool regather = keep && chunk.h2 != nullptr;
     if (regather) {
       a->tokens = be.alloc(kDispatch, {m}, DType::DType_I32, "pllep.tokens");  // (m)
       if (be.computes()) {  // meta: no O(m) host work for a copy that moves nothing
         host_tokens_.resize(static_cast<size_t>(m));
-        for (int64_t j = 0; j < m; ++j) host_tokens_[j] = s.host_rows[C.rows[j]];
+        for (int64_t j = 0; j < m; ++j) host_tokens_[j] = chunk.rows[C.rows[j]];
         be.copy_from_host(a->tokens.data(), host_tokens_.data(), a->tokens.bytes());
       }
     }
@@ -169,7 +169,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   }
 
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
-                  std::unique_ptr<DispatchActs> acts) override {
+                  const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) override {
     Backend& be = s.be;
     const ops::Kernels& K = be.kernels();
     auto* a = dynamic_cast<PipelinedActs*>(acts.get());
@@ -186,8 +186,8 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       {
         Tensor send = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.send_x");  // (m_i, H)
         if (a->tokens.defined()) {
-          FP_ASSERT(s.moe_h2 != nullptr, "pipelined_llep: the forward gathered from s.moe_h2, the backward has none");
-          K.moe_gather(s.moe_h2->f32(), ptr_at(a->tokens.i32(), C.first[i]), send.f32(), mi, H);
+          FP_ASSERT(chunk.h2 != nullptr, "pipelined_llep: the forward gathered from the chunk's h2, the backward has none");
+          K.moe_gather(chunk.h2->f32(), ptr_at(a->tokens.i32(), C.first[i]), send.f32(), mi, H);
         } else {
           K.moe_gather(a->xs.f32(), rows_i, send.f32(), mi, H);
         }
@@ -236,13 +236,14 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
   // The chunk layout of this layer: membership, per-chunk rows by destination, and (one all-to-all
   // of counts) what every chunk brings from every source.
-  void chunks_build(StepContext& s, std::span<const int64_t> offsets, const LlepLayer& layer, ChunkLayout& C) {
+  void chunks_build(StepContext& s, std::span<const int64_t> offsets, const MoeChunk& chunk, const LlepLayer& layer,
+                    ChunkLayout& C) {
     const int W = s.comm.size();
     const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok;
     const int64_t m = offsets[E];
     // n_max, not n: K and c_eff must be the same on every rank (every chunk is one collective).
     C.cp = chunk_plan_build(std::max<int64_t>(layer.n_max, 1), sched_.chunk_cap,
-                            chunk_budget(sched_.max_chunks, s.moe_tokens(), s.n),
+                            chunk_budget(sched_.max_chunks, chunk.n, s.n),
                             sched_.strided ? ChunkMembership::ChunkMembership_strided
                                            : ChunkMembership::ChunkMembership_contiguous);
     const int64_t Kc = C.cp.K;
@@ -272,9 +273,9 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     send_blocks_.assign(static_cast<size_t>(Kc * comp_first_[W]), 0);
     const bool closed_form = !s.be.computes() && s.profile.kind != RoutingProfile::Kind::Kind_router;
     if (closed_form)
-      counts_from_profile(s, layer, C.cp);
+      counts_from_profile(s, chunk, layer, C.cp);
     else
-      counts_from_rows(s, offsets, layer, C);
+      counts_from_rows(s, offsets, chunk, layer, C);
     std::vector<int64_t>& cnt = counts_;
     C.send_elems.assign(static_cast<size_t>(Kc * W), 0);
     for (int64_t j = 0; j < Kc * W; ++j) C.send_elems[j] = cnt[j + 1] * H;
@@ -358,17 +359,17 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
   // Each row's destination (the plan's pieces) and chunk (its token's), counted: counts_ and
   // send_blocks_; row_dest_ and row_chunk_ stay for the sort of the rows.
-  void counts_from_rows(const StepContext& s, std::span<const int64_t> offsets, const LlepLayer& layer,
-                        const ChunkLayout& C) {
+  void counts_from_rows(const StepContext& s, std::span<const int64_t> offsets, const MoeChunk& chunk,
+                        const LlepLayer& layer, const ChunkLayout& C) {
     const int W = s.comm.size();
     const int64_t E = s.cfg.num_experts, m = offsets[E], Kc = C.cp.K;
-    FP_ASSERT(static_cast<int64_t>(s.host_rows.size()) == m, "pipelined_llep: s.host_rows holds {} rows, xs {}",
-              s.host_rows.size(), m);
+    FP_ASSERT(static_cast<int64_t>(chunk.rows.size()) == m, "pipelined_llep: the chunk's rows hold {} rows, xs {}",
+              chunk.rows.size(), m);
     row_dest_.resize(static_cast<size_t>(m));
     for (const LlepPiece& pc : layer.pieces)
       for (int64_t i = pc.begin; i < pc.end; ++i) row_dest_[offsets[pc.expert] + i] = pc.dest;
     row_chunk_.resize(static_cast<size_t>(m));
-    for (int64_t r = 0; r < m; ++r) row_chunk_[r] = C.cp.chunk_of(s.host_rows[r]);
+    for (int64_t r = 0; r < m; ++r) row_chunk_[r] = C.cp.chunk_of(chunk.rows[r]);
     for (int64_t r = 0; r < m; ++r) ++counts_[row_chunk_[r] * W + row_dest_[r] + 1];
     for (int64_t e = 0; e < E; ++e)
       for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
@@ -383,15 +384,15 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   // form] in model/routing.cpp): a piece of expert e's rows [begin, end) is the expert's tokens from
   // its row begin's to its row end - 1's, and a chunk is a token range (contiguous) or a residue class
   // mod K (strided). O(pieces x K x k), nothing per row.
-  void counts_from_profile(const StepContext& s, const LlepLayer& layer, const ChunkPlan& cp) {
+  void counts_from_profile(const StepContext& s, const MoeChunk& chunk, const LlepLayer& layer, const ChunkPlan& cp) {
     const int W = s.comm.size();
     const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok, Kc = cp.K;
     const bool strided = cp.membership == ChunkMembership::ChunkMembership_strided;
     std::optional<ProfileTokens> tokens;
     int64_t expert = -1, before = 0;
     // The profile routes the rank's n tokens; the MoE block may hand over one window of them (Note [The MoE
-    // token side in chunks]): tokens [b, b + moe_tokens()), counted from b for the chunk membership.
-    const int64_t b = s.moe_t0;
+    // token side in chunks]): tokens [b, b + chunk.n), counted from b for the chunk membership.
+    const int64_t b = chunk.t0;
     by_class_.resize(static_cast<size_t>(Kc));
     for (const LlepPiece& pc : layer.pieces) {
       if (pc.expert != expert) {
@@ -467,8 +468,10 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
 std::unique_ptr<ExpertDispatch> dispatch_pipelined_llep_create(const DispatchSchedule& sched, const StepContext& s) {
   const int64_t W = s.comm.size(), k = s.cfg.num_experts_per_tok, H = s.cfg.hidden_size;
-  const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(s.moe_tokens(), 1), sched.chunk_cap,
-                                        chunk_budget(sched.max_chunks, s.moe_tokens(), s.n),
+  // The launch bound is the largest window's (Note [The MoE token side in chunks] in model/moe_block.cpp).
+  const int64_t window = sched.token_chunk > 0 ? std::min(s.n, sched.token_chunk) : s.n;
+  const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(window, 1), sched.chunk_cap,
+                                        chunk_budget(sched.max_chunks, window, s.n),
                                         sched.strided ? ChunkMembership::ChunkMembership_strided
                                                       : ChunkMembership::ChunkMembership_contiguous);
   const uint64_t a = dtype_size(s.precision.activations);

@@ -57,7 +57,7 @@ class StandardDispatch : public ExpertDispatch {
   std::string_view name() const override { return "standard"; }
 
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
-                 std::unique_ptr<DispatchActs>* keep) override {
+                 const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
     Backend& be = s.be;
     const ops::Kernels& K = be.kernels();
     const int64_t H = s.cfg.hidden_size, m = xs.dim(0);
@@ -100,7 +100,7 @@ class StandardDispatch : public ExpertDispatch {
   }
 
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
-                  std::unique_ptr<DispatchActs> acts) override {
+                  const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) override {
     Backend& be = s.be;
     const ops::Kernels& K = be.kernels();
     auto* a = dynamic_cast<StandardActs*>(acts.get());

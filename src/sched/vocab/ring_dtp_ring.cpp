@@ -45,7 +45,7 @@
 // lm_head rows are. Under FSDP (Note [FSDP layout], model/params.h) they are the rank's own shard of
 // the parameter, ParamStore::lm_head_shard(): the ring reads W_r there and adds the complete dW_r
 // (every rank's tokens) to the shard's gradient, so the step neither gathers lm_head nor
-// reduce-scatters its gradient (model.cpp, kRingReadsLmHeadShard). A store whose lm_head is whole on
+// reduce-scatters its gradient (step/step.cpp, kRingReadsLmHeadShard). A store whose lm_head is whole on
 // every rank (replicated parameters, whose gradients are summed over the ranks after the step; the
 // head-level tests and bench vocab) is sliced instead, and dW written into this rank's rows only:
 // the sum over ranks is then the whole gradient.

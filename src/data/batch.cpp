@@ -1,0 +1,23 @@
+#include "data/batch.h"
+
+#include "core/error.h"
+
+namespace fp {
+
+void batch_validate(const Batch& b, int64_t V) {
+  const int64_t n = b.B * b.T;
+  FP_CHECK(b.B >= 1 && b.T >= 1, "a batch holds B >= 1 sequences of T >= 1 tokens", "empty batch ({} x {})", b.B,
+           b.T);
+  FP_CHECK(static_cast<int64_t>(b.tokens.size()) == n && static_cast<int64_t>(b.targets.size()) == n,
+           "tokens and targets are both (B, T)", "batch of {} x {} has {} tokens and {} targets", b.B, b.T,
+           b.tokens.size(), b.targets.size());
+  for (int64_t i = 0; i < n; ++i) {
+    FP_CHECK(b.tokens[i] >= 0 && b.tokens[i] < V, "every token id must be < model.vocab_size",
+             "token id {} at sequence {}, position {} is out of range [0, {})", b.tokens[i], i / b.T, i % b.T, V);
+    FP_CHECK(b.targets[i] == -100 || (b.targets[i] >= 0 && b.targets[i] < V),
+             "targets are token ids < model.vocab_size, or -100 to ignore a position",
+             "target {} at sequence {}, position {} is out of range [0, {})", b.targets[i], i / b.T, i % b.T, V);
+  }
+}
+
+}  // namespace fp

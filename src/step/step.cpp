@@ -1,0 +1,220 @@
+// The step orchestrator (step.h): inputs, the layers with checkpointing, the load-balancing loss, the
+// head, the backward with recompute; each unit of dense weights gathered around its use.
+// Legend: n = B * T tokens, H hidden, L layers, E experts, V vocabulary.
+#include "step/step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "model/blocks.h"
+#include "sched/ckpt/boundary_store.h"
+#include "sched/dispatch/dispatch.h"
+#include "sched/vocab/vocab_head.h"
+
+namespace fp {
+
+namespace {
+// Whether Ring-DTP's multi-rank path reads this rank's lm_head rows (ParamStore::lm_head_shard())
+// rather than a slice of the whole, gathered lm_head. Until it does, the ring head gets the gathered
+// lm_head as the plain head does (its dW rows are then reduce-scattered like any unit gradient).
+constexpr bool kRingReadsLmHeadShard = true;
+
+// The positions (T) of this rank's tokens in their sequence: the batch's (context parallelism,
+// data/context_split.h), or 0..T-1.
+std::vector<int32_t> sequence_positions(const Batch& batch) {
+  if (!batch.positions.empty()) {
+    FP_CHECK(static_cast<int64_t>(batch.positions.size()) == batch.T, "positions are (T)",
+             "batch positions has {} entries for T = {}", batch.positions.size(), batch.T);
+    return batch.positions;
+  }
+  std::vector<int32_t> pos(static_cast<size_t>(batch.T));
+  for (int64_t t = 0; t < batch.T; ++t) pos[t] = static_cast<int32_t>(t);
+  return pos;
+}
+
+// The load-balancing loss (step.h) from the routing statistics of the MoE layers (a dense layer has no
+// router: its row of expert_counts stays zero), as transformers concatenates the router logits of those
+// only: sets out.expert_counts and out.aux_loss. Returns, with backward and a non-zero coefficient, the
+// bias (E, category workspace) its gradient adds to every router probability; undefined otherwise.
+// Collective (over every rank's tokens).
+Tensor aux_loss_compute(const ModelConfig& cfg, Backend& be, Comm& comm, const std::vector<RouterStats>& stats,
+                        int64_t n, bool backward, StepOutputs& out) {
+  const int64_t L = cfg.num_hidden_layers, E = cfg.num_experts;
+  out.expert_counts.assign(static_cast<size_t>(L * E), 0);
+  std::vector<double> count_total(static_cast<size_t>(E), 0.0), prob_total(static_cast<size_t>(E), 0.0);
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t e = 0; e < E && cfg.layer_is_sparse(l); ++e) {
+      out.expert_counts[l * E + e] = stats[l].counts[e];
+      count_total[e] += static_cast<double>(stats[l].counts[e]);
+      if (!stats[l].prob_sum.empty()) prob_total[e] += stats[l].prob_sum[e];
+    }
+  // Over every rank's tokens: R rows of the concatenated router outputs.
+  comm.all_reduce_sum(count_total.data(), E, DType::DType_F64);
+  if (be.computes()) comm.all_reduce_sum(prob_total.data(), E, DType::DType_F64);
+  const double R = static_cast<double>(cfg.sparse_layer_count() * n * comm.size());
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) aux += (count_total[e] / R) * (prob_total[e] / R);
+  aux *= static_cast<double>(E);
+  // The sigmoid router has no load-balancing loss (its bias balances between steps: routing_bias_update).
+  out.aux_loss = cfg.router_sigmoid() ? 0.0 : be.computes() ? aux : std::nan("");
+  Tensor aux_bias;
+  if (backward && cfg.router_aux_loss_coef != 0.0) {
+    std::vector<float> bias(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      bias[e] = static_cast<float>(cfg.router_aux_loss_coef * static_cast<double>(E) * count_total[e] / (R * R));
+    aux_bias = be.alloc_f32(Category::Category_workspace, {E}, "moe.aux_bias");
+    be.copy_from_host(aux_bias.data(), bias.data(), aux_bias.bytes());
+  }
+  return aux_bias;
+}
+
+// Backward with recompute, last layer first (Note [Per-layer checkpointing]): dx (n, H) in d x_L, out
+// d x_0. Each layer's boundary leaves the store once used.
+void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, const Tensor& aux_bias, Tensor& dx) {
+  const ModelConfig& cfg = s.cfg;
+  for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
+    const LayerParams& lp = params.layers[l];
+    params.unit_gather(params.unit_layer(l));
+    params.unit_grad_begin(params.unit_layer(l));
+    AttnActs attn;
+    const Tensor& xl = store.get(l);
+    Tensor x1 = attn_block_forward(s, lp, xl, &attn);
+    if (cfg.layer_is_sparse(l)) {
+      moe_block_recompute_backward(s, lp, x1, aux_bias, dx);
+    } else {
+      MlpActs mlp;
+      mlp_block_forward(s, lp, x1, &mlp, Category::Category_activations, "mlp.x2").reset();
+      mlp_block_backward(s, lp, x1, mlp, dx);
+    }
+    x1.reset();
+    attn_block_backward(s, lp, xl, attn, dx);
+    store.release(l);
+    // Each rank's gradient is that of its tokens' share of the loss; the shards get the sum.
+    params.unit_grad_reduce(params.unit_layer(l));
+    params.unit_release(params.unit_layer(l));
+  }
+}
+
+StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logits_out, bool backward) {
+  const ModelConfig& cfg = model.config();
+  const ModelSchedules& sched = model.schedules();
+  Backend& be = model.backend();
+  ParamStore& params = model.params();
+  batch_validate(batch, cfg.vocab_size);
+  const int64_t n = batch.B * batch.T, H = cfg.hidden_size, L = cfg.num_hidden_layers;
+  static std::unique_ptr<Comm> single = comm_single();
+  Comm& comm = model.comm() != nullptr ? *model.comm() : *single;
+  StepContext s(be, cfg, model.routing_profile(), comm);
+  s.precision = sched.precision;
+  s.moe_token_chunk = sched.dispatch.token_chunk;
+  s.B = batch.B;
+  s.T = batch.T;
+  s.n = n;
+  // The expert dispatch of this step (local with one rank, expert parallel otherwise).
+  std::unique_ptr<ExpertDispatch> dispatch = expert_dispatch_create(sched, s);
+  s.dispatch = dispatch.get();
+  const ops::Kernels& K = be.kernels();
+
+  // Targets of the whole (global) batch: the loss is their mean on every rank.
+  int64_t target_tokens = 0;
+  for (int32_t t : batch.targets) target_tokens += (t != -100);
+  comm.all_reduce_sum(&target_tokens, 1, DType::DType_I64);
+  FP_CHECK(target_tokens > 0, "give at least one target that is not -100", "the batch has no target token");
+  s.seq_pos = sequence_positions(batch);
+  if (cfg.rope_scaling.kind == RopeScaling::Kind::Kind_dynamic) {
+    // Dynamic RoPE grows with the sequence: its largest position over every rank's piece, plus one.
+    int64_t len = 0;
+    for (int32_t p : s.seq_pos) len = std::max<int64_t>(len, p + 1);
+    comm.all_reduce_max(&len, 1, DType::DType_I64);
+    s.rope = rope_table(cfg, len);
+  }
+
+  // Inputs on the device.
+  Tensor tokens = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.tokens");
+  Tensor targets = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.targets");
+  s.pos = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.positions");
+  {
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) pos[i] = s.seq_pos[i % batch.T];
+    be.copy_from_host(tokens.data(), batch.tokens.data(), tokens.bytes());
+    be.copy_from_host(targets.data(), batch.targets.data(), targets.bytes());
+    be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
+  }
+
+  // Forward: keep only the layer boundaries (Note [Per-layer checkpointing]), in the store of the
+  // checkpoint schedule (device, or SCO's host offload). With W ranks each unit of dense weights is
+  // gathered right before its use and freed right after (Note [FSDP layout] in model/params.h); on one
+  // rank the unit calls do nothing.
+  std::unique_ptr<BoundaryStore> store = boundary_store_create(sched.ckpt, be, L);
+  std::vector<RouterStats> stats(static_cast<size_t>(L));
+  params.unit_gather(params.unit_embed());
+  Tensor x = be.alloc(Category::Category_checkpoints, {n, H}, s.precision.activations, "ckpt.layer0");
+  K.embedding_forward(tokens.i32(), params.embed_tokens->w.f32(), x.f32(), n, H);
+  params.unit_release(params.unit_embed());
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerParams& lp = params.layers[l];
+    params.unit_gather(params.unit_layer(l));
+    Tensor x1 = attn_block_forward(s, lp, x, nullptr);
+    if (backward) {
+      store->put(l, std::move(x));
+    } else {
+      x.reset();  // evaluation keeps no boundary
+    }
+    const bool last = l + 1 == L;
+    const Category out_cat = last ? Category::Category_activations : Category::Category_checkpoints;
+    const std::string out_name = last ? "final.x" : fmt::format("ckpt.layer{}", l + 1);
+    x = cfg.layer_is_sparse(l) ? moe_block_forward(s, lp, x1, nullptr, &stats[l], out_cat, out_name)
+                               : mlp_block_forward(s, lp, x1, nullptr, out_cat, out_name);
+    x1.reset();
+    params.unit_release(params.unit_layer(l));
+  }
+
+  StepOutputs out;
+  out.target_tokens = target_tokens;
+  Tensor aux_bias = aux_loss_compute(cfg, be, comm, stats, n, backward, out);
+
+  // Head: loss and d x_L. The plain head reads the whole lm_head (the FSDP2 baseline: every rank
+  // computes its N x V logits); Ring-DTP reads only this rank's rows (lm_head_shard()) once its
+  // multi-rank path does, and then only model.norm is gathered.
+  Tensor dx;
+  if (backward) dx = be.alloc(Category::Category_activations, {n, H}, s.precision.activations, "grad.x");
+  const bool head_reads_shard = sched.vocab.kind == VocabSchedule::Kind::Kind_ring && kRingReadsLmHeadShard;
+  const int64_t head_unit = head_reads_shard ? params.unit_norm() : params.unit_head();
+  params.unit_gather(head_unit);
+  if (backward) params.unit_grad_begin(head_unit);
+  HeadResult head = head_forward_backward(s, sched.vocab, params, x, targets,
+                                          1.0f / static_cast<float>(target_tokens), dx, logits_out, backward);
+  if (backward) params.unit_grad_reduce(head_unit);
+  params.unit_release(head_unit);
+  x.reset();
+  if (be.computes()) comm.all_reduce_sum(&head.loss_sum, 1, DType::DType_F64);
+  out.ce_loss = head.loss_sum / static_cast<double>(target_tokens);
+  out.loss = out.ce_loss + cfg.router_aux_loss_coef * out.aux_loss;
+  if (!backward) {
+    be.synchronize();
+    return out;
+  }
+
+  layers_backward(s, params, *store, aux_bias, dx);
+  store->clear();
+  params.unit_grad_begin(params.unit_embed());
+  K.embedding_backward(tokens.i32(), dx.f32(), params.embed_tokens->g.f32(), n, H);
+  params.unit_grad_reduce(params.unit_embed());
+  be.synchronize();
+  // Every gradient is final: the dense shards got the sum over ranks by reduce-scatter, and each
+  // expert's owner received every rank's tokens for it (the dispatch), so nothing is left to sum.
+  return out;
+}
+}  // namespace
+
+StepOutputs step_forward_backward(Model& model, const Batch& batch, std::vector<float>* logits_out) {
+  return step_run(model, batch, logits_out, true);
+}
+
+StepOutputs step_forward(Model& model, const Batch& batch, std::vector<float>* logits_out) {
+  return step_run(model, batch, logits_out, false);
+}
+
+}  // namespace fp
