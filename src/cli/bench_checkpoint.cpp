@@ -106,7 +106,7 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
   Variant vars[2];
   for (int i = 0; i < 2; ++i) {
     Variant& v = vars[i];
-    ModelSchedules sched = cfg.schedules;
+    Schedules sched = cfg.schedules;
     sched.ckpt.kind = i == 0 ? CkptSchedule::Kind::Kind_device : CkptSchedule::Kind::Kind_sco;
     v.name = i == 0 ? "device" : "sco";
     v.be = backend_create(o.common.device, bytes_parse(o.common.device_mem), bytes_parse(o.common.host_mem));

@@ -94,7 +94,7 @@ int bench_step_run(const BenchOptions& o) {
   be->kernels_set(ops::kernels_cpu_gemm_profiled());
   Model model(m, *be, cfg.moe.routing_profile, cfg.schedules);
   model.init_weights(m.seed);
-  std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, model.params(), *be);
+  std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, cfg.schedules.optim, model.params(), *be);
   Optimizer& optim = *optim_ptr;
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, cfg.data.seed);
   if (!o.case_path.empty()) {

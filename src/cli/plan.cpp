@@ -5,6 +5,8 @@
 //
 //   flatpeak plan --model FILE --context T [--ranks W] [--device-mem SIZE] [--host-mem SIZE]
 //                 [--schedule baseline|flatpeak|key=value ...] [--set precision.KEY=VALUE ...]
+//   flatpeak plan --config RUN.toml [--context T] [--set table.key=value ...] [...]
+//                 (the run config `train` takes: its model, batch, seq_len, schedules and precision)
 //                 [--json FILE] [--plot FILE] [--compare] [--timeline FILE] [--strict]
 #include <algorithm>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include "plan/plan.h"
 #include "plan/plan_json.h"
 #include "plan/plot_svg.h"
+#include "train/run_config.h"
 
 namespace fp::cli {
 
@@ -26,6 +29,7 @@ namespace {
 
 struct PlanOptions {
   std::string model;
+  std::string config;
   std::string context;
   int64_t ranks = 0;  // 0: the preset's, else 1
   std::string device_mem = "unlimited";
@@ -89,20 +93,42 @@ void compare_run(const PlanOptions& o, const plan::Model& m, const plan::Input& 
   }
 }
 
+// A run config (--config): the model as model_load reads it (notes, what is approximated), with the
+// dimensions, schedules, precision, batch and context of the run config as `train` parses it (--set
+// applying to every key); routing = "router" is data dependent, so the planner keeps its balanced profile.
+plan::Model config_apply(const PlanOptions& o, plan::Input& in) {
+  const RunConfig c = config_load(o.config, o.set);
+  plan::Model m = plan::model_load(o.config);
+  m.cfg = c.model;
+  in.settings.sched = c.schedules;
+  in.settings.layout.batch = c.train.batch_size;
+  if (c.moe.routing_profile.kind != RoutingProfile::Kind::Kind_router) in.settings.routing = c.moe.routing_profile;
+  in.context = o.context.empty() ? c.train.seq_len : plan::context_parse(o.context);
+  return m;
+}
+
 int plan_run(const PlanOptions& o) {
-  const plan::Model m = plan::model_load(o.model);
+  FP_CHECK(o.model.empty() != o.config.empty(),
+           "plan --model FILE (a preset, run config or config.json: its [model] only) or plan --config RUN.toml "
+           "(the run config's model, batch, seq_len, schedules and precision)",
+           "plan takes one of --model and --config");
   plan::Input in;
+  const plan::Model m = o.config.empty() ? plan::model_load(o.model) : config_apply(o, in);
+  FP_CHECK(!o.context.empty() || !o.config.empty(), "give --context T, e.g. --context 1M",
+           "plan --model needs --context (a run config gives train.seq_len)");
   in.model = m.cfg;
-  in.context = plan::context_parse(o.context);
+  if (o.config.empty()) in.context = plan::context_parse(o.context);
   in.settings.layout.ranks = o.ranks > 0 ? o.ranks : (m.default_ranks > 0 ? m.default_ranks : 1);
   in.device_mem = bytes_parse(o.device_mem);
   in.host_mem = bytes_parse(o.host_mem);
   in.approximate = m.approximate;
   for (const std::string& item : o.schedule) plan::settings_apply(in.settings, item);
-  for (const std::string& item : o.set) {
+  for (const std::string& item : o.config.empty() ? o.set : std::vector<std::string>{}) {
     FP_CHECK(item.rfind("precision.", 0) == 0,
              "plan's --set takes the run config's [precision] keys: precision.recipe=fp32|bf16, precision.params=bf16, ...",
-             "--set {}: plan takes a model file, not a run config; only precision.* keys apply", item);
+             "--set {}: plan --model takes a model file, not a run config; only precision.* keys apply (plan "
+             "--config RUN.toml takes every key)",
+             item);
     std::string v = item;
     v.erase(std::remove(v.begin(), v.end(), '"'), v.end());  // precision.recipe="bf16" as in TOML
     plan::settings_apply(in.settings, v);
@@ -171,17 +197,26 @@ void plan_register(CLI::App& parent, Runner& run) {
       "plan", "per-category peaks at full scale (the engine on meta), the binding category and each schedule's reach");
   sub->callback([&run, opts] { run = [opts] { return plan_run(*opts); }; });
   sub->add_option("--model", o.model,
-                  "model: a preset (configs/models/*.toml), a run config, or a Hugging Face config.json")
-      ->required();
-  sub->add_option("--context", o.context, "context length T: 1048576, 1M, 128K")->required();
+                  "model: a preset (configs/models/*.toml), a run config's [model], or a Hugging Face config.json "
+                  "(schedules from --schedule only)");
+  sub->add_option("--config", o.config,
+                  "a run config (the TOML `train` takes): its model, train.batch_size, train.seq_len (the context "
+                  "unless --context), every schedule setting and [precision]; --set overrides any key, "
+                  "--schedule applies after it");
+  sub->add_option("--context", o.context, "context length T: 1048576, 1M, 128K (required with --model)");
   sub->add_option("--ranks", o.ranks, "ranks W (default: the preset's, else 1)")->check(at_least(1));
   sub->add_option("--device-mem", o.device_mem, "device memory per rank: 80GB, 141GB, 96GiB (default unlimited)");
   sub->add_option("--host-mem", o.host_mem, "host memory per rank for offloads (default unlimited)");
   sub->add_option("--schedule", o.schedule,
-                  "baseline (default) | flatpeak | key=value (dispatch=standard|llep|pipelined_llep vocab= ckpt= "
-                  "optim= batch= rank= routing= precision.recipe= ...; repeatable, applied in order; "
-                  "a wrong key lists them all)");
-  sub->add_option("--set", o.set, "precision.recipe=fp32|bf16 (default bf16: the paper's recipe), precision.params=...");
+                  "baseline (default) | flatpeak | key=value with the run config's names (moe.dispatch="
+                  "standard|llep|pipelined_llep vocab.schedule= ckpt.schedule= optim.schedule= "
+                  "pipelined.chunk_cap= ckpt.host_budget= precision.recipe= ...) or batch= rank= routing=; "
+                  "the older short names (dispatch= vocab= ckpt= optim= chunk_tokens= ckpt_host_budget= ..., the "
+                  "key without its table) are kept as aliases; repeatable, applied in order; a wrong key lists "
+                  "them all");
+  sub->add_option("--set", o.set,
+                  "with --model: precision.recipe=fp32|bf16 (default bf16: the paper's recipe), precision.params=...; "
+                  "with --config: any run-config key, as `train --set`");
   sub->add_flag("--no-reach", o.no_reach, "skip the two reach searches (one plan only)");
   sub->add_flag("--strict", o.strict, "exit 3 when the plan is approximate (a model the engine does not run exactly)");
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");

@@ -20,7 +20,7 @@ const Precision& precision_checked(const Backend& be, const Precision& p) {
 }
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, ModelSchedules sched, Comm* comm)
+Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedules sched, Comm* comm)
     : cfg_(cfg),
       be_(be),
       profile_(profile),

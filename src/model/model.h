@@ -21,7 +21,7 @@ class Model {
   // sched: the schedule of each flattenable peak (plain variants by default).
   // comm: the ranks this model is spread over (context parallel over the tokens; dense parameters
   // sharded FSDP-style, Note [FSDP layout] in model/params.h); null: one process.
-  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, ModelSchedules sched = {},
+  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, Schedules sched = {},
         Comm* comm = nullptr);
 
   // Deterministic initial weights (cpu); see ParamStore::init.
@@ -39,14 +39,14 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() { return be_; }
   const RoutingProfile& routing_profile() const { return profile_; }
-  const ModelSchedules& schedules() const { return sched_; }
+  const Schedules& schedules() const { return sched_; }
   Comm* comm() const { return comm_; }  // null: one process
 
  private:
   ModelConfig cfg_;
   Backend& be_;
   RoutingProfile profile_;
-  ModelSchedules sched_;
+  Schedules sched_;
   Comm* comm_;
   ParamStore params_;
 };

@@ -1,10 +1,15 @@
-// Which schedule each flattenable peak uses (DESIGN.md, "The four schedules"). Every family keeps its
-// plain variant, so a run can compare them side by side. Parsed from the run config
-// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined], [precision]).
+// Which schedule each flattenable peak uses (DESIGN.md, "The four schedules"), and the dtypes: the one
+// schedule and config model. Every family keeps its plain variant, so a run can compare them side by
+// side. One struct (Schedules), one name per setting (the run config's dotted TOML name, e.g.
+// pipelined.chunk_cap, written next to each field), one validation (schedules_validate). The run config
+// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined], [precision]) fills it from
+// TOML, `flatpeak plan --schedule key=value` through schedules_set, and the engine (Model, the step,
+// dispatch, vocab, ckpt, optimizer creation) reads it.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "core/precision.h"
 #include "core/units.h"
@@ -44,13 +49,47 @@ struct DispatchSchedule {
   int64_t token_chunk = 0;
 };
 
-struct ModelSchedules {
+// The optimizer's schedule (sched/optim/optimizer.h): where AdamW's state lives and how the update runs.
+struct OptimSchedule {
+  // auto: the planner's baseline rule (device when the whole step fits, else offload_serial); only the
+  // planner resolves it (plan/plan.h), a run config refuses it (schedules_validate).
+  enum class Kind { Kind_auto, Kind_device, Kind_offload_serial, Kind_offload_stream };
+  Kind kind = Kind::Kind_device;   // optim.schedule
+  int64_t bucket_params = 1 << 20;  // optim.bucket_params: offload_stream, parameters per bucket
+  int64_t slots = 2;                // optim.slots: offload_stream, staging slots
+  bool update_on_host = false;      // optim.update_on = "host" | "device" (default): offload_stream
+};
+
+struct Schedules {
   VocabSchedule vocab;
   CkptSchedule ckpt;
   DispatchSchedule dispatch;
+  OptimSchedule optim;
   // The dtype of every allocation (core/precision.h, Note [Which dtype each allocation gets]); all f32
   // by default. A computing backend refuses anything else until bf16 compute lands (Model's constructor).
-  Precision precision;
+  Precision precision;  // precision.recipe, precision.params, ... (core/precision.h)
 };
+// The former name, kept while sched/dispatch (edited elsewhere) still spells it; the same struct.
+using ModelSchedules = Schedules;
+
+// The names of the families, as the run config writes them (vocab.schedule = "ring", ...).
+std::string_view schedule_name(VocabSchedule::Kind k);
+std::string_view schedule_name(CkptSchedule::Kind k);
+std::string_view schedule_name(DispatchSchedule::Kind k);
+std::string_view schedule_name(OptimSchedule::Kind k);
+
+// Sets one setting by its dotted name from text, as written in TOML or on a command line (strings
+// unquoted): vocab.schedule, vocab.block_tokens, vocab.ring_mode, vocab.keep_strips, ckpt.schedule,
+// ckpt.host_budget, moe.dispatch, moe.token_chunk, llep.lambda, llep.alpha, llep.min_tokens_per_gemm,
+// pipelined.chunk_cap, pipelined.max_chunks, pipelined.membership, optim.schedule (auto too: see
+// OptimSchedule), optim.bucket_params, optim.slots, optim.update_on, precision.recipe,
+// precision.<field>. Returns false for a key that is not a schedule setting; throws fp::Error
+// "<source>: <key> = <value> ..." for a value that does not parse (ranges: schedules_validate).
+bool schedules_set(Schedules& s, std::string_view key, std::string_view value, std::string_view source);
+
+// The one validation of a Schedules (ranges and combinations), for the run config and the planner:
+// throws fp::Error "<source>: <key> = <value> must be ...". auto_optim: optim.schedule = "auto" is
+// allowed (the planner resolves it).
+void schedules_validate(const Schedules& s, std::string_view source, bool auto_optim = false);
 
 }  // namespace fp

@@ -29,40 +29,6 @@ constexpr Category kWs = Category::Category_workspace;
 
 }  // namespace
 
-// One rank runs the local dispatch whatever is named, as the engine does.
-ModelSchedules engine_schedules(const Settings& set, const Schedules& sc) {
-  ModelSchedules ms;
-  ms.vocab.kind = sc.vocab == Vocab::Vocab_ring ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
-  ms.vocab.block_tokens = sc.block_tokens;
-  ms.vocab.ring_mode = sc.ring_mode;
-  ms.vocab.keep_strips = sc.keep_strips;
-  ms.ckpt.kind = sc.ckpt == Ckpt::Ckpt_sco ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device;
-  ms.ckpt.host_budget = sc.ckpt_host_budget;
-  DispatchSchedule& d = ms.dispatch;
-  d.kind = sc.dispatch == Dispatch::Dispatch_llep             ? DispatchSchedule::Kind::Kind_llep
-           : sc.dispatch == Dispatch::Dispatch_pipelined_llep ? DispatchSchedule::Kind::Kind_pipelined_llep
-                                                              : DispatchSchedule::Kind::Kind_standard;
-  d.lambda = sc.lambda;
-  d.alpha = sc.alpha;
-  d.min_tokens_per_gemm = sc.min_tokens_per_gemm;
-  d.chunk_cap = sc.chunk_tokens;
-  d.max_chunks = sc.max_chunks;
-  d.strided = sc.strided;
-  d.token_chunk = sc.token_chunk;
-  ms.precision = set.precision;
-  return ms;
-}
-
-OptimConfig engine_optim(const Schedules& sc) {
-  FP_ASSERT(sc.optim != Optim::Optim_auto);
-  OptimConfig oc;
-  oc.schedule = std::string(optim_name(sc.optim));
-  oc.bucket_params = sc.bucket_params;
-  oc.slots = sc.slots;
-  oc.update_on = sc.update_on_host ? "host" : "device";
-  return oc;
-}
-
 namespace {
 
 // One training step as the trainer runs it (zero grads, step_forward_backward, the optimizer step) on
@@ -71,8 +37,6 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
   const ModelConfig& cfg = in.model;
   const int W = static_cast<int>(in.settings.layout.ranks);
   const int64_t B = in.settings.layout.batch, T = in.context;
-  const ModelSchedules ms = engine_schedules(in.settings, sc);
-  const OptimConfig oc = engine_optim(sc);
   std::vector<RankPlan> out(static_cast<size_t>(W));
   ThreadWorld world(W, opt.world);
   world.run([&](Comm& comm) {
@@ -85,12 +49,12 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
       be->device_ledger().events_limit_set(0);
       be->host_ledger().events_limit_set(0);
     }
-    fp::Model model(cfg, *be, in.settings.routing, ms, W > 1 ? &comm : nullptr);
+    fp::Model model(cfg, *be, in.settings.routing, sc, W > 1 ? &comm : nullptr);
     RankPlan& rp = out[static_cast<size_t>(r)];
     rp.params_per_rank =
-        static_cast<int64_t>(be->device_ledger().current(kParams) / dtype_size(in.settings.precision.params));
+        static_cast<int64_t>(be->device_ledger().current(kParams) / dtype_size(sc.precision.params));
     model.init_weights(cfg.seed);
-    std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
+    std::unique_ptr<Optimizer> optim = optimizer_create(OptimConfig{}, sc.optim, model.params(), *be);
     model.zero_grads();
     // Data never reaches a meta backend; only the shapes and this rank's positions matter.
     Batch batch;
@@ -113,7 +77,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     rp.peak_tag = d.total_peak_tag();
     rp.host_needed = h.total_peak();
     const uint64_t boundary =
-        static_cast<uint64_t>(batch.B * batch.T * cfg.hidden_size) * dtype_size(in.settings.precision.activations);
+        static_cast<uint64_t>(batch.B * batch.T * cfg.hidden_size) * dtype_size(sc.precision.activations);
     rp.boundaries_offloaded = boundary > 0 ? static_cast<int64_t>(h.peak(kCkpt) / boundary) : 0;
     if (opt.events) {
       rp.events = d.events();
@@ -140,7 +104,7 @@ int64_t rank_pick(const std::vector<RankPlan>& ranks) {
 void describe(const Input& in, Result& r) {
   const Schedules& s = r.sched;
   const Sizes& z = r.sizes;
-  const Precision& p = in.settings.precision;
+  const Precision& p = s.precision;
   auto& f = r.formula;
   const std::string shard = z.ranks > 1 ? "P / W (FSDP rows of every dense tensor, E / W experts)" : "P";
   f[static_cast<int>(kParams)] =
@@ -148,32 +112,32 @@ void describe(const Input& in, Result& r) {
       (z.ranks > 1 ? " + one gathered FSDP unit (a layer, the embedding or the LM head)" : "");
   f[static_cast<int>(kGrads)] = shard + fmt::format(" x {}", dtype_name(p.grads)) +
                                 (z.ranks > 1 ? " + the unsharded gradient of the unit in backward" : "");
-  switch (s.optim) {
-    case Optim::Optim_device:
+  switch (s.optim.kind) {
+    case OptimSchedule::Kind::Kind_device:
       f[static_cast<int>(kOpt)] = shard + fmt::format(" x (m, v in {}{})", dtype_name(p.moments),
                                                       p.params == p.master ? "" : " + an fp32 master copy");
       break;
-    case Optim::Optim_offload_serial:
+    case OptimSchedule::Kind::Kind_offload_serial:
       f[static_cast<int>(kOpt)] = "0 on the device (master, m, v on the host)";
       break;
-    case Optim::Optim_offload_stream:
+    case OptimSchedule::Kind::Kind_offload_stream:
       f[static_cast<int>(kOpt)] = "slots x the largest bucket (<= bucket_params) of staging";
       break;
-    case Optim::Optim_auto:
+    case OptimSchedule::Kind::Kind_auto:
       break;
   }
   f[static_cast<int>(kAct)] =
       "one layer's recompute and backward (N x {H, Q, Kv}, the token side N k x H, the "
       "experts' rows x I), or the head";
-  f[static_cast<int>(kCkpt)] = s.ckpt == Ckpt::Ckpt_sco
+  f[static_cast<int>(kCkpt)] = s.ckpt.kind == CkptSchedule::Kind::Kind_sco
                                    ? "2 x N x H (the last boundary and one restored; + any beyond the host budget)"
                                    : "L x N x H";
   f[static_cast<int>(kDisp)] =
       z.ranks == 1 ? "0 (one rank receives nothing: its routed copies are activations)"
-      : s.dispatch == Dispatch::Dispatch_pipelined_llep
+      : s.dispatch.kind == DispatchSchedule::Kind::Kind_pipelined_llep
           ? "the chunk in flight: at most 2 x W k c_eff x H, whatever the routing"
           : "what this rank's experts receive: R x H (R = routes to its experts, or LLEP's share)";
-  f[static_cast<int>(kVocab)] = s.vocab == Vocab::Vocab_ring ? "one n_blk x V/P strip (+ kept strips) + the online "
+  f[static_cast<int>(kVocab)] = s.vocab.kind == VocabSchedule::Kind::Kind_ring ? "one n_blk x V/P strip (+ kept strips) + the online "
                                                                "state (m, z, y) per token"
                                                              : "3 x N x V (logits, log-softmax, gradient)";
   f[static_cast<int>(kComm)] = z.ranks > 1 ? "ring attention K/V (dK/dV) blocks, Ring-DTP shards or batches in "
@@ -212,23 +176,23 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
   z.routes_sent = z.tokens * c.num_experts_per_tok;
   z.params_total = c.param_count();
   z.params_per_rank = rp.params_per_rank;
-  z.boundaries_offloaded = sc.ckpt == Ckpt::Ckpt_sco ? rp.boundaries_offloaded : 0;
-  if (sc.vocab == Vocab::Vocab_ring) {
+  z.boundaries_offloaded = sc.ckpt.kind == CkptSchedule::Kind::Kind_sco ? rp.boundaries_offloaded : 0;
+  if (sc.vocab.kind == VocabSchedule::Kind::Kind_ring) {
     z.vocab_ring = lay.ranks;
     if (lay.ranks > 1) {
       VocabSchedule v;
-      v.ring_mode = sc.ring_mode;
+      v.ring_mode = sc.vocab.ring_mode;
       z.ring_mode =
           ring_dtp_mode(v, z.tokens, c.vocab_size, static_cast<int>(lay.ranks)) == RingMode::RingMode_activations
               ? "activations"
               : "weights";
     }
   }
-  if (sc.dispatch == Dispatch::Dispatch_pipelined_llep && lay.ranks > 1) {
-    const int64_t window = sc.token_chunk > 0 ? std::min(z.tokens, sc.token_chunk) : z.tokens;
+  if (sc.dispatch.kind == DispatchSchedule::Kind::Kind_pipelined_llep && lay.ranks > 1) {
+    const int64_t window = sc.dispatch.token_chunk > 0 ? std::min(z.tokens, sc.dispatch.token_chunk) : z.tokens;
     const ChunkPlan cp = chunk_plan_build(
-        std::max<int64_t>(window, 1), sc.chunk_tokens, chunk_budget(sc.max_chunks, window, z.tokens),
-        sc.strided ? ChunkMembership::ChunkMembership_strided : ChunkMembership::ChunkMembership_contiguous);
+        std::max<int64_t>(window, 1), sc.dispatch.chunk_cap, chunk_budget(sc.dispatch.max_chunks, window, z.tokens),
+        sc.dispatch.strided ? ChunkMembership::ChunkMembership_strided : ChunkMembership::ChunkMembership_contiguous);
     z.chunks = cp.K;
     z.chunk_tokens = cp.c_eff;
   }
@@ -253,13 +217,14 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
 
 Result plan_step(const Input& in, const PlanOptions& opt) {
   Schedules sched = in.settings.sched;
-  if (sched.optim != Optim::Optim_auto) return plan_resolved(in, sched, opt);
+  schedules_validate(sched, "plan", /*auto_optim=*/true);
+  if (sched.optim.kind != OptimSchedule::Kind::Kind_auto) return plan_resolved(in, sched, opt);
   // The baseline's rule: the optimizer on the device when the whole step fits, otherwise the serial
   // host offload.
-  sched.optim = Optim::Optim_device;
+  sched.optim.kind = OptimSchedule::Kind::Kind_device;
   Result r = plan_resolved(in, sched, opt);
   if (r.fits_device) return r;
-  sched.optim = Optim::Optim_offload_serial;
+  sched.optim.kind = OptimSchedule::Kind::Kind_offload_serial;
   const double first = r.seconds;
   r = plan_resolved(in, sched, opt);
   r.seconds += first;

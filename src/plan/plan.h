@@ -40,43 +40,9 @@ namespace fp::plan {
 
 using CategoryBytes = std::array<uint64_t, kNumCategories>;
 
-// The expert dispatch of sched/dispatch with W > 1 ranks; one rank runs the local dispatch whatever
-// is named (the engine's: every expert is on the rank, nothing is sent).
-enum class Dispatch { Dispatch_standard, Dispatch_llep, Dispatch_pipelined_llep };
-enum class Vocab { Vocab_full, Vocab_ring };
-enum class Ckpt { Ckpt_device, Ckpt_sco };
-// auto: the baseline's rule, device when the whole step fits, otherwise the serial host offload.
-enum class Optim { Optim_auto, Optim_device, Optim_offload_serial, Optim_offload_stream };
-
-std::string_view dispatch_name(Dispatch d);
-std::string_view vocab_name(Vocab v);
-std::string_view ckpt_name(Ckpt c);
-std::string_view optim_name(Optim o);
-
 // The flatpeak preset's moe.token_chunk: at paper-7L's former reach on 16 ranks (4.74M tokens) it takes the
 // step peak from 131.3 to 77.2 GiB (docs/benchmarks.md); smaller chunks gain little more.
 inline constexpr int64_t kFlatpeakTokenChunk = 16384;
-
-struct Schedules {
-  Dispatch dispatch = Dispatch::Dispatch_standard;
-  Vocab vocab = Vocab::Vocab_full;
-  Ckpt ckpt = Ckpt::Ckpt_device;
-  Optim optim = Optim::Optim_auto;
-  int64_t block_tokens = 1024;         // ring: n_blk, tokens per strip
-  std::string ring_mode = "auto";      // ring, P > 1: weights | activations | auto (activations when N <= V/P)
-  bool keep_strips = false;            // ring, P > 1: keep the pass's strips for backward (vocab.keep_strips)
-  int64_t chunk_tokens = 1024;         // pipelined_llep: c, tokens per source per chunk (pipelined.chunk_cap)
-  int64_t max_chunks = 128;            // pipelined_llep: K_max (pipelined.max_chunks)
-  bool strided = true;                 // pipelined_llep: chunk membership strided | contiguous (pipelined.membership)
-  int64_t token_chunk = 0;             // every dispatch: the MoE token side in chunks of this many tokens (moe.token_chunk)
-  double lambda = 1.3;                 // llep, pipelined_llep: plan when max/mean rank load >= lambda (llep.lambda)
-  double alpha = 1.0;                  // llep, pipelined_llep: per-rank cap alpha x mean load (llep.alpha)
-  int64_t min_tokens_per_gemm = 1024;  // llep, pipelined_llep: smallest spilled piece (llep.min_tokens_per_gemm)
-  int64_t bucket_params = 1 << 20;     // offload_stream: parameters per bucket (optim.bucket_params)
-  int64_t slots = 2;                   // offload_stream: staging slots (optim.slots)
-  bool update_on_host = false;         // offload_stream: optim.update_on = "host" (default "device")
-  uint64_t ckpt_host_budget = kUnlimitedBytes;  // sco: host bytes for boundaries (also capped by host mem)
-};
 
 struct Layout {
   int64_t ranks = 1;  // W
@@ -85,9 +51,13 @@ struct Layout {
                       // the rows their experts receive and their vocabulary shard)
 };
 
+// Every schedule setting is the engine's own struct (model/schedules.h), under the run config's names;
+// the planner differs in two defaults: optim.schedule = "auto" (the baseline's rule, resolved by
+// plan_step) and precision.recipe = "bf16" (the paper's recipe, a real run's dtypes).
+Schedules planner_schedules();
+
 struct Settings {
-  Precision precision = precision_recipe("bf16");  // the paper's recipe (a real run's dtypes)
-  Schedules sched;
+  Schedules sched = planner_schedules();
   Layout layout;
   RoutingProfile routing = routing_profile_parse("balanced");
 };
@@ -99,17 +69,14 @@ struct Settings {
 void schedules_set_baseline(Schedules& s);
 void schedules_set_flatpeak(Schedules& s);
 
-// Applies one --schedule item: "baseline", "flatpeak", or key=value with keys
-//   vocab=full|ring  ckpt=device|sco
-//   optim=auto|device|offload_serial|offload_stream
-//   dispatch=standard|llep|pipelined_llep
-//   block_tokens= vocab_strips= ring_mode= keep_strips=true|false chunk_tokens= (or chunk_cap=) max_chunks=
-//   membership=strided|contiguous lambda= alpha= min_tokens_per_gemm= bucket_params= slots=
-//   update_on=device|host ckpt_host_budget=SIZE  batch= rank= routing=balanced|hot:R:H
-//   precision.recipe=fp32|bf16  precision.params= precision.grads= precision.activations=
-//   precision.master= precision.moments= precision.logits= precision.router= (a dtype: f32|bf16|f16)
-//   dtype=D (every field), dtype.weights= (= precision.params) dtype.grads= ... (older spellings)
-// Throws fp::Error naming the item.
+// Applies one --schedule item: "baseline", "flatpeak", or key=value where key is a schedule setting's
+// run-config name (schedules_set in model/schedules.h: vocab.schedule=ring, pipelined.chunk_cap=512,
+// optim.schedule=auto|device|offload_serial|offload_stream, ckpt.host_budget=1GiB, precision.recipe=bf16,
+// ...) or one of the layout's batch= rank= routing=balanced|hot:R:H. Older short spellings are aliases
+// of those names: vocab= ckpt= optim= dispatch= block_tokens= ring_mode= keep_strips= chunk_tokens=
+// chunk_cap= max_chunks= membership= lambda= alpha= min_tokens_per_gemm= token_chunk= bucket_params=
+// slots= update_on= ckpt_host_budget= dtype.weights= dtype.<field>=, and dtype=D sets every field.
+// The result is validated (schedules_validate). Throws fp::Error naming the item.
 void settings_apply(Settings& s, std::string_view item);
 
 // A model to plan: the engine's architecture (Qwen3-MoE) with the dimensions of a preset or a
@@ -183,11 +150,6 @@ struct PlanOptions {
   ThreadWorldMode world = ThreadWorldMode::ThreadWorldMode_fast;
   std::vector<RankPlan>* ranks = nullptr;  // every rank's ledgers (tests)
 };
-
-// The engine's schedules and optimizer settings for the planner's names (the settings' precision
-// included). The optimizer must be resolved (not auto).
-ModelSchedules engine_schedules(const Settings& set, const Schedules& sc);
-OptimConfig engine_optim(const Schedules& sc);
 
 // Plans one step: the engine on meta (Note [The engine is its own planner]). The baseline's optimizer
 // rule (optim=auto) runs the step with the optimizer on the device and, when that does not fit, again

@@ -17,27 +17,30 @@ nlohmann::ordered_json precision_json(const Precision& d) {
 }
 
 nlohmann::ordered_json schedule_json(const Schedules& s) {
-  nlohmann::ordered_json j = {{"dispatch", dispatch_name(s.dispatch)},
-                              {"vocab", vocab_name(s.vocab)},
-                              {"ckpt", ckpt_name(s.ckpt)},
-                              {"optim", optim_name(s.optim)}};
-  if (s.vocab == Vocab::Vocab_ring) j["block_tokens"] = s.block_tokens;
-  if (s.dispatch != Dispatch::Dispatch_standard) {
-    j["lambda"] = s.lambda;
-    j["alpha"] = s.alpha;
-    j["min_tokens_per_gemm"] = s.min_tokens_per_gemm;
+  // The families under their short keys (scripts read schedule.optim); every setting under the
+  // key of its run-config name (pipelined.chunk_cap is "chunk_cap", ckpt.host_budget "host_budget").
+  const DispatchSchedule& d = s.dispatch;
+  nlohmann::ordered_json j = {{"dispatch", schedule_name(d.kind)},
+                              {"vocab", schedule_name(s.vocab.kind)},
+                              {"ckpt", schedule_name(s.ckpt.kind)},
+                              {"optim", schedule_name(s.optim.kind)}};
+  if (s.vocab.kind == VocabSchedule::Kind::Kind_ring) j["block_tokens"] = s.vocab.block_tokens;
+  if (d.kind != DispatchSchedule::Kind::Kind_standard) {
+    j["lambda"] = d.lambda;
+    j["alpha"] = d.alpha;
+    j["min_tokens_per_gemm"] = d.min_tokens_per_gemm;
   }
-  j["token_chunk"] = s.token_chunk;
-  if (s.dispatch == Dispatch::Dispatch_pipelined_llep) {
-    j["chunk_tokens"] = s.chunk_tokens;
-    j["max_chunks"] = s.max_chunks;
-    j["membership"] = s.strided ? "strided" : "contiguous";
+  j["token_chunk"] = d.token_chunk;
+  if (d.kind == DispatchSchedule::Kind::Kind_pipelined_llep) {
+    j["chunk_cap"] = d.chunk_cap;
+    j["max_chunks"] = d.max_chunks;
+    j["membership"] = d.strided ? "strided" : "contiguous";
   }
-  if (s.ckpt == Ckpt::Ckpt_sco) j["ckpt_host_budget"] = bytes_or_null(s.ckpt_host_budget);
-  if (s.optim == Optim::Optim_offload_stream) {
-    j["bucket_params"] = s.bucket_params;
-    j["slots"] = s.slots;
-    j["update_on"] = s.update_on_host ? "host" : "device";
+  if (s.ckpt.kind == CkptSchedule::Kind::Kind_sco) j["host_budget"] = bytes_or_null(s.ckpt.host_budget);
+  if (s.optim.kind == OptimSchedule::Kind::Kind_offload_stream) {
+    j["bucket_params"] = s.optim.bucket_params;
+    j["slots"] = s.optim.slots;
+    j["update_on"] = s.optim.update_on_host ? "host" : "device";
   }
   return j;
 }
@@ -81,14 +84,14 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
     j["layout"]["chunks"] = z.chunks;
     j["layout"]["chunk_tokens"] = z.chunk_tokens;
   }
-  if (r.sched.vocab == Vocab::Vocab_ring) {
+  if (r.sched.vocab.kind == VocabSchedule::Kind::Kind_ring) {
     j["layout"]["vocab_ring"] = z.vocab_ring;
     if (z.vocab_ring > 1) j["layout"]["ring_mode"] = z.ring_mode;
   }
-  if (r.sched.ckpt == Ckpt::Ckpt_sco) j["layout"]["boundaries_offloaded"] = z.boundaries_offloaded;
-  j["precision"] = precision_json(in.settings.precision);
+  if (r.sched.ckpt.kind == CkptSchedule::Kind::Kind_sco) j["layout"]["boundaries_offloaded"] = z.boundaries_offloaded;
+  j["precision"] = precision_json(r.sched.precision);
   j["schedule"] = schedule_json(r.sched);
-  j["schedule"]["optim_requested"] = optim_name(in.settings.sched.optim);
+  j["schedule"]["optim_requested"] = schedule_name(in.settings.sched.optim.kind);
   nlohmann::ordered_json peaks;
   for (Category cat : kAllCategories) {
     const int i = static_cast<int>(cat);
@@ -147,13 +150,14 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
     out += fmt::format("rank {}{}{}\n", z.rank, in.settings.layout.rank < 0 ? " (the largest step peak)" : "",
                        z.chunks > 0 ? fmt::format(": {} chunks of {} tokens per source", z.chunks, z.chunk_tokens)
                                     : std::string());
-  const Precision& d = in.settings.precision;
+  const Precision& d = r.sched.precision;
   out += fmt::format("precision: params {}, grads {}, activations {}, master {}, moments {}, logits {}, router {}\n",
                      dtype_name(d.params), dtype_name(d.grads), dtype_name(d.activations), dtype_name(d.master),
                      dtype_name(d.moments), dtype_name(d.logits), dtype_name(d.router));
-  out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}, optim {}{}\n", dispatch_name(r.sched.dispatch),
-                     vocab_name(r.sched.vocab), ckpt_name(r.sched.ckpt), optim_name(r.sched.optim),
-                     in.settings.sched.optim == Optim::Optim_auto ? " (auto: device when it fits, else serial offload)"
+  out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}, optim {}{}\n", schedule_name(r.sched.dispatch.kind),
+                     schedule_name(r.sched.vocab.kind), schedule_name(r.sched.ckpt.kind),
+                     schedule_name(r.sched.optim.kind),
+                     in.settings.sched.optim.kind == OptimSchedule::Kind::Kind_auto ? " (auto: device when it fits, else serial offload)"
                                                                    : "");
   out += fmt::format("  {:<12} {:>12} {:>14}  {}\n", "category", "peak", "at step peak", "status");
   for (Category cat : kAllCategories) {

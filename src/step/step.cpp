@@ -99,7 +99,7 @@ void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, c
 
 StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logits_out, bool backward) {
   const ModelConfig& cfg = model.config();
-  const ModelSchedules& sched = model.schedules();
+  const Schedules& sched = model.schedules();
   Backend& be = model.backend();
   ParamStore& params = model.params();
   batch_validate(batch, cfg.vocab_size);

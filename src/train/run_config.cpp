@@ -39,6 +39,8 @@ struct StringKeys {
   std::string ckpt_host_budget = "unlimited";
   std::string dispatch = "standard";
   std::string membership = "strided";
+  std::string optim_schedule = "device";
+  std::string update_on = "device";
   // [precision]: the recipe, then the fields set explicitly (applied after it, in this order).
   std::string precision_recipe = "fp32";
   std::vector<std::pair<std::string, std::string>> precision_fields;
@@ -111,10 +113,10 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
       {"optim", "grad_clip", K::Kind_float, false, f64(&c.optim.grad_clip)},
       {"optim", "warmup_steps", K::Kind_int, false, i64(&c.optim.warmup_steps)},
       {"optim", "min_lr_ratio", K::Kind_float, false, f64(&c.optim.min_lr_ratio)},
-      {"optim", "schedule", K::Kind_string, false, str(&c.optim.schedule)},
-      {"optim", "bucket_params", K::Kind_int, false, i64(&c.optim.bucket_params)},
-      {"optim", "slots", K::Kind_int, false, i64(&c.optim.slots)},
-      {"optim", "update_on", K::Kind_string, false, str(&c.optim.update_on)},
+      {"optim", "schedule", K::Kind_string, false, str(&strings.optim_schedule)},
+      {"optim", "bucket_params", K::Kind_int, false, i64(&c.schedules.optim.bucket_params)},
+      {"optim", "slots", K::Kind_int, false, i64(&c.schedules.optim.slots)},
+      {"optim", "update_on", K::Kind_string, false, str(&strings.update_on)},
       {"vocab", "schedule", K::Kind_string, false, str(&strings.vocab_schedule)},
       {"vocab", "block_tokens", K::Kind_int, false, i64(&c.schedules.vocab.block_tokens)},
       {"vocab", "ring_mode", K::Kind_string, false, str(&c.schedules.vocab.ring_mode)},
@@ -315,59 +317,17 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
   FP_CHECK(!c.data.source.empty(), "write \"recall\" or the path of a token file", "{}: data.source is empty",
            source);
   c.moe.routing_profile = routing_profile_parse(strings.profile);
-  auto one_of = [&](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
-    std::string list;
-    for (const char* o2 : ok) {
-      if (v == o2) return;
-      list += (list.empty() ? "\"" : ", \"") + std::string(o2) + "\"";
-    }
-    throw Error(fmt::format("{}: {} = \"{}\" is not one of {}", source, key, v, list), kConfigHint);
-  };
-  one_of("optim.schedule", o.schedule, {"device", "offload_serial", "offload_stream"});
-  one_of("optim.update_on", o.update_on, {"device", "host"});
-  FP_CHECK(o.bucket_params >= 1, kConfigHint, "{}: optim.bucket_params = {} must be >= 1", source, o.bucket_params);
-  FP_CHECK(o.slots >= 1, kConfigHint, "{}: optim.slots = {} must be >= 1", source, o.slots);
-  one_of("vocab.schedule", strings.vocab_schedule, {"full", "ring"});
-  c.schedules.vocab.kind =
-      strings.vocab_schedule == "ring" ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
-  one_of("vocab.ring_mode", c.schedules.vocab.ring_mode, {"weights", "activations", "auto"});
-  FP_CHECK(c.schedules.vocab.block_tokens >= 1, kConfigHint, "{}: vocab.block_tokens = {} must be >= 1", source,
-           c.schedules.vocab.block_tokens);
-  one_of("ckpt.schedule", strings.ckpt_schedule, {"device", "sco"});
-  c.schedules.ckpt.kind =
-      strings.ckpt_schedule == "sco" ? CkptSchedule::Kind::Kind_sco : CkptSchedule::Kind::Kind_device;
-  try {
-    c.schedules.ckpt.host_budget = bytes_parse(strings.ckpt_host_budget);
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: ckpt.host_budget: {}", source, e.what()), e.hint());
-  }
-  {
-    DispatchSchedule& d = c.schedules.dispatch;
-    one_of("moe.dispatch", strings.dispatch, {"standard", "llep", "pipelined_llep"});
-    d.kind = strings.dispatch == "llep"             ? DispatchSchedule::Kind::Kind_llep
-             : strings.dispatch == "pipelined_llep" ? DispatchSchedule::Kind::Kind_pipelined_llep
-                                                    : DispatchSchedule::Kind::Kind_standard;
-    FP_CHECK(std::isfinite(d.lambda) && d.lambda > 0, "1.3 plans once the busiest rank has 30% more than the mean",
-             "{}: llep.lambda = {} must be > 0", source, d.lambda);
-    FP_CHECK(std::isfinite(d.alpha) && d.alpha > 0, "1.0 caps every rank at the mean load",
-             "{}: llep.alpha = {} must be > 0", source, d.alpha);
-    FP_CHECK(d.min_tokens_per_gemm >= 1, kConfigHint, "{}: llep.min_tokens_per_gemm = {} must be >= 1", source,
-             d.min_tokens_per_gemm);
-    FP_CHECK(d.chunk_cap >= 1, kConfigHint, "{}: pipelined.chunk_cap = {} must be >= 1", source, d.chunk_cap);
-    FP_CHECK(d.token_chunk >= 0, "tokens of a rank per chunk of the MoE block's token side; 0: all at once",
-             "{}: moe.token_chunk = {} must be >= 0", source, d.token_chunk);
-    FP_CHECK(d.max_chunks >= 1, kConfigHint, "{}: pipelined.max_chunks = {} must be >= 1", source, d.max_chunks);
-    one_of("pipelined.membership", strings.membership, {"strided", "contiguous"});
-    d.strided = strings.membership == "strided";
-  }
-  // [precision]: the recipe, then the fields given explicitly (core/precision.h).
-  try {
-    Precision& pr = c.schedules.precision;
-    pr = precision_recipe(strings.precision_recipe);
-    for (const auto& [key, value] : strings.precision_fields) precision_set(pr, key, value);
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: {}", source, e.what()), e.hint());
-  }
+  // The schedule settings read as strings, by their one name (model/schedules.h), then the one validation.
+  Schedules& sc = c.schedules;
+  const std::pair<const char*, const std::string*> named[] = {
+      {"optim.schedule", &strings.optim_schedule}, {"optim.update_on", &strings.update_on},
+      {"vocab.schedule", &strings.vocab_schedule}, {"ckpt.schedule", &strings.ckpt_schedule},
+      {"ckpt.host_budget", &strings.ckpt_host_budget}, {"moe.dispatch", &strings.dispatch},
+      {"pipelined.membership", &strings.membership}, {"precision.recipe", &strings.precision_recipe}};
+  for (const auto& [key, value] : named) schedules_set(sc, key, *value, source);
+  // [precision]: the recipe (above), then the fields given explicitly (core/precision.h).
+  for (const auto& [key, value] : strings.precision_fields) schedules_set(sc, "precision." + key, value, source);
+  schedules_validate(sc, source);
   routing_profile_check(c.moe.routing_profile, c.model.num_experts_per_tok, c.model.num_experts,
                         source + ": moe.routing_profile");
   return c;
@@ -421,7 +381,7 @@ RunConfig config_load(const std::string& path, const std::vector<std::string>& o
 }
 
 std::string oom_hint(Category c, const std::string& space, const RunConfig& cfg) {
-  const ModelSchedules& s = cfg.schedules;
+  const Schedules& s = cfg.schedules;
   if (space == "host")
     return fmt::format("raise --host-mem: host memory holds the {} that the offload schedules moved off the device{}",
                        category_name(c),
@@ -444,10 +404,10 @@ std::string oom_hint(Category c, const std::string& space, const RunConfig& cfg)
                "raise --host-mem (or ckpt.host_budget); at most two then stay on the device";
       break;
     case Category::Category_optimizer:
-      if (cfg.optim.schedule == "offload_stream")
+      if (s.optim.kind == OptimSchedule::Kind::Kind_offload_stream)
         return "optim.schedule is already offload_stream: the device holds optim.slots x the largest bucket x 16 B; "
                "lower optim.bucket_params or optim.slots";
-      if (cfg.optim.schedule == "offload_serial")
+      if (s.optim.kind == OptimSchedule::Kind::Kind_offload_serial)
         return "optim.schedule is offload_serial: its device side is the weights and gradients; the state is on "
                "the host already";
       break;

@@ -62,10 +62,12 @@ struct DataConfig {
 struct RunConfig {
   ModelConfig model;
   TrainConfig train;
-  OptimConfig optim;
+  OptimConfig optim;  // AdamW's hyperparameters; its schedule is schedules.optim (optimizer_create)
   DataConfig data;
   MoeConfig moe;
-  ModelSchedules schedules;  // [vocab], [ckpt], moe.dispatch, [llep], [pipelined], [precision]
+  // Every schedule setting (model/schedules.h): [vocab], [ckpt], optim.schedule and its settings,
+  // moe.dispatch, moe.token_chunk, [llep], [pipelined], [precision]
+  Schedules schedules;
   std::string source;  // file it came from, for messages
 };
 

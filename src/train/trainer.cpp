@@ -94,10 +94,10 @@ nlohmann::json run_config_json(const RunConfig& c) {
             {"grad_clip", c.optim.grad_clip},
             {"warmup_steps", c.optim.warmup_steps},
             {"min_lr_ratio", c.optim.min_lr_ratio},
-            {"schedule", c.optim.schedule},
-            {"bucket_params", c.optim.bucket_params},
-            {"slots", c.optim.slots},
-            {"update_on", c.optim.update_on}}},
+            {"schedule", schedule_name(c.schedules.optim.kind)},
+            {"bucket_params", c.schedules.optim.bucket_params},
+            {"slots", c.schedules.optim.slots},
+            {"update_on", c.schedules.optim.update_on_host ? "host" : "device"}}},
           {"vocab",
            {{"schedule", c.schedules.vocab.kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full"},
             {"block_tokens", c.schedules.vocab.block_tokens}}},
@@ -385,7 +385,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
 
   Model model(m, *be, profile, cfg.schedules, &comm);
   model.init_weights(m.seed);
-  std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, model.params(), *be);
+  std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, cfg.schedules.optim, model.params(), *be);
   Optimizer& optim = *optim_ptr;
   if (lead) sco_launch_report(cfg, *be, comm.size());
   int64_t start = 0;

@@ -2,7 +2,7 @@
 """End-to-end tests of `flatpeak plan` (no torch needed).
 
 usage: test_plan.py --bin build/flatpeak --configs configs CASE
-cases: presets_json_plot  matches_meta_step  bad_inputs  compare_timeline
+cases: presets_json_plot  matches_meta_step  bad_inputs  compare_timeline  from_run_config
 """
 import argparse
 import json
@@ -156,6 +156,46 @@ def compare_timeline(a, tmp):
     texts = " ".join(t.firstChild.data for t in doc.getElementsByTagName("text") if t.firstChild)
     assert "baseline (peak" in texts and "flatpeak (peak" in texts, texts
     assert len(doc.getElementsByTagName("polygon")) >= 6
+
+
+def from_run_config(a, tmp):
+    """plan --config takes the run config `train` takes: its model, batch, seq_len, every schedule setting and
+    [precision] come from the file (--set overriding any key, --schedule applied after it)."""
+    cfg = os.path.join(tmp, "run.toml")
+    with open(cfg, "w") as f:
+        f.write(open(os.path.join(a.configs, "demo.toml")).read())
+        f.write('\n[ckpt]\nschedule = "sco"\nhost_budget = "1MiB"\n'
+                '[vocab]\nschedule = "ring"\nblock_tokens = 128\n'
+                '[moe]\ndispatch = "pipelined_llep"\n[pipelined]\nchunk_cap = 96\n'
+                '[precision]\nrecipe = "bf16"\n')
+    out = os.path.join(tmp, "plan.json")
+    p = run([a.bin, "plan", "--config", cfg, "--ranks", "2", "--json", out])
+    assert "ckpt sco" in p.stdout and "vocab ring" in p.stdout and "optim device" in p.stdout, p.stdout
+    j = json.load(open(out))
+    s = j["schedule"]
+    assert (s["ckpt"], s["vocab"], s["dispatch"], s["optim"]) == ("sco", "ring", "pipelined_llep", "device"), s
+    assert s["block_tokens"] == 128 and s["chunk_cap"] == 96 and s["host_budget"] == 1 << 20, s
+    assert s["optim_requested"] == "device", s  # the run config's optimizer, never the planner's auto
+    assert j["context"] == 1024 and j["layout"]["batch"] == 4, (j["context"], j["layout"])  # train.seq_len, batch
+    assert j["precision"]["params"] == "bf16" and j["model"]["vocab_size"] == 83, (j["precision"], j["model"])
+    # --set overrides any key of the file, --context its seq_len, --schedule applies last.
+    run([a.bin, "plan", "--config", cfg, "--set", "ckpt.schedule=device", "--set", "train.batch_size=2",
+         "--context", "2K", "--schedule", "optim.schedule=offload_stream", "--schedule", "optim.slots=3",
+         "--json", out])
+    j = json.load(open(out))
+    assert j["schedule"]["ckpt"] == "device" and j["schedule"]["vocab"] == "ring", j["schedule"]
+    assert j["schedule"]["optim"] == "offload_stream" and j["schedule"]["slots"] == 3, j["schedule"]
+    assert j["context"] == 2048 and j["layout"]["batch"] == 2, (j["context"], j["layout"])
+    # The run config's own validation, and one of --model or --config.
+    cases = [
+        (["--config", cfg, "--set", "pipelined.chunk_cap=0"], "pipelined.chunk_cap = 0 must be >= 1"),
+        (["--config", cfg, "--set", "optim.schedule=auto"], "optim.schedule = \"auto\""),
+        (["--config", cfg, "--model", cfg], "one of --model and --config"),
+        (["--model", cfg], "needs --context"),
+    ]
+    for args, want in cases:
+        p = run([a.bin, "plan"] + args, check=False)
+        assert p.returncode == 1 and want in p.stderr, (args, p.returncode, p.stderr)
 
 
 def main():

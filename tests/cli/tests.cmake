@@ -6,8 +6,9 @@ foreach(case resume_bit_exact kill_during_checkpoint bad_inputs demo_loss_falls 
   add_test(NAME cli_${case} COMMAND ${FP_CLI_PY} ${case})
   set_tests_properties(cli_${case} PROPERTIES LABELS cli TIMEOUT 600)
 endforeach()
-# flatpeak plan (tests/cli/test_plan.py): presets with JSON and SVG, plan vs `step --device meta`, errors.
-foreach(case presets_json_plot matches_meta_step bad_inputs compare_timeline)
+# flatpeak plan (tests/cli/test_plan.py): presets with JSON and SVG, plan vs `step --device meta`, errors,
+# a run config's schedules (plan --config).
+foreach(case presets_json_plot matches_meta_step bad_inputs compare_timeline from_run_config)
   add_test(NAME cli_plan_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_plan.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
   set_tests_properties(cli_plan_${case} PROPERTIES LABELS cli TIMEOUT 300)

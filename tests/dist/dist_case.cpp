@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
     // V = 66: not a multiple of 4, so the last ranks hold padding rows of embed_tokens and lm_head.
     m.vocab_size = 66, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
     m.rms_norm_eps = 1e-6, m.seed = 3;
-    ModelSchedules sched;
+    Schedules sched;
     if (variant == "hf_layers_flat" || variant == "deepseek_flat") {
       sched.vocab.kind = VocabSchedule::Kind::Kind_ring;
       sched.vocab.block_tokens = 64;

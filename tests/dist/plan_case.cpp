@@ -86,17 +86,15 @@ void case_run(Comm& comm, const Case& c) {
   const plan::Result p = plan::plan_step(in, opt);
 
   // The same step on this MPI rank, as the trainer runs it.
-  const ModelSchedules ms = plan::engine_schedules(in.settings, p.sched);
-  const OptimConfig oc = plan::engine_optim(p.sched);
 
   std::unique_ptr<Backend> be = backend_create("meta", kUnlimitedBytes, c.host_mem);
   be->host_ledger().overcommit_set(true);
   // Alive until the ledgers are read (the plan reads them before its model goes).
-  Model model(in.model, *be, in.settings.routing, ms, W > 1 ? &comm : nullptr);
+  Model model(in.model, *be, in.settings.routing, p.sched, W > 1 ? &comm : nullptr);
   std::unique_ptr<Optimizer> optim;
   {
     model.init_weights(in.model.seed);
-    optim = optimizer_create(oc, model.params(), *be);
+    optim = optimizer_create(OptimConfig{}, p.sched.optim, model.params(), *be);
     model.zero_grads();
     Batch batch;
     batch.B = c.shape.B;

@@ -249,7 +249,7 @@ std::vector<double> train_losses(Comm& comm, const VocabSchedule& v) {
   m.moe_intermediate_size = 24;
   m.router_aux_loss_coef = 0.02;
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-  ModelSchedules sched;
+  Schedules sched;
   sched.vocab = v;
   Model model(m, *be, RoutingProfile{}, sched, &comm);
   // On W > 1 ranks lm_head is FSDP-sharded by rows: the ring reads and writes its shard alone.

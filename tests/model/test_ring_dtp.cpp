@@ -163,7 +163,7 @@ TEST(RingDtp, ForwardOnlyLoss) {
   const Batch b = batch_random(3, 13, m.vocab_size, 5);
   double loss[2];
   for (int k = 0; k < 2; ++k) {
-    ModelSchedules sched;
+    Schedules sched;
     sched.vocab.kind = k ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
     sched.vocab.block_tokens = 7;
     Model model(m, *be, RoutingProfile{}, sched);
@@ -219,7 +219,7 @@ TEST(RingDtp, MetaAllocatesAsCpuAndFlattensTheVocabPeak) {
   m.num_experts_per_tok = 2;
   m.moe_intermediate_size = 20;
   m.router_aux_loss_coef = 0.01;
-  ModelSchedules sched;
+  Schedules sched;
   sched.vocab.kind = VocabSchedule::Kind::Kind_ring;
   sched.vocab.block_tokens = 16;
   const RoutingProfile p = routing_profile_parse("balanced");
@@ -271,7 +271,7 @@ TEST(RingDtp, TrainingMatchesFullHead) {
   std::vector<std::vector<float>> weights[2];
   for (int k = 0; k < 2; ++k) {
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    ModelSchedules sched;
+    Schedules sched;
     sched.vocab.kind = k ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
     sched.vocab.block_tokens = 9;
     Model model(m, *be, RoutingProfile{}, sched);

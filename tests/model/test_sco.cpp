@@ -44,8 +44,8 @@ ModelConfig tiny_config(int64_t layers) {
 
 uint64_t boundary_bytes(const ModelConfig& m) { return static_cast<uint64_t>(kB * kT * m.hidden_size) * 4; }
 
-ModelSchedules schedules(CkptSchedule::Kind kind, uint64_t host_budget = kUnlimitedBytes) {
-  ModelSchedules s;
+Schedules schedules(CkptSchedule::Kind kind, uint64_t host_budget = kUnlimitedBytes) {
+  Schedules s;
   s.ckpt.kind = kind;
   s.ckpt.host_budget = host_budget;
   return s;
@@ -61,7 +61,7 @@ struct TrainResult {
 
 // steps of forward+backward and AdamW on random batches, on the cpu backend. delays: random sleeps
 // before every task of the copy streams (Note [Stream delays for testing]).
-TrainResult train(const ModelConfig& m, const ModelSchedules& sched, int steps, bool delays = false) {
+TrainResult train(const ModelConfig& m, const Schedules& sched, int steps, bool delays = false) {
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   std::mutex mu;
   std::mt19937 gen(1234);

@@ -183,4 +183,61 @@ TEST(Config, DeepseekV3RoundTrip) {
   expect_error(tiny_text(), {"moe.bias_update_rate=0.01"}, {"bias_update_rate"});
 }
 
+// The schedule settings are one struct (model/schedules.h) under one name each: the run config's
+// TOML keys and plan's --schedule items set the same fields, and the one validation refuses the same
+// values in both (tests/unit/test_plan.cpp: PlanSettings.RunConfigNames).
+TEST(Config, SchedulesByTheirOneName) {
+  const std::vector<std::string> items = {
+      "vocab.schedule=ring", "vocab.block_tokens=96", "vocab.ring_mode=weights", "vocab.keep_strips=true",
+      "ckpt.schedule=sco", "ckpt.host_budget=1GiB", "moe.dispatch=pipelined_llep", "moe.token_chunk=64",
+      "llep.lambda=1.5", "llep.alpha=2.0", "llep.min_tokens_per_gemm=7", "pipelined.chunk_cap=32",
+      "pipelined.max_chunks=5", "pipelined.membership=contiguous", "optim.schedule=offload_stream",
+      "optim.bucket_params=500", "optim.slots=3", "optim.update_on=host", "precision.recipe=bf16",
+      "precision.logits=bf16"};
+  const RunConfig c = config_parse(tiny_text(), "tiny.toml", items);
+  Schedules want;
+  for (const std::string& it : items) {
+    const size_t eq = it.find('=');
+    ASSERT_TRUE(schedules_set(want, it.substr(0, eq), it.substr(eq + 1), "test")) << it;
+  }
+  const Schedules& s = c.schedules;
+  EXPECT_EQ(s.vocab.kind, VocabSchedule::Kind::Kind_ring);
+  EXPECT_EQ(s.vocab.block_tokens, 96);
+  EXPECT_EQ(s.vocab.ring_mode, "weights");
+  EXPECT_TRUE(s.vocab.keep_strips);
+  EXPECT_EQ(s.ckpt.kind, CkptSchedule::Kind::Kind_sco);
+  EXPECT_EQ(s.ckpt.host_budget, uint64_t{1} << 30);
+  EXPECT_EQ(s.dispatch.kind, DispatchSchedule::Kind::Kind_pipelined_llep);
+  EXPECT_EQ(s.dispatch.token_chunk, 64);
+  EXPECT_EQ(s.dispatch.lambda, 1.5);
+  EXPECT_EQ(s.dispatch.alpha, 2.0);
+  EXPECT_EQ(s.dispatch.min_tokens_per_gemm, 7);
+  EXPECT_EQ(s.dispatch.chunk_cap, 32);
+  EXPECT_EQ(s.dispatch.max_chunks, 5);
+  EXPECT_FALSE(s.dispatch.strided);
+  EXPECT_EQ(s.optim.kind, OptimSchedule::Kind::Kind_offload_stream);
+  EXPECT_EQ(s.optim.bucket_params, 500);
+  EXPECT_EQ(s.optim.slots, 3);
+  EXPECT_TRUE(s.optim.update_on_host);
+  EXPECT_EQ(s.precision.logits, DType::DType_BF16);
+  EXPECT_EQ(s.precision.params, DType::DType_BF16);
+  // Every field the same as the one parser's from the same text.
+  EXPECT_EQ(s.vocab.block_tokens, want.vocab.block_tokens);
+  EXPECT_EQ(s.ckpt.host_budget, want.ckpt.host_budget);
+  EXPECT_EQ(s.dispatch.chunk_cap, want.dispatch.chunk_cap);
+  EXPECT_EQ(s.optim.slots, want.optim.slots);
+  EXPECT_EQ(precision_describe(s.precision), precision_describe(want.precision));
+  // The one validation: ranges, and auto only where the planner resolves it.
+  expect_error(tiny_text(), {"optim.schedule=auto"}, {"optim.schedule = \"auto\""});
+  expect_error(tiny_text(), {"optim.slots=0"}, {"optim.slots = 0 must be >= 1"});
+  expect_error(tiny_text(), {"pipelined.chunk_cap=0"}, {"pipelined.chunk_cap = 0 must be >= 1"});
+  expect_error(tiny_text(), {"moe.token_chunk=-1"}, {"moe.token_chunk = -1 must be >= 0"});
+  expect_error(tiny_text(), {"vocab.schedule=rings"}, {"vocab.schedule", "not one of full|ring"});
+  Schedules planner = want;
+  planner.optim.kind = OptimSchedule::Kind::Kind_auto;
+  EXPECT_NO_THROW(schedules_validate(planner, "test", /*auto_optim=*/true));
+  EXPECT_THROW(schedules_validate(planner, "test"), Error);
+  EXPECT_FALSE(schedules_set(planner, "train.seq_len", "4", "test"));
+}
+
 }  // namespace fp

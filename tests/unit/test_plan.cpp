@@ -56,36 +56,36 @@ std::string source_path(const std::string& rel) { return std::string(FLATPEAK_SO
 
 TEST(PlanSettings, PresetsAndKeys) {
   Settings s;
-  EXPECT_EQ(s.sched.vocab, Vocab::Vocab_full);
-  EXPECT_EQ(s.sched.optim, Optim::Optim_auto);
-  EXPECT_EQ(s.precision.params, DType::DType_BF16);
-  EXPECT_EQ(s.precision.master, DType::DType_F32);
+  EXPECT_EQ(s.sched.vocab.kind, VocabSchedule::Kind::Kind_full);
+  EXPECT_EQ(s.sched.optim.kind, OptimSchedule::Kind::Kind_auto);
+  EXPECT_EQ(s.sched.precision.params, DType::DType_BF16);
+  EXPECT_EQ(s.sched.precision.master, DType::DType_F32);
   settings_apply(s, "flatpeak");
-  EXPECT_EQ(s.sched.dispatch, Dispatch::Dispatch_pipelined_llep);
-  EXPECT_EQ(s.sched.vocab, Vocab::Vocab_ring);
-  EXPECT_EQ(s.sched.ckpt, Ckpt::Ckpt_sco);
-  EXPECT_EQ(s.sched.optim, Optim::Optim_offload_stream);
+  EXPECT_EQ(s.sched.dispatch.kind, DispatchSchedule::Kind::Kind_pipelined_llep);
+  EXPECT_EQ(s.sched.vocab.kind, VocabSchedule::Kind::Kind_ring);
+  EXPECT_EQ(s.sched.ckpt.kind, CkptSchedule::Kind::Kind_sco);
+  EXPECT_EQ(s.sched.optim.kind, OptimSchedule::Kind::Kind_offload_stream);
   settings_apply(s, "vocab=full");
-  EXPECT_EQ(s.sched.vocab, Vocab::Vocab_full);
+  EXPECT_EQ(s.sched.vocab.kind, VocabSchedule::Kind::Kind_full);
   settings_apply(s, "baseline");
-  EXPECT_EQ(s.sched.dispatch, Dispatch::Dispatch_standard);
+  EXPECT_EQ(s.sched.dispatch.kind, DispatchSchedule::Kind::Kind_standard);
   settings_apply(s, "dtype=f32");
-  EXPECT_EQ(s.precision.params, DType::DType_F32);
-  EXPECT_EQ(s.precision.activations, DType::DType_F32);
+  EXPECT_EQ(s.sched.precision.params, DType::DType_F32);
+  EXPECT_EQ(s.sched.precision.activations, DType::DType_F32);
   settings_apply(s, "dtype.activations=bf16");
-  EXPECT_EQ(s.precision.activations, DType::DType_BF16);
-  EXPECT_EQ(s.precision.grads, DType::DType_F32);
+  EXPECT_EQ(s.sched.precision.activations, DType::DType_BF16);
+  EXPECT_EQ(s.sched.precision.grads, DType::DType_F32);
   settings_apply(s, "precision.recipe=bf16");
-  EXPECT_EQ(s.precision.grads, DType::DType_BF16);
-  EXPECT_EQ(s.precision.moments, DType::DType_F32);
+  EXPECT_EQ(s.sched.precision.grads, DType::DType_BF16);
+  EXPECT_EQ(s.sched.precision.moments, DType::DType_F32);
   settings_apply(s, "precision.logits=bf16");
-  EXPECT_EQ(s.precision.logits, DType::DType_BF16);
+  EXPECT_EQ(s.sched.precision.logits, DType::DType_BF16);
   settings_apply(s, "routing=hot:0.9:16");
   EXPECT_EQ(s.routing.kind, RoutingProfile::Kind::Kind_hot);
   settings_apply(s, "ckpt_host_budget=1GiB");
-  EXPECT_EQ(s.sched.ckpt_host_budget, uint64_t{1} << 30);
+  EXPECT_EQ(s.sched.ckpt.host_budget, uint64_t{1} << 30);
   settings_apply(s, "update_on=host");
-  EXPECT_TRUE(s.sched.update_on_host);
+  EXPECT_TRUE(s.sched.optim.update_on_host);
   for (const char* bad : {"vocab=rings", "nokey", "=3", "frobnicate=1", "slots=0", "slots=two", "routing=router",
                           "routing=hot:2:3", "dtype=f8", "ring_mode=sideways", "keep_strips=yes", "cp=4", "ep=2",
                           "vocab_strips=2", "precision.recipe=fp8", "precision.params=int3"}) {
@@ -97,6 +97,43 @@ TEST(PlanSettings, PresetsAndKeys) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("full|ring"), std::string::npos) << e.what();
     EXPECT_NE(e.hint().find("dispatch="), std::string::npos);
+  }
+}
+
+// --schedule takes the run config's names (model/schedules.h); the older short names are aliases of
+// the same fields.
+TEST(PlanSettings, RunConfigNames) {
+  Settings a, b;
+  for (const char* it : {"moe.dispatch=llep", "vocab.schedule=ring", "ckpt.schedule=sco", "optim.schedule=device",
+                         "pipelined.chunk_cap=77", "ckpt.host_budget=2GiB", "optim.update_on=host",
+                         "moe.token_chunk=128", "llep.lambda=2.5", "precision.params=f32"})
+    settings_apply(a, it);
+  for (const char* it : {"dispatch=llep", "vocab=ring", "ckpt=sco", "optim=device", "chunk_tokens=77",
+                         "ckpt_host_budget=2GiB", "update_on=host", "token_chunk=128", "lambda=2.5",
+                         "dtype.weights=f32"})
+    settings_apply(b, it);
+  for (const Settings* s : {&a, &b}) {
+    EXPECT_EQ(s->sched.dispatch.kind, DispatchSchedule::Kind::Kind_llep);
+    EXPECT_EQ(s->sched.vocab.kind, VocabSchedule::Kind::Kind_ring);
+    EXPECT_EQ(s->sched.ckpt.kind, CkptSchedule::Kind::Kind_sco);
+    EXPECT_EQ(s->sched.optim.kind, OptimSchedule::Kind::Kind_device);
+    EXPECT_EQ(s->sched.dispatch.chunk_cap, 77);
+    EXPECT_EQ(s->sched.ckpt.host_budget, uint64_t{2} << 30);
+    EXPECT_TRUE(s->sched.optim.update_on_host);
+    EXPECT_EQ(s->sched.dispatch.token_chunk, 128);
+    EXPECT_EQ(s->sched.dispatch.lambda, 2.5);
+    EXPECT_EQ(s->sched.precision.params, DType::DType_F32);
+  }
+  // The one validation's messages, with the planner's list of keys as the hint.
+  for (const char* bad : {"pipelined.chunk_cap=0", "optim.slots=0", "moe.token_chunk=-1", "llep.alpha=0"}) {
+    Settings t;
+    try {
+      settings_apply(t, bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("must be"), std::string::npos) << e.what();
+      EXPECT_NE(e.hint().find("pipelined.chunk_cap="), std::string::npos) << e.hint();
+    }
   }
 }
 
@@ -186,10 +223,10 @@ TEST(PlanOneRank, AutoOptimizerOffloadsWhenTheDeviceOneDoesNotFit) {
   const Result off = plan_step(input(m, 64, {"optim=offload_serial"}));
   ASSERT_LT(off.step_peak, dev.step_peak);
   in.device_mem = dev.step_peak;
-  EXPECT_EQ(plan_step(in).sched.optim, Optim::Optim_device);
+  EXPECT_EQ(plan_step(in).sched.optim.kind, OptimSchedule::Kind::Kind_device);
   in.device_mem = dev.step_peak - 1;
   const Result r = plan_step(in);
-  EXPECT_EQ(r.sched.optim, Optim::Optim_offload_serial);
+  EXPECT_EQ(r.sched.optim.kind, OptimSchedule::Kind::Kind_offload_serial);
   EXPECT_TRUE(r.fits());
   EXPECT_EQ(r.host_needed, static_cast<uint64_t>(m.param_count()) * (12 + 2));  // state + bf16 gradient copy
 }

@@ -17,6 +17,16 @@ std::unique_ptr<Optimizer> optimizer_create(const OptimConfig& cfg, ParamStore& 
               "set optim.schedule = \"device\", \"offload_serial\" or \"offload_stream\"");
 }
 
+std::unique_ptr<Optimizer> optimizer_create(OptimConfig hyper, const OptimSchedule& sched, ParamStore& params,
+                                            Backend& be) {
+  FP_ASSERT(sched.kind != OptimSchedule::Kind::Kind_auto);
+  hyper.schedule = std::string(schedule_name(sched.kind));
+  hyper.bucket_params = sched.bucket_params;
+  hyper.slots = sched.slots;
+  hyper.update_on = sched.update_on_host ? "host" : "device";
+  return optimizer_create(hyper, params, be);
+}
+
 Tensor grad_sumsq_alloc(ParamStore& params, Backend& be) {
   return be.alloc_f32(Category::Category_workspace, {static_cast<int64_t>(params.all().size())}, "adamw.grad_sumsq");
 }

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "model/params.h"
+#include "model/schedules.h"
 #include "sched/optim/lr_schedule.h"
 
 namespace fp {
@@ -40,6 +41,10 @@ class Optimizer {
 // The optimizer of cfg's schedule over params. Each rank updates only the storage it holds
 // (Param::local_w: its FSDP shards and whole tensors), so optimizer state exists for owned shards only.
 std::unique_ptr<Optimizer> optimizer_create(const OptimConfig& cfg, ParamStore& params, Backend& be);
+// The same for the AdamW hyperparameters of hyper and the schedule of Schedules::optim (resolved: not
+// auto), the one place the schedule struct becomes the optimizers' configuration.
+std::unique_ptr<Optimizer> optimizer_create(OptimConfig hyper, const OptimSchedule& sched, ParamStore& params,
+                                            Backend& be);
 
 // The L2 norm of the whole model's gradient, the same bits on every rank and in every variant: per
 // parameter one device reduction of its local gradient into its slot of sumsq (one float per local
