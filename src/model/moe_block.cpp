@@ -12,7 +12,6 @@
 // x1 + (routed + shared); the order of the three terms differs from it by float rounding only.
 #include "model/blocks.h"
 #include "model/routing.h"
-#include "ops/moe_routing.h"
 #include "sched/dispatch/dispatch.h"
 #include "sched/dispatch/expert_ffn.h"
 
@@ -29,6 +28,12 @@ ExpertWeights shared_weights(const LayerParams& lp) {
           lp.shared_gate_proj->g.f32(), lp.shared_up_proj->g.f32(), lp.shared_down_proj->g.f32()};
 }
 
+// Whether the step routes a profile in closed form (meta: Note [Meta routes a profile in closed form] in
+// model/routing.cpp), reading no expert order back.
+bool routing_closed_form(const StepContext& s) {
+  return s.profile.kind != RoutingProfile::Kind::Kind_router && !s.be.computes();
+}
+
 // The step's dispatch; without one (a StepContext built by hand, one rank) the local one.
 ExpertDispatch& expert_dispatch(StepContext& s) {
   if (s.dispatch != nullptr) return *s.dispatch;
@@ -38,10 +43,11 @@ ExpertDispatch& expert_dispatch(StepContext& s) {
 }
 
 // h2 = rmsnorm(x1), the router (probs, topk_idx, topk_w into a) and a routing profile's choice over the
-// router's. fill_host_topk: s.host_topk (n, k) receives the choice (the profile's, or the router's copied
-// to the host) for the counting sort; otherwise it is left as it is (a profile routed earlier in the step,
-// or meta's closed form).
-void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, bool fill_host_topk) {
+// router's, uploaded into a.topk_idx from s.host_topk (n, k). assign_profile: s.host_topk receives the
+// profile's choice first; otherwise it holds it already (a profile routed earlier in the step) or nothing
+// reads it (meta's closed form). The router's own choice stays on the device (Note [The routing sort on
+// the device]).
+void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, bool assign_profile) {
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
@@ -66,12 +72,10 @@ void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, Moe
       K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
-  if (fill_host_topk) {
+  if (assign_profile) {
+    FP_ASSERT(profiled);
     s.host_topk.resize(static_cast<size_t>(n * k));
-    if (profiled)
-      routing_profile_assign(s.profile, n, k, E, s.host_topk.data());
-    else
-      be.copy_to_host(s.host_topk.data(), a.topk_idx.data(), a.topk_idx.bytes());
+    routing_profile_assign(s.profile, n, k, E, s.host_topk.data());
   }
   if (profiled) {
     be.copy_from_host(a.topk_idx.data(), s.host_topk.data(), a.topk_idx.bytes());
@@ -81,6 +85,45 @@ void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, Moe
     else
       K.router_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
   }
+}
+
+// Note [The routing sort on the device]
+// The expert order (rows (m), slot_pos (n, k), offsets (E + 1): the stable counting sort of
+// ops/moe_routing.h) is built by the kernel table's moe_routing_build from the top-k on the device, the
+// router's or a profile's choice uploaded there, so rows and slot_pos never leave the device. Only the
+// E + 1 offsets cross to the host: the dispatch sizes its buffers and collectives by the counts (as
+// every GPU MoE reads its counts back), and a dispatch that plans per row (ExpertDispatch::reads_rows)
+// gets the rows copied down as well. Before, the (n, k) top-k went to the host and rows and slot_pos
+// came back: 3 n k int32 per layer. The offsets are category workspace for the sort's duration,
+// allocated on meta too (the same ledger); there they come from the profile's closed form (Note [Meta
+// routes a profile in closed form]) or from the step's first routing (Note [A routing profile is routed
+// once per step]), never from the device.
+
+// rows (nc k) and slot_pos (nc, k) of the block's tokens [t0, t0 + nc), allocated here (activations), by
+// the routing sort; offsets (E + 1), when not null, receive its counts (null: the caller has them).
+void routing_sort(StepContext& s, const MoeActs& a, int64_t t0, int64_t nc, Tensor& rows, Tensor& slot_pos,
+                  std::vector<int64_t>* offsets) {
+  Backend& be = s.be;
+  const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok;
+  rows = be.alloc(kAct, {nc * k}, DType::DType_I32, "moe.rows");
+  slot_pos = be.alloc(kAct, {nc, k}, DType::DType_I32, "moe.slot_pos");
+  Tensor dev_offsets = be.alloc(Category::Category_workspace, {E + 1}, DType::DType_I64, "moe.expert_offsets");
+  be.kernels().moe_routing_build(ptr_at(a.topk_idx.i32(), t0 * k), nc, k, E, rows.i32(), slot_pos.i32(),
+                                 static_cast<int64_t*>(dev_offsets.data()));
+  if (offsets == nullptr) return;
+  offsets->resize(static_cast<size_t>(E + 1));
+  be.copy_to_host(offsets->data(), dev_offsets.data(), dev_offsets.bytes());
+}
+
+// MoeChunk::rows for the step's dispatch: the device rows (m) copied into s.host_rows where the dispatch
+// plans per row (ExpertDispatch::reads_rows) and the backend computes; empty otherwise (on meta under a
+// profile the dispatch counts in closed form).
+std::span<const int32_t> dispatch_rows(StepContext& s, const Tensor& rows) {
+  s.host_rows.clear();
+  if (routing_closed_form(s) || !expert_dispatch(s).reads_rows()) return {};
+  s.host_rows.resize(static_cast<size_t>(rows.numel()));
+  s.be.copy_to_host(s.host_rows.data(), rows.data(), rows.bytes());
+  return s.host_rows;
 }
 
 // stats (the load-balancing loss's): routed copies per expert from the offsets (E + 1) of a chunk of the
@@ -122,38 +165,24 @@ void stats_fill(StepContext& s, const MoeActs& a, std::span<const int64_t> offse
 
 bool moe_chunked(const StepContext& s) { return s.moe_token_chunk > 0 && s.moe_token_chunk < s.n; }
 
-// The routing of the block's tokens [t0, t0 + nc), its chunk number `chunk`: offsets (E + 1) of its copies by
-// expert and, where rows are moved, s.host_rows / s.host_slot (chunk-local token and slot positions) from
-// s.host_topk.
-void chunk_route(StepContext& s, int64_t chunk, int64_t t0, int64_t nc, std::vector<int64_t>& offsets) {
-  const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok, mc = nc * k;
-  offsets.assign(static_cast<size_t>(E + 1), 0);
-  if (s.profile.kind != RoutingProfile::Kind::Kind_router && !s.be.computes()) {
-    // Note [Meta routes a profile in closed form]; every layer routes a chunk alike (Note [A routing
-    // profile is routed once per step]): counted once per step.
-    const size_t c = static_cast<size_t>(chunk);
-    if (s.profile_chunk_offsets.size() <= c) s.profile_chunk_offsets.resize(c + 1);
-    if (s.profile_chunk_offsets[c].empty()) {
-      s.profile_chunk_offsets[c].assign(static_cast<size_t>(E + 1), 0);
-      routing_profile_offsets_range(s.profile, s.n, k, E, t0, t0 + nc, s.profile_chunk_offsets[c].data());
-    }
-    offsets = s.profile_chunk_offsets[c];
-    s.host_rows.clear();
-    return;
+// The routing of the block's tokens [t0, t0 + nc), its chunk number `chunk`: rows (m_c) and slot_pos
+// (nc, k) on the device (chunk-local token and slot positions) and the offsets (E + 1) of its copies by
+// expert on the host (Note [The routing sort on the device]).
+void chunk_route(StepContext& s, const MoeActs& a, int64_t chunk, int64_t t0, int64_t nc, Tensor& rows,
+                 Tensor& slot_pos, std::vector<int64_t>& offsets) {
+  const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok;
+  const bool closed_form = routing_closed_form(s);
+  routing_sort(s, a, t0, nc, rows, slot_pos, closed_form ? nullptr : &offsets);
+  if (!closed_form) return;
+  // Note [Meta routes a profile in closed form]; every layer routes a chunk alike (Note [A routing
+  // profile is routed once per step]): counted once per step.
+  const size_t c = static_cast<size_t>(chunk);
+  if (s.profile_chunk_offsets.size() <= c) s.profile_chunk_offsets.resize(c + 1);
+  if (s.profile_chunk_offsets[c].empty()) {
+    s.profile_chunk_offsets[c].assign(static_cast<size_t>(E + 1), 0);
+    routing_profile_offsets_range(s.profile, s.n, k, E, t0, t0 + nc, s.profile_chunk_offsets[c].data());
   }
-  s.host_rows.resize(static_cast<size_t>(mc));
-  s.host_slot.resize(static_cast<size_t>(mc));
-  ops::moe_routing_build(s.host_topk.data() + t0 * k, nc, k, E, s.host_rows.data(), s.host_slot.data(),
-                         offsets.data());
-}
-
-// The chunk's device rows (m_c) and slot positions (nc, k) from s.host_rows / s.host_slot.
-void chunk_rows_upload(StepContext& s, int64_t nc, Tensor& rows, Tensor& slot_pos) {
-  const int64_t k = s.cfg.num_experts_per_tok;
-  rows = s.be.alloc(kAct, {nc * k}, DType::DType_I32, "moe.rows");
-  slot_pos = s.be.alloc(kAct, {nc, k}, DType::DType_I32, "moe.slot_pos");
-  s.be.copy_from_host(rows.data(), s.host_rows.data(), rows.bytes());
-  s.be.copy_from_host(slot_pos.data(), s.host_slot.data(), slot_pos.bytes());
+  offsets = s.profile_chunk_offsets[c];
 }
 
 // The shared experts' output plus x1 (Note [Shared experts]) in a new (n, H) buffer, or x1's copy.
@@ -242,22 +271,21 @@ Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Te
   Backend& be = s.be;
   const ops::Kernels& K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok, c = s.moe_token_chunk;
-  const bool closed_form = s.profile.kind != RoutingProfile::Kind::Kind_router && !be.computes();
+  const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
   MoeActs a;
-  norm_and_route(s, lp, x1, a, !closed_form);
+  norm_and_route(s, lp, x1, a, profiled && be.computes());
   Tensor x2 = moe_output_start(s, lp, x1, a, false, out_cat, out_name);
   if (stats) *stats = RouterStats{};
   std::vector<int64_t> offsets;
   for (int64_t t0 = 0, chunk = 0; t0 < n; t0 += c, ++chunk) {
     const int64_t nc = std::min(c, n - t0), mc = nc * k;
-    chunk_route(s, chunk, t0, nc, offsets);
-    if (stats) stats_fill(s, a, offsets, *stats, chunk == 0);
     Tensor rows, slot_pos;
-    chunk_rows_upload(s, nc, rows, slot_pos);
+    chunk_route(s, a, chunk, t0, nc, rows, slot_pos, offsets);
+    if (stats) stats_fill(s, a, offsets, *stats, chunk == 0);
     Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
     K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
+    const MoeChunk window{chunk, t0, nc, dispatch_rows(s, rows), nullptr};
     rows.reset();
-    const MoeChunk window{chunk, t0, nc, s.host_rows, nullptr};
     Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, nullptr);
     K.moe_combine_forward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(x2.f32(), t0 * H), nc, k,
                           H);
@@ -278,34 +306,26 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
   const bool routed = profiled && !s.profile_offsets.empty();  // Note [A routing profile is routed once per step]
   // Note [Meta routes a profile in closed form] (model/routing.cpp): no (n, k) or (m) host arrays.
-  const bool closed_form = profiled && !be.computes();
-  norm_and_route(s, lp, x1, a, !routed && !closed_form);
+  const bool closed_form = routing_closed_form(s);
+  norm_and_route(s, lp, x1, a, profiled && !routed && !closed_form);
 
-  // Expert order: a stable counting sort of the routed copies by expert (host, like the count
-  // exchange of expert parallelism), then the permutation goes to the device. With a profile, once
-  // per step.
+  // Expert order: the routing sort on the device (Note [The routing sort on the device]); its offsets
+  // come to the host, under a profile once per step.
+  routing_sort(s, a, 0, n, a.rows, a.slot_pos, routed || closed_form ? nullptr : &a.offsets);
   if (routed) {
     a.offsets = s.profile_offsets;
   } else if (closed_form) {
     a.offsets.assign(static_cast<size_t>(E + 1), 0);
     routing_profile_offsets(s.profile, n, k, E, a.offsets.data());
     s.profile_offsets = a.offsets;
-    s.host_rows.clear();  // nothing on meta reads the rows (pipelined_llep counts in closed form too)
-  } else {
-    s.host_rows.resize(static_cast<size_t>(m));
-    s.host_slot.resize(static_cast<size_t>(m));
-    a.offsets.assign(static_cast<size_t>(E + 1), 0);
-    ops::moe_routing_build(s.host_topk.data(), n, k, E, s.host_rows.data(), s.host_slot.data(), a.offsets.data());
-    if (profiled) s.profile_offsets = a.offsets;
+  } else if (profiled) {
+    s.profile_offsets = a.offsets;
   }
   if (stats) {
     *stats = RouterStats{};
     stats_fill(s, a, a.offsets, *stats, true);
   }
-  a.rows = be.alloc(kAct, {m}, DType::DType_I32, "moe.rows");
-  a.slot_pos = be.alloc(kAct, {n, k}, DType::DType_I32, "moe.slot_pos");
-  be.copy_from_host(a.rows.data(), s.host_rows.data(), a.rows.bytes());
-  be.copy_from_host(a.slot_pos.data(), s.host_slot.data(), a.slot_pos.bytes());
+  const std::span<const int32_t> rows_host = dispatch_rows(s, a.rows);
 
   // Note [Shared experts]: x2 = shared(h2) + x1 before the routed copies leave.
   Tensor x2;
@@ -322,7 +342,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   }
 
   // The experts, wherever they live: the dispatch takes xs and returns ys (m, H) in the same order.
-  const MoeChunk whole{0, 0, n, s.host_rows, keep ? &a.h2 : nullptr};  // h2 freed above unless kept
+  const MoeChunk whole{0, 0, n, rows_host, keep ? &a.h2 : nullptr};  // h2 freed above unless kept
   a.ys = expert_dispatch(s).forward(s, lp, std::move(xs), a.offsets, whole, keep ? &a.dispatch : nullptr);
 
   if (!x2.defined()) {
@@ -357,7 +377,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   if (c.n_shared_experts > 0) dh2 = moe_dh2_start(s, lp, a, dx);
 
   // The experts' backward, wherever they live: dys (m, H) -> dxs (m, H); owned experts' weight gradients.
-  const MoeChunk whole{0, 0, n, s.host_rows, &a.h2};
+  const MoeChunk whole{0, 0, n, s.host_rows, &a.h2};  // the rows the forward with keep handed it
   Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(dys), a.offsets, whole, std::move(a.dispatch));
 
   // back to token order
@@ -386,23 +406,22 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
   const ops::Kernels& K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, k = c.num_experts_per_tok, ct = s.moe_token_chunk;
-  const bool closed_form = s.profile.kind != RoutingProfile::Kind::Kind_router && !be.computes();
+  const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
   MoeActs a;
-  norm_and_route(s, lp, x1, a, !closed_form);
+  norm_and_route(s, lp, x1, a, profiled && be.computes());
   if (c.n_shared_experts > 0) moe_output_start(s, lp, x1, a, true, kAct, "moe.x2").reset();  // keeps its intermediates
   Tensor dh2 = moe_dh2_start(s, lp, a, dx);
   Tensor dw = be.alloc(kAct, {n, k}, s.precision.router, "moe.dw");
   std::vector<int64_t> offsets;
   for (int64_t t0 = 0, chunk = 0; t0 < n; t0 += ct, ++chunk) {
     const int64_t nc = std::min(ct, n - t0), mc = nc * k;
-    chunk_route(s, chunk, t0, nc, offsets);
     Tensor rows, slot_pos;
-    chunk_rows_upload(s, nc, rows, slot_pos);
+    chunk_route(s, a, chunk, t0, nc, rows, slot_pos, offsets);
     Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
     K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
-    rows.reset();
     const Tensor h2_chunk = Tensor::view(a.h2, t0 * H, {nc, H}, "moe.h2");
-    const MoeChunk window{chunk, t0, nc, s.host_rows, &h2_chunk};
+    const MoeChunk window{chunk, t0, nc, dispatch_rows(s, rows), &h2_chunk};
+    rows.reset();
     std::unique_ptr<DispatchActs> acts;
     Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, &acts);
     // d ys in ys's buffer and the chunk's rows of d w (as moe_block_backward does for the whole block).

@@ -13,6 +13,7 @@
 #include "ops/gemm.h"
 #include "ops/gemm_tiled.h"
 #include "ops/moe_permute.h"
+#include "ops/moe_routing.h"
 #include "ops/online_lse.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
@@ -31,7 +32,8 @@ namespace fp::ops {
   X(swiglu_forward) X(swiglu_backward)                                                               \
   X(router_forward) X(router_gather) X(router_backward)                                              \
   X(router_sigmoid_forward) X(router_sigmoid_gather) X(router_sigmoid_backward)                      \
-  X(moe_gather) X(moe_combine_forward) X(moe_combine_backward) X(moe_scatter_add)                    \
+  X(moe_routing_build) X(moe_gather) X(moe_scatter)                                                  \
+  X(moe_combine_forward) X(moe_combine_backward) X(moe_scatter_add)                                  \
   X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)                                    \
   X(online_lse_init) X(online_lse_fold) X(online_lse_loss) X(online_lse_backward)                    \
   X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq)                      \

@@ -10,6 +10,9 @@ namespace fp::ops::cpu {
 
 // xs (m, H) = x (n, H) [rows (m)].
 void moe_gather(const float* x, const int32_t* rows, float* xs, int64_t m, int64_t H);
+// dst[rows[i]] = src[i] for i < m: moe_gather's inverse, src (m, H) into the rows of dst (rows[i] < its
+// rows). rows distinct (each row of dst has one writer); rows not named are left as they are.
+void moe_scatter(const float* src, const int32_t* rows, float* dst, int64_t m, int64_t H);
 // out (n, H) += sum_j w[t, j] * ys[slot_pos[t, j]]; ys (m, H), w (n, k).
 void moe_combine_forward(const float* ys, const int32_t* slot_pos, const float* w, float* out, int64_t n, int64_t k,
                          int64_t H);

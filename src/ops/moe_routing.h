@@ -1,15 +1,23 @@
-// Host-side routing bookkeeping (not a kernel): the stable counting sort of routed copies by expert.
+// The routing sort: the stable counting sort of routed copies by expert, a kernel of the table
+// (ops/kernels.h), so the expert order is built where the router's top-k lies; only the E + 1
+// offsets go to the host (the dispatch plans need the counts).
 // n tokens, k slots, E experts, m = n * k copies.
 #pragma once
 
 #include <cstdint>
 
-namespace fp::ops {
+namespace fp::ops::cpu {
 
 // topk_idx (n, k) -> rows (m): token of each copy in expert order (within an expert, tokens in order,
 // then slots in order); slot_pos (n, k): the row of token t's slot j; expert_offsets (E + 1): rows of
-// expert e are [offsets[e], offsets[e+1]). Asserts every index lies in [0, E).
+// expert e are [offsets[e], offsets[e+1]). Every output is overwritten. Asserts every index lies in
+// [0, E). Needs no workspace (Note [Counting sort in the offsets array]).
 void moe_routing_build(const int32_t* topk_idx, int64_t n, int64_t k, int64_t E, int32_t* rows, int32_t* slot_pos,
                        int64_t* expert_offsets);
 
+}  // namespace fp::ops::cpu
+
+namespace fp::ops {
+// The cpu kernel called directly, for host code that holds its top-k on the host (tests, tools).
+using cpu::moe_routing_build;
 }  // namespace fp::ops

@@ -1,5 +1,6 @@
 // Token permutation ops: the cpu kernels against ref<float>, the ref<double> combine backward against
-// central finite differences, gather and scatter-add as adjoints, and bitwise determinism across
+// central finite differences, gather and scatter-add as adjoints, the scatter as the gather's inverse,
+// and bitwise determinism across
 // thread counts. The permutation is built here with std::stable_sort (independently of
 // moe_routing_build), from random top-k choices that leave one expert without tokens.
 // n tokens, k slots per token, m = n * k copies, E experts, H hidden.
@@ -80,6 +81,39 @@ TEST(MoePermute, GatherAndScatterAddMatchRef) {
         fp::ops::ref::moe_scatter_add(dxs.data(), r.slot_pos.data(), dx_ref.data(), n, k, H);
         fp::ops::cpu::moe_scatter_add(dxs.data(), r.slot_pos.data(), dx_cpu.data(), n, k, H);
         EXPECT_TRUE(fp::op_test::near("dx", {n, H}, dx_cpu, dx_ref, fp::op_test::tol_each(bound)));
+      }
+}
+
+// moe_scatter, moe_gather's inverse: a copy into the named rows (exact), the other rows untouched; the
+// rows of one chunk of a plan (a subset of the destination's rows, in any order) as pipelined_llep uses it.
+TEST(MoePermute, ScatterMatchesRefAndInvertsGather) {
+  fp::Rng rng(26);
+  for (int64_t H : kH)
+    for (int64_t n : {1, 13, 37})
+      for (int64_t k : {1, 2, 4}) {
+        SCOPED_TRACE(testing::Message() << "H=" << H << " n=" << n << " k=" << k);
+        const int64_t E = 8, m = n * k;
+        const Routing r = routing_random(rng, n, k, E, 2);
+        // Destination rows: a random permutation of [0, m), of which the first m_i are written.
+        std::vector<int32_t> dest(m);
+        std::iota(dest.begin(), dest.end(), 0);
+        for (int64_t i = m - 1; i > 0; --i) std::swap(dest[i], dest[rng.below(i + 1)]);
+        for (int64_t mi : {m, (m + 1) / 2}) {
+          const auto src = fp::op_test::random_vector<float>(mi * H, rng);
+          auto dst_ref = fp::op_test::random_vector<float>(m * H, rng);
+          auto dst_cpu = dst_ref;
+          fp::ops::ref::moe_scatter(src.data(), dest.data(), dst_ref.data(), mi, H);
+          fp::ops::cpu::moe_scatter(src.data(), dest.data(), dst_cpu.data(), mi, H);
+          EXPECT_EQ(std::memcmp(dst_cpu.data(), dst_ref.data(), dst_ref.size() * sizeof(float)), 0) << "mi=" << mi;
+        }
+        // scatter(gather(x)) by the routing's rows restores the rows of x that are routed (k = 1: all).
+        if (k == 1) {
+          const auto x = fp::op_test::random_vector<float>(n * H, rng);
+          std::vector<float> xs(m * H), back(n * H, NAN);
+          fp::ops::cpu::moe_gather(x.data(), r.rows.data(), xs.data(), m, H);
+          fp::ops::cpu::moe_scatter(xs.data(), r.rows.data(), back.data(), m, H);
+          EXPECT_TRUE(fp::op_test::near("x", {n, H}, back, x, fp::op_test::tol_exact()));
+        }
       }
 }
 
@@ -194,13 +228,15 @@ TEST(MoePermute, BitwiseDeterministicAcrossThreadCounts) {
   const auto dout = fp::op_test::random_vector<float>(n * H, rng);
   const auto base = fp::op_test::random_vector<float>(n * H, rng);
   struct Out {
-    std::vector<float> xs, out, dys, dw, dx;
+    std::vector<float> xs, out, dys, dw, dx, scattered;
   };
   const int saved = omp_get_max_threads();
   auto run = [&](int threads) {
     omp_set_num_threads(threads);
-    Out o{std::vector<float>(m * H), base, std::vector<float>(m * H), std::vector<float>(n * k), base};
+    Out o{std::vector<float>(m * H), base, std::vector<float>(m * H), std::vector<float>(n * k), base,
+          std::vector<float>(m * H)};
     fp::ops::cpu::moe_gather(x.data(), r.rows.data(), o.xs.data(), m, H);
+    fp::ops::cpu::moe_scatter(ys.data(), r.slot_pos.data(), o.scattered.data(), m, H);  // slot_pos: distinct rows
     fp::ops::cpu::moe_combine_forward(ys.data(), r.slot_pos.data(), w.data(), o.out.data(), n, k, H);
     fp::ops::cpu::moe_combine_backward(ys.data(), r.slot_pos.data(), w.data(), dout.data(), o.dys.data(), o.dw.data(),
                                        n, k, H);
@@ -218,6 +254,7 @@ TEST(MoePermute, BitwiseDeterministicAcrossThreadCounts) {
     EXPECT_TRUE(same(a.dys, o->dys)) << "moe_combine_backward dys";
     EXPECT_TRUE(same(a.dw, o->dw)) << "moe_combine_backward dw";
     EXPECT_TRUE(same(a.dx, o->dx)) << "moe_scatter_add";
+    EXPECT_TRUE(same(a.scattered, o->scattered)) << "moe_scatter";
   }
 }
 

@@ -1,6 +1,7 @@
-// moe_routing_build: the stable counting sort of routed copies by expert, against std::stable_sort,
-// with empty experts, repeated experts within a token (routing profiles), the degenerate sizes, and
-// the assertion on out-of-range expert ids.
+// moe_routing_build (the kernel of the routing sort): the stable counting sort of routed copies by
+// expert, against std::stable_sort and the scalar reference (ops/ref/moe_routing.h) for 1 and 2
+// threads, with empty experts, repeated experts within a token (routing profiles), the degenerate
+// sizes, and the assertion on out-of-range expert ids.
 // n tokens, k slots, E experts, m = n * k copies.
 #include <gtest/gtest.h>
 
@@ -8,9 +9,13 @@
 #include <numeric>
 #include <vector>
 
+#include <omp.h>
+
 #include "core/error.h"
 #include "core/rng.h"
+#include "op_test.h"
 #include "ops/moe_routing.h"
+#include "ops/ref/moe_routing.h"
 
 namespace {
 
@@ -99,6 +104,29 @@ TEST(MoeRouting, RepeatedExpertsKeepSlotOrder) {
   EXPECT_EQ(c.slot_pos, (std::vector<int32_t>{2, 3, 0, 1, 4, 5}));
   EXPECT_EQ(c.offsets, (std::vector<int64_t>{0, 2, 2, 6}));
   expect_matches_stable_sort(idx2, 2, 3, 3);
+}
+
+// The kernel against the scalar reference, byte for byte, for 1 and 2 threads, on random choices
+// (repeats allowed, so slots of one token may share an expert) at sizes around the SIMD widths.
+TEST(MoeRouting, KernelMatchesRefForOneAndTwoThreads) {
+  fp::Rng rng(32);
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    for (int64_t E : {1, 3, 8, 17})
+      for (int64_t k : {1, 2, 8})
+        for (int64_t n : {1, 7, 8, 9, 63, 257}) {
+          SCOPED_TRACE(testing::Message() << "threads=" << threads << " n=" << n << " k=" << k << " E=" << E);
+          const std::vector<int32_t> idx = fp::op_test::random_ids(n * k, E, rng);
+          Built ref{std::vector<int32_t>(n * k, -7), std::vector<int32_t>(n * k, -7), std::vector<int64_t>(E + 1, -7)};
+          fp::ops::ref::moe_routing_build(idx.data(), n, k, E, ref.rows.data(), ref.slot_pos.data(), ref.offsets.data());
+          const Built got = build(idx, n, k, E);
+          EXPECT_EQ(got.rows, ref.rows);
+          EXPECT_EQ(got.slot_pos, ref.slot_pos);
+          EXPECT_EQ(got.offsets, ref.offsets);
+        }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(MoeRouting, NoCopies) {

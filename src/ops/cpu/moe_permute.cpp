@@ -2,9 +2,9 @@
 // n tokens, k slots per token, m = n * k routed copies, H hidden.
 // rows (m): token of each copy in expert order; slot_pos (n, k): row of token t's slot j.
 //
-// Every kernel walks the side whose rows it writes (copies for the gather, tokens for the rest), so
-// each output row has one owner thread: no atomics, and the per-row arithmetic is fixed, so any
-// thread count gives the same bits. The inner loops run over H and vectorise.
+// Every kernel walks the side whose rows it writes (copies for the gather and the scatter, tokens for
+// the rest), so each output row has one owner thread: no atomics, and the per-row arithmetic is
+// fixed, so any thread count gives the same bits. The inner loops run over H and vectorise.
 #include "ops/moe_permute.h"
 
 #include <cstring>
@@ -33,6 +33,12 @@ void moe_gather(const float* x, const int32_t* rows, float* xs, int64_t m, int64
 #pragma omp parallel for schedule(static) if (m * H >= kParallelMin)
   for (int64_t i = 0; i < m; ++i)
     std::memcpy(xs + i * H, x + static_cast<int64_t>(rows[i]) * H, static_cast<size_t>(H) * sizeof(float));
+}
+
+void moe_scatter(const float* src, const int32_t* rows, float* dst, int64_t m, int64_t H) {
+#pragma omp parallel for schedule(static) if (m * H >= kParallelMin)
+  for (int64_t i = 0; i < m; ++i)
+    std::memcpy(dst + static_cast<int64_t>(rows[i]) * H, src + i * H, static_cast<size_t>(H) * sizeof(float));
 }
 
 void moe_combine_forward(const float* ys, const int32_t* slot_pos, const float* w, float* out, int64_t n, int64_t k,

@@ -1,4 +1,6 @@
-// Host-side routing bookkeeping: the stable counting sort of routed copies by expert.
+// The routing sort (ops/moe_routing.h): the stable counting sort of routed copies by expert.
+// One pass of O(m) integer work, sequential: it is small beside the gathers it orders, and a
+// sequential pass is the stable order by construction.
 // n tokens, k slots, E experts, m = n * k copies.
 #include "ops/moe_routing.h"
 
@@ -6,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace fp::ops {
+namespace fp::ops::cpu {
 
 // Note [Counting sort in the offsets array]
 // No scratch buffer: expert_offsets doubles as the cursors. Counting expert e at [e + 2] and taking a
@@ -35,4 +37,4 @@ void moe_routing_build(const int32_t* topk_idx, int64_t n, int64_t k, int64_t E,
     }
 }
 
-}  // namespace fp::ops
+}  // namespace fp::ops::cpu

@@ -16,6 +16,13 @@ void moe_gather(const T* x, const int32_t* rows, T* xs, int64_t m, int64_t H) {
     for (int64_t h = 0; h < H; ++h) xs[i * H + h] = x[static_cast<int64_t>(rows[i]) * H + h];
 }
 
+// dst[rows[i]] = src[i] for i < m; src (m, H), rows distinct.
+template <class T>
+void moe_scatter(const T* src, const int32_t* rows, T* dst, int64_t m, int64_t H) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t h = 0; h < H; ++h) dst[static_cast<int64_t>(rows[i]) * H + h] = src[i * H + h];
+}
+
 // out (n, H) += sum_j w[t, j] * ys[slot_pos[t, j]], added into out one slot at a time, in slot order.
 // ys (m, H), w (n, k).
 template <class T>

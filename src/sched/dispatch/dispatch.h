@@ -63,8 +63,9 @@ struct MoeChunk {
   int64_t index = 0;  // the window's number in the block, 0 unchunked: per-window caches key on it
   int64_t t0 = 0;     // its first token among the rank's n
   int64_t n = 0;      // its tokens; every rank's windows have the same sizes (the collectives stay matched)
-  // (m) the token of each row of xs (expert order), counted from t0; empty where rows are not built (meta
-  // under a profile: Note [Meta routes a profile in closed form] in model/routing.cpp).
+  // (m) the token of each row of xs (expert order), counted from t0, on the host; empty unless the variant
+  // reads_rows(), and on meta under a profile (Note [Meta routes a profile in closed form] in
+  // model/routing.cpp).
   std::span<const int32_t> rows;
   // (n, H) the window's normed tokens (MoeActs::h2), offered to a forward with keep and to the backward
   // (null otherwise): a dispatch that sends rows again in backward may gather them from it (token of row
@@ -89,6 +90,11 @@ class ExpertDispatch {
   // dys (m, H) -> dxs (m, H); acts: what forward left in *keep (same offsets and chunk).
   virtual Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
                           const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) = 0;
+
+  // Whether forward reads MoeChunk::rows (a plan per row on the host, as pipelined_llep's chunk
+  // membership): the MoE block copies the device rows down for such a variant only (Note [The routing
+  // sort on the device] in model/moe_block.cpp); for the others MoeChunk::rows is empty.
+  virtual bool reads_rows() const { return false; }
 
   const DispatchStats& last() const { return last_; }
 

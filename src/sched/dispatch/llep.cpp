@@ -73,12 +73,6 @@ void* comm_ptr(const Backend& be, const Tensor& t) {
   return &dummy;
 }
 
-void rows_scatter(const Backend& be, const float* src, const int32_t* idx, float* dst, int64_t count, int64_t H) {
-  if (!be.computes()) return;
-  const ops::Kernels& K = be.kernels();
-  for (int64_t i = 0; i < count; ++i) K.copy(dst + static_cast<int64_t>(idx[i]) * H, src + i * H, H);
-}
-
 // ---- GuestExperts ---------------------------------------------------------------------------------
 
 namespace {

@@ -78,10 +78,6 @@ class GuestExperts {
   std::vector<CommRequest> reqs_;
 };
 
-// Host rows scatter: dst[idx[i]] = src[i] for i < count, rows of H floats (a device backend would
-// use a scatter kernel; on the cpu backend a row copy is a memcpy). idx is a host array.
-void rows_scatter(const Backend& be, const float* src, const int32_t* idx, float* dst, int64_t count, int64_t H);
-
 // What the benchmark reports of the last forward of an llep or pipelined_llep dispatch.
 struct LlepStats {
   bool active = false;            // the plan spilled (imbalance >= lambda)

@@ -83,6 +83,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     stats_.chunk_bound_bytes = bound_bytes;
   }
   std::string_view name() const override { return "pipelined_llep"; }
+  bool reads_rows() const override { return true; }  // chunk membership is by token (counts_from_rows)
 
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
                  const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
@@ -158,7 +159,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       Tensor back = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.back");  // (m_i, H)
       exchange(s, y, back, C, i, true);
       y.reset();
-      rows_scatter(be, back.f32(), ptr_at(C.rows.data(), C.first[i]), out.defined() ? out.f32() : xs.f32(), mi, H);
+      K.moe_scatter(back.f32(), ptr_at(a->rows.i32(), C.first[i]), out.defined() ? out.f32() : xs.f32(), mi, H);
     }
     if (out.defined()) {
       a->xs = std::move(xs);
@@ -206,7 +207,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       exchange(s, dx, back, C, i, true);
       dx.reset();
       // The chunk's rows of dys were sent above: they take the input gradients now.
-      rows_scatter(be, back.f32(), ptr_at(C.rows.data(), C.first[i]), dys.f32(), mi, H);
+      K.moe_scatter(back.f32(), rows_i, dys.f32(), mi, H);
     }
     a->xs.reset();
     a->tokens.reset();
