@@ -83,10 +83,8 @@ bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::
   OptimSchedule& o = s.optim;
   if (key == "vocab.schedule") vo.kind = enum_parse(source, key, v, kVocab);
   else if (key == "vocab.block_tokens") vo.block_tokens = number_parse<int64_t>(source, key, v);
-  else if (key == "vocab.ring_mode") {
-    if (v != "auto" && v != "weights" && v != "activations") not_one_of(source, key, v, "weights|activations|auto");
-    vo.ring_mode = std::string(v);
-  } else if (key == "vocab.keep_strips") vo.keep_strips = bool_parse(source, key, v);
+  else if (key == "vocab.ring_mode") vo.ring_mode = std::string(v);  // checked by schedules_validate
+  else if (key == "vocab.keep_strips") vo.keep_strips = bool_parse(source, key, v);
   else if (key == "ckpt.schedule") s.ckpt.kind = enum_parse(source, key, v, kCkpt);
   else if (key == "ckpt.host_budget") {
     try {

@@ -34,7 +34,6 @@
 #include "memory/ledger.h"
 #include "model/config.h"
 #include "model/schedules.h"
-#include "sched/optim/lr_schedule.h"
 
 namespace fp::plan {
 
