@@ -11,14 +11,16 @@
 
 namespace fp {
 
-Backend::Backend(uint64_t device_capacity, uint64_t host_capacity, Allocator& device_allocator,
-                 Allocator& host_allocator, const ops::Kernels& k, Stream::Mode copy_mode)
-    : device_(std::make_unique<Arena>("device", device_capacity, device_allocator)),
-      host_(std::make_unique<Arena>("host", host_capacity, host_allocator)),
-      compute_(std::make_unique<Stream>("compute", Stream::Mode::Mode_inline)),
-      h2d_(std::make_unique<Stream>("h2d", copy_mode)),
-      d2h_(std::make_unique<Stream>("d2h", copy_mode)),
-      kernels_(&k) {}
+Backend::Backend(Parts parts, const ops::Kernels& k)
+    : owned_allocators_(std::move(parts.owned)),
+      device_(std::move(parts.device)),
+      host_(std::move(parts.host)),
+      compute_(std::move(parts.compute)),
+      h2d_(std::move(parts.h2d)),
+      d2h_(std::move(parts.d2h)),
+      kernels_(&k) {
+  FP_ASSERT(device_ && host_ && compute_ && h2d_ && d2h_, "a backend needs both arenas and three streams");
+}
 
 void Backend::link_set_gbps(double gbps) {
   FP_CHECK(gbps >= 0 && std::isfinite(gbps), "pass a link speed in GB/s, or 0 for none",

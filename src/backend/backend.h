@@ -5,17 +5,21 @@
 //   cpu   computes: kernels are ops/cpu, memory is real, copy streams are worker threads.
 //   meta  computes nothing: the same allocations and frees reach the same ledger in the same order,
 //         data pointers are null and kernels do nothing, so peaks at any scale take seconds.
-//   cuda  (FLATPEAK_CUDA, src/backend/cuda) a skeleton: arenas over cudaMalloc / cudaMallocHost, copies
-//         with cudaMemcpy, a few kernels (fill, copy, add, GEMM through cuBLAS); the rest of its kernel
-//         table is empty, so it runs no model yet. Streams are still the cpu Stream class.
+//   cuda  (FLATPEAK_CUDA, src/backend/cuda) a skeleton: arenas over cudaMalloc / cudaMallocHost, its
+//         own streams and events (cudaStream_t, cudaEvent_t), asynchronous copies, a few kernels (fill,
+//         copy, add, GEMM through cuBLAS); the rest of its kernel table is empty, so it runs no model yet.
+//
+// Each backend builds its own arenas (over its allocators, memory/allocator.h) and streams
+// (core/stream.h) and hands them to this base, which owns them.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
-#include "backend/stream.h"
+#include "core/stream.h"
 #include "memory/arena.h"
 #include "ops/kernels.h"
 
@@ -23,6 +27,14 @@ namespace fp {
 
 class Backend {
  public:
+  // The backend's pieces, built by the derived backend: the device and host arenas over their
+  // allocators (owned: allocators the backend made for itself, such as its caches; others must
+  // outlive it), the compute stream (the one kernels run on) and the two copy streams.
+  struct Parts {
+    std::vector<std::unique_ptr<Allocator>> owned;
+    std::unique_ptr<Arena> device, host;
+    std::unique_ptr<Stream> compute, h2d, d2h;
+  };
   virtual ~Backend() = default;
 
   virtual std::string_view name() const = 0;
@@ -80,12 +92,11 @@ class Backend {
   }
 
  protected:
-  // The device and host arenas over the backend's allocators (memory/allocator.h; they must outlive
-  // the backend). copy_mode: how the copy streams run their work (worker threads on cpu; inline on
-  // meta, where a copy moves nothing, so a W-rank plan does not wake 2W threads per copy).
-  Backend(uint64_t device_capacity, uint64_t host_capacity, Allocator& device_allocator, Allocator& host_allocator,
-          const ops::Kernels& k, Stream::Mode copy_mode = Stream::Mode::Mode_worker);
+  Backend(Parts parts, const ops::Kernels& k);
 
+  // Destroyed in reverse: the streams drain first, then the arenas give their blocks back, then the
+  // allocators go.
+  std::vector<std::unique_ptr<Allocator>> owned_allocators_;
   std::unique_ptr<Arena> device_;
   std::unique_ptr<Arena> host_;
   std::unique_ptr<Stream> compute_;

@@ -1,5 +1,6 @@
 #include "memory/arena.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -8,10 +9,17 @@
 
 namespace fp {
 
+Arena::~Arena() { pending_collect(/*wait=*/true); }
+
 void* Arena::allocate(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
   ledger_.on_alloc(c, bytes, tag, shape, dtype);  // throws when over capacity
   if (!allocator_.materializes() || bytes == 0) return nullptr;
+  if (!pending_.empty()) pending_collect();
   void* p = allocator_.allocate(bytes);
+  if (p == nullptr && !pending_.empty()) {  // blocks still in flight may be what the request needs
+    pending_collect(/*wait=*/true);
+    p = allocator_.allocate(bytes);
+  }
   if (p == nullptr) {
     ledger_.on_free(c, bytes, tag, shape, dtype);
     throw Error(fmt::format("the {} allocator refused {} for tensor '{}' {} in category '{}' ({})", allocator_.name(),
@@ -21,9 +29,38 @@ void* Arena::allocate(Category c, uint64_t bytes, const std::string& tag, const 
   return p;
 }
 
-void Arena::release(void* p, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
-  if (p != nullptr) allocator_.deallocate(p, bytes);
+void Arena::release(void* p, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype,
+                    const StreamUses& uses) {
+  if (p != nullptr) {
+    if (uses.n == 0) {
+      allocator_.deallocate(p, bytes);
+    } else {
+      Pending pend{p, bytes, {}};
+      for (int i = 0; i < uses.n; ++i) uses.streams[i]->record(pend.done[i]);
+      pending_.push_back(std::move(pend));
+      pending_bytes_ += bytes;
+      pending_peak_bytes_ = std::max(pending_peak_bytes_, pending_bytes_);
+    }
+  }
   ledger_.on_free(c, bytes, tag, shape, dtype);
+}
+
+void Arena::pending_collect(bool wait) {
+  size_t kept = 0;
+  for (Pending& pend : pending_) {
+    bool done = true;
+    for (const Event& e : pend.done) {
+      if (wait) e.synchronize();
+      done = done && e.query();
+    }
+    if (done) {
+      allocator_.deallocate(pend.p, pend.bytes);
+      pending_bytes_ -= pend.bytes;
+    } else {
+      pending_[kept++] = std::move(pend);
+    }
+  }
+  pending_.resize(kept);
 }
 
 namespace {
@@ -74,6 +111,8 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
     bytes_ = o.bytes_;
     name_ = std::move(o.name_);
     view_ = o.view_;
+    uses_ = o.uses_;
+    o.uses_ = {};
     o.arena_ = nullptr;
     o.data_ = nullptr;
     o.bytes_ = 0;
@@ -99,11 +138,22 @@ Tensor Tensor::view(const Tensor& base, int64_t offset, const Shape& shape, std:
 
 void Tensor::reset() {
   if (arena_ != nullptr) {
-    if (!view_) arena_->release(data_, category_, bytes_, name_, shape_, dtype_);
+    if (!view_) arena_->release(data_, category_, bytes_, name_, shape_, dtype_, uses_);
     arena_ = nullptr;
     data_ = nullptr;
     view_ = false;
+    uses_ = {};
   }
+}
+
+void Tensor::record_stream(Stream& s) {
+  FP_ASSERT(defined() && !view_, "record_stream on '{}': {}", name_, view_ ? "a view (record its base)" : "undefined");
+  for (int i = 0; i < uses_.n; ++i) {
+    if (uses_.streams[i] == &s) return;
+  }
+  FP_ASSERT(uses_.n < kMaxStreamUses, "tensor '{}' used on more than {} other streams", name_,
+            kMaxStreamUses);
+  uses_.streams[uses_.n++] = &s;
 }
 
 float* Tensor::f32() const {

@@ -10,18 +10,38 @@
 // A view (Tensor::view) is a non-owning Tensor over part of another one: the same interface, no
 // allocation, nothing given back; it must not outlive its base (FSDP: a parameter's full-shaped
 // weight inside the gathered unit of its layer, model/params.h).
+//
+// Note [Stream-ordered frees]: a tensor is allocated for the compute stream (the stream kernels run
+// on; on cpu it runs inline, so the host thread's order is its order). When another stream (a copy
+// stream) reads or writes it, Tensor::record_stream(s) says so, and freeing the tensor no longer has
+// to wait for that stream: the arena records an event on each such stream at the free and hands the
+// block back to its allocator only once every event completed (checked at each later allocation, and
+// waited for when the arena goes). PyTorch's Tensor.record_stream is the model. The ledger counts the
+// bytes free at the free, on every backend alike (a plan is the same whatever the timing); the bytes
+// still waiting are pending_bytes() (peak: pending_peak_bytes()), which is what the device held
+// beyond the ledger in the meantime.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/shape.h"
+#include "core/stream.h"
 #include "memory/allocator.h"
 #include "memory/category.h"
 #include "memory/ledger.h"
 
 namespace fp {
+
+// The streams other than the compute stream that used a block (Note [Stream-ordered frees]).
+inline constexpr int kMaxStreamUses = 2;
+struct StreamUses {
+  std::array<Stream*, kMaxStreamUses> streams{};
+  int n = 0;
+};
 
 class Arena {
  public:
@@ -30,10 +50,17 @@ class Arena {
       : ledger_(std::move(space), capacity), allocator_(allocator) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
+  // Waits for the pending frees' events and gives their blocks back.
+  ~Arena();
 
   // Throws OutOfMemoryError when over capacity. Returns null when not materializing.
   void* allocate(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
-  void release(void* p, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype);
+  void release(void* p, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype,
+               const StreamUses& uses = {});
+  // Gives back every pending block whose streams are done (wait: after waiting for them).
+  void pending_collect(bool wait = false);
+  uint64_t pending_bytes() const { return pending_bytes_; }
+  uint64_t pending_peak_bytes() const { return pending_peak_bytes_; }
 
   Ledger& ledger() { return ledger_; }
   const Ledger& ledger() const { return ledger_; }
@@ -41,8 +68,16 @@ class Arena {
   Allocator& allocator() const { return allocator_; }
 
  private:
+  struct Pending {
+    void* p;
+    uint64_t bytes;
+    std::array<Event, kMaxStreamUses> done;
+  };
   Ledger ledger_;
   Allocator& allocator_;
+  std::vector<Pending> pending_;
+  uint64_t pending_bytes_ = 0;
+  uint64_t pending_peak_bytes_ = 0;
 };
 
 class Tensor {
@@ -61,6 +96,9 @@ class Tensor {
 
   // Gives the bytes back (a view gives nothing back); the tensor becomes undefined.
   void reset();
+  // Note [Stream-ordered frees]: stream s (not the compute stream) uses this tensor; its bytes go back
+  // to the allocator only after the work enqueued on s before the free. Not on views (record the base).
+  void record_stream(Stream& s);
   bool is_view() const { return view_; }
 
   bool defined() const { return arena_ != nullptr; }
@@ -87,6 +125,7 @@ class Tensor {
   uint64_t bytes_ = 0;
   std::string name_;
   bool view_ = false;  // a view owns nothing (Tensor::view)
+  StreamUses uses_;
 };
 
 }  // namespace fp

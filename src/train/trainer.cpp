@@ -522,6 +522,14 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     if (step == fault.step && fault.kind == "nan_update") fault_apply(*be, model.params(), fault.kind);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tps = static_cast<double>(global.B * global.T) / secs;
+    // Note [The trace holds the first steps]: memory_trace.json is the timeline of the run's first two
+    // steps (the first pays one-time allocations, the second is a step like every later one); past them
+    // the ledgers keep counting peaks but store no events, so a long run's memory stays flat (each
+    // event holds its tensor's name: thousands per step).
+    if (step == start + 2) {
+      be->device_ledger().events_limit_set(be->device_ledger().events().size());
+      be->host_ledger().events_limit_set(be->host_ledger().events().size());
+    }
     const Ledger& led = be->device_ledger();
     nlohmann::json j = ledger_peaks_json(led);
     if (comm.size() > 1) peaks_over_ranks(comm, led, j);

@@ -237,8 +237,11 @@ def case_signals(tmp):
     """Note [Stopping on a signal]: SIGTERM / SIGINT finish the step, write a checkpoint, say how to
     resume and exit 143 / 130; the resumed run equals an uninterrupted one bit for bit. A second
     signal ends the run at once."""
+    # 120 steps: long enough that a signal sent after step 5 lands before the end (checked below), short
+    # enough that the seven runs stay cheap on a loaded machine.
+    steps = 120
     a = os.path.join(tmp, "a")
-    common = ["train", "--config", tiny(), "--steps", "300", "--quiet"] + SMALL
+    common = ["train", "--config", tiny(), "--steps", str(steps), "--quiet"] + SMALL
     run(common + ["--out", a])
     for sig, code, when in ((signal.SIGTERM, 143, "step"), (signal.SIGINT, 130, "step"), (signal.SIGTERM, 143, "write")):
         b = os.path.join(tmp, f"b{code}{when}")
@@ -254,12 +257,12 @@ def case_signals(tmp):
         out, err = p.communicate(timeout=120)
         assert p.returncode == code, f"exit {p.returncode}, expected {code}\n{err}"
         stopped = len(metrics(b))
-        assert stopped < 300, "the run ended before the signal: nothing tested"
+        assert stopped < steps, "the run ended before the signal: nothing tested"
         assert f"stopped by {signal.Signals(sig).name} after step {stopped}" in err and "--resume" in err, err
         assert json.load(open(os.path.join(b, "checkpoint", "trainer_state.json")))["step"] == stopped
         run(common + ["--out", b, "--resume", b])  # train.checkpoint_every is not part of the run's identity
         ma, mb = metrics(a), metrics(b)
-        assert [m["step"] for m in mb] == list(range(1, 301))
+        assert [m["step"] for m in mb] == list(range(1, steps + 1))
         for x, y in zip(ma, mb):
             assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"], (x["step"], x["loss"], y["loss"])
         fa = open(os.path.join(a, "checkpoint", "model.safetensors"), "rb").read()

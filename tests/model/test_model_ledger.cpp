@@ -56,7 +56,9 @@ std::pair<std::vector<LedgerEvent>, std::vector<LedgerEvent>> step_events(const 
   Batch b = batch_random(2, 29, m.vocab_size, 5);
   StepOutputs out = step_forward_backward(model, b);
   optim->step(1, 1);
-  if (device == "cpu") EXPECT_TRUE(std::isfinite(out.loss));
+  if (device == "cpu") {
+    EXPECT_TRUE(std::isfinite(out.loss));
+  }
   return {be->device_ledger().events(), be->host_ledger().events()};
 }
 

@@ -87,7 +87,9 @@ TEST(MoeChunks, ChunkedStepMatchesTheWholeTokenSide) {
       EXPECT_LE(worst, 1e-6);
       // The token side is bounded by the chunk; h2 and x2 stay whole across the chunks, so a chunk close to
       // n costs a little more than none.
-      if (chunk <= 32) EXPECT_LT(c.act_peak, whole.act_peak) << "the token side is bounded by the chunk";
+      if (chunk <= 32) {
+        EXPECT_LT(c.act_peak, whole.act_peak) << "the token side is bounded by the chunk";
+      }
     }
     const StepRun one = run(m, "cpu", 90);
     EXPECT_EQ(one.out.loss, whole.out.loss);

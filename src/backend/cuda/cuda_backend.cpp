@@ -5,10 +5,13 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <exception>
+#include <functional>
 #include <mutex>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "core/error.h"
+#include "memory/caching_allocator.h"
 
 namespace fp {
 
@@ -48,6 +51,91 @@ class CudaPinnedAllocator final : public Allocator {
   }
   void deallocate(void* p, uint64_t) override { cuda_check(cudaFreeHost(p), "cudaFreeHost"); }
   std::string_view name() const override { return "cuda pinned host"; }
+};
+
+// A point of a cuda stream (cudaEvent_t without timing).
+class CudaEvent final : public EventImpl {
+ public:
+  CudaEvent() { cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate"); }
+  ~CudaEvent() override { (void)cudaEventDestroy(event_); }
+  void synchronize() override { cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  bool query() override {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    cuda_check(e, "cudaEventQuery");
+    return true;
+  }
+  cudaEvent_t handle() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// A cuda stream. The compute stream is the legacy default stream (the kernels of the skeleton's table
+// take no stream yet, so they run there); the copy streams are non-blocking streams of their own.
+// Host tasks (enqueue) run through cudaLaunchHostFunc; their errors surface at synchronize().
+class CudaStream final : public Stream {
+ public:
+  CudaStream(std::string name, bool legacy_default) : Stream(std::move(name)) {
+    if (legacy_default) {
+      stream_ = cudaStreamLegacy;
+    } else {
+      cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      owned_ = true;
+    }
+  }
+  ~CudaStream() override {
+    (void)cudaStreamSynchronize(stream_);
+    if (owned_) (void)cudaStreamDestroy(stream_);
+  }
+  void enqueue(std::function<void()> fn) override {
+    auto* task = new Task{this, std::move(fn)};
+    cuda_check(cudaLaunchHostFunc(stream_, &CudaStream::run_task, task), "cudaLaunchHostFunc");
+  }
+  void record(Event& e) override {
+    auto point = std::make_shared<CudaEvent>();
+    cuda_check(cudaEventRecord(point->handle(), stream_), "cudaEventRecord");
+    event_set(e, point);
+  }
+  void wait(const Event& e) override {
+    const std::shared_ptr<EventImpl>& point = event_impl(e);
+    if (!point) return;
+    auto* ce = dynamic_cast<CudaEvent*>(point.get());
+    FP_ASSERT(ce != nullptr, "stream '{}' waits on another backend's event", name());
+    cuda_check(cudaStreamWaitEvent(stream_, ce->handle(), 0), "cudaStreamWaitEvent");
+  }
+  void synchronize() override {
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      err = error_;
+      error_ = nullptr;
+    }
+    if (err) std::rethrow_exception(err);
+  }
+  cudaStream_t handle() const { return stream_; }
+
+ private:
+  struct Task {
+    CudaStream* stream;
+    std::function<void()> fn;
+  };
+  static void CUDART_CB run_task(void* arg) {
+    Task* task = static_cast<Task*>(arg);
+    try {
+      task->fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(task->stream->mu_);
+      if (!task->stream->error_) task->stream->error_ = std::current_exception();
+    }
+    delete task;
+  }
+
+  cudaStream_t stream_ = nullptr;
+  bool owned_ = false;
+  std::mutex mu_;
+  std::exception_ptr error_;
 };
 
 // cuBLAS, opened on first use (dlopen): a process that never runs a GEMM on cuda does not load it.
@@ -109,16 +197,35 @@ struct Missing<R (*)(A...), Name> {
   }
 };
 
+// Device and pinned memory through caches (Note [Caching allocator]: cudaMalloc and cudaFree
+// synchronize the device, so a step must not call them per tensor); the streams above.
+Backend::Parts cuda_parts(uint64_t device_capacity, uint64_t host_capacity) {
+  static CudaDeviceAllocator device_raw;
+  static CudaPinnedAllocator pinned_raw;
+  Backend::Parts p;
+  auto device_cache = std::make_unique<CachingAllocator>(device_raw);
+  auto host_cache = std::make_unique<CachingAllocator>(pinned_raw);
+  p.device = std::make_unique<Arena>("device", device_capacity, *device_cache);
+  p.host = std::make_unique<Arena>("host", host_capacity, *host_cache);
+  p.owned.push_back(std::move(device_cache));
+  p.owned.push_back(std::move(host_cache));
+  p.compute = std::make_unique<CudaStream>("compute", /*legacy_default=*/true);
+  p.h2d = std::make_unique<CudaStream>("h2d", false);
+  p.d2h = std::make_unique<CudaStream>("d2h", false);
+  return p;
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(uint64_t device_capacity, uint64_t host_capacity)
-      : Backend(device_capacity, host_capacity, device_allocator(), pinned_allocator(), kernels_cuda()) {}
+      : Backend(cuda_parts(device_capacity, host_capacity), kernels_cuda()) {}
   std::string_view name() const override { return "cuda"; }
   bool computes() const override { return true; }
-  // Skeleton: the copy runs in order on the stream's worker (cudaMemcpy blocks that worker, not the host).
+  // Asynchronous on the stream (full speed from pinned host memory, the host arena's).
   void copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) override {
     if (bytes == 0) return;
-    s.enqueue([dst, src, bytes] { cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy_async"); });
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<CudaStream&>(s).handle()),
+               "copy_async");
   }
   void copy_to_host(void* dst, const void* src, uint64_t bytes) override {
     compute_->synchronize();
@@ -127,16 +234,6 @@ class CudaBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, uint64_t bytes) override {
     compute_->synchronize();
     if (bytes) cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy_from_host");
-  }
-
- private:
-  static Allocator& device_allocator() {
-    static CudaDeviceAllocator a;
-    return a;
-  }
-  static Allocator& pinned_allocator() {
-    static CudaPinnedAllocator a;
-    return a;
   }
 };
 

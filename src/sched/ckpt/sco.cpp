@@ -41,8 +41,9 @@ void ScoBoundaryStore::copies_wait() {
 void ScoBoundaryStore::pending_offload_finish() {
   if (pending_ < 0) return;
   Slot& s = slots_[pending_];
-  // The d2h copy reads the device copy: it may be freed only once the copy finished.
-  s.offload_done.synchronize();
+  // The d2h copy reads the device copy; put() recorded that (record_stream), so the free does not wait
+  // for the copy: the ledger counts the bytes free here, at the same point on every backend, and the
+  // arena reuses the block once the copy is done (Note [Stream-ordered frees] in memory/arena.h).
   s.device.reset();
   pending_ = -1;
 }
@@ -78,6 +79,7 @@ void ScoBoundaryStore::put(int64_t l, Tensor x) {
   d2h.wait(ready);
   be_.copy_async(d2h, s.host.data(), x.data(), bytes);
   d2h.record(s.offload_done);
+  x.record_stream(d2h);
   s.device = std::move(x);
   pending_ = l;
 }

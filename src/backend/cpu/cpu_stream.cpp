@@ -1,37 +1,43 @@
-#include "backend/stream.h"
+#include "backend/cpu/cpu_stream.h"
 
 #include "core/error.h"
 
 namespace fp {
 
-void Event::State::wait() {
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-}
+namespace {
 
-void Event::State::set() {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
+// A point of a CpuStream's queue: set by the task record() enqueued.
+class CpuEvent final : public EventImpl {
+ public:
+  void synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
   }
-  cv.notify_all();
-}
+  bool query() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void set() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
 
-void Event::synchronize() const {
-  if (state_) state_->wait();
-}
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
 
-bool Event::query() const {
-  if (!state_) return true;
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->done;
-}
+}  // namespace
 
-Stream::Stream(std::string name, Mode mode) : name_(std::move(name)), mode_(mode) {
+CpuStream::CpuStream(std::string name, Mode mode) : Stream(std::move(name)), mode_(mode) {
   if (mode_ == Mode::Mode_worker) worker_ = std::thread([this] { run_worker(); });
 }
 
-Stream::~Stream() {
+CpuStream::~CpuStream() {
   if (mode_ == Mode::Mode_worker) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -42,7 +48,7 @@ Stream::~Stream() {
   }
 }
 
-void Stream::run_task(std::function<void()>& fn) {
+void CpuStream::run_task(std::function<void()>& fn) {
   try {
     fn();
   } catch (...) {
@@ -51,7 +57,7 @@ void Stream::run_task(std::function<void()>& fn) {
   }
 }
 
-void Stream::enqueue(std::function<void()> fn) {
+void CpuStream::enqueue(std::function<void()> fn) {
   if (mode_ == Mode::Mode_inline) {
     run_task(fn);
     return;
@@ -64,7 +70,7 @@ void Stream::enqueue(std::function<void()> fn) {
   cv_.notify_all();
 }
 
-void Stream::run_worker() {
+void CpuStream::run_worker() {
   for (;;) {
     std::function<void()> fn;
     std::function<void()> hook;
@@ -86,19 +92,20 @@ void Stream::run_worker() {
   }
 }
 
-void Stream::record(Event& e) {
-  auto state = std::make_shared<Event::State>();
-  e.state_ = state;
-  enqueue([state] { state->set(); });
+void CpuStream::record(Event& e) {
+  auto point = std::make_shared<CpuEvent>();
+  event_set(e, point);
+  enqueue([point] { point->set(); });
 }
 
-void Stream::wait(const Event& e) {
-  auto state = e.state_;  // the point captured now
-  if (!state) return;
-  enqueue([state] { state->wait(); });
+void CpuStream::wait(const Event& e) {
+  std::shared_ptr<EventImpl> point = event_impl(e);  // the point captured now
+  if (!point) return;
+  FP_ASSERT(dynamic_cast<CpuEvent*>(point.get()) != nullptr, "stream '{}' waits on another backend's event", name());
+  enqueue([point] { point->synchronize(); });
 }
 
-void Stream::synchronize() {
+void CpuStream::synchronize() {
   if (mode_ == Mode::Mode_worker) {
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t target = enqueued_;
@@ -113,7 +120,7 @@ void Stream::synchronize() {
   if (err) std::rethrow_exception(err);
 }
 
-void Stream::set_delay_hook(std::function<void()> hook) {
+void CpuStream::set_delay_hook(std::function<void()> hook) {
   std::lock_guard<std::mutex> lock(mu_);
   delay_hook_ = std::move(hook);
 }

@@ -1,0 +1,74 @@
+// Note [Caching allocator]: a training step allocates the same tensors, of the same sizes, in the
+// same order, every step. Handing each one back to the system allocator and asking again the next
+// step costs a call and fresh pages per tensor on the cpu backend, and on a GPU cudaMalloc / cudaFree
+// synchronize the device. So a backend puts this cache between its arenas and its raw allocator
+// (PyTorch's CUDACachingAllocator and CachingHostAllocator are the model): a freed block is kept in a
+// free list of its exact size (rounded up to 64 bytes) and the next request of that size takes it
+// back; from the second step on, a step whose sizes repeat asks the system for nothing.
+//
+// What it costs, and the bound: the cache holds blocks no tensor uses. It never holds more than
+// cache_limit bytes (a block freed past it goes back to the raw allocator at once); the cpu backend
+// sets the limit to the arena's peak of live bytes so far, so memory reserved stays within twice the
+// ledger's peak (what it costs and saves: docs/benchmarks.md, "Host memory over a long run"). A request the raw allocator refuses empties the cache and is tried once more.
+// The ledger does not see the cache: its figures are the bytes tensors hold (what a plan reads); the
+// cache's own figures are stats().
+//
+// FLATPEAK_NO_ALLOC_CACHE=1 in the environment turns the cache off (every block straight to the raw
+// allocator, as PYTORCH_NO_CUDA_MEMORY_CACHING does): for memory checkers such as valgrind, and to
+// measure what the cache saves.
+//
+// Thread-safe (a stream-ordered free may reach it from any thread).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "memory/allocator.h"
+
+namespace fp {
+
+struct CacheStats {
+  uint64_t live_bytes = 0;       // blocks handed out and not given back
+  uint64_t cached_bytes = 0;     // blocks kept for reuse
+  uint64_t peak_live_bytes = 0;  // peak of live_bytes
+  uint64_t peak_reserved_bytes = 0;  // peak of live + cached: what the raw allocator held at most
+  uint64_t hits = 0;             // requests served from the cache
+  uint64_t misses = 0;           // requests that reached the raw allocator
+};
+
+// False when FLATPEAK_NO_ALLOC_CACHE=1.
+bool alloc_cache_enabled();
+
+class CachingAllocator final : public Allocator {
+ public:
+  // base must outlive the cache. limit: the most bytes cached at once (kLimitPeakLive: the peak of
+  // live bytes so far).
+  static constexpr uint64_t kLimitPeakLive = ~uint64_t{0};
+  explicit CachingAllocator(Allocator& base, uint64_t limit = kLimitPeakLive) : base_(base), limit_(limit) {}
+  ~CachingAllocator() override { empty_cache(); }
+
+  void* allocate(uint64_t bytes) override;
+  void deallocate(void* p, uint64_t bytes) override;
+  bool materializes() const override { return base_.materializes(); }
+  std::string_view name() const override { return base_.name(); }
+
+  // Gives every cached block back to the raw allocator.
+  void empty_cache();
+  CacheStats stats() const;
+
+ private:
+  static uint64_t rounded(uint64_t bytes) { return (bytes + 63) / 64 * 64; }
+  uint64_t limit_now() const { return limit_ == kLimitPeakLive ? stats_.peak_live_bytes : limit_; }
+  void empty_cache_locked();
+
+  Allocator& base_;
+  const uint64_t limit_;
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, std::vector<void*>> free_;  // rounded size -> cached blocks
+  CacheStats stats_;
+};
+
+}  // namespace fp
