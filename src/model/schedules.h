@@ -69,8 +69,6 @@ struct Schedules {
   // by default. A computing backend refuses anything else until bf16 compute lands (Model's constructor).
   Precision precision;  // precision.recipe, precision.params, ... (core/precision.h)
 };
-// The former name, kept while sched/dispatch (edited elsewhere) still spells it; the same struct.
-using ModelSchedules = Schedules;
 
 // The names of the families, as the run config writes them (vocab.schedule = "ring", ...).
 std::string_view schedule_name(VocabSchedule::Kind k);

@@ -42,7 +42,7 @@ struct StepRun {
 
 StepRun run(const ModelConfig& m, const std::string& device, int64_t token_chunk, const RoutingProfile& p = {}) {
   auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
-  ModelSchedules sched;
+  Schedules sched;
   sched.dispatch.token_chunk = token_chunk;
   Model model(m, *be, p, sched);
   model.init_weights(m.seed);

@@ -6,7 +6,7 @@
 
 namespace fp {
 
-std::unique_ptr<ExpertDispatch> expert_dispatch_create(const ModelSchedules& sched, const StepContext& s) {
+std::unique_ptr<ExpertDispatch> expert_dispatch_create(const Schedules& sched, const StepContext& s) {
   const int W = s.comm.size();
   if (W == 1) return dispatch_local_create();
   (void)expert_layout(s.comm.rank(), W, s.cfg.num_experts);  // a user error unless W divides E

@@ -108,6 +108,6 @@ std::unique_ptr<ExpertDispatch> dispatch_local_create();
 std::unique_ptr<ExpertDispatch> dispatch_standard_create();
 // The dispatch of a step: local when s.comm.size() == 1, otherwise the variant the schedules name
 // (moe.dispatch: standard, llep or pipelined_llep, llep.h). Checks that W divides E (model.num_experts).
-std::unique_ptr<ExpertDispatch> expert_dispatch_create(const ModelSchedules& sched, const StepContext& s);
+std::unique_ptr<ExpertDispatch> expert_dispatch_create(const Schedules& sched, const StepContext& s);
 
 }  // namespace fp
