@@ -90,7 +90,9 @@ class CudaStream final : public Stream {
   }
   void enqueue(std::function<void()> fn) override {
     auto* task = new Task{this, std::move(fn)};
-    cuda_check(cudaLaunchHostFunc(stream_, &CudaStream::run_task, task), "cudaLaunchHostFunc");
+    const cudaError_t e = cudaLaunchHostFunc(stream_, &CudaStream::run_task, task);
+    if (e != cudaSuccess) delete task;  // never launched: run_task will not free it
+    cuda_check(e, "cudaLaunchHostFunc");
   }
   void record(Event& e) override {
     auto point = std::make_shared<CudaEvent>();

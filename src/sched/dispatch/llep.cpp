@@ -67,12 +67,6 @@ void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64
         }
 }
 
-void* comm_ptr(const Backend& be, const Tensor& t) {
-  static float dummy = 0;
-  if (t.data() != nullptr || !be.computes()) return t.data();
-  return &dummy;
-}
-
 // ---- GuestExperts ---------------------------------------------------------------------------------
 
 namespace {

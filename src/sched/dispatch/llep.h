@@ -104,10 +104,6 @@ class LlepDispatchBase : public ExpertDispatch {
 // The statistics of an llep or pipelined_llep dispatch; null for other variants.
 const LlepStats* llep_stats(const ExpertDispatch& d);
 
-// A pointer the comm engine accepts for a buffer of this backend: an empty tensor of a computing
-// backend has no data pointer, but a null buffer tells the engine "meta, move nothing" (comm.h), which
-// would drop the rank's other counts of the same call; such a buffer gets a dummy address instead.
-void* comm_ptr(const Backend& be, const Tensor& t);
 
 // The factories (registered in dispatch.cpp).
 std::unique_ptr<ExpertDispatch> dispatch_llep_create(const DispatchSchedule& sched);

@@ -35,15 +35,6 @@ namespace {
 constexpr Category kDispatch = Category::Category_dispatch;
 constexpr Category kAct = Category::Category_activations;
 
-// Note [Empty buffers in a collective]: a zero-size tensor has a null data pointer, which the comm
-// reads as "meta: nothing moves in this call". On a computing backend a rank that receives no row may
-// still send rows in the same all-to-all (and vice versa), so it passes a valid address instead; no
-// byte is read or written there, since its count is 0.
-void* comm_ptr(const Backend& be, const Tensor& t) {
-  static float unused;
-  return be.computes() && t.data() == nullptr ? &unused : t.data();
-}
-
 struct StandardActs : DispatchActs {
   ExpertActs ffn;                     // x (R, H) grouped by local expert; g, u, act (R, I)
   Tensor perm, unperm;                // (R) i32: grouped row <- source-major row, and its inverse
