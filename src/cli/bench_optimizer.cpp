@@ -290,8 +290,8 @@ double model_predict(const Variant& serial, const OptimConfig& c, const std::vec
   const OffloadTimes& t = serial.times_median;
   const double down = t.down_s / static_cast<double>(P), up = t.up_s / static_cast<double>(P);
   const double upd = t.update_s / static_cast<double>(P);
-  const bool on_device = c.update_on == "device";
-  const OffloadPlan plan = offload_plan_make(sizes, c.bucket_params);
+  const bool on_device = !c.sched.update_on_host;
+  const OffloadPlan plan = offload_plan_make(sizes, c.sched.bucket_params);
   std::vector<Stages> st;
   for (const OffloadBucket& b : plan.buckets) {
     const double n = static_cast<double>(b.elements);
@@ -301,7 +301,7 @@ double model_predict(const Variant& serial, const OptimConfig& c, const std::vec
       st.push_back({down * n, upd * n, up * n});  // 4 B down, 4 B up
     }
   }
-  return t.norm_s + pipeline_simulate(st, c.slots, on_device);
+  return t.norm_s + pipeline_simulate(st, c.sched.slots, on_device);
 }
 
 // Note [Bus floor]: on the cpu backend the "device", the host and the copies share one memory bus,
@@ -312,8 +312,8 @@ double model_predict(const Variant& serial, const OptimConfig& c, const std::vec
 // weight inside the device (16). With the copies native, no overlap can beat this floor; an emulated
 // link only adds sleeps, so the overlap model governs there.
 double bus_bytes_per_param(const OptimConfig& c) {
-  if (c.schedule == "device") return 4 + 28;
-  if (c.schedule == "offload_stream" && c.update_on == "device") return 4 + 28 + 48 + 16;
+  if (c.sched.kind == OptimSchedule::Kind::Kind_device) return 4 + 28;
+  if (c.sched.kind == OptimSchedule::Kind::Kind_offload_stream && !c.sched.update_on_host) return 4 + 28 + 48 + 16;
   return 4 + 28 + 16;
 }
 
@@ -332,7 +332,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
   } else {
     mcfg = bench_model(count_parse(o.params));
   }
-  if (o.bucket_params > 0) base.bucket_params = o.bucket_params;
+  if (o.bucket_params > 0) base.sched.bucket_params = o.bucket_params;
   const int64_t P = mcfg.param_count();
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   ParamStore ps(mcfg, *be);
@@ -354,7 +354,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
   const int threads = omp_get_max_threads();
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
   log_info("bench optimizer: {:.1f} M parameters in {} tensors, bucket {} parameters, {} threads (OMP_WAIT_POLICY {}), "
-           "{} warmup + {} timed steps per variant", static_cast<double>(P) / 1e6, sizes.size(), base.bucket_params,
+           "{} warmup + {} timed steps per variant", static_cast<double>(P) / 1e6, sizes.size(), base.sched.bucket_params,
            threads, wait_policy ? wait_policy : "unset", o.warmup, o.repeats);
 
   // The physical limit: memory bandwidth and the CPU AdamW kernel on P parameters.
@@ -377,14 +377,14 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
     Variant d;
     d.name = "device";
     d.cfg = base;
-    d.cfg.schedule = "device";
+    d.cfg.sched.kind = OptimSchedule::Kind::Kind_device;
     variants.push_back(std::move(d));
   }
   for (double link : links) {
     Variant s;
     s.name = "offload_serial";
     s.cfg = base;
-    s.cfg.schedule = "offload_serial";
+    s.cfg.sched.kind = OptimSchedule::Kind::Kind_offload_serial;
     s.link = link;
     variants.push_back(std::move(s));
     for (int64_t S : o.slots) {
@@ -392,9 +392,9 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
         Variant v;
         v.name = fmt::format("offload_stream/{} S={}", where, S);
         v.cfg = base;
-        v.cfg.schedule = "offload_stream";
-        v.cfg.update_on = where;
-        v.cfg.slots = S;
+        v.cfg.sched.kind = OptimSchedule::Kind::Kind_offload_stream;
+        v.cfg.sched.update_on_host = std::string(where) == "host";
+        v.cfg.sched.slots = S;
         v.link = link;
         variants.push_back(std::move(v));
       }
@@ -407,8 +407,8 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
   bool all_equal = true;
   const Variant* serial = nullptr;
   for (Variant& v : variants) {
-    if (v.cfg.schedule == "device") continue;
-    if (v.cfg.schedule == "offload_serial") serial = &v;
+    if (v.cfg.sched.kind == OptimSchedule::Kind::Kind_device) continue;
+    if (v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_serial) serial = &v;
     v.bits_equal_serial =
         std::memcmp(v.final_state.data(), serial->final_state.data(), v.final_state.size() * sizeof(float)) == 0;
     double rel = 0;
@@ -430,7 +430,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
   for (double link : links) {
     std::vector<Variant*> group;
     for (Variant& v : variants)
-      if (v.cfg.schedule == "device" ? link == 0.0 : v.link == link) group.push_back(&v);
+      if (v.cfg.sched.kind == OptimSchedule::Kind::Kind_device ? link == 0.0 : v.link == link) group.push_back(&v);
     for (Variant* v : group) v->opt = optimizer_create(v->cfg, ps, *be);
     for (int i = 0; i < total; ++i) {
       for (Variant* v : group) {
@@ -451,15 +451,15 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
     }
   }
   for (Variant& v : variants) {
-    if (v.cfg.schedule == "offload_serial") serial = &v;
-    if (v.cfg.schedule == "offload_stream") v.model_s = model_predict(*serial, v.cfg, sizes, P, bw.memcpy_one);
+    if (v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_serial) serial = &v;
+    if (v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_stream) v.model_s = model_predict(*serial, v.cfg, sizes, P, bw.memcpy_one);
     v.floor_s = bus_bytes_per_param(v.cfg) * static_cast<double>(P) / best_bw;
   }
 
   // Report.
   fmt::print("flatpeak bench optimizer: {:.2f} M parameters ({} tensors), bucket {} parameters, {} threads "
              "(OMP_WAIT_POLICY {}); median of {} steps, variants interleaved\n",
-             static_cast<double>(P) / 1e6, sizes.size(), base.bucket_params, threads,
+             static_cast<double>(P) / 1e6, sizes.size(), base.sched.bucket_params, threads,
              wait_policy ? wait_policy : "unset", o.repeats);
   fmt::print("memory bandwidth (bytes read + written): memcpy of {} {:.1f} GB/s on one thread, {:.1f} GB/s on {}; "
              "AdamW-traffic loop on the kernel's arrays {:.1f} GB/s\n",
@@ -476,18 +476,18 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
     const double t = median(v.step_s);
     double vs = std::nan("");
     for (const Variant& s : variants)
-      if (s.cfg.schedule == "offload_serial" && s.link == v.link) vs = median(s.step_s) / t;
-    const bool is_device = v.cfg.schedule == "device";
+      if (s.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_serial && s.link == v.link) vs = median(s.step_s) / t;
+    const bool is_device = v.cfg.sched.kind == OptimSchedule::Kind::Kind_device;
     fmt::print("{:<26} {:<20} {:>9.4f} {:>9.2f}x {:>9} {:>9.4f} {:>9} {:>12} {:>12} {:>6}\n", v.name,
                is_device ? "-" : link_label(v.link), t, vs,
                std::isnan(v.model_s) ? "-" : fmt::format("{:.4f}", v.model_s), v.floor_s,
                is_device ? "-" : fmt::format("{:.4f}", v.times_median.update_s), bytes_format(v.device_optimizer),
                bytes_format(v.host_optimizer + v.host_grads), is_device ? "-" : (v.bits_equal_serial ? "bits" : "DIFF"));
     nlohmann::json j = {{"variant", v.name},
-                        {"schedule", v.cfg.schedule},
-                        {"update_on", v.cfg.schedule == "offload_stream" ? v.cfg.update_on : ""},
-                        {"slots", v.cfg.slots},
-                        {"bucket_params", v.cfg.bucket_params},
+                        {"schedule", std::string(schedule_name(v.cfg.sched.kind))},
+                        {"update_on", v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_stream ? (v.cfg.sched.update_on_host ? "host" : "device") : ""},
+                        {"slots", v.cfg.sched.slots},
+                        {"bucket_params", v.cfg.sched.bucket_params},
                         {"largest_bucket", v.largest_bucket},
                         {"link_gbps", v.link},
                         {"link", is_device ? "none" : (v.link > 0 ? "emulated" : "native")},
@@ -503,7 +503,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
       j["norm_seconds"] = v.times_median.norm_s;
       j["update_seconds"] = v.times_median.update_s;
     }
-    if (v.cfg.schedule == "offload_serial") {
+    if (v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_serial) {
       j["down_seconds"] = v.times_median.down_s;
       j["up_seconds"] = v.times_median.up_s;
     }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "../common/optim_schedule.h"
 #include "backend/backend.h"
 #include "core/units.h"
 #include "data/random_batch.h"
@@ -61,7 +62,7 @@ TEST(DeepseekV3, RoutingBiasFollowsTheLoads) {
     Model model(m, *be);
     model.init_weights(m.seed);
     OptimConfig oc;
-    oc.schedule = sched;
+    oc.sched = optim_named(sched);
     std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
     const Batch batch = batch_random(2, 40, m.vocab_size, 9);
     const double rate = 0.125;  // exact in float: the expected values below are exact

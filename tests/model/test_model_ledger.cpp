@@ -2,6 +2,7 @@
 // category that ran out.
 #include <gtest/gtest.h>
 
+#include "../common/optim_schedule.h"
 #include "backend/backend.h"
 #include "core/units.h"
 #include "data/random_batch.h"
@@ -79,9 +80,9 @@ void expect_same_events(const std::vector<LedgerEvent>& cpu, const std::vector<L
 TEST(MetaBackend, SameLedgersAsCpuThroughTheOptimizerStep) {
   for (const char* sched : {"device", "offload_serial", "offload_stream", "offload_stream:host"}) {
     OptimConfig oc;
-    oc.schedule = sched;
-    if (oc.schedule == "offload_stream:host") oc.schedule = "offload_stream", oc.update_on = "host";
-    oc.bucket_params = 500;  // several buckets on the small model
+    const std::string name = sched;
+    oc.sched = name == "offload_stream:host" ? optim_named("offload_stream", "host") : optim_named(name);
+    oc.sched.bucket_params = 500;  // several buckets on the small model
     auto [cpu_dev, cpu_host] = step_events("cpu", oc);
     auto [meta_dev, meta_host] = step_events("meta", oc);
     ASSERT_GT(cpu_dev.size(), 100u);

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/optim_schedule.h"
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "core/units.h"
@@ -132,10 +133,9 @@ std::vector<std::vector<float>> run_steps(Backend& be, const OptimConfig& c, int
 
 OptimConfig stream_config(const std::string& update_on, int64_t bucket, int64_t slots) {
   OptimConfig c = test_config();
-  c.schedule = "offload_stream";
-  c.update_on = update_on;
-  c.bucket_params = bucket;
-  c.slots = slots;
+  c.sched = optim_named("offload_stream", update_on);
+  c.sched.bucket_params = bucket;
+  c.sched.slots = slots;
   return c;
 }
 
@@ -215,7 +215,7 @@ TEST(OffloadPlan, CoversEveryElementOnceInOrderWithAlignedCuts) {
 TEST(OffloadStreamAdamW, EqualsSerialBitForBit) {
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   OptimConfig serial = test_config();
-  serial.schedule = "offload_serial";
+  serial.sched = optim_named("offload_serial");
   std::vector<std::string> names;
   for (double grad_std : {0.5, 5e-3}) {  // clipped and not
     const auto want = run_steps(*be, serial, 3, grad_std, &names);
@@ -237,7 +237,7 @@ TEST(OffloadStreamAdamW, EqualsSerialBitForBit) {
 TEST(OffloadStreamAdamW, RandomCopyDelaysKeepTheBits) {
   auto plain = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   OptimConfig serial = test_config();
-  serial.schedule = "offload_serial";
+  serial.sched = optim_named("offload_serial");
   std::vector<std::string> names;
   const auto want = run_steps(*plain, serial, 3, 0.5, &names);
   unsigned seed = 1;
@@ -278,17 +278,17 @@ TEST(OffloadAdamW, MatchesDeviceAdamWOverTenTrainingSteps) {
     return w;
   };
   OptimConfig device = test_config();
-  device.schedule = "device";
+  device.sched = optim_named("device");
   std::vector<double> want_losses;
   const auto want = train(device, &want_losses);
   std::vector<OptimConfig> variants;
   OptimConfig serial = test_config();
-  serial.schedule = "offload_serial";
+  serial.sched = optim_named("offload_serial");
   variants.push_back(serial);
   variants.push_back(stream_config("device", 100, 2));
   variants.push_back(stream_config("host", 100, 2));
   for (const OptimConfig& c : variants) {
-    SCOPED_TRACE(::testing::Message() << c.schedule << " update_on " << c.update_on);
+    SCOPED_TRACE(::testing::Message() << schedule_name(c.sched.kind) << " update_on " << update_on_name(c.sched));
     std::vector<double> losses;
     const auto got = train(c, &losses);
     for (size_t s = 0; s < losses.size(); ++s) EXPECT_NEAR(losses[s], want_losses[s], 1e-6 * std::abs(want_losses[s]));
@@ -312,7 +312,7 @@ TEST(OffloadAdamW, MasterFollowsWeightsLoadedBeforeTheFirstStep) {
     ParamStore ps(tiny_model(), *be);
     weights_random(*be, ps, 1);
     OptimConfig c = test_config();
-    c.schedule = schedule;
+    c.sched = optim_named(schedule);
     std::unique_ptr<Optimizer> opt = optimizer_create(c, ps, *be);
     grads_random(*be, ps, 0.5, 2);
     opt->step(1, 5);
@@ -345,7 +345,7 @@ TEST(OffloadAdamW, NonFiniteGradientThrowsAndTouchesNothing) {
       ParamStore ps(tiny_model(), *be);
       weights_random(*be, ps, 3);
       OptimConfig c = stream_config(update_on, 64, 2);
-      c.schedule = schedule;
+      c.sched.kind = optim_named(schedule).kind;
       std::unique_ptr<Optimizer> opt = optimizer_create(c, ps, *be);
       grads_random(*be, ps, 0.1, 4);
       opt->step(1, 3);
@@ -386,14 +386,14 @@ TEST(OptimizerCreate, PicksTheSchedule) {
   ParamStore ps(tiny_model(), *be);
   OptimConfig c = test_config();
   EXPECT_NE(dynamic_cast<AdamW*>(optimizer_create(c, ps, *be).get()), nullptr);
-  c.schedule = "offload_serial";
+  c.sched = optim_named("offload_serial");
   EXPECT_NE(dynamic_cast<OffloadSerialAdamW*>(optimizer_create(c, ps, *be).get()), nullptr);
-  c.schedule = "offload_stream";
+  c.sched = optim_named("offload_stream");
   EXPECT_NE(dynamic_cast<OffloadStreamAdamW*>(optimizer_create(c, ps, *be).get()), nullptr);
-  c.update_on = "gpu";
-  EXPECT_THROW(optimizer_create(c, ps, *be), Error);
-  c.update_on = "device";
-  c.schedule = "stream";
+  // Names that are no schedule or placement are refused where they are read; auto never reaches it.
+  EXPECT_THROW(optim_named("offload_stream", "gpu"), Error);
+  EXPECT_THROW(optim_named("stream"), Error);
+  c.sched = optim_named("auto");
   EXPECT_THROW(optimizer_create(c, ps, *be), Error);
 }
 
@@ -424,7 +424,7 @@ TEST(OffloadAdamW, LedgersHoldOnlyTheStagingOnTheDevice) {
   std::vector<LedgerCase> cases;
   {
     OptimConfig c = test_config();
-    c.schedule = "offload_serial";
+    c.sched = optim_named("offload_serial");
     cases.push_back({c, 0, 12 * P, 4 * P});  // master + m + v; a host copy of every gradient
   }
   for (int64_t slots : {1, 2, 3}) {
@@ -447,8 +447,8 @@ TEST(OffloadAdamW, LedgersHoldOnlyTheStagingOnTheDevice) {
     }
   }
   for (const LedgerCase& lc : cases) {
-    SCOPED_TRACE(::testing::Message() << lc.cfg.schedule << " update_on " << lc.cfg.update_on << " bucket "
-                                      << lc.cfg.bucket_params << " slots " << lc.cfg.slots);
+    SCOPED_TRACE(::testing::Message() << schedule_name(lc.cfg.sched.kind) << " update_on " << update_on_name(lc.cfg.sched)
+                                      << " bucket " << lc.cfg.sched.bucket_params << " slots " << lc.cfg.sched.slots);
     std::vector<std::string> device_events[2], host_events[2];
     int b = 0;
     for (const char* backend : {"cpu", "meta"}) {

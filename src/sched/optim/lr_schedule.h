@@ -3,7 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
+
+#include "model/schedules.h"
 
 namespace fp {
 
@@ -14,11 +15,9 @@ struct OptimConfig {
   double grad_clip = 1.0;      // max global gradient L2 norm; 0 = off
   int64_t warmup_steps = 10;   // linear warmup length; 0 = none
   double min_lr_ratio = 0.1;   // the cosine ends at lr * min_lr_ratio
-  // Where the state lives and how the update is scheduled (sched/optim/optimizer.h).
-  std::string schedule = "device";     // "device" | "offload_serial" | "offload_stream"
-  int64_t bucket_params = 1 << 20;     // offload_stream: parameters per bucket
-  int64_t slots = 2;                   // offload_stream: staging slots
-  std::string update_on = "device";    // offload_stream: "device" | "host"
+  // Where the state lives and how the update is scheduled (sched/optim/optimizer.h): the one schedule
+  // struct's optim member (model/schedules.h), never "auto" here.
+  OptimSchedule sched;
 };
 
 // Learning rate of step `step` (1-based) of a run of total_steps steps:

@@ -236,15 +236,14 @@ void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {
 
 OffloadStreamAdamW::OffloadStreamAdamW(ParamStore& params, Backend& be, const OptimConfig& cfg)
     : OffloadAdamW(params, be, cfg) {
-  FP_CHECK(cfg_.update_on == "device" || cfg_.update_on == "host", "set optim.update_on = \"device\" or \"host\"",
-           "optim.update_on = \"{}\" is not a placement", cfg_.update_on);
-  FP_CHECK(cfg_.slots >= 1, "set optim.slots to 1 or more (default 2)", "optim.slots = {} must be >= 1", cfg_.slots);
-  on_device_ = cfg_.update_on == "device";
+  FP_CHECK(cfg_.sched.slots >= 1, "set optim.slots to 1 or more (default 2)", "optim.slots = {} must be >= 1",
+           cfg_.sched.slots);
+  on_device_ = !cfg_.sched.update_on_host;
   std::vector<int64_t> sizes;
   for (const Param& p : params_.all()) sizes.push_back(p.local_w().numel());
-  plan_ = offload_plan_make(sizes, cfg_.bucket_params);
+  plan_ = offload_plan_make(sizes, cfg_.sched.bucket_params);
   // The fixed working set, reserved at launch (Plan before allocating, STYLE.md).
-  for (int64_t s = 0; s < cfg_.slots && plan_.largest > 0; ++s) {
+  for (int64_t s = 0; s < cfg_.sched.slots && plan_.largest > 0; ++s) {
     if (on_device_) {
       slots_.push_back(be_.alloc_f32(Category::Category_optimizer, {4, plan_.largest}, fmt::format("optim.slot{}", s)));
     } else {

@@ -10,20 +10,19 @@
 namespace fp {
 
 std::unique_ptr<Optimizer> optimizer_create(const OptimConfig& cfg, ParamStore& params, Backend& be) {
-  if (cfg.schedule == "device") return std::make_unique<AdamW>(params, be, cfg);
-  if (cfg.schedule == "offload_serial") return std::make_unique<OffloadSerialAdamW>(params, be, cfg);
-  if (cfg.schedule == "offload_stream") return std::make_unique<OffloadStreamAdamW>(params, be, cfg);
-  throw Error(fmt::format("optim.schedule = \"{}\" is not an optimizer schedule", cfg.schedule),
-              "set optim.schedule = \"device\", \"offload_serial\" or \"offload_stream\"");
+  switch (cfg.sched.kind) {
+    case OptimSchedule::Kind::Kind_device: return std::make_unique<AdamW>(params, be, cfg);
+    case OptimSchedule::Kind::Kind_offload_serial: return std::make_unique<OffloadSerialAdamW>(params, be, cfg);
+    case OptimSchedule::Kind::Kind_offload_stream: return std::make_unique<OffloadStreamAdamW>(params, be, cfg);
+    case OptimSchedule::Kind::Kind_auto: break;
+  }
+  throw Error("optim.schedule = \"auto\" reached the optimizer unresolved",
+              "flatpeak plan resolves auto; a run names \"device\", \"offload_serial\" or \"offload_stream\"");
 }
 
 std::unique_ptr<Optimizer> optimizer_create(OptimConfig hyper, const OptimSchedule& sched, ParamStore& params,
                                             Backend& be) {
-  FP_ASSERT(sched.kind != OptimSchedule::Kind::Kind_auto);
-  hyper.schedule = std::string(schedule_name(sched.kind));
-  hyper.bucket_params = sched.bucket_params;
-  hyper.slots = sched.slots;
-  hyper.update_on = sched.update_on_host ? "host" : "device";
+  hyper.sched = sched;
   return optimizer_create(hyper, params, be);
 }
 
