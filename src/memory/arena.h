@@ -19,7 +19,9 @@
 // waited for when the arena goes). PyTorch's Tensor.record_stream is the model. The ledger counts the
 // bytes free at the free, on every backend alike (a plan is the same whatever the timing); the bytes
 // still waiting are pending_bytes() (peak: pending_peak_bytes()), which is what the device held
-// beyond the ledger in the meantime.
+// beyond the ledger in the meantime. So a schedule whose promise is a bound (SCO's two boundaries)
+// waits for its copies instead: a stream-ordered free is for buffers whose copies may pile up without
+// breaking a promise (none of the four schedules uses it today).
 #pragma once
 
 #include <array>

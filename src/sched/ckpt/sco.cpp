@@ -41,9 +41,11 @@ void ScoBoundaryStore::copies_wait() {
 void ScoBoundaryStore::pending_offload_finish() {
   if (pending_ < 0) return;
   Slot& s = slots_[pending_];
-  // The d2h copy reads the device copy; put() recorded that (record_stream), so the free does not wait
-  // for the copy: the ledger counts the bytes free here, at the same point on every backend, and the
-  // arena reuses the block once the copy is done (Note [Stream-ordered frees] in memory/arena.h).
+  // The d2h copy reads the device copy: it may be freed only once the copy finished. A stream-ordered
+  // free (Note [Stream-ordered frees] in memory/arena.h) would spare the host this wait, but when the
+  // link is slower than a layer the blocks of copies still running would pile up beyond the ledger's
+  // two boundaries; waiting here keeps what the device holds equal to what the ledger says.
+  s.offload_done.synchronize();
   s.device.reset();
   pending_ = -1;
 }
@@ -79,7 +81,6 @@ void ScoBoundaryStore::put(int64_t l, Tensor x) {
   d2h.wait(ready);
   be_.copy_async(d2h, s.host.data(), x.data(), bytes);
   d2h.record(s.offload_done);
-  x.record_stream(d2h);
   s.device = std::move(x);
   pending_ = l;
 }

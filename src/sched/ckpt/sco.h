@@ -21,9 +21,8 @@
 // memory is released at the end of the step; a store kept across steps would reuse its buffers).
 //
 // Allocation order depends only on the call sequence, never on when a copy finishes (frees happen
-// at fixed calls; a device copy still read by its offload is freed stream-ordered, Note
-// [Stream-ordered frees] in memory/arena.h, so the host does not wait for it), and the meta backend,
-// where copies are no-ops, produces the same device and host ledger events as cpu.
+// at fixed calls, after synchronizing), so the meta backend, where copies are no-ops, produces the
+// same device and host ledger events as cpu.
 //
 // Note [Why boundaries restore two at a time]
 // Backward of layer l reads x_l for its whole recompute and backward, and the copy of x_{l-1} should
