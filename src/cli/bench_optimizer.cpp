@@ -485,7 +485,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
                bytes_format(v.host_optimizer + v.host_grads), is_device ? "-" : (v.bits_equal_serial ? "bits" : "DIFF"));
     nlohmann::json j = {{"variant", v.name},
                         {"schedule", std::string(schedule_name(v.cfg.sched.kind))},
-                        {"update_on", v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_stream ? (v.cfg.sched.update_on_host ? "host" : "device") : ""},
+                        {"update_on", v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_stream ? update_on_name(v.cfg.sched) : ""},
                         {"slots", v.cfg.sched.slots},
                         {"bucket_params", v.cfg.sched.bucket_params},
                         {"largest_bucket", v.largest_bucket},

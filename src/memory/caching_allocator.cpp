@@ -6,9 +6,11 @@
 
 namespace fp {
 
-bool alloc_cache_enabled() {
-  const char* v = std::getenv("FLATPEAK_NO_ALLOC_CACHE");
-  return v == nullptr || std::strcmp(v, "1") != 0;
+Allocator& allocator_cached(Allocator& raw, std::vector<std::unique_ptr<Allocator>>& owned) {
+  const char* off = std::getenv("FLATPEAK_NO_ALLOC_CACHE");
+  if (off != nullptr && std::strcmp(off, "1") == 0) return raw;
+  owned.push_back(std::make_unique<CachingAllocator>(raw));
+  return *owned.back();
 }
 
 void* CachingAllocator::allocate(uint64_t bytes) {

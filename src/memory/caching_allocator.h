@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
@@ -39,8 +40,9 @@ struct CacheStats {
   uint64_t misses = 0;           // requests that reached the raw allocator
 };
 
-// False when FLATPEAK_NO_ALLOC_CACHE=1.
-bool alloc_cache_enabled();
+// raw through a new cache appended to owned (the backend keeps it), or raw itself when
+// FLATPEAK_NO_ALLOC_CACHE=1. What every backend puts under its arenas.
+Allocator& allocator_cached(Allocator& raw, std::vector<std::unique_ptr<Allocator>>& owned);
 
 class CachingAllocator final : public Allocator {
  public:

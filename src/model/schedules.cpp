@@ -76,6 +76,7 @@ std::string_view schedule_name(VocabSchedule::Kind k) { return name_of(k, kVocab
 std::string_view schedule_name(CkptSchedule::Kind k) { return name_of(k, kCkpt); }
 std::string_view schedule_name(DispatchSchedule::Kind k) { return name_of(k, kDispatch); }
 std::string_view schedule_name(OptimSchedule::Kind k) { return name_of(k, kOptim); }
+std::string_view update_on_name(const OptimSchedule& o) { return o.update_on_host ? "host" : "device"; }
 
 bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::string_view source) {
   VocabSchedule& vo = s.vocab;

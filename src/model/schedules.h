@@ -75,6 +75,8 @@ std::string_view schedule_name(VocabSchedule::Kind k);
 std::string_view schedule_name(CkptSchedule::Kind k);
 std::string_view schedule_name(DispatchSchedule::Kind k);
 std::string_view schedule_name(OptimSchedule::Kind k);
+// optim.update_on as the run config writes it: "host" or "device".
+std::string_view update_on_name(const OptimSchedule& o);
 
 // Sets one setting by its dotted name from text, as written in TOML or on a command line (strings
 // unquoted): vocab.schedule, vocab.block_tokens, vocab.ring_mode, vocab.keep_strips, ckpt.schedule,

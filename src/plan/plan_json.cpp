@@ -40,7 +40,7 @@ nlohmann::ordered_json schedule_json(const Schedules& s) {
   if (s.optim.kind == OptimSchedule::Kind::Kind_offload_stream) {
     j["bucket_params"] = s.optim.bucket_params;
     j["slots"] = s.optim.slots;
-    j["update_on"] = s.optim.update_on_host ? "host" : "device";
+    j["update_on"] = update_on_name(s.optim);
   }
   return j;
 }

@@ -97,7 +97,7 @@ nlohmann::json run_config_json(const RunConfig& c) {
             {"schedule", schedule_name(c.schedules.optim.kind)},
             {"bucket_params", c.schedules.optim.bucket_params},
             {"slots", c.schedules.optim.slots},
-            {"update_on", c.schedules.optim.update_on_host ? "host" : "device"}}},
+            {"update_on", update_on_name(c.schedules.optim)}}},
           {"vocab",
            {{"schedule", c.schedules.vocab.kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full"},
             {"block_tokens", c.schedules.vocab.block_tokens}}},

@@ -15,6 +15,4 @@ inline OptimSchedule optim_named(std::string_view schedule, std::string_view upd
   return s.optim;
 }
 
-inline std::string_view update_on_name(const OptimSchedule& o) { return o.update_on_host ? "host" : "device"; }
-
 }  // namespace fp

@@ -13,21 +13,11 @@ namespace fp {
 namespace {
 
 // Both arenas over 64-byte aligned host memory, each through its own cache (Note [Caching allocator];
-// off with FLATPEAK_NO_ALLOC_CACHE=1);
-// an inline compute stream and two worker copy streams.
+// off with FLATPEAK_NO_ALLOC_CACHE=1); an inline compute stream and two worker copy streams.
 Backend::Parts cpu_parts(uint64_t device_capacity, uint64_t host_capacity) {
   Backend::Parts p;
-  if (alloc_cache_enabled()) {
-    auto device_cache = std::make_unique<CachingAllocator>(allocator_host_aligned());
-    auto host_cache = std::make_unique<CachingAllocator>(allocator_host_aligned());
-    p.device = std::make_unique<Arena>("device", device_capacity, *device_cache);
-    p.host = std::make_unique<Arena>("host", host_capacity, *host_cache);
-    p.owned.push_back(std::move(device_cache));
-    p.owned.push_back(std::move(host_cache));
-  } else {
-    p.device = std::make_unique<Arena>("device", device_capacity, allocator_host_aligned());
-    p.host = std::make_unique<Arena>("host", host_capacity, allocator_host_aligned());
-  }
+  p.device = std::make_unique<Arena>("device", device_capacity, allocator_cached(allocator_host_aligned(), p.owned));
+  p.host = std::make_unique<Arena>("host", host_capacity, allocator_cached(allocator_host_aligned(), p.owned));
   p.compute = std::make_unique<CpuStream>("compute", CpuStream::Mode::Mode_inline);
   p.h2d = std::make_unique<CpuStream>("h2d", CpuStream::Mode::Mode_worker);
   p.d2h = std::make_unique<CpuStream>("d2h", CpuStream::Mode::Mode_worker);

@@ -205,12 +205,8 @@ Backend::Parts cuda_parts(uint64_t device_capacity, uint64_t host_capacity) {
   static CudaDeviceAllocator device_raw;
   static CudaPinnedAllocator pinned_raw;
   Backend::Parts p;
-  auto device_cache = std::make_unique<CachingAllocator>(device_raw);
-  auto host_cache = std::make_unique<CachingAllocator>(pinned_raw);
-  p.device = std::make_unique<Arena>("device", device_capacity, *device_cache);
-  p.host = std::make_unique<Arena>("host", host_capacity, *host_cache);
-  p.owned.push_back(std::move(device_cache));
-  p.owned.push_back(std::move(host_cache));
+  p.device = std::make_unique<Arena>("device", device_capacity, allocator_cached(device_raw, p.owned));
+  p.host = std::make_unique<Arena>("host", host_capacity, allocator_cached(pinned_raw, p.owned));
   p.compute = std::make_unique<CudaStream>("compute", /*legacy_default=*/true);
   p.h2d = std::make_unique<CudaStream>("h2d", false);
   p.d2h = std::make_unique<CudaStream>("d2h", false);
