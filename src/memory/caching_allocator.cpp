@@ -4,10 +4,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/error.h"
+
 namespace fp {
 
 Allocator& allocator_cached(Allocator& raw, std::vector<std::unique_ptr<Allocator>>& owned) {
   const char* off = std::getenv("FLATPEAK_NO_ALLOC_CACHE");
+  FP_CHECK(off == nullptr || std::strcmp(off, "0") == 0 || std::strcmp(off, "1") == 0,
+           "set FLATPEAK_NO_ALLOC_CACHE=1 (no cache) or 0 / unset (the cache)",
+           "FLATPEAK_NO_ALLOC_CACHE={} is neither 0 nor 1", off);
   if (off != nullptr && std::strcmp(off, "1") == 0) return raw;
   owned.push_back(std::make_unique<CachingAllocator>(raw));
   return *owned.back();

@@ -41,7 +41,7 @@ struct CacheStats {
 };
 
 // raw through a new cache appended to owned (the backend keeps it), or raw itself when
-// FLATPEAK_NO_ALLOC_CACHE=1. What every backend puts under its arenas.
+// FLATPEAK_NO_ALLOC_CACHE=1 (any value but 0 or 1 is refused). What every backend puts under its arenas.
 Allocator& allocator_cached(Allocator& raw, std::vector<std::unique_ptr<Allocator>>& owned);
 
 class CachingAllocator final : public Allocator {

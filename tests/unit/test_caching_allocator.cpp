@@ -5,9 +5,13 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <memory>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_stream.h"
+#include "core/error.h"
 #include "memory/arena.h"
 #include "memory/caching_allocator.h"
 
@@ -132,6 +136,26 @@ TEST(CachingAllocator, ARefusedRequestEmptiesTheCacheAndRetries) {
   EXPECT_EQ(cache.stats().cached_bytes, 0u);
   EXPECT_EQ(cache.allocate(64), nullptr);  // really full: null, as the raw allocator says
   cache.deallocate(big, 8192);
+}
+
+TEST(CachingAllocator, EnvironmentTurnsTheCacheOffOrIsRefused) {
+  CountingAllocator raw;
+  std::vector<std::unique_ptr<Allocator>> owned;
+  ::unsetenv("FLATPEAK_NO_ALLOC_CACHE");
+  EXPECT_NE(&allocator_cached(raw, owned), &raw);
+  ::setenv("FLATPEAK_NO_ALLOC_CACHE", "0", 1);
+  EXPECT_NE(&allocator_cached(raw, owned), &raw);
+  ::setenv("FLATPEAK_NO_ALLOC_CACHE", "1", 1);
+  EXPECT_EQ(&allocator_cached(raw, owned), &raw);
+  ::setenv("FLATPEAK_NO_ALLOC_CACHE", "yes", 1);
+  try {
+    allocator_cached(raw, owned);
+    ADD_FAILURE() << "FLATPEAK_NO_ALLOC_CACHE=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FLATPEAK_NO_ALLOC_CACHE=yes"), std::string::npos) << e.what();
+  }
+  ::unsetenv("FLATPEAK_NO_ALLOC_CACHE");
+  EXPECT_EQ(owned.size(), 2u);
 }
 
 // Note [Stream-ordered frees]: the ledger frees at once, the block waits for the copy stream.
