@@ -62,24 +62,15 @@ int eval_run(const EvalOptions& o);
 // dtype, other shards), nothing dropped (train.cpp).
 void convert_register(CLI::App& app, Runner& run);
 
-// flatpeak bench step (more benchmarks join as their schedules land).
-struct BenchOptions {
-  std::string config;
-  std::vector<std::string> overrides;
-  int repeats = 5;
-  int warmup = 1;
-  std::string json;
-  std::string case_path;
-};
-void bench_step_register(CLI::App& bench, Runner& run);
-int bench_step_run(const BenchOptions& o);
+// flatpeak bench step | vocab | checkpoint | optimizer | dispatch (bench.cpp): each registers its flags
+// on `parent` (the bench command) and runs the benchmark of bench/<name>.h.
+void bench_step_register(CLI::App& parent, Runner& run);
+void bench_vocab_register(CLI::App& parent, Runner& run);
+void bench_checkpoint_register(CLI::App& parent, Runner& run);
+void bench_optimizer_register(CLI::App& parent, Runner& run);
+void bench_dispatch_register(CLI::App& parent, Runner& run);
 
-// Further subcommands, each in its own file: bench vocab (bench_vocab.cpp), bench checkpoint
-// (bench_checkpoint.cpp), bench optimizer (bench_optimizer.cpp), plan (plan.cpp).
-void bench_vocab_register(CLI::App& bench, Runner& run);
-void bench_checkpoint_register(CLI::App& bench, Runner& run);
-void bench_optimizer_register(CLI::App& bench, Runner& run);
-void bench_dispatch_register(CLI::App& bench, Runner& run);  // bench dispatch (bench_dispatch.cpp)
+// flatpeak plan (plan.cpp).
 void plan_register(CLI::App& app, Runner& run);
 
 }  // namespace fp::cli

@@ -1,45 +1,27 @@
-// flatpeak bench step: the training step's speed and memory, for comparison with the PyTorch twin
-// (scripts/bench_step drives both in one run and prints the ratios).
-//
-// Reports the median step time over repeats (forward, backward with recompute, AdamW), tokens/s,
-// the device ledger's peaks, the process's max RSS, the share of the step spent in GEMMs and their
-// rate against the sgemm rate measured in the same run (large square GEMMs), and the model FLOP
-// utilisation (6 x matmul parameters x tokens + attention, no recompute counted) against that rate.
+// flatpeak bench step (bench/step.h): the timed steps, the sgemm rate and the model FLOPs.
+#include "bench/step.h"
+
 #include <sys/resource.h>
 
-#include <algorithm>
-#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
-#include "cli/commands.h"
+#include "bench/bench_common.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "memory/report.h"
-#include "ops/cpu/blas_setup.h"
-#include "ops/cpu/cpu_features.h"
+#include "ops/gemm.h"
 #include "ops/gemm_profile.h"
 #include "sched/optim/optimizer.h"
 #include "step/step.h"
 #include "train/run_config.h"
 
-namespace fp::cli {
+namespace fp::bench {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // The machine's sgemm rate (FLOP/s), median of repeats of square GEMMs of side `side`.
 double sgemm_rate_measure(int64_t side, int repeats) {
@@ -50,7 +32,7 @@ double sgemm_rate_measure(int64_t side, int repeats) {
   std::vector<double> rates;
   ops::cpu::gemm(false, true, side, side, side, 1.0f, a.data(), side, b.data(), side, 0.0f, c.data(), side);
   for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     ops::cpu::gemm(false, true, side, side, side, 1.0f, a.data(), side, b.data(), side, 0.0f, c.data(), side);
     rates.push_back(2.0 * static_cast<double>(side * side) * static_cast<double>(side) / seconds_since(t0));
   }
@@ -74,20 +56,7 @@ double model_flops_per_step(const ModelConfig& m, int64_t B, int64_t T) {
 
 }  // namespace
 
-void bench_step_register(CLI::App& bench, Runner& run) {
-  auto opts = std::make_shared<BenchOptions>();
-  BenchOptions& o = *opts;
-  CLI::App* step = bench.add_subcommand("step", "the training step: speed, memory, GEMM rate, MFU");
-  step->callback([&run, opts] { run = [opts] { return bench_step_run(*opts); }; });
-  step->add_option("--config", o.config, "model configuration (TOML)")->required();
-  step->add_option("--set", o.overrides, "override a config key (repeatable)");
-  step->add_option("--repeats", o.repeats, "timed steps (median reported)");
-  step->add_option("--warmup", o.warmup, "untimed steps first");
-  step->add_option("--json", o.json, "write the results here");
-  step->add_option("--case", o.case_path, "also write the weights and batch (safetensors) for the PyTorch twin");
-}
-
-int bench_step_run(const BenchOptions& o) {
+int bench_step_run(const BenchStepOptions& o) {
   RunConfig cfg = config_load(o.config, o.overrides);
   const ModelConfig& m = cfg.model;
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
@@ -115,7 +84,7 @@ int bench_step_run(const BenchOptions& o) {
   for (int i = 0; i < o.warmup + o.repeats; ++i) {
     ops::gemm_profile() = {};
     be->device_ledger().peaks_reset();
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     model.zero_grads();
     step_forward_backward(model, batch);
     optim.step(i + 1, o.warmup + o.repeats);
@@ -141,8 +110,7 @@ int bench_step_run(const BenchOptions& o) {
   j["tokens_per_s"] = static_cast<double>(batch.B * batch.T) / step_s;
   j["max_rss_bytes"] = static_cast<int64_t>(ru.ru_maxrss) * 1024;
   j["sgemm_flops_per_s"] = sgemm;
-  j["blas"] = ops::cpu::blas_setup().str();  // Note [OpenBLAS's kernels are ours to choose]
-  j["cpu"] = ops::cpu::cpu_features().str();
+  machine_json(j);
   j["gemm_seconds"] = g_s;
   j["gemm_share_of_step"] = g_s / step_s;
   j["gemm_flops_per_s"] = g_f / g_s;
@@ -154,9 +122,9 @@ int bench_step_run(const BenchOptions& o) {
              step_s, times.size(), j["tokens_per_s"].get<double>(), 100 * g_s / step_s, g_f / g_s / 1e9,
              100 * g_f / g_s / sgemm, sgemm / 1e9, 100 * mflops / step_s / sgemm,
              bytes_format(be->device_ledger().total_peak()), bytes_format(static_cast<uint64_t>(ru.ru_maxrss) * 1024));
-  fmt::print("GEMMs: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::cpu_features().str());
-  if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
+  machine_print();
+  json_write(o.json, j);
   return 0;
 }
 
-}  // namespace fp::cli
+}  // namespace fp::bench

@@ -1,80 +1,34 @@
-// flatpeak bench dispatch: one MoE block (norm, router, dispatch, experts, combine; forward keeping
-// what backward needs, then backward) with the expert dispatch variants standard, llep and
-// pipelined_llep (strided and contiguous chunks) in the same run, on W ranks under mpirun (W = 1
-// works: every variant then moves rows to itself). The routing profile overrides the router's
-// choice (DESIGN.md, routing profiles), so the skew is set and meta runs allocate like cpu runs.
-// Legend: N tokens per rank, H hidden, I expert width, E experts, k top-k, W ranks, m = N k,
-// c chunk cap, K chunks, c_eff tokens per source per chunk.
-//
-// Per variant, on a fresh backend (its own ledger), the largest over the ranks of: the dispatch
-// category's peak, the device peak, the receive-side peak (the buffers holding rows a rank computes:
-// received rows, their grouped copies, outputs, output gradients; found by tag on the ledger's
-// timeline), the rows a rank computes (load ratio max / mean over the ranks), and on cpu the median
-// forward+backward seconds over --repeats after --warmup (each run's time is the slowest rank's;
-// variants interleaved). Chunked variants add K, c_eff, chunk_send_ratio (the largest send to one
-// rank in a chunk over the mean send per rank, max over chunks and ranks) and recv_frac_of_bound (the
-// largest receive in a chunk over W k c_eff). On cpu every variant is first checked against standard
-// (check, then time): the block's output and input gradient, the router's and the owned experts'
-// weight gradients. With --device meta nothing is computed or moved (counts and plans are real), so
-// the paper's scale runs in seconds.
+// flatpeak bench dispatch (bench/dispatch.h): the block's parameters, the variants on their own
+// backends, the runs, the checks against standard and the report.
 //
 // The block's parameters are built here, as expert parallelism lays them out: the router and the
 // norm on every rank, the experts only on their owner (the others are never read).
+#include "bench/dispatch.h"
+
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "ops/cpu/blas_setup.h"
-#include "ops/cpu/cpu_features.h"
 #include "backend/backend.h"
-#include "cli/commands.h"
+#include "bench/bench_common.h"
 #include "comm/comm.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/units.h"
-#include "io/atomic_file.h"
 #include "model/blocks.h"
 #include "model/layout.h"
 #include "model/routing.h"
 #include "sched/dispatch/dispatch.h"
 #include "sched/dispatch/llep.h"
 
-namespace fp::cli {
+namespace fp::bench {
 
 namespace {
 
-struct DispatchBenchOptions {
-  int64_t tokens = 2048;
-  int64_t experts = 16;
-  int64_t top_k = 2;
-  int64_t hidden = 256;
-  int64_t intermediate = 512;
-  std::string profile = "hot:0.95:4";
-  int64_t chunk_cap = 1024;
-  int64_t max_chunks = 128;
-  double lambda = 1.3;
-  double alpha = 1.0;
-  int64_t min_tokens_per_gemm = 1024;
-  int64_t token_chunk = 0;  // > 0: also pipelined_llep (strided) with the token side in chunks
-  std::string device = "cpu";
-  int repeats = 5;
-  int warmup = 1;
-  std::string json;
-};
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-ModelConfig block_config(const DispatchBenchOptions& o) {
+ModelConfig block_config(const BenchDispatchOptions& o) {
   ModelConfig m;
   m.hidden_size = o.hidden;
   m.num_hidden_layers = 1;
@@ -188,7 +142,7 @@ double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile
   be.device_ledger().peaks_reset();
   be.device_ledger().events_clear();
   comm.barrier();
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   if (v.sched.token_chunk > 0) {
     // The token side in chunks (Note [The MoE token side in chunks]): the checkpointed forward's x2 for
     // the checks, then the chunked recompute and backward, as a training step runs them.
@@ -202,7 +156,7 @@ double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile
     moe_block_backward(s, v.params.lp, v.x1, acts, Tensor(), dx);
   }
   be.synchronize();
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double sec = seconds_since(t0);
   const Ledger& led = be.device_ledger();
   v.dispatch_peak = std::max(v.dispatch_peak, led.peak(Category::Category_dispatch));
   v.activations_peak = std::max(v.activations_peak, led.peak(Category::Category_activations));
@@ -227,31 +181,9 @@ double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile
   return sec;
 }
 
-// max |got - ref| / max |ref|
-double max_rel(const std::vector<float>& got, const std::vector<float>& ref) {
-  double diff = 0, mag = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    mag = std::max(mag, std::fabs(static_cast<double>(ref[i])));
-  }
-  return mag > 0 ? diff / mag : diff;
-}
+}  // namespace
 
-template <class T>
-T max_over_ranks(Comm& comm, T v) {
-  if constexpr (std::is_floating_point_v<T>) {
-    double d = static_cast<double>(v);
-    comm.all_reduce_max(&d, 1, DType::DType_F64);
-    return static_cast<T>(d);
-  } else {
-    int64_t d = static_cast<int64_t>(v);
-    comm.all_reduce_max(&d, 1, DType::DType_I64);
-    return static_cast<T>(d);
-  }
-}
-
-int bench_dispatch_run(const DispatchBenchOptions& o) {
+int bench_dispatch_run(const BenchDispatchOptions& o) {
   FP_CHECK(o.tokens >= 1 && o.experts >= 1 && o.top_k >= 1 && o.top_k <= o.experts && o.hidden >= 1 &&
                o.intermediate >= 1,
            "e.g. --tokens 2048 --experts 16 --top-k 2 --hidden 256 --intermediate 512",
@@ -325,9 +257,9 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
     const Variant& ref = vs.front();
     for (size_t i = 1; i < vs.size(); ++i) {
       const Variant& v = vs[i];
-      const double e_x2 = max_over_ranks(comm, max_rel(v.x2_host, ref.x2_host));
-      const double e_dx = max_over_ranks(comm, max_rel(v.dx1_host, ref.dx1_host));
-      const double e_g = max_over_ranks(comm, max_rel(v.grads_host, ref.grads_host));
+      const double e_x2 = max_over_ranks(comm, max_rel_diff(v.x2_host, ref.x2_host));
+      const double e_dx = max_over_ranks(comm, max_rel_diff(v.dx1_host, ref.dx1_host));
+      const double e_g = max_over_ranks(comm, max_rel_diff(v.grads_host, ref.grads_host));
       j["check"][v.name] = {{"x2_max_rel_diff", e_x2}, {"dx1_max_rel_diff", e_dx}, {"grads_max_rel_diff", e_g}};
       if (lead)
         fmt::print("check {} vs standard, max diff / max |standard|: x2 {:.1e}, dx1 {:.1e}, weight gradients {:.1e}\n",
@@ -350,8 +282,7 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
   j["min_tokens_per_gemm"] = o.min_tokens_per_gemm;
   j["token_chunk"] = o.token_chunk;
   j["device"] = o.device;
-  j["blas"] = ops::cpu::blas_setup().str();  // Note [OpenBLAS's kernels are ours to choose]
-  j["cpu"] = ops::cpu::cpu_features().str();
+  machine_json(j);
   j["ranks"] = W;
   j["repeats"] = timed ? o.repeats : 0;
   for (Variant& v : vs) {
@@ -410,7 +341,7 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
                "rank(s), device {}\n",
                o.tokens, o.experts, o.top_k, o.hidden, o.intermediate, o.profile, o.chunk_cap, o.max_chunks, W,
                o.device);
-    fmt::print("GEMMs: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::cpu_features().str());
+    machine_print();
     fmt::print("| variant | dispatch peak | receive-side peak | device peak | rank load max/mean | fwd+bwd s {} | K | "
                "chunk send ratio | recv / bound |\n|---|---|---|---|---|---|---|---|---|\n",
                timed ? fmt::format("(median of {})", o.repeats) : std::string("(meta: not computed)"));
@@ -437,38 +368,9 @@ int bench_dispatch_run(const DispatchBenchOptions& o) {
                  bytes_format(j[v.name]["chunk_bound_bytes"].get<uint64_t>()),
                  j[v.name]["chunk_bound_exceeded"].get<bool>() ? "NO" : "yes");
     }
-    if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
+    json_write(o.json, j);
   }
   return 0;
 }
 
-}  // namespace
-
-void bench_dispatch_register(CLI::App& parent, Runner& run) {
-  auto opts = std::make_shared<DispatchBenchOptions>();
-  DispatchBenchOptions& o = *opts;
-  CLI::App* sub = parent.add_subcommand(
-      "dispatch", "standard vs llep vs pipelined_llep expert dispatch (one MoE block): peaks, loads, time");
-  sub->callback([&run, opts] { run = [opts] { return bench_dispatch_run(*opts); }; });
-  sub->add_option("--tokens", o.tokens, "N, tokens per rank");
-  sub->add_option("--experts", o.experts, "E, experts (a multiple of the rank count)");
-  sub->add_option("--top-k", o.top_k, "k, experts per token");
-  sub->add_option("--hidden", o.hidden, "H, hidden size");
-  sub->add_option("--intermediate", o.intermediate, "I, expert FFN width");
-  sub->add_option("--profile", o.profile, "routing profile: balanced or hot:R:H");
-  sub->add_option("--chunk-cap", o.chunk_cap, "c, tokens per source per chunk (pipelined.chunk_cap)");
-  sub->add_option("--max-chunks", o.max_chunks, "K_max (pipelined.max_chunks)");
-  sub->add_option("--lambda", o.lambda, "llep.lambda");
-  sub->add_option("--alpha", o.alpha, "llep.alpha");
-  sub->add_option("--min-tokens-per-gemm", o.min_tokens_per_gemm, "llep.min_tokens_per_gemm");
-  sub->add_option("--token-chunk", o.token_chunk,
-                  "also run pipelined_llep (strided) with the MoE block's token side in chunks of this many tokens "
-                  "(moe.token_chunk; 0: not)");
-  sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
-      ->check(CLI::IsMember({"cpu", "meta"}));
-  sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
-  sub->add_option("--warmup", o.warmup, "untimed runs first");
-  sub->add_option("--json", o.json, "write the results here");
-}
-
-}  // namespace fp::cli
+}  // namespace fp::bench

@@ -1,28 +1,15 @@
-// flatpeak bench vocab: the LM head (final RMSNorm, projection to the vocabulary, mean cross-entropy,
-// forward and backward) with the full and the Ring-DTP vocabulary schedules in the same run, on random
-// inputs of N tokens per rank, hidden H, vocabulary V; one rank, or W ranks under mpirun.
-// Legend: N tokens per rank, H hidden, V vocabulary, W ranks.
-//
-// Variants: full (every rank its own (N, V) logits against the whole, replicated lm_head) and ring;
-// with W > 1 ranks the ring runs in each requested mode (--ring-mode) with both backward options,
-// recomputing the strips and keeping them (vocab.keep_strips). For each variant, on a fresh backend
-// (its own ledger): the device peak, the peaks of categories vocab and comm (largest over the ranks),
-// and (cpu) the median forward+backward seconds over --repeats after --warmup (each run's time is
-// the slowest rank's) with where it went: GEMMs, the softmax/log-sum-exp work, waiting on the ring's
-// transfers (means over the ranks). On cpu every ring variant is first checked against the full head
-// (check, then time); with one rank both heads are also checked against float64 on a few tokens, and
-// PyTorch's F.linear + F.cross_entropy runs on the same shapes as a subprocess
-// (tests/reference/bench_vocab_torch.py: median seconds and max RSS). With --device meta nothing is
-// computed and only the peaks are reported (exact, at any N and V).
+// flatpeak bench vocab (bench/vocab.h): the variants on their own backends, the checks against the
+// full head and float64, the timed runs, the PyTorch companion.
 //
 // The embedding table is freed before measuring: the head does not read it, and at V = 131072 it
 // would add 2 V H fp32 (weights and gradient) to both device peaks.
+#include "bench/vocab.h"
+
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,44 +19,21 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "ops/cpu/blas_setup.h"
-#include "ops/cpu/cpu_features.h"
 #include "backend/backend.h"
-#include "cli/commands.h"
+#include "bench/bench_common.h"
 #include "comm/comm.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/units.h"
-#include "io/atomic_file.h"
 #include "memory/report.h"
 #include "ops/gemm_profile.h"
 #include "sched/vocab/ring_dtp.h"
 #include "sched/vocab/vocab_head.h"
 
-namespace fp::cli {
+namespace fp::bench {
 
 namespace {
-
-struct VocabBenchOptions {
-  int64_t tokens = 8192;
-  int64_t vocab = 32768;
-  int64_t hidden = 1024;
-  int64_t block_tokens = 1024;
-  std::string ring_mode = "auto";  // W > 1: weights | activations | auto | both
-  std::string device = "cpu";
-  int repeats = 5;
-  int warmup = 1;
-  std::string json;
-  bool no_torch = false;
-  std::string torch_script = "tests/reference/bench_vocab_torch.py";
-  std::string python = "/usr/bin/python3";
-  // The ring variants' lm_head in the FSDP layout (each rank holds its V / W rows, as `flatpeak train`
-  // lays it out) instead of whole on every rank; W > 1.
-  bool fsdp = false;
-  std::string precision = "fp32";  // the recipe (core/precision.h); other than fp32 on meta only
-  bool breakdown = false;          // print every tensor live at each variant's device peak (rank 0)
-};
 
 // User + system CPU seconds of this process so far, every thread.
 double process_cpu_seconds() {
@@ -79,16 +43,9 @@ double process_cpu_seconds() {
          1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // The head's configuration: only hidden_size, vocab_size and rms_norm_eps are read; no layer.
 // W: the ranks the store is laid out over (the experts must divide among them; there are none).
-ModelConfig head_config(const VocabBenchOptions& o, int W) {
+ModelConfig head_config(const BenchVocabOptions& o, int W) {
   ModelConfig m;
   m.hidden_size = o.hidden;
   m.num_hidden_layers = 0;
@@ -111,7 +68,7 @@ struct Variant {
   Variant(std::string n, VocabSchedule v) : name(std::move(n)), sched(std::move(v)) {}
   std::string name;  // "full", "ring", "ring_weights", "ring_weights_keep_strips", ...
   VocabSchedule sched;
-  bool fsdp = false;  // lm_head rows sharded over the ranks (VocabBenchOptions::fsdp)
+  bool fsdp = false;  // lm_head rows sharded over the ranks (BenchVocabOptions::fsdp)
   bool ring() const { return sched.kind == VocabSchedule::Kind::Kind_ring; }
   ModelConfig cfg;  // the head's (head_config); s refers to it
   std::unique_ptr<Backend> be;
@@ -124,7 +81,7 @@ struct Variant {
   std::vector<double> seconds, cpu_seconds;  // wall, and CPU time of the process (all threads)
   std::vector<double> gemm_s, softmax_s, comm_wait_s;
   uint64_t comm_bytes = 0;  // sent by one rank in one run (the largest over the ranks)
-  std::string breakdown;    // rank 0's tensors at its device peak (VocabBenchOptions::breakdown)
+  std::string breakdown;    // rank 0's tensors at its device peak (BenchVocabOptions::breakdown)
   double loss = std::nan("");
   std::vector<float> dx_host, dW_host;  // (N, H), (V, H)
 };
@@ -137,7 +94,7 @@ struct Inputs {
   std::vector<int32_t> targets;  // (N)
 };
 
-Inputs inputs_make(const VocabBenchOptions& o, int rank) {
+Inputs inputs_make(const BenchVocabOptions& o, int rank) {
   Inputs in;
   Rng rng(1);
   in.W.resize(static_cast<size_t>(o.vocab * o.hidden));
@@ -151,7 +108,7 @@ Inputs inputs_make(const VocabBenchOptions& o, int rank) {
   return in;
 }
 
-void variant_setup(Variant& v, const VocabBenchOptions& o, const Inputs* in, Comm& comm) {
+void variant_setup(Variant& v, const BenchVocabOptions& o, const Inputs* in, Comm& comm) {
   const int64_t N = o.tokens, H = o.hidden;
   v.be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
   // The full head's GEMMs are timed by the kernel table (the ring times its own, RingDtpStats).
@@ -184,21 +141,17 @@ void variant_setup(Variant& v, const VocabBenchOptions& o, const Inputs* in, Com
 }
 
 // 1 / (target tokens of all ranks): each rank's last token is ignored.
-float loss_scale(const VocabBenchOptions& o, int W) {
+float loss_scale(const BenchVocabOptions& o, int W) {
   return 1.0f / static_cast<float>(W * (o.tokens - 1));
 }
 
-double max_over_ranks(Comm& comm, double v) {
-  comm.all_reduce_max(&v, 1, DType::DType_F64);
-  return v;
-}
 double mean_over_ranks(Comm& comm, double v) {
   comm.all_reduce_sum(&v, 1, DType::DType_F64);
   return v / comm.size();
 }
 
 // One forward+backward of the head; run index i (the first `warmup` are not timed).
-void variant_run_once(Variant& v, const VocabBenchOptions& o, Comm& comm, int i) {
+void variant_run_once(Variant& v, const BenchVocabOptions& o, Comm& comm, int i) {
   const int64_t V = o.vocab, H = o.hidden;
   Backend& be = *v.be;
   ParamStore& ps = *v.ps;
@@ -209,7 +162,7 @@ void variant_run_once(Variant& v, const VocabBenchOptions& o, Comm& comm, int i)
   gp = {};
   comm.barrier();  // every rank starts the clock together
   const double cpu0 = process_cpu_seconds();
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   const float scale = loss_scale(o, comm.size());
   // Under FSDP the ring reads its own lm_head rows and model.norm is gathered, as in the step (step/step.cpp).
   ps.unit_gather(ps.unit_norm());
@@ -220,7 +173,7 @@ void variant_run_once(Variant& v, const VocabBenchOptions& o, Comm& comm, int i)
   ps.unit_grad_reduce(ps.unit_norm());
   ps.unit_release(ps.unit_norm());
   be.synchronize();
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double sec = seconds_since(t0);
   const double cpu = process_cpu_seconds() - cpu0;
   const double gemm = v.ring() ? st.gemm_s : gp.seconds;
   // The full head's rest is its log-softmax, loss and gradient (and the norm, small).
@@ -299,16 +252,6 @@ double dx_error_vs_fp64(const std::vector<float>& got, const std::vector<std::ve
   return m > 0 ? d / m : d;
 }
 
-// max_i |a_i - b_i| / max_i |b_i| over [begin, end).
-double max_rel_diff(const float* a, const float* b, int64_t count) {
-  double d = 0, m = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
-    m = std::max(m, std::abs(static_cast<double>(b[i])));
-  }
-  return m > 0 ? d / m : d;
-}
-
 nlohmann::json variant_json(const Variant& r, bool timed, int W) {
   nlohmann::json j;
   if (r.ring()) {
@@ -333,7 +276,7 @@ nlohmann::json variant_json(const Variant& r, bool timed, int W) {
   return j;
 }
 
-std::optional<nlohmann::json> torch_run(const VocabBenchOptions& o) {
+std::optional<nlohmann::json> torch_run(const BenchVocabOptions& o) {
   FP_CHECK(std::filesystem::exists(o.torch_script), "run from the repository root, pass --torch-script PATH, or --no-torch",
            "the PyTorch companion {} is not there", o.torch_script);
   const std::string out = (std::filesystem::temp_directory_path() / fmt::format("bench_vocab_torch_{}.json", getpid())).string();
@@ -351,7 +294,7 @@ std::optional<nlohmann::json> torch_run(const VocabBenchOptions& o) {
 
 // The variants of this run: full, then the ring (one rank), or on W ranks each requested mode with
 // the strips recomputed and kept.
-std::vector<Variant> variants_make(const VocabBenchOptions& o, int W) {
+std::vector<Variant> variants_make(const BenchVocabOptions& o, int W) {
   std::vector<Variant> vs;
   VocabSchedule full;
   full.kind = VocabSchedule::Kind::Kind_full;
@@ -380,7 +323,9 @@ std::vector<Variant> variants_make(const VocabBenchOptions& o, int W) {
   return vs;
 }
 
-int bench_vocab_run(const VocabBenchOptions& o) {
+}  // namespace
+
+int bench_vocab_run(const BenchVocabOptions& o) {
   FP_CHECK(o.tokens >= 2 && o.vocab >= 1 && o.hidden >= 1, "e.g. --tokens 8192 --vocab 32768 --hidden 1024",
            "--tokens {} --vocab {} --hidden {}: need at least 2 tokens, a vocabulary and a hidden size", o.tokens,
            o.vocab, o.hidden);
@@ -413,8 +358,7 @@ int bench_vocab_run(const VocabBenchOptions& o) {
   j["hidden"] = o.hidden;
   j["block_tokens"] = o.block_tokens;
   j["device"] = o.device;
-  j["blas"] = ops::cpu::blas_setup().str();  // Note [OpenBLAS's kernels are ours to choose]
-  j["cpu"] = ops::cpu::cpu_features().str();
+  machine_json(j);
   j["ranks"] = W;
   for (const Variant& v : vs) j[v.name] = variant_json(v, timed, W);
   std::vector<int64_t> ns(static_cast<size_t>(W), o.tokens);
@@ -440,7 +384,7 @@ int bench_vocab_run(const VocabBenchOptions& o) {
   if (lead) {
     fmt::print("bench vocab: N = {} per rank, V = {}, H = {}, block_tokens = {}, {} rank(s), device {}\n", o.tokens,
                o.vocab, o.hidden, o.block_tokens, W, o.device);
-    fmt::print("GEMMs: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::cpu_features().str());
+    machine_print();
   }
   if (timed) {
     // Check first: every ring variant must compute what the full head computes. The full head's dW
@@ -454,8 +398,7 @@ int bench_vocab_run(const VocabBenchOptions& o) {
     for (const Variant& v : vs) {
       if (!v.ring()) continue;
       const double loss_rel = std::abs(v.loss - full.loss) / std::abs(full.loss);
-      const double dx_rel = max_over_ranks(
-          comm, max_rel_diff(v.dx_host.data(), full.dx_host.data(), static_cast<int64_t>(full.dx_host.size())));
+      const double dx_rel = max_over_ranks(comm, max_rel_diff(v.dx_host, full.dx_host));
       const double dW_rel = max_over_ranks(comm, max_rel_diff(v.dW_host.data() + sh.v0 * o.hidden,
                                                               dW_full.data() + sh.v0 * o.hidden, sh.rows * o.hidden));
       check[v.name] = {{"loss", v.loss}, {"loss_rel_diff", loss_rel}, {"dx_max_rel_diff", dx_rel},
@@ -517,37 +460,9 @@ int bench_vocab_run(const VocabBenchOptions& o) {
     }
     for (const Variant& v : vs)
       if (!v.breakdown.empty()) fmt::print("\n{}: every tensor at rank 0's device peak\n{}", v.name, v.breakdown);
-    if (!o.json.empty()) file_write_atomic(o.json, j.dump(2) + "\n");
+    json_write(o.json, j);
   }
   return 0;
 }
 
-}  // namespace
-
-void bench_vocab_register(CLI::App& parent, Runner& run) {
-  auto opts = std::make_shared<VocabBenchOptions>();
-  VocabBenchOptions& o = *opts;
-  CLI::App* sub = parent.add_subcommand("vocab", "full vs ring (Ring-DTP) vocabulary projection and loss: peaks and time");
-  sub->callback([&run, opts] { run = [opts] { return bench_vocab_run(*opts); }; });
-  sub->add_option("--tokens", o.tokens, "N, tokens per rank");
-  sub->add_option("--vocab", o.vocab, "V, vocabulary size");
-  sub->add_option("--hidden", o.hidden, "H, hidden size");
-  sub->add_option("--block-tokens", o.block_tokens, "ring: tokens per strip (vocab.block_tokens)");
-  sub->add_option("--ring-mode", o.ring_mode, "ring on W > 1 ranks: weights, activations, auto (vocab.ring_mode) or both")
-      ->check(CLI::IsMember({"weights", "activations", "auto", "both"}));
-  sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
-      ->check(CLI::IsMember({"cpu", "meta"}));
-  sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
-  sub->add_option("--warmup", o.warmup, "untimed runs first");
-  sub->add_option("--json", o.json, "write the results here");
-  sub->add_flag("--no-torch", o.no_torch, "skip the PyTorch comparison (cpu, one rank)");
-  sub->add_flag("--fsdp", o.fsdp,
-                "W > 1: the ring variants hold only their V / W rows of lm_head (the FSDP layout train uses) instead "
-                "of the whole matrix on every rank");
-  sub->add_option("--precision", o.precision, "the precision recipe: fp32 or bf16 (bf16 on --device meta only)");
-  sub->add_flag("--breakdown", o.breakdown, "print every tensor live at each variant's device peak (rank 0)");
-  sub->add_option("--torch-script", o.torch_script, "the PyTorch companion script");
-  sub->add_option("--python", o.python, "the Python with torch");
-}
-
-}  // namespace fp::cli
+}  // namespace fp::bench

@@ -1,44 +1,22 @@
-// flatpeak bench checkpoint: the plain checkpoint store (every boundary on the device) against SCO
-// (sched/ckpt/sco.h) in the same process, on the same weights and batch.
-//
-// Checks first: one forward+backward of each must give bit-identical losses and gradients (cpu).
-// Then times forward+backward (the optimizer step is left out: it does not touch the boundaries and
-// would only dilute the ratio), the variants alternating step by step so drift hits both, and
-// reports per variant the checkpoints-category peak (also in boundaries of n x H fp32), the device
-// total peak, the host peak and the median step seconds, with the sco/device ratios.
-// Legend: L layers, n = batch_size * seq_len tokens, H hidden.
+// flatpeak bench checkpoint (bench/checkpoint.h): the two variants, the bitwise check, the timed steps.
+#include "bench/checkpoint.h"
+
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
-#include "cli/commands.h"
+#include "bench/bench_common.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "io/atomic_file.h"
 #include "step/step.h"
 #include "train/run_config.h"
 
-namespace fp::cli {
+namespace fp::bench {
 
 namespace {
-
-struct BenchCheckpointOptions {
-  CommonOptions common;
-  int64_t layers = 0;  // 0: model.num_hidden_layers of the config
-  int repeats = 5;
-  int warmup = 1;
-  double link_gbps = 0;  // Note [Emulated link] (backend/backend.h); 0: plain memcpy
-  std::string json;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // One variant: its own backend (its own ledgers), the model built from the same seed.
 struct Variant {
@@ -53,11 +31,11 @@ struct Variant {
 double step_timed(Variant& v, const Batch& batch) {
   v.be->device_ledger().peaks_reset();
   v.be->host_ledger().peaks_reset();
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   v.model->zero_grads();
   v.loss = step_forward_backward(*v.model, batch).loss;
   v.be->synchronize();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = seconds_since(t0);
   v.ckpt_peak = v.be->device_ledger().peak(Category::Category_checkpoints);
   v.device_peak = v.be->device_ledger().total_peak();
   v.host_peak = v.be->host_ledger().total_peak();
@@ -87,15 +65,17 @@ nlohmann::json variant_json(const Variant& v, uint64_t boundary) {
           {"step_seconds", v.seconds}};
 }
 
+}  // namespace
+
 int bench_checkpoint_run(const BenchCheckpointOptions& o) {
-  std::vector<std::string> overrides = o.common.overrides;
+  std::vector<std::string> overrides = o.overrides;
   if (o.layers > 0) overrides.push_back(fmt::format("model.num_hidden_layers={}", o.layers));
   FP_CHECK(o.repeats >= 1 && o.warmup >= 0, "use --repeats >= 1 and --warmup >= 0", "bench checkpoint: --repeats {} --warmup {}",
            o.repeats, o.warmup);
-  RunConfig cfg = config_load(o.common.config, overrides);
+  RunConfig cfg = config_load(o.config, overrides);
   const ModelConfig& m = cfg.model;
   RoutingProfile profile = cfg.moe.routing_profile;
-  if (o.common.device == "meta" && profile.kind == RoutingProfile::Kind::Kind_router) {
+  if (o.device == "meta" && profile.kind == RoutingProfile::Kind::Kind_router) {
     profile.kind = RoutingProfile::Kind::Kind_balanced;
     log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
   }
@@ -109,14 +89,14 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
     Schedules sched = cfg.schedules;
     sched.ckpt.kind = i == 0 ? CkptSchedule::Kind::Kind_device : CkptSchedule::Kind::Kind_sco;
     v.name = i == 0 ? "device" : "sco";
-    v.be = backend_create(o.common.device, bytes_parse(o.common.device_mem), bytes_parse(o.common.host_mem));
+    v.be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
     v.be->link_set_gbps(o.link_gbps);
     v.model = std::make_unique<Model>(m, *v.be, profile, sched);
     if (v.be->computes()) v.model->init_weights(m.seed);
   }
   log_info("bench checkpoint: {} layers, {} x {} = {} tokens, hidden {}: one boundary {}; {} warmup + {} timed steps "
            "(forward+backward) on {}{}",
-           L, batch.B, batch.T, n, m.hidden_size, bytes_format(boundary), o.warmup, o.repeats, o.common.device,
+           L, batch.B, batch.T, n, m.hidden_size, bytes_format(boundary), o.warmup, o.repeats, o.device,
            o.link_gbps > 0 ? fmt::format(", copies over an emulated {} GB/s link", o.link_gbps) : "");
 
   // Check first (one step each), then time; the check step also serves as warmup.
@@ -152,7 +132,7 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
   if (!o.json.empty()) {
     nlohmann::json j;
     j["bench"] = "checkpoint";
-    j["device"] = o.common.device;
+    j["device"] = o.device;
     j["layers"] = L;
     j["tokens"] = n;
     j["hidden"] = m.hidden_size;
@@ -167,26 +147,9 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
         {"device_peak", ratio(static_cast<double>(s.device_peak), static_cast<double>(d.device_peak))},
         {"step_seconds", t_ratio},
         {"step_seconds_min", t_min_ratio}};
-    file_write_atomic(o.json, j.dump(2) + "\n");
+    json_write(o.json, j);
   }
   return 0;
 }
 
-}  // namespace
-
-void bench_checkpoint_register(CLI::App& parent, Runner& run) {
-  auto opts = std::make_shared<BenchCheckpointOptions>();
-  BenchCheckpointOptions& o = *opts;
-  CLI::App* sub = parent.add_subcommand("checkpoint", "device vs SCO checkpoint boundaries: peaks and step time");
-  sub->callback([&run, opts] { run = [opts] { return bench_checkpoint_run(*opts); }; });
-  common_register(*sub, o.common);
-  sub->add_option("--layers", o.layers, "model.num_hidden_layers (default: the config's)")->check(at_least(1));
-  sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported)");
-  sub->add_option("--warmup", o.warmup, "untimed steps per variant first (the first one is the bitwise check)");
-  sub->add_option("--link-gbps", o.link_gbps,
-                  "emulate a host-device link of this many GB/s for the copy streams (0: plain memcpy)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--json", o.json, "write the results here");
-}
-
-}  // namespace fp::cli
+}  // namespace fp::bench

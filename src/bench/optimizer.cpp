@@ -1,22 +1,10 @@
-// flatpeak bench optimizer: the optimizer step of every schedule (DESIGN.md, OffloadStreamAdamW) in
-// one run: device AdamW, offload_serial, offload_stream with the update on the device and on the
-// host, for each slot count, with the copies native (memcpy) and over each emulated link
-// (Note [Emulated link], backend.h; figures with it are emulated and labelled so).
-//
-// Reports per variant the median step time, its ratio to offload_serial in the same link mode, the
-// time the overlap model predicts (Note [OffloadStream pipeline]: each stage timed in the serial run
-// of that mode, per bucket, through the pipeline's dependencies), the device bytes of optimizer
-// state and staging, the host bytes, and whether the weights and moments equal offload_serial's bit
-// for bit (and the device AdamW's within 1e-6) after a check run before the timing, and the bus
-// floor (Note [Bus floor]). Then the CPU AdamW kernel's
-// throughput against the memory-bandwidth limit: 28 bytes per parameter (16 read, 12 written) at
-// the best memory bandwidth measured in the same run (memcpy of a large buffer on one thread and on
-// all, and a loop with AdamW's traffic and no arithmetic on the kernel's own arrays, alternating
-// with the kernel; bytes read plus written). Dimensions: P parameters, b a bucket's elements, S slots.
+// flatpeak bench optimizer (bench/optimizer.h): the synthetic layout, the bandwidth and AdamW-kernel
+// measurements, the variants' check and timing, the overlap model and the bus floor, the report.
+#include "bench/optimizer.h"
+
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -26,12 +14,11 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "cli/commands.h"
+#include "bench/bench_common.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/units.h"
-#include "io/atomic_file.h"
 #include "model/params.h"
 #include "ops/adamw.h"
 #include "ops/cpu/adamw_path.h"
@@ -39,31 +26,9 @@
 #include "sched/optim/optimizer.h"
 #include "train/run_config.h"
 
-namespace fp::cli {
+namespace fp::bench {
 
 namespace {
-
-struct BenchOptimizerOptions {
-  std::string params = "50M";
-  std::string config;  // a run config whose [model] and [optim] to use instead of --params
-  std::vector<std::string> overrides;
-  int64_t bucket_params = 0;  // 0: optim.bucket_params (1048576 by default)
-  std::vector<int64_t> slots = {2};
-  std::vector<double> link_gbps;  // emulated links (GB/s), each run after the native copies
-  int repeats = 5;
-  int warmup = 1;
-  std::string json;
-};
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // "50M" -> 50000000: K, M, G are powers of 1000 (parameter counts, not bytes).
 int64_t count_parse(const std::string& s) {
@@ -319,6 +284,8 @@ double bus_bytes_per_param(const OptimConfig& c) {
 
 std::string link_label(double gbps) { return gbps > 0 ? fmt::format("emulated {:g} GB/s", gbps) : "native memcpy"; }
 
+}  // namespace
+
 int bench_optimizer_run(const BenchOptimizerOptions& o) {
   FP_CHECK(o.repeats >= 5, "medians need at least 5 repeats", "--repeats {} is below 5", o.repeats);
   for (double l : o.link_gbps) FP_CHECK(l > 0, "--link-gbps takes GB/s (1e9 bytes/s) above 0", "--link-gbps {}", l);
@@ -537,30 +504,8 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
                         {"cpu_adamw_fraction_of_limit", adamw_rate / limit},
                         {"all_bits_equal", all_equal},
                         {"variants", jv}};
-  if (!o.json.empty()) file_write_atomic(o.json, out.dump(2) + "\n");
+  json_write(o.json, out);
   return 0;
 }
 
-}  // namespace
-
-void bench_optimizer_register(CLI::App& parent, Runner& run) {
-  auto opts = std::make_shared<BenchOptimizerOptions>();
-  BenchOptimizerOptions& o = *opts;
-  CLI::App* sub = parent.add_subcommand(
-      "optimizer", "device / offload_serial / offload_stream AdamW: step time, memory, CPU AdamW vs bandwidth");
-  sub->callback([&run, opts] { run = [opts] { return bench_optimizer_run(*opts); }; });
-  sub->add_option("--params", o.params, "parameter count of the synthetic MoE layout (50M, 1.5G, ...)");
-  sub->add_option("--config", o.config, "use this run config's [model] and [optim] instead of --params");
-  sub->add_option("--set", o.overrides, "override a config key (repeatable; with --config)");
-  sub->add_option("--bucket-params", o.bucket_params, "parameters per bucket (default: optim.bucket_params)");
-  sub->add_option("--slots", o.slots, "staging slot counts to run, comma separated")->delimiter(',');
-  sub->add_option("--link-gbps", o.link_gbps,
-                  "also run over an emulated host-device link of X GB/s (1e9 bytes/s per direction; comma "
-                  "separated for several): copies take bytes / X seconds")
-      ->delimiter(',');
-  sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported, >= 5)");
-  sub->add_option("--warmup", o.warmup, "untimed steps first (the first copies the master)");
-  sub->add_option("--json", o.json, "write the results here");
-}
-
-}  // namespace fp::cli
+}  // namespace fp::bench

@@ -1,0 +1,58 @@
+// What the benchmarks (bench/*.h) share: wall-clock seconds and medians of repeats, reductions over
+// the ranks, the relative difference the variant checks compare, the GEMM library and CPU every
+// report names, and the --json results file. Each benchmark is a library function over a plain
+// options struct; `flatpeak bench ...` (cli/bench.cpp) only parses the command line into it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/dtype.h"
+
+namespace fp::bench {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0);
+
+// The median of the values (the mean of the middle two for an even count); NaN when there are none.
+double median(std::vector<double> v);
+
+// The largest v over the ranks (every rank passes its own and gets the largest): floating values
+// travel as float64, integers as int64.
+template <class T>
+T max_over_ranks(Comm& comm, T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    double d = static_cast<double>(v);
+    comm.all_reduce_max(&d, 1, DType::DType_F64);
+    return static_cast<T>(d);
+  } else {
+    int64_t d = static_cast<int64_t>(v);
+    comm.all_reduce_max(&d, 1, DType::DType_I64);
+    return static_cast<T>(d);
+  }
+}
+
+// max_i |got_i - ref_i| / max_i |ref_i| over n elements (the absolute difference when ref is all
+// zero); infinite when got holds a NaN or an infinity, so a check against a bound fails.
+double max_rel_diff(const float* got, const float* ref, int64_t n);
+inline double max_rel_diff(const std::vector<float>& got, const std::vector<float>& ref) {
+  return max_rel_diff(got.data(), ref.data(), static_cast<int64_t>(ref.size()));
+}
+
+// The machine a result was measured on: the GEMM library's setup (Note [OpenBLAS's kernels are ours
+// to choose]) and the CPU's features, as j["blas"] and j["cpu"], and printed as the report's
+// "GEMMs: ..." and "cpu: ..." lines.
+void machine_json(nlohmann::json& j);
+void machine_print();
+
+// The results file: j written atomically (2-space indent, a final newline) to path; nothing when
+// path is empty (no --json).
+void json_write(const std::string& path, const nlohmann::json& j);
+
+}  // namespace fp::bench

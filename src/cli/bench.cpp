@@ -1,0 +1,132 @@
+// flatpeak bench step | vocab | checkpoint | optimizer | dispatch: each subcommand's flags, help and
+// validators, parsed into the benchmark's options (bench/*.h), whose library function measures,
+// prints and writes the results.
+#include <memory>
+
+#include "bench/checkpoint.h"
+#include "bench/dispatch.h"
+#include "bench/optimizer.h"
+#include "bench/step.h"
+#include "bench/vocab.h"
+#include "cli/commands.h"
+
+namespace fp::cli {
+
+void bench_step_register(CLI::App& parent, Runner& run) {
+  auto opts = std::make_shared<bench::BenchStepOptions>();
+  bench::BenchStepOptions& o = *opts;
+  CLI::App* step = parent.add_subcommand("step", "the training step: speed, memory, GEMM rate, MFU");
+  step->callback([&run, opts] { run = [opts] { return bench::bench_step_run(*opts); }; });
+  step->add_option("--config", o.config, "model configuration (TOML)")->required();
+  step->add_option("--set", o.overrides, "override a config key (repeatable)");
+  step->add_option("--repeats", o.repeats, "timed steps (median reported)");
+  step->add_option("--warmup", o.warmup, "untimed steps first");
+  step->add_option("--json", o.json, "write the results here");
+  step->add_option("--case", o.case_path, "also write the weights and batch (safetensors) for the PyTorch twin");
+}
+
+void bench_vocab_register(CLI::App& parent, Runner& run) {
+  auto opts = std::make_shared<bench::BenchVocabOptions>();
+  bench::BenchVocabOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand("vocab", "full vs ring (Ring-DTP) vocabulary projection and loss: peaks and time");
+  sub->callback([&run, opts] { run = [opts] { return bench::bench_vocab_run(*opts); }; });
+  sub->add_option("--tokens", o.tokens, "N, tokens per rank");
+  sub->add_option("--vocab", o.vocab, "V, vocabulary size");
+  sub->add_option("--hidden", o.hidden, "H, hidden size");
+  sub->add_option("--block-tokens", o.block_tokens, "ring: tokens per strip (vocab.block_tokens)");
+  sub->add_option("--ring-mode", o.ring_mode, "ring on W > 1 ranks: weights, activations, auto (vocab.ring_mode) or both")
+      ->check(CLI::IsMember({"weights", "activations", "auto", "both"}));
+  sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
+      ->check(CLI::IsMember({"cpu", "meta"}));
+  sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
+  sub->add_option("--warmup", o.warmup, "untimed runs first");
+  sub->add_option("--json", o.json, "write the results here");
+  sub->add_flag("--no-torch", o.no_torch, "skip the PyTorch comparison (cpu, one rank)");
+  sub->add_flag("--fsdp", o.fsdp,
+                "W > 1: the ring variants hold only their V / W rows of lm_head (the FSDP layout train uses) instead "
+                "of the whole matrix on every rank");
+  sub->add_option("--precision", o.precision, "the precision recipe: fp32 or bf16 (bf16 on --device meta only)");
+  sub->add_flag("--breakdown", o.breakdown, "print every tensor live at each variant's device peak (rank 0)");
+  sub->add_option("--torch-script", o.torch_script, "the PyTorch companion script");
+  sub->add_option("--python", o.python, "the Python with torch");
+}
+
+void bench_checkpoint_register(CLI::App& parent, Runner& run) {
+  // The run's flags are every command's (common_register); the runner hands them to the benchmark.
+  struct Parsed {
+    CommonOptions common;
+    bench::BenchCheckpointOptions bench;
+  };
+  auto opts = std::make_shared<Parsed>();
+  bench::BenchCheckpointOptions& o = opts->bench;
+  CLI::App* sub = parent.add_subcommand("checkpoint", "device vs SCO checkpoint boundaries: peaks and step time");
+  sub->callback([&run, opts] {
+    run = [opts] {
+      const CommonOptions& c = opts->common;
+      bench::BenchCheckpointOptions b = opts->bench;
+      b.config = c.config;
+      b.overrides = c.overrides;
+      b.device = c.device;
+      b.device_mem = c.device_mem;
+      b.host_mem = c.host_mem;
+      return bench::bench_checkpoint_run(b);
+    };
+  });
+  common_register(*sub, opts->common);
+  sub->add_option("--layers", o.layers, "model.num_hidden_layers (default: the config's)")->check(at_least(1));
+  sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported)");
+  sub->add_option("--warmup", o.warmup, "untimed steps per variant first (the first one is the bitwise check)");
+  sub->add_option("--link-gbps", o.link_gbps,
+                  "emulate a host-device link of this many GB/s for the copy streams (0: plain memcpy)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--json", o.json, "write the results here");
+}
+
+void bench_optimizer_register(CLI::App& parent, Runner& run) {
+  auto opts = std::make_shared<bench::BenchOptimizerOptions>();
+  bench::BenchOptimizerOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand(
+      "optimizer", "device / offload_serial / offload_stream AdamW: step time, memory, CPU AdamW vs bandwidth");
+  sub->callback([&run, opts] { run = [opts] { return bench::bench_optimizer_run(*opts); }; });
+  sub->add_option("--params", o.params, "parameter count of the synthetic MoE layout (50M, 1.5G, ...)");
+  sub->add_option("--config", o.config, "use this run config's [model] and [optim] instead of --params");
+  sub->add_option("--set", o.overrides, "override a config key (repeatable; with --config)");
+  sub->add_option("--bucket-params", o.bucket_params, "parameters per bucket (default: optim.bucket_params)");
+  sub->add_option("--slots", o.slots, "staging slot counts to run, comma separated")->delimiter(',');
+  sub->add_option("--link-gbps", o.link_gbps,
+                  "also run over an emulated host-device link of X GB/s (1e9 bytes/s per direction; comma "
+                  "separated for several): copies take bytes / X seconds")
+      ->delimiter(',');
+  sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported, >= 5)");
+  sub->add_option("--warmup", o.warmup, "untimed steps first (the first copies the master)");
+  sub->add_option("--json", o.json, "write the results here");
+}
+
+void bench_dispatch_register(CLI::App& parent, Runner& run) {
+  auto opts = std::make_shared<bench::BenchDispatchOptions>();
+  bench::BenchDispatchOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand(
+      "dispatch", "standard vs llep vs pipelined_llep expert dispatch (one MoE block): peaks, loads, time");
+  sub->callback([&run, opts] { run = [opts] { return bench::bench_dispatch_run(*opts); }; });
+  sub->add_option("--tokens", o.tokens, "N, tokens per rank");
+  sub->add_option("--experts", o.experts, "E, experts (a multiple of the rank count)");
+  sub->add_option("--top-k", o.top_k, "k, experts per token");
+  sub->add_option("--hidden", o.hidden, "H, hidden size");
+  sub->add_option("--intermediate", o.intermediate, "I, expert FFN width");
+  sub->add_option("--profile", o.profile, "routing profile: balanced or hot:R:H");
+  sub->add_option("--chunk-cap", o.chunk_cap, "c, tokens per source per chunk (pipelined.chunk_cap)");
+  sub->add_option("--max-chunks", o.max_chunks, "K_max (pipelined.max_chunks)");
+  sub->add_option("--lambda", o.lambda, "llep.lambda");
+  sub->add_option("--alpha", o.alpha, "llep.alpha");
+  sub->add_option("--min-tokens-per-gemm", o.min_tokens_per_gemm, "llep.min_tokens_per_gemm");
+  sub->add_option("--token-chunk", o.token_chunk,
+                  "also run pipelined_llep (strided) with the MoE block's token side in chunks of this many tokens "
+                  "(moe.token_chunk; 0: not)");
+  sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
+      ->check(CLI::IsMember({"cpu", "meta"}));
+  sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
+  sub->add_option("--warmup", o.warmup, "untimed runs first");
+  sub->add_option("--json", o.json, "write the results here");
+}
+
+}  // namespace fp::cli
