@@ -21,7 +21,8 @@
 
 #include "core/stream.h"
 #include "memory/arena.h"
-#include "ops/kernels.h"
+#include "backend/kernels.h"
+#include "comm/data_comm.h"
 
 namespace fp {
 
@@ -40,7 +41,11 @@ class Backend {
   virtual std::string_view name() const = 0;
   // False on meta: nothing is computed, data-dependent sizes come from a routing profile.
   virtual bool computes() const = 0;
-  const ops::Kernels& kernels() const { return *kernels_; }
+  // The kernel table bound to the compute stream (K.gemm(...)), or to another stream of this backend
+  // (Note [Kernel execution context] in backend/kernels.h).
+  ops::KernelLauncher kernels() const { return ops::KernelLauncher(*kernels_, *compute_); }
+  ops::KernelLauncher kernels_on(Stream& s) const { return ops::KernelLauncher(*kernels_, s); }
+  const ops::Kernels& kernel_table() const { return *kernels_; }
   // Replaces the kernel table (benchmarks: ops::kernels_cpu_gemm_profiled). Same backend semantics.
   void kernels_set(const ops::Kernels& k) { kernels_ = &k; }
 
@@ -73,6 +78,11 @@ class Backend {
   // On meta it must not be called for data (there is none): asserts.
   virtual void copy_to_host(void* dst, const void* src, uint64_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, uint64_t bytes) = 0;
+
+  // The data channel of this backend's device buffers over the run's control channel (comm/data_comm.h):
+  // cpu moves them through the control engine (its device memory is host memory), meta moves nothing.
+  // `control` must outlive the channel.
+  virtual std::unique_ptr<DataComm> data_channel(Comm& control) const = 0;
 
   // Note [Emulated link]: for schedule studies on a machine without a device, the copy streams can
   // emulate a host-device link of gbps GB/s (1e9 bytes per second, each direction on its own: PCIe

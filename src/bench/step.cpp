@@ -14,7 +14,7 @@
 #include "io/safetensors.h"
 #include "memory/report.h"
 #include "ops/gemm.h"
-#include "ops/gemm_profile.h"
+#include "backend/cpu/gemm_profile.h"
 #include "sched/optim/optimizer.h"
 #include "step/step.h"
 #include "train/run_config.h"

@@ -27,7 +27,7 @@
 #include "core/rng.h"
 #include "core/units.h"
 #include "memory/report.h"
-#include "ops/gemm_profile.h"
+#include "backend/cpu/gemm_profile.h"
 #include "sched/vocab/ring_dtp.h"
 #include "sched/vocab/vocab_head.h"
 

@@ -1,11 +1,16 @@
-// Communication between the ranks of a run: one interface over an existing engine (MPI now, NCCL with
-// the CUDA backend later). `single` is the one-process world and needs no MPI at run time.
+// Communication between the ranks of a run, in two channels (PyTorch's c10d splits them alike):
 //
-// Buffers are data pointers of this process (device tensors of the cpu backend are host memory; a
-// CUDA backend's NCCL engine takes device pointers). A null pointer means "no data" (the meta
-// backend): the call still takes place on every rank, so collectives stay matched, but that buffer
-// moves nothing (its counts are taken as 0; in all_to_all_v and send_recv each side on its own, since
-// an empty cpu tensor has a null pointer too while the rank's other side may hold data).
+//   Comm      the control channel (this file): host memory, blocking. Counts, plans, token totals,
+//             loss sums, signals; and the engine the data channel of a host-memory backend runs on.
+//             MPI when launched by mpirun, the one-process world, or a thread world (thread_comm.h).
+//   DataComm  the data channel (comm/data_comm.h): device buffers, ordered with a stream. Each backend
+//             makes its own over the control channel (Backend::data_channel): the cpu backend's runs on
+//             this engine (its device memory is host memory), the meta backend's moves nothing, a CUDA
+//             backend's will be NCCL.
+//
+// Buffers are host memory of this process. A pointer may be null only where its count is 0 (an
+// empty tensor's data pointer is null); nothing else is read from a null pointer: "no data at all"
+// is the meta backend's data channel, never a convention of this one.
 // Counts are elements of the given dtype (f32, f64, i64, i32, or bytes for raw transfers).
 //
 // Errors: every engine call goes through one checking macro (FP_MPI_CHECK in mpi_comm.cpp) that
@@ -18,6 +23,7 @@
 #include <string_view>
 
 #include "core/dtype.h"
+#include "core/error.h"
 
 namespace fp {
 
@@ -66,6 +72,16 @@ class Comm {
   // Ends every rank of the run with this exit code (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
 };
+
+// The engines' check of the rule above: a null buffer with a count (the old meta convention) is a bug.
+inline void comm_buffer_check(const void* p, int64_t n, const char* call) {
+  FP_ASSERT(p != nullptr || n == 0, "{}: {} elements to or from a null buffer", call, n);
+}
+inline int64_t comm_count_sum(const int64_t* counts, int size) {
+  int64_t n = 0;
+  for (int i = 0; i < size; ++i) n += counts[i];
+  return n;
+}
 
 // The single-process world (rank 0 of 1): collectives are copies or nothing.
 std::unique_ptr<Comm> comm_single();

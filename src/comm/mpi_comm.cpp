@@ -76,23 +76,24 @@ class MpiComm final : public Comm {
   void all_reduce_max(void* data, int64_t n, DType t) override { reduce(data, n, t, MPI_MAX); }
 
   void all_gather(const void* send, void* recv, int64_t n, DType t) override {
-    if (send == nullptr || recv == nullptr) n = 0;
+    comm_buffer_check(send, n, "all_gather");
+    comm_buffer_check(recv, n, "all_gather");
     FP_MPI_CHECK(MPI_Allgather(send, count_of(n), mpi_type(t), recv, count_of(n), mpi_type(t), comm_));
   }
   void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t) override {
-    if (send == nullptr || recv == nullptr) n = 0;
+    comm_buffer_check(send, n, "reduce_scatter_sum");
+    comm_buffer_check(recv, n, "reduce_scatter_sum");
     FP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count_of(n), mpi_type(t), MPI_SUM, comm_));
   }
   void all_to_all_v(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
                     DType t) override {
-    // Each side on its own: a null send (meta) sends nothing, a null receive (meta) takes nothing. An
-    // empty cpu tensor also has a null pointer, but then its counts are 0 anyway, and the other side of
-    // this rank (say, rows it sends while receiving none) must still move.
+    comm_buffer_check(send, comm_count_sum(send_counts, size_), "all_to_all_v");
+    comm_buffer_check(recv, comm_count_sum(recv_counts, size_), "all_to_all_v");
     std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
     int64_t so = 0, ro = 0;
     for (int i = 0; i < size_; ++i) {
-      sc[i] = send == nullptr ? 0 : count_of(send_counts[i]);
-      rc[i] = recv == nullptr ? 0 : count_of(recv_counts[i]);
+      sc[i] = count_of(send_counts[i]);
+      rc[i] = count_of(recv_counts[i]);
       sd[i] = count_of(so);
       rd[i] = count_of(ro);
       so += sc[i];
@@ -102,15 +103,15 @@ class MpiComm final : public Comm {
                                comm_));
   }
   void send_recv(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src, DType t) override {
-    if (send == nullptr) n = 0;
-    if (recv == nullptr) n_recv = 0;
+    comm_buffer_check(send, n, "send_recv");
+    comm_buffer_check(recv, n_recv, "send_recv");
     FP_MPI_CHECK(MPI_Sendrecv(send, count_of(n), mpi_type(t), dst, kTagShift, recv, count_of(n_recv), mpi_type(t),
                               src, kTagShift, comm_, MPI_STATUS_IGNORE));
   }
   CommRequest send_recv_start(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src,
                               DType t) override {
-    if (send == nullptr) n = 0;
-    if (recv == nullptr) n_recv = 0;
+    comm_buffer_check(send, n, "send_recv_start");
+    comm_buffer_check(recv, n_recv, "send_recv_start");
     // A free slot, or a new one: the pool grows to the most transfers ever in flight at once, then
     // starting a transfer allocates nothing.
     int64_t slot;
@@ -156,7 +157,7 @@ class MpiComm final : public Comm {
     r.slot = -1;
   }
   void reduce(void* data, int64_t n, DType t, MPI_Op op) {
-    if (data == nullptr) n = 0;
+    comm_buffer_check(data, n, "all_reduce");
     FP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), mpi_type(t), op, comm_));
   }
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -1,4 +1,4 @@
-// ThreadWorld: W ranks as threads of one process (Note [Calls without data in a thread world]).
+// ThreadWorld: W ranks as threads of one process (thread_comm.h).
 #include "comm/thread_comm.h"
 
 #include <algorithm>
@@ -10,8 +10,8 @@
 
 namespace fp {
 
-ThreadWorld::ThreadWorld(int world, ThreadWorldMode mode)
-    : world_(world), mode_(mode), posts_(static_cast<size_t>(std::max(world, 1))) {
+ThreadWorld::ThreadWorld(int world)
+    : world_(world), posts_(static_cast<size_t>(std::max(world, 1))) {
   FP_CHECK(world >= 1, "give at least one rank", "a thread world of {} ranks", world);
 }
 
@@ -53,21 +53,23 @@ class ThreadWorld::RankComm final : public Comm {
   void all_reduce_max(void* data, int64_t n, DType t) override { reduce(data, n, t, true); }
 
   void all_gather(const void* send, void* recv, int64_t n, DType t) override {
-    if (!meet({send, nullptr, n, -1, send != nullptr || recv != nullptr})) return;
+    comm_buffer_check(send, n, "all_gather");
+    comm_buffer_check(recv, n, "all_gather");
+    meet({send, nullptr, n, -1});
     const size_t b = static_cast<size_t>(n) * dtype_size(t);
-    for (int r = 0; r < size(); ++r)
-      if (recv != nullptr && w_.posts_[r].send != nullptr)
-        std::memcpy(static_cast<char*>(recv) + r * b, w_.posts_[r].send, b);
+    if (b > 0)
+      for (int r = 0; r < size(); ++r) std::memcpy(static_cast<char*>(recv) + r * b, w_.posts_[r].send, b);
     w_.wait();
   }
 
   void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t) override {
-    if (!meet({send, nullptr, n, -1, send != nullptr || recv != nullptr})) return;
-    if (recv != nullptr) {
+    comm_buffer_check(send, n, "reduce_scatter_sum");
+    comm_buffer_check(recv, n, "reduce_scatter_sum");
+    meet({send, nullptr, n, -1});
+    if (n > 0) {
       std::vector<char> acc(static_cast<size_t>(n) * dtype_size(t), 0);
       for (int r = 0; r < size(); ++r)
-        if (w_.posts_[r].send != nullptr)
-          accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send) + rank_ * acc.size(), n, t, false, r == 0);
+        accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send) + rank_ * acc.size(), n, t, false, r == 0);
       std::memcpy(recv, acc.data(), acc.size());
     }
     w_.wait();
@@ -75,17 +77,19 @@ class ThreadWorld::RankComm final : public Comm {
 
   void all_to_all_v(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
                     DType t) override {
-    if (!meet({send, send_counts, 0, -1, send != nullptr || recv != nullptr})) return;
+    comm_buffer_check(send, comm_count_sum(send_counts, size()), "all_to_all_v");
+    comm_buffer_check(recv, comm_count_sum(recv_counts, size()), "all_to_all_v");
+    meet({send, send_counts, 0, -1});
     const size_t b = dtype_size(t);
     int64_t recv_off = 0;
     for (int src = 0; src < size(); ++src) {
       const Post& p = w_.posts_[src];
       int64_t off = 0;
       for (int d = 0; d < rank_; ++d) off += p.send_counts[d];
-      FP_ASSERT(p.send == nullptr || recv == nullptr || p.send_counts[rank_] == recv_counts[src],
+      FP_ASSERT(p.send_counts[rank_] == recv_counts[src],
                 "thread world: rank {} expects {} elements from rank {}, which sends {}", rank_, recv_counts[src], src,
                 p.send_counts[rank_]);
-      if (recv != nullptr && p.send != nullptr)
+      if (recv_counts[src] > 0)
         std::memcpy(static_cast<char*>(recv) + recv_off * b, static_cast<const char*>(p.send) + off * b,
                     static_cast<size_t>(recv_counts[src]) * b);
       recv_off += recv_counts[src];
@@ -94,12 +98,14 @@ class ThreadWorld::RankComm final : public Comm {
   }
 
   void send_recv(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src, DType t) override {
-    if (!meet({send, nullptr, n, dst, send != nullptr || recv != nullptr})) return;
+    comm_buffer_check(send, n, "send_recv");
+    comm_buffer_check(recv, n_recv, "send_recv");
+    meet({send, nullptr, n, dst});
     const Post& p = w_.posts_[src];
     FP_ASSERT(p.dst == rank_, "thread world: rank {} receives from {}, which sends to {}", rank_, src, p.dst);
-    FP_ASSERT(p.send == nullptr || recv == nullptr || p.n == n_recv,
-              "thread world: rank {} expects {} elements from rank {}, which sends {}", rank_, n_recv, src, p.n);
-    if (recv != nullptr && p.send != nullptr) std::memcpy(recv, p.send, static_cast<size_t>(n_recv) * dtype_size(t));
+    FP_ASSERT(p.n == n_recv, "thread world: rank {} expects {} elements from rank {}, which sends {}", rank_, n_recv,
+              src, p.n);
+    if (n_recv > 0) std::memcpy(recv, p.send, static_cast<size_t>(n_recv) * dtype_size(t));
     w_.wait();
   }
 
@@ -109,37 +115,22 @@ class ThreadWorld::RankComm final : public Comm {
   }
 
  private:
-  // Publishes this rank's side of a call and waits until every rank has
-  // published; false when the call carries no data and so completes without
-  // exchanging anything (Note [Calls without data in a thread world]). After a
-  // true return the caller reads the posts, then calls w_.wait() once more.
-  bool meet(const Post& p) {
-    if (!p.data && w_.mode_ == ThreadWorldMode::ThreadWorldMode_fast) return false;
+  // Publishes this rank's side of a call and waits until every rank has published. The caller then
+  // reads the posts and calls w_.wait() once more.
+  void meet(const Post& p) {
     w_.posts_[rank_] = p;
     w_.wait();
     if (rank_ == 0) ++w_.meetings_;
-    if (w_.mode_ == ThreadWorldMode::ThreadWorldMode_checked) {
-      for (int r = 0; r < size(); ++r)
-        FP_ASSERT(w_.posts_[r].data == p.data,
-                  "thread world: rank {} calls with{} data where rank {} calls with{} (Note [Calls without "
-                  "data in a thread world])",
-                  rank_, p.data ? "" : "out", r, w_.posts_[r].data ? "" : "out");
-      if (!p.data) {
-        w_.wait();
-        return false;
-      }
-    }
-    return true;
   }
 
   void reduce(void* data, int64_t n, DType t, bool max) {
-    if (!meet({data, nullptr, n, -1, data != nullptr})) return;
+    comm_buffer_check(data, n, "all_reduce");
+    meet({data, nullptr, n, -1});
     std::vector<char> acc(static_cast<size_t>(n) * dtype_size(t), 0);
-    for (int r = 0; r < size(); ++r)
-      if (w_.posts_[r].send != nullptr)
-        accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send), n, t, max, r == 0);
+    for (int r = 0; r < size() && n > 0; ++r)
+      accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send), n, t, max, r == 0);
     w_.wait();  // every rank has read every input before any rank overwrites its own
-    std::memcpy(data, acc.data(), acc.size());
+    if (n > 0) std::memcpy(data, acc.data(), acc.size());
     w_.wait();
   }
 

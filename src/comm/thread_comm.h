@@ -5,18 +5,12 @@
 // what it sends itself: every rank must run its own step, and host buffers
 // (counts, loads, token counts) move for real.
 //
-// Note [Calls without data in a thread world]
-// On the meta backend every device buffer is null and every host buffer is not.
-// A call whose buffers on this rank are all null (a ring-attention hop, an FSDP
-// gather, a dispatch all-to-all) moves nothing on any rank, so it completes at
-// once without meeting the other ranks: a W-rank step then costs one meeting
-// per host exchange, not one per hop (W = 64 ranks on 2 cores: 64 thread
-// switches per meeting). That is sound only when every rank agrees on which
-// calls carry data; mode ThreadWorldMode::ThreadWorldMode_checked meets on
-// every call and asserts that agreement (tests use it), ThreadWorldMode_fast
-// trusts it (the planner).
+// Every call meets: host data moves for real on every backend. On the meta backend the device
+// buffers move through the meta data channel (comm/data_comm.h), which never reaches the world, so a
+// W-rank plan costs one meeting per control-channel call, not one per hop (W = 64 ranks on 2 cores:
+// 64 thread switches per meeting).
 //
-// Every call that meets is a collective of all W threads, send_recv included
+// Every call is a collective of all W threads, send_recv included
 // (each rank posts what it sends to whom and takes what its source posted for
 // it): the engine's ring hops and LLEP's weight rounds are called by every rank
 // in the same order. A rank that throws breaks the world: the others throw from
@@ -32,11 +26,9 @@
 
 namespace fp {
 
-enum class ThreadWorldMode { ThreadWorldMode_fast, ThreadWorldMode_checked };
-
 class ThreadWorld {
  public:
-  explicit ThreadWorld(int world, ThreadWorldMode mode = ThreadWorldMode::ThreadWorldMode_checked);
+  explicit ThreadWorld(int world);
   ThreadWorld(const ThreadWorld&) = delete;
   ThreadWorld& operator=(const ThreadWorld&) = delete;
 
@@ -58,7 +50,6 @@ class ThreadWorld {
     const int64_t* send_counts = nullptr;
     int64_t n = 0;
     int dst = -1;
-    bool data = false;  // this rank's call carries data (checked mode)
   };
 
   // A barrier of all W threads that throws once any rank has failed.
@@ -66,7 +57,6 @@ class ThreadWorld {
   void breaks();
 
   int world_;
-  ThreadWorldMode mode_;
   std::vector<Post> posts_;
   std::atomic<int> arrived_{0};
   std::atomic<uint64_t> generation_{0};

@@ -63,6 +63,9 @@ class Stream {
   virtual void wait(const Event& e) = 0;
   // Blocks the host until everything enqueued so far has run; rethrows a task's error.
   virtual void synchronize() = 0;
+  // True when enqueue runs the work on the calling thread before returning (the cpu backend's inline
+  // streams): a cpu kernel on such a stream is a plain call (backend/kernels.cpp).
+  virtual bool runs_inline() const { return false; }
   // Note [Stream delays for testing] (backend/cpu/cpu_stream.h): a hook called before every task of
   // a stream that runs its tasks on a thread of its own; ignored by the others.
   virtual void set_delay_hook(std::function<void()> hook) { (void)hook; }

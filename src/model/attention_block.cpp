@@ -37,7 +37,7 @@ void rmsnorm_backward(Backend& be, const float* x, const float* w, const float* 
 Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep) {
   if (s.cfg.is_deepseek()) return mla_block_forward(s, lp, x, keep);
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim;
@@ -107,7 +107,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
 void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx) {
   if (s.cfg.is_deepseek()) return mla_block_backward(s, lp, x, a, dx);
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim;

@@ -29,7 +29,7 @@ struct DispatchActs {
 // What every block of one step shares.
 struct StepContext {
   StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm)
-      : be(b), cfg(c), rope(rope_table(c)), profile(p), comm(cm) {}
+      : be(b), cfg(c), rope(rope_table(c)), profile(p), comm(cm), data_channel(b.data_channel(cm)), data(*data_channel) {}
   Backend& be;
   const ModelConfig& cfg;
   // The model's RoPE frequencies (Note [RoPE scaling as transformers computes it]), once per step
@@ -37,7 +37,12 @@ struct StepContext {
   RopeTable rope;
   ops::RopeFreqs rope_freqs() const { return {rope.inv_freq.data(), static_cast<float>(rope.attention_factor)}; }
   RoutingProfile profile;
-  Comm& comm;                // context-parallel ranks (size 1: one process); experts sharded over them
+  // The ranks (context-parallel, experts sharded over them; size 1: one process): the control channel
+  // for host data (counts, plans, totals) and the backend's data channel for device buffers, whose
+  // calls are ordered with a stream (comm/data_comm.h).
+  Comm& comm;
+  std::unique_ptr<DataComm> data_channel;
+  DataComm& data;
   // The dtype of each kind of tensor (Note [Which dtype each allocation gets] in core/precision.h):
   // every block allocates in it; all f32 unless the model's schedules say otherwise.
   Precision precision;

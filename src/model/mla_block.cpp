@@ -41,7 +41,7 @@ float mla_softmax_scale(const ModelConfig& c) {
 
 Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim,
                 dr = c.qk_rope_head_dim, dqk = dn + dr, dv = c.v_head_dim, kl = c.kv_lora_rank, ql = c.q_lora_rank;
@@ -131,7 +131,7 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
 void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim,
                 dr = c.qk_rope_head_dim, dqk = dn + dr, dv = c.v_head_dim, kl = c.kv_lora_rank, ql = c.q_lora_rank;

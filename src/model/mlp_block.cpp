@@ -20,7 +20,7 @@ ExpertWeights mlp_weights(const LayerParams& lp) {
 Tensor mlp_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MlpActs* keep, Category out_cat,
                          const std::string& out_name) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size;
   MlpActs local;
@@ -50,7 +50,7 @@ Tensor mlp_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
 
 void mlp_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MlpActs& a, Tensor& dx) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size;
   // The FFN's backward consumes its dy: a copy of d x2, whose residual part stays in dx.

@@ -49,7 +49,7 @@ ExpertDispatch& expert_dispatch(StepContext& s) {
 // the device]).
 void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, bool assign_profile) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
   a.h2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.h2");
@@ -236,7 +236,7 @@ Tensor moe_dh2_start(StepContext& s, const LayerParams& lp, MoeActs& a, const Te
 void router_norm_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, Tensor& dw,
                           const Tensor& aux_bias, Tensor& dh2, Tensor& dx) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
   // router: through the top-k weights, the softmax (or sigmoid), and the load-balancing loss.
@@ -269,7 +269,7 @@ void router_norm_backward(StepContext& s, const LayerParams& lp, const Tensor& x
 Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Tensor& x1, RouterStats* stats,
                                  Category out_cat, const std::string& out_name) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok, c = s.moe_token_chunk;
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
   MoeActs a;
@@ -298,7 +298,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
                          Category out_cat, const std::string& out_name) {
   if (!keep && moe_chunked(s)) return moe_block_forward_chunked(s, lp, x1, stats, out_cat, out_name);
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, m = n * k;
   MoeActs local;
@@ -361,7 +361,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
 void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs& a, const Tensor& aux_bias,
                         Tensor& dx) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, k = c.num_experts_per_tok;
 
@@ -403,7 +403,7 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
   }
   // Note [The MoE token side in chunks]: the recompute and the backward, chunk by chunk.
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, k = c.num_experts_per_tok, ct = s.moe_token_chunk;
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;

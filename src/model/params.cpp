@@ -133,6 +133,7 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
     single_ = comm_single();
     comm_ = single_.get();
   }
+  data_ = be.data_channel(*comm_);
   const int W = comm_->size();
   experts_ = expert_layout(comm_->rank(), W, cfg.num_experts);  // a user error unless W divides E
   layers.resize(cfg.num_hidden_layers);
@@ -238,7 +239,8 @@ void ParamStore::unit_gather(int64_t ui) {
   for (size_t i = 0; i < u.params.size(); ++i) {
     Param& p = *u.params[i];
     // Rank r's Rp rows land at rows [r Rp, (r + 1) Rp): the first R rows are the tensor in order.
-    comm_->all_gather(p.w_shard.data(), ptr_at_elems(u.w, u.offset[i]), p.w_shard.numel(), p.w_shard.dtype());
+    data_->all_gather(be_.compute_stream(), p.w_shard.data(), ptr_at_elems(u.w, u.offset[i]), p.w_shard.numel(),
+                      p.w_shard.dtype());
     p.w = Tensor::view(u.w, u.offset[i], p.shape, p.name);
   }
 }
@@ -254,7 +256,7 @@ void ParamStore::unit_grad_begin(int64_t ui) {
   if (units_.empty()) return;
   Unit& u = units_[static_cast<size_t>(ui)];
   FP_ASSERT(!u.g.defined(), "unit {} {} already has its gradient", ui, u.name);
-  const ops::Kernels& K = be_.kernels();
+  const ops::KernelLauncher K = be_.kernels();
   u.g = be_.alloc(Category::Category_grads, {u.numel}, precision_.grads, u.name + ".grad");
   K.fill(u.g.f32(), 0.0f, u.numel);
   for (size_t i = 0; i < u.params.size(); ++i) {
@@ -273,7 +275,8 @@ void ParamStore::unit_grad_reduce(int64_t ui) {
     Param& p = *u.params[i];
     // Padding rows of the unsharded gradient are zero (nothing writes past row R), so the shard's
     // padding stays zero.
-    comm_->reduce_scatter_sum(ptr_at_elems(u.g, u.offset[i]), p.g_shard.data(), p.g_shard.numel(), p.g_shard.dtype());
+    data_->reduce_scatter_sum(be_.compute_stream(), ptr_at_elems(u.g, u.offset[i]), p.g_shard.data(),
+                              p.g_shard.numel(), p.g_shard.dtype());
     p.g.reset();
   }
   u.g.reset();

@@ -221,7 +221,8 @@ class ParamStore {
   Backend& be_;
   const ModelConfig cfg_;
   std::unique_ptr<Comm> single_;  // the one-process world when no comm is given
-  Comm* comm_;
+  Comm* comm_;                      // the control channel (host data)
+  std::unique_ptr<DataComm> data_;  // the backend's data channel over it (device shards)
   std::deque<Param> params_;  // a deque: Param* stay valid as it grows
   std::vector<ParamInfo> layout_;  // empty until layout() is first called
   ExpertLayout experts_;

@@ -24,7 +24,8 @@ RingGeometry ring_geometry(const StepContext& s) {
 
 // Sends `t` to the next rank and receives the previous rank's into `into` (same shape).
 void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into) {
-  s.comm.send_recv(t.data(), t.numel(), g.next(), into.data(), into.numel(), g.prev(), t.dtype());
+  s.data.send_recv(s.be.compute_stream(), t.data(), t.numel(), g.next(), into.data(), into.numel(), g.prev(),
+                   t.dtype());
 }
 
 // The key positions of the block this rank holds after `step` hops; none on meta, which computes
@@ -49,7 +50,7 @@ void ring_sizes_check(const StepContext& s, const Tensor& q, const Tensor& k, co
 void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse,
                             int64_t hd, int64_t hdv, float scale) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   ring_sizes_check(s, q, k, v, o, hd, hdv);
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, N = s.T;
@@ -79,7 +80,7 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
                              const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, int64_t hd,
                              int64_t hdv, float scale) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   ring_sizes_check(s, q, k, v, o, hd, hdv);
   FP_ASSERT(dout.numel() == o.numel() && dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),

@@ -1,5 +1,5 @@
 // The routing sort: the stable counting sort of routed copies by expert, a kernel of the table
-// (ops/kernels.h), so the expert order is built where the router's top-k lies; only the E + 1
+// (backend/kernels.h), so the expert order is built where the router's top-k lies; only the E + 1
 // offsets go to the host (the dispatch plans need the counts).
 // n tokens, k slots, E experts, m = n * k copies.
 #pragma once

@@ -38,7 +38,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
   const int W = static_cast<int>(in.settings.layout.ranks);
   const int64_t B = in.settings.layout.batch, T = in.context;
   std::vector<RankPlan> out(static_cast<size_t>(W));
-  ThreadWorld world(W, opt.world);
+  ThreadWorld world(W);
   world.run([&](Comm& comm) {
     const int r = comm.rank();
     // Unlimited device (the plan reads the whole step's peak); the host at its capacity, which SCO

@@ -146,7 +146,6 @@ struct RankPlan {
 
 struct PlanOptions {
   bool events = false;  // keep every rank's ledger timelines (tests compare them event for event)
-  ThreadWorldMode world = ThreadWorldMode::ThreadWorldMode_fast;
   std::vector<RankPlan>* ranks = nullptr;  // every rank's ledgers (tests)
 };
 

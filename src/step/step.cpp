@@ -115,7 +115,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   // The expert dispatch of this step (local with one rank, expert parallel otherwise).
   std::unique_ptr<ExpertDispatch> dispatch = expert_dispatch_create(sched, s);
   s.dispatch = dispatch.get();
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
 
   // Targets of the whole (global) batch: the loss is their mean on every rank.
   int64_t target_tokens = 0;

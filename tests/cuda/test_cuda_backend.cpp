@@ -58,7 +58,7 @@ TEST(CudaBackend, ArenasLedgerAndCopies) {
 TEST(CudaBackend, ElementwiseKernelsMatchTheHost) {
   FP_SKIP_WITHOUT_GPU();
   auto be = backend_create("cuda", kUnlimitedBytes, kUnlimitedBytes);
-  const ops::Kernels& K = be->kernels();
+  const ops::KernelLauncher K = be->kernels();
   for (const int64_t n : {int64_t{1}, int64_t{255}, int64_t{257}, int64_t{20000003}}) {
     const std::vector<float> x = random_vector(n, 2), y = random_vector(n, 3);
     Tensor dx = be->alloc_f32(Category::Category_workspace, {n}, "x");
@@ -80,14 +80,13 @@ TEST(CudaBackend, ElementwiseKernelsMatchTheHost) {
 TEST(CudaBackend, GemmMatchesTheCpuKernel) {
   FP_SKIP_WITHOUT_GPU();
   auto be = backend_create("cuda", kUnlimitedBytes, kUnlimitedBytes);
-  const ops::Kernels& cpu = ops::kernels_cpu();
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
       const int64_t M = 129, N = 67, K = 300;
       const std::vector<float> A = random_vector(M * K, 4), B = random_vector(K * N, 5), C0 = random_vector(M * N, 6);
       const int64_t lda = ta ? M : K, ldb = tb ? K : N;
       std::vector<float> want = C0;
-      cpu.gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 0.5f, want.data(), N);
+      ops::cpu::gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 0.5f, want.data(), N);
       Tensor dA = be->alloc_f32(Category::Category_workspace, {M * K}, "A");
       Tensor dB = be->alloc_f32(Category::Category_workspace, {K * N}, "B");
       Tensor dC = be->alloc_f32(Category::Category_workspace, {M * N}, "C");

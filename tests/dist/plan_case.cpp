@@ -7,8 +7,8 @@
 //   - on the cases marked `events`, the whole device and host timelines, event for event (alloc or
 //     free, category, bytes, tensor name);
 //   - the plan's rank is the one whose step peak is the largest over the MPI ranks (all_reduce_max).
-// The two runs share the engine but nothing else: the thread world answers the host exchanges itself
-// and skips calls without data (Note [Calls without data in a thread world]); MPI moves them.
+// The two runs share the engine but nothing else: the thread world answers the host exchanges itself,
+// MPI moves them; on both, the meta data channel moves no device buffer (comm/data_comm.h).
 // Prints each failing check (case, rank, what differs); exits non-zero when any failed.
 #include <cstdio>
 #include <string>

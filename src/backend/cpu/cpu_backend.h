@@ -15,6 +15,7 @@ class CpuBackend final : public Backend {
   void copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) override;
   void copy_to_host(void* dst, const void* src, uint64_t bytes) override;
   void copy_from_host(void* dst, const void* src, uint64_t bytes) override;
+  std::unique_ptr<DataComm> data_channel(Comm& control) const override { return data_comm_host(control); }
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -36,6 +36,7 @@ class CpuStream final : public Stream {
   void synchronize() override;
   void set_delay_hook(std::function<void()> hook) override;
 
+  bool runs_inline() const override { return mode_ == Mode::Mode_inline; }
   Mode mode() const { return mode_; }
 
  private:

@@ -71,22 +71,17 @@ class CudaEvent final : public EventImpl {
   cudaEvent_t event_ = nullptr;
 };
 
-// A cuda stream. The compute stream is the legacy default stream (the kernels of the skeleton's table
-// take no stream yet, so they run there); the copy streams are non-blocking streams of their own.
+// A cuda stream: a non-blocking stream of its own (compute, h2d and d2h alike; kernels are launched on
+// the stream of their execution context, Note [Kernel execution context] in backend/kernels.h).
 // Host tasks (enqueue) run through cudaLaunchHostFunc; their errors surface at synchronize().
 class CudaStream final : public Stream {
  public:
-  CudaStream(std::string name, bool legacy_default) : Stream(std::move(name)) {
-    if (legacy_default) {
-      stream_ = cudaStreamLegacy;
-    } else {
-      cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-      owned_ = true;
-    }
+  explicit CudaStream(std::string name) : Stream(std::move(name)) {
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   }
   ~CudaStream() override {
     (void)cudaStreamSynchronize(stream_);
-    if (owned_) (void)cudaStreamDestroy(stream_);
+    (void)cudaStreamDestroy(stream_);
   }
   void enqueue(std::function<void()> fn) override {
     auto* task = new Task{this, std::move(fn)};
@@ -135,15 +130,22 @@ class CudaStream final : public Stream {
   }
 
   cudaStream_t stream_ = nullptr;
-  bool owned_ = false;
   std::mutex mu_;
   std::exception_ptr error_;
 };
+
+// The cudaStream_t of a kernel's execution context (a stream of this backend).
+cudaStream_t cuda_stream(const ExecContext& c) {
+  auto* s = dynamic_cast<CudaStream*>(&c.stream);
+  FP_ASSERT(s != nullptr, "a cuda kernel was given stream '{}' of another backend", c.stream.name());
+  return s->handle();
+}
 
 // cuBLAS, opened on first use (dlopen): a process that never runs a GEMM on cuda does not load it.
 struct Cublas {
   decltype(&cublasCreate_v2) create = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasSgemm_v2) sgemm = nullptr;
   cublasHandle_t handle = nullptr;
 };
@@ -158,8 +160,10 @@ const Cublas& cublas() {
              kLib, dlerror());
     api.create = reinterpret_cast<decltype(api.create)>(dlsym(lib, "cublasCreate_v2"));
     api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(dlsym(lib, "cublasSetMathMode"));
+    api.set_stream = reinterpret_cast<decltype(api.set_stream)>(dlsym(lib, "cublasSetStream_v2"));
     api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(lib, "cublasSgemm_v2"));
-    FP_CHECK(api.create && api.set_math_mode && api.sgemm, kCudaHint, "{} lacks cublasCreate_v2 / cublasSgemm_v2", kLib);
+    FP_CHECK(api.create && api.set_math_mode && api.set_stream && api.sgemm, kCudaHint,
+             "{} lacks cublasCreate_v2 / cublasSetStream_v2 / cublasSgemm_v2", kLib);
     FP_CHECK(api.create(&api.handle) == CUBLAS_STATUS_SUCCESS, kCudaHint, "cublasCreate failed");
     // fp32 GEMMs stay fp32 (no TF32): the kernels' contract is the cpu kernels' results to rounding.
     api.set_math_mode(api.handle, CUBLAS_DEFAULT_MATH);
@@ -169,10 +173,14 @@ const Cublas& cublas() {
 
 // Row-major C (M, N) = alpha op(A) op(B) + beta C is column-major C^T (N, M) = alpha op(B)^T op(A)^T +
 // beta C^T: the same memory, cuBLAS called with the operands swapped.
-void gemm_cublas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+// The handle is shared: its stream is set per call under a lock (one GEMM is enqueued at a time).
+void gemm_cublas(const ExecContext& c, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   const Cublas& blas = cublas();
+  static std::mutex handle_mu;
+  std::lock_guard<std::mutex> lock(handle_mu);
+  FP_CHECK(blas.set_stream(blas.handle, cuda_stream(c)) == CUBLAS_STATUS_SUCCESS, kCudaHint, "cublasSetStream failed");
   const cublasStatus_t s =
       blas.sgemm(blas.handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                   static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B, static_cast<int>(ldb), A,
@@ -181,8 +189,19 @@ void gemm_cublas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
            static_cast<int>(s));
 }
 
-void copy_device(float* dst, const float* src, int64_t n) {
-  if (n > 0) cuda_check(cudaMemcpy(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDefault), "copy");
+void copy_device(const ExecContext& c, float* dst, const float* src, int64_t n) {
+  if (n > 0)
+    cuda_check(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDefault, cuda_stream(c)),
+               "copy");
+}
+
+// The element-wise kernels of cuda_kernels.cu as table entries.
+void fill_device(const ExecContext& c, float* y, float v, int64_t n) { ops::cuda::fill(cuda_stream(c), y, v, n); }
+void add_device(const ExecContext& c, float* y, const float* x, int64_t n) {
+  ops::cuda::add_inplace(cuda_stream(c), y, x, n);
+}
+void scale_device(const ExecContext& c, float* y, float a, int64_t n) {
+  ops::cuda::scale_inplace(cuda_stream(c), y, a, n);
 }
 
 // Every kernel of the table the skeleton lacks: an error naming it.
@@ -207,9 +226,9 @@ Backend::Parts cuda_parts(uint64_t device_capacity, uint64_t host_capacity) {
   Backend::Parts p;
   p.device = std::make_unique<Arena>("device", device_capacity, allocator_cached(device_raw, p.owned));
   p.host = std::make_unique<Arena>("host", host_capacity, allocator_cached(pinned_raw, p.owned));
-  p.compute = std::make_unique<CudaStream>("compute", /*legacy_default=*/true);
-  p.h2d = std::make_unique<CudaStream>("h2d", false);
-  p.d2h = std::make_unique<CudaStream>("d2h", false);
+  p.compute = std::make_unique<CudaStream>("compute");
+  p.h2d = std::make_unique<CudaStream>("h2d");
+  p.d2h = std::make_unique<CudaStream>("d2h");
   return p;
 }
 
@@ -225,13 +244,22 @@ class CudaBackend final : public Backend {
     cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<CudaStream&>(s).handle()),
                "copy_async");
   }
-  void copy_to_host(void* dst, const void* src, uint64_t bytes) override {
-    compute_->synchronize();
-    if (bytes) cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy_to_host");
+  // NCCL comes with the model's kernels; until then a step (which makes its data channel first) is
+  // refused by name. The host channel would hand device pointers to memmove and MPI.
+  std::unique_ptr<DataComm> data_channel(Comm& control) const override {
+    throw Error(fmt::format("the cuda backend has no data channel yet (NCCL; {} ranks asked)", control.size()),
+                "the cuda backend is a skeleton (src/backend/cuda/cuda_backend.h); use --device cpu");
   }
+  // On the compute stream, after the kernels enqueued there, and waited for.
+  void copy_to_host(void* dst, const void* src, uint64_t bytes) override { copy_blocking(dst, src, bytes, "copy_to_host"); }
   void copy_from_host(void* dst, const void* src, uint64_t bytes) override {
+    copy_blocking(dst, src, bytes, "copy_from_host");
+  }
+
+ private:
+  void copy_blocking(void* dst, const void* src, uint64_t bytes, const char* what) {
+    if (bytes) cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<CudaStream&>(*compute_).handle()), what);
     compute_->synchronize();
-    if (bytes) cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy_from_host");
   }
 };
 
@@ -262,10 +290,10 @@ const ops::Kernels& kernels_cuda() {
     FP_KERNEL_LIST(FP_CUDA_MISSING)
 #undef FP_CUDA_MISSING
     t.gemm = &gemm_cublas;
-    t.fill = &ops::cuda::fill;
+    t.fill = &fill_device;
     t.copy = &copy_device;
-    t.add_inplace = &ops::cuda::add_inplace;
-    t.scale_inplace = &ops::cuda::scale_inplace;
+    t.add_inplace = &add_device;
+    t.scale_inplace = &scale_device;
     return t;
   }();
   return k;

@@ -2,14 +2,13 @@
 // backend contract (backend/backend.h) without a change under src/model or src/sched.
 //
 // What it has: the device arena over cudaMalloc and the host arena over pinned cudaMallocHost, each
-// through a cache (memory/caching_allocator.h), its own streams and events (cudaStream_t, cudaEvent_t;
-// the compute stream is the legacy default stream), asynchronous copies in every direction
-// (cudaMemcpyAsync with cudaMemcpyDefault, unified addressing), and a kernel table (ops/kernels.h) with fill, copy, add_inplace, scale_inplace
-// (cuda_kernels.cu) and gemm (cuBLAS, row-major through the column-major transpose identity). Every
-// other kernel of the table throws an error naming it: a model step on cuda stops at its first
-// missing kernel instead of computing something else.
-// What it does not have yet: kernels that take their stream (they run on the default stream), and
-// the model's kernels.
+// through a cache (memory/caching_allocator.h), its own streams and events (non-blocking cudaStream_t,
+// cudaEvent_t), asynchronous copies in every direction (cudaMemcpyAsync with cudaMemcpyDefault, unified
+// addressing), and a kernel table (backend/kernels.h) with fill, copy, add_inplace, scale_inplace
+// (cuda_kernels.cu) and gemm (cuBLAS, row-major through the column-major transpose identity), each
+// launched on the stream of its execution context. Every other kernel of the table throws an error
+// naming it: a model step on cuda stops at its first missing kernel instead of computing something else.
+// What it does not have yet: the model's kernels.
 #pragma once
 
 #include <cstdint>

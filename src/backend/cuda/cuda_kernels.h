@@ -1,14 +1,16 @@
-// Element-wise CUDA kernels of the skeleton (cuda_kernels.cu), with the signatures of ops/elementwise.h.
-// Launched on the default stream; each returns once its kernel has been enqueued (errors of the launch
-// are thrown; errors of the execution surface at the next synchronising call).
+// Element-wise CUDA kernels of the skeleton (cuda_kernels.cu), with the signatures of ops/elementwise.h
+// after the stream they are launched on. Each returns once its kernel has been enqueued (errors of the
+// launch are thrown; errors of the execution surface at the next synchronising call).
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
 namespace fp::ops::cuda {
 
-void fill(float* y, float v, int64_t n);
-void add_inplace(float* y, const float* x, int64_t n);
-void scale_inplace(float* y, float a, int64_t n);
+void fill(cudaStream_t stream, float* y, float v, int64_t n);
+void add_inplace(cudaStream_t stream, float* y, const float* x, int64_t n);
+void scale_inplace(cudaStream_t stream, float* y, float a, int64_t n);
 
 }  // namespace fp::ops::cuda

@@ -14,6 +14,9 @@ class MetaBackend final : public Backend {
   void copy_async(Stream& s, void* dst, const void* src, uint64_t bytes) override;
   void copy_to_host(void* dst, const void* src, uint64_t bytes) override;
   void copy_from_host(void* dst, const void* src, uint64_t bytes) override;
+  std::unique_ptr<DataComm> data_channel(Comm& control) const override {
+    return data_comm_meta(control.rank(), control.size());
+  }
 };
 
 }  // namespace fp

@@ -18,9 +18,4 @@ std::unique_ptr<ExpertDispatch> expert_dispatch_create(const Schedules& sched, c
   return dispatch_standard_create();
 }
 
-void* comm_ptr(const Backend& be, const Tensor& t) {
-  static float unused = 0;
-  return be.computes() && t.data() == nullptr ? &unused : t.data();
-}
-
 }  // namespace fp

@@ -110,11 +110,4 @@ std::unique_ptr<ExpertDispatch> dispatch_standard_create();
 // (moe.dispatch: standard, llep or pipelined_llep, llep.h). Checks that W divides E (model.num_experts).
 std::unique_ptr<ExpertDispatch> expert_dispatch_create(const Schedules& sched, const StepContext& s);
 
-// Note [Empty buffers in a collective]: a zero-size tensor has a null data pointer, which the comm
-// reads as "meta: nothing moves in this call" (comm/comm.h). On a computing backend a rank that
-// receives no row may still send rows in the same all-to-all (and vice versa), so such a buffer gets a
-// valid dummy address instead; no byte is read or written there, since its count is 0. Every dispatch
-// hands its buffers to the comm through this.
-void* comm_ptr(const Backend& be, const Tensor& t);
-
 }  // namespace fp

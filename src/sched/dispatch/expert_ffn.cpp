@@ -20,7 +20,7 @@ ExpertWeights expert_weights(const LayerParams& lp, int64_t e) {
 Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
                           std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name,
                           Category out_cat, DType dt) {
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const int64_t G = static_cast<int64_t>(w.size()), H = d.H, I = d.I;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];
@@ -56,7 +56,7 @@ Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertW
 Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
                            std::span<const int64_t> offsets, ExpertActs& a, Tensor& dy, const std::string& dx_name,
                            Category out_cat, DType dt) {
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const int64_t G = static_cast<int64_t>(w.size()), H = d.H, I = d.I;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];

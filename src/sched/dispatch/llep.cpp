@@ -70,10 +70,8 @@ void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64
 // ---- GuestExperts ---------------------------------------------------------------------------------
 
 namespace {
-// Row `row` of a (rows, P) buffer for the comm engine (comm_ptr when the buffer is empty).
-float* comm_row(const Backend& be, const Tensor& t, int64_t row, int64_t P) {
-  return t.data() ? t.f32() + row * P : static_cast<float*>(comm_ptr(be, t));
-}
+// Row `row` of a (rows, P) buffer for the data channel (null for an empty buffer, or on meta).
+float* comm_row(const Tensor& t, int64_t row, int64_t P) { return ptr_at(t.f32(), row * P); }
 }  // namespace
 
 void GuestExperts::rounds_build(const StepContext& s, const LlepLayer& L) {
@@ -106,7 +104,7 @@ void GuestExperts::rounds_build(const StepContext& s, const LlepLayer& L) {
 
 void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const LlepLayer& L) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const int W = s.comm.size(), me = s.comm.rank();
   H_ = s.cfg.hidden_size;
   I_ = s.cfg.moe_intermediate_size;
@@ -124,14 +122,14 @@ void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const Ll
   }
   reqs_.clear();
   for (int r = 1; r < W; ++r)
-    reqs_.push_back(s.comm.send_recv_start(comm_row(be, staging_, out_first_[r], P_),
+    reqs_.push_back(s.data.send_recv_start(be.compute_stream(), comm_row(staging_, out_first_[r], P_),
                                            (out_first_[r + 1] - out_first_[r]) * P_, (me + r) % W,
-                                           comm_row(be, w_, in_start_[r], P_), in_n_[r] * P_, (me - r + W) % W,
+                                           comm_row(w_, in_start_[r], P_), in_n_[r] * P_, (me - r + W) % W,
                                            staging_.dtype()));
 }
 
 void GuestExperts::weights_wait(StepContext& s) {
-  for (CommRequest& q : reqs_) s.comm.wait(q);
+  for (CommRequest& q : reqs_) s.data.wait(q);
   reqs_.clear();
   staging_.reset();
 }
@@ -157,16 +155,16 @@ void GuestExperts::grads_start(StepContext& s) {
   // in weight round W - r) and receives from rank - r what was sent there in weight round W - r.
   for (int r = 1; r < W; ++r) {
     const int rb = W - r;
-    reqs_.push_back(s.comm.send_recv_start(comm_row(be, g_, in_start_[rb], P_), in_n_[rb] * P_, (me + r) % W,
-                                           comm_row(be, staging_, out_first_[rb], P_),
+    reqs_.push_back(s.data.send_recv_start(be.compute_stream(), comm_row(g_, in_start_[rb], P_), in_n_[rb] * P_, (me + r) % W,
+                                           comm_row(staging_, out_first_[rb], P_),
                                            (out_first_[rb + 1] - out_first_[rb]) * P_, (me - r + W) % W,
                                            g_.dtype()));
   }
 }
 
 void GuestExperts::grads_finish(StepContext& s, const LayerParams& lp) {
-  const ops::Kernels& K = s.be.kernels();
-  for (CommRequest& q : reqs_) s.comm.wait(q);
+  const ops::KernelLauncher K = s.be.kernels();
+  for (CommRequest& q : reqs_) s.data.wait(q);
   reqs_.clear();
   // Fixed order: ascending expert, then ascending guest rank (the guest of weight round r is rank + r).
   const int W = s.comm.size(), me = s.comm.rank();
@@ -215,7 +213,7 @@ class LlepDispatch : public LlepDispatchBase {
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
                  const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
     Backend& be = s.be;
-    const ops::Kernels& K = be.kernels();
+    const ops::KernelLauncher K = be.kernels();
     const int64_t H = s.cfg.hidden_size, m = xs.dim(0);
     LlepActs scratch;
     LlepActs* a = &scratch;
@@ -244,7 +242,7 @@ class LlepDispatch : public LlepDispatchBase {
     K.moe_gather(xs.f32(), a->send_rows.i32(), send.f32(), m, H);
     xs.reset();
     Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.recv");  // (R, H) source-major
-    s.comm.all_to_all_v(comm_ptr(be, send), a->send_elems.data(), comm_ptr(be, recv), a->recv_elems.data(),
+    s.data.all_to_all_v(be.compute_stream(), send.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
                         send.dtype());
     send.reset();
     a->guests.weights_wait(s);
@@ -269,7 +267,7 @@ class LlepDispatch : public LlepDispatchBase {
       a->guests.release();
     }
     Tensor back = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.back");  // (m, H) by destination
-    s.comm.all_to_all_v(comm_ptr(be, y_send), a->recv_elems.data(), comm_ptr(be, back), a->send_elems.data(),
+    s.data.all_to_all_v(be.compute_stream(), y_send.data(), a->recv_elems.data(), back.data(), a->send_elems.data(),
                         y_send.dtype());
     y_send.reset();
     Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order
@@ -284,7 +282,7 @@ class LlepDispatch : public LlepDispatchBase {
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
                   const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) override {
     Backend& be = s.be;
-    const ops::Kernels& K = be.kernels();
+    const ops::KernelLauncher K = be.kernels();
     auto* a = dynamic_cast<LlepActs*>(acts.get());
     FP_ASSERT(a != nullptr, "llep dispatch backward needs the acts of an llep forward with keep");
     if (a->standard) return standard_->backward(s, lp, std::move(dys), offsets, chunk, std::move(a->standard));
@@ -295,7 +293,7 @@ class LlepDispatch : public LlepDispatchBase {
     dys.reset();
     a->send_rows.reset();
     Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy_recv");  // (R, H) source-major
-    s.comm.all_to_all_v(comm_ptr(be, dsend), a->send_elems.data(), comm_ptr(be, dy_recv), a->recv_elems.data(),
+    s.data.all_to_all_v(be.compute_stream(), dsend.data(), a->send_elems.data(), dy_recv.data(), a->recv_elems.data(),
                         dsend.dtype());
     dsend.reset();
     Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy");  // (R, H) grouped
@@ -313,7 +311,7 @@ class LlepDispatch : public LlepDispatchBase {
     dx.reset();
     a->unperm.reset();
     Tensor dback = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.dback");  // (m, H) by destination
-    s.comm.all_to_all_v(comm_ptr(be, dx_send), a->recv_elems.data(), comm_ptr(be, dback), a->send_elems.data(),
+    s.data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dback.data(), a->send_elems.data(),
                         dx_send.dtype());
     dx_send.reset();
     a->guests.grads_finish(s, lp);

@@ -88,7 +88,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
                  const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
     Backend& be = s.be;
-    const ops::Kernels& K = be.kernels();
+    const ops::KernelLauncher K = be.kernels();
     const int64_t H = s.cfg.hidden_size, m = xs.dim(0);
     PipelinedActs scratch;
     PipelinedActs* a = &scratch;
@@ -172,7 +172,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
                   const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) override {
     Backend& be = s.be;
-    const ops::Kernels& K = be.kernels();
+    const ops::KernelLauncher K = be.kernels();
     auto* a = dynamic_cast<PipelinedActs*>(acts.get());
     FP_ASSERT(a != nullptr, "pipelined_llep backward needs the acts of a pipelined_llep forward with keep");
     const int64_t H = s.cfg.hidden_size;
@@ -232,7 +232,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     const int W = s.comm.size();
     const int64_t* sc = (back ? C.recv_elems.data() : C.send_elems.data()) + i * W;
     const int64_t* rc = (back ? C.send_elems.data() : C.recv_elems.data()) + i * W;
-    s.comm.all_to_all_v(comm_ptr(s.be, from), sc, comm_ptr(s.be, to), rc, from.dtype());
+    s.data.all_to_all_v(s.be.compute_stream(), from.data(), sc, to.data(), rc, from.dtype());
   }
 
   // The chunk layout of this layer: membership, per-chunk rows by destination, and (one all-to-all

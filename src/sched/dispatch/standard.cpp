@@ -50,7 +50,7 @@ class StandardDispatch : public ExpertDispatch {
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
                  const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
     Backend& be = s.be;
-    const ops::Kernels& K = be.kernels();
+    const ops::KernelLauncher K = be.kernels();
     const int64_t H = s.cfg.hidden_size, m = xs.dim(0);
     StandardActs scratch;
     StandardActs* a = &scratch;
@@ -63,7 +63,7 @@ class StandardDispatch : public ExpertDispatch {
     last_ = {m - a->send_elems[s.comm.rank()] / H, R};
 
     Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.recv");  // (R, H) source-major
-    s.comm.all_to_all_v(comm_ptr(be, xs), a->send_elems.data(), comm_ptr(be, recv), a->recv_elems.data(),
+    s.data.all_to_all_v(be.compute_stream(), xs.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
                         xs.dtype());
     xs.reset();
 
@@ -85,7 +85,7 @@ class StandardDispatch : public ExpertDispatch {
     if (!keep) a->unperm.reset();
 
     Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order, this rank's routes
-    s.comm.all_to_all_v(comm_ptr(be, y_send), a->recv_elems.data(), comm_ptr(be, ys), a->send_elems.data(),
+    s.data.all_to_all_v(be.compute_stream(), y_send.data(), a->recv_elems.data(), ys.data(), a->send_elems.data(),
                         y_send.dtype());
     return ys;
   }
@@ -93,13 +93,13 @@ class StandardDispatch : public ExpertDispatch {
   Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
                   const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) override {
     Backend& be = s.be;
-    const ops::Kernels& K = be.kernels();
+    const ops::KernelLauncher K = be.kernels();
     auto* a = dynamic_cast<StandardActs*>(acts.get());
     FP_ASSERT(a != nullptr, "standard dispatch backward needs the acts of a standard forward with keep");
     const int64_t H = s.cfg.hidden_size, m = dys.dim(0), R = a->group_offsets.back();
 
     Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy_recv");  // (R, H) source-major
-    s.comm.all_to_all_v(comm_ptr(be, dys), a->send_elems.data(), comm_ptr(be, dy_recv), a->recv_elems.data(),
+    s.data.all_to_all_v(be.compute_stream(), dys.data(), a->send_elems.data(), dy_recv.data(), a->recv_elems.data(),
                         dys.dtype());
     dys.reset();
     Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy");  // (R, H) grouped
@@ -116,7 +116,7 @@ class StandardDispatch : public ExpertDispatch {
     a->unperm.reset();
 
     Tensor dxs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.dxs");  // (m, H) expert order
-    s.comm.all_to_all_v(comm_ptr(be, dx_send), a->recv_elems.data(), comm_ptr(be, dxs), a->send_elems.data(),
+    s.data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dxs.data(), a->send_elems.data(),
                         dx_send.dtype());
     return dxs;
   }

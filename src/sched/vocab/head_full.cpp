@@ -11,7 +11,7 @@ namespace fp {
 HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tensor& xL, const Tensor& targets,
                                       float scale, Tensor& dxL, std::vector<float>* logits_out, bool backward) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, V = s.cfg.vocab_size;
   constexpr Category kAct = Category::Category_activations;
   constexpr Category kVocab = Category::Category_vocab;

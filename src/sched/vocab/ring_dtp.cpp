@@ -38,7 +38,7 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   FP_CHECK(v.block_tokens >= 1, "set vocab.block_tokens to a positive number of tokens (e.g. 1024)",
            "vocab.block_tokens is {}", v.block_tokens);
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, V = s.cfg.vocab_size;
   const int64_t n_blk = ring_dtp_block_rows(v, n);
   constexpr Category kAct = Category::Category_activations;

@@ -99,7 +99,7 @@ LocalShard local_shard(ParamStore& ps, int rank, int P, int64_t V, int64_t H) {
 class RingPass {
  public:
   RingPass(StepContext& s, const VocabSchedule& v, float scale, RingDtpStats* stats)
-      : be_(s.be), K_(s.be.kernels()), comm_(s.comm), scale_(scale), stats_(stats) {
+      : be_(s.be), K_(s.be.kernels()), comm_(s.data), scale_(scale), stats_(stats) {
     P = comm_.size();
     r = comm_.rank();
     next = (r + 1) % P;
@@ -116,7 +116,7 @@ class RingPass {
   // Starts a hop: n elements of send to the next rank while n_recv arrive from the previous one.
   void hop_start(const void* send, int64_t n, void* recv, int64_t n_recv, DType t) {
     if (stats_ != nullptr) stats_->comm_bytes += static_cast<uint64_t>(n) * dtype_size(t);
-    inflight_.push_back(comm_.send_recv_start(send, n, next, recv, n_recv, prev, t));
+    inflight_.push_back(comm_.send_recv_start(be_.compute_stream(), send, n, next, recv, n_recv, prev, t));
   }
   // Blocks until every hop started completed.
   void hops_wait() {
@@ -194,8 +194,8 @@ class RingPass {
   double* lse_s() { return stats_ != nullptr ? &stats_->lse_s : nullptr; }
 
   Backend& be_;
-  const ops::Kernels& K_;
-  Comm& comm_;
+  const ops::KernelLauncher K_;
+  DataComm& comm_;  // the data channel (the hops' strips)
   float scale_;
   RingDtpStats* stats_;
   std::vector<CommRequest> inflight_;
@@ -207,7 +207,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
                         const Tensor& targets, float scale, Tensor& dxn, std::vector<float>* logits_out, bool backward,
                         RingDtpStats* stats) {
   Backend& be = s.be;
-  const ops::Kernels& K = be.kernels();
+  const ops::KernelLauncher K = be.kernels();
   RingPass R(s, v, scale, stats);
   const int P = R.P, r = R.r;
   const int64_t n = s.n, H = R.H, V = R.V;

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "ops/kernels.h"
+#include "backend/kernels.h"
 
 namespace fp::ops {
 

@@ -1,0 +1,109 @@
+// The kernel table: every op a backend provides. The model, the step and the schedules call kernels
+// only through a backend's table, so a backend (cpu, meta, cuda) is added without touching them.
+//
+// Each op's contract (what it computes, shapes, what must hold bit for bit) is in its op header
+// (ops/*.h), declared there as the cpu implementation (ops/cpu); its scalar reference is ops/ref.
+// A table entry has the op's parameters preceded by an ExecContext, the stream the kernel is
+// enqueued on (Note [Kernel execution context]). Backends fill the table:
+//   cpu   ops/cpu, run on the calling thread when the stream is inline (the compute stream), else
+//         enqueued on the stream's worker (kernels_cpu, below);
+//   meta  nothing (data pointers there are null);
+//   cuda  launches on the context's cudaStream_t; the kernels the skeleton lacks throw by name.
+//
+// Note [Kernel execution context]: PyTorch's kernels find their stream in a thread-local "current
+// stream"; ours get it as the first argument, so a kernel's stream is visible at every call site that
+// chose it and nothing global changes between calls. Callers rarely spell it: Backend::kernels()
+// returns a KernelLauncher bound to the compute stream (K.gemm(...) calls table.gemm(ctx, ...)), and
+// Backend::kernels_on(stream) one bound to another stream. Work on a stream is ordered with the other
+// work on it and with events (core/stream.h); a kernel's buffers must stay alive until the stream
+// has passed it (Tensor::record_stream, memory/arena.h).
+#pragma once
+
+#include <utility>
+
+#include "core/stream.h"
+#include "ops/adamw.h"
+#include "ops/attention.h"
+#include "ops/attention_block.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/gemm.h"
+#include "ops/gemm_tiled.h"
+#include "ops/moe_permute.h"
+#include "ops/moe_routing.h"
+#include "ops/online_lse.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/router.h"
+#include "ops/swiglu.h"
+
+namespace fp {
+
+// Where one kernel call runs (Note [Kernel execution context]).
+struct ExecContext {
+  Stream& stream;
+};
+
+namespace ops {
+
+#define FP_KERNEL_LIST(X)                                                                            \
+  X(gemm) X(gemm_tiled)                                                                              \
+  X(embedding_forward) X(embedding_backward)                                                         \
+  X(rmsnorm_forward) X(rmsnorm_backward)                                                             \
+  X(rope_forward) X(rope_backward) X(rope_strided_forward) X(rope_strided_backward)                 \
+  X(attention_forward) X(attention_backward)                                                         \
+  X(attention_block_forward) X(attention_block_backward)                                             \
+  X(swiglu_forward) X(swiglu_backward)                                                               \
+  X(router_forward) X(router_gather) X(router_backward)                                              \
+  X(router_sigmoid_forward) X(router_sigmoid_gather) X(router_sigmoid_backward)                      \
+  X(moe_routing_build) X(moe_gather) X(moe_scatter)                                                  \
+  X(moe_combine_forward) X(moe_combine_backward) X(moe_scatter_add)                                  \
+  X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)                                    \
+  X(online_lse_init) X(online_lse_fold) X(online_lse_loss) X(online_lse_backward)                    \
+  X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq)                      \
+  X(bias_add) X(bias_backward) X(column_sums_f64) X(copy_2d) X(add_2d)                              \
+  X(adamw_update)
+
+// The type of a table entry: the op's signature (its declaration in ops/*.h) with the context first.
+template <class Op>
+struct KernelEntry;
+template <class... A>
+struct KernelEntry<void (*)(A...)> {
+  using type = void (*)(const ExecContext&, A...);
+};
+template <class Op>
+using kernel_entry_t = typename KernelEntry<Op>::type;
+
+struct Kernels {
+#define FP_KERNEL_MEMBER(name) kernel_entry_t<decltype(&::fp::ops::cpu::name)> name = nullptr;
+  FP_KERNEL_LIST(FP_KERNEL_MEMBER)
+#undef FP_KERNEL_MEMBER
+};
+
+// A table bound to one stream: K.name(args...) calls table.name({stream}, args...).
+class KernelLauncher {
+ public:
+  KernelLauncher(const Kernels& table, Stream& stream) : table_(&table), ctx_{stream} {}
+  const Kernels& table() const { return *table_; }
+  const ExecContext& context() const { return ctx_; }
+
+#define FP_KERNEL_LAUNCH(name)                    \
+  template <class... A>                           \
+  void name(A&&... a) const {                     \
+    table_->name(ctx_, std::forward<A>(a)...);    \
+  }
+  FP_KERNEL_LIST(FP_KERNEL_LAUNCH)
+#undef FP_KERNEL_LAUNCH
+
+ private:
+  const Kernels* table_;
+  ExecContext ctx_;
+};
+
+// The cpu kernels (ops/cpu) and the do-nothing table of the meta backend.
+const Kernels& kernels_cpu();
+const Kernels& kernels_meta();
+
+}  // namespace ops
+}  // namespace fp

@@ -1,0 +1,155 @@
+// The two comm channels (comm/comm.h, comm/data_comm.h) over a thread world: the cpu backend's data
+// channel moves device buffers through the world, the meta backend's moves nothing and never meets
+// another rank, and an engine refuses a null buffer that has a count.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "backend/backend.h"
+#include "comm/data_comm.h"
+#include "comm/thread_comm.h"
+#include "core/error.h"
+#include "core/units.h"
+
+namespace fp {
+namespace {
+
+// Rank r's value i: distinct over ranks and positions.
+float value(int r, int64_t i) { return static_cast<float>(1000 * (r + 1) + i); }
+
+// Device tensor of n floats holding host values v (a null tensor when n = 0, as the arena gives).
+Tensor upload(Backend& be, const std::vector<float>& v, const char* name) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  Tensor t = be.alloc_f32(Category::Category_comm, {n}, name);
+  if (n > 0) be.copy_from_host(t.data(), v.data(), t.bytes());
+  return t;
+}
+
+std::vector<float> download(Backend& be, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (!v.empty()) be.copy_to_host(v.data(), t.data(), t.bytes());
+  return v;
+}
+
+// Every data-channel call of the cpu backend over a W-rank thread world, checked against what each
+// rank must hold. Rank r sends r + d elements... to rank d in the all-to-all, so rank 0 sends nothing
+// to itself and its send or receive buffers can be empty (null): the rule "null only with a count of
+// 0" holds, and the other side of that rank still moves.
+TEST(DataComm, CpuChannelMovesDeviceBuffers) {
+  static constexpr int W = 3;
+  ThreadWorld world(W);
+  world.run([](Comm& comm) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    std::unique_ptr<DataComm> data = be->data_channel(comm);
+    Stream& s = be->compute_stream();
+    const int r = comm.rank();
+    ASSERT_EQ(data->rank(), r);
+    ASSERT_EQ(data->size(), W);
+
+    // all_gather of 5 each.
+    std::vector<float> mine(5);
+    for (int64_t i = 0; i < 5; ++i) mine[i] = value(r, i);
+    Tensor send = upload(*be, mine, "send");
+    Tensor all = be->alloc_f32(Category::Category_comm, {W * 5}, "all");
+    data->all_gather(s, send.data(), all.data(), 5, DType::DType_F32);
+    const std::vector<float> got = download(*be, all);
+    for (int q = 0; q < W; ++q)
+      for (int64_t i = 0; i < 5; ++i) ASSERT_EQ(got[q * 5 + i], value(q, i)) << "rank " << r << " from " << q;
+
+    // reduce_scatter_sum of W blocks of 4: block b of rank q holds value(q, b * 4 + i).
+    std::vector<float> blocks(W * 4);
+    for (int64_t i = 0; i < W * 4; ++i) blocks[i] = value(r, i);
+    Tensor bsend = upload(*be, blocks, "blocks");
+    Tensor mine4 = be->alloc_f32(Category::Category_comm, {4}, "mine4");
+    data->reduce_scatter_sum(s, bsend.data(), mine4.data(), 4, DType::DType_F32);
+    const std::vector<float> sum = download(*be, mine4);
+    for (int64_t i = 0; i < 4; ++i) {
+      float want = 0;
+      for (int q = 0; q < W; ++q) want += value(q, r * 4 + i);
+      ASSERT_EQ(sum[i], want) << "rank " << r << " element " << i;
+    }
+
+    // all_to_all_v: rank q sends q * d elements to rank d (rank 0 sends nothing at all, and nobody
+    // sends to rank 0, so rank 0's both buffers are empty tensors with null data).
+    std::vector<int64_t> sc(W), rc(W);
+    for (int d = 0; d < W; ++d) sc[d] = static_cast<int64_t>(r) * d;
+    for (int q = 0; q < W; ++q) rc[q] = static_cast<int64_t>(q) * r;
+    const int64_t ns = std::accumulate(sc.begin(), sc.end(), int64_t{0});
+    const int64_t nr = std::accumulate(rc.begin(), rc.end(), int64_t{0});
+    std::vector<float> out(static_cast<size_t>(ns));
+    for (int64_t i = 0; i < ns; ++i) out[i] = value(r, i);
+    Tensor a_send = upload(*be, out, "a2a.send");
+    Tensor a_recv = be->alloc_f32(Category::Category_comm, {nr}, "a2a.recv");
+    if (r == 0) {
+      ASSERT_TRUE(a_send.data() == nullptr && a_recv.data() == nullptr);
+    }
+    data->all_to_all_v(s, a_send.data(), sc.data(), a_recv.data(), rc.data(), DType::DType_F32);
+    const std::vector<float> in = download(*be, a_recv);
+    int64_t at = 0;
+    for (int q = 0; q < W; ++q) {
+      int64_t first = 0;  // where q's block for this rank starts in q's send buffer
+      for (int d = 0; d < r; ++d) first += static_cast<int64_t>(q) * d;
+      for (int64_t i = 0; i < rc[q]; ++i, ++at) ASSERT_EQ(in[at], value(q, first + i)) << "rank " << r << " from " << q;
+    }
+
+    // A ring shift, blocking and started: 3 elements to the next rank.
+    const int next = (r + 1) % W, prev = (r + W - 1) % W;
+    Tensor ring = be->alloc_f32(Category::Category_comm, {3}, "ring");
+    data->send_recv(s, send.data(), 3, next, ring.data(), 3, prev, DType::DType_F32);
+    std::vector<float> hop = download(*be, ring);
+    for (int64_t i = 0; i < 3; ++i) ASSERT_EQ(hop[i], value(prev, i));
+    CommRequest q = data->send_recv_start(s, send.f32() + 2, 3, next, ring.data(), 3, prev, DType::DType_F32);
+    data->wait(q);
+    EXPECT_FALSE(q.active());
+    hop = download(*be, ring);
+    for (int64_t i = 0; i < 3; ++i) ASSERT_EQ(hop[i], value(prev, 2 + i));
+  });
+}
+
+// The meta backend's channel: null device buffers with real counts, and not one meeting of the world;
+// the control channel still meets (and moves host data) on every call.
+TEST(DataComm, MetaChannelMovesNothingAndNeverMeets) {
+  static constexpr int W = 4;
+  ThreadWorld world(W);
+  world.run([](Comm& comm) {
+    auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+    std::unique_ptr<DataComm> data = be->data_channel(comm);
+    Stream& s = be->compute_stream();
+    Tensor t = be->alloc_f32(Category::Category_comm, {1 << 20}, "meta");
+    ASSERT_EQ(t.data(), nullptr);
+    std::vector<int64_t> counts(W, 1 << 18);
+    data->all_gather(s, t.data(), t.data(), 1 << 18, DType::DType_F32);
+    data->reduce_scatter_sum(s, t.data(), t.data(), 1 << 18, DType::DType_F32);
+    data->all_to_all_v(s, t.data(), counts.data(), t.data(), counts.data(), DType::DType_F32);
+    data->send_recv(s, t.data(), 7, (comm.rank() + 1) % W, t.data(), 7, (comm.rank() + W - 1) % W, DType::DType_F32);
+    CommRequest q = data->send_recv_start(s, t.data(), 7, 0, t.data(), 7, 0, DType::DType_F32);
+    EXPECT_TRUE(data->test(q));
+  });
+  EXPECT_EQ(world.meetings(), 0u);
+  world.run([](Comm& comm) {
+    int64_t x = comm.rank() + 1;
+    comm.all_reduce_sum(&x, 1, DType::DType_I64);
+    EXPECT_EQ(x, W * (W + 1) / 2);
+  });
+  EXPECT_EQ(world.meetings(), 1u);
+}
+
+// The old meta convention (a null buffer with a count: "move nothing") is a bug now, refused by the
+// engine instead of silently moving nothing.
+TEST(DataComm, NullBufferWithCountIsRefused) {
+  ThreadWorld world(2);
+  try {
+    world.run([](Comm& comm) {
+      std::vector<float> recv(8);
+      comm.all_gather(nullptr, recv.data(), 4, DType::DType_F32);
+    });
+    ADD_FAILURE() << "a null buffer with 4 elements was accepted";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("null buffer"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fp
