@@ -36,6 +36,9 @@ const Kernels& kernels_cpu() {
 #define FP_KERNEL_CPU(name) t.name = &OnCpuStream<&::fp::ops::cpu::name>::fn;
     FP_KERNEL_LIST(FP_KERNEL_CPU)
 #undef FP_KERNEL_CPU
+#define FP_WORKSPACE_CPU(name) t.name = &::fp::ops::cpu::name;
+    FP_WORKSPACE_LIST(FP_WORKSPACE_CPU)
+#undef FP_WORKSPACE_CPU
     return t;
   }();
   return k;
@@ -47,6 +50,9 @@ const Kernels& kernels_meta() {
 #define FP_KERNEL_META(name) t.name = &Noop<decltype(t.name)>::fn;
     FP_KERNEL_LIST(FP_KERNEL_META)
 #undef FP_KERNEL_META
+#define FP_WORKSPACE_META(name) t.name = kernels_cpu().name;  // the ledgers of the cpu backend
+    FP_WORKSPACE_LIST(FP_WORKSPACE_META)
+#undef FP_WORKSPACE_META
     return t;
   }();
   return k;

@@ -75,10 +75,18 @@ struct KernelEntry<void (*)(A...)> {
 template <class Op>
 using kernel_entry_t = typename KernelEntry<Op>::type;
 
+// Workspace sizes (CUTLASS's get_workspace_size): the scratch a kernel needs, asked before it runs so
+// that the caller allocates it through the ledger (category workspace). Plain host functions of the
+// shapes; the meta backend answers as the cpu backend, whose ledgers it must reproduce.
+#define FP_WORKSPACE_LIST(X) X(rmsnorm_backward_workspace)
+
 struct Kernels {
 #define FP_KERNEL_MEMBER(name) kernel_entry_t<decltype(&::fp::ops::cpu::name)> name = nullptr;
   FP_KERNEL_LIST(FP_KERNEL_MEMBER)
 #undef FP_KERNEL_MEMBER
+#define FP_WORKSPACE_MEMBER(name) decltype(&::fp::ops::cpu::name) name = nullptr;
+  FP_WORKSPACE_LIST(FP_WORKSPACE_MEMBER)
+#undef FP_WORKSPACE_MEMBER
 };
 
 // A table bound to one stream: K.name(args...) calls table.name({stream}, args...).
@@ -95,6 +103,13 @@ class KernelLauncher {
   }
   FP_KERNEL_LIST(FP_KERNEL_LAUNCH)
 #undef FP_KERNEL_LAUNCH
+#define FP_WORKSPACE_QUERY(name)                  \
+  template <class... A>                           \
+  int64_t name(A&&... a) const {                  \
+    return table_->name(std::forward<A>(a)...);   \
+  }
+  FP_WORKSPACE_LIST(FP_WORKSPACE_QUERY)
+#undef FP_WORKSPACE_QUERY
 
  private:
   const Kernels* table_;

@@ -29,7 +29,7 @@ void linear_backward_weight(Backend& be, const float* dy, const float* x, float*
 
 void rmsnorm_backward(Backend& be, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                       float* dw, int64_t rows, int64_t d) {
-  Tensor ws = be.alloc_f32(Category::Category_workspace, {ops::cpu::rmsnorm_backward_workspace(rows, d)},
+  Tensor ws = be.alloc_f32(Category::Category_workspace, {be.kernels().rmsnorm_backward_workspace(rows, d)},
                            "rmsnorm.dw_partials");
   be.kernels().rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, d, ws.f32());
 }

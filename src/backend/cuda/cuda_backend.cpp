@@ -289,6 +289,10 @@ const ops::Kernels& kernels_cuda() {
 #define FP_CUDA_MISSING(name) t.name = &Missing<decltype(t.name), kCudaKernelName_##name>::fn;
     FP_KERNEL_LIST(FP_CUDA_MISSING)
 #undef FP_CUDA_MISSING
+    // The cpu kernels' sizes until the cuda kernels that need workspace exist.
+#define FP_CUDA_WORKSPACE(name) t.name = &ops::cpu::name;
+    FP_WORKSPACE_LIST(FP_CUDA_WORKSPACE)
+#undef FP_CUDA_WORKSPACE
     t.gemm = &gemm_cublas;
     t.fill = &fill_device;
     t.copy = &copy_device;
