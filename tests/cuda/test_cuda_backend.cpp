@@ -116,6 +116,20 @@ TEST(CudaBackend, MissingKernelIsNamed) {
   }
 }
 
+// No data channel yet (NCCL): one rank gets one that refuses calls by name, more ranks are refused.
+TEST(CudaBackend, DataChannelIsRefusedByName) {
+  FP_SKIP_WITHOUT_GPU();
+  auto be = backend_create("cuda", kUnlimitedBytes, kUnlimitedBytes);
+  std::unique_ptr<Comm> one = comm_single();
+  std::unique_ptr<DataComm> data = be->data_channel(*one);
+  try {
+    data->all_gather(be->compute_stream(), nullptr, nullptr, 0, DType::DType_F32);
+    ADD_FAILURE() << "the cuda data channel moved something";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_gather"), std::string::npos) << e.what();
+  }
+}
+
 // Without a GPU the backend is refused with the runtime's reason, not a crash (runs everywhere).
 TEST(CudaBackend, NoGpuIsAClearError) {
   std::string why;

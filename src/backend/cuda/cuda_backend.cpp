@@ -218,6 +218,31 @@ struct Missing<R (*)(A...), Name> {
   }
 };
 
+// The data channel of one rank until NCCL: every call is an error naming it (the host channel would
+// hand device pointers to memmove).
+class CudaNoDataComm final : public DataComm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_gather(Stream&, const void*, void*, int64_t, DType) override { refuse("all_gather"); }
+  void reduce_scatter_sum(Stream&, const void*, void*, int64_t, DType) override { refuse("reduce_scatter_sum"); }
+  void all_to_all_v(Stream&, const void*, const int64_t*, void*, const int64_t*, DType) override {
+    refuse("all_to_all_v");
+  }
+  void send_recv(Stream&, const void*, int64_t, int, void*, int64_t, int, DType) override { refuse("send_recv"); }
+  CommRequest send_recv_start(Stream&, const void*, int64_t, int, void*, int64_t, int, DType) override {
+    refuse("send_recv_start");
+  }
+  bool test(CommRequest& r) override { return !r.active(); }
+  void wait(CommRequest&) override {}
+
+ private:
+  [[noreturn]] static void refuse(const char* call) {
+    throw Error(fmt::format("the cuda backend has no data channel yet (NCCL): {}", call),
+                "the cuda backend is a skeleton (src/backend/cuda/cuda_backend.h); use --device cpu");
+  }
+};
+
 // Device and pinned memory through caches (Note [Caching allocator]: cudaMalloc and cudaFree
 // synchronize the device, so a step must not call them per tensor); the streams above.
 Backend::Parts cuda_parts(uint64_t device_capacity, uint64_t host_capacity) {
@@ -244,11 +269,12 @@ class CudaBackend final : public Backend {
     cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<CudaStream&>(s).handle()),
                "copy_async");
   }
-  // NCCL comes with the model's kernels; until then a step (which makes its data channel first) is
-  // refused by name. The host channel would hand device pointers to memmove and MPI.
+  // NCCL comes with the model's kernels. Until then a run over ranks is refused here, and one rank
+  // (which moves no device buffer between ranks) gets a channel that refuses any call by name.
   std::unique_ptr<DataComm> data_channel(Comm& control) const override {
-    throw Error(fmt::format("the cuda backend has no data channel yet (NCCL; {} ranks asked)", control.size()),
-                "the cuda backend is a skeleton (src/backend/cuda/cuda_backend.h); use --device cpu");
+    FP_CHECK(control.size() == 1, "run multi-rank work on --device cpu or meta",
+             "the cuda backend has no data channel yet (NCCL): {} ranks", control.size());
+    return std::make_unique<CudaNoDataComm>();
   }
   // On the compute stream, after the kernels enqueued there, and waited for.
   void copy_to_host(void* dst, const void* src, uint64_t bytes) override { copy_blocking(dst, src, bytes, "copy_to_host"); }

@@ -8,7 +8,8 @@
 // (cuda_kernels.cu) and gemm (cuBLAS, row-major through the column-major transpose identity), each
 // launched on the stream of its execution context. Every other kernel of the table throws an error
 // naming it: a model step on cuda stops at its first missing kernel instead of computing something else.
-// What it does not have yet: the model's kernels.
+// What it does not have yet: the model's kernels, and a data channel (NCCL): a run over ranks is
+// refused when its step makes its channel, and one rank's channel refuses any call by name.
 #pragma once
 
 #include <cstdint>
