@@ -45,7 +45,6 @@ class Backend {
   // (Note [Kernel execution context] in backend/kernels.h).
   ops::KernelLauncher kernels() const { return ops::KernelLauncher(*kernels_, *compute_); }
   ops::KernelLauncher kernels_on(Stream& s) const { return ops::KernelLauncher(*kernels_, s); }
-  const ops::Kernels& kernel_table() const { return *kernels_; }
   // Replaces the kernel table (benchmarks: ops::kernels_cpu_gemm_profiled). Same backend semantics.
   void kernels_set(const ops::Kernels& k) { kernels_ = &k; }
 

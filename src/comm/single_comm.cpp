@@ -32,7 +32,9 @@ class SingleComm final : public Comm {
 
  private:
   static void copy(void* dst, const void* src, int64_t n, DType t) {
-    if (dst != nullptr && src != nullptr && dst != src && n > 0)
+    comm_buffer_check(src, n, "single");
+    comm_buffer_check(dst, n, "single");
+    if (dst != src && n > 0)
       std::memmove(dst, src, static_cast<size_t>(n) * dtype_size(t));
   }
 };

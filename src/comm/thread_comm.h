@@ -1,19 +1,17 @@
-// W ranks in one process, one thread each, joined by a Comm that really
-// exchanges what it is given: the world `flatpeak plan` runs the engine in (the
-// meta backend on every rank), and the tests' W-rank worlds. LLEP's plan sends
-// a rank rows by their global position, so what rank r receives differs from
-// what it sends itself: every rank must run its own step, and host buffers
-// (counts, loads, token counts) move for real.
+// W ranks in one process, one thread each, joined by a control channel (comm/comm.h) that really
+// exchanges what it is given: the world `flatpeak plan` runs the engine in (the meta backend on every
+// rank), and the tests' W-rank worlds. LLEP's plan sends a rank rows by their global position, so what
+// rank r receives differs from what it sends itself: every rank must run its own step, and host
+// buffers (counts, loads, token counts) move for real.
 //
-// Every call meets: host data moves for real on every backend. On the meta backend the device
-// buffers move through the meta data channel (comm/data_comm.h), which never reaches the world, so a
-// W-rank plan costs one meeting per control-channel call, not one per hop (W = 64 ranks on 2 cores:
-// 64 thread switches per meeting).
+// Every call meets. On the meta backend the device buffers go through the meta data channel
+// (comm/data_comm.h), which never reaches the world, so a W-rank plan costs one meeting per
+// control-channel call, not one per hop (W = 64 ranks on 2 cores: 64 thread switches per meeting); on
+// the cpu backend the data channel runs on this world, so device buffers meet too.
 //
-// Every call is a collective of all W threads, send_recv included
-// (each rank posts what it sends to whom and takes what its source posted for
-// it): the engine's ring hops and LLEP's weight rounds are called by every rank
-// in the same order. A rank that throws breaks the world: the others throw from
+// Every call is a collective of all W threads, send_recv included (each rank posts what it sends to
+// whom and takes what its source posted for it): the engine's ring hops and LLEP's weight rounds are
+// called by every rank in the same order. A rank that throws breaks the world: the others throw from
 // their next meeting, so run() never hangs, and it rethrows the first error.
 #pragma once
 
