@@ -30,6 +30,7 @@
 #include "ops/embedding.h"
 #include "ops/gemm.h"
 #include "ops/gemm_tiled.h"
+#include "ops/moe_chunk_order.h"
 #include "ops/moe_permute.h"
 #include "ops/moe_routing.h"
 #include "ops/online_lse.h"
@@ -57,7 +58,7 @@ namespace ops {
   X(swiglu_forward) X(swiglu_backward)                                                               \
   X(router_forward) X(router_gather) X(router_backward)                                              \
   X(router_sigmoid_forward) X(router_sigmoid_gather) X(router_sigmoid_backward)                      \
-  X(moe_routing_build) X(moe_gather) X(moe_scatter)                                                  \
+  X(moe_routing_build) X(moe_gather) X(moe_scatter) X(moe_chunk_order)                               \
   X(moe_combine_forward) X(moe_combine_backward) X(moe_scatter_add)                                  \
   X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)                                    \
   X(online_lse_init) X(online_lse_fold) X(online_lse_loss) X(online_lse_backward)                    \

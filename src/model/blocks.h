@@ -54,13 +54,10 @@ struct StepContext {
   int64_t moe_token_chunk = 0;
   Tensor pos;                // (n) i32, position of each token in its sequence
   std::vector<int32_t> seq_pos;  // (T) host: the positions of this rank's tokens in a sequence
-  // The MoE block's host scratch, reused across layers (no allocation per layer once sized); the block
-  // hands a dispatch the rows it needs (MoeChunk::rows), never this context. The expert order itself is
-  // built on the device (Note [The routing sort on the device] in model/moe_block.cpp).
+  // The MoE block's host scratch, reused across layers (no allocation per layer once sized). The expert
+  // order itself is built on the device and stays there (Note [The routing sort on the device] in
+  // model/moe_block.cpp).
   std::vector<int32_t> host_topk;     // (n, k) a routing profile's choice, uploaded to every MoE block
-  std::vector<int32_t> host_rows;     // (m) token of each routed copy in expert order, copied down only for a
-                                      // dispatch that reads them (ExpertDispatch::reads_rows); the current MoE
-                                      // block's, under token chunks the current chunk's (tokens from its first)
   // Note [A routing profile is routed once per step]: a profile's choice depends only on (n, k, E),
   // never on the layer or the data, so with a profile the first MoE block builds host_topk and these
   // offsets and every later block (and the recompute) reuses them: it uploads the choice and sorts it

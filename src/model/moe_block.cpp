@@ -92,12 +92,14 @@ void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, Moe
 // ops/moe_routing.h) is built by the kernel table's moe_routing_build from the top-k on the device, the
 // router's or a profile's choice uploaded there, so rows and slot_pos never leave the device. Only the
 // E + 1 offsets cross to the host: the dispatch sizes its buffers and collectives by the counts (as
-// every GPU MoE reads its counts back), and a dispatch that plans per row (ExpertDispatch::reads_rows)
-// gets the rows copied down as well. Before, the (n, k) top-k went to the host and rows and slot_pos
-// came back: 3 n k int32 per layer. The offsets are category workspace for the sort's duration,
-// allocated on meta too (the same ledger); there they come from the profile's closed form (Note [Meta
-// routes a profile in closed form]) or from the step's first routing (Note [A routing profile is routed
-// once per step]), never from the device.
+// every GPU MoE reads its counts back). A dispatch that plans per row (ExpertDispatch::reads_rows:
+// pipelined_llep's chunk order, ops/moe_chunk_order.h) reads the rows on the device too, so the block
+// keeps them alive into its forward and the forward frees them once read (MoeChunk::release_rows); only
+// its counts come back. Before, the (n, k) top-k went to the host and rows and slot_pos came back: 3 n k
+// int32 per layer; then the rows still went down for pipelined_llep: n k int32 per layer. The offsets
+// are category workspace for the sort's duration, allocated on meta too (the same ledger); there they
+// come from the profile's closed form (Note [Meta routes a profile in closed form]) or from the step's
+// first routing (Note [A routing profile is routed once per step]), never from the device.
 
 // rows (nc k) and slot_pos (nc, k) of the block's tokens [t0, t0 + nc), allocated here (activations), by
 // the routing sort; offsets (E + 1), when not null, receive its counts (null: the caller has them).
@@ -113,17 +115,6 @@ void routing_sort(StepContext& s, const MoeActs& a, int64_t t0, int64_t nc, Tens
   if (offsets == nullptr) return;
   offsets->resize(static_cast<size_t>(E + 1));
   be.copy_to_host(offsets->data(), dev_offsets.data(), dev_offsets.bytes());
-}
-
-// MoeChunk::rows for the step's dispatch: the device rows (m) copied into s.host_rows where the dispatch
-// plans per row (ExpertDispatch::reads_rows) and the backend computes; empty otherwise (on meta under a
-// profile the dispatch counts in closed form).
-std::span<const int32_t> dispatch_rows(StepContext& s, const Tensor& rows) {
-  s.host_rows.clear();
-  if (routing_closed_form(s) || !expert_dispatch(s).reads_rows()) return {};
-  s.host_rows.resize(static_cast<size_t>(rows.numel()));
-  s.be.copy_to_host(s.host_rows.data(), rows.data(), rows.bytes());
-  return s.host_rows;
 }
 
 // stats (the load-balancing loss's): routed copies per expert from the offsets (E + 1) of a chunk of the
@@ -284,9 +275,12 @@ Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Te
     if (stats) stats_fill(s, a, offsets, *stats, chunk == 0);
     Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
     K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
-    const MoeChunk window{chunk, t0, nc, dispatch_rows(s, rows), nullptr};
-    rows.reset();
+    // The rows go into a dispatch that reads them (Note [The routing sort on the device]), which frees them.
+    const bool reads = expert_dispatch(s).reads_rows();
+    if (!reads) rows.reset();
+    const MoeChunk window{chunk, t0, nc, reads ? &rows : nullptr, true, nullptr};
     Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, nullptr);
+    rows.reset();
     K.moe_combine_forward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(x2.f32(), t0 * H), nc, k,
                           H);
   }
@@ -325,7 +319,9 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     *stats = RouterStats{};
     stats_fill(s, a, a.offsets, *stats, true);
   }
-  const std::span<const int32_t> rows_host = dispatch_rows(s, a.rows);
+  // The rows go into a dispatch that reads them (Note [The routing sort on the device]), which frees them
+  // without keep.
+  const bool reads = expert_dispatch(s).reads_rows();
 
   // Note [Shared experts]: x2 = shared(h2) + x1 before the routed copies leave.
   Tensor x2;
@@ -338,12 +334,14 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     a.rstd2.reset();
     a.probs.reset();
     a.topk_idx.reset();
-    a.rows.reset();
+    if (!reads) a.rows.reset();
   }
 
   // The experts, wherever they live: the dispatch takes xs and returns ys (m, H) in the same order.
-  const MoeChunk whole{0, 0, n, rows_host, keep ? &a.h2 : nullptr};  // h2 freed above unless kept
+  // h2 freed above unless kept
+  const MoeChunk whole{0, 0, n, reads ? &a.rows : nullptr, !keep, keep ? &a.h2 : nullptr};
   a.ys = expert_dispatch(s).forward(s, lp, std::move(xs), a.offsets, whole, keep ? &a.dispatch : nullptr);
+  if (!keep) a.rows.reset();
 
   if (!x2.defined()) {
     x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
@@ -377,7 +375,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   if (c.n_shared_experts > 0) dh2 = moe_dh2_start(s, lp, a, dx);
 
   // The experts' backward, wherever they live: dys (m, H) -> dxs (m, H); owned experts' weight gradients.
-  const MoeChunk whole{0, 0, n, s.host_rows, &a.h2};  // the rows the forward with keep handed it
+  const MoeChunk whole{0, 0, n, nullptr, false, &a.h2};
   Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(dys), a.offsets, whole, std::move(a.dispatch));
 
   // back to token order
@@ -420,14 +418,17 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
     Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
     K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
     const Tensor h2_chunk = Tensor::view(a.h2, t0 * H, {nc, H}, "moe.h2");
-    const MoeChunk window{chunk, t0, nc, dispatch_rows(s, rows), &h2_chunk};
-    rows.reset();
+    const bool reads = expert_dispatch(s).reads_rows();  // Note [The routing sort on the device]
+    if (!reads) rows.reset();
+    const MoeChunk window{chunk, t0, nc, reads ? &rows : nullptr, true, &h2_chunk};
     std::unique_ptr<DispatchActs> acts;
     Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, &acts);
+    rows.reset();
     // d ys in ys's buffer and the chunk's rows of d w (as moe_block_backward does for the whole block).
     K.moe_combine_backward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(dx.f32(), t0 * H),
                            ys.f32(), ptr_at(dw.f32(), t0 * k), nc, k, H);
-    Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(ys), offsets, window, std::move(acts));
+    const MoeChunk window_back{chunk, t0, nc, nullptr, false, &h2_chunk};
+    Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(ys), offsets, window_back, std::move(acts));
     K.moe_scatter_add(dxs.f32(), slot_pos.i32(), ptr_at(dh2.f32(), t0 * H), nc, k, H);
   }
   a.topk_w.reset();

@@ -55,6 +55,7 @@
 #include "ops/ref/embedding.h"
 #include "ops/ref/gemm.h"
 #include "ops/ref/gemm_tiled.h"
+#include "ops/ref/moe_chunk_order.h"
 #include "ops/ref/moe_permute.h"
 #include "ops/ref/moe_routing.h"
 #include "ops/ref/online_lse.h"
@@ -786,6 +787,36 @@ void case_moe_routing_build(KernelRun& r) {
   r.expect_equal("expert_offsets", d_off, offsets);
 }
 
+// PipelinedLLEP's chunk order (test_moe_chunk_order.cpp): byte for byte; 41 tokens, k = 3, W = 3 ranks,
+// K = 4 strided chunks, pieces of random lengths (some empty) to random ranks, counters per piece.
+// Outputs poisoned: every entry must be written.
+void case_moe_chunk_order(KernelRun& r) {
+  const int64_t n = 41, k = 3, m = n * k, K = 4, W = 3, B = 4 * 7;
+  const std::vector<int32_t> rows = op_test::random_ids(m, n, r.rng);
+  std::vector<int64_t> pieces;
+  for (int64_t b = 0, p = 0; b < m; ++p) {
+    const int64_t e = std::min<int64_t>(m, b + static_cast<int64_t>(r.rng.below(30)));
+    pieces.insert(pieces.end(), {b, e, static_cast<int64_t>(r.rng.below(W)), p % 7, 7});
+    b = e;
+  }
+  const int64_t P = static_cast<int64_t>(pieces.size()) / 5;
+  std::vector<int32_t> order(m), tokens(m);
+  std::vector<int64_t> offsets(K * W + 1), blocks(B);
+  ops::ref::moe_chunk_order(rows.data(), m, pieces.data(), P, K, 0, true, W, B, order.data(), tokens.data(),
+                            offsets.data(), blocks.data());
+  const int32_t* drows = r.up(rows, "rows");
+  const int64_t* dpieces = r.up(pieces, "pieces");
+  int32_t *dorder = r.up(std::vector<int32_t>(m, -7), "order"), *dtok = r.up(std::vector<int32_t>(m, -7), "tokens");
+  int64_t *doff = r.up(std::vector<int64_t>(K * W + 1, -7), "group_offsets"),
+          *dblk = r.up(std::vector<int64_t>(B, -7), "block_counts");
+  r.K.moe_chunk_order(drows, m, dpieces, P, K, int64_t{0}, true, W, B, dorder, dtok, doff, dblk);
+  r.sync();
+  r.expect_equal("order", dorder, order);
+  r.expect_equal("tokens", dtok, tokens);
+  r.expect_equal("group_offsets", doff, offsets);
+  r.expect_equal("block_counts", dblk, blocks);
+}
+
 // The token permutation (test_moe_permute.cpp): n = 13 tokens, k = 3 slots, H = 19, the routing of random
 // experts (repeats allowed) built by the reference sort.
 struct Permutation {
@@ -1240,6 +1271,7 @@ const std::map<std::string, CaseFn>& cases() {
       {"moe_routing_build", case_moe_routing_build},
       {"moe_gather", case_moe_gather},
       {"moe_scatter", case_moe_scatter},
+      {"moe_chunk_order", case_moe_chunk_order},
       {"moe_combine_forward", case_moe_combine_forward},
       {"moe_combine_backward", case_moe_combine_backward},
       {"moe_scatter_add", case_moe_scatter_add},

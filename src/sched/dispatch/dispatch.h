@@ -13,8 +13,9 @@
 //                                   to other ranks with the experts' weights; standard below lambda.
 //   pipelined_llep  (pipelined_llep.cpp) LLEP's plan dispatched in K chunks (chunk_plan.h): what a rank
 //                                   receives at once is bounded at launch. Reads MoeChunk::rows (the token
-//                                   of each row of xs) for chunk membership; on meta under a profile, the
-//                                   profile's closed form (model/routing.h).
+//                                   of each row of xs, on the device) for chunk membership, in the kernel
+//                                   ops/moe_chunk_order.h; on meta under a profile, the profile's closed
+//                                   form (model/routing.h).
 //
 // Legend: n tokens on this rank, k experts per token, m = n * k routed copies, H hidden, I expert FFN
 // width, E experts, W ranks, E_p = E / W, R = rows this rank computes (under standard: every route of
@@ -63,10 +64,12 @@ struct MoeChunk {
   int64_t index = 0;  // the window's number in the block, 0 unchunked: per-window caches key on it
   int64_t t0 = 0;     // its first token among the rank's n
   int64_t n = 0;      // its tokens; every rank's windows have the same sizes (the collectives stay matched)
-  // (m) the token of each row of xs (expert order), counted from t0, on the host; empty unless the variant
-  // reads_rows(), and on meta under a profile (Note [Meta routes a profile in closed form] in
-  // model/routing.cpp).
-  std::span<const int32_t> rows;
+  // (m) i32 on the device: the token of each row of xs (expert order), counted from t0 (the routing sort's
+  // rows, moe.rows); given to a forward of a variant that reads_rows() only, null otherwise and in backward.
+  // No data on meta. With release_rows the block is done with them: the forward frees them (resets *rows)
+  // as soon as it has read them, so they are not alive beside its buffers.
+  Tensor* rows = nullptr;
+  bool release_rows = false;
   // (n, H) the window's normed tokens (MoeActs::h2), offered to a forward with keep and to the backward
   // (null otherwise): a dispatch that sends rows again in backward may gather them from it (token of row
   // i: rows[i]) instead of keeping xs.
@@ -91,9 +94,9 @@ class ExpertDispatch {
   virtual Tensor backward(StepContext& s, const LayerParams& lp, Tensor dys, std::span<const int64_t> offsets,
                           const MoeChunk& chunk, std::unique_ptr<DispatchActs> acts) = 0;
 
-  // Whether forward reads MoeChunk::rows (a plan per row on the host, as pipelined_llep's chunk
-  // membership): the MoE block copies the device rows down for such a variant only (Note [The routing
-  // sort on the device] in model/moe_block.cpp); for the others MoeChunk::rows is empty.
+  // Whether forward reads MoeChunk::rows (the device rows, as pipelined_llep's chunk membership): the
+  // MoE block keeps them alive into the call for such a variant only (Note [The routing sort on the
+  // device] in model/moe_block.cpp); the others get a null MoeChunk::rows, the rows freed before.
   virtual bool reads_rows() const { return false; }
 
   const DispatchStats& last() const { return last_; }

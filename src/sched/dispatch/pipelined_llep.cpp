@@ -8,6 +8,14 @@
 // chunks only decide *when*: chunk i carries the copies of this rank's tokens in chunk i (contiguous
 // or strided membership), so a destination receives at most W k c_eff rows per chunk.
 //
+// The chunk order (pllep.rows (m) i32: the rows of xs chunk by chunk, within a chunk by destination then
+// row) is built on the device from the MoE block's rows (MoeChunk::rows, the token of each row) by the
+// kernel moe_chunk_order (ops/moe_chunk_order.h), given the plan's pieces as a small table
+// (pllep.pieces (P, 5) i64, uploaded); only its counts come to the host (pllep.counts (K W + 1 + B) i64:
+// the rows per chunk and destination, and per destination, chunk and computed expert), to size the
+// buffers and the exchanges. No O(m) host work and no rows on the host. The block's rows are freed as
+// soon as they are read (MoeChunk::release_rows).
+//
 // Forward, chunk by chunk (category dispatch; `pllep.send`, `pllep.back` are token side, at most
 // m_i rows; `pllep.recv`, `pllep.y` expert side, r_i rows):
 //   pllep.send (m_i, H)   xs rows of the chunk, by destination -> all-to-all-v -> pllep.recv (r_i, H);
@@ -57,8 +65,9 @@ constexpr Category kAct = Category::Category_activations;
 struct ChunkLayout {
   ChunkPlan cp;
   int64_t W = 1;
-  std::vector<int32_t> rows;          // (m) xs rows, chunk by chunk, within a chunk by destination then row
-  std::vector<int64_t> first;         // (K + 1) chunk i's rows are rows[first[i], first[i+1])
+  std::vector<int64_t> pieces;        // (P, 5) the plan's pieces as moe_chunk_order reads them
+  int64_t blocks = 0;                 // B: its block counters, K x the experts every rank computes
+  std::vector<int64_t> first;         // (K + 1) chunk i's rows are pllep.rows[first[i], first[i+1])
   std::vector<int64_t> send_elems;    // (K, W) floats this rank sends each rank per chunk
   std::vector<int64_t> recv_elems;    // (K, W) floats this rank receives from each rank per chunk
   std::vector<int64_t> block_expert;  // blocks arriving, chunk by chunk, source-major: the expert ...
@@ -72,7 +81,7 @@ struct PipelinedActs : DispatchActs {
   GuestExperts guests;          // received weights kept for backward
   Tensor xs;                    // (m, H) the routed copies, sent again chunk by chunk in backward, unless ...
   Tensor tokens;                // (m) i32 ... the rows are gathered again from MoeChunk::h2: each chunk row's token
-  Tensor rows;                  // (m) i32 device copy of chunks.rows
+  Tensor rows;                  // (m) i32 xs rows, chunk by chunk, within a chunk by destination then row
   std::vector<ExpertActs> ffn;  // (K) each chunk's g, u, act (r_i, I); x is not kept
 };
 
@@ -83,7 +92,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     stats_.chunk_bound_bytes = bound_bytes;
   }
   std::string_view name() const override { return "pipelined_llep"; }
-  bool reads_rows() const override { return true; }  // chunk membership is by token (counts_from_rows)
+  bool reads_rows() const override { return true; }  // chunk membership is by token (moe_chunk_order)
 
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
                  const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
@@ -102,7 +111,9 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     // LLEP plan and the chunk layout are the same for every layer: built once, then shared. Every rank
     // decides alike (the profile is the run's), so the collectives inside (the all-gather of the
     // expert counts, the exchange of chunk counts) are skipped everywhere at once. On meta at 1M
-    // tokens and 64 ranks this is most of a step's host work.
+    // tokens and 64 ranks this is most of a step's host work. The chunk order itself (pllep.rows) is a
+    // device buffer of each layer's forward: the kernel builds it every layer (on the layer's own rows,
+    // the same under a profile), and only a new layout reads its counts back.
     // Under token chunks (Note [The MoE token side in chunks]) one layout per chunk of the block.
     const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
     const size_t slot = static_cast<size_t>(chunk.index);
@@ -110,14 +121,16 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       profile_layers_.resize(slot + 1);
       profile_chunks_.resize(slot + 1);
     }
-    if (!profiled || profile_chunks_[slot] == nullptr) {
-      auto layer = std::make_shared<LlepLayer>();
+    const bool fresh = !profiled || profile_chunks_[slot] == nullptr;
+    std::shared_ptr<LlepLayer> layer;
+    std::shared_ptr<ChunkLayout> built;
+    if (fresh) {
+      layer = std::make_shared<LlepLayer>();
       llep_layer_build(s, params_, offsets, chunk.n, *layer);
-      auto built = std::make_shared<ChunkLayout>();
-      chunks_build(s, offsets, chunk, *layer, *built);
+      built = std::make_shared<ChunkLayout>();
+      chunks_prepare(s, offsets, chunk, *layer, *built);
       a->layer = layer;
       a->chunks = built;
-      if (profiled) profile_layers_[slot] = layer, profile_chunks_[slot] = built;
     } else {
       a->layer = profile_layers_[slot];
       a->chunks = profile_chunks_[slot];
@@ -125,17 +138,15 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     const ChunkLayout& C = *a->chunks;
 
     a->rows = be.alloc(kDispatch, {m}, DType::DType_I32, "pllep.rows");  // (m)
-    be.copy_from_host(a->rows.data(), C.rows.data(), a->rows.bytes());
     // Backward sends the rows again: from the block's h2 when the block offers it (then xs can take
     // the outputs in place, as without keep), else from xs kept here (then the output is new).
     const bool regather = keep && chunk.h2 != nullptr;
-    if (regather) {
-      a->tokens = be.alloc(kDispatch, {m}, DType::DType_I32, "pllep.tokens");  // (m)
-      if (be.computes()) {  // meta: no O(m) host work for a copy that moves nothing
-        host_tokens_.resize(static_cast<size_t>(m));
-        for (int64_t j = 0; j < m; ++j) host_tokens_[j] = chunk.rows[C.rows[j]];
-        be.copy_from_host(a->tokens.data(), host_tokens_.data(), a->tokens.bytes());
-      }
+    if (regather) a->tokens = be.alloc(kDispatch, {m}, DType::DType_I32, "pllep.tokens");  // (m)
+    // The chunk order on the device, every layer; its counts to the host when the layout is new.
+    chunk_order(s, chunk, C, *a, m, fresh);
+    if (fresh) {
+      chunks_finish(s, offsets, chunk, *layer, *built);
+      if (profiled) profile_layers_[slot] = layer, profile_chunks_[slot] = built;
     }
     Tensor out;  // (m, H) expert order
     if (keep && !regather) out = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");
@@ -235,13 +246,12 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     s.data.all_to_all_v(s.be.compute_stream(), from.data(), sc, to.data(), rc, from.dtype());
   }
 
-  // The chunk layout of this layer: membership, per-chunk rows by destination, and (one all-to-all
-  // of counts) what every chunk brings from every source.
-  void chunks_build(StepContext& s, std::span<const int64_t> offsets, const MoeChunk& chunk, const LlepLayer& layer,
-                    ChunkLayout& C) {
+  // The chunk layout of this layer, before the chunk order: membership, the experts each rank computes,
+  // and the plan's pieces as the table moe_chunk_order reads.
+  void chunks_prepare(StepContext& s, std::span<const int64_t> offsets, const MoeChunk& chunk, const LlepLayer& layer,
+                      ChunkLayout& C) {
     const int W = s.comm.size();
-    const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok;
-    const int64_t m = offsets[E];
+    const int64_t E = s.cfg.num_experts;
     // n_max, not n: K and c_eff must be the same on every rank (every chunk is one collective).
     C.cp = chunk_plan_build(std::max<int64_t>(layer.n_max, 1), sched_.chunk_cap,
                             chunk_budget(sched_.max_chunks, chunk.n, s.n),
@@ -268,15 +278,67 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       comp_first_[d + 1] = comp_first_[d] + n;
     }
 
+    // The pieces: rows [offsets[e] + begin, offsets[e] + end) go to d, and their rows of chunk i are
+    // counted in send_blocks_'s entry for (d, i, x): per d (K, |X_d|) from K comp_first_[d].
+    C.pieces.clear();
+    for (const LlepPiece& pc : layer.pieces) {
+      const int d = pc.dest;
+      const int32_t x = comp_pos_[d * E + pc.expert];
+      FP_ASSERT(x >= 0, "pipelined_llep: rows of expert {} go to rank {}, which does not compute it", pc.expert, d);
+      C.pieces.insert(C.pieces.end(), {offsets[pc.expert] + pc.begin, offsets[pc.expert] + pc.end, d,
+                                       Kc * comp_first_[d] + x, comp_first_[d + 1] - comp_first_[d]});
+    }
+    C.blocks = Kc * comp_first_[W];
+  }
+
+  // The chunk order of this forward (a->rows, and a->tokens when defined), on the device from the block's
+  // rows: moe_chunk_order. With `counts`, its counts come to the host (order_counts_: (K W + 1) offsets
+  // of the (chunk, destination) groups, then the B block counters). Frees the block's rows when it is
+  // done with them. Allocated on meta too (the same ledger), where nothing is computed.
+  void chunk_order(StepContext& s, const MoeChunk& chunk, const ChunkLayout& C, PipelinedActs& a, int64_t m,
+                   bool counts) {
+    Backend& be = s.be;
+    FP_ASSERT(chunk.rows != nullptr && chunk.rows->defined() && chunk.rows->numel() == m,
+              "pipelined_llep: the forward needs the block's rows (MoeChunk::rows) of its {} rows", m);
+    const int64_t P = static_cast<int64_t>(C.pieces.size()) / 5, G = C.cp.K * C.W;
+    Tensor pieces = be.alloc(kDispatch, {5 * P}, DType::DType_I64, "pllep.pieces");  // (P, 5)
+    be.copy_from_host(pieces.data(), C.pieces.data(), pieces.bytes());
+    Tensor dev_counts = be.alloc(kDispatch, {G + 1 + C.blocks}, DType::DType_I64, "pllep.counts");
+    auto* dc = static_cast<int64_t*>(dev_counts.data());
+    be.kernels().moe_chunk_order(chunk.rows->i32(), m, static_cast<const int64_t*>(pieces.data()), P, C.cp.K,
+                                 C.cp.c_eff, C.cp.membership == ChunkMembership::ChunkMembership_strided, C.W,
+                                 C.blocks, a.rows.i32(), a.tokens.defined() ? a.tokens.i32() : nullptr, dc,
+                                 ptr_at(dc, G + 1));
+    if (counts && be.computes()) {
+      order_counts_.resize(static_cast<size_t>(G + 1 + C.blocks));
+      be.copy_to_host(order_counts_.data(), dev_counts.data(), dev_counts.bytes());
+    }
+    if (chunk.release_rows) chunk.rows->reset();
+    dev_counts.reset();
+    pieces.reset();
+  }
+
+  // The chunk layout of this layer, after the chunk order: per-chunk rows by destination, and (one
+  // all-to-all of counts) what every chunk brings from every source.
+  void chunks_finish(StepContext& s, std::span<const int64_t> offsets, const MoeChunk& chunk, const LlepLayer& layer,
+                     ChunkLayout& C) {
+    const int W = s.comm.size();
+    const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok;
+    const int64_t m = offsets[E], Kc = C.cp.K;
+
     // Per (chunk, destination) rows (counts_) and per (destination, chunk, expert) blocks (send_blocks_,
-    // per d: (K, |X_d|)), from the rows themselves or, on meta under a profile, in closed form.
+    // per d: (K, |X_d|)), from the chunk order's counts or, on meta under a profile, in closed form.
     counts_.assign(static_cast<size_t>(Kc * W + 1), 0);  // (K * W + 1): counts_[1 + i W + d]
-    send_blocks_.assign(static_cast<size_t>(Kc * comp_first_[W]), 0);
+    send_blocks_.assign(static_cast<size_t>(C.blocks), 0);
     const bool closed_form = !s.be.computes() && s.profile.kind != RoutingProfile::Kind::Kind_router;
-    if (closed_form)
+    FP_ASSERT(closed_form || s.be.computes(),
+              "pipelined_llep: meta has no rows to order; it counts a routing profile in closed form");
+    if (closed_form) {
       counts_from_profile(s, chunk, layer, C.cp);
-    else
-      counts_from_rows(s, offsets, chunk, layer, C);
+    } else {
+      for (int64_t g = 0; g < Kc * W; ++g) counts_[g + 1] = order_counts_[g + 1] - order_counts_[g];
+      std::copy(order_counts_.begin() + Kc * W + 1, order_counts_.end(), send_blocks_.begin());
+    }
     std::vector<int64_t>& cnt = counts_;
     C.send_elems.assign(static_cast<size_t>(Kc * W), 0);
     for (int64_t j = 0; j < Kc * W; ++j) C.send_elems[j] = cnt[j + 1] * H;
@@ -284,10 +346,6 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     C.first.assign(static_cast<size_t>(Kc + 1), 0);
     for (int64_t i = 0; i <= Kc; ++i) C.first[i] = cnt[i * W];
     FP_ASSERT(C.first[Kc] == m, "pipelined_llep: the chunks hold {} rows, xs {}", C.first[Kc], m);
-    if (!closed_form) {  // the rows in chunk order (a counting sort, stable in the row)
-      C.rows.resize(static_cast<size_t>(m));
-      for (int64_t r = 0; r < m; ++r) C.rows[cnt[row_chunk_[r] * W + row_dest_[r]]++] = static_cast<int32_t>(r);
-    }
 
     const int me = s.comm.rank();
     const int64_t Xme = comp_first_[me + 1] - comp_first_[me];
@@ -358,30 +416,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     last_ = {sent_away, R};
   }
 
-  // Each row's destination (the plan's pieces) and chunk (its token's), counted: counts_ and
-  // send_blocks_; row_dest_ and row_chunk_ stay for the sort of the rows.
-  void counts_from_rows(const StepContext& s, std::span<const int64_t> offsets, const MoeChunk& chunk,
-                        const LlepLayer& layer, const ChunkLayout& C) {
-    const int W = s.comm.size();
-    const int64_t E = s.cfg.num_experts, m = offsets[E], Kc = C.cp.K;
-    FP_ASSERT(static_cast<int64_t>(chunk.rows.size()) == m, "pipelined_llep: the chunk's rows hold {} rows, xs {}",
-              chunk.rows.size(), m);
-    row_dest_.resize(static_cast<size_t>(m));
-    for (const LlepPiece& pc : layer.pieces)
-      for (int64_t i = pc.begin; i < pc.end; ++i) row_dest_[offsets[pc.expert] + i] = pc.dest;
-    row_chunk_.resize(static_cast<size_t>(m));
-    for (int64_t r = 0; r < m; ++r) row_chunk_[r] = C.cp.chunk_of(chunk.rows[r]);
-    for (int64_t r = 0; r < m; ++r) ++counts_[row_chunk_[r] * W + row_dest_[r] + 1];
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
-        const int d = row_dest_[r];
-        const int32_t x = comp_pos_[d * E + e];
-        FP_ASSERT(x >= 0, "pipelined_llep: rows of expert {} go to rank {}, which does not compute it", e, d);
-        ++send_blocks_[Kc * comp_first_[d] + row_chunk_[r] * (comp_first_[d + 1] - comp_first_[d]) + x];
-      }
-  }
-
-  // The same counts on meta under a profile, in closed form (Note [Meta routes a profile in closed
+  // The counts of the chunk order on meta under a profile, in closed form (Note [Meta routes a profile in closed
   // form] in model/routing.cpp): a piece of expert e's rows [begin, end) is the expert's tokens from
   // its row begin's to its row end - 1's, and a chunk is a token range (contiguous) or a residue class
   // mod K (strided). O(pieces x K x k), nothing per row.
@@ -455,8 +490,8 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   LlepParams params_;
   uint64_t launch_bound_ = 0;  // chunk_dispatch_bound_bytes of the largest window, reserved at launch
   // Host scratch reused across layers.
-  std::vector<int32_t> row_dest_, host_tokens_;
-  std::vector<int64_t> row_chunk_, counts_, by_class_, send_blocks_, recv_blocks_, pair_counts_, recv_counts_, offsets_;
+  std::vector<int64_t> order_counts_;  // (K W + 1 + B) what moe_chunk_order counted (chunk_order)
+  std::vector<int64_t> counts_, by_class_, send_blocks_, recv_blocks_, pair_counts_, recv_counts_, offsets_;
   std::vector<int64_t> comp_first_, comp_experts_;  // Note [Counts only for the experts a rank computes]
   std::vector<int32_t> comp_pos_;
   std::vector<ExpertWeights> weights_;
