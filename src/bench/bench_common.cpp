@@ -12,15 +12,6 @@
 
 namespace fp::bench {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double max_rel_diff(const float* got, const float* ref, int64_t n) {
   double diff = 0, mag = 0;
   for (int64_t i = 0; i < n; ++i) {

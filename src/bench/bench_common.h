@@ -1,4 +1,4 @@
-// What the benchmarks (bench/*.h) share: wall-clock seconds and medians of repeats, reductions over
+// What the benchmarks (bench/*.h) share: wall-clock seconds and medians of repeats (core/timing.h), reductions over
 // the ranks, the relative difference the variant checks compare, the GEMM library and CPU every
 // report names, and the --json results file. Each benchmark is a library function over a plain
 // options struct; `flatpeak bench ...` (cli/bench.cpp) only parses the command line into it.
@@ -13,15 +13,13 @@
 
 #include "comm/comm.h"
 #include "core/dtype.h"
+#include "core/timing.h"
 
 namespace fp::bench {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0);
-
-// The median of the values (the mean of the middle two for an even count); NaN when there are none.
-double median(std::vector<double> v);
+using fp::Clock;  // wall-clock seconds and medians: core/timing.h
+using fp::median;
+using fp::seconds_since;
 
 // The largest v over the ranks (every rank passes its own and gets the largest): floating values
 // travel as float64, integers as int64.

@@ -1,9 +1,9 @@
-#include <chrono>
 #include <filesystem>
 
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "core/log.h"
+#include "core/timing.h"
 #include "core/units.h"
 #include "data/random_batch.h"
 #include "io/atomic_file.h"
@@ -65,9 +65,9 @@ int step_with(const StepOptions& o, RunConfig& cfg) {
   model.init_weights(m.seed);
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, o.data_seed);
   be->device_ledger().peaks_reset();
-  const auto t0 = std::chrono::steady_clock::now();
+  const Clock::time_point t0 = Clock::now();
   StepOutputs out = step_forward_backward(model, batch);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = seconds_since(t0);
   const Ledger& led = be->device_ledger();
   fmt::print("loss {:.6f} (cross-entropy {:.6f}, aux {:.6f}) in {:.3f} s, {:.0f} tokens/s\n", out.loss, out.ce_loss,
              out.aux_loss, secs, static_cast<double>(batch.B * batch.T) / secs);

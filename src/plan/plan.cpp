@@ -3,10 +3,10 @@
 #include "plan/plan.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/timing.h"
 #include "data/context_split.h"
 #include "sched/dispatch/chunk_plan.h"
 #include "sched/optim/optimizer.h"
@@ -148,7 +148,7 @@ void describe(const Input& in, Result& r) {
 
 // The plan of one resolved schedule.
 Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Clock::time_point t0 = Clock::now();
   const ModelConfig& c = in.model;
   const Layout& lay = in.settings.layout;
   FP_CHECK(lay.ranks >= 1 && lay.batch >= 1, "ranks and batch are at least 1", "ranks {} batch {}", lay.ranks,
@@ -209,7 +209,7 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
   r.fits_host = in.host_mem == kUnlimitedBytes || r.host_needed <= in.host_mem;
   r.approximate = in.approximate;
   describe(in, r);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.seconds = seconds_since(t0);
   return r;
 }
 
@@ -259,7 +259,7 @@ Reach plan_reach(Input in, int64_t cap, const ReachProgress& progress) {
     int64_t T = 0;
     double f = 0;
   };
-  const auto t0 = std::chrono::steady_clock::now();
+  const Clock::time_point t0 = Clock::now();
   int points = 0;
   int64_t best_T = 0;
   Result best;  // the plan of the largest context that fitted so far (the reach's, at the end)
@@ -333,7 +333,7 @@ Reach plan_reach(Input in, int64_t cap, const ReachProgress& progress) {
     out.at_max = std::move(best);
   }
   out.points = points;
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.seconds = seconds_since(t0);
   return out;
 }
 

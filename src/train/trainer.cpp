@@ -1,7 +1,6 @@
 #include "train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +14,7 @@
 #include "backend/backend.h"
 #include "core/log.h"
 #include "core/signals.h"
+#include "core/timing.h"
 #include "core/units.h"
 #include "comm/comm.h"
 #include "data/context_split.h"
@@ -332,12 +332,6 @@ void fault_apply(Backend& be, ParamStore& params, const std::string& kind) {
 // step, the value and the median; the last checkpoint stays the latest.
 constexpr size_t kLossWindow = 32, kLossWarm = 8;
 
-double median_of(std::deque<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 }  // namespace
 
 namespace {
@@ -492,7 +486,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     Batch global = data.next(data.is_recall() ? &answer_mask : nullptr);
     Batch batch = context_slice(global, comm.rank(), comm.size());
     be->device_ledger().peaks_reset();
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::time_point t0 = Clock::now();
     if (step == fault.step && (fault.kind == "spike" || fault.kind == "nan"))
       fault_apply(*be, model.params(), fault.kind);
     model.zero_grads();
@@ -502,7 +496,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
                               step, out.ce_loss, out.aux_loss),
                   fmt::format("lower optim.lr or check the data; {}", intact()));
     if (be->computes() && cfg.train.loss_spike_factor > 0 && recent.size() >= kLossWarm) {
-      const double med = median_of(recent);
+      const double med = median(std::vector<double>(recent.begin(), recent.end()));
       if (out.loss > cfg.train.loss_spike_factor * med)
         throw Error(fmt::format("the loss spiked at step {}: {:.6g} is {:.1f}x the median {:.6g} of the last {} steps "
                                 "(train.loss_spike_factor = {}); no update was applied",
@@ -520,7 +514,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     optim.weights_written(model.routing_bias_update(out.expert_counts, cfg.moe.bias_update_rate));
     be->synchronize();
     if (step == fault.step && fault.kind == "nan_update") fault_apply(*be, model.params(), fault.kind);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs = seconds_since(t0);
     const double tps = static_cast<double>(global.B * global.T) / secs;
     // Note [The trace holds the first steps]: memory_trace.json is the timeline of the run's first two
     // steps (the first pays one-time allocations, the second is a step like every later one); past them

@@ -1,6 +1,6 @@
 #include "backend/cpu/gemm_profile.h"
 
-#include <chrono>
+#include "core/timing.h"
 
 namespace fp::ops {
 
@@ -12,9 +12,9 @@ GemmProfile g_profile;
 template <auto Member>
 void gemm_timed(const ExecContext& c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Clock::time_point t0 = Clock::now();
   (kernels_cpu().*Member)(c, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  g_profile.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  g_profile.seconds += seconds_since(t0);
   g_profile.flops += 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   ++g_profile.calls;
 }

@@ -3,20 +3,17 @@
 #include "sched/optim/offload.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "core/error.h"
+#include "core/timing.h"
 #include "ops/adamw.h"
 
 namespace fp {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Rows of a device staging slot (4, B_max).
 enum SlotRow : int64_t { SlotRow_grad = 0, SlotRow_param = 1, SlotRow_m = 2, SlotRow_v = 3 };

@@ -6,10 +6,10 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <vector>
 
+#include "core/timing.h"
 #include "model/schedules.h"
 
 namespace fp {
@@ -110,17 +110,17 @@ struct RingDtpStats {
 class RingDtpTimer {
  public:
   explicit RingDtpTimer(double* acc) : acc_(acc) {
-    if (acc_ != nullptr) t0_ = std::chrono::steady_clock::now();
+    if (acc_ != nullptr) t0_ = Clock::now();
   }
   ~RingDtpTimer() {
-    if (acc_ != nullptr) *acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (acc_ != nullptr) *acc_ += seconds_since(t0_);
   }
   RingDtpTimer(const RingDtpTimer&) = delete;
   RingDtpTimer& operator=(const RingDtpTimer&) = delete;
 
  private:
   double* acc_;
-  std::chrono::steady_clock::time_point t0_;
+  Clock::time_point t0_;
 };
 
 }  // namespace fp
