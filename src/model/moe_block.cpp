@@ -280,7 +280,6 @@ Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Te
     if (!reads) rows.reset();
     const MoeChunk window{chunk, t0, nc, reads ? &rows : nullptr, true, nullptr};
     Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, nullptr);
-    rows.reset();
     K.moe_combine_forward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(x2.f32(), t0 * H), nc, k,
                           H);
   }
@@ -338,10 +337,9 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   }
 
   // The experts, wherever they live: the dispatch takes xs and returns ys (m, H) in the same order.
-  // h2 freed above unless kept
+  // Without keep, h2 was freed above and the rows are freed by the dispatch that reads them.
   const MoeChunk whole{0, 0, n, reads ? &a.rows : nullptr, !keep, keep ? &a.h2 : nullptr};
   a.ys = expert_dispatch(s).forward(s, lp, std::move(xs), a.offsets, whole, keep ? &a.dispatch : nullptr);
-  if (!keep) a.rows.reset();
 
   if (!x2.defined()) {
     x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
@@ -423,7 +421,6 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
     const MoeChunk window{chunk, t0, nc, reads ? &rows : nullptr, true, &h2_chunk};
     std::unique_ptr<DispatchActs> acts;
     Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, &acts);
-    rows.reset();
     // d ys in ys's buffer and the chunk's rows of d w (as moe_block_backward does for the whole block).
     K.moe_combine_backward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(dx.f32(), t0 * H),
                            ys.f32(), ptr_at(dw.f32(), t0 * k), nc, k, H);
