@@ -161,6 +161,11 @@ float* Tensor::f32() const {
   FP_ASSERT(dtype_ == DType::DType_F32, "tensor '{}' is {}, not f32", name_, dtype_name(dtype_));
   return static_cast<float*>(data_);
 }
+Buf Tensor::buf() const {
+  FP_ASSERT(dtype_ == DType::DType_F32 || dtype_ == DType::DType_BF16, "tensor '{}' is {}: kernels take f32 or bf16",
+            name_, dtype_name(dtype_));
+  return {data_, dtype_};
+}
 int32_t* Tensor::i32() const {
   if (data_ == nullptr) return nullptr;  // meta: no memory, any dtype
   FP_ASSERT(dtype_ == DType::DType_I32, "tensor '{}' is {}, not i32", name_, dtype_name(dtype_));

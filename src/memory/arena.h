@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "core/buf.h"
 #include "core/dtype.h"
 #include "core/shape.h"
 #include "core/stream.h"
@@ -107,6 +108,9 @@ class Tensor {
   // Data pointers: null on the meta backend (kernels there do nothing).
   void* data() const { return data_; }
   float* f32() const;
+  // The tensor as a kernel operand (f32 or bf16; Note [Kernel operands carry their dtype] in core/buf.h).
+  Buf buf() const;
+  CBuf cbuf() const { return buf(); }
   int32_t* i32() const;
   double* f64() const;
 

@@ -3,12 +3,21 @@
 
 #include <cstdint>
 
+#include "core/buf.h"
+
 namespace fp::ops::cpu {
 
 // C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C, all row-major with leading dimensions
-// lda/ldb/ldc (elements). op(X) = X^T when trans_x: then A is stored (K, M) and B (N, K).
-// Through BLAS (cblas_sgemm, checked by FP_BLAS_CHECK on its arguments). M, N or K may be 0.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// lda/ldb/ldc (elements). op(X) = X^T when trans_x: then A is stored (K, M) and B (N, K). M, N or K
+// may be 0; beta == 0 does not read C.
+// All f32: one cblas_sgemm (checked by FP_BLAS_CHECK on its arguments). Any operand bf16 (each of A,
+// B, C is f32 or bf16 on its own): Note [bf16 GEMM on a CPU without bf16 units] in ops/cpu/gemm.cpp;
+// the result is the f32 GEMM of the widened operands, rounded once into a bf16 C.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, CBuf A, int64_t lda, CBuf B,
+          int64_t ldb, float beta, Buf C, int64_t ldc);
+
+// The bound on one widened panel of the bf16 path, in floats (default 2^21, 8 MiB); tests lower it to
+// cross panel edges on small shapes. Returns the previous bound.
+int64_t gemm_panel_floats_set(int64_t floats);
 
 }  // namespace fp::ops::cpu

@@ -8,10 +8,12 @@
 #include <cfloat>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
@@ -232,3 +234,131 @@ TEST(CpuFeatures, AgreeWithLibgcc) {
   EXPECT_EQ(f.avx512bw, static_cast<bool>(__builtin_cpu_supports("avx512bw")));
   EXPECT_FALSE(f.vendor.empty());
 }
+
+namespace fp {
+
+// bf16 operands (Note [bf16 GEMM on a CPU without bf16 units] in ops/cpu/gemm.cpp): each of A, B, C
+// f32 or bf16 on its own (the 7 combinations with at least one bf16), every transpose pair, shapes
+// that fit one panel and shapes that cross panels in M and N (under a lowered panel bound). Against the scalar
+// reference on the widened operands, with case_check's bound plus, for a bf16 C, the one rounding to bf16 (half an ulp,
+// 2^-9 relative, taken as 2^-8 |want|); beta == 0 must not read C and the padding of C must stay. One-panel shapes must
+// also give exactly the bits of the f32 GEMM of the widened operands, rounded once.
+namespace {
+
+std::vector<bf16> rounded_bf16(const std::vector<float>& x) {
+  std::vector<bf16> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = from_f32<bf16>(x[i]);
+  return h;
+}
+
+std::vector<float> widened(const std::vector<bf16>& h) {
+  std::vector<float> x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = to_f32(h[i]);
+  return x;
+}
+
+// One operand in the dtype asked for; `values` is what the kernel will read (widened when bf16).
+struct Stored {
+  std::vector<float> f;
+  std::vector<bf16> h;
+  DType dtype;
+  Stored(const std::vector<float>& x, DType t) : dtype(t) {
+    if (t == DType::DType_BF16) {
+      h = rounded_bf16(x);
+      f = widened(h);
+    } else {
+      f = x;
+    }
+  }
+  CBuf cbuf() const { return dtype == DType::DType_BF16 ? CBuf(h.data()) : CBuf(f.data()); }
+  Buf buf() { return dtype == DType::DType_BF16 ? Buf(h.data()) : Buf(f.data()); }
+  std::vector<float> values() const { return dtype == DType::DType_BF16 ? widened(h) : f; }
+};
+
+::testing::AssertionResult mixed_check(const Case& c, DType da, DType db, DType dc, uint64_t seed, bool bitwise) {
+  Rng rng(seed);
+  const int64_t a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
+  const int64_t b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
+  const int64_t lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.N + c.pad;
+  const Stored A(op_test::random_vector(a_rows * lda, rng), da), B(op_test::random_vector(b_rows * ldb, rng), db);
+  std::vector<float> c0 = op_test::random_vector(c.M * ldc, rng);
+  if (c.beta == 0.0f)
+    for (int64_t i = 0; i < c.M; ++i)
+      for (int64_t j = 0; j < c.N; ++j) c0[i * ldc + j] = std::numeric_limits<float>::quiet_NaN();
+  Stored C(c0, dc);
+  const std::vector<float> C0 = C.values();
+  ops::cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.cbuf(), lda, B.cbuf(), ldb, c.beta, C.buf(), ldc);
+  const std::vector<float> got = C.values();
+  std::vector<float> want = C0, exact = C0;
+  ops::ref::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.f.data(), lda, B.f.data(), ldb, c.beta, want.data(), ldc);
+  ops::cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.f.data(), lda, B.f.data(), ldb, c.beta, exact.data(), ldc);
+  const std::string where = fmt::format("{}x{}->{} ta={} tb={} M={} N={} K={} pad={}", dtype_name(da), dtype_name(db),
+                                        dtype_name(dc), c.ta, c.tb, c.M, c.N, c.K, c.pad);
+  for (int64_t i = 0; i < c.M; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const int64_t idx = i * ldc + j;
+      const double g = got[idx];
+      if (j >= c.N) {
+        if (std::memcmp(&got[idx], &C0[idx], sizeof(float)) != 0)
+          return ::testing::AssertionFailure() << where << ": padding C[" << i << "," << j << "] written";
+        continue;
+      }
+      if (bitwise) {
+        const float e = dc == DType::DType_BF16 ? to_f32(from_f32<bf16>(exact[idx])) : exact[idx];
+        if (std::memcmp(&got[idx], &e, sizeof(float)) != 0)
+          return ::testing::AssertionFailure() << where << ": C[" << i << "," << j << "] = " << g
+                                               << ", the f32 GEMM of the widened operands gives " << e;
+      }
+      double absum = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const double a = c.ta ? A.f[k * lda + i] : A.f[i * lda + k];
+        const double b = c.tb ? B.f[j * ldb + k] : B.f[k * ldb + j];
+        absum += std::abs(a * b);
+      }
+      absum = std::abs(c.alpha) * absum + (c.beta == 0.0f ? 0.0 : std::abs(c.beta * C0[idx]));
+      const double w = want[idx];
+      const double tol =
+          (2.0 * c.K + 8.0) * FLT_EPSILON * absum + (dc == DType::DType_BF16 ? std::ldexp(std::abs(w), -8) : 0.0);
+      if (!std::isfinite(g) || !std::isfinite(w) || !(std::abs(g - w) <= tol))
+        return ::testing::AssertionFailure() << where << ": C[" << i << "," << j << "] expected " << w << ", got " << g
+                                             << " (tolerance " << tol << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const DType kMixed[7][3] = {
+    {DType::DType_BF16, DType::DType_F32, DType::DType_F32},  {DType::DType_F32, DType::DType_BF16, DType::DType_F32},
+    {DType::DType_F32, DType::DType_F32, DType::DType_BF16},  {DType::DType_BF16, DType::DType_BF16, DType::DType_F32},
+    {DType::DType_BF16, DType::DType_F32, DType::DType_BF16}, {DType::DType_F32, DType::DType_BF16, DType::DType_BF16},
+    {DType::DType_BF16, DType::DType_BF16, DType::DType_BF16}};
+
+}  // namespace
+
+TEST(Gemm, Bf16OperandsOnePanel) {
+  uint64_t seed = 500;
+  for (const auto& d : kMixed) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      for (const Case& c : {Case{ta, tb, 17, 33, 65, 3, 1.0f, 0.0f}, Case{ta, tb, 64, 9, 129, 0, -0.5f, 1.0f},
+                            Case{ta, tb, 1, 127, 16, 2, 2.0f, -0.625f}, Case{ta, tb, 5, 7, 0, 1, 1.0f, 0.5f}})
+        EXPECT_TRUE(mixed_check(c, d[0], d[1], d[2], seed++, true));
+    }
+  }
+}
+
+TEST(Gemm, Bf16OperandsAcrossPanels) {
+  // Panels bounded to 4096 floats: K = 100 gives panels of 64 columns of op(B) and 64 rows of op(A), so
+  // M = 70 and N = 150 cut into 2 x 3 blocks with ragged edges.
+  const int64_t saved = ops::cpu::gemm_panel_floats_set(4096);
+  uint64_t seed = 600;
+  for (const auto& d : kMixed) {
+    for (int t = 0; t < 4; ++t) {
+      EXPECT_TRUE(mixed_check(Case{(t & 1) != 0, (t & 2) != 0, 70, 150, 100, t % 3, 1.0f, t % 2 ? 0.0f : 0.75f}, d[0],
+                              d[1], d[2], seed++, false));
+    }
+  }
+  ops::cpu::gemm_panel_floats_set(saved);
+}
+
+}  // namespace fp

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/buf.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/gemm.h"
@@ -156,6 +157,67 @@ TEST(GemmTiled, BitwiseAcrossThreadCounts) {
     plain_differs += std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)) != 0;
   }
   std::printf("plain OpenBLAS gemm: 1 vs 2 threads differ on %d of %zu shapes\n", plain_differs, std::size(cases));
+}
+
+// bf16 operands: every tile widens its rows of op(A) and columns of op(B) and rounds its C once, so
+// the result is, bit for bit, the f32 tiled GEMM of the widened operands with C rounded to bf16
+// (A, B and C each f32 or bf16; beta != 0 reads the bf16 C widened), for 1 and 2 threads alike.
+TEST(GemmTiled, Bf16OperandsEqualTheWidenedF32Product) {
+  const int64_t R = kGemmTileRows, Cc = kGemmTileCols;
+  const Case cases[] = {{false, true, R + 3, Cc + 7, 33, 2, 1.0f, 0.0f},
+                        {true, false, 9, 2 * Cc + 1, 20, 0, 0.5f, 1.0f},
+                        {false, false, R - 1, 17, 65, 1, 1.0f, -0.5f},
+                        {true, true, 2 * R + 1, 5, 7, 3, 2.0f, 0.0f}};
+  const DType f = DType::DType_F32, h = DType::DType_BF16;
+  const DType mixes[4][3] = {{h, h, h}, {h, h, f}, {f, h, h}, {h, f, f}};
+  uint64_t seed = 70;
+  for (const Case& c : cases) {
+    for (const auto& d : mixes) {
+      const Operands o = operands_make(c, seed++);
+      auto round_all = [](const std::vector<float>& x) {
+        std::vector<bf16> r(x.size());
+        for (size_t i = 0; i < x.size(); ++i) r[i] = from_f32<bf16>(x[i]);
+        return r;
+      };
+      auto widen_all = [](const std::vector<bf16>& r) {
+        std::vector<float> x(r.size());
+        for (size_t i = 0; i < r.size(); ++i) x[i] = to_f32(r[i]);
+        return x;
+      };
+      const std::vector<bf16> Ah = round_all(o.A), Bh = round_all(o.B);
+      const std::vector<float> Aw = d[0] == h ? widen_all(Ah) : o.A, Bw = d[1] == h ? widen_all(Bh) : o.B;
+      const CBuf a = d[0] == h ? CBuf(Ah.data()) : CBuf(o.A.data()), b = d[1] == h ? CBuf(Bh.data()) : CBuf(o.B.data());
+      // The reference: f32 tiled GEMM on the widened values (C0 widened from bf16 when C is bf16).
+      std::vector<bf16> C0h = round_all(o.C0);
+      std::vector<float> want = d[2] == h ? widen_all(C0h) : o.C0;
+      ops::cpu::gemm_tiled(c.ta, c.tb, c.M, c.N, c.K, c.alpha, Aw.data(), o.lda, Bw.data(), o.ldb, c.beta, want.data(),
+                           o.ldc);
+      for (const int threads : {1, 2}) {
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        std::vector<float> got;
+        if (d[2] == h) {
+          std::vector<bf16> Ch = C0h;
+          ops::cpu::gemm_tiled(c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, o.lda, b, o.ldb, c.beta, Buf(Ch.data()), o.ldc);
+          got = widen_all(Ch);
+        } else {
+          got = o.C0;
+          ops::cpu::gemm_tiled(c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, o.lda, b, o.ldb, c.beta, Buf(got.data()), o.ldc);
+        }
+        omp_set_num_threads(saved);
+        for (int64_t i = 0; i < c.M; ++i) {
+          for (int64_t j = 0; j < o.ldc; ++j) {
+            const int64_t idx = i * o.ldc + j;
+            // Inside C: the f32 product rounded once; the padding: as it was (rounded, for a bf16 C).
+            const float e = d[2] == h && j < c.N ? to_f32(from_f32<bf16>(want[idx])) : want[idx];
+            ASSERT_EQ(0, std::memcmp(&got[idx], &e, sizeof(float)))
+                << case_name(c) << " dtypes " << dtype_name(d[0]) << "," << dtype_name(d[1]) << "->" << dtype_name(d[2])
+                << " threads " << threads << ": C[" << i << "," << j << "] = " << got[idx] << ", want " << e;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace fp

@@ -10,8 +10,8 @@ GemmProfile g_profile;
 // A GEMM entry of the cpu table (gemm, or Ring-DTP's gemm_tiled, ops/gemm_tiled.h) that counts its FLOPs
 // and time.
 template <auto Member>
-void gemm_timed(const ExecContext& c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_timed(const ExecContext& c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, CBuf A,
+                int64_t lda, CBuf B, int64_t ldb, float beta, Buf C, int64_t ldc) {
   const Clock::time_point t0 = Clock::now();
   (kernels_cpu().*Member)(c, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   g_profile.seconds += seconds_since(t0);

@@ -174,8 +174,15 @@ const Cublas& cublas() {
 // Row-major C (M, N) = alpha op(A) op(B) + beta C is column-major C^T (N, M) = alpha op(B)^T op(A)^T +
 // beta C^T: the same memory, cuBLAS called with the operands swapped.
 // The handle is shared: its stream is set per call under a lock (one GEMM is enqueued at a time).
+// bf16 operands are not in the skeleton yet (cublasGemmEx with CUDA_R_16BF would take them): an error.
 void gemm_cublas(const ExecContext& c, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                 CBuf a, int64_t lda, CBuf b, int64_t ldb, float beta, Buf cb, int64_t ldc) {
+  FP_CHECK(a.dtype == DType::DType_F32 && b.dtype == DType::DType_F32 && cb.dtype == DType::DType_F32, kCudaHint,
+           "the cuda backend's gemm takes f32 operands only (got {} x {} -> {})", dtype_name(a.dtype),
+           dtype_name(b.dtype), dtype_name(cb.dtype));
+  const float* A = static_cast<const float*>(a.p);
+  const float* B = static_cast<const float*>(b.p);
+  float* C = static_cast<float*>(cb.p);
   if (M == 0 || N == 0) return;
   const Cublas& blas = cublas();
   static std::mutex handle_mu;

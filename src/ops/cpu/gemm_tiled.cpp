@@ -2,24 +2,64 @@
 // cblas_sgemm through FP_BLAS_CALL. Dimensions: M rows of C, N columns of C, K the reduction.
 #include "ops/gemm_tiled.h"
 
+#include <vector>
+
 #include "core/error.h"
 #include "ops/cpu/blas_check.h"
+#include "ops/cpu/convert.h"
 #include "ops/gemm.h"
 
 namespace fp::ops::cpu {
 
-void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+namespace {
+
+// One tile with bf16 operands: the tile's rows of op(A), columns of op(B) and its C widened into
+// per-thread scratch, one sgemm, C rounded back (Note [bf16 GEMM on a CPU without bf16 units] in
+// ops/cpu/gemm.cpp). The sgemm sees the same values and shape as the f32 tile would.
+void tile_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t K, float alpha, CBuf a, int64_t lda, CBuf b,
+                int64_t ldb, float beta, Buf c, int64_t ldc) {
+  thread_local std::vector<float> a_ws, b_ws, c_ws;
+  const float* ap = static_cast<const float*>(a.p);
+  const float* bp = static_cast<const float*>(b.p);
+  int64_t lda_p = lda, ldb_p = ldb;
+  if (a.dtype != DType::DType_F32) {
+    a_ws.resize(static_cast<size_t>(m * K));
+    trans_a ? widen_block(a, lda, K, m, a_ws.data()) : widen_block(a, lda, m, K, a_ws.data());
+    ap = a_ws.data(), lda_p = trans_a ? m : K;
+  }
+  if (b.dtype != DType::DType_F32) {
+    b_ws.resize(static_cast<size_t>(K * n));
+    trans_b ? widen_block(b, ldb, n, K, b_ws.data()) : widen_block(b, ldb, K, n, b_ws.data());
+    bp = b_ws.data(), ldb_p = trans_b ? K : n;
+  }
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  if (c.dtype == DType::DType_F32) {
+    FP_BLAS_CALL(cblas_sgemm, CblasRowMajor, ta, tb, m, n, K, alpha, ap, lda_p, bp, ldb_p, beta, c.f32(), ldc);
+    return;
+  }
+  c_ws.resize(static_cast<size_t>(m * n));
+  if (beta != 0.0f) widen_block(c, ldc, m, n, c_ws.data());
+  FP_BLAS_CALL(cblas_sgemm, CblasRowMajor, ta, tb, m, n, K, alpha, ap, lda_p, bp, ldb_p, beta, c_ws.data(), n);
+  store_block(c_ws.data(), m, n, c, ldc);
+}
+
+}  // namespace
+
+void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, CBuf A, int64_t lda, CBuf B,
+                int64_t ldb, float beta, Buf C, int64_t ldc) {
   FP_ASSERT(M >= 0 && N >= 0 && K >= 0, "gemm_tiled dims M={} N={} K={}", M, N, K);
   if (M == 0 || N == 0 || K == 0) {
     gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // nothing to multiply
     return;
   }
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const bool all_f32 = A.dtype == DType::DType_F32 && B.dtype == DType::DType_F32 && C.dtype == DType::DType_F32;
   // The whole product checked here: every tile is a sub-matrix of it, so no call inside the parallel
-  // region can fail (an exception must not leave an OpenMP region).
-  blas_args_check(BlasCallSite{"gemm_tiled", __FILE__, __LINE__}, &cblas_sgemm, CblasRowMajor, ta, tb, M, N, K,
-                  alpha, A, lda, B, ldb, beta, C, ldc);
+  // region can fail (an exception must not leave an OpenMP region). Mixed dtypes: the stored layouts
+  // checked with stand-in f32 pointers (the tiles' sgemms run on dense f32 scratch).
+  blas_args_check(BlasCallSite{"gemm_tiled", __FILE__, __LINE__}, &cblas_sgemm, CblasRowMajor, ta, tb, M, N, K, alpha,
+                  static_cast<const float*>(A.p), lda, static_cast<const float*>(B.p), ldb, beta,
+                  static_cast<float*>(C.p), ldc);
   const int64_t tiles_m = (M + kGemmTileRows - 1) / kGemmTileRows;
   const int64_t tiles_n = (N + kGemmTileCols - 1) / kGemmTileCols;
   // Always a parallel region, even for one tile: outside one OpenBLAS would thread that tile itself.
@@ -29,10 +69,14 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
     const int64_t m = M - i0 < kGemmTileRows ? M - i0 : kGemmTileRows;
     const int64_t n = N - j0 < kGemmTileCols ? N - j0 : kGemmTileCols;
     // op(A) rows i0.. : A (M, K) row i0, or A^T stored (K, M) column i0; likewise op(B) columns j0...
-    const float* a = trans_a ? A + i0 : A + i0 * lda;  // (m, K) of op(A)
-    const float* b = trans_b ? B + j0 * ldb : B + j0;  // (K, n) of op(B)
-    float* c = C + i0 * ldc + j0;                      // (m, n)
-    FP_BLAS_CALL(cblas_sgemm, CblasRowMajor, ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    const CBuf a = A.at(trans_a ? i0 : i0 * lda);  // (m, K) of op(A)
+    const CBuf b = B.at(trans_b ? j0 * ldb : j0);  // (K, n) of op(B)
+    const Buf c = C.at(i0 * ldc + j0);             // (m, n)
+    if (all_f32) {
+      FP_BLAS_CALL(cblas_sgemm, CblasRowMajor, ta, tb, m, n, K, alpha, a.f32(), lda, b.f32(), ldb, beta, c.f32(), ldc);
+    } else {
+      tile_mixed(trans_a, trans_b, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
   }
 }
 

@@ -1,0 +1,82 @@
+// f32 <-> bf16 conversion (ops/cpu/convert.h). The AVX2 narrowing is bf16_from_float on 8 lanes:
+// add 0x7fff plus the lowest kept bit, shift out the low half, and take (bits >> 16) | 0x40 where
+// the input is a NaN; two vectors of 8 pack into one of 16 halves (packus works in 128-bit lanes, so a
+// 64-bit permute puts the halves back in order).
+#include "ops/cpu/convert.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "ops/cpu/cpu_features.h"
+
+namespace fp::ops::cpu {
+
+namespace {
+
+__attribute__((target("avx2"))) void widen_avx2(const bf16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), w);
+  }
+  for (; i < n; ++i) dst[i] = to_f32(src[i]);
+}
+
+__attribute__((target("avx2"))) inline __m256i narrow8_avx2(const float* src) {
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, quiet, nan);  // each lane < 2^16
+}
+
+__attribute__((target("avx2"))) void narrow_avx2(const float* src, bf16* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i packed = _mm256_packus_epi32(narrow8_avx2(src + i), narrow8_avx2(src + i + 8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_permute4x64_epi64(packed, 0xD8));
+  }
+  for (; i < n; ++i) dst[i] = from_f32<bf16>(src[i]);
+}
+
+bool use_avx2() {
+  static const bool yes = cpu_features().avx2;
+  return yes;
+}
+
+}  // namespace
+
+void bf16_to_f32(const bf16* src, float* dst, int64_t n) {
+  if (use_avx2()) return widen_avx2(src, dst, n);
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_f32(src[i]);
+}
+
+void f32_to_bf16(const float* src, bf16* dst, int64_t n) {
+  if (use_avx2()) return narrow_avx2(src, dst, n);
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<bf16>(src[i]);
+}
+
+void convert(Buf dst, CBuf src, int64_t n) {
+  if (n <= 0) return;
+  if (dst.dtype == src.dtype) {
+    std::memmove(dst.p, src.p, static_cast<size_t>(n) * dtype_size(dst.dtype));
+  } else if (dst.dtype == DType::DType_F32) {
+    bf16_to_f32(src.as<bf16>(), dst.f32(), n);
+  } else {
+    f32_to_bf16(src.f32(), dst.as<bf16>(), n);
+  }
+}
+
+void widen_block(CBuf src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) convert(dst + r * cols, src.at(r * ld), cols);
+}
+
+void store_block(const float* src, int64_t rows, int64_t cols, Buf dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) convert(dst.at(r * ld), src + r * cols, cols);
+}
+
+}  // namespace fp::ops::cpu
