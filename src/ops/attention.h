@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "core/buf.h"
+
 namespace fp::ops::cpu {
 
 // Tile sizes (queries x keys) of the cpu kernel; exposed so tests can pick T across several tiles.
@@ -27,12 +29,13 @@ inline constexpr int64_t kAttentionTileK = 64;
 // q (B, T, nh, hd), k (B, T, nkv, hd), v (B, T, nkv, hdv) -> o (B, T, nh, hdv), lse (B, nh, T) the
 // log-sum-exp of each query's scaled scores over its visible keys (kept for backward). window >= 0 (0: no
 // window).
-void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t B, int64_t T,
-                       int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
+// q, k, v, o (and in backward dout, dq, dk, dv) all f32 or all bf16, lse f32: ops/attention_block.h's
+// storage rule (each output element rounded once).
+void attention_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, int64_t B, int64_t T, int64_t nh, int64_t nkv,
+                       int64_t hd, int64_t hdv, float scale, int64_t window);
 // Recomputes the probabilities tile by tile from q, k and lse. o, dout (B, T, nh, hdv); dq (B, T, nh, hd),
 // dk (B, T, nkv, hd), dv (B, T, nkv, hdv) are overwritten. window: the forward's. Deterministic.
-void attention_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
-                        const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t nh,
-                        int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
+void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv, int64_t B,
+                        int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
 
 }  // namespace fp::ops::cpu

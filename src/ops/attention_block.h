@@ -10,6 +10,13 @@
 // width, hdv the value/output head width (Note [Value heads of their own width], ops/attention.h), scale
 // usually hd^-0.5. Layouts as in ops/attention.h: (B, T, heads, hd or hdv) rows, (B, nh, T) log-sum-exps.
 //
+// Storage: q, k, v, o, dout, dq, dk, dv are all f32 or all bf16 in one call (the recipe's activations;
+// Note [Kernel operands carry their dtype] in core/buf.h); lse is f32 always. bf16 rows are widened
+// into the f32 tiles, every product, softmax and accumulation is f32, and each output element is
+// rounded once per call: o when written or merged, dq/dk/dv when this block pair's share is added. So
+// a bf16 call gives exactly the f32 call's results on the widened inputs, rounded (tested); across the
+// key blocks of a ring, o and dq are rounded once per block.
+//
 // Masking: key j is visible to query i iff k_pos[j] <= q_pos[i], and with a sliding window w > 0 also
 // q_pos[i] - w < k_pos[j] (ops/attention.h's window, by global positions). q_pos (Tq) and k_pos (Tk) are
 // the global positions (the same for every sequence b), each ascending (not necessarily contiguous;
@@ -21,6 +28,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "core/buf.h"
 
 namespace fp::ops::cpu {
 
@@ -35,10 +44,9 @@ namespace fp::ops::cpu {
 // window >= 0 (0: none). With first = true and q_pos = k_pos = 0 .. T-1 this is attention_forward of
 // ops/attention.h with the same window, bit for bit.
 // Deterministic: each query row is computed by one thread in a fixed order.
-void attention_block_forward(const float* q, const float* k, const float* v, const int32_t* q_pos,
-                             const int32_t* k_pos, float* o, float* lse, bool first, int64_t B, int64_t Tq,
-                             int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale,
-                             int64_t window);
+void attention_block_forward(CBuf q, CBuf k, CBuf v, const int32_t* q_pos, const int32_t* k_pos, Buf o, float* lse,
+                             bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
+                             int64_t hdv, float scale, int64_t window);
 
 // The block pair's share of the gradient, ADDED to dq, dk, dv. o, lse are the FINAL forward state of the
 // queries (after every key block was merged), dout (B, Tq, nh, hdv) the gradient of o (B, Tq, nh, hdv). The
@@ -48,9 +56,8 @@ void attention_block_forward(const float* q, const float* k, const float* v, con
 // dq (B, Tq, nh, hd) += scale dS K;  dk (B, Tk, nkv, hd) += scale dS^T Q;  dv (B, Tk, nkv, hdv) += P^T dout,
 // with dS = P (dO V^T - D), P and dS zero on masked pairs. window: the forward's. Deterministic: the
 // same bits for any thread count.
-void attention_block_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
-                              const float* dout, const int32_t* q_pos, const int32_t* k_pos, float* dq, float* dk,
-                              float* dv, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
-                              int64_t hdv, float scale, int64_t window);
+void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, const int32_t* q_pos,
+                              const int32_t* k_pos, Buf dq, Buf dk, Buf dv, int64_t B, int64_t Tq, int64_t Tk,
+                              int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
 
 }  // namespace fp::ops::cpu

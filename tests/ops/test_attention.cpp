@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "core/buf.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/attention.h"
@@ -612,6 +614,61 @@ TEST(Attention, DISABLED_BenchSlidingWindow) {
     std::printf("%7lld %11lld %9.4f %9.4f %9.4f %7.3f\n", static_cast<long long>(windows[w]),
                 static_cast<long long>(pairs[w]), median(fwd[w]), median(bwd[w]), median(both[w]),
                 median(both[w]) / base);
+}
+
+// bf16 storage (ops/attention_block.h's storage rule): q, k, v, dout rounded to bf16; the bf16 kernels
+// must give, bit for bit, the f32 kernels' results on the widened inputs rounded once (o, dq, dk, dv)
+// and the same lse, with a window and without, across tiles, GQA groups and a value width of its own.
+// The backward is fed the bf16 o, as a bf16 model would: the f32 side gets the same values widened.
+TEST(Attention, Bf16StorageIsTheWidenedF32ComputationRoundedOnce) {
+  auto rounded = [](const std::vector<float>& x) {
+    std::vector<bf16> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = from_f32<bf16>(x[i]);
+    return h;
+  };
+  auto widened = [](const std::vector<bf16>& h) {
+    std::vector<float> x(h.size());
+    for (size_t i = 0; i < h.size(); ++i) x[i] = to_f32(h[i]);
+    return x;
+  };
+  auto expect_rounded_equal = [&](const char* what, const Case& c, const std::vector<bf16>& got,
+                                  const std::vector<float>& f32) {
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i].bits, bf16_from_float(f32[i])) << what << " " << c.name() << " at " << i;
+  };
+  uint64_t seed = 900;
+  for (const Case& c : {Case{1, 65, 4, 2, 16}, Case{2, 130, 6, 3, 24}, Case{1, 200, 4, 1, 64, 32}}) {
+    for (const int64_t window : {int64_t{0}, int64_t{37}}) {
+      const Inputs in(c, seed++);
+      const std::vector<bf16> qh = rounded(in.q), kh = rounded(in.k), vh = rounded(in.v), douth = rounded(in.dout);
+      const std::vector<float> q = widened(qh), k = widened(kh), v = widened(vh), dout = widened(douth);
+      // bf16.
+      std::vector<bf16> oh(in.dout.size()), dqh(in.q.size()), dkh(in.k.size()), dvh(in.v.size());
+      std::vector<float> lse_h(c.B * c.nh * c.T);
+      ops::cpu::attention_forward(qh.data(), kh.data(), vh.data(), oh.data(), lse_h.data(), c.B, c.T, c.nh, c.nkv, c.hd,
+                                  c.vd(), in.scale, window);
+      ops::cpu::attention_backward(qh.data(), kh.data(), vh.data(), oh.data(), lse_h.data(), douth.data(), dqh.data(),
+                                   dkh.data(), dvh.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
+      // f32 on the widened values.
+      std::vector<float> o(in.dout.size()), lse(c.B * c.nh * c.T), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
+      ops::cpu::attention_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv, c.hd,
+                                  c.vd(), in.scale, window);
+      expect_rounded_equal("o", c, oh, o);
+      ASSERT_TRUE(op_test::bits_equal(lse_h, lse)) << "lse " << c.name();
+      const std::vector<float> o_w = widened(oh);
+      ops::cpu::attention_backward(q.data(), k.data(), v.data(), o_w.data(), lse.data(), dout.data(), dq.data(),
+                                   dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
+      expect_rounded_equal("dq", c, dqh, dq);
+      expect_rounded_equal("dk", c, dkh, dk);
+      expect_rounded_equal("dv", c, dvh, dv);
+    }
+  }
+  // Mixed dtypes in one call are refused by name.
+  std::vector<float> f(64 * 8), lse(64);
+  std::vector<bf16> h(64 * 8);
+  EXPECT_THROW(
+      ops::cpu::attention_forward(f.data(), h.data(), f.data(), f.data(), lse.data(), 1, 64, 1, 1, 8, 8, 1.0f, 0),
+      InternalError);
 }
 
 }  // namespace fp

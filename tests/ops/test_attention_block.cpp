@@ -28,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
@@ -951,6 +952,53 @@ TEST(AttentionBlock, DISABLED_BenchRingVsWholeSequence) {
       std::fprintf(f, "%s\n", json.c_str());
       std::fclose(f);
     }
+  }
+}
+
+// bf16 storage with a previous state (first = false: the merge reads o) and gradients already there
+// (the backward adds): every input rounded to bf16, the bf16 kernels must give bit for bit the f32
+// kernels on the widened values, each output rounded once (ops/attention_block.h's storage rule).
+TEST(AttentionBlock, Bf16MergeAndAccumulateAreTheWidenedF32RoundedOnce) {
+  auto rounded = [](const std::vector<float>& x) {
+    std::vector<bf16> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = from_f32<bf16>(x[i]);
+    return h;
+  };
+  auto widened = [](const std::vector<bf16>& h) {
+    std::vector<float> x(h.size());
+    for (size_t i = 0; i < h.size(); ++i) x[i] = to_f32(h[i]);
+    return x;
+  };
+  std::vector<int32_t> q_pos(70), k_pos(90);
+  for (int32_t i = 0; i < 70; ++i) q_pos[i] = 40 + 2 * i;  // queries interleaved with and after the keys
+  for (int32_t j = 0; j < 90; ++j) k_pos[j] = j + j / 3;
+  BlockCase c{"bf16", 2, 4, 2, 16, q_pos, k_pos, 24};
+  const BlockInputs in(c, 77);
+  const auto qh = rounded(in.q), kh = rounded(in.k), vh = rounded(in.v), douth = rounded(in.dout), o0h = rounded(in.o0);
+  const auto q = widened(qh), k = widened(kh), v = widened(vh), dout = widened(douth);
+  for (const int64_t window : {int64_t{0}, int64_t{29}}) {
+    std::vector<bf16> oh = o0h;
+    std::vector<float> lse_h = in.lse0, o = widened(o0h), lse = in.lse0;
+    ops::cpu::attention_block_forward(qh.data(), kh.data(), vh.data(), c.q_pos.data(), c.k_pos.data(), oh.data(),
+                                      lse_h.data(), false, c.B, c.Tq(), c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale,
+                                      window);
+    ops::cpu::attention_block_forward(q.data(), k.data(), v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
+                                      lse.data(), false, c.B, c.Tq(), c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale,
+                                      window);
+    for (size_t i = 0; i < o.size(); ++i) ASSERT_EQ(oh[i].bits, bf16_from_float(o[i])) << "o at " << i;
+    ASSERT_TRUE(op_test::bits_equal(lse_h, lse));
+    std::vector<bf16> dqh = rounded(in.dq0), dkh = rounded(in.dk0), dvh = rounded(in.dv0);
+    std::vector<float> dq = widened(dqh), dk = widened(dkh), dv = widened(dvh);
+    const std::vector<float> o_w = widened(oh);
+    ops::cpu::attention_block_backward(qh.data(), kh.data(), vh.data(), oh.data(), lse.data(), douth.data(),
+                                       c.q_pos.data(), c.k_pos.data(), dqh.data(), dkh.data(), dvh.data(), c.B, c.Tq(),
+                                       c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
+    ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o_w.data(), lse.data(), dout.data(),
+                                       c.q_pos.data(), c.k_pos.data(), dq.data(), dk.data(), dv.data(), c.B, c.Tq(),
+                                       c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
+    for (size_t i = 0; i < dq.size(); ++i) ASSERT_EQ(dqh[i].bits, bf16_from_float(dq[i])) << "dq at " << i;
+    for (size_t i = 0; i < dk.size(); ++i) ASSERT_EQ(dkh[i].bits, bf16_from_float(dk[i])) << "dk at " << i;
+    for (size_t i = 0; i < dv.size(); ++i) ASSERT_EQ(dvh[i].bits, bf16_from_float(dv[i])) << "dv at " << i;
   }
 }
 

@@ -44,27 +44,29 @@ std::vector<int32_t> positions(int64_t T) {
 
 }  // namespace
 
-void attention_forward(const float* q, const float* k, const float* v, float* o, float* lse, int64_t B, int64_t T,
-                       int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
+void attention_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, int64_t B, int64_t T, int64_t nh, int64_t nkv,
+                       int64_t hd, int64_t hdv, float scale, int64_t window) {
   shapes_check(B, T, nh, nkv, hd, hdv, window);
   if (B == 0 || T == 0) return;
   const std::vector<int32_t> pos = positions(T);
   const int64_t w = window >= T ? 0 : window;  // a window of T or more masks nothing
-  attention_block_forward(q, k, v, pos.data(), pos.data(), o, lse, /*first=*/true, B, T, T, nh, nkv, hd, hdv, scale,
-                          w);
+  attention_block_forward(q, k, v, pos.data(), pos.data(), o, lse, /*first=*/true, B, T, T, nh, nkv, hd, hdv, scale, w);
 }
 
-void attention_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
-                        const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t nh,
-                        int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
+void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv, int64_t B,
+                        int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
   shapes_check(B, T, nh, nkv, hd, hdv, window);
   if (B == 0 || T == 0) return;
   const std::vector<int32_t> pos = positions(T);
   const int64_t w = window >= T ? 0 : window;
   // Overwritten, not added to (Note [Whole sequences as one block pair]).
-  std::fill(dq, dq + B * T * nh * hd, -0.0f);
-  std::fill(dk, dk + B * T * nkv * hd, -0.0f);
-  std::fill(dv, dv + B * T * nkv * hdv, -0.0f);
+  auto fill_negative_zero = [](Buf x, int64_t n) {
+    visit_float(x.dtype, "attention_backward",
+                [&]<class E>() { std::fill(x.as<E>(), x.as<E>() + n, from_f32<E>(-0.0f)); });
+  };
+  fill_negative_zero(dq, B * T * nh * hd);
+  fill_negative_zero(dk, B * T * nkv * hd);
+  fill_negative_zero(dv, B * T * nkv * hdv);
   attention_block_backward(q, k, v, o, lse, dout, pos.data(), pos.data(), dq, dk, dv, B, T, T, nh, nkv, hd, hdv, scale,
                            w);
 }

@@ -59,6 +59,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <string_view>
 #include <vector>
@@ -177,11 +178,11 @@ class BackwardScratch {
   std::vector<float> buf_;
 };
 
-}  // namespace
-
-void attention_block_forward(const float* q, const float* k, const float* v, const int32_t* q_pos, const int32_t* k_pos,
-                             float* o, float* lse, bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh,
-                             int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
+// The forward in storage type E (float or bf16) for q, k, v and o; lse is f32.
+template <class E>
+void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, const int32_t* k_pos, E* o, float* lse,
+                   bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv,
+                   float scale, int64_t window) {
   block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
   if (B == 0 || Tq == 0) return;
   positions_check(q_pos, k_pos, Tq, Tk);
@@ -232,35 +233,36 @@ void attention_block_forward(const float* q, const float* k, const float* v, con
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       // Note [Merging partial attention].
       for (int64_t r = 0; r < nq; ++r) {
-        float* orow = o + (qrow + r * nh) * hdv;     // (hdv)
+        E* orow = o + (qrow + r * nh) * hdv;         // (hdv)
         float& L = lse[(b * nh + h) * Tq + i0 + r];  // the row's running log-sum-exp
         const float* arow = acc + r * hdvp;          // (hdvp)
-        if (l[r] == 0.0f) {  // no visible key in this block (l >= 1 as soon as one is)
+        if (l[r] == 0.0f) {                          // no visible key in this block (l >= 1 as soon as one is)
           if (first) {
-            std::fill(orow, orow + hdv, 0.0f);
+            std::fill(orow, orow + hdv, from_f32<E>(0.0f));
             L = kNegInf;
           }
           continue;
         }
         if (first || L == kNegInf) {
-          for (int64_t c = 0; c < hdv; ++c) orow[c] = arow[c] / l[r];
+          for (int64_t c = 0; c < hdv; ++c) orow[c] = from_f32<E>(arow[c] / l[r]);
           L = m[r] + std::log(l[r]);
           continue;
         }
         const float lse_b = m[r] + std::log(l[r]);
         const float merged = std::max(L, lse_b) + std::log1p(std::exp(-std::abs(L - lse_b)));
         const float w_old = std::exp(L - merged), w_acc = std::exp(m[r] - merged);
-        for (int64_t c = 0; c < hdv; ++c) orow[c] = orow[c] * w_old + arow[c] * w_acc;
+        for (int64_t c = 0; c < hdv; ++c) orow[c] = from_f32<E>(to_f32(orow[c]) * w_old + arow[c] * w_acc);
         L = merged;
       }
     }
   }
 }
 
-void attention_block_backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
-                              const float* dout, const int32_t* q_pos, const int32_t* k_pos, float* dq, float* dk,
-                              float* dv, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
-                              int64_t hdv, float scale, int64_t window) {
+// The backward in storage type E for q, k, v, o, dout, dq, dk, dv; lse is f32.
+template <class E>
+void block_backward(const E* q, const E* k, const E* v, const E* o, const float* lse, const E* dout,
+                    const int32_t* q_pos, const int32_t* k_pos, E* dq, E* dk, E* dv, int64_t B, int64_t Tq, int64_t Tk,
+                    int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
   block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
   if (B == 0 || Tq == 0 || Tk == 0) return;
   positions_check(q_pos, k_pos, Tq, Tk);
@@ -284,8 +286,7 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
       // The queries that may see a key of the tile: from the first that sees key j0 to the last that
       // sees key j0 + nk - 1 (Note [Masks from sorted positions]); none: the key tile gets nothing.
       const int64_t i_first = std::lower_bound(q_pos, q_pos + Tq, k_pos[j0]) - q_pos;
-      const int64_t i_end =
-          w > 0 ? std::lower_bound(q_pos, q_pos + Tq, int64_t{k_pos[j0 + nk - 1]} + w) - q_pos : Tq;
+      const int64_t i_end = w > 0 ? std::lower_bound(q_pos, q_pos + Tq, int64_t{k_pos[j0 + nk - 1]} + w) - q_pos : Tq;
       if (i_first >= i_end) continue;
       const int64_t qt_lo = i_first / TQ, qt_hi = tiles(i_end, TQ);
       const int64_t krow = (b * Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
@@ -310,10 +311,10 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       if (visited == 0) continue;  // every query fell between the keys: nothing to add
       for (int64_t j = 0; j < nk; ++j) {
-        float* dkr = dk + (krow + j * nkv) * hd;   // (hd)
-        float* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
-        for (int64_t c = 0; c < hd; ++c) dkr[c] += scale * dk_acc[j * hdp + c];
-        for (int64_t c = 0; c < hdv; ++c) dvr[c] += dv_acc[j * hdvp + c];
+        E* dkr = dk + (krow + j * nkv) * hd;   // (hd)
+        E* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
+        for (int64_t c = 0; c < hd; ++c) dkr[c] = from_f32<E>(to_f32(dkr[c]) + scale * dk_acc[j * hdp + c]);
+        for (int64_t c = 0; c < hdv; ++c) dvr[c] = from_f32<E>(to_f32(dvr[c]) + dv_acc[j * hdvp + c]);
       }
     }
   }
@@ -352,11 +353,41 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       if (visited == 0) continue;  // every query fell between the keys: nothing to add
       for (int64_t r = 0; r < nq; ++r) {
-        float* dqr = dq + ((b * Tq + i0 + r) * nh + h) * hd;  // (hd)
-        for (int64_t c = 0; c < hd; ++c) dqr[c] += scale * dq_acc[r * hdp + c];
+        E* dqr = dq + ((b * Tq + i0 + r) * nh + h) * hd;  // (hd)
+        for (int64_t c = 0; c < hd; ++c) dqr[c] = from_f32<E>(to_f32(dqr[c]) + scale * dq_acc[r * hdp + c]);
       }
     }
   }
+}
+
+// Every token operand of one call in one storage dtype (the recipe's activations).
+void same_dtype_check(const char* kernel, std::initializer_list<DType> dtypes) {
+  for (const DType t : dtypes)
+    FP_ASSERT(t == *dtypes.begin(), "{}: token operands in {} and {} (one dtype per call)", kernel,
+              dtype_name(*dtypes.begin()), dtype_name(t));
+}
+
+}  // namespace
+
+void attention_block_forward(CBuf q, CBuf k, CBuf v, const int32_t* q_pos, const int32_t* k_pos, Buf o, float* lse,
+                             bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
+                             int64_t hdv, float scale, int64_t window) {
+  same_dtype_check("attention_block_forward", {q.dtype, k.dtype, v.dtype, o.dtype});
+  visit_float(q.dtype, "attention_block_forward", [&]<class E>() {
+    block_forward<E>(q.as<E>(), k.as<E>(), v.as<E>(), q_pos, k_pos, o.as<E>(), lse, first, B, Tq, Tk, nh, nkv, hd, hdv,
+                     scale, window);
+  });
+}
+
+void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, const int32_t* q_pos,
+                              const int32_t* k_pos, Buf dq, Buf dk, Buf dv, int64_t B, int64_t Tq, int64_t Tk,
+                              int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
+  same_dtype_check("attention_block_backward",
+                   {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype, dq.dtype, dk.dtype, dv.dtype});
+  visit_float(q.dtype, "attention_block_backward", [&]<class E>() {
+    block_backward<E>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos, dq.as<E>(),
+                      dk.as<E>(), dv.as<E>(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
+  });
 }
 
 bool attention_tile::uses_avx2() {

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/buf.h"
 #include "ops/attention.h"
 
 namespace fp::ops::cpu::attention_tile {
@@ -44,23 +45,23 @@ inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
 // multiply-add rounds once and would move results by an ulp, e.g. turn the exact zero gradient of a
 // one-token sequence into 1e-8). Only these functions are duplicated, under their own names: compiling
 // whole files twice with other flags would let the linker mix the copies of shared inline code.
-#define FP_ATTENTION_TILE_GEMM_BODY                                                        \
-  for (int64_t i = 0; i < M; i += kMr) {                                                   \
-    for (int64_t j = 0; j < N; j += kNr) {                                                 \
-      float acc[kMr][kNr];                                                                 \
-      for (int64_t r = 0; r < kMr; ++r)                                                    \
-        for (int64_t c = 0; c < kNr; ++c) acc[r][c] = C[(i + r) * ldc + j + c];            \
-      for (int64_t kk = 0; kk < K; ++kk) {                                                 \
-        const float* b = B + kk * ldb + j; /* (kNr) */                                     \
-        for (int64_t r = 0; r < kMr; ++r) {                                                \
-          const float a = A[(i + r) * lda + kk];                                           \
+#define FP_ATTENTION_TILE_GEMM_BODY                                                            \
+  for (int64_t i = 0; i < M; i += kMr) {                                                       \
+    for (int64_t j = 0; j < N; j += kNr) {                                                     \
+      float acc[kMr][kNr];                                                                     \
+      for (int64_t r = 0; r < kMr; ++r)                                                        \
+        for (int64_t c = 0; c < kNr; ++c) acc[r][c] = C[(i + r) * ldc + j + c];                \
+      for (int64_t kk = 0; kk < K; ++kk) {                                                     \
+        const float* b = B + kk * ldb + j; /* (kNr) */                                         \
+        for (int64_t r = 0; r < kMr; ++r) {                                                    \
+          const float a = A[(i + r) * lda + kk];                                               \
           /* Without the pragma g++ vectorises across r and keeps acc in memory (3x slower) */ \
-          _Pragma("omp simd") for (int64_t c = 0; c < kNr; ++c) acc[r][c] += a * b[c];     \
-        }                                                                                  \
-      }                                                                                    \
-      for (int64_t r = 0; r < kMr; ++r)                                                    \
-        for (int64_t c = 0; c < kNr; ++c) C[(i + r) * ldc + j + c] = acc[r][c];            \
-    }                                                                                      \
+          _Pragma("omp simd") for (int64_t c = 0; c < kNr; ++c) acc[r][c] += a * b[c];         \
+        }                                                                                      \
+      }                                                                                        \
+      for (int64_t r = 0; r < kMr; ++r)                                                        \
+        for (int64_t c = 0; c < kNr; ++c) C[(i + r) * ldc + j + c] = acc[r][c];                \
+    }                                                                                          \
   }
 
 // Note [Exponentials in vector registers]: libm's expf is one scalar call per score (about 30% of a
@@ -75,25 +76,25 @@ inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
 inline constexpr float kExpMin = -87.33654f, kExpMax = 88.0f;
 // The cut-offs are tested on the float's bits and applied with bit masks: g++ will not if-convert a
 // float comparison (it might raise an FP exception flag), and a branch would stop the vectorisation.
-#define FP_ATTENTION_EXP_BODY                                                                         \
-  _Pragma("omp simd") for (int64_t j = 0; j < n; ++j) {                                               \
-    const int32_t bits = std::bit_cast<int32_t>(x[j]), mag = bits & 0x7fffffff;                       \
-    const int32_t nan = -static_cast<int32_t>(mag > 0x7f800000); /* all ones where true */            \
-    const int32_t lo = -static_cast<int32_t>((bits < 0) & (mag > std::bit_cast<int32_t>(-kExpMin)));  \
-    const int32_t hi = -static_cast<int32_t>((bits >= 0) & (mag > std::bit_cast<int32_t>(kExpMax)));  \
-    const int32_t keep = ~(nan | lo | hi);                                                            \
-    const float c = std::bit_cast<float>((bits & keep) | (std::bit_cast<int32_t>(kExpMin) & ~keep)); \
-    const float t = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                           \
-    const float r = (c - t * 0.693359375f) - t * -2.12194440e-4f;                                     \
-    float p = 1.9875691500e-4f;                                                                       \
-    p = p * r + 1.3981999507e-3f;                                                                     \
-    p = p * r + 8.3334519073e-3f;                                                                     \
-    p = p * r + 4.1665795894e-2f;                                                                     \
-    p = p * r + 1.6666665459e-1f;                                                                     \
-    p = p * r + 5.0000001201e-1f;                                                                     \
-    const float y = (p * r) * r + r + 1.0f;                                                           \
+#define FP_ATTENTION_EXP_BODY                                                                                  \
+  _Pragma("omp simd") for (int64_t j = 0; j < n; ++j) {                                                        \
+    const int32_t bits = std::bit_cast<int32_t>(x[j]), mag = bits & 0x7fffffff;                                \
+    const int32_t nan = -static_cast<int32_t>(mag > 0x7f800000); /* all ones where true */                     \
+    const int32_t lo = -static_cast<int32_t>((bits < 0) & (mag > std::bit_cast<int32_t>(-kExpMin)));           \
+    const int32_t hi = -static_cast<int32_t>((bits >= 0) & (mag > std::bit_cast<int32_t>(kExpMax)));           \
+    const int32_t keep = ~(nan | lo | hi);                                                                     \
+    const float c = std::bit_cast<float>((bits & keep) | (std::bit_cast<int32_t>(kExpMin) & ~keep));           \
+    const float t = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                                    \
+    const float r = (c - t * 0.693359375f) - t * -2.12194440e-4f;                                              \
+    float p = 1.9875691500e-4f;                                                                                \
+    p = p * r + 1.3981999507e-3f;                                                                              \
+    p = p * r + 8.3334519073e-3f;                                                                              \
+    p = p * r + 4.1665795894e-2f;                                                                              \
+    p = p * r + 1.6666665459e-1f;                                                                              \
+    p = p * r + 5.0000001201e-1f;                                                                              \
+    const float y = (p * r) * r + r + 1.0f;                                                                    \
     const int32_t e = std::bit_cast<int32_t>(y * std::bit_cast<float>((static_cast<int32_t>(t) + 127) << 23)); \
-    x[j] = std::bit_cast<float>((e & keep) | (bits & nan) | (0x7f800000 & hi)); /* lo: 0 */           \
+    x[j] = std::bit_cast<float>((e & keep) | (bits & nan) | (0x7f800000 & hi)); /* lo: 0 */                    \
   }
 
 inline void tile_gemm_baseline(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
@@ -107,14 +108,11 @@ inline void exp_inplace_baseline(float* __restrict x, int64_t n) { FP_ATTENTION_
 #if defined(__x86_64__) || defined(__i386__)
 #define FP_ATTENTION_TILE_AVX2 1
 __attribute__((target("avx2"))) inline void tile_gemm_avx2(const float* __restrict A, int64_t lda,
-                                                               const float* __restrict B, int64_t ldb,
-                                                               float* __restrict C, int64_t ldc, int64_t M, int64_t N,
-                                                               int64_t K) {
+                                                           const float* __restrict B, int64_t ldb, float* __restrict C,
+                                                           int64_t ldc, int64_t M, int64_t N, int64_t K) {
   FP_ATTENTION_TILE_GEMM_BODY
 }
-__attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x, int64_t n) {
-  FP_ATTENTION_EXP_BODY
-}
+__attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x, int64_t n) { FP_ATTENTION_EXP_BODY }
 #else
 #define FP_ATTENTION_TILE_AVX2 0  // other architectures: the portable copies only
 #endif
@@ -203,22 +201,26 @@ inline void row_probs_and_score_grads(float* __restrict sr, float* __restrict dp
 
 // dst (rows, wp) = the n rows of src (stride apart, width w each), zero in columns >= w and rows >= n.
 // (w, wp) is (hd, hdp) for q and k rows, (hdv, hdvp) for v and dO rows.
-inline void rows_load(float* __restrict dst, const float* __restrict src, int64_t stride, int64_t n, int64_t rows,
+// E is the storage type of src (float or bf16, widened exactly: Note [Kernel operands carry their dtype]
+// in core/buf.h); the tiles are f32 whatever it is.
+template <class E>
+inline void rows_load(float* __restrict dst, const E* __restrict src, int64_t stride, int64_t n, int64_t rows,
                       int64_t w, int64_t wp) {
   for (int64_t r = 0; r < rows; ++r) {
     float* d = dst + r * wp;  // (wp)
     const int64_t valid = r < n ? w : 0;
-    for (int64_t c = 0; c < valid; ++c) d[c] = src[r * stride + c];
+    for (int64_t c = 0; c < valid; ++c) d[c] = to_f32(src[r * stride + c]);
     for (int64_t c = valid; c < wp; ++c) d[c] = 0.0f;
   }
 }
 
 // dst (wp, TK) = the transpose of n rows of src (stride apart, width w each), zero-padded.
-inline void rows_load_transposed(float* __restrict dst, const float* __restrict src, int64_t stride, int64_t n,
-                                 int64_t w, int64_t wp) {
+template <class E>
+inline void rows_load_transposed(float* __restrict dst, const E* __restrict src, int64_t stride, int64_t n, int64_t w,
+                                 int64_t wp) {
   std::fill(dst, dst + wp * TK, 0.0f);
   for (int64_t j = 0; j < n; ++j)
-    for (int64_t c = 0; c < w; ++c) dst[c * TK + j] = src[j * stride + c];
+    for (int64_t c = 0; c < w; ++c) dst[c * TK + j] = to_f32(src[j * stride + c]);
 }
 
 // dst (cols, rows) = src (rows, cols)^T.
@@ -230,9 +232,10 @@ inline void tile_transpose(float* __restrict dst, const float* __restrict src, i
 // Loads the query tile of (b, h, i0): qs (TQ, hdp) from q (B, T, nh, hd), dos (TQ, hdvp) from dout
 // (B, T, nh, hdv), lse_t (TQ) from lse (B, nh, T) and D (TQ) = rowsum(dO * O) over hdv (o (B, T, nh,
 // hdv)); rows >= nq are zero.
-inline void query_tile_load(const float* q, const float* o, const float* lse, const float* dout, float* qs, float* dos,
-                            float* lse_t, float* D, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t T,
-                            int64_t nh, int64_t hd, int64_t hdp, int64_t hdv, int64_t hdvp) {
+template <class E>
+inline void query_tile_load(const E* q, const E* o, const float* lse, const E* dout, float* qs, float* dos,
+                            float* lse_t, float* D, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t T, int64_t nh,
+                            int64_t hd, int64_t hdp, int64_t hdv, int64_t hdvp) {
   const int64_t row = (b * T + i0) * nh + h;  // the first query's row of the (B, T, nh) rows
   const int64_t qoff = row * hd, voff = row * hdv;
   rows_load(qs, q + qoff, nh * hd, nq, TQ, hd, hdp);
@@ -240,8 +243,8 @@ inline void query_tile_load(const float* q, const float* o, const float* lse, co
   for (int64_t r = 0; r < TQ; ++r) {
     float sum = 0.0f;
     if (r < nq) {
-      const float* orow = o + voff + r * nh * hdv;  // (hdv)
-      for (int64_t c = 0; c < hdv; ++c) sum += dos[r * hdvp + c] * orow[c];
+      const E* orow = o + voff + r * nh * hdv;  // (hdv)
+      for (int64_t c = 0; c < hdv; ++c) sum += dos[r * hdvp + c] * to_f32(orow[c]);
     }
     D[r] = sum;
     lse_t[r] = r < nq ? lse[(b * nh + h) * T + i0 + r] : 0.0f;
