@@ -143,7 +143,7 @@ AdamwRates adamw_rates_measure(int64_t P, int repeats) {
     for (size_t k = 0; k < paths.size(); ++k) {
       const auto t0 = Clock::now();
       ops::cpu::adamw_update_path(paths[k], w.data(), g.data(), m.data(), v.data(), P, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                                  1.0f, r + 1);
+                                  1.0f, r + 1, nullptr);
       if (r > 0) rates[k].push_back(static_cast<double>(P) / seconds_since(t0));
     }
     const auto t0 = Clock::now();

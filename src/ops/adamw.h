@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "core/buf.h"
+
 namespace fp::ops::cpu {
 
 // One AdamW step over n elements, in place:
@@ -15,16 +17,24 @@ namespace fp::ops::cpu {
 // step counts from 1 (the step being taken, PyTorch's state["step"] after its increment). The bias
 // corrections are computed in double once per call, every per-element operation in float.
 //
-// param (n) fp32 weights, updated
-// grad  (n) fp32 gradient, read only
-// m     (n) first moment (exp_avg), updated; zero before step 1
-// v     (n) second moment (exp_avg_sq), updated; zero before step 1
+// param      (n) f32 weights, updated: the master copy under a mixed-precision recipe
+// grad       (n) gradient, f32 or bf16, read only; a bf16 gradient is widened (exact), so the update
+//                is bit for bit the f32 update fed the widened gradient
+// m          (n) f32 first moment (exp_avg), updated; zero before step 1
+// v          (n) f32 second moment (exp_avg_sq), updated; zero before step 1
+// param_copy (n) null, or the model's working copy of the weights (f32 or bf16), overwritten after
+//                the update with param rounded once to its dtype (to nearest even; a copy when f32).
+//                It must not overlap param, unless it is param itself (f32): then nothing is written.
 //
 // Contract, Note [AdamW is element-wise]: the result of every element depends only on that element's
 // inputs and the scalars, never on n, the thread count, or where a range is split: calling it on
-// [0, n) or on consecutive sub-ranges [0, a), [a, b), ..., [z, n) gives identical bits. Bucketed and
-// streamed (host-offload) variants rely on this to equal the plain update bit for bit.
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, float grad_scale, int64_t step);
+// [0, n) or on consecutive sub-ranges [0, a), [a, b), ..., [z, n) gives identical bits, whatever the
+// dtypes of grad and param_copy (their conversions are element-wise too). Bucketed and streamed
+// (host-offload) variants rely on this to equal the plain update bit for bit.
+//
+// param_copy has no default: the kernel table (backend/kernels.h) holds function pointers, through
+// which a default argument would not apply, so every caller passes it (nullptr when there is none).
+void adamw_update(float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, float grad_scale, int64_t step, Buf param_copy);
 
 }  // namespace fp::ops::cpu

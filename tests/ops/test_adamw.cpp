@@ -1,10 +1,13 @@
 // AdamW update: the fast kernel against the scalar reference, the sub-range / thread-count bit
-// contract (Note [AdamW is element-wise]), the reference against a hand-computed example, and a
-// timing against memory bandwidth. Dimensions: n elements.
+// contract (Note [AdamW is element-wise]), the reference against a hand-computed example, the mixed
+// precision operands (a bf16 gradient, the working copy of the weights: bit for bit the f32 update of
+// the widened gradient, the copy the updated weights rounded once), and a timing against memory
+// bandwidth. Dimensions: n elements.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
@@ -13,6 +16,8 @@
 #include <tuple>
 #include <vector>
 
+#include "core/buf.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/adamw.h"
@@ -56,7 +61,7 @@ struct Hyper {
 
 void fast_step(State& s, const Hyper& h, int64_t step) {
   ops::cpu::adamw_update(s.param.data(), s.grad.data(), s.m.data(), s.v.data(), static_cast<int64_t>(s.param.size()),
-                         h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step);
+                         h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step, nullptr);
 }
 void ref_step(State& s, const Hyper& h, int64_t step) {
   ops::ref::adamw_update<float>(s.param.data(), s.grad.data(), s.m.data(), s.v.data(),
@@ -153,7 +158,7 @@ TEST(AdamwUpdate, SubRangesAndThreadCountsGiveIdenticalBits) {
     for (size_t k = 0; k + 1 < edges.size(); ++k) {
       const int64_t a = edges[k], len = edges[k + 1] - edges[k];
       ops::cpu::adamw_update(split.param.data() + a, split.grad.data() + a, split.m.data() + a, split.v.data() + a, len,
-                             h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step);
+                             h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step, nullptr);
     }
     omp_set_num_threads(1);
     fast_step(one_thread, h, step);
@@ -201,7 +206,7 @@ TEST(AdamwUpdate, EveryPathMatchesReferenceAndScalarBits) {
           auto run = [&](State& s, AdamwPath p) {
             ops::cpu::adamw_update_path(p, s.param.data() + shift, s.grad.data() + shift, s.m.data() + shift,
                                         s.v.data() + shift, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                                        h.grad_scale, step);
+                                        h.grad_scale, step, nullptr);
           };
           run(fast, path);
           run(scalar, AdamwPath::AdamwPath_scalar);
@@ -235,6 +240,175 @@ TEST(AdamwUpdate, EveryPathMatchesReferenceAndScalarBits) {
   if (ops::cpu::adamw_path_available(AdamwPath::AdamwPath_avx2)) {
     EXPECT_EQ(ops::cpu::adamw_path_best(), AdamwPath::AdamwPath_avx2);
   }
+}
+
+// ---- Mixed precision: a bf16 gradient and the working copy (param_copy) of the weights.
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i].bits = bf16_from_float(x[i]);
+  return h;
+}
+std::vector<float> widen(const std::vector<bf16>& h) {
+  std::vector<float> x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = bf16_to_float(h[i].bits);
+  return x;
+}
+
+enum class Copy { none, bf16, f32 };
+
+// Note [AdamW with bf16 operands]: with a bf16 gradient the f32 weights and moments get the bits of
+// the f32 kernel fed the widened gradient, and the working copy is the updated f32 weights rounded
+// once (bf16_from_float) or copied (f32). Every path, sizes around the 4- and 8-wide vectors, the
+// kernel's chunk (1024) and block (8192), unaligned starts, three steps, a NaN and an infinite weight.
+// Elements before the start (the shift) are never written, the copy's included.
+TEST(AdamwUpdate, Bf16GradAndCopyAreTheF32UpdateOfTheWidenedGrad) {
+  using ops::cpu::AdamwPath;
+  const std::vector<int64_t> sizes = {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 1023, 1024, 1025, 8191, 8193, 40009};
+  const struct {
+    bool grad_bf16;
+    Copy copy;
+  } mixes[] = {{true, Copy::none}, {true, Copy::bf16}, {false, Copy::bf16}, {true, Copy::f32}, {false, Copy::f32}};
+  for (AdamwPath path : {AdamwPath::AdamwPath_scalar, AdamwPath::AdamwPath_sse, AdamwPath::AdamwPath_avx2}) {
+    if (!ops::cpu::adamw_path_available(path)) continue;
+    for (int64_t n : sizes)
+      for (int64_t shift : {0, 1, 3})
+        for (const auto& mix : mixes) {
+          Hyper h;
+          h.grad_scale = 0.73f;
+          const int64_t len = n + shift;
+          State plain = state_random(len, 6000 + static_cast<uint64_t>(n));
+          plain.grad = widen(to_bf16(plain.grad));  // representable in bf16: both runs see the same numbers
+          // Weights the rounding must treat apart, in the first vector: NaNs (they stay NaNs, payload
+          // and all, so the copy must be bf16_from_float's quiet NaN: the upper half, where rounding the
+          // low half would carry into it) and an infinity.
+          if (n >= 8) {
+            plain.param[shift] = std::bit_cast<float>(uint32_t{0xffc0ffff});
+            plain.param[shift + 1] = -INFINITY;
+            plain.param[shift + 2] = std::bit_cast<float>(uint32_t{0x7fffffff});
+          }
+          State mixed = plain;
+          const bf16 marker{0x7fa5};  // a NaN pattern no rounding produces (it would be quiet, 0x7fe5)
+          std::vector<bf16> copy_h(len, marker);
+          std::vector<float> copy_f(len, -3.0f);
+          for (int64_t step = 1; step <= 3; ++step) {
+            if (step > 1) {
+              grad_refresh(plain, 53 * step + static_cast<uint64_t>(n));
+              plain.grad = widen(to_bf16(plain.grad));
+              mixed.grad = plain.grad;
+            }
+            const std::vector<bf16> grad_h = to_bf16(mixed.grad);
+            ops::cpu::adamw_update_path(path, plain.param.data() + shift, plain.grad.data() + shift,
+                                        plain.m.data() + shift, plain.v.data() + shift, n, h.lr, h.beta1, h.beta2,
+                                        h.eps, h.weight_decay, h.grad_scale, step, nullptr);
+            const CBuf g = mix.grad_bf16 ? CBuf(grad_h.data() + shift) : CBuf(mixed.grad.data() + shift);
+            const Buf c = mix.copy == Copy::bf16  ? Buf(copy_h.data() + shift)
+                          : mix.copy == Copy::f32 ? Buf(copy_f.data() + shift)
+                                                  : Buf();
+            ops::cpu::adamw_update_path(path, mixed.param.data() + shift, g, mixed.m.data() + shift,
+                                        mixed.v.data() + shift, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
+                                        h.grad_scale, step, c);
+            SCOPED_TRACE(::testing::Message()
+                         << "path " << ops::cpu::adamw_path_name(path) << " n " << n << " shift " << shift << " step "
+                         << step << " grad " << (mix.grad_bf16 ? "bf16" : "f32") << " copy "
+                         << static_cast<int>(mix.copy));
+            ASSERT_TRUE(op_test::bits_equal(mixed.param, plain.param));
+            ASSERT_TRUE(op_test::bits_equal(mixed.m, plain.m));
+            ASSERT_TRUE(op_test::bits_equal(mixed.v, plain.v));
+            for (int64_t i = 0; i < len; ++i) {
+              if (mix.copy == Copy::bf16) {
+                const uint16_t want = i < shift ? marker.bits : bf16_from_float(plain.param[i]);
+                ASSERT_EQ(copy_h[i].bits, want) << "bf16 copy index " << i << ", weight " << plain.param[i];
+              } else if (mix.copy == Copy::f32) {
+                const float want = i < shift ? -3.0f : plain.param[i];
+                ASSERT_EQ(std::memcmp(&copy_f[i], &want, sizeof(float)), 0) << "f32 copy index " << i;
+              }
+            }
+          }
+        }
+  }
+}
+
+// The copy is rounded from the updated weights, not the ones before: one step by hand. With m = v = 0
+// and wd = 0 a first step moves the weight by -lr g / (|g| + eps), here -2^-4 (lr 2^-4, g 1, eps tiny),
+// to 0.9375 up to the rounding of the folded scalars; 0.9375 is a bf16 value, 1 (the weight before)
+// another, so a copy taken before the update, or of the wrong array, is caught.
+TEST(AdamwUpdate, Bf16CopyHoldsTheUpdatedWeights) {
+  float param[9], m[9] = {}, v[9] = {};
+  std::vector<bf16> grad(9, bf16{bf16_from_float(1.0f)}), copy(9, bf16{0});
+  for (float& p : param) p = 1.0f;
+  ops::cpu::adamw_update(param, grad.data(), m, v, 9, 0.0625f, 0.9f, 0.95f, 1e-30f, 0.0f, 1.0f, 1, copy.data());
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_NEAR(param[i], 0.9375f, 4 * FLT_EPSILON) << i;
+    EXPECT_EQ(copy[i].bits, bf16_from_float(param[i])) << i;
+    EXPECT_EQ(copy[i].bits, bf16_from_float(0.9375f)) << i;
+  }
+}
+
+// Note [AdamW is element-wise] with a bf16 gradient and a bf16 copy: sub-ranges split anywhere (mid
+// vector, mid chunk, across blocks) and any thread count give the bits of one call on [0, n).
+TEST(AdamwUpdate, Bf16SubRangesAndThreadCountsGiveIdenticalBits) {
+  const int64_t n = 100003;
+  Hyper h;
+  h.grad_scale = 0.61f;
+  State whole = state_random(n, 12);
+  State split = whole, one_thread = whole;
+  std::vector<bf16> cw(n), cs(n), c1(n);
+  const int saved_threads = omp_get_max_threads();
+  for (int64_t step = 1; step <= 3; ++step) {
+    if (step > 1) grad_refresh(whole, 950 + step);
+    const std::vector<bf16> g = to_bf16(whole.grad);
+    omp_set_num_threads(2);
+    ops::cpu::adamw_update(whole.param.data(), g.data(), whole.m.data(), whole.v.data(), n, h.lr, h.beta1, h.beta2,
+                           h.eps, h.weight_decay, h.grad_scale, step, cw.data());
+    const std::vector<int64_t> edges = {0, 1, 8, 13, 77, 1024 + 5, 4096 + 3, 8192 + 5, 40001, 40002, 99999, n};
+    for (size_t k = 0; k + 1 < edges.size(); ++k) {
+      const int64_t a = edges[k], len = edges[k + 1] - edges[k];
+      ops::cpu::adamw_update(split.param.data() + a, g.data() + a, split.m.data() + a, split.v.data() + a, len, h.lr,
+                             h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step, cs.data() + a);
+    }
+    omp_set_num_threads(1);
+    ops::cpu::adamw_update(one_thread.param.data(), g.data(), one_thread.m.data(), one_thread.v.data(), n, h.lr,
+                           h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step, c1.data());
+    omp_set_num_threads(saved_threads);
+    for (const State* o : {&split, &one_thread}) {
+      ASSERT_TRUE(op_test::bits_equal(whole.param, o->param)) << "step " << step;
+      ASSERT_TRUE(op_test::bits_equal(whole.m, o->m)) << "step " << step;
+      ASSERT_TRUE(op_test::bits_equal(whole.v, o->v)) << "step " << step;
+    }
+    ASSERT_EQ(std::memcmp(cw.data(), cs.data(), n * sizeof(bf16)), 0) << "step " << step;
+    ASSERT_EQ(std::memcmp(cw.data(), c1.data(), n * sizeof(bf16)), 0) << "step " << step;
+  }
+}
+
+// An f32 copy that is the weights themselves writes nothing: the plain update's bits.
+TEST(AdamwUpdate, F32CopyThatIsTheWeightsIsTheUpdate) {
+  const int64_t n = 40009;
+  Hyper h;
+  State a = state_random(n, 13), b = a;
+  for (int64_t step = 1; step <= 2; ++step) {
+    fast_step(a, h, step);
+    ops::cpu::adamw_update(b.param.data(), b.grad.data(), b.m.data(), b.v.data(), n, h.lr, h.beta1, h.beta2, h.eps,
+                           h.weight_decay, h.grad_scale, step, b.param.data());
+    ASSERT_TRUE(op_test::bits_equal(a.param, b.param)) << "step " << step;
+    ASSERT_TRUE(op_test::bits_equal(a.m, b.m)) << "step " << step;
+  }
+}
+
+// Gradients and copies are f32 or bf16; any other dtype is an error, before anything is written.
+TEST(AdamwUpdate, OtherDtypesAreAnError) {
+  State s = state_random(16, 14);
+  const State before = s;
+  std::vector<uint16_t> half(16, 0x3c00);
+  Hyper h;
+  EXPECT_THROW(ops::cpu::adamw_update(s.param.data(), CBuf(half.data(), DType::DType_F16), s.m.data(), s.v.data(), 16,
+                                      h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, 1, nullptr),
+               Error);
+  EXPECT_THROW(ops::cpu::adamw_update(s.param.data(), s.grad.data(), s.m.data(), s.v.data(), 16, h.lr, h.beta1, h.beta2,
+                                      h.eps, h.weight_decay, h.grad_scale, 1, Buf(half.data(), DType::DType_F16)),
+               Error);
+  EXPECT_TRUE(op_test::bits_equal(s.param, before.param));
+  EXPECT_TRUE(op_test::bits_equal(s.m, before.m));
 }
 
 // Two steps worked by hand: lr 0.1, beta1 0.9, beta2 0.99, eps 1e-8, wd 0.01, grad_scale 2.
@@ -308,10 +482,23 @@ TEST(AdamwUpdate, DISABLED_BenchTiming) {
     step = 0;
     const double t = median_seconds([&] {
       ops::cpu::adamw_update_path(p, s.param.data(), s.grad.data(), s.m.data(), s.v.data(), n, h.lr, h.beta1, h.beta2,
-                                  h.eps, h.weight_decay, h.grad_scale, ++step);
+                                  h.eps, h.weight_decay, h.grad_scale, ++step, nullptr);
     });
     std::printf("adamw_update path %s: %.3f ms (%.1f Mparams/s)\n", std::string(ops::cpu::adamw_path_name(p)).c_str(),
                 t * 1e3, n / t / 1e6);
+  }
+  // Mixed precision (Note [AdamW with bf16 operands]): a bf16 gradient (2 bytes read instead of 4) and a
+  // bf16 working copy refreshed (2 more written): 28 bytes per element again.
+  {
+    const std::vector<bf16> g = to_bf16(s.grad);
+    std::vector<bf16> copy(static_cast<size_t>(n));
+    step = 0;
+    const double t = median_seconds([&] {
+      ops::cpu::adamw_update(s.param.data(), g.data(), s.m.data(), s.v.data(), n, h.lr, h.beta1, h.beta2, h.eps,
+                             h.weight_decay, h.grad_scale, ++step, copy.data());
+    });
+    std::printf("adamw_update bf16 grad + bf16 copy: %.3f ms (%.1f Mparams/s, %.1f GB/s)\n", t * 1e3, n / t / 1e6,
+                28.0 * n / t / 1e9);
   }
   const double fast_gbs = 28.0 * n / fast_s / 1e9;
   const double stream_gbs = 28.0 * n / stream_s / 1e9;

@@ -1233,7 +1233,7 @@ void case_adamw_update(KernelRun& r) {
   for (int64_t i = 0; i < n; ++i) tol_p[i] = 4.0 * FLT_EPSILON * std::max(std::abs(param[i]), std::abs(wp[i]));
   float *dp = r.up(param, "param"), *dm = r.up(m, "m"), *dv = r.up(v, "v");
   const float* dg = r.up(grad, "grad");
-  r.K.adamw_update(dp, dg, dm, dv, n, lr, beta1, beta2, eps, wd, grad_scale, step);
+  r.K.adamw_update(dp, dg, dm, dv, n, lr, beta1, beta2, eps, wd, grad_scale, step, nullptr);
   r.sync();
   r.expect("param", {n}, dp, wp, op_test::tol_each(tol_p));
   r.expect("m", {n}, dm, wm, op_test::tol_ulps(2));

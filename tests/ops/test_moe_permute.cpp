@@ -3,6 +3,9 @@
 // and bitwise determinism across
 // thread counts. The permutation is built here with std::stable_sort (independently of
 // moe_routing_build), from random top-k choices that leave one expert without tokens.
+// bf16 rows (MoePermuteBf16): the copies bit for bit against ref<bf16>, the arithmetic kernels bit for
+// bit against the f32 kernel run on the widened operands and rounded once (bf16_from_float), and
+// against ref<float> within the f32 bound plus one bf16 rounding; the rounding-once property by hand.
 // n tokens, k slots per token, m = n * k copies, E experts, H hidden.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -14,6 +17,8 @@
 #include <numeric>
 #include <vector>
 
+#include "core/buf.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/moe_permute.h"
@@ -256,6 +261,266 @@ TEST(MoePermute, BitwiseDeterministicAcrossThreadCounts) {
     EXPECT_TRUE(same(a.dx, o->dx)) << "moe_scatter_add";
     EXPECT_TRUE(same(a.scattered, o->scattered)) << "moe_scatter";
   }
+}
+
+// ---- bf16 rows (Note [Kernel operands carry their dtype], core/buf.h)
+
+using fp::bf16;
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i].bits = fp::bf16_from_float(x[i]);
+  return h;
+}
+std::vector<float> widen(const std::vector<bf16>& h) {
+  std::vector<float> x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = fp::bf16_to_float(h[i].bits);
+  return x;
+}
+bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
+}
+
+// One operand stored as bf16 or f32, holding the same values either way (random values rounded to
+// bf16 once), so a kernel run with either dtype sees the same numbers.
+struct Rows {
+  std::vector<float> f;  // the values in f32 (the widened bf16)
+  std::vector<bf16> h;   // the values in bf16
+  bool bf;               // which one the kernel is given
+  Rows(const std::vector<float>& x, bool is_bf16) : f(widen(to_bf16(x))), h(to_bf16(x)), bf(is_bf16) {}
+  fp::Buf buf() { return bf ? fp::Buf(h.data()) : fp::Buf(f.data()); }
+  // The operand's current values (f32).
+  std::vector<float> value() const { return bf ? widen(h) : f; }
+  // The f32 result `want` as the operand's dtype would hold it: rounded once when bf16.
+  std::vector<float> stored(const std::vector<float>& want) const { return bf ? widen(to_bf16(want)) : want; }
+};
+
+const char* dt(bool is_bf16) { return is_bf16 ? "bf16" : "f32"; }
+
+// A copy moves bits: bf16 -> bf16 equals ref<bf16> byte for byte (-0, infinity and a NaN payload
+// included); bf16 -> f32 is the exact widening; f32 -> bf16 is bf16_from_float of each element.
+TEST(MoePermuteBf16, GatherAndScatterAreBitForBitCopies) {
+  fp::Rng rng(31);
+  for (int64_t H : kH)
+    for (int64_t n : {1, 13, 37})
+      for (int64_t k : {1, 2, 4}) {
+        SCOPED_TRACE(testing::Message() << "H=" << H << " n=" << n << " k=" << k);
+        const int64_t E = 8, m = n * k;
+        const Routing r = routing_random(rng, n, k, E, 3);
+        const auto x = fp::op_test::random_vector<float>(n * H, rng);
+        std::vector<bf16> xb = to_bf16(x);
+        const uint16_t specials[] = {0x8000, 0x7f80, 0xff80, 0x7fc1, 0x0001};  // -0, +-inf, NaN payload, subnormal
+        for (size_t i = 0; i < std::size(specials) && i < xb.size(); ++i) xb[i * 7 % xb.size()].bits = specials[i];
+
+        // gather, bf16 -> bf16, bf16 -> f32, f32 -> bf16.
+        std::vector<bf16> xs_ref(m * H), xs_cpu(m * H, bf16{0x1234});
+        fp::ops::ref::moe_gather(xb.data(), r.rows.data(), xs_ref.data(), m, H);
+        fp::ops::cpu::moe_gather(xb.data(), r.rows.data(), xs_cpu.data(), m, H);
+        EXPECT_TRUE(same_bits(xs_cpu, xs_ref)) << "gather bf16 -> bf16";
+        std::vector<float> xs_wide(m * H, NAN);
+        fp::ops::cpu::moe_gather(xb.data(), r.rows.data(), xs_wide.data(), m, H);
+        EXPECT_TRUE(fp::op_test::bits_equal(xs_wide, widen(xs_ref))) << "gather bf16 -> f32";
+        std::vector<float> xs_f(m * H);
+        fp::ops::ref::moe_gather(x.data(), r.rows.data(), xs_f.data(), m, H);
+        fp::ops::cpu::moe_gather(x.data(), r.rows.data(), xs_cpu.data(), m, H);
+        EXPECT_TRUE(same_bits(xs_cpu, to_bf16(xs_f))) << "gather f32 -> bf16";
+
+        // scatter into a permutation's first mi rows; the other rows keep their bits.
+        std::vector<int32_t> dest(m);
+        std::iota(dest.begin(), dest.end(), 0);
+        for (int64_t i = m - 1; i > 0; --i) std::swap(dest[i], dest[rng.below(i + 1)]);
+        for (int64_t mi : {m, (m + 1) / 2}) {
+          const auto src = fp::op_test::random_vector<float>(mi * H, rng);
+          const std::vector<bf16> srcb = to_bf16(src);
+          const auto fill = fp::op_test::random_vector<float>(m * H, rng);
+          std::vector<bf16> dst_ref = to_bf16(fill), dst_cpu = dst_ref;
+          fp::ops::ref::moe_scatter(srcb.data(), dest.data(), dst_ref.data(), mi, H);
+          fp::ops::cpu::moe_scatter(srcb.data(), dest.data(), dst_cpu.data(), mi, H);
+          EXPECT_TRUE(same_bits(dst_cpu, dst_ref)) << "scatter bf16 -> bf16, mi=" << mi;
+          std::vector<float> dst_wide = widen(to_bf16(fill));
+          fp::ops::cpu::moe_scatter(srcb.data(), dest.data(), dst_wide.data(), mi, H);
+          EXPECT_TRUE(fp::op_test::bits_equal(dst_wide, widen(dst_ref))) << "scatter bf16 -> f32, mi=" << mi;
+          dst_cpu = to_bf16(fill);
+          fp::ops::cpu::moe_scatter(src.data(), dest.data(), dst_cpu.data(), mi, H);
+          EXPECT_TRUE(same_bits(dst_cpu, dst_ref)) << "scatter f32 -> bf16, mi=" << mi;  // dst_ref: round(src)
+        }
+      }
+}
+
+// Every mix of f32 and bf16 rows. Bitwise: the f32 kernel run on the widened values, its result rounded
+// once per element where the output is bf16 (the f32 operations per element are the same, in the same
+// order, Note in ops/cpu/moe_permute.cpp). Against ref<float> on the widened values: the f32 bound of
+// CombineMatchesRef plus, for a bf16 output, one rounding to bf16 (unit roundoff 2^-8 of |want|).
+TEST(MoePermuteBf16, CombineIsTheF32KernelRoundedOnce) {
+  fp::Rng rng(32);
+  const double u_bf16 = std::ldexp(1.0, -8);
+  for (int64_t H : kH)
+    for (int64_t n : {1, 13, 37})
+      for (int64_t k : {1, 2, 4})
+        for (int mix = 1; mix < 8; ++mix) {  // bit 0: ys, bit 1: out (and dout), bit 2: dys; 0 is all-f32
+          const bool ys_bf = mix & 1, out_bf = mix & 2, dys_bf = mix & 4;
+          SCOPED_TRACE(testing::Message() << "H=" << H << " n=" << n << " k=" << k << " ys " << dt(ys_bf)
+                                          << " out/dout " << dt(out_bf) << " dys " << dt(dys_bf));
+          const int64_t E = 8, m = n * k;
+          const Routing r = routing_random(rng, n, k, E, 5);
+          Rows ys(fp::op_test::random_vector<float>(m * H, rng), ys_bf);
+          std::vector<float> w(n * k);
+          for (auto& x : w) x = static_cast<float>(0.05 + rng.uniform());
+
+          // forward: out += sum_j w_j ys_j.
+          Rows out(fp::op_test::random_vector<float>(n * H, rng), out_bf);
+          std::vector<float> want = out.f;  // the f32 kernel on the same values
+          fp::ops::cpu::moe_combine_forward(ys.f.data(), r.slot_pos.data(), w.data(), want.data(), n, k, H);
+          std::vector<float> ref = out.f;
+          fp::ops::ref::moe_combine_forward(ys.f.data(), r.slot_pos.data(), w.data(), ref.data(), n, k, H);
+          std::vector<double> bound(n * H);
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t h = 0; h < H; ++h) {
+              double mag = std::fabs(out.f[t * H + h]);
+              for (int64_t j = 0; j < k; ++j) mag += std::fabs(w[t * k + j] * ys.f[r.slot_pos[t * k + j] * H + h]);
+              bound[t * H + h] = 4.0 * k * FLT_EPSILON * mag + (out_bf ? u_bf16 * std::fabs(ref[t * H + h]) : 0.0);
+            }
+          fp::ops::cpu::moe_combine_forward(ys.buf(), r.slot_pos.data(), w.data(), out.buf(), n, k, H);
+          EXPECT_TRUE(fp::op_test::bits_equal(out.value(), out.stored(want))) << "out";
+          EXPECT_TRUE(fp::op_test::near("out", {n, H}, out.value(), ref, fp::op_test::tol_each(bound)));
+
+          // backward: dys = w dout (every row written), dw = dot(dout, ys) in f32.
+          Rows dout(fp::op_test::random_vector<float>(n * H, rng), out_bf);
+          Rows dys(std::vector<float>(m * H, NAN), dys_bf);
+          std::vector<float> want_dys(m * H, NAN), want_dw(n * k, NAN), dw(n * k, NAN);
+          fp::ops::cpu::moe_combine_backward(ys.f.data(), r.slot_pos.data(), w.data(), dout.f.data(), want_dys.data(),
+                                             want_dw.data(), n, k, H);
+          fp::ops::cpu::moe_combine_backward(ys.buf(), r.slot_pos.data(), w.data(), dout.buf(), dys.buf(), dw.data(), n,
+                                             k, H);
+          EXPECT_TRUE(fp::op_test::bits_equal(dw, want_dw)) << "dw";
+          EXPECT_TRUE(fp::op_test::bits_equal(dys.value(), dys.stored(want_dys))) << "dys";
+          std::vector<float> ref_dys(m * H), ref_dw(n * k);
+          fp::ops::ref::moe_combine_backward(ys.f.data(), r.slot_pos.data(), w.data(), dout.f.data(), ref_dys.data(),
+                                             ref_dw.data(), n, k, H);
+          // dys: one f32 product, then one bf16 rounding when bf16; dw: CombineMatchesRef's bound.
+          std::vector<double> bound_dys(m * H), bound_dw(n * k);
+          for (int64_t i = 0; i < m * H; ++i)
+            bound_dys[i] = (FLT_EPSILON + (dys_bf ? u_bf16 : 0.0)) * std::fabs(ref_dys[i]);
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t j = 0; j < k; ++j) {
+              double mag = 0;
+              for (int64_t h = 0; h < H; ++h) mag += std::fabs(dout.f[t * H + h] * ys.f[r.slot_pos[t * k + j] * H + h]);
+              bound_dw[t * k + j] = (H + 1) * FLT_EPSILON * mag;
+            }
+          EXPECT_TRUE(fp::op_test::near("dys", {m, H}, dys.value(), ref_dys, fp::op_test::tol_each(bound_dys)));
+          EXPECT_TRUE(fp::op_test::near("dw", {n, k}, dw, ref_dw, fp::op_test::tol_each(bound_dw)));
+
+          // In place (dys is ys, as moe_block's backward calls it): dw from the rows before they are
+          // overwritten, the same bits as out of place.
+          if (ys_bf == dys_bf) {
+            Rows inplace = ys;
+            std::vector<float> dw_in(n * k, NAN);
+            fp::ops::cpu::moe_combine_backward(inplace.buf(), r.slot_pos.data(), w.data(), dout.buf(), inplace.buf(),
+                                               dw_in.data(), n, k, H);
+            EXPECT_TRUE(fp::op_test::bits_equal(dw_in, want_dw)) << "dw in place";
+            EXPECT_TRUE(fp::op_test::bits_equal(inplace.value(), dys.value())) << "dys in place";
+          }
+        }
+}
+
+// As the combine: every mix, bitwise against the f32 kernel on the widened values rounded once, and
+// against ref<float> within GatherAndScatterAddMatchRef's f32 bound plus one bf16 rounding.
+TEST(MoePermuteBf16, ScatterAddIsTheF32KernelRoundedOnce) {
+  fp::Rng rng(33);
+  const double u_bf16 = std::ldexp(1.0, -8);
+  for (int64_t H : kH)
+    for (int64_t n : {1, 13, 37})
+      for (int64_t k : {1, 2, 4})
+        for (int mix = 1; mix < 4; ++mix) {  // bit 0: dxs, bit 1: dx
+          const bool dxs_bf = mix & 1, dx_bf = mix & 2;
+          SCOPED_TRACE(testing::Message()
+                       << "H=" << H << " n=" << n << " k=" << k << " dxs " << dt(dxs_bf) << " dx " << dt(dx_bf));
+          const int64_t E = 8, m = n * k;
+          const Routing r = routing_random(rng, n, k, E, 3);
+          Rows dxs(fp::op_test::random_vector<float>(m * H, rng), dxs_bf);
+          Rows dx(fp::op_test::random_vector<float>(n * H, rng), dx_bf);
+          std::vector<float> want = dx.f, ref = dx.f;
+          fp::ops::cpu::moe_scatter_add(dxs.f.data(), r.slot_pos.data(), want.data(), n, k, H);
+          fp::ops::ref::moe_scatter_add(dxs.f.data(), r.slot_pos.data(), ref.data(), n, k, H);
+          std::vector<double> bound(n * H);
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t h = 0; h < H; ++h) {
+              double mag = std::fabs(dx.f[t * H + h]);
+              for (int64_t j = 0; j < k; ++j) mag += std::fabs(dxs.f[r.slot_pos[t * k + j] * H + h]);
+              bound[t * H + h] = 2.0 * k * FLT_EPSILON * mag + (dx_bf ? u_bf16 * std::fabs(ref[t * H + h]) : 0.0);
+            }
+          fp::ops::cpu::moe_scatter_add(dxs.buf(), r.slot_pos.data(), dx.buf(), n, k, H);
+          EXPECT_TRUE(fp::op_test::bits_equal(dx.value(), dx.stored(want))) << "dx";
+          EXPECT_TRUE(fp::op_test::near("dx", {n, H}, dx.value(), ref, fp::op_test::tol_each(bound)));
+        }
+}
+
+// Rounded once per element, by hand: 1 + 3/8 ulp + 3/8 ulp (ulp = 2^-7 at 1 in bf16). Rounded after
+// each slot the sum stays 1 (3/8 ulp rounds down, twice); in f32 then rounded once it is 1 + 3/4 ulp,
+// which rounds up to 1 + 2^-7. The same for the combine forward with weights 1.
+TEST(MoePermuteBf16, AccumulatesInF32AndRoundsOnce) {
+  const int64_t n = 1, k = 2, H = 9;  // one full 8-lane vector and a tail
+  const std::vector<int32_t> slot_pos = {1, 0};
+  const float small = 3.0f * std::ldexp(1.0f, -10);  // 3/8 ulp of 1, a bf16 value
+  const std::vector<bf16> g(k * H, bf16{fp::bf16_from_float(small)});
+  const uint16_t want = fp::bf16_from_float(1.0f + std::ldexp(1.0f, -7));
+  std::vector<bf16> dx(H, bf16{fp::bf16_from_float(1.0f)});
+  fp::ops::cpu::moe_scatter_add(g.data(), slot_pos.data(), dx.data(), n, k, H);
+  for (int64_t h = 0; h < H; ++h) EXPECT_EQ(dx[h].bits, want) << "scatter_add h=" << h;
+  std::vector<bf16> out(H, bf16{fp::bf16_from_float(1.0f)});
+  const std::vector<float> w = {1.0f, 1.0f};
+  fp::ops::cpu::moe_combine_forward(g.data(), slot_pos.data(), w.data(), out.data(), n, k, H);
+  for (int64_t h = 0; h < H; ++h) EXPECT_EQ(out[h].bits, want) << "combine_forward h=" << h;
+}
+
+TEST(MoePermuteBf16, BitwiseDeterministicAcrossThreadCounts) {
+  fp::Rng rng(34);
+  const int64_t n = 301, k = 4, E = 16, H = 257, m = n * k;  // n k H above the kernels' parallel threshold
+  const Routing r = routing_random(rng, n, k, E, 7);
+  const auto x = to_bf16(fp::op_test::random_vector<float>(n * H, rng));
+  const auto ys = to_bf16(fp::op_test::random_vector<float>(m * H, rng));
+  const auto w = fp::op_test::random_vector<float>(n * k, rng);
+  const auto dout = to_bf16(fp::op_test::random_vector<float>(n * H, rng));
+  const auto base = to_bf16(fp::op_test::random_vector<float>(n * H, rng));
+  struct Out {
+    std::vector<bf16> xs, out, dys, dx, scattered;
+    std::vector<float> dw;
+  };
+  const int saved = omp_get_max_threads();
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    Out o{std::vector<bf16>(m * H), base, std::vector<bf16>(m * H), base, std::vector<bf16>(m * H),
+          std::vector<float>(n * k)};
+    fp::ops::cpu::moe_gather(x.data(), r.rows.data(), o.xs.data(), m, H);
+    fp::ops::cpu::moe_scatter(ys.data(), r.slot_pos.data(), o.scattered.data(), m, H);
+    fp::ops::cpu::moe_combine_forward(ys.data(), r.slot_pos.data(), w.data(), o.out.data(), n, k, H);
+    fp::ops::cpu::moe_combine_backward(ys.data(), r.slot_pos.data(), w.data(), dout.data(), o.dys.data(), o.dw.data(),
+                                       n, k, H);
+    fp::ops::cpu::moe_scatter_add(ys.data(), r.slot_pos.data(), o.dx.data(), n, k, H);
+    return o;
+  };
+  const Out a = run(1), b = run(2);
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(same_bits(a.xs, b.xs)) << "moe_gather";
+  EXPECT_TRUE(same_bits(a.scattered, b.scattered)) << "moe_scatter";
+  EXPECT_TRUE(same_bits(a.out, b.out)) << "moe_combine_forward";
+  EXPECT_TRUE(same_bits(a.dys, b.dys)) << "moe_combine_backward dys";
+  EXPECT_TRUE(fp::op_test::bits_equal(a.dw, b.dw)) << "moe_combine_backward dw";
+  EXPECT_TRUE(same_bits(a.dx, b.dx)) << "moe_scatter_add";
+}
+
+// Only f32 and bf16 rows: any other dtype is an error naming the kernel, before anything is written.
+TEST(MoePermuteBf16, OtherDtypesAreAnError) {
+  std::vector<uint16_t> half(8, 0);
+  std::vector<float> f(8, 1.0f), w(1, 1.0f), dw(1);
+  const std::vector<int32_t> rows = {0};
+  const fp::Buf f16(half.data(), fp::DType::DType_F16);
+  EXPECT_THROW(fp::ops::cpu::moe_gather(f.data(), rows.data(), f16, 1, 8), fp::Error);
+  EXPECT_THROW(fp::ops::cpu::moe_scatter(f16, rows.data(), f.data(), 1, 8), fp::Error);
+  EXPECT_THROW(fp::ops::cpu::moe_combine_forward(f16, rows.data(), w.data(), f.data(), 1, 1, 8), fp::Error);
+  EXPECT_THROW(fp::ops::cpu::moe_combine_backward(f.data(), rows.data(), w.data(), f.data(), f16, dw.data(), 1, 1, 8),
+               fp::Error);
+  EXPECT_THROW(fp::ops::cpu::moe_scatter_add(f.data(), rows.data(), f16, 1, 1, 8), fp::Error);
 }
 
 }  // namespace

@@ -3,10 +3,14 @@
 // Nearly memory bound: 16 bytes read (param, grad, m, v) and 12 written per element, a dozen flops
 // of which two divides and a sqrt. One pass, 8-wide AVX2 where the cpu has it, else 4-wide SSE
 // (Note [Why AdamW uses SSE intrinsics], Note [AdamW's AVX2 path has no FMA]), and threads take fixed
-// contiguous blocks (schedule(static)).
+// contiguous blocks (schedule(static)). A bf16 gradient and a working copy of the weights join the
+// AVX2 pass, and the other paths in chunks (Note [AdamW with bf16 operands]).
 #include "ops/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -14,6 +18,10 @@
 
 #include "core/error.h"
 #include "ops/cpu/adamw_path.h"
+#include "ops/cpu/convert.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include "ops/cpu/convert_avx2.h"
+#endif
 
 namespace fp::ops::cpu {
 
@@ -23,6 +31,10 @@ namespace {
 constexpr int64_t kParallelMinElements = int64_t{1} << 15;
 // Each thread's share is cut into blocks of this many elements; a multiple of every SIMD width.
 constexpr int64_t kBlockElements = int64_t{1} << 13;
+// A block's chunk under Note [AdamW with bf16 operands]: the widened gradient (4 KiB) and the chunk's
+// weights stay in L1 between the widening, the update and the rounding into the copy.
+constexpr int64_t kChunkElements = int64_t{1} << 10;
+static_assert(kBlockElements % kChunkElements == 0);
 
 struct AdamwScalars {
   float decay;         // 1 - lr * weight_decay
@@ -94,9 +106,14 @@ void adamw_range_sse(float* __restrict param, const float* __restrict grad, floa
 // omb1 * g into one fused multiply-add (one rounding instead of two), and the AVX2 bits would then
 // differ from the SSE path, the scalar tail and the device update they must equal bit for bit.
 // test_adamw compares the paths with memcmp, so a contraction (or an added "fma") fails it.
-__attribute__((target("avx2"))) void adamw_range_avx2(float* __restrict param, const float* __restrict grad,
-                                                      float* __restrict m, float* __restrict v, int64_t n,
-                                                      const AdamwScalars& s) {
+//
+// G is the gradient's element type (float, or bf16 widened on load: a 16-bit shift, exact); C the
+// working copy's (void: none, float, or bf16 rounded by bf16_narrow8_avx2), stored from the new
+// weights in the same pass. G = float, C = void is the f32 update (adamw_range_avx2).
+template <class G, class C>
+__attribute__((target("avx2"))) void adamw_body_avx2(float* __restrict param, const G* __restrict grad,
+                                                     float* __restrict m, float* __restrict v, C* __restrict copy,
+                                                     int64_t n, const AdamwScalars& s) {
   int64_t i = 0;
   const __m256 decay = _mm256_set1_ps(s.decay), b1 = _mm256_set1_ps(s.beta1);
   const __m256 omb1 = _mm256_set1_ps(s.one_minus_beta1);
@@ -104,7 +121,13 @@ __attribute__((target("avx2"))) void adamw_range_avx2(float* __restrict param, c
   const __m256 step_size = _mm256_set1_ps(s.step_size), bc2_sqrt = _mm256_set1_ps(s.bc2_sqrt);
   const __m256 eps = _mm256_set1_ps(s.eps), grad_scale = _mm256_set1_ps(s.grad_scale);
   for (; i + 8 <= n; i += 8) {
-    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), grad_scale);
+    __m256 grad_i;
+    if constexpr (std::is_same_v<G, float>) {
+      grad_i = _mm256_loadu_ps(grad + i);
+    } else {
+      grad_i = bf16_widen8_avx2(grad + i);
+    }
+    const __m256 g = _mm256_mul_ps(grad_i, grad_scale);
     const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, g));
     const __m256 vi =
         _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)), _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
@@ -112,9 +135,32 @@ __attribute__((target("avx2"))) void adamw_range_avx2(float* __restrict param, c
     const __m256 upd = _mm256_div_ps(_mm256_mul_ps(step_size, mi), denom);
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
-    _mm256_storeu_ps(param + i, _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(param + i), decay), upd));
+    const __m256 p = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(param + i), decay), upd);
+    _mm256_storeu_ps(param + i, p);
+    if constexpr (std::is_same_v<C, float>) _mm256_storeu_ps(copy + i, p);
+    if constexpr (std::is_same_v<C, bf16>)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(copy + i), bf16_narrow8_avx2(p));
   }
-  for (; i < n; ++i) adamw_element(param[i], grad[i], m[i], v[i], s);
+  for (; i < n; ++i) {
+    adamw_element(param[i], to_f32(grad[i]), m[i], v[i], s);
+    if constexpr (!std::is_void_v<C>) copy[i] = from_f32<C>(param[i]);
+  }
+}
+
+__attribute__((target("avx2"))) void adamw_range_avx2(float* __restrict param, const float* __restrict grad,
+                                                      float* __restrict m, float* __restrict v, int64_t n,
+                                                      const AdamwScalars& s) {
+  adamw_body_avx2<float, void>(param, grad, m, v, nullptr, n, s);
+}
+
+// The AVX2 body on any gradient and copy (Note [AdamW with bf16 operands]); copy null or not param.
+void adamw_mixed_avx2(float* param, CBuf grad, float* m, float* v, int64_t n, const AdamwScalars& s, Buf copy) {
+  visit_float(grad.dtype, "adamw_update", [&]<class G>() {
+    const G* g = static_cast<const G*>(grad.p);
+    if (copy.null()) return adamw_body_avx2<G, void>(param, g, m, v, nullptr, n, s);
+    visit_float(copy.dtype, "adamw_update",
+                [&]<class C>() { adamw_body_avx2<G, C>(param, g, m, v, static_cast<C*>(copy.p), n, s); });
+  });
 }
 #endif
 
@@ -134,6 +180,40 @@ AdamwRangeFn adamw_range_fn(AdamwPath p) {
   }
   FP_ASSERT(false, "adamw: path {} is not built in", adamw_path_name(p));
   return nullptr;
+}
+
+// Note [AdamW with bf16 operands]: a bf16 gradient is widened (exact) and fed to the same f32
+// operations, and a working copy of the weights (param_copy) is stored from the new f32 weights,
+// rounded once (bf16_from_float) or copied, so the update is bit for bit the f32 update of the
+// widened gradient and the copy is the updated master rounded. Both conversions are element-wise, so
+// Note [AdamW is element-wise] holds for every dtype. The AVX2 path does it in its one pass
+// (adamw_body_avx2: the gradient widened on load, the copy stored with the weights), so the pass
+// moves 2 bytes less per element for a bf16 gradient and 2 (4) more for a bf16 (f32) copy and
+// nothing else. The SSE and scalar paths (cpus without AVX2, and the path tests) run their f32
+// body unchanged on chunks of kChunkElements: the chunk's gradient widened into an f32 buffer, the
+// body, then the chunk's new weights rounded into the copy (ops/cpu/convert.h); the buffer and the
+// chunk's weights stay in L1 between the steps. The f32 case (f32 gradient, no copy) comes to
+// neither and runs the path's f32 body on the caller's arrays, as before.
+void adamw_range_mixed(AdamwRangeFn range, float* param, CBuf grad, float* m, float* v, int64_t n,
+                       const AdamwScalars& s, Buf copy) {
+  alignas(32) float gbuf[kChunkElements];
+  const bool grad_f32 = grad.dtype == DType::DType_F32;
+  for (int64_t c = 0; c < n; c += kChunkElements) {
+    const int64_t len = std::min(kChunkElements, n - c);
+    const float* g = gbuf;
+    if (grad_f32) {
+      g = static_cast<const float*>(grad.p) + c;
+    } else {
+      bf16_to_f32(static_cast<const bf16*>(grad.p) + c, gbuf, len);
+    }
+    range(param + c, g, m + c, v + c, len, s);
+    if (copy.null()) continue;
+    if (copy.dtype == DType::DType_BF16) {
+      f32_to_bf16(param + c, static_cast<bf16*>(copy.p) + c, len);
+    } else {
+      std::memcpy(static_cast<float*>(copy.p) + c, param + c, static_cast<size_t>(len) * sizeof(float));
+    }
+  }
 }
 
 }  // namespace
@@ -175,17 +255,20 @@ AdamwPath adamw_path_best() {
   return best;
 }
 
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, float grad_scale, int64_t step) {
-  adamw_update_path(adamw_path_best(), param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step);
+void adamw_update(float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, float grad_scale, int64_t step, Buf param_copy) {
+  adamw_update_path(adamw_path_best(), param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step,
+                    param_copy);
 }
 
-void adamw_update_path(AdamwPath path, float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                       float beta1, float beta2, float eps, float weight_decay, float grad_scale, int64_t step) {
+void adamw_update_path(AdamwPath path, float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1,
+                       float beta2, float eps, float weight_decay, float grad_scale, int64_t step, Buf param_copy) {
   FP_ASSERT(adamw_path_available(path), "adamw: path {} is not available on this cpu", adamw_path_name(path));
   const AdamwRangeFn range = adamw_range_fn(path);
   FP_ASSERT(step >= 1, "adamw_update: step {} must count from 1", step);
   FP_ASSERT(n >= 0);
+  visit_float(grad.dtype, "adamw_update (grad)", []<class T>() {});
+  if (!param_copy.null()) visit_float(param_copy.dtype, "adamw_update (param_copy)", []<class T>() {});
   if (n == 0) return;
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
@@ -200,13 +283,26 @@ void adamw_update_path(AdamwPath path, float* param, const float* grad, float* m
   s.eps = eps;
   s.grad_scale = grad_scale;
 
-  // Blocks only decide which thread touches which elements; no result depends on them.
+  // The f32 case (f32 gradient, no copy) runs the body on the caller's arrays; any other goes through
+  // Note [AdamW with bf16 operands]. Blocks only decide which thread touches which elements; no
+  // result depends on them.
+  // An f32 copy that is the weights themselves is already written.
+  if (param_copy.dtype == DType::DType_F32 && param_copy.p == param) param_copy = Buf();
+  const bool plain = grad.dtype == DType::DType_F32 && param_copy.null();
   const int64_t blocks = (n + kBlockElements - 1) / kBlockElements;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * kBlockElements;
     const int64_t len = (n - begin < kBlockElements) ? n - begin : kBlockElements;
-    range(param + begin, grad + begin, m + begin, v + begin, len, s);
+    if (plain) {
+      range(param + begin, static_cast<const float*>(grad.p) + begin, m + begin, v + begin, len, s);
+    } else if (path == AdamwPath::AdamwPath_avx2) {
+#if defined(FP_ADAMW_HAVE_AVX2)
+      adamw_mixed_avx2(param + begin, grad.at(begin), m + begin, v + begin, len, s, param_copy.at(begin));
+#endif
+    } else {
+      adamw_range_mixed(range, param + begin, grad.at(begin), m + begin, v + begin, len, s, param_copy.at(begin));
+    }
   }
 }
 

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/buf.h"
+
 namespace fp::ops::cpu {
 
 enum class AdamwPath {
@@ -24,7 +26,9 @@ AdamwPath adamw_path_best();
 
 // ops::cpu::adamw_update on an explicit path (asserts adamw_path_available(path)); same arguments,
 // same contract, same threading.
-void adamw_update_path(AdamwPath path, float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                       float beta1, float beta2, float eps, float weight_decay, float grad_scale, int64_t step);
+// A bf16 grad or param_copy is converted with core/dtype.h's bits on every path (widening exact,
+// narrowing bf16_from_float), so the paths agree bit for bit for every dtype too.
+void adamw_update_path(AdamwPath path, float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1,
+                       float beta2, float eps, float weight_decay, float grad_scale, int64_t step, Buf param_copy);
 
 }  // namespace fp::ops::cpu

@@ -1,13 +1,14 @@
-// f32 <-> bf16 conversion (ops/cpu/convert.h). The AVX2 narrowing is bf16_from_float on 8 lanes:
-// add 0x7fff plus the lowest kept bit, shift out the low half, and take (bits >> 16) | 0x40 where
-// the input is a NaN; two vectors of 8 pack into one of 16 halves (packus works in 128-bit lanes, so a
-// 64-bit permute puts the halves back in order).
+// f32 <-> bf16 conversion (ops/cpu/convert.h). The AVX2 narrowing is bf16_from_float on 8 lanes
+// (ops/cpu/convert_avx2.h: add 0x7fff plus the lowest kept bit, shift out the low half, and take
+// (bits >> 16) | 0x40 where the input is a NaN); two vectors of 8 pack into one of 16 halves (packus
+// works in 128-bit lanes, so a 64-bit permute puts the halves back in order).
 #include "ops/cpu/convert.h"
 
 #include <immintrin.h>
 
 #include <cstring>
 
+#include "ops/cpu/convert_avx2.h"
 #include "ops/cpu/cpu_features.h"
 
 namespace fp::ops::cpu {
@@ -16,28 +17,15 @@ namespace {
 
 __attribute__((target("avx2"))) void widen_avx2(const bf16* src, float* dst, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), w);
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, bf16_widen8_avx2(src + i));
   for (; i < n; ++i) dst[i] = to_f32(src[i]);
-}
-
-__attribute__((target("avx2"))) inline __m256i narrow8_avx2(const float* src) {
-  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7f800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  return _mm256_blendv_epi8(rounded, quiet, nan);  // each lane < 2^16
 }
 
 __attribute__((target("avx2"))) void narrow_avx2(const float* src, bf16* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256i packed = _mm256_packus_epi32(narrow8_avx2(src + i), narrow8_avx2(src + i + 8));
+    const __m256i packed = _mm256_packus_epi32(bf16_narrow8_lanes_avx2(_mm256_loadu_ps(src + i)),
+                                               bf16_narrow8_lanes_avx2(_mm256_loadu_ps(src + i + 8)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_permute4x64_epi64(packed, 0xD8));
   }
   for (; i < n; ++i) dst[i] = from_f32<bf16>(src[i]);

@@ -5,9 +5,18 @@
 // Every kernel walks the side whose rows it writes (copies for the gather and the scatter, tokens for
 // the rest), so each output row has one owner thread: no atomics, and the per-row arithmetic is
 // fixed, so any thread count gives the same bits. The inner loops run over H and vectorise.
+//
+// bf16 rows (Note [Kernel operands carry their dtype], core/buf.h): the arithmetic kernels run the
+// f32 loops on f32 rows, each bf16 row widened into a per-thread scratch row (H floats) with the AVX2
+// conversions of ops/cpu/convert.h, and a bf16 output row is widened before it is accumulated into
+// and rounded once after its last slot. So the f32 operations per element are those of the all-f32
+// kernel on the widened operands, in the same order, and an all-f32 call allocates no scratch.
 #include "ops/moe_permute.h"
 
 #include <cstring>
+#include <vector>
+
+#include "ops/cpu/convert.h"
 
 namespace fp::ops::cpu {
 
@@ -27,56 +36,125 @@ inline float dot_lanes8(const float* a, const float* b, int64_t H) {
   for (; h < H; ++h) tail += a[h] * b[h];
   return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
 }
+
+// o (H) += a * y (H).
+inline void axpy_row(float* __restrict o, const float* __restrict y, float a, int64_t H) {
+  for (int64_t h = 0; h < H; ++h) o[h] += a * y[h];
+}
+
+// o (H) += g (H).
+inline void add_row(float* __restrict o, const float* __restrict g, int64_t H) {
+  for (int64_t h = 0; h < H; ++h) o[h] += g[h];
+}
+
+// An error naming the kernel unless t is f32 or bf16 (visit_float's one check).
+void check_float(DType t, const char* kernel) {
+  visit_float(t, kernel, []<class T>() {});
+}
+
+bool is_f32(DType t) { return t == DType::DType_F32; }
+
+// Row r (H) of a (rows, H) operand in f32: the row itself when f32, else widened into scratch (H).
+inline const float* row_in(CBuf a, int64_t r, int64_t H, float* scratch) {
+  if (is_f32(a.dtype)) return static_cast<const float*>(a.p) + r * H;
+  bf16_to_f32(static_cast<const bf16*>(a.p) + r * H, scratch, H);
+  return scratch;
+}
+
+// Row r (H) of a (rows, H) operand to accumulate into in f32: the row itself when f32, else its widened
+// value in scratch (H), which row_out then rounds back into the row.
+inline float* row_acc(Buf a, int64_t r, int64_t H, float* scratch) {
+  if (is_f32(a.dtype)) return static_cast<float*>(a.p) + r * H;
+  bf16_to_f32(static_cast<const bf16*>(a.p) + r * H, scratch, H);
+  return scratch;
+}
+inline void row_out(Buf a, int64_t r, int64_t H, const float* f) {
+  if (!is_f32(a.dtype)) f32_to_bf16(f, static_cast<bf16*>(a.p) + r * H, H);
+}
+
+// dst row dr (H) = src row sr (H): a memcpy when the dtypes agree (bit for bit), else converted.
+inline void copy_row(CBuf src, int64_t sr, Buf dst, int64_t dr, int64_t H) {
+  if (src.dtype == dst.dtype) {
+    const size_t bytes = static_cast<size_t>(H) * dtype_size(dst.dtype);
+    std::memcpy(static_cast<char*>(dst.p) + static_cast<size_t>(dr) * bytes,
+                static_cast<const char*>(src.p) + static_cast<size_t>(sr) * bytes, bytes);
+  } else {
+    convert(dst.at(dr * H), src.at(sr * H), H);
+  }
+}
 }  // namespace
 
-void moe_gather(const float* x, const int32_t* rows, float* xs, int64_t m, int64_t H) {
+void moe_gather(CBuf x, const int32_t* rows, Buf xs, int64_t m, int64_t H) {
+  check_float(x.dtype, "moe_gather");
+  check_float(xs.dtype, "moe_gather");
 #pragma omp parallel for schedule(static) if (m * H >= kParallelMin)
-  for (int64_t i = 0; i < m; ++i)
-    std::memcpy(xs + i * H, x + static_cast<int64_t>(rows[i]) * H, static_cast<size_t>(H) * sizeof(float));
+  for (int64_t i = 0; i < m; ++i) copy_row(x, rows[i], xs, i, H);
 }
 
-void moe_scatter(const float* src, const int32_t* rows, float* dst, int64_t m, int64_t H) {
+void moe_scatter(CBuf src, const int32_t* rows, Buf dst, int64_t m, int64_t H) {
+  check_float(src.dtype, "moe_scatter");
+  check_float(dst.dtype, "moe_scatter");
 #pragma omp parallel for schedule(static) if (m * H >= kParallelMin)
-  for (int64_t i = 0; i < m; ++i)
-    std::memcpy(dst + static_cast<int64_t>(rows[i]) * H, src + i * H, static_cast<size_t>(H) * sizeof(float));
+  for (int64_t i = 0; i < m; ++i) copy_row(src, i, dst, rows[i], H);
 }
 
-void moe_combine_forward(const float* ys, const int32_t* slot_pos, const float* w, float* out, int64_t n, int64_t k,
-                         int64_t H) {
-#pragma omp parallel for schedule(static) if (n * k * H >= kParallelMin)
-  for (int64_t t = 0; t < n; ++t) {
-    float* __restrict o = out + t * H;  // (H)
-    for (int64_t j = 0; j < k; ++j) {
-      const float* __restrict y = ys + static_cast<int64_t>(slot_pos[t * k + j]) * H;  // (H)
-      const float wj = w[t * k + j];
-      for (int64_t h = 0; h < H; ++h) o[h] += wj * y[h];
+void moe_combine_forward(CBuf ys, const int32_t* slot_pos, const float* w, Buf out, int64_t n, int64_t k, int64_t H) {
+  check_float(ys.dtype, "moe_combine_forward");
+  check_float(out.dtype, "moe_combine_forward");
+#pragma omp parallel if (n * k * H >= kParallelMin)
+  {
+    std::vector<float> ybuf(is_f32(ys.dtype) ? 0 : H), obuf(is_f32(out.dtype) ? 0 : H);  // (H) scratch rows
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = row_acc(out, t, H, obuf.data());  // (H)
+      for (int64_t j = 0; j < k; ++j) axpy_row(o, row_in(ys, slot_pos[t * k + j], H, ybuf.data()), w[t * k + j], H);
+      row_out(out, t, H, o);
     }
   }
 }
 
-void moe_combine_backward(const float* ys, const int32_t* slot_pos, const float* w, const float* dout, float* dys,
-                          float* dw, int64_t n, int64_t k, int64_t H) {
-#pragma omp parallel for schedule(static) if (n * k * H >= kParallelMin)
-  for (int64_t t = 0; t < n; ++t) {
-    const float* __restrict d = dout + t * H;  // (H)
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t r = slot_pos[t * k + j];
-      // dys may be ys (in place): the row is read for dw before it is overwritten; rows are distinct.
-      dw[t * k + j] = dot_lanes8(d, ys + r * H, H);
-      float* dy = dys + r * H;  // (H)
-      const float wj = w[t * k + j];
-      for (int64_t h = 0; h < H; ++h) dy[h] = wj * d[h];
+void moe_combine_backward(CBuf ys, const int32_t* slot_pos, const float* w, CBuf dout, Buf dys, float* dw, int64_t n,
+                          int64_t k, int64_t H) {
+  check_float(ys.dtype, "moe_combine_backward");
+  check_float(dout.dtype, "moe_combine_backward");
+  check_float(dys.dtype, "moe_combine_backward");
+#pragma omp parallel if (n * k * H >= kParallelMin)
+  {
+    std::vector<float> ybuf(is_f32(ys.dtype) ? 0 : H), dbuf(is_f32(dout.dtype) ? 0 : H);  // (H) scratch rows
+    std::vector<float> sbuf(is_f32(dys.dtype) ? 0 : H);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      const float* d = row_in(dout, t, H, dbuf.data());  // (H)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = slot_pos[t * k + j];
+        // dys may be ys (in place): the row is read (or widened) for dw before it is overwritten; rows
+        // are distinct.
+        dw[t * k + j] = dot_lanes8(d, row_in(ys, r, H, ybuf.data()), H);
+        const float wj = w[t * k + j];
+        if (is_f32(dys.dtype)) {
+          float* dy = static_cast<float*>(dys.p) + r * H;  // (H)
+          for (int64_t h = 0; h < H; ++h) dy[h] = wj * d[h];
+        } else {
+          float* s = sbuf.data();
+          for (int64_t h = 0; h < H; ++h) s[h] = wj * d[h];
+          f32_to_bf16(s, static_cast<bf16*>(dys.p) + r * H, H);
+        }
+      }
     }
   }
 }
 
-void moe_scatter_add(const float* dxs, const int32_t* slot_pos, float* dx, int64_t n, int64_t k, int64_t H) {
-#pragma omp parallel for schedule(static) if (n * k * H >= kParallelMin)
-  for (int64_t t = 0; t < n; ++t) {
-    float* __restrict o = dx + t * H;  // (H)
-    for (int64_t j = 0; j < k; ++j) {
-      const float* __restrict g = dxs + static_cast<int64_t>(slot_pos[t * k + j]) * H;  // (H)
-      for (int64_t h = 0; h < H; ++h) o[h] += g[h];
+void moe_scatter_add(CBuf dxs, const int32_t* slot_pos, Buf dx, int64_t n, int64_t k, int64_t H) {
+  check_float(dxs.dtype, "moe_scatter_add");
+  check_float(dx.dtype, "moe_scatter_add");
+#pragma omp parallel if (n * k * H >= kParallelMin)
+  {
+    std::vector<float> gbuf(is_f32(dxs.dtype) ? 0 : H), obuf(is_f32(dx.dtype) ? 0 : H);  // (H) scratch rows
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = row_acc(dx, t, H, obuf.data());  // (H)
+      for (int64_t j = 0; j < k; ++j) add_row(o, row_in(dxs, slot_pos[t * k + j], H, gbuf.data()), H);
+      row_out(dx, t, H, o);
     }
   }
 }

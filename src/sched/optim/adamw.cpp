@@ -57,7 +57,7 @@ AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
     Tensor& w = p.local_w();
     k.adamw_update(w.f32(), p.local_g().f32(), m_[i].f32(), v_[i].f32(), w.numel(), static_cast<float>(st.lr),
                    static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-                   static_cast<float>(wd), static_cast<float>(st.clip_scale), step);
+                   static_cast<float>(wd), static_cast<float>(st.clip_scale), step, nullptr);
     ++i;
   }
   steps_taken_ = step;

@@ -162,11 +162,11 @@ void OffloadAdamW::update_range(bool host, int64_t i, float* param, const float*
     if (be_.computes())
       ops::cpu::adamw_update(param, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
                              static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(wd),
-                             static_cast<float>(st.clip_scale), step);
+                             static_cast<float>(st.clip_scale), step, nullptr);
   } else {
     be_.kernels().adamw_update(param, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
                                static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(wd),
-                               static_cast<float>(st.clip_scale), step);
+                               static_cast<float>(st.clip_scale), step, nullptr);
   }
   times_.update_s += seconds_since(t0);
 }
