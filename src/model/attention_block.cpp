@@ -12,18 +12,15 @@ namespace {
 constexpr Category kAct = Category::Category_activations;
 }
 
-void linear_forward(Backend& be, const float* x, const float* W, float* y, int64_t n, int64_t in, int64_t out,
-                    float beta) {
+void linear_forward(Backend& be, CBuf x, CBuf W, Buf y, int64_t n, int64_t in, int64_t out, float beta) {
   be.kernels().gemm(false, true, n, out, in, 1.0f, x, in, W, in, beta, y, out);
 }
 
-void linear_backward_input(Backend& be, const float* dy, const float* W, float* dx, int64_t n, int64_t in,
-                           int64_t out, float beta) {
+void linear_backward_input(Backend& be, CBuf dy, CBuf W, Buf dx, int64_t n, int64_t in, int64_t out, float beta) {
   be.kernels().gemm(false, false, n, in, out, 1.0f, dy, out, W, in, beta, dx, in);
 }
 
-void linear_backward_weight(Backend& be, const float* dy, const float* x, float* dW, int64_t n, int64_t in,
-                            int64_t out) {
+void linear_backward_weight(Backend& be, CBuf dy, CBuf x, Buf dW, int64_t n, int64_t in, int64_t out) {
   be.kernels().gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dW, in);
 }
 

@@ -146,21 +146,23 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
 
 // Linear layers as GEMMs with nn.Linear weights W (out, in):
 //   y (n, out) = x (n, in) W^T + beta y;  dx (n, in) = dy W + beta dx;  dW (out, in) += dy^T x.
-void linear_forward(Backend& be, const float* x, const float* W, float* y, int64_t n, int64_t in, int64_t out,
+void linear_forward(Backend& be, CBuf x, CBuf W, Buf y, int64_t n, int64_t in, int64_t out,
                     float beta = 0.0f);
-void linear_backward_input(Backend& be, const float* dy, const float* W, float* dx, int64_t n, int64_t in,
+void linear_backward_input(Backend& be, CBuf dy, CBuf W, Buf dx, int64_t n, int64_t in,
                            int64_t out, float beta = 0.0f);
-void linear_backward_weight(Backend& be, const float* dy, const float* x, float* dW, int64_t n, int64_t in,
+void linear_backward_weight(Backend& be, CBuf dy, CBuf x, Buf dW, int64_t n, int64_t in,
                             int64_t out);
 // The backend's rmsnorm_backward with its scratch (the dw partials) allocated through the ledger,
 // category workspace, for the call's duration: every byte an op uses is on the ledger.
 void rmsnorm_backward(Backend& be, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                       float* dw, int64_t rows, int64_t d);
 
-// p + off, keeping null (meta) pointers null.
+// p + off, keeping null (meta) pointers null; for kernel operands, off elements of their dtype.
 template <class T>
 inline T* ptr_at(T* p, int64_t off) {
   return p == nullptr ? nullptr : p + off;
 }
+inline Buf ptr_at(Buf p, int64_t off) { return p.at(off); }
+inline CBuf ptr_at(CBuf p, int64_t off) { return p.at(off); }
 
 }  // namespace fp

@@ -1,33 +1,44 @@
 // Small element-wise kernels and reductions. n elements.
+//
+// bf16 (Note [Kernel operands carry their dtype] in core/buf.h): every tensor operand is f32 or bf16,
+// each on its own (a bf16 gradient added into an f32 one is one call). Values are computed in f32:
+// bf16 loads are exact and each written element is rounded once per call, so a bf16 result has the
+// bits of the f32 kernel run on the widened operands, then rounded. Reductions read bf16 and keep
+// their double accumulators and f32/f64 results: a sum is a statistic, not a stored tensor. Any other
+// dtype is an internal error naming the kernel.
 #pragma once
 
 #include <cstdint>
 
+#include "core/buf.h"
+
 namespace fp::ops::cpu {
 
 // y (n) += x (n)
-void add_inplace(float* y, const float* x, int64_t n);
+void add_inplace(Buf y, CBuf x, int64_t n);
 // y (n) *= a
-void scale_inplace(float* y, float a, int64_t n);
-// y (n) = v
-void fill(float* y, float v, int64_t n);
-// dst (n) = src (n)
-void copy(float* dst, const float* src, int64_t n);
+void scale_inplace(Buf y, float a, int64_t n);
+// y (n) = v (rounded once to y's dtype)
+void fill(Buf y, float v, int64_t n);
+// dst (n) = src (n) in dst's dtype: a copy when the dtypes agree, else a conversion (ops/cpu/convert.h:
+// widening exact, narrowing to nearest even, NaN kept a quiet NaN). The ranges do not overlap.
+void copy(Buf dst, CBuf src, int64_t n);
 // out (1) = sum of x (n), accumulated in double in a fixed order (independent of the thread count).
-void reduce_sum(const float* x, int64_t n, float* out);
+void reduce_sum(CBuf x, int64_t n, float* out);
 // out (1) = sum of x (n)^2 in double, as float.
-void reduce_sumsq(const float* x, int64_t n, float* out);
+void reduce_sumsq(CBuf x, int64_t n, float* out);
 // A linear layer's bias: y (rows, d) += b (d) on every row.
-void bias_add(float* y, const float* b, int64_t rows, int64_t d);
+void bias_add(Buf y, CBuf b, int64_t rows, int64_t d);
 // Its gradient: db (d) += sum over rows of dy (rows, d), each column summed in double in row order
-// (the same bits for any thread count).
-void bias_backward(const float* dy, float* db, int64_t rows, int64_t d);
+// (the same bits for any thread count), added to db in f32.
+void bias_backward(CBuf dy, Buf db, int64_t rows, int64_t d);
 // out (d) = the column sums of x (rows, d) in double, each in row order (the router's probability sums
 // of the load-balancing loss; the same bits for any thread count).
-void column_sums_f64(const float* x, int64_t rows, int64_t d, double* out);
-// Strided blocks (MLA's head splits and the shared RoPE key): dst[r * ldd + c] = src[r * lds + c] (copy_2d)
-// or += it (add_2d), for r < rows, c < cols (cols <= lds, ldd; the blocks do not overlap).
-void copy_2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
-void add_2d(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
+void column_sums_f64(CBuf x, int64_t rows, int64_t d, double* out);
+// Strided blocks (MLA's head splits and the shared RoPE key): dst[r * ldd + c] = src[r * lds + c] (copy_2d,
+// converting as copy does) or += it (add_2d), for r < rows, c < cols (cols <= lds, ldd; the blocks do not
+// overlap). Strides are in elements of each operand's own dtype.
+void copy_2d(Buf dst, int64_t ldd, CBuf src, int64_t lds, int64_t rows, int64_t cols);
+void add_2d(Buf dst, int64_t ldd, CBuf src, int64_t lds, int64_t rows, int64_t cols);
 
 }  // namespace fp::ops::cpu

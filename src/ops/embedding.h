@@ -1,13 +1,21 @@
 // Token embedding. n tokens, H hidden, V vocabulary (the table's rows).
+//
+// bf16 (Note [Kernel operands carry their dtype] in core/buf.h): table, out, dout and dtable are each
+// f32 or bf16 on its own; token ids stay int32. Forward copies rows, converting when out's dtype is not
+// the table's. Backward adds in f32 in token order and rounds a bf16 dtable row once per call (not
+// once per token, which would lose a frequent token's small gradients), so a bf16 dtable has the bits
+// of the f32 kernel on the widened operands, rounded.
 #pragma once
 
 #include <cstdint>
 
+#include "core/buf.h"
+
 namespace fp::ops::cpu {
 
 // out (n, H) = table (V, H) [tokens (n)]. Ids are validated before (data loader); asserts 0 <= id.
-void embedding_forward(const int32_t* tokens, const float* table, float* out, int64_t n, int64_t H);
+void embedding_forward(const int32_t* tokens, CBuf table, Buf out, int64_t n, int64_t H);
 // dtable (V, H) += scatter of dout (n, H) by tokens; deterministic (same bits for any thread count).
-void embedding_backward(const int32_t* tokens, const float* dout, float* dtable, int64_t n, int64_t H);
+void embedding_backward(const int32_t* tokens, CBuf dout, Buf dtable, int64_t n, int64_t H);
 
 }  // namespace fp::ops::cpu

@@ -5,11 +5,17 @@
 // inv_freq[i] = theta^(-2i/hd) and s = 1; linear, YaRN and llama3 scaling change inv_freq, and YaRN
 // multiplies cos and sin by its attention factor s, as transformers does).
 // n tokens, heads heads, hd head_dim (even).
+//
+// bf16 (Note [Kernel operands carry their dtype] in core/buf.h): x and dx are f32 or bf16. cos and sin
+// are float whatever the storage, and each head's hd numbers are rotated in f32 from their exact
+// widening and rounded once, so a bf16 result has the bits of the f32 kernel on the widened x, rounded.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "core/buf.h"
 
 namespace fp::ops {
 
@@ -22,8 +28,7 @@ struct RopeFreqs {
 // Default RoPE: inv_freq[i] = theta^(-2i/hd), i < hd/2.
 inline std::vector<double> rope_default_inv_freq(double theta, int64_t hd) {
   std::vector<double> f(static_cast<size_t>(hd / 2));
-  for (int64_t i = 0; i < hd / 2; ++i)
-    f[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+  for (int64_t i = 0; i < hd / 2; ++i) f[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
   return f;
 }
 
@@ -32,9 +37,9 @@ inline std::vector<double> rope_default_inv_freq(double theta, int64_t hd) {
 namespace fp::ops::cpu {
 
 // x (n, heads, hd) rotated in place; pos (n) the position of each token in its sequence.
-void rope_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
+void rope_forward(Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
 // dx (n, heads, hd) in place: the transpose rotation (times s).
-void rope_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
+void rope_backward(Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
 
 // The same rotation on the first hd numbers of rows that lie head_stride apart: token t's head h starts at
 // x + (t * heads + h) * head_stride (head_stride >= hd), so RoPE can rotate the last qk_rope_head_dim
@@ -42,9 +47,9 @@ void rope_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int6
 // interleaved the pairs are adjacent, (2i, 2i + 1) rotated by angle i (DeepSeek's rope_interleave):
 // transformers rotates the same pairs and writes them de-interleaved, a permutation applied alike to queries
 // and keys, which leaves every score q.k unchanged. interleaved = false, head_stride = hd is rope_forward.
-void rope_strided_forward(float* x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
+void rope_strided_forward(Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
                           bool interleaved, RopeFreqs f);
-void rope_strided_backward(float* dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
+void rope_strided_backward(Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
                            bool interleaved, RopeFreqs f);
 
 }  // namespace fp::ops::cpu

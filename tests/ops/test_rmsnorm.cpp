@@ -1,6 +1,7 @@
 // RMSNorm: forward (also in place) and backward against the scalar reference at widths around SIMD
 // widths and row counts around the dw row block; the reference backward against finite differences;
-// dx and dw bit for bit for 1 and 2 threads (Note [Deterministic rmsnorm dw]).
+// dx and dw bit for bit for 1 and 2 threads (Note [Deterministic rmsnorm dw]); bf16 operands (alone
+// and with an f32 weight) against the f32 kernel on the widened values, rounded.
 // Dimensions: rows independent rows of width d.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -11,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/buf.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/ref/rmsnorm.h"
@@ -167,6 +170,149 @@ TEST(Rmsnorm, WorkspaceBoundedAtManyRows) {
     for (int64_t r = 0; r < rows; ++r) scale += std::abs(dyd[r * d + i] * xd[r * d + i] * rd[r]);
     EXPECT_NEAR(dw[i], dwd[i], (br + 8) * FLT_EPSILON * scale) << "dw " << i;
   }
+}
+
+namespace {
+
+constexpr DType kF32 = DType::DType_F32, kBF16 = DType::DType_BF16;
+
+// A kernel operand stored as f32 or bf16, made from f32 values (rounded to nearest even for bf16).
+struct Operand {
+  DType dtype;
+  std::vector<float> f;
+  std::vector<bf16> h;
+
+  Operand(DType t, const std::vector<float>& v) : dtype(t) {
+    if (t == kF32) {
+      f = v;
+    } else {
+      for (const float x : v) h.push_back({bf16_from_float(x)});
+    }
+  }
+  Buf buf() { return dtype == kF32 ? Buf(f.data()) : Buf(h.data()); }
+  CBuf cbuf() const { return dtype == kF32 ? CBuf(f.data()) : CBuf(h.data()); }
+  // The values held, widened to f32 (exact).
+  std::vector<float> values() const {
+    if (dtype == kF32) return f;
+    std::vector<float> v;
+    for (const bf16 x : h) v.push_back(bf16_to_float(x.bits));
+    return v;
+  }
+};
+
+// v as dtype t stores it: rounded to bf16 and widened back, or v itself.
+std::vector<float> stored(DType t, std::vector<float> v) {
+  if (t == kBF16)
+    for (float& x : v) x = bf16_to_float(bf16_from_float(x));
+  return v;
+}
+
+::testing::AssertionResult same_bits(const std::string& op, const op_test::Dims& shape, const std::vector<float>& got,
+                                     const std::vector<float>& want) {
+  if (op_test::bits_equal(got, want)) return ::testing::AssertionSuccess();
+  ::testing::AssertionResult r = op_test::near(op, shape, got, want, op_test::tol_exact());
+  if (!r) return r;
+  return ::testing::AssertionFailure() << op << ": equal values with different bits";
+}
+
+std::string dt(DType t) { return std::string(dtype_name(t)); }
+
+// Widths around SIMD widths and the 256-element staging chunk (Note [bf16 rmsnorm by f32 chunks]).
+const std::vector<int64_t> kBf16Widths = {1, 7, 8, 9, 17, 255, 256, 257, 513, 1000};
+const std::vector<int64_t> kBf16Rows = {1, 3, 65, 130};
+
+// Activations (x, y; dy, dx) and weight (w, dw) dtypes: all bf16, a bf16 activation with an f32
+// weight, and an f32 activation with a bf16 weight.
+struct Dtypes {
+  DType act, weight;
+};
+const std::vector<Dtypes> kDtypes = {{kBF16, kBF16}, {kBF16, kF32}, {kF32, kBF16}};
+
+}  // namespace
+
+// bf16 operands: the kernel widens them exactly, runs the f32 math with the f32 kernel's lane order
+// (chunks start at multiples of 8) and rounds each output once, so y, rstd, dx and dw are the f32
+// kernel's on the widened values, rounded to the output's dtype: equal bits. Also in place (y = x).
+TEST(Rmsnorm, Bf16MatchesF32KernelOnWidenedValues) {
+  uint64_t seed = 300;
+  const float eps = 1e-6f;
+  for (const int64_t d : kBf16Widths) {
+    for (const int64_t rows : kBf16Rows) {
+      for (const Dtypes& t : kDtypes) {
+        Rng rng(seed++);
+        std::vector<float> xs = op_test::random_vector<float>(rows * d, rng);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < d; ++i) xs[r * d + i] *= static_cast<float>(std::pow(10.0, -2.0 + 4.0 * r / rows));
+        const Operand x(t.act, xs), w(t.weight, op_test::random_vector<float>(d, rng));
+        const Operand dy(t.act, op_test::random_vector<float>(rows * d, rng));
+        const Operand dw0(t.weight, op_test::random_vector<float>(d, rng));
+        const std::string where =
+            " rows=" + std::to_string(rows) + " d=" + std::to_string(d) + " act " + dt(t.act) + " w " + dt(t.weight);
+
+        // The expected values: the f32 kernel on the widened operands.
+        const std::vector<float> xw = x.values(), ww = w.values(), dyw = dy.values();
+        std::vector<float> y_f(rows * d), rstd_f(rows), dx_f(rows * d), dw_f = dw0.values();
+        std::vector<float> ws(static_cast<size_t>(ops::cpu::rmsnorm_backward_workspace(rows, d)));
+        ops::cpu::rmsnorm_forward(xw.data(), ww.data(), y_f.data(), rstd_f.data(), rows, d, eps);
+        ops::cpu::rmsnorm_backward(xw.data(), ww.data(), rstd_f.data(), dyw.data(), dx_f.data(), dw_f.data(), rows, d,
+                                   ws.data());
+
+        Operand y(t.act, std::vector<float>(rows * d, 0.0f));
+        std::vector<float> rstd(rows);
+        ops::cpu::rmsnorm_forward(x.cbuf(), w.cbuf(), y.buf(), rstd.data(), rows, d, eps);
+        EXPECT_TRUE(same_bits("rmsnorm_forward y" + where, {rows, d}, y.values(), stored(t.act, y_f)));
+        EXPECT_TRUE(same_bits("rmsnorm_forward rstd" + where, {rows}, rstd, rstd_f));
+        Operand inplace = x;
+        ops::cpu::rmsnorm_forward(inplace.cbuf(), w.cbuf(), inplace.buf(), nullptr, rows, d, eps);
+        EXPECT_TRUE(same_bits("rmsnorm_forward in place" + where, {rows, d}, inplace.values(), stored(t.act, y_f)));
+
+        Operand dx(t.act, std::vector<float>(rows * d, 0.0f)), dw = dw0;
+        ops::cpu::rmsnorm_backward(x.cbuf(), w.cbuf(), rstd_f.data(), dy.cbuf(), dx.buf(), dw.buf(), rows, d,
+                                   ws.data());
+        EXPECT_TRUE(same_bits("rmsnorm_backward dx" + where, {rows, d}, dx.values(), stored(t.act, dx_f)));
+        EXPECT_TRUE(same_bits("rmsnorm_backward dw" + where, {d}, dw.values(), stored(t.weight, dw_f)));
+      }
+    }
+  }
+}
+
+// Note [Deterministic rmsnorm dw] with bf16 operands: dx and the bf16 dw have the same bits for 1 and
+// 2 threads and run to run.
+TEST(Rmsnorm, Bf16BackwardBitwiseAcrossThreads) {
+  const int saved = omp_get_max_threads();
+  const int64_t rows = 1000, d = 300;  // 16 row blocks, the last one partial; two chunks per row
+  Rng rng(31);
+  const Operand x(kBF16, op_test::random_vector<float>(rows * d, rng)), w(kBF16, op_test::random_vector<float>(d, rng));
+  const Operand dy(kBF16, op_test::random_vector<float>(rows * d, rng)),
+      dw0(kBF16, op_test::random_vector<float>(d, rng));
+  Operand y(kBF16, std::vector<float>(rows * d));
+  std::vector<float> rstd(rows);
+  ops::cpu::rmsnorm_forward(x.cbuf(), w.cbuf(), y.buf(), rstd.data(), rows, d, 1e-6f);
+  std::vector<float> dx[3], dw[3];
+  const int threads[3] = {1, 2, 2};
+  for (int t = 0; t < 3; ++t) {
+    omp_set_num_threads(threads[t]);
+    Operand dxt(kBF16, std::vector<float>(rows * d)), dwt = dw0;
+    std::vector<float> ws(static_cast<size_t>(ops::cpu::rmsnorm_backward_workspace(rows, d)));
+    ops::cpu::rmsnorm_backward(x.cbuf(), w.cbuf(), rstd.data(), dy.cbuf(), dxt.buf(), dwt.buf(), rows, d, ws.data());
+    dx[t] = dxt.values();
+    dw[t] = dwt.values();
+  }
+  omp_set_num_threads(saved);
+  for (int t = 1; t < 3; ++t) {
+    EXPECT_TRUE(op_test::bits_equal(dx[0], dx[t])) << "dx, run " << t;
+    EXPECT_TRUE(op_test::bits_equal(dw[0], dw[t])) << "dw, run " << t;
+  }
+}
+
+// Operands other than f32 and bf16 are an internal error naming the kernel.
+TEST(Rmsnorm, OtherDtypesAssert) {
+  std::vector<float> x(8, 1.0f), w(4, 1.0f), y(8), rstd(2), ws(8);
+  const Buf f16(y.data(), DType::DType_F16);
+  EXPECT_THROW(ops::cpu::rmsnorm_forward(x.data(), w.data(), f16, rstd.data(), 2, 4, 1e-6f), InternalError);
+  EXPECT_THROW(ops::cpu::rmsnorm_backward(x.data(), CBuf(w.data(), DType::DType_F64), rstd.data(), x.data(), y.data(),
+                                          w.data(), 2, 4, ws.data()),
+               InternalError);
 }
 
 }  // namespace fp

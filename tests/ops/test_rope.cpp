@@ -1,13 +1,16 @@
 // RoPE: forward and backward against the scalar reference at head dims around SIMD widths and large
 // positions; backward(forward(x)) == x; the rotate-half convention on a hand-computed case; the
-// reference backward against finite differences. Dimensions: n tokens, heads heads, hd head_dim.
+// reference backward against finite differences; a bf16 x against the f32 kernel on the widened
+// values, rounded. Dimensions: n tokens, heads heads, hd head_dim.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cfloat>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
@@ -166,6 +169,83 @@ TEST(Rope, ReferenceBackwardMatchesFiniteDifferences) {
     const double fd = op_test::central_difference(x[i], loss);
     EXPECT_NEAR(grad[i], fd, 1e-7 * (1 + std::abs(fd))) << "dx[" << i << "]";
   }
+}
+
+namespace {
+
+// x rounded to bf16 (nearest even), and bf16 values widened back (exact).
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> h;
+  for (const float v : x) h.push_back({bf16_from_float(v)});
+  return h;
+}
+std::vector<float> widened(const std::vector<bf16>& h) {
+  std::vector<float> v;
+  for (const bf16 x : h) v.push_back(bf16_to_float(x.bits));
+  return v;
+}
+
+}  // namespace
+
+// A bf16 x: each head is widened exactly, rotated by the f32 loop with the same float cos and sin, and
+// rounded once, so all four kernels give the f32 kernel's result on the widened x, rounded: equal bits
+// (the numbers between heads of the strided kernels untouched). Head dims around SIMD widths, a large
+// one (600) and a YaRN factor; 1 and 2 threads, past the parallel threshold.
+TEST(Rope, Bf16MatchesF32KernelOnWidenedValues) {
+  const int saved = omp_get_max_threads();
+  uint64_t seed = 900;
+  std::vector<int64_t> head_dims = kHeadDims;
+  head_dims.push_back(600);
+  for (const int64_t hd : head_dims) {
+    for (const bool strided : {false, true}) {
+      for (const bool inter : {false, true}) {
+        if (inter && !strided) continue;  // only the strided kernels interleave
+        for (const bool backward : {false, true}) {
+          Rng rng(seed++);
+          const int64_t n = 37 + hd % 5, heads = 3, pad = strided ? 3 : 0, stride = hd + pad;
+          const std::vector<int32_t> pos = random_positions(n, rng);
+          const std::vector<double> inv = ops::rope_default_inv_freq(10000.0, hd);
+          const ops::RopeFreqs f{inv.data(), 1.25f};
+          const std::vector<bf16> x = to_bf16(op_test::random_vector<float>(n * heads * stride, rng));
+          std::vector<float> want = widened(x);
+          auto run = [&](Buf b) {
+            Buf at = b.at(pad);
+            if (!strided) {
+              backward ? ops::cpu::rope_backward(at, pos.data(), n, heads, hd, f)
+                       : ops::cpu::rope_forward(at, pos.data(), n, heads, hd, f);
+            } else {
+              backward ? ops::cpu::rope_strided_backward(at, pos.data(), n, heads, hd, stride, inter, f)
+                       : ops::cpu::rope_strided_forward(at, pos.data(), n, heads, hd, stride, inter, f);
+            }
+          };
+          run(want.data());
+          const std::vector<float> want_bf16 = widened(to_bf16(want));
+          for (const int t : {1, 2}) {
+            omp_set_num_threads(t);
+            std::vector<bf16> got = x;
+            run(got.data());
+            const std::string where = "rope bf16 hd=" + std::to_string(hd) + " strided=" + std::to_string(strided) +
+                                      " interleaved=" + std::to_string(inter) +
+                                      " backward=" + std::to_string(backward) + ", " + std::to_string(t) + " threads";
+            EXPECT_TRUE(op_test::bits_equal(widened(got), want_bf16))
+                << op_test::near(where, {n * heads, stride}, widened(got), want_bf16, op_test::tol_exact()).message();
+          }
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(Rope, OtherDtypesAssert) {
+  std::vector<float> x(8, 1.0f);
+  const std::vector<int32_t> pos = {1, 2};
+  const std::vector<double> inv = ops::rope_default_inv_freq(10000.0, 4);
+  EXPECT_THROW(ops::cpu::rope_forward(Buf(x.data(), DType::DType_F16), pos.data(), 2, 1, 4, {inv.data(), 1.0f}),
+               InternalError);
+  EXPECT_THROW(ops::cpu::rope_strided_backward(Buf(x.data(), DType::DType_F64), pos.data(), 2, 1, 4, 4, true,
+                                               {inv.data(), 1.0f}),
+               InternalError);
 }
 
 }  // namespace fp

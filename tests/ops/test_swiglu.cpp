@@ -1,6 +1,7 @@
 // SwiGLU: forward and backward against the scalar reference at sizes around SIMD widths; finite and
 // correct at |g| = 100 and beyond (Note [Stable sigmoid]); the same bits for any sub-range and thread
-// count; the reference backward against finite differences. Dimensions: n elements.
+// count; the reference backward against finite differences; bf16 operands (alone and mixed with
+// f32) against the f32 kernel on the widened values, rounded. Dimensions: n elements.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -12,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "core/buf.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/ref/swiglu.h"
@@ -155,6 +158,99 @@ TEST(Swiglu, ReferenceBackwardMatchesFiniteDifferences) {
     EXPECT_NEAR(dg[i], fg, 1e-7 * (1 + std::abs(fg))) << "dg[" << i << "] at g=" << g[i];
     EXPECT_NEAR(du[i], fu, 1e-7 * (1 + std::abs(fu))) << "du[" << i << "] at g=" << g[i];
   }
+}
+
+namespace {
+
+constexpr DType kF32 = DType::DType_F32, kBF16 = DType::DType_BF16;
+
+// A kernel operand stored as f32 or bf16, made from f32 values (rounded to nearest even for bf16).
+struct Operand {
+  DType dtype;
+  std::vector<float> f;
+  std::vector<bf16> h;
+
+  Operand(DType t, const std::vector<float>& v) : dtype(t) {
+    if (t == kF32) {
+      f = v;
+    } else {
+      for (const float x : v) h.push_back({bf16_from_float(x)});
+    }
+  }
+  Buf buf() { return dtype == kF32 ? Buf(f.data()) : Buf(h.data()); }
+  CBuf cbuf() const { return dtype == kF32 ? CBuf(f.data()) : CBuf(h.data()); }
+  // The values held, widened to f32 (exact).
+  std::vector<float> values() const {
+    if (dtype == kF32) return f;
+    std::vector<float> v;
+    for (const bf16 x : h) v.push_back(bf16_to_float(x.bits));
+    return v;
+  }
+};
+
+// v as dtype t stores it: rounded to bf16 and widened back, or v itself.
+std::vector<float> stored(DType t, std::vector<float> v) {
+  if (t == kBF16)
+    for (float& x : v) x = bf16_to_float(bf16_from_float(x));
+  return v;
+}
+
+::testing::AssertionResult same_bits(const std::string& op, const std::vector<float>& got,
+                                     const std::vector<float>& want) {
+  if (op_test::bits_equal(got, want)) return ::testing::AssertionSuccess();
+  ::testing::AssertionResult r = op_test::near(op, got, want, op_test::tol_exact());
+  if (!r) return r;
+  return ::testing::AssertionFailure() << op << ": equal values with different bits";
+}
+
+std::string dt(DType t) { return std::string(dtype_name(t)); }
+
+}  // namespace
+
+// bf16 operands: every element is the f32 kernel's on the exactly widened inputs (its bits do not
+// depend on where its range or chunk starts), rounded once: equal bits. The dtypes of (g, u, da) and
+// (a, dg, du): all bf16, bf16 inputs with f32 outputs, and mixed; sizes around the 4-wide tail, the
+// 256-element staging chunk, the 4096 work block and the 8192 parallel threshold (1 and 2 threads).
+TEST(Swiglu, Bf16MatchesF32KernelOnWidenedValues) {
+  const int saved = omp_get_max_threads();
+  struct Case {
+    DType g, u, da, out_a, dg, du;
+  };
+  const std::vector<Case> cases = {{kBF16, kBF16, kBF16, kBF16, kBF16, kBF16},
+                                   {kBF16, kBF16, kBF16, kF32, kF32, kF32},
+                                   {kF32, kBF16, kF32, kBF16, kF32, kBF16}};
+  uint64_t seed = 400;
+  for (const int64_t n : {1, 3, 5, 255, 256, 257, 259, 4095, 4097, 8191, 8193, 20001}) {
+    for (const Case& c : cases) {
+      Rng rng(seed++);
+      const Operand g(c.g, op_test::random_vector<float>(n, rng, 3.0)), u(c.u, op_test::random_vector<float>(n, rng));
+      const Operand da(c.da, op_test::random_vector<float>(n, rng));
+      const std::vector<float> gw = g.values(), uw = u.values(), daw = da.values();
+      std::vector<float> a_f(n), dg_f(n), du_f(n);
+      ops::cpu::swiglu_forward(gw.data(), uw.data(), a_f.data(), n);
+      ops::cpu::swiglu_backward(gw.data(), uw.data(), daw.data(), dg_f.data(), du_f.data(), n);
+      for (const int t : {1, 2}) {
+        omp_set_num_threads(t);
+        const std::string where = " n=" + std::to_string(n) + " g " + dt(c.g) + " u " + dt(c.u) + " da " + dt(c.da) +
+                                  " -> " + dt(c.out_a) + ", " + std::to_string(t) + " threads";
+        Operand a(c.out_a, std::vector<float>(n)), dg(c.dg, std::vector<float>(n)), du(c.du, std::vector<float>(n));
+        ops::cpu::swiglu_forward(g.cbuf(), u.cbuf(), a.buf(), n);
+        ops::cpu::swiglu_backward(g.cbuf(), u.cbuf(), da.cbuf(), dg.buf(), du.buf(), n);
+        EXPECT_TRUE(same_bits("swiglu_forward a" + where, a.values(), stored(c.out_a, a_f)));
+        EXPECT_TRUE(same_bits("swiglu_backward dg" + where, dg.values(), stored(c.dg, dg_f)));
+        EXPECT_TRUE(same_bits("swiglu_backward du" + where, du.values(), stored(c.du, du_f)));
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+// Operands other than f32 and bf16 are an internal error naming the kernel.
+TEST(Swiglu, OtherDtypesAssert) {
+  std::vector<float> g(8, 1.0f), a(8);
+  EXPECT_THROW(ops::cpu::swiglu_forward(g.data(), g.data(), Buf(a.data(), DType::DType_F16), 8), InternalError);
+  EXPECT_THROW(ops::cpu::swiglu_backward(CBuf(g.data(), DType::DType_I32), g.data(), g.data(), a.data(), a.data(), 8),
+               InternalError);
 }
 
 }  // namespace fp

@@ -196,19 +196,32 @@ void gemm_cublas(const ExecContext& c, bool trans_a, bool trans_b, int64_t M, in
            static_cast<int>(s));
 }
 
-void copy_device(const ExecContext& c, float* dst, const float* src, int64_t n) {
+// bf16 operands (a converting copy, bf16 element-wise kernels) are not in the skeleton yet: an error.
+void copy_device(const ExecContext& c, Buf dst, CBuf src, int64_t n) {
+  FP_CHECK(dst.dtype == DType::DType_F32 && src.dtype == DType::DType_F32, kCudaHint,
+           "the cuda backend's copy takes f32 operands only (got {} -> {})", dtype_name(src.dtype),
+           dtype_name(dst.dtype));
   if (n > 0)
-    cuda_check(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDefault, cuda_stream(c)),
+    cuda_check(cudaMemcpyAsync(dst.p, src.p, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDefault, cuda_stream(c)),
                "copy");
 }
 
 // The element-wise kernels of cuda_kernels.cu as table entries.
-void fill_device(const ExecContext& c, float* y, float v, int64_t n) { ops::cuda::fill(cuda_stream(c), y, v, n); }
-void add_device(const ExecContext& c, float* y, const float* x, int64_t n) {
-  ops::cuda::add_inplace(cuda_stream(c), y, x, n);
+void fill_device(const ExecContext& c, Buf y, float v, int64_t n) {
+  FP_CHECK(y.dtype == DType::DType_F32, kCudaHint, "the cuda backend's fill takes f32 operands only (got {})",
+           dtype_name(y.dtype));
+  ops::cuda::fill(cuda_stream(c), static_cast<float*>(y.p), v, n);
 }
-void scale_device(const ExecContext& c, float* y, float a, int64_t n) {
-  ops::cuda::scale_inplace(cuda_stream(c), y, a, n);
+void add_device(const ExecContext& c, Buf y, CBuf x, int64_t n) {
+  FP_CHECK(y.dtype == DType::DType_F32 && x.dtype == DType::DType_F32, kCudaHint,
+           "the cuda backend's add_inplace takes f32 operands only (got {} += {})", dtype_name(y.dtype),
+           dtype_name(x.dtype));
+  ops::cuda::add_inplace(cuda_stream(c), static_cast<float*>(y.p), static_cast<const float*>(x.p), n);
+}
+void scale_device(const ExecContext& c, Buf y, float a, int64_t n) {
+  FP_CHECK(y.dtype == DType::DType_F32, kCudaHint, "the cuda backend's scale_inplace takes f32 operands only (got {})",
+           dtype_name(y.dtype));
+  ops::cuda::scale_inplace(cuda_stream(c), static_cast<float*>(y.p), a, n);
 }
 
 // Every kernel of the table the skeleton lacks: an error naming it.

@@ -7,6 +7,9 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <string>
+
+#include "core/error.h"
 
 #include "ops/cpu/convert_avx2.h"
 #include "ops/cpu/cpu_features.h"
@@ -65,6 +68,16 @@ void widen_block(CBuf src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
 
 void store_block(const float* src, int64_t rows, int64_t cols, Buf dst, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) convert(dst.at(r * ld), src + r * cols, cols);
+}
+
+void chunked::dtypes_check(const char* kernel, std::initializer_list<std::pair<const char*, DType>> operands) {
+  bool ok = true;
+  std::string got;
+  for (const auto& [name, t] : operands) {
+    ok = ok && (t == DType::DType_F32 || t == DType::DType_BF16);
+    got += fmt::format("{}{} {}", got.empty() ? "" : ", ", name, dtype_name(t));
+  }
+  FP_ASSERT(ok, "{} takes f32 or bf16 operands, got {}", kernel, got);
 }
 
 }  // namespace fp::ops::cpu

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "core/buf.h"
 
@@ -24,5 +26,40 @@ void convert(Buf dst, CBuf src, int64_t n);
 // dense f32 block into dst (rows, cols, leading dimension ld) in dst's dtype.
 void widen_block(CBuf src, int64_t ld, int64_t rows, int64_t cols, float* dst);
 void store_block(const float* src, int64_t rows, int64_t cols, Buf dst, int64_t ld);
+
+// Note [bf16 kernels by f32 chunks]: the element-wise kernels (elementwise, rmsnorm, swiglu,
+// embedding) keep one f32 loop and run it, when an operand is bf16, on chunks of at most kChunk
+// elements: each bf16 input's chunk widened into a stack buffer (load), each bf16 output computed in
+// one (stage, or load_rw for y += ...) and rounded once into place (store). An f32 operand is used in
+// place, so the all-f32 call is the f32 loop itself.
+namespace chunked {
+
+inline constexpr int64_t kChunk = 256;  // 1 KiB of f32 per staged operand
+
+inline bool f32(DType t) { return t == DType::DType_F32; }
+
+// Every operand f32 or bf16, else an InternalError naming the kernel and each operand's dtype.
+// Called before any parallel region (an exception must not leave one).
+void dtypes_check(const char* kernel, std::initializer_list<std::pair<const char*, DType>> operands);
+
+// n <= kChunk elements of x as f32: x's own data when f32, else widened into tmp.
+inline const float* load(CBuf x, float* tmp, int64_t n) {
+  if (f32(x.dtype)) return static_cast<const float*>(x.p);
+  convert(tmp, x, n);
+  return tmp;
+}
+// The same for an operand read and then written (y += ...): compute on the result, then store().
+inline float* load_rw(Buf y, float* tmp, int64_t n) {
+  if (f32(y.dtype)) return static_cast<float*>(y.p);
+  convert(tmp, y, n);
+  return tmp;
+}
+// Where to compute n elements of y: y itself when f32, else tmp (rounded into y by store()).
+inline float* stage(Buf y, float* tmp) { return f32(y.dtype) ? static_cast<float*>(y.p) : tmp; }
+inline void store(Buf y, const float* f, int64_t n) {
+  if (!f32(y.dtype)) convert(y, f, n);
+}
+
+}  // namespace chunked
 
 }  // namespace fp::ops::cpu

@@ -13,10 +13,22 @@
 // and exactly 0 below -87 where expf would be subnormal. The tail runs the same 4-wide code on a
 // padded copy, so every element gets the same bits wherever a thread's range starts or ends; threads
 // take fixed contiguous ranges. Elsewhere (no SSE2) a scalar loop with std::exp does the same math.
+//
+// Note [bf16 SwiGLU by f32 chunks]: with any bf16 operand each work block goes by chunks of kChunk
+// elements: a bf16 input chunk is widened into a stack buffer (ops/cpu/convert.h), the f32 range
+// code runs on it, and a bf16 output chunk is rounded back from the stack. An element's bits do not
+// depend on where its range starts (above), so each output is the f32 kernel's on the widened inputs,
+// rounded once; no allocation. The all-f32 case runs on the operands in place as before bf16 existed.
 #include "ops/swiglu.h"
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "ops/cpu/convert.h"
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -26,11 +38,12 @@ namespace fp::ops::cpu {
 
 namespace {
 
+using namespace chunked;  // kChunk, load, stage, store (Note [bf16 kernels by f32 chunks])
+
 // Below this many elements a parallel region costs more than the work.
 constexpr int64_t kParallelMinElements = int64_t{1} << 13;
 // Elements per parallel work item: a multiple of 4, large enough to amortise the loop overhead.
 constexpr int64_t kBlock = 4096;
-
 #if defined(__SSE2__)
 
 // exp(x) for x <= 0 (4 lanes); 0 below -87 (Note [Why SwiGLU has its own exp]).
@@ -53,9 +66,7 @@ inline __m128 exp_nonpositive(__m128 x) {
   return _mm_andnot_ps(_mm_cmplt_ps(x, lo), _mm_mul_ps(p, scale));
 }
 
-inline __m128 select(__m128 mask, __m128 a, __m128 b) {
-  return _mm_or_ps(_mm_and_ps(mask, a), _mm_andnot_ps(mask, b));
-}
+inline __m128 select(__m128 mask, __m128 a, __m128 b) { return _mm_or_ps(_mm_and_ps(mask, a), _mm_andnot_ps(mask, b)); }
 
 // s = sigmoid(g), sc = 1 - s, silu = g s (Note [Stable sigmoid]).
 inline void sigmoid4(__m128 g, __m128& s, __m128& sc) {
@@ -140,21 +151,52 @@ void backward_range(const float* g, const float* u, const float* da, float* dg, 
 
 }  // namespace
 
-void swiglu_forward(const float* g, const float* u, float* a, int64_t n) {
+void swiglu_forward(CBuf g, CBuf u, Buf a, int64_t n) {
+  const bool all_f32 = f32(g.dtype) && f32(u.dtype) && f32(a.dtype);
+  if (!all_f32) chunked::dtypes_check("swiglu_forward", {{"g", g.dtype}, {"u", u.dtype}, {"a", a.dtype}});
   const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t i = b * kBlock;
-    forward_range(g + i, u + i, a + i, std::min(kBlock, n - i));
+    const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+    if (all_f32) {
+      forward_range(static_cast<const float*>(g.p) + i, static_cast<const float*>(u.p) + i,
+                    static_cast<float*>(a.p) + i, len);
+      continue;
+    }
+    for (int64_t c = i; c < i + len; c += kChunk) {  // Note [bf16 SwiGLU by f32 chunks]
+      const int64_t m = std::min(kChunk, i + len - c);
+      float gt[kChunk], ut[kChunk], at[kChunk];
+      float* af = stage(a.at(c), at);
+      forward_range(load(g.at(c), gt, m), load(u.at(c), ut, m), af, m);
+      store(a.at(c), af, m);
+    }
   }
 }
 
-void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n) {
+void swiglu_backward(CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n) {
+  const bool all_f32 = f32(g.dtype) && f32(u.dtype) && f32(da.dtype) && f32(dg.dtype) && f32(du.dtype);
+  if (!all_f32)
+    chunked::dtypes_check("swiglu_backward",
+                 {{"g", g.dtype}, {"u", u.dtype}, {"da", da.dtype}, {"dg", dg.dtype}, {"du", du.dtype}});
   const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t i = b * kBlock;
-    backward_range(g + i, u + i, da + i, dg + i, du + i, std::min(kBlock, n - i));
+    const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+    if (all_f32) {
+      backward_range(static_cast<const float*>(g.p) + i, static_cast<const float*>(u.p) + i,
+                     static_cast<const float*>(da.p) + i, static_cast<float*>(dg.p) + i, static_cast<float*>(du.p) + i,
+                     len);
+      continue;
+    }
+    for (int64_t c = i; c < i + len; c += kChunk) {  // Note [bf16 SwiGLU by f32 chunks]
+      const int64_t m = std::min(kChunk, i + len - c);
+      float gt[kChunk], ut[kChunk], dat[kChunk], dgt[kChunk], dut[kChunk];
+      float* dgf = stage(dg.at(c), dgt);
+      float* duf = stage(du.at(c), dut);
+      backward_range(load(g.at(c), gt, m), load(u.at(c), ut, m), load(da.at(c), dat, m), dgf, duf, m);
+      store(dg.at(c), dgf, m);
+      store(du.at(c), duf, m);
+    }
   }
 }
 

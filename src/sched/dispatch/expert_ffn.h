@@ -19,12 +19,12 @@ namespace fp {
 
 // One expert's weights (nn.Linear layout) and where its gradients accumulate (+=).
 struct ExpertWeights {
-  const float* gate = nullptr;  // (I, H)
-  const float* up = nullptr;    // (I, H)
-  const float* down = nullptr;  // (H, I)
-  float* d_gate = nullptr;      // (I, H)
-  float* d_up = nullptr;        // (I, H)
-  float* d_down = nullptr;      // (H, I)
+  CBuf gate;    // (I, H)
+  CBuf up;      // (I, H)
+  CBuf down;    // (H, I)
+  Buf d_gate;   // (I, H)
+  Buf d_up;     // (I, H)
+  Buf d_down;   // (H, I)
 };
 // The weights and gradients of expert e of a layer's parameters (the caller owns e).
 ExpertWeights expert_weights(const LayerParams& lp, int64_t e);
