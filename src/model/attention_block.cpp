@@ -24,8 +24,8 @@ void linear_backward_weight(Backend& be, CBuf dy, CBuf x, Buf dW, int64_t n, int
   be.kernels().gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dW, in);
 }
 
-void rmsnorm_backward(Backend& be, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
-                      float* dw, int64_t rows, int64_t d) {
+void rmsnorm_backward(Backend& be, CBuf x, CBuf w, const float* rstd, CBuf dy, Buf dx, Buf dw, int64_t rows,
+                      int64_t d) {
   Tensor ws = be.alloc_f32(Category::Category_workspace, {be.kernels().rmsnorm_backward_workspace(rows, d)},
                            "rmsnorm.dw_partials");
   be.kernels().rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, d, ws.f32());
@@ -45,18 +45,18 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
 
   a.h1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.h1");
   a.rstd1 = be.alloc_f32(kAct, {n}, "attn.rstd1");
-  K.rmsnorm_forward(x.f32(), lp.input_layernorm->w.f32(), a.h1.f32(), a.rstd1.f32(), n, H, eps);
+  K.rmsnorm_forward(x.buf(), lp.input_layernorm->w.buf(), a.h1.buf(), a.rstd1.f32(), n, H, eps);
 
   a.q_raw = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.q_raw");
   a.k_raw = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.k_raw");
   a.v = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.v");
-  linear_forward(be, a.h1.f32(), lp.q_proj->w.f32(), a.q_raw.f32(), n, H, nh * hd);
-  linear_forward(be, a.h1.f32(), lp.k_proj->w.f32(), a.k_raw.f32(), n, H, nkv * hd);
-  linear_forward(be, a.h1.f32(), lp.v_proj->w.f32(), a.v.f32(), n, H, nkv * hd);
+  linear_forward(be, a.h1.buf(), lp.q_proj->w.buf(), a.q_raw.buf(), n, H, nh * hd);
+  linear_forward(be, a.h1.buf(), lp.k_proj->w.buf(), a.k_raw.buf(), n, H, nkv * hd);
+  linear_forward(be, a.h1.buf(), lp.v_proj->w.buf(), a.v.buf(), n, H, nkv * hd);
   if (c.attention_bias) {
-    K.bias_add(a.q_raw.f32(), lp.q_bias->w.f32(), n, nh * hd);
-    K.bias_add(a.k_raw.f32(), lp.k_bias->w.f32(), n, nkv * hd);
-    K.bias_add(a.v.f32(), lp.v_bias->w.f32(), n, nkv * hd);
+    K.bias_add(a.q_raw.buf(), lp.q_bias->w.buf(), n, nh * hd);
+    K.bias_add(a.k_raw.buf(), lp.k_bias->w.buf(), n, nkv * hd);
+    K.bias_add(a.v.buf(), lp.v_bias->w.buf(), n, nkv * hd);
   }
   if (!keep) {
     a.h1.reset();
@@ -67,10 +67,10 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   a.k = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.k");
   a.rstd_q = be.alloc_f32(kAct, {n * nh}, "attn.rstd_q");
   a.rstd_k = be.alloc_f32(kAct, {n * nkv}, "attn.rstd_k");
-  K.rmsnorm_forward(a.q_raw.f32(), lp.q_norm->w.f32(), a.q.f32(), a.rstd_q.f32(), n * nh, hd, eps);
-  K.rmsnorm_forward(a.k_raw.f32(), lp.k_norm->w.f32(), a.k.f32(), a.rstd_k.f32(), n * nkv, hd, eps);
-  K.rope_forward(a.q.f32(), s.pos.i32(), n, nh, hd, freqs);
-  K.rope_forward(a.k.f32(), s.pos.i32(), n, nkv, hd, freqs);
+  K.rmsnorm_forward(a.q_raw.buf(), lp.q_norm->w.buf(), a.q.buf(), a.rstd_q.f32(), n * nh, hd, eps);
+  K.rmsnorm_forward(a.k_raw.buf(), lp.k_norm->w.buf(), a.k.buf(), a.rstd_k.f32(), n * nkv, hd, eps);
+  K.rope_forward(a.q.buf(), s.pos.i32(), n, nh, hd, freqs);
+  K.rope_forward(a.k.buf(), s.pos.i32(), n, nkv, hd, freqs);
   if (!keep) {
     a.q_raw.reset();
     a.k_raw.reset();
@@ -83,7 +83,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   if (s.comm.size() > 1) {
     ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
   } else {
-    K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nkv, hd, hd,
+    K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), s.B, s.T, nh, nkv, hd, hd,
                         1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
   }
   if (!keep) {
@@ -94,9 +94,9 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   }
 
   Tensor x1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.x1");
-  K.copy(x1.f32(), x.f32(), n * H);
-  linear_forward(be, a.o.f32(), lp.o_proj->w.f32(), x1.f32(), n, nh * hd, H, /*beta=*/1.0f);
-  if (c.attention_bias) K.bias_add(x1.f32(), lp.o_bias->w.f32(), n, H);
+  K.copy(x1.buf(), x.buf(), n * H);
+  linear_forward(be, a.o.buf(), lp.o_proj->w.buf(), x1.buf(), n, nh * hd, H, /*beta=*/1.0f);
+  if (c.attention_bias) K.bias_add(x1.buf(), lp.o_bias->w.buf(), n, H);
   if (!keep) a.o.reset();
   return x1;
 }
@@ -112,9 +112,9 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
   // o_proj: dx holds d x1 = d (x + o W_o^T); the residual part stays in dx.
   Tensor d_o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.d_o");
-  linear_backward_input(be, dx.f32(), lp.o_proj->w.f32(), d_o.f32(), n, nh * hd, H);
-  linear_backward_weight(be, dx.f32(), a.o.f32(), lp.o_proj->g.f32(), n, nh * hd, H);
-  if (c.attention_bias) K.bias_backward(dx.f32(), lp.o_bias->g.f32(), n, H);
+  linear_backward_input(be, dx.buf(), lp.o_proj->w.buf(), d_o.buf(), n, nh * hd, H);
+  linear_backward_weight(be, dx.buf(), a.o.buf(), lp.o_proj->g.buf(), n, nh * hd, H);
+  if (c.attention_bias) K.bias_backward(dx.buf(), lp.o_bias->g.buf(), n, H);
 
   Tensor dq = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq");
   Tensor dk = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk");
@@ -123,8 +123,8 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
     ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv, hd, hd,
                             1.0f / std::sqrt(static_cast<float>(hd)));
   } else {
-    K.attention_backward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), d_o.f32(), dq.f32(), dk.f32(),
-                         dv.f32(), s.B, s.T, nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)),
+    K.attention_backward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), d_o.buf(), dq.buf(), dk.buf(),
+                         dv.buf(), s.B, s.T, nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)),
                          c.sliding_window);
   }
   d_o.reset();
@@ -133,14 +133,14 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.q.reset();
   a.k.reset();
 
-  K.rope_backward(dq.f32(), s.pos.i32(), n, nh, hd, freqs);
-  K.rope_backward(dk.f32(), s.pos.i32(), n, nkv, hd, freqs);
+  K.rope_backward(dq.buf(), s.pos.i32(), n, nh, hd, freqs);
+  K.rope_backward(dk.buf(), s.pos.i32(), n, nkv, hd, freqs);
   Tensor dq_raw = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq_raw");
   Tensor dk_raw = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk_raw");
-  rmsnorm_backward(be, a.q_raw.f32(), lp.q_norm->w.f32(), a.rstd_q.f32(), dq.f32(), dq_raw.f32(), lp.q_norm->g.f32(),
-                     n * nh, hd);
-  rmsnorm_backward(be, a.k_raw.f32(), lp.k_norm->w.f32(), a.rstd_k.f32(), dk.f32(), dk_raw.f32(), lp.k_norm->g.f32(),
-                     n * nkv, hd);
+  rmsnorm_backward(be, a.q_raw.buf(), lp.q_norm->w.buf(), a.rstd_q.f32(), dq.buf(), dq_raw.buf(), lp.q_norm->g.buf(),
+                   n * nh, hd);
+  rmsnorm_backward(be, a.k_raw.buf(), lp.k_norm->w.buf(), a.rstd_k.f32(), dk.buf(), dk_raw.buf(), lp.k_norm->g.buf(),
+                   n * nkv, hd);
   dq.reset();
   dk.reset();
   a.q_raw.reset();
@@ -150,17 +150,17 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
   // q, k, v projections: d h1 = dq W_q + dk W_k + dv W_v.
   if (c.attention_bias) {
-    K.bias_backward(dq_raw.f32(), lp.q_bias->g.f32(), n, nh * hd);
-    K.bias_backward(dk_raw.f32(), lp.k_bias->g.f32(), n, nkv * hd);
-    K.bias_backward(dv.f32(), lp.v_bias->g.f32(), n, nkv * hd);
+    K.bias_backward(dq_raw.buf(), lp.q_bias->g.buf(), n, nh * hd);
+    K.bias_backward(dk_raw.buf(), lp.k_bias->g.buf(), n, nkv * hd);
+    K.bias_backward(dv.buf(), lp.v_bias->g.buf(), n, nkv * hd);
   }
   Tensor dh1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.dh1");
-  linear_backward_input(be, dq_raw.f32(), lp.q_proj->w.f32(), dh1.f32(), n, H, nh * hd);
-  linear_backward_input(be, dk_raw.f32(), lp.k_proj->w.f32(), dh1.f32(), n, H, nkv * hd, 1.0f);
-  linear_backward_input(be, dv.f32(), lp.v_proj->w.f32(), dh1.f32(), n, H, nkv * hd, 1.0f);
-  linear_backward_weight(be, dq_raw.f32(), a.h1.f32(), lp.q_proj->g.f32(), n, H, nh * hd);
-  linear_backward_weight(be, dk_raw.f32(), a.h1.f32(), lp.k_proj->g.f32(), n, H, nkv * hd);
-  linear_backward_weight(be, dv.f32(), a.h1.f32(), lp.v_proj->g.f32(), n, H, nkv * hd);
+  linear_backward_input(be, dq_raw.buf(), lp.q_proj->w.buf(), dh1.buf(), n, H, nh * hd);
+  linear_backward_input(be, dk_raw.buf(), lp.k_proj->w.buf(), dh1.buf(), n, H, nkv * hd, 1.0f);
+  linear_backward_input(be, dv.buf(), lp.v_proj->w.buf(), dh1.buf(), n, H, nkv * hd, 1.0f);
+  linear_backward_weight(be, dq_raw.buf(), a.h1.buf(), lp.q_proj->g.buf(), n, H, nh * hd);
+  linear_backward_weight(be, dk_raw.buf(), a.h1.buf(), lp.k_proj->g.buf(), n, H, nkv * hd);
+  linear_backward_weight(be, dv.buf(), a.h1.buf(), lp.v_proj->g.buf(), n, H, nkv * hd);
   dq_raw.reset();
   dk_raw.reset();
   dv.reset();
@@ -169,9 +169,9 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
   // input_layernorm: dx += rmsnorm_backward(dh1).
   Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "attn.dnorm");
-  rmsnorm_backward(be, x.f32(), lp.input_layernorm->w.f32(), a.rstd1.f32(), dh1.f32(), dnorm.f32(),
-                     lp.input_layernorm->g.f32(), n, H);
-  K.add_inplace(dx.f32(), dnorm.f32(), n * H);
+  rmsnorm_backward(be, x.buf(), lp.input_layernorm->w.buf(), a.rstd1.f32(), dh1.buf(), dnorm.buf(),
+                   lp.input_layernorm->g.buf(), n, H);
+  K.add_inplace(dx.buf(), dnorm.buf(), n * H);
   a.rstd1.reset();
 }
 

@@ -154,8 +154,7 @@ void linear_backward_weight(Backend& be, CBuf dy, CBuf x, Buf dW, int64_t n, int
                             int64_t out);
 // The backend's rmsnorm_backward with its scratch (the dw partials) allocated through the ledger,
 // category workspace, for the call's duration: every byte an op uses is on the ledger.
-void rmsnorm_backward(Backend& be, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
-                      float* dw, int64_t rows, int64_t d);
+void rmsnorm_backward(Backend& be, CBuf x, CBuf w, const float* rstd, CBuf dy, Buf dx, Buf dw, int64_t rows, int64_t d);
 
 // p + off, keeping null (meta) pointers null; for kernel operands, off elements of their dtype.
 template <class T>

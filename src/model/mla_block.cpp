@@ -53,38 +53,38 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
   a.h1 = be.alloc(kAct, {n, H}, dt, "attn.h1");
   a.rstd1 = be.alloc_f32(kAct, {n}, "attn.rstd1");
-  K.rmsnorm_forward(x.f32(), lp.input_layernorm->w.f32(), a.h1.f32(), a.rstd1.f32(), n, H, eps);
+  K.rmsnorm_forward(x.buf(), lp.input_layernorm->w.buf(), a.h1.buf(), a.rstd1.f32(), n, H, eps);
 
   // Queries (n, nh, dqk).
   a.q = be.alloc(kAct, {n, nh * dqk}, dt, "attn.q");
   if (ql > 0) {
     a.q_a = be.alloc(kAct, {n, ql}, dt, "attn.q_a");
-    linear_forward(be, a.h1.f32(), lp.q_a_proj->w.f32(), a.q_a.f32(), n, H, ql);
+    linear_forward(be, a.h1.buf(), lp.q_a_proj->w.buf(), a.q_a.buf(), n, H, ql);
     a.q_a_n = be.alloc(kAct, {n, ql}, dt, "attn.q_a_normed");
     a.rstd_q = be.alloc_f32(kAct, {n}, "attn.rstd_q_a");
-    K.rmsnorm_forward(a.q_a.f32(), lp.q_a_layernorm->w.f32(), a.q_a_n.f32(), a.rstd_q.f32(), n, ql, eps);
-    linear_forward(be, a.q_a_n.f32(), lp.q_b_proj->w.f32(), a.q.f32(), n, ql, nh * dqk);
+    K.rmsnorm_forward(a.q_a.buf(), lp.q_a_layernorm->w.buf(), a.q_a_n.buf(), a.rstd_q.f32(), n, ql, eps);
+    linear_forward(be, a.q_a_n.buf(), lp.q_b_proj->w.buf(), a.q.buf(), n, ql, nh * dqk);
     if (!keep) {
       a.q_a.reset();
       a.q_a_n.reset();
       a.rstd_q.reset();
     }
   } else {
-    linear_forward(be, a.h1.f32(), lp.q_proj->w.f32(), a.q.f32(), n, H, nh * dqk);
+    linear_forward(be, a.h1.buf(), lp.q_proj->w.buf(), a.q.buf(), n, H, nh * dqk);
   }
 
   // The key/value latent and the shared RoPE key: the two row blocks of kv_a_proj_with_mqa.
   a.kv_a = be.alloc(kAct, {n, kl}, dt, "attn.kv_a");
   Tensor k_pe = be.alloc(kAct, {n, dr}, dt, "attn.k_pe");
-  linear_forward(be, a.h1.f32(), lp.kv_a_proj_with_mqa->w.f32(), a.kv_a.f32(), n, H, kl);
-  linear_forward(be, a.h1.f32(), ptr_at(lp.kv_a_proj_with_mqa->w.f32(), kl * H), k_pe.f32(), n, H, dr);
+  linear_forward(be, a.h1.buf(), lp.kv_a_proj_with_mqa->w.buf(), a.kv_a.buf(), n, H, kl);
+  linear_forward(be, a.h1.buf(), ptr_at(lp.kv_a_proj_with_mqa->w.buf(), kl * H), k_pe.buf(), n, H, dr);
   if (!keep) {
     a.h1.reset();
     a.rstd1.reset();
   }
   a.kv_a_n = be.alloc(kAct, {n, kl}, dt, "attn.kv_a_normed");
   a.rstd_k = be.alloc_f32(kAct, {n}, "attn.rstd_kv_a");
-  K.rmsnorm_forward(a.kv_a.f32(), lp.kv_a_layernorm->w.f32(), a.kv_a_n.f32(), a.rstd_k.f32(), n, kl, eps);
+  K.rmsnorm_forward(a.kv_a.buf(), lp.kv_a_layernorm->w.buf(), a.kv_a_n.buf(), a.rstd_k.f32(), n, kl, eps);
   if (!keep) {
     a.kv_a.reset();
     a.rstd_k.reset();
@@ -95,16 +95,16 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.v = be.alloc(kAct, {n, nh * dv}, dt, "attn.v");
   {
     Tensor kv = be.alloc(kAct, {n, nh * (dn + dv)}, dt, "attn.kv_b");
-    linear_forward(be, a.kv_a_n.f32(), lp.kv_b_proj->w.f32(), kv.f32(), n, kl, nh * (dn + dv));
-    K.copy_2d(a.k.f32(), dqk, kv.f32(), dn + dv, n * nh, dn);
-    K.copy_2d(a.v.f32(), dv, ptr_at(kv.f32(), dn), dn + dv, n * nh, dv);
+    linear_forward(be, a.kv_a_n.buf(), lp.kv_b_proj->w.buf(), kv.buf(), n, kl, nh * (dn + dv));
+    K.copy_2d(a.k.buf(), dqk, kv.buf(), dn + dv, n * nh, dn);
+    K.copy_2d(a.v.buf(), dv, ptr_at(kv.buf(), dn), dn + dv, n * nh, dv);
   }
   if (!keep) a.kv_a_n.reset();
 
   // RoPE on the queries' last dr numbers and on the shared key, which every head's key then carries.
-  K.rope_strided_forward(ptr_at(a.q.f32(), dn), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
-  K.rope_strided_forward(k_pe.f32(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
-  for (int64_t h = 0; h < nh; ++h) K.copy_2d(ptr_at(a.k.f32(), h * dqk + dn), nh * dqk, k_pe.f32(), dr, n, dr);
+  K.rope_strided_forward(ptr_at(a.q.buf(), dn), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
+  K.rope_strided_forward(k_pe.buf(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
+  for (int64_t h = 0; h < nh; ++h) K.copy_2d(ptr_at(a.k.buf(), h * dqk + dn), nh * dqk, k_pe.buf(), dr, n, dr);
   k_pe.reset();
 
   a.o = be.alloc(kAct, {n, nh * dv}, dt, "attn.o");
@@ -113,7 +113,7 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
   if (s.comm.size() > 1) {
     ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, dqk, dv, scale);
   } else {
-    K.attention_forward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), s.B, s.T, nh, nh, dqk, dv, scale, 0);
+    K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), s.B, s.T, nh, nh, dqk, dv, scale, 0);
   }
   if (!keep) {
     a.q.reset();
@@ -123,8 +123,8 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
   }
 
   Tensor x1 = be.alloc(kAct, {n, H}, dt, "attn.x1");
-  K.copy(x1.f32(), x.f32(), n * H);
-  linear_forward(be, a.o.f32(), lp.o_proj->w.f32(), x1.f32(), n, nh * dv, H, /*beta=*/1.0f);
+  K.copy(x1.buf(), x.buf(), n * H);
+  linear_forward(be, a.o.buf(), lp.o_proj->w.buf(), x1.buf(), n, nh * dv, H, /*beta=*/1.0f);
   if (!keep) a.o.reset();
   return x1;
 }
@@ -140,8 +140,8 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
 
   // o_proj: dx holds d x1; the residual part stays in dx.
   Tensor d_o = be.alloc(kAct, {n, nh * dv}, dt, "attn.d_o");
-  linear_backward_input(be, dx.f32(), lp.o_proj->w.f32(), d_o.f32(), n, nh * dv, H);
-  linear_backward_weight(be, dx.f32(), a.o.f32(), lp.o_proj->g.f32(), n, nh * dv, H);
+  linear_backward_input(be, dx.buf(), lp.o_proj->w.buf(), d_o.buf(), n, nh * dv, H);
+  linear_backward_weight(be, dx.buf(), a.o.buf(), lp.o_proj->g.buf(), n, nh * dv, H);
 
   Tensor dq = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dq");
   Tensor dk = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dk");
@@ -150,8 +150,8 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
   if (s.comm.size() > 1) {
     ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dvv, dqk, dv, scale);
   } else {
-    K.attention_backward(a.q.f32(), a.k.f32(), a.v.f32(), a.o.f32(), a.lse.f32(), d_o.f32(), dq.f32(), dk.f32(),
-                         dvv.f32(), s.B, s.T, nh, nh, dqk, dv, scale, 0);
+    K.attention_backward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), d_o.buf(), dq.buf(), dk.buf(),
+                         dvv.buf(), s.B, s.T, nh, nh, dqk, dv, scale, 0);
   }
   d_o.reset();
   a.o.reset();
@@ -162,66 +162,66 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
 
   // The shared RoPE key: the sum over heads of the keys' RoPE parts, rotated back.
   Tensor dk_pe = be.alloc(kAct, {n, dr}, dt, "attn.dk_pe");
-  K.fill(dk_pe.f32(), 0.0f, n * dr);
-  for (int64_t h = 0; h < nh; ++h) K.add_2d(dk_pe.f32(), dr, ptr_at(dk.f32(), h * dqk + dn), nh * dqk, n, dr);
-  K.rope_strided_backward(dk_pe.f32(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
+  K.fill(dk_pe.buf(), 0.0f, n * dr);
+  for (int64_t h = 0; h < nh; ++h) K.add_2d(dk_pe.buf(), dr, ptr_at(dk.buf(), h * dqk + dn), nh * dqk, n, dr);
+  K.rope_strided_backward(dk_pe.buf(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
 
   // kv_b_proj: its output gradient per head [d k_nope | d v].
   Tensor dkv_a_n = be.alloc(kAct, {n, kl}, dt, "attn.dkv_a_normed");
   {
     Tensor dkv = be.alloc(kAct, {n, nh * (dn + dv)}, dt, "attn.dkv_b");
-    K.copy_2d(dkv.f32(), dn + dv, dk.f32(), dqk, n * nh, dn);
-    K.copy_2d(ptr_at(dkv.f32(), dn), dn + dv, dvv.f32(), dv, n * nh, dv);
+    K.copy_2d(dkv.buf(), dn + dv, dk.buf(), dqk, n * nh, dn);
+    K.copy_2d(ptr_at(dkv.buf(), dn), dn + dv, dvv.buf(), dv, n * nh, dv);
     dk.reset();
     dvv.reset();
-    linear_backward_input(be, dkv.f32(), lp.kv_b_proj->w.f32(), dkv_a_n.f32(), n, kl, nh * (dn + dv));
-    linear_backward_weight(be, dkv.f32(), a.kv_a_n.f32(), lp.kv_b_proj->g.f32(), n, kl, nh * (dn + dv));
+    linear_backward_input(be, dkv.buf(), lp.kv_b_proj->w.buf(), dkv_a_n.buf(), n, kl, nh * (dn + dv));
+    linear_backward_weight(be, dkv.buf(), a.kv_a_n.buf(), lp.kv_b_proj->g.buf(), n, kl, nh * (dn + dv));
   }
   a.kv_a_n.reset();
   Tensor dkv_a = be.alloc(kAct, {n, kl}, dt, "attn.dkv_a");
-  rmsnorm_backward(be, a.kv_a.f32(), lp.kv_a_layernorm->w.f32(), a.rstd_k.f32(), dkv_a_n.f32(), dkv_a.f32(),
-                   lp.kv_a_layernorm->g.f32(), n, kl);
+  rmsnorm_backward(be, a.kv_a.buf(), lp.kv_a_layernorm->w.buf(), a.rstd_k.f32(), dkv_a_n.buf(), dkv_a.buf(),
+                   lp.kv_a_layernorm->g.buf(), n, kl);
   dkv_a_n.reset();
   a.kv_a.reset();
   a.rstd_k.reset();
 
   // Queries: RoPE back on their last dr numbers, then the projections.
-  K.rope_strided_backward(ptr_at(dq.f32(), dn), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
+  K.rope_strided_backward(ptr_at(dq.buf(), dn), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
   Tensor dh1 = be.alloc(kAct, {n, H}, dt, "attn.dh1");
   if (ql > 0) {
     Tensor dq_a_n = be.alloc(kAct, {n, ql}, dt, "attn.dq_a_normed");
-    linear_backward_input(be, dq.f32(), lp.q_b_proj->w.f32(), dq_a_n.f32(), n, ql, nh * dqk);
-    linear_backward_weight(be, dq.f32(), a.q_a_n.f32(), lp.q_b_proj->g.f32(), n, ql, nh * dqk);
+    linear_backward_input(be, dq.buf(), lp.q_b_proj->w.buf(), dq_a_n.buf(), n, ql, nh * dqk);
+    linear_backward_weight(be, dq.buf(), a.q_a_n.buf(), lp.q_b_proj->g.buf(), n, ql, nh * dqk);
     dq.reset();
     a.q_a_n.reset();
     Tensor dq_a = be.alloc(kAct, {n, ql}, dt, "attn.dq_a");
-    rmsnorm_backward(be, a.q_a.f32(), lp.q_a_layernorm->w.f32(), a.rstd_q.f32(), dq_a_n.f32(), dq_a.f32(),
-                     lp.q_a_layernorm->g.f32(), n, ql);
+    rmsnorm_backward(be, a.q_a.buf(), lp.q_a_layernorm->w.buf(), a.rstd_q.f32(), dq_a_n.buf(), dq_a.buf(),
+                     lp.q_a_layernorm->g.buf(), n, ql);
     dq_a_n.reset();
     a.q_a.reset();
     a.rstd_q.reset();
-    linear_backward_input(be, dq_a.f32(), lp.q_a_proj->w.f32(), dh1.f32(), n, H, ql);
-    linear_backward_weight(be, dq_a.f32(), a.h1.f32(), lp.q_a_proj->g.f32(), n, H, ql);
+    linear_backward_input(be, dq_a.buf(), lp.q_a_proj->w.buf(), dh1.buf(), n, H, ql);
+    linear_backward_weight(be, dq_a.buf(), a.h1.buf(), lp.q_a_proj->g.buf(), n, H, ql);
   } else {
-    linear_backward_input(be, dq.f32(), lp.q_proj->w.f32(), dh1.f32(), n, H, nh * dqk);
-    linear_backward_weight(be, dq.f32(), a.h1.f32(), lp.q_proj->g.f32(), n, H, nh * dqk);
+    linear_backward_input(be, dq.buf(), lp.q_proj->w.buf(), dh1.buf(), n, H, nh * dqk);
+    linear_backward_weight(be, dq.buf(), a.h1.buf(), lp.q_proj->g.buf(), n, H, nh * dqk);
     dq.reset();
   }
   // kv_a_proj_with_mqa's two row blocks.
   Param& kva = *lp.kv_a_proj_with_mqa;
-  linear_backward_input(be, dkv_a.f32(), kva.w.f32(), dh1.f32(), n, H, kl, 1.0f);
-  linear_backward_weight(be, dkv_a.f32(), a.h1.f32(), kva.g.f32(), n, H, kl);
-  linear_backward_input(be, dk_pe.f32(), ptr_at(kva.w.f32(), kl * H), dh1.f32(), n, H, dr, 1.0f);
-  linear_backward_weight(be, dk_pe.f32(), a.h1.f32(), ptr_at(kva.g.f32(), kl * H), n, H, dr);
+  linear_backward_input(be, dkv_a.buf(), kva.w.buf(), dh1.buf(), n, H, kl, 1.0f);
+  linear_backward_weight(be, dkv_a.buf(), a.h1.buf(), kva.g.buf(), n, H, kl);
+  linear_backward_input(be, dk_pe.buf(), ptr_at(kva.w.buf(), kl * H), dh1.buf(), n, H, dr, 1.0f);
+  linear_backward_weight(be, dk_pe.buf(), a.h1.buf(), ptr_at(kva.g.buf(), kl * H), n, H, dr);
   dkv_a.reset();
   dk_pe.reset();
   a.h1.reset();
 
   // input_layernorm: dx += rmsnorm_backward(dh1).
   Tensor dnorm = be.alloc(kAct, {n, H}, dt, "attn.dnorm");
-  rmsnorm_backward(be, x.f32(), lp.input_layernorm->w.f32(), a.rstd1.f32(), dh1.f32(), dnorm.f32(),
-                   lp.input_layernorm->g.f32(), n, H);
-  K.add_inplace(dx.f32(), dnorm.f32(), n * H);
+  rmsnorm_backward(be, x.buf(), lp.input_layernorm->w.buf(), a.rstd1.f32(), dh1.buf(), dnorm.buf(),
+                   lp.input_layernorm->g.buf(), n, H);
+  K.add_inplace(dx.buf(), dnorm.buf(), n * H);
   a.rstd1.reset();
 }
 

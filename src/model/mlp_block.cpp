@@ -12,8 +12,8 @@ constexpr Category kAct = Category::Category_activations;
 FfnDims mlp_dims(const ModelConfig& c) { return {c.hidden_size, c.intermediate_size, "mlp"}; }
 
 ExpertWeights mlp_weights(const LayerParams& lp) {
-  return {lp.mlp_gate_proj->w.f32(), lp.mlp_up_proj->w.f32(), lp.mlp_down_proj->w.f32(),
-          lp.mlp_gate_proj->g.f32(), lp.mlp_up_proj->g.f32(), lp.mlp_down_proj->g.f32()};
+  return {lp.mlp_gate_proj->w.buf(), lp.mlp_up_proj->w.buf(), lp.mlp_down_proj->w.buf(),
+          lp.mlp_gate_proj->g.buf(), lp.mlp_up_proj->g.buf(), lp.mlp_down_proj->g.buf()};
 }
 }  // namespace
 
@@ -29,14 +29,14 @@ Tensor mlp_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   ExpertActs ffn;
   ffn.x = be.alloc(kAct, {n, H}, s.precision.activations, "mlp.h2");
   a.rstd2 = be.alloc_f32(kAct, {n}, "mlp.rstd2");
-  K.rmsnorm_forward(x1.f32(), lp.post_attention_layernorm->w.f32(), ffn.x.f32(), a.rstd2.f32(), n, H,
+  K.rmsnorm_forward(x1.buf(), lp.post_attention_layernorm->w.buf(), ffn.x.buf(), a.rstd2.f32(), n, H,
                     static_cast<float>(c.rms_norm_eps));
   const ExpertWeights w = mlp_weights(lp);
   const int64_t offsets[2] = {0, n};
   // x2 = y + x1, formed in y's buffer.
   Tensor x2 = expert_ffn_forward(be, mlp_dims(c), {&w, 1}, offsets, ffn, keep != nullptr, out_name, out_cat,
                                  s.precision.activations);
-  K.add_inplace(x2.f32(), x1.f32(), n * H);
+  K.add_inplace(x2.buf(), x1.buf(), n * H);
   if (keep) {
     a.h2 = std::move(ffn.x);
     a.g = std::move(ffn.g);
@@ -55,7 +55,7 @@ void mlp_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   const int64_t n = s.n, H = c.hidden_size;
   // The FFN's backward consumes its dy: a copy of d x2, whose residual part stays in dx.
   Tensor dy = be.alloc(kAct, {n, H}, s.precision.activations, "mlp.dy");
-  K.copy(dy.f32(), dx.f32(), n * H);
+  K.copy(dy.buf(), dx.buf(), n * H);
   ExpertActs ffn;
   ffn.x = std::move(a.h2);
   ffn.g = std::move(a.g);
@@ -66,10 +66,10 @@ void mlp_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   Tensor dh2 = expert_ffn_backward(be, mlp_dims(c), {&w, 1}, offsets, ffn, dy, "mlp.dh2", kAct,
                                    s.precision.activations);
   Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "mlp.dnorm");
-  rmsnorm_backward(be, x1.f32(), lp.post_attention_layernorm->w.f32(), a.rstd2.f32(), dh2.f32(), dnorm.f32(),
-                   lp.post_attention_layernorm->g.f32(), n, H);
+  rmsnorm_backward(be, x1.buf(), lp.post_attention_layernorm->w.buf(), a.rstd2.f32(), dh2.buf(), dnorm.buf(),
+                   lp.post_attention_layernorm->g.buf(), n, H);
   dh2.reset();
-  K.add_inplace(dx.f32(), dnorm.f32(), n * H);
+  K.add_inplace(dx.buf(), dnorm.buf(), n * H);
   a.rstd2.reset();
 }
 

@@ -5,14 +5,18 @@
 
 namespace fp {
 
-// Note [bf16 on a computing backend]: every allocation honours the precision recipe, but the cpu
-// kernels read and write f32 only. Until bf16 compute lands, a backend that computes refuses any
-// other dtype here, before anything is allocated; meta computes nothing, so it takes any recipe
-// (its peaks are those of real bf16 training).
+// Note [bf16 on a computing backend]: every allocation honours the precision recipe, and the cpu
+// kernels read and write bf16 storage (Note [Kernel operands carry their dtype] in core/buf.h), as do
+// ParamStore (bf16 weights from f32 init and checkpoints) and AdamW (an f32 master rounded into the
+// weights). What is not yet bf16-aware: the offloaded optimizers' host copies, Ring-DTP across ranks,
+// the router's bias, checkpoints of the f32 master, and a bf16 twin to check the whole step against.
+// Until those land a backend that computes refuses any dtype but f32 here, before anything is
+// allocated; meta computes nothing, so it takes any recipe (its peaks are those of real bf16 training).
 namespace {
 const Precision& precision_checked(const Backend& be, const Precision& p) {
   FP_CHECK(!be.computes() || precision_all_f32(p),
-           "bf16 compute is not implemented on the cpu backend yet; use --device meta to see bf16 peaks, or "
+           "the bf16 recipe is not complete on the cpu backend yet (its kernels are; the optimizer offload, "
+           "Ring-DTP across ranks and checkpoints are not); use --device meta to see bf16 peaks, or "
            "precision.recipe = \"fp32\"",
            "precision {} on the {} backend: {} must be f32 there", precision_describe(p), be.name(),
            precision_non_f32(p));

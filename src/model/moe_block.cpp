@@ -24,8 +24,8 @@ FfnDims shared_dims(const ModelConfig& c) {
   return {c.hidden_size, c.n_shared_experts * c.moe_intermediate_size, "moe.shared"};
 }
 ExpertWeights shared_weights(const LayerParams& lp) {
-  return {lp.shared_gate_proj->w.f32(), lp.shared_up_proj->w.f32(), lp.shared_down_proj->w.f32(),
-          lp.shared_gate_proj->g.f32(), lp.shared_up_proj->g.f32(), lp.shared_down_proj->g.f32()};
+  return {lp.shared_gate_proj->w.buf(), lp.shared_up_proj->w.buf(), lp.shared_down_proj->w.buf(),
+          lp.shared_gate_proj->g.buf(), lp.shared_up_proj->g.buf(), lp.shared_down_proj->g.buf()};
 }
 
 // Whether the step routes a profile in closed form (meta: Note [Meta routes a profile in closed form] in
@@ -54,13 +54,13 @@ void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, Moe
   const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
   a.h2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.h2");
   a.rstd2 = be.alloc_f32(kAct, {n}, "moe.rstd2");
-  K.rmsnorm_forward(x1.f32(), lp.post_attention_layernorm->w.f32(), a.h2.f32(), a.rstd2.f32(), n, H,
+  K.rmsnorm_forward(x1.buf(), lp.post_attention_layernorm->w.buf(), a.h2.buf(), a.rstd2.f32(), n, H,
                     static_cast<float>(c.rms_norm_eps));
 
   // Router: logits (n, E) -> probs, top-k. A routing profile overrides the choice, not the weights.
   {
     Tensor logits = be.alloc(kAct, {n, E}, s.precision.router, "moe.router_logits");
-    linear_forward(be, a.h2.f32(), lp.gate->w.f32(), logits.f32(), n, H, E);
+    linear_forward(be, a.h2.buf(), lp.gate->w.buf(), logits.f32(), n, H, E);
     a.probs = be.alloc(kAct, {n, E}, s.precision.router, "moe.probs");
     a.topk_idx = be.alloc(kAct, {n, k}, DType::DType_I32, "moe.topk_idx");
     a.topk_w = be.alloc(kAct, {n, k}, s.precision.router, "moe.topk_w");
@@ -189,13 +189,13 @@ Tensor moe_output_start(StepContext& s, const LayerParams& lp, const Tensor& x1,
     const int64_t offsets[2] = {0, n};
     x2 = expert_ffn_forward(be, shared_dims(s.cfg), {&w, 1}, offsets, sh, keep, out_name, out_cat,
                             s.precision.activations);
-    be.kernels().add_inplace(x2.f32(), x1.f32(), n * H);
+    be.kernels().add_inplace(x2.buf(), x1.buf(), n * H);
     a.shared_g = std::move(sh.g);
     a.shared_u = std::move(sh.u);
     a.shared_act = std::move(sh.act);
   } else {
     x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
-    be.kernels().copy(x2.f32(), x1.f32(), n * H);
+    be.kernels().copy(x2.buf(), x1.buf(), n * H);
   }
   return x2;
 }
@@ -206,11 +206,11 @@ Tensor moe_dh2_start(StepContext& s, const LayerParams& lp, MoeActs& a, const Te
   const int64_t n = s.n, H = s.cfg.hidden_size;
   if (s.cfg.n_shared_experts == 0) {
     Tensor dh2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dh2");
-    be.kernels().fill(dh2.f32(), 0.0f, n * H);
+    be.kernels().fill(dh2.buf(), 0.0f, n * H);
     return dh2;
   }
   Tensor dy = be.alloc(kAct, {n, H}, s.precision.activations, "moe.shared.dy");
-  be.kernels().copy(dy.f32(), dx.f32(), n * H);
+  be.kernels().copy(dy.buf(), dx.buf(), n * H);
   ExpertActs sh;
   sh.x = Tensor::view(a.h2, 0, {n, H}, "moe.h2");
   sh.g = std::move(a.shared_g);
@@ -241,8 +241,8 @@ void router_norm_backward(StepContext& s, const LayerParams& lp, const Tensor& x
       K.router_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), aux_bias.defined() ? aux_bias.f32() : nullptr,
                         dlogits.f32(), n, E, k, c.norm_topk_prob);
     }
-    linear_backward_input(be, dlogits.f32(), lp.gate->w.f32(), dh2.f32(), n, H, E, 1.0f);
-    linear_backward_weight(be, dlogits.f32(), a.h2.f32(), lp.gate->g.f32(), n, H, E);
+    linear_backward_input(be, dlogits.f32(), lp.gate->w.buf(), dh2.buf(), n, H, E, 1.0f);
+    linear_backward_weight(be, dlogits.f32(), a.h2.buf(), lp.gate->g.buf(), n, H, E);
   }
   dw.reset();
   a.probs.reset();
@@ -251,9 +251,9 @@ void router_norm_backward(StepContext& s, const LayerParams& lp, const Tensor& x
 
   // post_attention_layernorm
   Tensor dnorm = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dnorm");
-  rmsnorm_backward(be, x1.f32(), lp.post_attention_layernorm->w.f32(), a.rstd2.f32(), dh2.f32(), dnorm.f32(),
-                     lp.post_attention_layernorm->g.f32(), n, H);
-  K.add_inplace(dx.f32(), dnorm.f32(), n * H);
+  rmsnorm_backward(be, x1.buf(), lp.post_attention_layernorm->w.buf(), a.rstd2.f32(), dh2.buf(), dnorm.buf(),
+                   lp.post_attention_layernorm->g.buf(), n, H);
+  K.add_inplace(dx.buf(), dnorm.buf(), n * H);
   a.rstd2.reset();
 }
 
@@ -274,14 +274,13 @@ Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Te
     chunk_route(s, a, chunk, t0, nc, rows, slot_pos, offsets);
     if (stats) stats_fill(s, a, offsets, *stats, chunk == 0);
     Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
-    K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
+    K.moe_gather(ptr_at(a.h2.buf(), t0 * H), rows.i32(), xs.buf(), mc, H);
     // The rows go into a dispatch that reads them (Note [The routing sort on the device]), which frees them.
     const bool reads = expert_dispatch(s).reads_rows();
     if (!reads) rows.reset();
     const MoeChunk window{chunk, t0, nc, reads ? &rows : nullptr, true, nullptr};
     Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, nullptr);
-    K.moe_combine_forward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(x2.f32(), t0 * H), nc, k,
-                          H);
+    K.moe_combine_forward(ys.buf(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(x2.buf(), t0 * H), nc, k, H);
   }
   return x2;
 }
@@ -327,7 +326,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
   if (c.n_shared_experts > 0) x2 = moe_output_start(s, lp, x1, a, keep != nullptr, out_cat, out_name);
 
   Tensor xs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.xs");  // (m, H) routed copies in expert order
-  K.moe_gather(a.h2.f32(), a.rows.i32(), xs.f32(), m, H);
+  K.moe_gather(a.h2.buf(), a.rows.i32(), xs.buf(), m, H);
   if (!keep) {
     a.h2.reset();
     a.rstd2.reset();
@@ -343,9 +342,9 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
 
   if (!x2.defined()) {
     x2 = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
-    K.copy(x2.f32(), x1.f32(), n * H);
+    K.copy(x2.buf(), x1.buf(), n * H);
   }
-  K.moe_combine_forward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), x2.f32(), n, k, H);
+  K.moe_combine_forward(a.ys.buf(), a.slot_pos.i32(), a.topk_w.f32(), x2.buf(), n, k, H);
   if (!keep) {
     a.ys.reset();
     a.slot_pos.reset();
@@ -364,7 +363,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   // combine: x2 = x1 + sum_j w_j ys[slot_j]; the residual part stays in dx. dys is formed in place in
   // ys's buffer (each row's dw is read first): no second (m, H) buffer at the layer's peak.
   Tensor dw = be.alloc(kAct, {n, k}, s.precision.router, "moe.dw");
-  K.moe_combine_backward(a.ys.f32(), a.slot_pos.i32(), a.topk_w.f32(), dx.f32(), a.ys.f32(), dw.f32(), n, k, H);
+  K.moe_combine_backward(a.ys.buf(), a.slot_pos.i32(), a.topk_w.f32(), dx.buf(), a.ys.buf(), dw.f32(), n, k, H);
   Tensor dys = std::move(a.ys);  // (m, H) now d loss / d ys
   a.topk_w.reset();
 
@@ -379,9 +378,9 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
   // back to token order
   if (!dh2.defined()) {
     dh2 = be.alloc(kAct, {n, H}, s.precision.activations, "moe.dh2");
-    K.fill(dh2.f32(), 0.0f, n * H);
+    K.fill(dh2.buf(), 0.0f, n * H);
   }
-  K.moe_scatter_add(dxs.f32(), a.slot_pos.i32(), dh2.f32(), n, k, H);
+  K.moe_scatter_add(dxs.buf(), a.slot_pos.i32(), dh2.buf(), n, k, H);
   dxs.reset();
   a.slot_pos.reset();
   a.rows.reset();
@@ -414,7 +413,7 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
     Tensor rows, slot_pos;
     chunk_route(s, a, chunk, t0, nc, rows, slot_pos, offsets);
     Tensor xs = be.alloc(kAct, {mc, H}, s.precision.activations, "moe.xs");
-    K.moe_gather(ptr_at(a.h2.f32(), t0 * H), rows.i32(), xs.f32(), mc, H);
+    K.moe_gather(ptr_at(a.h2.buf(), t0 * H), rows.i32(), xs.buf(), mc, H);
     const Tensor h2_chunk = Tensor::view(a.h2, t0 * H, {nc, H}, "moe.h2");
     const bool reads = expert_dispatch(s).reads_rows();  // Note [The routing sort on the device]
     if (!reads) rows.reset();
@@ -422,11 +421,11 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
     std::unique_ptr<DispatchActs> acts;
     Tensor ys = expert_dispatch(s).forward(s, lp, std::move(xs), offsets, window, &acts);
     // d ys in ys's buffer and the chunk's rows of d w (as moe_block_backward does for the whole block).
-    K.moe_combine_backward(ys.f32(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(dx.f32(), t0 * H),
-                           ys.f32(), ptr_at(dw.f32(), t0 * k), nc, k, H);
+    K.moe_combine_backward(ys.buf(), slot_pos.i32(), ptr_at(a.topk_w.f32(), t0 * k), ptr_at(dx.buf(), t0 * H), ys.buf(),
+                           ptr_at(dw.f32(), t0 * k), nc, k, H);
     const MoeChunk window_back{chunk, t0, nc, nullptr, false, &h2_chunk};
     Tensor dxs = expert_dispatch(s).backward(s, lp, std::move(ys), offsets, window_back, std::move(acts));
-    K.moe_scatter_add(dxs.f32(), slot_pos.i32(), ptr_at(dh2.f32(), t0 * H), nc, k, H);
+    K.moe_scatter_add(dxs.buf(), slot_pos.i32(), ptr_at(dh2.buf(), t0 * H), nc, k, H);
   }
   a.topk_w.reset();
 

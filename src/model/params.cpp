@@ -3,8 +3,10 @@
 #include "model/params.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/rng.h"
+#include "ops/cpu/convert.h"  // host-side f32 <-> bf16 (the host is a cpu whatever the backend)
 
 namespace fp {
 
@@ -19,9 +21,24 @@ Shape with_rows(const Shape& s, int64_t rows) {
   return out;
 }
 
-// Element `off` of an f32 tensor, keeping null (meta) data null (a null tensor of any dtype: meta
-// with a bf16 recipe).
-float* ptr_at_elems(const Tensor& t, int64_t off) { return t.f32() == nullptr ? nullptr : t.f32() + off; }
+// Element `off` of a tensor (f32 or bf16), keeping null (meta) data null.
+void* ptr_at_elems(const Tensor& t, int64_t off) { return t.buf().at(off).p; }
+
+// Note [Parameters in another dtype than the host's f32]: init, checkpoints and benchmarks hand
+// ParamStore whole tensors as host f32; a bf16 parameter takes them rounded to nearest even (as
+// torch's .to(torch.bfloat16)) and gives them back widened (exact), converted on the host.
+void host_to_local(Backend& be, const float* host, int64_t n, Tensor& local) {
+  if (local.dtype() == DType::DType_F32) return be.copy_from_host(local.data(), host, static_cast<uint64_t>(n) * 4);
+  std::vector<bf16> h(static_cast<size_t>(n));
+  ops::cpu::convert(Buf(h.data()), CBuf(host), n);
+  be.copy_from_host(local.data(), h.data(), static_cast<uint64_t>(n) * sizeof(bf16));
+}
+void local_to_host(Backend& be, const Tensor& local, int64_t n, float* host) {
+  if (local.dtype() == DType::DType_F32) return be.copy_to_host(host, local.data(), static_cast<uint64_t>(n) * 4);
+  std::vector<bf16> h(static_cast<size_t>(n));
+  be.copy_to_host(h.data(), local.data(), static_cast<uint64_t>(n) * sizeof(bf16));
+  ops::cpu::convert(Buf(host), CBuf(h.data()), n);
+}
 
 }  // namespace
 
@@ -181,7 +198,7 @@ Param* ParamStore::add(const std::string& name, const Shape& shape, Placement pl
     p.w_shard = be_.alloc(Category::Category_params, local, precision_.params, name);
     p.g_shard = be_.alloc(Category::Category_grads, local, precision_.grads, name + ".grad");
     // Padding rows must read as zero: the gathered weight and the reduce-scatter see them.
-    be_.kernels().fill(p.w_shard.f32(), 0.0f, p.w_shard.numel());
+    be_.kernels().fill(p.w_shard.buf(), 0.0f, p.w_shard.numel());
   } else {
     p.block = RowBlock{0, shape[0], shape[0]};
     p.w = be_.alloc(Category::Category_params, shape, precision_.params, name);
@@ -226,7 +243,7 @@ void ParamStore::init(uint64_t seed) {
 }
 
 void ParamStore::zero_grads() {
-  for (Param& p : params_) be_.kernels().fill(p.local_g().f32(), 0.0f, p.local_g().numel());
+  for (Param& p : params_) be_.kernels().fill(p.local_g().buf(), 0.0f, p.local_g().numel());
 }
 
 // ---- FSDP units
@@ -258,11 +275,11 @@ void ParamStore::unit_grad_begin(int64_t ui) {
   FP_ASSERT(!u.g.defined(), "unit {} {} already has its gradient", ui, u.name);
   const ops::KernelLauncher K = be_.kernels();
   u.g = be_.alloc(Category::Category_grads, {u.numel}, precision_.grads, u.name + ".grad");
-  K.fill(u.g.f32(), 0.0f, u.numel);
+  K.fill(u.g.buf(), 0.0f, u.numel);
   for (size_t i = 0; i < u.params.size(); ++i) {
     Param& p = *u.params[i];
     const int64_t n = p.g_shard.numel();  // Rp C
-    K.copy(ptr_at_elems(u.g, u.offset[i] + comm_->rank() * n), p.g_shard.f32(), n);
+    K.copy(u.g.buf().at(u.offset[i] + comm_->rank() * n), p.g_shard.cbuf(), n);
     p.g = Tensor::view(u.g, u.offset[i], p.shape, p.name + ".grad");
   }
 }
@@ -300,10 +317,10 @@ void ParamStore::full_gather(const ParamInfo& p, const Tensor* local, float* hos
   if (p.placement == Placement::Placement_whole) {
     // The owner has it: a copy on rank 0, else one point-to-point transfer to rank 0.
     if (p.owner == 0) {
-      if (me == 0) be_.copy_to_host(host, local->data(), static_cast<uint64_t>(numel) * sizeof(float));
+      if (me == 0) local_to_host(be_, *local, numel, host);
     } else if (me == p.owner) {
       std::vector<float> mine(static_cast<size_t>(numel));
-      be_.copy_to_host(mine.data(), local->data(), local->bytes());
+      local_to_host(be_, *local, numel, mine.data());
       comm_->send_recv(mine.data(), numel, 0, nullptr, 0, 0, DType::DType_F32);
     } else if (me == 0) {
       comm_->send_recv(nullptr, 0, p.owner, host, numel, p.owner, DType::DType_F32);
@@ -313,7 +330,7 @@ void ParamStore::full_gather(const ParamInfo& p, const Tensor* local, float* hos
   // Every rank's padded rows, in rank order: the first R rows are the tensor.
   const int64_t n = local->numel();  // Rp C
   std::vector<float> mine(static_cast<size_t>(n)), all(static_cast<size_t>(n * comm_->size()));
-  be_.copy_to_host(mine.data(), local->data(), local->bytes());
+  local_to_host(be_, *local, n, mine.data());
   comm_->all_gather(mine.data(), all.data(), n, DType::DType_F32);
   if (me == 0) std::copy(all.begin(), all.begin() + numel, host);
 }
@@ -321,14 +338,14 @@ void ParamStore::full_gather(const ParamInfo& p, const Tensor* local, float* hos
 void ParamStore::full_scatter(const ParamInfo& p, const float* host, Tensor* local) {
   if (local == nullptr) return;  // another rank's expert
   if (p.placement == Placement::Placement_whole) {
-    be_.copy_from_host(local->data(), host, local->bytes());
+    host_to_local(be_, host, local->numel(), *local);
     return;
   }
   const int64_t C = row_length(p.shape);
   const RowBlock b = row_block(p.shape[0], comm_->rank(), comm_->size());
   std::vector<float> mine(static_cast<size_t>(local->numel()), 0.0f);  // (Rp, C), padding zero
   std::copy(host + b.row0 * C, host + (b.row0 + b.rows) * C, mine.begin());
-  be_.copy_from_host(local->data(), mine.data(), local->bytes());
+  host_to_local(be_, mine.data(), local->numel(), *local);
 }
 
 }  // namespace fp

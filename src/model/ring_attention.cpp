@@ -59,16 +59,16 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
   Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
   Tensor vb[2] = {be.alloc(kComm, v_shape, act, "ring.v0"), be.alloc(kComm, v_shape, act, "ring.v1")};
-  K.copy(kb[0].f32(), k.f32(), k.numel());
-  K.copy(vb[0].f32(), v.f32(), v.numel());
+  K.copy(kb[0].buf(), k.buf(), k.numel());
+  K.copy(vb[0].buf(), v.buf(), v.numel());
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
     const std::vector<int32_t> k_pos = block_positions(be, g, step);
     // With a sliding window, a block entirely before every local query's window computes nothing: the
     // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp). It
     // still travels: the ranks after this one may need it.
-    K.attention_block_forward(q.f32(), kb[cur].f32(), vb[cur].f32(), s.seq_pos.data(), k_pos.data(), o.f32(),
-                              lse.f32(), step == 0, s.B, N, N, nh, nkv, hd, hdv, scale, c.sliding_window);
+    K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), s.seq_pos.data(), k_pos.data(), o.buf(), lse.f32(),
+                              step == 0, s.B, N, N, nh, nkv, hd, hdv, scale, c.sliding_window);
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
@@ -95,19 +95,19 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   // dK/dV accumulate in fp32 whatever the recipe (Note [Which dtype each allocation gets]).
   Tensor dkb[2] = {be.alloc_f32(kComm, k_shape, "ring.dk0"), be.alloc_f32(kComm, k_shape, "ring.dk1")};
   Tensor dvb[2] = {be.alloc_f32(kComm, v_shape, "ring.dv0"), be.alloc_f32(kComm, v_shape, "ring.dv1")};
-  K.copy(kb[0].f32(), k.f32(), k.numel());
-  K.copy(vb[0].f32(), v.f32(), v.numel());
-  K.fill(dkb[0].f32(), 0.0f, dk.numel());
-  K.fill(dvb[0].f32(), 0.0f, dv.numel());
-  K.fill(dq.f32(), 0.0f, dq.numel());
+  K.copy(kb[0].buf(), k.buf(), k.numel());
+  K.copy(vb[0].buf(), v.buf(), v.numel());
+  K.fill(dkb[0].buf(), 0.0f, dk.numel());
+  K.fill(dvb[0].buf(), 0.0f, dv.numel());
+  K.fill(dq.buf(), 0.0f, dq.numel());
   // W rounds of compute, each followed by a hop: after the last hop every block (with its complete
   // dK/dV) is back at its home rank.
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
     const std::vector<int32_t> k_pos = block_positions(be, g, step);
-    K.attention_block_backward(q.f32(), kb[cur].f32(), vb[cur].f32(), o.f32(), lse.f32(), dout.f32(),
-                               s.seq_pos.data(), k_pos.data(), dq.f32(), dkb[cur].f32(), dvb[cur].f32(), s.B, N, N,
-                               nh, nkv, hd, hdv, scale, c.sliding_window);
+    K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), s.seq_pos.data(),
+                               k_pos.data(), dq.buf(), dkb[cur].buf(), dvb[cur].buf(), s.B, N, N, nh, nkv, hd, hdv,
+                               scale, c.sliding_window);
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
@@ -116,8 +116,8 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
     ring_shift(s, g, dvb[cur], dvb[1 - cur]);
   }
   const int home = g.world % 2;  // the buffer that received the last hop
-  K.copy(dk.f32(), dkb[home].f32(), dk.numel());
-  K.copy(dv.f32(), dvb[home].f32(), dv.numel());
+  K.copy(dk.buf(), dkb[home].buf(), dk.numel());
+  K.copy(dv.buf(), dvb[home].buf(), dv.numel());
 }
 
 }  // namespace fp

@@ -151,7 +151,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   std::vector<RouterStats> stats(static_cast<size_t>(L));
   params.unit_gather(params.unit_embed());
   Tensor x = be.alloc(Category::Category_checkpoints, {n, H}, s.precision.activations, "ckpt.layer0");
-  K.embedding_forward(tokens.i32(), params.embed_tokens->w.f32(), x.f32(), n, H);
+  K.embedding_forward(tokens.i32(), params.embed_tokens->w.cbuf(), x.buf(), n, H);
   params.unit_release(params.unit_embed());
   for (int64_t l = 0; l < L; ++l) {
     const LayerParams& lp = params.layers[l];
@@ -200,7 +200,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   layers_backward(s, params, *store, aux_bias, dx);
   store->clear();
   params.unit_grad_begin(params.unit_embed());
-  K.embedding_backward(tokens.i32(), dx.f32(), params.embed_tokens->g.f32(), n, H);
+  K.embedding_backward(tokens.i32(), dx.cbuf(), params.embed_tokens->g.buf(), n, H);
   params.unit_grad_reduce(params.unit_embed());
   be.synchronize();
   // Every gradient is final: the dense shards got the sum over ranks by reduce-scatter, and each

@@ -111,9 +111,7 @@ TEST(Precision, CpuRefusesAnythingButFp32) {
   auto [msg, hint] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, ms); });
   EXPECT_TRUE(has(msg, "params=bf16 grads=bf16 activations=bf16")) << msg;
   EXPECT_TRUE(has(msg, "cpu")) << msg;
-  EXPECT_EQ(hint,
-            "bf16 compute is not implemented on the cpu backend yet; use --device meta to see bf16 peaks, or "
-            "precision.recipe = \"fp32\"");
+  EXPECT_TRUE(has(hint, "use --device meta to see bf16 peaks, or precision.recipe = \"fp32\"")) << hint;
   EXPECT_EQ(cpu->device_ledger().total_current(), 0u);  // refused before anything was allocated
   // one field is enough, and only it is named
   ms.precision = precision_recipe("fp32");

@@ -415,3 +415,87 @@ TEST(AdamW, MetaBackendAccountsStateAndReadsNothing) {
 }
 
 }  // namespace fp
+
+namespace fp {
+
+namespace {
+
+std::vector<bf16> bf16_read(Backend& be, const Tensor& t) {
+  EXPECT_EQ(t.dtype(), DType::DType_BF16) << t.name();
+  std::vector<bf16> h(static_cast<size_t>(t.numel()));
+  be.copy_to_host(h.data(), t.data(), t.bytes());
+  return h;
+}
+
+}  // namespace
+
+// The bf16 recipe's parameters (Note [When AdamW keeps a master copy]): ParamStore rounds the f32
+// init into bf16 weights; AdamW keeps an f32 master taken from them widened, updates it from bf16
+// gradients and rounds the new weights back. Against an f32 run started from the widened bf16 weights
+// and fed the widened bf16 gradients, every step must give bit for bit: the f32 run's weights as the
+// master (so the bf16 weights are their rounding), the same moments, the same gradient norm.
+TEST(AdamW, Bf16ParametersUpdateAnF32MasterAndRoundIntoTheWeights) {
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore pf(tiny_model(), *be), pb(tiny_model(), *be, nullptr, precision_recipe("bf16"));
+  pf.init(7);
+  pb.init(7);
+  auto same_rounding = [&](const std::string& what) {
+    for (size_t i = 0; i < pf.all().size(); ++i) {
+      const std::vector<float> f = tensor_read(*be, pf.all()[i].w);
+      const std::vector<bf16> h = bf16_read(*be, pb.all()[i].w);
+      for (size_t j = 0; j < f.size(); ++j)
+        ASSERT_EQ(h[j].bits, bf16_from_float(f[j])) << what << " " << pf.all()[i].name << "[" << j << "]";
+    }
+  };
+  same_rounding("init");
+  // The f32 run starts from the bf16 weights widened: the master AdamW takes at its first step.
+  for (size_t i = 0; i < pf.all().size(); ++i) {
+    const std::vector<bf16> h = bf16_read(*be, pb.all()[i].w);
+    std::vector<float> f(h.size());
+    for (size_t j = 0; j < h.size(); ++j) f[j] = to_f32(h[j]);
+    be->copy_from_host(pf.all()[i].w.data(), f.data(), pf.all()[i].w.bytes());
+  }
+  const OptimConfig c = test_config();
+  AdamW of(pf, *be, c), ob(pb, *be, c);
+  auto run_step = [&](int64_t step) {
+    Rng rng(500 + static_cast<uint64_t>(step));
+    for (size_t i = 0; i < pf.all().size(); ++i) {
+      const int64_t n = pf.all()[i].g.numel();
+      std::vector<bf16> gh(static_cast<size_t>(n));
+      std::vector<float> gf(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        gh[j] = from_f32<bf16>(static_cast<float>(0.3 * rng.normal()));
+        gf[j] = to_f32(gh[j]);
+      }
+      be->copy_from_host(pb.all()[i].g.data(), gh.data(), pb.all()[i].g.bytes());
+      be->copy_from_host(pf.all()[i].g.data(), gf.data(), pf.all()[i].g.bytes());
+    }
+    const AdamW::StepStats sf = of.step(step, 4), sb = ob.step(step, 4);
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    EXPECT_EQ(sb.grad_norm, sf.grad_norm);
+    EXPECT_EQ(sb.clip_scale, sf.clip_scale);
+    same_rounding("after the update");
+    for (size_t k = 0; k < pf.all().size(); ++k) {
+      const std::vector<float> mf = tensor_read(*be, of.m()[k]), mb = tensor_read(*be, ob.m()[k]);
+      const std::vector<float> vf = tensor_read(*be, of.v()[k]), vb = tensor_read(*be, ob.v()[k]);
+      ASSERT_EQ(0, std::memcmp(mf.data(), mb.data(), mf.size() * sizeof(float))) << pf.all()[k].name;
+      ASSERT_EQ(0, std::memcmp(vf.data(), vb.data(), vf.size() * sizeof(float))) << pf.all()[k].name;
+    }
+  };
+  for (int64_t step = 1; step <= 3; ++step) run_step(step);
+  // Weights written from outside (the routing bias update) are taken again into the master: both runs
+  // get the same new weights, the bf16 one through weights_written, and the next step must agree.
+  std::vector<bf16> h = bf16_read(*be, pb.all()[0].w);
+  std::vector<float> f(h.size());
+  for (size_t j = 0; j < h.size(); ++j) {
+    h[j] = from_f32<bf16>(to_f32(h[j]) + 1.0f);
+    f[j] = to_f32(h[j]);
+  }
+  be->copy_from_host(pb.all()[0].w.data(), h.data(), pb.all()[0].w.bytes());
+  be->copy_from_host(pf.all()[0].w.data(), f.data(), pf.all()[0].w.bytes());
+  ob.weights_written({&pb.all()[0]});
+  of.weights_written({&pf.all()[0]});
+  run_step(4);
+}
+
+}  // namespace fp

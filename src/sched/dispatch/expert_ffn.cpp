@@ -14,7 +14,7 @@ ExpertWeights expert_weights(const LayerParams& lp, int64_t e) {
   const Param& g = *lp.gate_proj[e];
   const Param& u = *lp.up_proj[e];
   const Param& d = *lp.down_proj[e];
-  return {g.w.f32(), u.w.f32(), d.w.f32(), g.g.f32(), u.g.f32(), d.g.f32()};
+  return {g.w.buf(), u.w.buf(), d.w.buf(), g.g.buf(), u.g.buf(), d.g.buf()};
 }
 
 Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
@@ -33,11 +33,11 @@ Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertW
   for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
-    linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].gate, ptr_at(a.g.f32(), r0 * I), ne, H, I);
-    linear_forward(be, ptr_at(a.x.f32(), r0 * H), w[i].up, ptr_at(a.u.f32(), r0 * I), ne, H, I);
+    linear_forward(be, ptr_at(a.x.buf(), r0 * H), w[i].gate, ptr_at(a.g.buf(), r0 * I), ne, H, I);
+    linear_forward(be, ptr_at(a.x.buf(), r0 * H), w[i].up, ptr_at(a.u.buf(), r0 * I), ne, H, I);
   }
   a.act = be.alloc(kAct, {r, I}, dt, fmt::format("{}.act", d.tag));  // (r, I)
-  K.swiglu_forward(a.g.f32(), a.u.f32(), a.act.f32(), r * I);
+  K.swiglu_forward(a.g.buf(), a.u.buf(), a.act.buf(), r * I);
   if (!keep) {
     a.x.reset();
     a.g.reset();
@@ -47,7 +47,7 @@ Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertW
   for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
-    linear_forward(be, ptr_at(a.act.f32(), r0 * I), w[i].down, ptr_at(y.f32(), r0 * H), ne, I, H);
+    linear_forward(be, ptr_at(a.act.buf(), r0 * I), w[i].down, ptr_at(y.buf(), r0 * H), ne, I, H);
   }
   if (!keep) a.act.reset();
   return y;
@@ -67,8 +67,8 @@ Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const Expert
   for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
-    linear_backward_input(be, ptr_at(dy.f32(), r0 * H), w[i].down, ptr_at(dact.f32(), r0 * I), ne, I, H);
-    linear_backward_weight(be, ptr_at(dy.f32(), r0 * H), ptr_at(a.act.f32(), r0 * I), w[i].d_down, ne, I, H);
+    linear_backward_input(be, ptr_at(dy.buf(), r0 * H), w[i].down, ptr_at(dact.buf(), r0 * I), ne, I, H);
+    linear_backward_weight(be, ptr_at(dy.buf(), r0 * H), ptr_at(a.act.buf(), r0 * I), w[i].d_down, ne, I, H);
   }
   dy.reset();
   a.act.reset();
@@ -76,7 +76,7 @@ Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const Expert
   // SwiGLU
   Tensor dg = be.alloc(kAct, {r, I}, dt, fmt::format("{}.dg", d.tag));  // (r, I)
   Tensor du = be.alloc(kAct, {r, I}, dt, fmt::format("{}.du", d.tag));  // (r, I)
-  K.swiglu_backward(a.g.f32(), a.u.f32(), dact.f32(), dg.f32(), du.f32(), r * I);
+  K.swiglu_backward(a.g.buf(), a.u.buf(), dact.buf(), dg.buf(), du.buf(), r * I);
   dact.reset();
   a.g.reset();
   a.u.reset();
@@ -86,11 +86,11 @@ Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const Expert
   for (int64_t i = 0; i < groups; ++i) {
     const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
     if (ne == 0) continue;
-    float* dx_i = ptr_at(dx.f32(), r0 * H);
-    linear_backward_input(be, ptr_at(dg.f32(), r0 * I), w[i].gate, dx_i, ne, H, I);
-    linear_backward_input(be, ptr_at(du.f32(), r0 * I), w[i].up, dx_i, ne, H, I, 1.0f);
-    linear_backward_weight(be, ptr_at(dg.f32(), r0 * I), ptr_at(a.x.f32(), r0 * H), w[i].d_gate, ne, H, I);
-    linear_backward_weight(be, ptr_at(du.f32(), r0 * I), ptr_at(a.x.f32(), r0 * H), w[i].d_up, ne, H, I);
+    const Buf dx_i = ptr_at(dx.buf(), r0 * H);
+    linear_backward_input(be, ptr_at(dg.buf(), r0 * I), w[i].gate, dx_i, ne, H, I);
+    linear_backward_input(be, ptr_at(du.buf(), r0 * I), w[i].up, dx_i, ne, H, I, 1.0f);
+    linear_backward_weight(be, ptr_at(dg.buf(), r0 * I), ptr_at(a.x.buf(), r0 * H), w[i].d_gate, ne, H, I);
+    linear_backward_weight(be, ptr_at(du.buf(), r0 * I), ptr_at(a.x.buf(), r0 * H), w[i].d_up, ne, H, I);
   }
   dg.reset();
   du.reset();

@@ -71,7 +71,7 @@ void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64
 
 namespace {
 // Row `row` of a (rows, P) buffer for the data channel (null for an empty buffer, or on meta).
-float* comm_row(const Tensor& t, int64_t row, int64_t P) { return ptr_at(t.f32(), row * P); }
+void* comm_row(const Tensor& t, int64_t row, int64_t P) { return ptr_at(t.buf(), row * P).p; }
 }  // namespace
 
 void GuestExperts::rounds_build(const StepContext& s, const LlepLayer& L) {
@@ -115,7 +115,7 @@ void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const Ll
   staging_ = be.alloc(kComm, {S, P_}, s.precision.params, "llep.w_out");  // (S, P)
   for (int64_t j = 0; j < S; ++j) {
     const ExpertWeights w = expert_weights(lp, out_[j]);
-    float* dst = ptr_at(staging_.f32(), j * P_);
+    const Buf dst = ptr_at(staging_.buf(), j * P_);
     K.copy(dst, w.gate, I_ * H_);
     K.copy(ptr_at(dst, I_ * H_), w.up, I_ * H_);
     K.copy(ptr_at(dst, 2 * I_ * H_), w.down, H_ * I_);
@@ -135,14 +135,14 @@ void GuestExperts::weights_wait(StepContext& s) {
 }
 
 ExpertWeights GuestExperts::weights(int64_t j) const {
-  const float* w = ptr_at(w_.f32(), j * P_);
-  float* g = g_.defined() ? ptr_at(g_.f32(), j * P_) : nullptr;
+  const CBuf w = ptr_at(w_.buf(), j * P_);
+  const Buf g = g_.defined() ? ptr_at(g_.buf(), j * P_) : Buf{};
   return {w, ptr_at(w, I_ * H_), ptr_at(w, 2 * I_ * H_), g, ptr_at(g, I_ * H_), ptr_at(g, 2 * I_ * H_)};
 }
 
 void GuestExperts::grads_zero(StepContext& s) {
   g_ = s.be.alloc(kComm, {count(), P_}, s.precision.grads, "llep.guest_g");  // (G, P)
-  s.be.kernels().fill(g_.f32(), 0.0f, count() * P_);
+  s.be.kernels().fill(g_.buf(), 0.0f, count() * P_);
 }
 
 void GuestExperts::grads_start(StepContext& s) {
@@ -174,7 +174,7 @@ void GuestExperts::grads_finish(StepContext& s, const LayerParams& lp) {
   std::sort(adds.begin(), adds.end());
   for (const auto& [e, guest, j] : adds) {
     const ExpertWeights w = expert_weights(lp, e);
-    const float* g = ptr_at(staging_.f32(), j * P_);
+    const CBuf g = ptr_at(staging_.buf(), j * P_);
     K.add_inplace(w.d_gate, g, I_ * H_);
     K.add_inplace(w.d_up, ptr_at(g, I_ * H_), I_ * H_);
     K.add_inplace(w.d_down, ptr_at(g, 2 * I_ * H_), H_ * I_);
@@ -239,7 +239,7 @@ class LlepDispatch : public LlepDispatchBase {
     be.copy_from_host(a->send_rows.data(), host_send_rows_.data(), a->send_rows.bytes());
     be.copy_from_host(a->send_pos.data(), host_send_pos_.data(), a->send_pos.bytes());
     Tensor send = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.send");  // (m, H) by destination
-    K.moe_gather(xs.f32(), a->send_rows.i32(), send.f32(), m, H);
+    K.moe_gather(xs.buf(), a->send_rows.i32(), send.buf(), m, H);
     xs.reset();
     Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.recv");  // (R, H) source-major
     s.data.all_to_all_v(be.compute_stream(), send.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
@@ -252,7 +252,7 @@ class LlepDispatch : public LlepDispatchBase {
     be.copy_from_host(a->perm.data(), host_perm_.data(), a->perm.bytes());
     be.copy_from_host(a->unperm.data(), host_unperm_.data(), a->unperm.bytes());
     a->ffn.x = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.x");  // (R, H) grouped by expert
-    K.moe_gather(recv.f32(), a->perm.i32(), a->ffn.x.f32(), R, H);
+    K.moe_gather(recv.buf(), a->perm.i32(), a->ffn.x.buf(), R, H);
     recv.reset();
     if (!keep) a->perm.reset();
 
@@ -260,7 +260,7 @@ class LlepDispatch : public LlepDispatchBase {
     Tensor y = expert_ffn_forward(be, expert_ffn_dims(s.cfg), weights_, a->group_offsets, a->ffn, keep != nullptr, "llep.y", kDispatch,
                                   s.precision.activations);  // (R, H)
     Tensor y_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.y_send");  // (R, H) source-major
-    K.moe_gather(y.f32(), a->unperm.i32(), y_send.f32(), R, H);
+    K.moe_gather(y.buf(), a->unperm.i32(), y_send.buf(), R, H);
     y.reset();
     if (!keep) {
       a->unperm.reset();
@@ -271,7 +271,7 @@ class LlepDispatch : public LlepDispatchBase {
                         y_send.dtype());
     y_send.reset();
     Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order
-    K.moe_gather(back.f32(), a->send_pos.i32(), ys.f32(), m, H);
+    K.moe_gather(back.buf(), a->send_pos.i32(), ys.buf(), m, H);
     if (!keep) {
       a->send_rows.reset();
       a->send_pos.reset();
@@ -289,7 +289,7 @@ class LlepDispatch : public LlepDispatchBase {
     const int64_t H = s.cfg.hidden_size, m = dys.dim(0), R = a->group_offsets.back();
 
     Tensor dsend = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.dsend");  // (m, H) by destination
-    K.moe_gather(dys.f32(), a->send_rows.i32(), dsend.f32(), m, H);
+    K.moe_gather(dys.buf(), a->send_rows.i32(), dsend.buf(), m, H);
     dys.reset();
     a->send_rows.reset();
     Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy_recv");  // (R, H) source-major
@@ -297,7 +297,7 @@ class LlepDispatch : public LlepDispatchBase {
                         dsend.dtype());
     dsend.reset();
     Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy");  // (R, H) grouped
-    K.moe_gather(dy_recv.f32(), a->perm.i32(), dy.f32(), R, H);
+    K.moe_gather(dy_recv.buf(), a->perm.i32(), dy.buf(), R, H);
     dy_recv.reset();
     a->perm.reset();
 
@@ -307,7 +307,7 @@ class LlepDispatch : public LlepDispatchBase {
                                     s.precision.activations);  // (R, H)
     a->guests.grads_start(s);  // overlaps the all-to-all of dx below
     Tensor dx_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dx_send");  // (R, H) source-major
-    K.moe_gather(dx.f32(), a->unperm.i32(), dx_send.f32(), R, H);
+    K.moe_gather(dx.buf(), a->unperm.i32(), dx_send.buf(), R, H);
     dx.reset();
     a->unperm.reset();
     Tensor dback = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.dback");  // (m, H) by destination
@@ -317,7 +317,7 @@ class LlepDispatch : public LlepDispatchBase {
     a->guests.grads_finish(s, lp);
     a->guests.release();
     Tensor dxs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.dxs");  // (m, H) expert order
-    K.moe_gather(dback.f32(), a->send_pos.i32(), dxs.f32(), m, H);
+    K.moe_gather(dback.buf(), a->send_pos.i32(), dxs.buf(), m, H);
     a->send_pos.reset();
     return dxs;
   }

@@ -156,7 +156,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     for (int64_t i = 0; i < C.cp.K; ++i) {
       const int64_t mi = C.first[i + 1] - C.first[i], ri = recv_rows(C, i, H);
       Tensor send = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.send");  // (m_i, H)
-      K.moe_gather(xs.f32(), ptr_at(a->rows.i32(), C.first[i]), send.f32(), mi, H);
+      K.moe_gather(xs.buf(), ptr_at(a->rows.i32(), C.first[i]), send.buf(), mi, H);
       ExpertActs scratch;
       ExpertActs& ffn = keep ? a->ffn[i] : scratch;
       ffn.x = be.alloc(kDispatch, {ri, H}, s.precision.activations, "pllep.recv");  // (r_i, H) source-major
@@ -170,7 +170,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       Tensor back = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.back");  // (m_i, H)
       exchange(s, y, back, C, i, true);
       y.reset();
-      K.moe_scatter(back.f32(), ptr_at(a->rows.i32(), C.first[i]), out.defined() ? out.f32() : xs.f32(), mi, H);
+      K.moe_scatter(back.buf(), ptr_at(a->rows.i32(), C.first[i]), out.defined() ? out.buf() : xs.buf(), mi, H);
     }
     if (out.defined()) {
       a->xs = std::move(xs);
@@ -199,9 +199,9 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
         Tensor send = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.send_x");  // (m_i, H)
         if (a->tokens.defined()) {
           FP_ASSERT(chunk.h2 != nullptr, "pipelined_llep: the forward gathered from the chunk's h2, the backward has none");
-          K.moe_gather(chunk.h2->f32(), ptr_at(a->tokens.i32(), C.first[i]), send.f32(), mi, H);
+          K.moe_gather(chunk.h2->f32(), ptr_at(a->tokens.i32(), C.first[i]), send.buf(), mi, H);
         } else {
-          K.moe_gather(a->xs.f32(), rows_i, send.f32(), mi, H);
+          K.moe_gather(a->xs.buf(), rows_i, send.buf(), mi, H);
         }
         ffn.x = be.alloc(kDispatch, {ri, H}, s.precision.activations, "pllep.recv_x");  // (r_i, H)
         exchange(s, send, ffn.x, C, i, false);
@@ -209,7 +209,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       Tensor dy = be.alloc(kDispatch, {ri, H}, s.precision.activations, "pllep.dy");  // (r_i, H)
       {
         Tensor send = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.send_dy");  // (m_i, H)
-        K.moe_gather(dys.f32(), rows_i, send.f32(), mi, H);
+        K.moe_gather(dys.buf(), rows_i, send.buf(), mi, H);
         exchange(s, send, dy, C, i, false);
       }
       Tensor dx = expert_ffn_backward(be, expert_ffn_dims(s.cfg), weights_, offsets_, ffn, dy, "pllep.dx", kDispatch,
@@ -218,7 +218,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       exchange(s, dx, back, C, i, true);
       dx.reset();
       // The chunk's rows of dys were sent above: they take the input gradients now.
-      K.moe_scatter(back.f32(), rows_i, dys.f32(), mi, H);
+      K.moe_scatter(back.buf(), rows_i, dys.buf(), mi, H);
     }
     a->xs.reset();
     a->tokens.reset();

@@ -72,7 +72,7 @@ class StandardDispatch : public ExpertDispatch {
     be.copy_from_host(a->perm.data(), host_perm_.data(), a->perm.bytes());
     be.copy_from_host(a->unperm.data(), host_unperm_.data(), a->unperm.bytes());
     a->ffn.x = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.x");  // (R, H) grouped by local expert
-    K.moe_gather(recv.f32(), a->perm.i32(), a->ffn.x.f32(), R, H);
+    K.moe_gather(recv.buf(), a->perm.i32(), a->ffn.x.buf(), R, H);
     recv.reset();
     if (!keep) a->perm.reset();
 
@@ -80,7 +80,7 @@ class StandardDispatch : public ExpertDispatch {
     Tensor y = expert_ffn_forward(be, expert_ffn_dims(s.cfg), weights_, a->group_offsets, a->ffn, keep != nullptr, "ep.y", kDispatch,
                                   s.precision.activations);  // (R, H)
     Tensor y_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.y_send");  // (R, H) source-major
-    K.moe_gather(y.f32(), a->unperm.i32(), y_send.f32(), R, H);
+    K.moe_gather(y.buf(), a->unperm.i32(), y_send.buf(), R, H);
     y.reset();
     if (!keep) a->unperm.reset();
 
@@ -103,7 +103,7 @@ class StandardDispatch : public ExpertDispatch {
                         dys.dtype());
     dys.reset();
     Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy");  // (R, H) grouped
-    K.moe_gather(dy_recv.f32(), a->perm.i32(), dy.f32(), R, H);
+    K.moe_gather(dy_recv.buf(), a->perm.i32(), dy.buf(), R, H);
     dy_recv.reset();
     a->perm.reset();
 
@@ -111,7 +111,7 @@ class StandardDispatch : public ExpertDispatch {
     Tensor dx = expert_ffn_backward(be, expert_ffn_dims(s.cfg), weights_, a->group_offsets, a->ffn, dy, "ep.dx", kDispatch,
                                     s.precision.activations);  // (R, H)
     Tensor dx_send = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dx_send");  // (R, H) source-major
-    K.moe_gather(dx.f32(), a->unperm.i32(), dx_send.f32(), R, H);
+    K.moe_gather(dx.buf(), a->unperm.i32(), dx_send.buf(), R, H);
     dx.reset();
     a->unperm.reset();
 

@@ -1,5 +1,6 @@
 #include "sched/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -10,7 +11,11 @@ AdamW::AdamW(ParamStore& params, Backend& be, const OptimConfig& cfg) : params_(
   const Precision& pr = params_.precision();
   // Note [When AdamW keeps a master copy]: the update runs on master weights in precision.master; when
   // the parameters are stored in that dtype they are the master (no copy), otherwise a separate copy
-  // per parameter lives beside m and v (category optimizer), as the planner accounts it.
+  // per parameter lives beside m and v (category optimizer), as the planner accounts it. The master
+  // starts as the weights widened (exact; Megatron's main params are the bf16 params .float()), taken
+  // at the first step and again for any weights written from outside (weights_written); each update
+  // runs on it and rounds the new weights into the parameters in the same pass (ops/adamw.h's
+  // param_copy), so the parameters are always the master rounded once.
   const bool master = pr.params != pr.master;
   m_.reserve(params_.all().size());
   v_.reserve(params_.all().size());
@@ -20,8 +25,8 @@ AdamW::AdamW(ParamStore& params, Backend& be, const OptimConfig& cfg) : params_(
     if (master) master_.emplace_back(be_.alloc(Category::Category_optimizer, shape, pr.master, p.name + ".master"));
     Tensor& m = m_.emplace_back(be_.alloc(Category::Category_optimizer, shape, pr.moments, p.name + ".exp_avg"));
     Tensor& v = v_.emplace_back(be_.alloc(Category::Category_optimizer, shape, pr.moments, p.name + ".exp_avg_sq"));
-    k.fill(m.f32(), 0.0f, m.numel());
-    k.fill(v.f32(), 0.0f, v.numel());
+    k.fill(m.buf(), 0.0f, m.numel());
+    k.fill(v.buf(), 0.0f, v.numel());
   }
   sumsq_ = grad_sumsq_alloc(params_, be_);
 }
@@ -50,14 +55,21 @@ AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
   }
 
   const auto& k = be_.kernels();
+  if (!master_.empty() && !master_synced_) {
+    size_t j = 0;
+    for (Param& p : params_.all()) k.copy(master_[j++].buf(), p.local_w().cbuf(), p.local_w().numel());
+    master_synced_ = true;
+  }
   size_t i = 0;
   for (Param& p : params_.all()) {
     // No decay on 1-D parameters (RMSNorm weights), as in the usual GPT/Qwen training recipes.
     const double wd = p.shape.rank >= 2 ? cfg_.weight_decay : 0.0;
     Tensor& w = p.local_w();
-    k.adamw_update(w.f32(), p.local_g().f32(), m_[i].f32(), v_[i].f32(), w.numel(), static_cast<float>(st.lr),
+    // With a master the update runs on it and rounds the new weights into w; else on w itself.
+    float* updated = master_.empty() ? w.f32() : master_[i].f32();
+    k.adamw_update(updated, p.local_g().cbuf(), m_[i].f32(), v_[i].f32(), w.numel(), static_cast<float>(st.lr),
                    static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-                   static_cast<float>(wd), static_cast<float>(st.clip_scale), step, nullptr);
+                   static_cast<float>(wd), static_cast<float>(st.clip_scale), step, master_.empty() ? Buf{} : w.buf());
     ++i;
   }
   steps_taken_ = step;
@@ -65,10 +77,16 @@ AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
 }
 
 void AdamW::weights_written(const std::vector<Param*>& params) {
-  // Without a master the weights are the optimizer's only copy. With one (parameters in another dtype)
-  // nothing computes yet: the cpu kernels are fp32, and meta writes no weights.
-  FP_ASSERT(master_.empty() || !be_.computes() || params.empty(),
-            "AdamW::weights_written with a master copy of another dtype is not implemented");
+  // Without a master the weights are the optimizer's only copy. With one, the written weights' master
+  // is taken again from them (widened; Note [When AdamW keeps a master copy]) once the master exists.
+  if (master_.empty() || !master_synced_ || params.empty()) return;
+  const auto& k = be_.kernels();
+  size_t i = 0;
+  for (Param& p : params_.all()) {
+    if (std::find(params.begin(), params.end(), &p) != params.end())
+      k.copy(master_[i].buf(), p.local_w().cbuf(), p.local_w().numel());
+    ++i;
+  }
 }
 
 std::vector<std::pair<std::string, const Tensor*>> AdamW::state_tensors() const {

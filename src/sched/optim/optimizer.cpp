@@ -36,7 +36,7 @@ double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq) {
   FP_ASSERT(sumsq.numel() == P, "grad_norm_global: sumsq holds {} slots for {} params", sumsq.numel(), P);
   int64_t i = 0;
   for (const Param& p : params.all())  // each element of the model's gradient is on one rank only
-    k.reduce_sumsq(p.local_g().f32(), p.local_g().numel(), sumsq.f32() + i++);  // computes: data exists
+    k.reduce_sumsq(p.local_g().cbuf(), p.local_g().numel(), sumsq.f32() + i++);  // computes: data exists
   std::vector<float> s(static_cast<size_t>(P));
   be.copy_to_host(s.data(), sumsq.data(), sumsq.bytes());
   double total = 0.0;

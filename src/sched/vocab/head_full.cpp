@@ -18,10 +18,10 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
 
   Tensor xn = be.alloc(kAct, {n, H}, s.precision.activations, "head.xn");
   Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");
-  K.rmsnorm_forward(xL.f32(), ps.norm->w.f32(), xn.f32(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
+  K.rmsnorm_forward(xL.buf(), ps.norm->w.buf(), xn.buf(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
 
   Tensor logits = be.alloc(kVocab, {n, V}, s.precision.logits, "head.logits");
-  linear_forward(be, xn.f32(), ps.lm_head->w.f32(), logits.f32(), n, H, V);
+  linear_forward(be, xn.buf(), ps.lm_head->w.buf(), logits.f32(), n, H, V);
   if (logits_out != nullptr && be.computes()) {
     logits_out->resize(static_cast<size_t>(n * V));
     be.copy_to_host(logits_out->data(), logits.data(), logits.bytes());
@@ -47,12 +47,12 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
   logits.reset();
 
   Tensor dxn = be.alloc(kAct, {n, H}, s.precision.activations, "head.dxn");
-  linear_backward_input(be, dlogits.f32(), ps.lm_head->w.f32(), dxn.f32(), n, H, V);
-  linear_backward_weight(be, dlogits.f32(), xn.f32(), ps.lm_head->g.f32(), n, H, V);
+  linear_backward_input(be, dlogits.f32(), ps.lm_head->w.buf(), dxn.buf(), n, H, V);
+  linear_backward_weight(be, dlogits.f32(), xn.buf(), ps.lm_head->g.buf(), n, H, V);
   dlogits.reset();
   xn.reset();
 
-  rmsnorm_backward(be, xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+  rmsnorm_backward(be, xL.buf(), ps.norm->w.buf(), rstd.f32(), dxn.buf(), dxL.buf(), ps.norm->g.buf(), n, H);
   return r;
 }
 

@@ -49,7 +49,7 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   // The final RMSNorm, as in the full variant.
   Tensor xn = be.alloc(kAct, {n, H}, s.precision.activations, "head.xn");
   Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");
-  K.rmsnorm_forward(xL.f32(), ps.norm->w.f32(), xn.f32(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
+  K.rmsnorm_forward(xL.buf(), ps.norm->w.buf(), xn.buf(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
 
   if (s.comm.size() > 1) {
     Tensor dxn;
@@ -58,10 +58,10 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
     r.loss_sum = ring_dtp_p_ranks(s, v, ps, xn, targets, scale, dxn, logits_out, backward, stats);
     xn.reset();
     if (backward)
-      rmsnorm_backward(be, xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+      rmsnorm_backward(be, xL.buf(), ps.norm->w.buf(), rstd.f32(), dxn.buf(), dxL.buf(), ps.norm->g.buf(), n, H);
     return r;
   }
-  const float* W = ps.lm_head->w.f32();  // (V, H)
+  const CBuf W = ps.lm_head->w.cbuf();  // (V, H)
 
   // The fixed working set (Note [Ring-DTP on one rank]).
   // (n_blk, V) logits, then their gradient
@@ -77,7 +77,7 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
 
   for (int64_t t0 = 0; t0 < n; t0 += n_blk) {
     const int64_t rows = std::min(n_blk, n - t0);
-    const float* x_blk = ptr_at(xn.f32(), t0 * H);          // (rows, H)
+    const CBuf x_blk = ptr_at(xn.cbuf(), t0 * H);           // (rows, H)
     const int32_t* tgt_blk = ptr_at(targets.i32(), t0);     // (rows)
     float* m_blk = ptr_at(m.f32(), t0);                     // (rows)
     double* z_blk = ptr_at(z.f64(), t0);                    // (rows)
@@ -98,8 +98,8 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
     }
     if (!backward) continue;
     RingDtpTimer t(gemm_s);
-    K.gemm_tiled(false, false, rows, H, V, 1.0f, strip.f32(), V, W, H, 0.0f, ptr_at(dxn.f32(), t0 * H), H);
-    K.gemm_tiled(true, false, V, H, rows, 1.0f, strip.f32(), V, x_blk, H, 1.0f, ps.lm_head->g.f32(), H);
+    K.gemm_tiled(false, false, rows, H, V, 1.0f, strip.f32(), V, W, H, 0.0f, ptr_at(dxn.buf(), t0 * H), H);
+    K.gemm_tiled(true, false, V, H, rows, 1.0f, strip.f32(), V, x_blk, H, 1.0f, ps.lm_head->g.buf(), H);
   }
 
   HeadResult r;
@@ -115,7 +115,7 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   if (!backward) return r;
 
   xn.reset();
-  rmsnorm_backward(be, xL.f32(), ps.norm->w.f32(), rstd.f32(), dxn.f32(), dxL.f32(), ps.norm->g.f32(), n, H);
+  rmsnorm_backward(be, xL.buf(), ps.norm->w.buf(), rstd.f32(), dxn.buf(), dxL.buf(), ps.norm->g.buf(), n, H);
   return r;
 }
 
