@@ -45,7 +45,8 @@ void bench_vocab_register(CLI::App& parent, Runner& run) {
   sub->add_flag("--fsdp", o.fsdp,
                 "W > 1: the ring variants hold only their V / W rows of lm_head (the FSDP layout train uses) instead "
                 "of the whole matrix on every rank");
-  sub->add_option("--precision", o.precision, "the precision recipe: fp32 or bf16 (bf16 on --device meta only)");
+  sub->add_option("--precision", o.precision,
+                  "the precision recipe: fp32 or bf16 (bf16 on --device meta only: the ring is fp32 on cpu)");
   sub->add_flag("--breakdown", o.breakdown, "print every tensor live at each variant's device peak (rank 0)");
   sub->add_option("--torch-script", o.torch_script, "the PyTorch companion script");
   sub->add_option("--python", o.python, "the Python with torch");

@@ -5,21 +5,32 @@
 
 namespace fp {
 
-// Note [bf16 on a computing backend]: every allocation honours the precision recipe, and the cpu
-// kernels read and write bf16 storage (Note [Kernel operands carry their dtype] in core/buf.h), as do
-// ParamStore (bf16 weights from f32 init and checkpoints) and AdamW (an f32 master rounded into the
-// weights). What is not yet bf16-aware: the offloaded optimizers' host copies, Ring-DTP across ranks,
-// the router's bias, checkpoints of the f32 master, and a bf16 twin to check the whole step against.
-// Until those land a backend that computes refuses any dtype but f32 here, before anything is
-// allocated; meta computes nothing, so it takes any recipe (its peaks are those of real bf16 training).
+// Note [bf16 on a computing backend]: every allocation honours the precision recipe, and on the cpu
+// backend the kernels read and write bf16 storage (Note [Kernel operands carry their dtype] in
+// core/buf.h), ParamStore rounds f32 init and checkpoints into bf16 weights, and AdamW keeps the f32
+// master (Note [When AdamW keeps a master copy]), checkpointed beside the moments. Not yet bf16-aware,
+// so refused here by name before anything is allocated: more than one rank (bf16 gradient
+// reduce-scatter, Ring-DTP across ranks), DeepSeek-V3's routing bias (kept f32 by transformers),
+// precision mixes other than the two recipes, and (in their constructors) the offloaded optimizers.
+// meta computes nothing, so it takes any precision: its peaks are those of real bf16 training.
 namespace {
-const Precision& precision_checked(const Backend& be, const Precision& p) {
-  FP_CHECK(!be.computes() || precision_all_f32(p),
-           "the bf16 recipe is not complete on the cpu backend yet (its kernels are; the optimizer offload, "
-           "Ring-DTP across ranks and checkpoints are not); use --device meta to see bf16 peaks, or "
-           "precision.recipe = \"fp32\"",
-           "precision {} on the {} backend: {} must be f32 there", precision_describe(p), be.name(),
-           precision_non_f32(p));
+const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, const Comm* comm, const Precision& p) {
+  if (!be.computes() || precision_all_f32(p)) return p;
+  constexpr const char* kMeta = "use --device meta to see the peaks of any precision, or precision.recipe = \"fp32\"";
+  const DType f = DType::DType_F32, h = DType::DType_BF16;
+  FP_CHECK(p.params == h && p.grads == h && p.activations == h && p.master == f && p.moments == f && p.logits == f &&
+               p.router == f,
+           std::string("set precision.recipe = \"bf16\" without per-field overrides; ") + kMeta,
+           "precision {} on the {} backend: it computes the recipes fp32 and bf16 only", precision_describe(p),
+           be.name());
+  FP_CHECK(comm == nullptr || comm->size() == 1, std::string("run bf16 on one rank; ") + kMeta,
+           "the bf16 recipe on the {} backend runs on one rank so far ({} ranks: bf16 gradient reduce-scatter and "
+           "Ring-DTP across ranks are not bf16-aware yet)",
+           be.name(), comm == nullptr ? 1 : comm->size());
+  FP_CHECK(!cfg.router_sigmoid(), kMeta,
+           "the bf16 recipe on the {} backend does not take DeepSeek-V3's sigmoid router yet (its routing bias "
+           "e_score_correction_bias stays f32 in transformers)",
+           be.name());
   return p;
 }
 }  // namespace
@@ -30,7 +41,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
       profile_(profile),
       sched_(sched),
       comm_(comm),
-      params_(cfg, be, comm, precision_checked(be, sched_.precision)) {
+      params_(cfg, be, comm, precision_checked(cfg, be, comm, sched_.precision)) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");

@@ -52,7 +52,8 @@ std::vector<Item> weight_items(ParamStore& params) {
 
 // "<param>.exp_avg", "<param>.exp_avg_sq" of every parameter of the model, in layout order; with
 // master, "<param>.master" too: the f32 weights when model.safetensors holds them rounded (Note
-// [Checkpoint dtype and shards]).
+// [Checkpoint dtype and shards]): the optimizer's own master where it keeps one (weights stored in
+// bf16), else the weights themselves.
 std::vector<Item> state_items(ParamStore& params, const Optimizer& optim, bool master) {
   std::unordered_map<std::string, const Tensor*> mine;
   for (const auto& [name, t] : optim.state_tensors()) mine[name] = t;
@@ -64,7 +65,13 @@ std::vector<Item> state_items(ParamStore& params, const Optimizer& optim, bool m
       FP_ASSERT((it != mine.end()) == (p.local != nullptr), "optimizer state '{}' and its parameter disagree", name);
       out.push_back({name, &p, it != mine.end() ? it->second : nullptr});
     }
-    if (master) out.push_back({p.name + ".master", &p, p.local != nullptr ? &p.local->local_w() : nullptr});
+    if (master) {
+      auto it = mine.find(p.name + ".master");
+      out.push_back({p.name + ".master", &p,
+                     it != mine.end()     ? it->second
+                     : p.local != nullptr ? &p.local->local_w()
+                                          : nullptr});
+    }
   }
   return out;
 }
@@ -303,8 +310,9 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
                   &cfg);
     if (optim != nullptr)
       tensors_write(tmp, "optimizer", final_dir.string(),
-                    state_items(params, *optim, format.weights != DType::DType_F32), params, DType::DType_F32,
-                    std::numeric_limits<uint64_t>::max());
+                    state_items(params, *optim,
+                                format.weights != DType::DType_F32 || params.precision().params != DType::DType_F32),
+                    params, DType::DType_F32, std::numeric_limits<uint64_t>::max());
     if (!lead) return final_dir.string();
     file_write_atomic((tmp / "config.json").string(), config_text(cfg, format));
     nlohmann::json js = {{"format_version", kFormatVersion},
@@ -436,6 +444,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
     // shards]), replace what was read from it.
     const bool master = !params.layout().empty() && f.has(params.layout().front().name + ".master");
     tensors_read(f, state_items(params, *optim, master), params, cfg);
+    if (master) optim->master_loaded();
     optim->set_steps_taken(state.step);
   }
   return state;

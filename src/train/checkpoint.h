@@ -24,8 +24,9 @@
 namespace fp {
 
 // Note [Checkpoint dtype and shards]: model.safetensors is written in the dtype of the weights a run
-// started from (a bf16 Hugging Face model is written back in bf16; a fresh run in f32), rounded to
-// nearest even from the f32 weights the run trains. When that dtype is not f32, optimizer.safetensors
+// started from (a bf16 Hugging Face model is written back in bf16; a fresh run in its precision's
+// parameter dtype), rounded to nearest even from the f32 weights the run trains. When that dtype is
+// not f32, or the weights are stored in bf16 (the bf16 recipe: AdamW's f32 master), optimizer.safetensors
 // also holds "<param>.master", the f32 weights, and a resume reads those, so it stays bit-exact.
 // Weights above shard_bytes are split into model-0000i-of-0000N.safetensors with
 // model.safetensors.index.json (Note [Sharded checkpoints] in io/safetensors_set.h), in parameter

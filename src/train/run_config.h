@@ -15,7 +15,7 @@
 //   [optim]  also schedule = "device" | "offload_serial" | "offload_stream", bucket_params, slots,
 //            update_on                                                                (OffloadStreamAdamW)
 //   [precision] recipe = "fp32" | "bf16", then per-field overrides params, grads, activations, master,
-//            moments, logits, router = "f32" | "bf16" | "f16"  (core/precision.h; cpu computes fp32 only)
+//            moments, logits, router = "f32" | "bf16" | "f16"  (core/precision.h; cpu computes the two recipes)
 //
 // Unknown tables or keys, missing keys, wrong types and impossible values are fp::Error naming the
 // key (e.g. "model.num_attention_heads = 5 is not a multiple of model.num_key_value_heads = 2").

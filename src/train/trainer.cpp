@@ -387,6 +387,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   FP_CHECK(!o.extend || !o.resume.empty(), "--extend continues a run: pass --resume DIR too",
            "--extend without --resume");
   CheckpointFormat format;  // Note [Checkpoint dtype and shards]: the dtype and config of the start
+  format.weights = model.params().precision().params;  // a fresh run: its own weights' dtype
   format.shard_bytes = bytes_parse(o.shard_size);
   FP_CHECK(format.shard_bytes > 0, "pass a size such as 5GB or 500MiB", "--shard-size '{}' must be positive",
            o.shard_size);

@@ -36,9 +36,9 @@ def tiny():
     return os.path.join(ARGS.configs, "tiny.toml")
 
 
-def case_resume_bit_exact(tmp):
+def case_resume_bit_exact(tmp, extra=()):
     a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
-    common = ["train", "--config", tiny(), "--steps", "10", "--quiet"] + SMALL
+    common = ["train", "--config", tiny(), "--steps", "10", "--quiet"] + SMALL + list(extra)
     run(common + ["--out", a])
     run(common + ["--out", b, "--stop-after", "4"])
     # The interrupted run wrote a checkpoint at step 4 and metrics for steps 1..4.
@@ -56,6 +56,25 @@ def case_resume_bit_exact(tmp):
     p = run(common + ["--out", b, "--resume", b, "--set", "optim.lr=0.1"], expect_ok=False)
     assert p.returncode == 1 and "another configuration" in p.stderr, p.stderr
     print("resumed losses equal the uninterrupted run bit for bit over 10 steps")
+
+
+def safetensors_header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+
+
+def case_resume_bit_exact_bf16(tmp):
+    """The bf16 recipe on cpu: bf16 weights in model.safetensors, AdamW's f32 master beside the
+    moments in optimizer.safetensors, and a resume that continues from the master bit for bit."""
+    case_resume_bit_exact(tmp, ["--set", "precision.recipe=bf16"])
+    ck = os.path.join(tmp, "a", "checkpoint")
+    weights = {k: v for k, v in safetensors_header(os.path.join(ck, "model.safetensors")).items() if k != "__metadata__"}
+    assert weights and all(v["dtype"] == "BF16" for v in weights.values()), {v["dtype"] for v in weights.values()}
+    state = safetensors_header(os.path.join(ck, "optimizer.safetensors"))
+    masters = [k for k in state if k.endswith(".master")]
+    assert len(masters) == len(weights) and all(state[k]["dtype"] == "F32" for k in masters), masters[:3]
+    print("bf16: weights BF16, the f32 master and moments in the optimizer state")
 
 
 def case_kill_during_checkpoint(tmp):

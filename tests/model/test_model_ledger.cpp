@@ -4,6 +4,7 @@
 
 #include "../common/optim_schedule.h"
 #include "backend/backend.h"
+#include "core/precision.h"
 #include "core/units.h"
 #include "data/random_batch.h"
 #include "sched/optim/optimizer.h"
@@ -47,10 +48,13 @@ std::vector<LedgerEvent> run_events(const std::string& device, const RoutingProf
 // The whole step `train` runs (zero grads, forward and backward, the optimizer's step): the device
 // and host ledgers.
 std::pair<std::vector<LedgerEvent>, std::vector<LedgerEvent>> step_events(const std::string& device,
-                                                                          const OptimConfig& oc) {
+                                                                          const OptimConfig& oc,
+                                                                          const Precision& precision = {}) {
   const ModelConfig m = small_config();
   auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
-  Model model(m, *be, routing_profile_parse("hot:0.9:2"));
+  Schedules sched;
+  sched.precision = precision;
+  Model model(m, *be, routing_profile_parse("hot:0.9:2"), sched);
   model.init_weights(m.seed);
   std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
   model.zero_grads();
@@ -89,6 +93,37 @@ TEST(MetaBackend, SameLedgersAsCpuThroughTheOptimizerStep) {
     expect_same_events(cpu_dev, meta_dev, std::string(sched) + " device ledger");
     expect_same_events(cpu_host, meta_host, std::string(sched) + " host ledger");
   }
+}
+
+// The bf16 recipe computes on cpu (Note [bf16 on a computing backend]): its ledgers, AdamW's f32
+// master included, are the planner's (meta) event for event, and its activations are half the fp32
+// run's bytes.
+TEST(MetaBackend, Bf16RecipeSameLedgersAsCpuThroughTheOptimizerStep) {
+  OptimConfig oc;
+  oc.sched = optim_named("device");
+  auto [cpu_dev, cpu_host] = step_events("cpu", oc, precision_recipe("bf16"));
+  auto [meta_dev, meta_host] = step_events("meta", oc, precision_recipe("bf16"));
+  ASSERT_GT(cpu_dev.size(), 100u);
+  expect_same_events(cpu_dev, meta_dev, "bf16 device ledger");
+  expect_same_events(cpu_host, meta_host, "bf16 host ledger");
+  // The fp32 run allocates the same activations in the same order (the bf16 run adds AdamW's masters,
+  // category optimizer): each bf16 activation is half its fp32 twin, the f32 statistics equal.
+  auto [f32_dev, f32_host] = step_events("cpu", oc);
+  auto activations = [](const std::vector<LedgerEvent>& ev) {
+    std::vector<LedgerEvent> out;
+    for (const LedgerEvent& e : ev)
+      if (e.alloc && e.category == Category::Category_activations) out.push_back(e);
+    return out;
+  };
+  const std::vector<LedgerEvent> ab = activations(cpu_dev), af = activations(f32_dev);
+  ASSERT_EQ(ab.size(), af.size());
+  int halved = 0;
+  for (size_t i = 0; i < ab.size(); ++i) {
+    ASSERT_EQ(ab[i].tag, af[i].tag) << "activation " << i;
+    ASSERT_EQ(ab[i].dtype == DType::DType_BF16 ? 2 * ab[i].bytes : ab[i].bytes, af[i].bytes) << ab[i].tag;
+    halved += ab[i].dtype == DType::DType_BF16;
+  }
+  EXPECT_GT(halved, 50);
 }
 
 TEST(MetaBackend, SameLedgerEventSequenceAsCpu) {

@@ -1,6 +1,7 @@
 // The [precision] table and the dtypes the engine allocates in (core/precision.h):
 //   - the config: recipes, per-field overrides applied after the recipe, errors naming the key;
-//   - a computing backend refuses anything but fp32 (until bf16 compute lands), naming the fields;
+//   - a computing backend computes the fp32 and bf16 recipes and refuses any other mix by name, and a
+//     bf16 cpu step tracks the fp32 one within bf16 tolerances;
 //   (the engine in the bf16 recipe was checked event for event against the closed-form planner's
 //   bf16 sequence before that planner was removed; tests/dist/plan_case.cpp now checks plan against
 //   mpirun in both recipes)
@@ -9,12 +10,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 
+#include "../common/case_model.h"
+#include "../common/tiny_config.h"
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "core/precision.h"
@@ -23,8 +27,6 @@
 #include "sched/optim/optimizer.h"
 #include "step/step.h"
 #include "train/run_config.h"
-#include "../common/case_model.h"
-#include "../common/tiny_config.h"
 
 namespace fp {
 
@@ -103,30 +105,89 @@ TEST(Precision, ConfigTable) {
 
 // ---- a computing backend refuses non-f32 ---------------------------------------------------------
 
-TEST(Precision, CpuRefusesAnythingButFp32) {
+// Note [bf16 on a computing backend]: cpu computes the two recipes; the rest is refused by name
+// before anything is allocated.
+TEST(Precision, CpuComputesTheTwoRecipesAndRefusesTheRest) {
   const RunConfig c = config_parse(tiny_text(), "tiny.toml");
   auto cpu = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   Schedules ms;
   ms.precision = precision_recipe("bf16");
-  auto [msg, hint] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, ms); });
-  EXPECT_TRUE(has(msg, "params=bf16 grads=bf16 activations=bf16")) << msg;
-  EXPECT_TRUE(has(msg, "cpu")) << msg;
-  EXPECT_TRUE(has(hint, "use --device meta to see bf16 peaks, or precision.recipe = \"fp32\"")) << hint;
+  {
+    Model m(c.model, *cpu, RoutingProfile{}, ms);
+    EXPECT_EQ(m.params().embed_tokens->w.dtype(), DType::DType_BF16);
+    // The offloaded optimizers move f32 host copies: refused, naming the schedule.
+    OptimConfig oc;
+    oc.sched.kind = OptimSchedule::Kind::Kind_offload_stream;
+    auto [msg, hint] = error_of([&] { auto o = optimizer_create(oc, m.params(), *cpu); });
+    EXPECT_TRUE(has(msg, "optim.schedule = \"offload_stream\"") && has(msg, "bf16")) << msg;
+    EXPECT_TRUE(has(hint, "optim.schedule = \"device\"")) << hint;
+  }
+  EXPECT_EQ(cpu->device_ledger().total_current(), 0u);
+  // A mix of fields other than the recipes: refused, naming the precision.
+  ms.precision = precision_recipe("bf16");
+  precision_set(ms.precision, "logits", "bf16");
+  auto [msg2, hint2] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, ms); });
+  EXPECT_TRUE(has(msg2, "logits bf16") && has(msg2, "cpu")) << msg2;
+  EXPECT_TRUE(has(hint2, "use --device meta")) << hint2;
   EXPECT_EQ(cpu->device_ledger().total_current(), 0u);  // refused before anything was allocated
-  // one field is enough, and only it is named
   ms.precision = precision_recipe("fp32");
   precision_set(ms.precision, "router", "f16");
-  auto [msg2, hint2] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, ms); });
-  EXPECT_TRUE(has(msg2, "router=f16") && !has(msg2, "params=")) << msg2;
-  // meta takes it
+  auto [msg3, hint3] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, ms); });
+  EXPECT_TRUE(has(msg3, "router f16")) << msg3;
+  // meta takes any precision
   auto meta = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
-  ms.precision = precision_recipe("bf16");
   Model m(c.model, *meta, routing_profile_parse("balanced"), ms);
-  EXPECT_EQ(m.params().precision().params, DType::DType_BF16);
-  EXPECT_EQ(m.params().embed_tokens->w.dtype(), DType::DType_BF16);
+  EXPECT_EQ(m.params().precision().router, DType::DType_F16);
   // fp32 on cpu is the default and still builds
   Model f(c.model, *cpu);
   EXPECT_TRUE(precision_all_f32(f.params().precision()));
+}
+
+// One bf16 step on cpu against the fp32 step from the same init (the bf16 weights are its rounding)
+// and batch: the loss within 5e-3 relative and every parameter's gradient within 3e-2 of the fp32
+// one's norm (the bf16 tolerances; bf16 keeps 8 bits, 2^-9 relative per rounding; measured
+// here 0.9-2.7%). Routing by the balanced profile: with the router choosing, a token whose top-k
+// flips between the precisions moves whole rows between experts (measured: 3 experts' gradients 15-20%
+// apart), a property of MoE in bf16, not an error. Not a test that bf16 is right (the bf16 twin is
+// that), a guard that no operand is misread: a bf16 buffer read as f32, or one left unwritten, is off
+// by orders of magnitude.
+TEST(Precision, Bf16StepTracksTheFp32Step) {
+  const RunConfig c = config_parse(tiny_text(), "tiny.toml");
+  auto run = [&](const char* recipe, std::vector<std::vector<float>>* grads) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    Schedules ms;
+    ms.precision = precision_recipe(recipe);
+    Model m(c.model, *be, routing_profile_parse("balanced"), ms);
+    m.init_weights(c.model.seed);
+    m.zero_grads();
+    const StepOutputs out = step_forward_backward(m, batch_random(2, 64, c.model.vocab_size, 9));
+    for (const Param& p : m.params().all()) {
+      const Tensor& g = p.g;
+      std::vector<float> host(static_cast<size_t>(g.numel()));
+      if (g.dtype() == DType::DType_BF16) {
+        std::vector<uint16_t> h(host.size());
+        be->copy_to_host(h.data(), g.data(), g.bytes());
+        for (size_t i = 0; i < h.size(); ++i) host[i] = bf16_to_float(h[i]);
+      } else {
+        be->copy_to_host(host.data(), g.data(), g.bytes());
+      }
+      grads->push_back(std::move(host));
+    }
+    return out.loss;
+  };
+  std::vector<std::vector<float>> gf, gb;
+  const double lf = run("fp32", &gf), lb = run("bf16", &gb);
+  EXPECT_NEAR(lb, lf, 5e-3 * std::abs(lf));
+  ASSERT_EQ(gf.size(), gb.size());
+  for (size_t k = 0; k < gf.size(); ++k) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < gf[k].size(); ++i) {
+      diff += (static_cast<double>(gb[k][i]) - gf[k][i]) * (static_cast<double>(gb[k][i]) - gf[k][i]);
+      norm += static_cast<double>(gf[k][i]) * gf[k][i];
+    }
+    if (norm == 0) continue;  // an expert no token reached
+    EXPECT_LE(std::sqrt(diff), 3e-2 * std::sqrt(norm)) << "parameter " << k;
+  }
 }
 
 // ---- PrecisionVsPlanner (transitional: while src/plan exists) -------------------------------------

@@ -96,6 +96,7 @@ std::vector<std::pair<std::string, const Tensor*>> AdamW::state_tensors() const 
   for (const Param& p : params_.all()) {
     out.emplace_back(p.name + ".exp_avg", &m_[i]);
     out.emplace_back(p.name + ".exp_avg_sq", &v_[i]);
+    if (!master_.empty()) out.emplace_back(p.name + ".master", &master_[i]);
     ++i;
   }
   return out;

@@ -46,6 +46,7 @@ class AdamW final : public Optimizer {
   // parameter. The pointers stay valid for the optimizer's lifetime; loading writes into their data.
   std::vector<std::pair<std::string, const Tensor*>> state_tensors() const override;
   void weights_written(const std::vector<Param*>& params) override;
+  void master_loaded() override { master_synced_ = !master_.empty(); }
 
   // The last step applied (0 before any). A resumed run sets it to the checkpoint's step after loading
   // the moments.

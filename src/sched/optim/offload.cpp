@@ -71,6 +71,11 @@ OffloadAdamW::OffloadAdamW(ParamStore& params, Backend& be, const OptimConfig& c
   m_.reserve(n);
   v_.reserve(n);
   const Precision& pr = params_.precision();
+  // Note [bf16 on a computing backend] (model/model.cpp): the host state here moves f32 bytes.
+  FP_CHECK(!be_.computes() || pr.params == DType::DType_F32, "set optim.schedule = \"device\" with the bf16 recipe",
+           "{} on the {} backend takes f32 parameters only so far (precision {}): its host copies move f32 "
+           "weights and gradients",
+           fmt::format("optim.schedule = \"{}\"", schedule_name(cfg_.sched.kind)), be_.name(), precision_describe(pr));
   for (const Param& p : params_.all()) {
     const Shape& shape = p.local_w().shape();  // the FSDP shard on W ranks
     master_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, pr.master, p.name + ".master"));

@@ -29,8 +29,13 @@ class Optimizer {
   // Step `step` (1-based) of total_steps; reads params' gradients, updates their weights. Throws
   // fp::Error before touching anything when the gradient norm is not finite.
   virtual StepStats step(int64_t step, int64_t total_steps) = 0;
-  // ("<param>.exp_avg", m), ("<param>.exp_avg_sq", v) for checkpoints; device or host tensors.
+  // ("<param>.exp_avg", m), ("<param>.exp_avg_sq", v) for checkpoints; device or host tensors; and
+  // ("<param>.master", master) where the optimizer keeps its own f32 copy of weights stored in
+  // another dtype (AdamW under the bf16 recipe).
   virtual std::vector<std::pair<std::string, const Tensor*>> state_tensors() const = 0;
+  // A checkpoint's "<param>.master" tensors were read into the state_tensors() masters (resume): they,
+  // not the rounded weights, are what the next update starts from.
+  virtual void master_loaded() {}
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
   // These parameters' weights (local_w) were written outside the optimizer (DeepSeek-V3's routing bias,
