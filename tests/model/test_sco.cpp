@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "core/precision.h"
 #include "core/units.h"
 #include "data/random_batch.h"
 #include "sched/ckpt/sco.h"
@@ -44,11 +45,21 @@ ModelConfig tiny_config(int64_t layers) {
 
 uint64_t boundary_bytes(const ModelConfig& m) { return static_cast<uint64_t>(kB * kT * m.hidden_size) * 4; }
 
-Schedules schedules(CkptSchedule::Kind kind, uint64_t host_budget = kUnlimitedBytes) {
+Schedules schedules(CkptSchedule::Kind kind, uint64_t host_budget = kUnlimitedBytes, const char* recipe = "fp32") {
   Schedules s;
   s.ckpt.kind = kind;
   s.ckpt.host_budget = host_budget;
+  s.precision = precision_recipe(recipe);
   return s;
+}
+
+// A cpu tensor's values as floats (bf16 widened, exact).
+std::vector<float> values(const Tensor& t) {
+  if (t.dtype() == DType::DType_F32) return {t.f32(), t.f32() + t.numel()};
+  const bf16* h = t.buf().as<bf16>();
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = to_f32(h[i]);
+  return out;
 }
 
 struct TrainResult {
@@ -87,11 +98,11 @@ TrainResult train(const ModelConfig& m, const Schedules& sched, int steps, bool 
     model.zero_grads();
     r.losses.push_back(step_forward_backward(model, batch_random(kB, kT, m.vocab_size, 100 + step)).loss);
     if (step == steps)
-      for (Param& p : model.params().all()) r.grads.emplace_back(p.g.f32(), p.g.f32() + p.g.numel());
+      for (Param& p : model.params().all()) r.grads.push_back(values(p.g));
     optim.step(step, steps);
   }
   be->synchronize();
-  for (Param& p : model.params().all()) r.params.emplace_back(p.w.f32(), p.w.f32() + p.w.numel());
+  for (Param& p : model.params().all()) r.params.push_back(values(p.w));
   r.ckpt_peak = be->device_ledger().peak(Category::Category_checkpoints);
   r.host_ckpt_peak = be->host_ledger().peak(Category::Category_checkpoints);
   be->h2d_stream().set_delay_hook(nullptr);
@@ -140,6 +151,20 @@ TEST(Sco, TenStepsBitIdenticalToDevice) {
   // The boundaries really went through host memory: all but the last (sco.h).
   EXPECT_EQ(sco.host_ckpt_peak, 3 * boundary_bytes(m));
   EXPECT_EQ(dev.host_ckpt_peak, 0u);
+}
+
+// The same in the bf16 recipe: bf16 boundaries (half the bytes) through host memory, AdamW's f32
+// master; SCO moves bytes only, so every loss, bf16 weight and bf16 gradient is the plain run's.
+TEST(Sco, Bf16TenStepsBitIdenticalToDevice) {
+  const ModelConfig m = tiny_config(4);
+  const TrainResult dev = train(m, schedules(CkptSchedule::Kind::Kind_device, kUnlimitedBytes, "bf16"), 10);
+  const TrainResult sco = train(m, schedules(CkptSchedule::Kind::Kind_sco, kUnlimitedBytes, "bf16"), 10);
+  ASSERT_TRUE(std::isfinite(dev.losses.back()));
+  EXPECT_NE(dev.losses.front(), dev.losses.back());
+  expect_bitwise_equal(dev, sco, "bf16 sco vs device");
+  EXPECT_EQ(sco.host_ckpt_peak, 3 * boundary_bytes(m) / 2);
+  // Not the fp32 run: the recipe really changed the arithmetic.
+  EXPECT_NE(dev.losses.back(), device_reference().losses.back());
 }
 
 TEST(Sco, CheckpointsPeakIsTwoBoundariesWhateverTheDepth) {

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "core/buf.h"
+#include "core/dtype.h"
 #include "core/rng.h"
 
 namespace fp::op_test {
@@ -221,5 +223,42 @@ template <class W>
                                 const Tol& tol, Options opt = {}) {
   return near(op, Dims{static_cast<int64_t>(want.size())}, got, want, tol, opt);
 }
+
+// ---- bf16 operands (Note [Kernel operands carry their dtype] in core/buf.h)
+
+inline constexpr DType kF32 = DType::DType_F32, kBF16 = DType::DType_BF16;
+
+// A kernel operand stored as f32 or bf16, made from f32 values (rounded to nearest even for bf16).
+struct Operand {
+  DType dtype;
+  std::vector<float> f;
+  std::vector<bf16> h;
+
+  Operand(DType t, const std::vector<float>& v) : dtype(t) {
+    if (t == kF32) {
+      f = v;
+    } else {
+      for (const float x : v) h.push_back({bf16_from_float(x)});
+    }
+  }
+  Buf buf() { return dtype == kF32 ? Buf(f.data()) : Buf(h.data()); }
+  CBuf cbuf() const { return dtype == kF32 ? CBuf(f.data()) : CBuf(h.data()); }
+  // The values held, widened to f32 (exact).
+  std::vector<float> values() const {
+    if (dtype == kF32) return f;
+    std::vector<float> v;
+    for (const bf16 x : h) v.push_back(bf16_to_float(x.bits));
+    return v;
+  }
+};
+
+// v as dtype t stores it: rounded to bf16 and widened back, or v itself.
+inline std::vector<float> stored(DType t, std::vector<float> v) {
+  if (t == kBF16)
+    for (float& x : v) x = bf16_to_float(bf16_from_float(x));
+  return v;
+}
+
+inline std::string dt(DType t) { return std::string(dtype_name(t)); }
 
 }  // namespace fp::op_test

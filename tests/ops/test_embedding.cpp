@@ -104,38 +104,10 @@ TEST(Embedding, ReferenceBackwardMatchesFiniteDifferences) {
 
 namespace {
 
-constexpr DType kF32 = DType::DType_F32, kBF16 = DType::DType_BF16;
-
-// A kernel operand stored as f32 or bf16, made from f32 values (rounded to nearest even for bf16).
-struct Operand {
-  DType dtype;
-  std::vector<float> f;
-  std::vector<bf16> h;
-
-  Operand(DType t, const std::vector<float>& v) : dtype(t) {
-    if (t == kF32) {
-      f = v;
-    } else {
-      for (const float x : v) h.push_back({bf16_from_float(x)});
-    }
-  }
-  Buf buf() { return dtype == kF32 ? Buf(f.data()) : Buf(h.data()); }
-  CBuf cbuf() const { return dtype == kF32 ? CBuf(f.data()) : CBuf(h.data()); }
-  // The values held, widened to f32 (exact).
-  std::vector<float> values() const {
-    if (dtype == kF32) return f;
-    std::vector<float> v;
-    for (const bf16 x : h) v.push_back(bf16_to_float(x.bits));
-    return v;
-  }
-};
-
-// v as dtype t stores it: rounded to bf16 and widened back, or v itself.
-std::vector<float> stored(DType t, std::vector<float> v) {
-  if (t == kBF16)
-    for (float& x : v) x = bf16_to_float(bf16_from_float(x));
-  return v;
-}
+using op_test::kBF16;
+using op_test::kF32;
+using op_test::Operand;
+using op_test::stored;
 
 ::testing::AssertionResult same_bits(const std::string& op, const op_test::Dims& shape, const std::vector<float>& got,
                                      const std::vector<float>& want) {
@@ -145,7 +117,7 @@ std::vector<float> stored(DType t, std::vector<float> v) {
   return ::testing::AssertionFailure() << op << ": equal values with different bits";
 }
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
+using op_test::dt;
 
 // (table or dtable, out or dout) dtypes: both bf16, and each with the other f32.
 const std::vector<std::pair<DType, DType>> kMixed = {{kBF16, kBF16}, {kBF16, kF32}, {kF32, kBF16}};

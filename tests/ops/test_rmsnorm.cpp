@@ -174,38 +174,10 @@ TEST(Rmsnorm, WorkspaceBoundedAtManyRows) {
 
 namespace {
 
-constexpr DType kF32 = DType::DType_F32, kBF16 = DType::DType_BF16;
-
-// A kernel operand stored as f32 or bf16, made from f32 values (rounded to nearest even for bf16).
-struct Operand {
-  DType dtype;
-  std::vector<float> f;
-  std::vector<bf16> h;
-
-  Operand(DType t, const std::vector<float>& v) : dtype(t) {
-    if (t == kF32) {
-      f = v;
-    } else {
-      for (const float x : v) h.push_back({bf16_from_float(x)});
-    }
-  }
-  Buf buf() { return dtype == kF32 ? Buf(f.data()) : Buf(h.data()); }
-  CBuf cbuf() const { return dtype == kF32 ? CBuf(f.data()) : CBuf(h.data()); }
-  // The values held, widened to f32 (exact).
-  std::vector<float> values() const {
-    if (dtype == kF32) return f;
-    std::vector<float> v;
-    for (const bf16 x : h) v.push_back(bf16_to_float(x.bits));
-    return v;
-  }
-};
-
-// v as dtype t stores it: rounded to bf16 and widened back, or v itself.
-std::vector<float> stored(DType t, std::vector<float> v) {
-  if (t == kBF16)
-    for (float& x : v) x = bf16_to_float(bf16_from_float(x));
-  return v;
-}
+using op_test::kBF16;
+using op_test::kF32;
+using op_test::Operand;
+using op_test::stored;
 
 ::testing::AssertionResult same_bits(const std::string& op, const op_test::Dims& shape, const std::vector<float>& got,
                                      const std::vector<float>& want) {
@@ -215,7 +187,7 @@ std::vector<float> stored(DType t, std::vector<float> v) {
   return ::testing::AssertionFailure() << op << ": equal values with different bits";
 }
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
+using op_test::dt;
 
 // Widths around SIMD widths and the 256-element staging chunk (Note [bf16 rmsnorm by f32 chunks]).
 const std::vector<int64_t> kBf16Widths = {1, 7, 8, 9, 17, 255, 256, 257, 513, 1000};
