@@ -162,8 +162,9 @@ float* Tensor::f32() const {
   return static_cast<float*>(data_);
 }
 Buf Tensor::buf() const {
-  FP_ASSERT(dtype_ == DType::DType_F32 || dtype_ == DType::DType_BF16, "tensor '{}' is {}: kernels take f32 or bf16",
-            name_, dtype_name(dtype_));
+  // meta: no memory and no kernel reads it, so any dtype the planner accounts (f16 included) passes.
+  FP_ASSERT(data_ == nullptr || dtype_ == DType::DType_F32 || dtype_ == DType::DType_BF16,
+            "tensor '{}' is {}: kernels take f32 or bf16", name_, dtype_name(dtype_));
   return {data_, dtype_};
 }
 int32_t* Tensor::i32() const {

@@ -134,10 +134,13 @@ TEST(Precision, CpuComputesTheTwoRecipesAndRefusesTheRest) {
   precision_set(ms.precision, "router", "f16");
   auto [msg3, hint3] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, ms); });
   EXPECT_TRUE(has(msg3, "router f16")) << msg3;
-  // meta takes any precision
+  // meta takes any precision, and steps through it (no kernel reads an f16 operand there)
   auto meta = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+  precision_set(ms.precision, "activations", "f16");
   Model m(c.model, *meta, routing_profile_parse("balanced"), ms);
   EXPECT_EQ(m.params().precision().router, DType::DType_F16);
+  step_forward_backward(m, batch_random(2, 64, c.model.vocab_size, 9));
+  EXPECT_GT(meta->device_ledger().peak(Category::Category_activations), 0u);
   // fp32 on cpu is the default and still builds
   Model f(c.model, *cpu);
   EXPECT_TRUE(precision_all_f32(f.params().precision()));
