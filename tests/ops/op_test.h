@@ -261,4 +261,33 @@ inline std::vector<float> stored(DType t, std::vector<float> v) {
 
 inline std::string dt(DType t) { return std::string(dtype_name(t)); }
 
+// x rounded to bf16 (nearest even), and bf16 values widened back (exact).
+inline std::vector<bf16> rounded_bf16(const std::vector<float>& x) {
+  std::vector<bf16> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = from_f32<bf16>(x[i]);
+  return h;
+}
+inline std::vector<float> widened(const std::vector<bf16>& h) {
+  std::vector<float> x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = to_f32(h[i]);
+  return x;
+}
+
+// Bit for bit (then a bf16 result is the same bf16 as the expected one): near()'s message for
+// differing values, else a note that only the bits (a zero's sign, a NaN's payload) differ.
+inline ::testing::AssertionResult same_bits(const std::string& op, const Dims& shape, const std::vector<float>& got,
+                                            const std::vector<float>& want) {
+  if (bits_equal(got, want)) return ::testing::AssertionSuccess();
+  ::testing::AssertionResult r = near(op, shape, got, want, tol_exact());
+  if (!r) return r;
+  return ::testing::AssertionFailure() << op << ": equal values with different bits";
+}
+inline ::testing::AssertionResult same_bits(const std::string& op, const std::vector<float>& got,
+                                            const std::vector<float>& want) {
+  if (bits_equal(got, want)) return ::testing::AssertionSuccess();
+  ::testing::AssertionResult r = near(op, got, want, tol_exact());
+  if (!r) return r;
+  return ::testing::AssertionFailure() << op << ": equal values with different bits";
+}
+
 }  // namespace fp::op_test

@@ -621,16 +621,8 @@ TEST(Attention, DISABLED_BenchSlidingWindow) {
 // and the same lse, with a window and without, across tiles, GQA groups and a value width of its own.
 // The backward is fed the bf16 o, as a bf16 model would: the f32 side gets the same values widened.
 TEST(Attention, Bf16StorageIsTheWidenedF32ComputationRoundedOnce) {
-  auto rounded = [](const std::vector<float>& x) {
-    std::vector<bf16> h(x.size());
-    for (size_t i = 0; i < x.size(); ++i) h[i] = from_f32<bf16>(x[i]);
-    return h;
-  };
-  auto widened = [](const std::vector<bf16>& h) {
-    std::vector<float> x(h.size());
-    for (size_t i = 0; i < h.size(); ++i) x[i] = to_f32(h[i]);
-    return x;
-  };
+  const auto rounded = op_test::rounded_bf16;
+  const auto widened = op_test::widened;
   auto expect_rounded_equal = [&](const char* what, const Case& c, const std::vector<bf16>& got,
                                   const std::vector<float>& f32) {
     for (size_t i = 0; i < got.size(); ++i)

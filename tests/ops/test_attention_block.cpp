@@ -959,16 +959,8 @@ TEST(AttentionBlock, DISABLED_BenchRingVsWholeSequence) {
 // (the backward adds): every input rounded to bf16, the bf16 kernels must give bit for bit the f32
 // kernels on the widened values, each output rounded once (ops/attention_block.h's storage rule).
 TEST(AttentionBlock, Bf16MergeAndAccumulateAreTheWidenedF32RoundedOnce) {
-  auto rounded = [](const std::vector<float>& x) {
-    std::vector<bf16> h(x.size());
-    for (size_t i = 0; i < x.size(); ++i) h[i] = from_f32<bf16>(x[i]);
-    return h;
-  };
-  auto widened = [](const std::vector<bf16>& h) {
-    std::vector<float> x(h.size());
-    for (size_t i = 0; i < h.size(); ++i) x[i] = to_f32(h[i]);
-    return x;
-  };
+  const auto rounded = op_test::rounded_bf16;
+  const auto widened = op_test::widened;
   std::vector<int32_t> q_pos(70), k_pos(90);
   for (int32_t i = 0; i < 70; ++i) q_pos[i] = 40 + 2 * i;  // queries interleaved with and after the keys
   for (int32_t j = 0; j < 90; ++j) k_pos[j] = j + j / 3;

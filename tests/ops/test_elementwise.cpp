@@ -176,19 +176,9 @@ namespace {
 using op_test::kBF16;
 using op_test::kF32;
 using op_test::Operand;
-using op_test::stored;
-
-// Bit for bit (then a bf16 result is the same bf16 as the expected one): the comparator's message for
-// differing values, else a note that only the bits (a zero's sign, a NaN's payload) differ.
-::testing::AssertionResult same_bits(const std::string& op, const std::vector<float>& got,
-                                     const std::vector<float>& want) {
-  if (op_test::bits_equal(got, want)) return ::testing::AssertionSuccess();
-  ::testing::AssertionResult r = op_test::near(op, got, want, op_test::tol_exact());
-  if (!r) return r;
-  return ::testing::AssertionFailure() << op << ": equal values with different bits";
-}
-
 using op_test::dt;
+using op_test::same_bits;
+using op_test::stored;
 
 // The sizes of the bf16 cases: SIMD widths, the 256-element staging chunk and the 4096 reduction
 // block, each +-1, and the 32768 parallel threshold.

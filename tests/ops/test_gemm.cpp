@@ -245,17 +245,8 @@ namespace fp {
 // also give exactly the bits of the f32 GEMM of the widened operands, rounded once.
 namespace {
 
-std::vector<bf16> rounded_bf16(const std::vector<float>& x) {
-  std::vector<bf16> h(x.size());
-  for (size_t i = 0; i < x.size(); ++i) h[i] = from_f32<bf16>(x[i]);
-  return h;
-}
-
-std::vector<float> widened(const std::vector<bf16>& h) {
-  std::vector<float> x(h.size());
-  for (size_t i = 0; i < h.size(); ++i) x[i] = to_f32(h[i]);
-  return x;
-}
+using op_test::rounded_bf16;
+using op_test::widened;
 
 // One operand in the dtype asked for; `values` is what the kernel will read (widened when bf16).
 struct Stored {

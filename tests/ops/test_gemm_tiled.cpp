@@ -174,16 +174,8 @@ TEST(GemmTiled, Bf16OperandsEqualTheWidenedF32Product) {
   for (const Case& c : cases) {
     for (const auto& d : mixes) {
       const Operands o = operands_make(c, seed++);
-      auto round_all = [](const std::vector<float>& x) {
-        std::vector<bf16> r(x.size());
-        for (size_t i = 0; i < x.size(); ++i) r[i] = from_f32<bf16>(x[i]);
-        return r;
-      };
-      auto widen_all = [](const std::vector<bf16>& r) {
-        std::vector<float> x(r.size());
-        for (size_t i = 0; i < r.size(); ++i) x[i] = to_f32(r[i]);
-        return x;
-      };
+      const auto round_all = op_test::rounded_bf16;
+      const auto widen_all = op_test::widened;
       const std::vector<bf16> Ah = round_all(o.A), Bh = round_all(o.B);
       const std::vector<float> Aw = d[0] == h ? widen_all(Ah) : o.A, Bw = d[1] == h ? widen_all(Bh) : o.B;
       const CBuf a = d[0] == h ? CBuf(Ah.data()) : CBuf(o.A.data()), b = d[1] == h ? CBuf(Bh.data()) : CBuf(o.B.data());

@@ -177,17 +177,9 @@ namespace {
 using op_test::kBF16;
 using op_test::kF32;
 using op_test::Operand;
-using op_test::stored;
-
-::testing::AssertionResult same_bits(const std::string& op, const op_test::Dims& shape, const std::vector<float>& got,
-                                     const std::vector<float>& want) {
-  if (op_test::bits_equal(got, want)) return ::testing::AssertionSuccess();
-  ::testing::AssertionResult r = op_test::near(op, shape, got, want, op_test::tol_exact());
-  if (!r) return r;
-  return ::testing::AssertionFailure() << op << ": equal values with different bits";
-}
-
 using op_test::dt;
+using op_test::same_bits;
+using op_test::stored;
 
 // Widths around SIMD widths and the 256-element staging chunk (Note [bf16 rmsnorm by f32 chunks]).
 const std::vector<int64_t> kBf16Widths = {1, 7, 8, 9, 17, 255, 256, 257, 513, 1000};

@@ -165,17 +165,9 @@ namespace {
 using op_test::kBF16;
 using op_test::kF32;
 using op_test::Operand;
-using op_test::stored;
-
-::testing::AssertionResult same_bits(const std::string& op, const std::vector<float>& got,
-                                     const std::vector<float>& want) {
-  if (op_test::bits_equal(got, want)) return ::testing::AssertionSuccess();
-  ::testing::AssertionResult r = op_test::near(op, got, want, op_test::tol_exact());
-  if (!r) return r;
-  return ::testing::AssertionFailure() << op << ": equal values with different bits";
-}
-
 using op_test::dt;
+using op_test::same_bits;
+using op_test::stored;
 
 }  // namespace
 
