@@ -267,16 +267,8 @@ TEST(MoePermute, BitwiseDeterministicAcrossThreadCounts) {
 
 using fp::bf16;
 
-std::vector<bf16> to_bf16(const std::vector<float>& x) {
-  std::vector<bf16> h(x.size());
-  for (size_t i = 0; i < x.size(); ++i) h[i].bits = fp::bf16_from_float(x[i]);
-  return h;
-}
-std::vector<float> widen(const std::vector<bf16>& h) {
-  std::vector<float> x(h.size());
-  for (size_t i = 0; i < h.size(); ++i) x[i] = fp::bf16_to_float(h[i].bits);
-  return x;
-}
+const auto to_bf16 = fp::op_test::rounded_bf16;
+const auto widen = fp::op_test::widened;
 bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
 }

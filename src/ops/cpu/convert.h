@@ -42,7 +42,8 @@ inline bool f32(DType t) { return t == DType::DType_F32; }
 // Called before any parallel region (an exception must not leave one).
 void dtypes_check(const char* kernel, std::initializer_list<std::pair<const char*, DType>> operands);
 
-// n <= kChunk elements of x as f32: x's own data when f32, else widened into tmp.
+// n elements of x as f32 (tmp holds n: kChunk in the chunked loops, a row elsewhere): x's own data
+// when f32, else widened into tmp.
 inline const float* load(CBuf x, float* tmp, int64_t n) {
   if (f32(x.dtype)) return static_cast<const float*>(x.p);
   convert(tmp, x, n);

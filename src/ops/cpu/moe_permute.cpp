@@ -52,25 +52,7 @@ void check_float(DType t, const char* kernel) {
   visit_float(t, kernel, []<class T>() {});
 }
 
-bool is_f32(DType t) { return t == DType::DType_F32; }
-
-// Row r (H) of a (rows, H) operand in f32: the row itself when f32, else widened into scratch (H).
-inline const float* row_in(CBuf a, int64_t r, int64_t H, float* scratch) {
-  if (is_f32(a.dtype)) return static_cast<const float*>(a.p) + r * H;
-  bf16_to_f32(static_cast<const bf16*>(a.p) + r * H, scratch, H);
-  return scratch;
-}
-
-// Row r (H) of a (rows, H) operand to accumulate into in f32: the row itself when f32, else its widened
-// value in scratch (H), which row_out then rounds back into the row.
-inline float* row_acc(Buf a, int64_t r, int64_t H, float* scratch) {
-  if (is_f32(a.dtype)) return static_cast<float*>(a.p) + r * H;
-  bf16_to_f32(static_cast<const bf16*>(a.p) + r * H, scratch, H);
-  return scratch;
-}
-inline void row_out(Buf a, int64_t r, int64_t H, const float* f) {
-  if (!is_f32(a.dtype)) f32_to_bf16(f, static_cast<bf16*>(a.p) + r * H, H);
-}
+using chunked::f32;  // rows go through chunked::load / load_rw / stage / store with a row of scratch
 
 // dst row dr (H) = src row sr (H): a memcpy when the dtypes agree (bit for bit), else converted.
 inline void copy_row(CBuf src, int64_t sr, Buf dst, int64_t dr, int64_t H) {
@@ -103,12 +85,13 @@ void moe_combine_forward(CBuf ys, const int32_t* slot_pos, const float* w, Buf o
   check_float(out.dtype, "moe_combine_forward");
 #pragma omp parallel if (n * k * H >= kParallelMin)
   {
-    std::vector<float> ybuf(is_f32(ys.dtype) ? 0 : H), obuf(is_f32(out.dtype) ? 0 : H);  // (H) scratch rows
+    std::vector<float> ybuf(f32(ys.dtype) ? 0 : H), obuf(f32(out.dtype) ? 0 : H);  // (H) scratch rows
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n; ++t) {
-      float* o = row_acc(out, t, H, obuf.data());  // (H)
-      for (int64_t j = 0; j < k; ++j) axpy_row(o, row_in(ys, slot_pos[t * k + j], H, ybuf.data()), w[t * k + j], H);
-      row_out(out, t, H, o);
+      float* o = chunked::load_rw(out.at(t * H), obuf.data(), H);  // (H)
+      for (int64_t j = 0; j < k; ++j)
+        axpy_row(o, chunked::load(ys.at(slot_pos[t * k + j] * H), ybuf.data(), H), w[t * k + j], H);
+      chunked::store(out.at(t * H), o, H);
     }
   }
 }
@@ -120,25 +103,20 @@ void moe_combine_backward(CBuf ys, const int32_t* slot_pos, const float* w, CBuf
   check_float(dys.dtype, "moe_combine_backward");
 #pragma omp parallel if (n * k * H >= kParallelMin)
   {
-    std::vector<float> ybuf(is_f32(ys.dtype) ? 0 : H), dbuf(is_f32(dout.dtype) ? 0 : H);  // (H) scratch rows
-    std::vector<float> sbuf(is_f32(dys.dtype) ? 0 : H);
+    std::vector<float> ybuf(f32(ys.dtype) ? 0 : H), dbuf(f32(dout.dtype) ? 0 : H);  // (H) scratch rows
+    std::vector<float> sbuf(f32(dys.dtype) ? 0 : H);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n; ++t) {
-      const float* d = row_in(dout, t, H, dbuf.data());  // (H)
+      const float* d = chunked::load(dout.at(t * H), dbuf.data(), H);  // (H)
       for (int64_t j = 0; j < k; ++j) {
         const int64_t r = slot_pos[t * k + j];
         // dys may be ys (in place): the row is read (or widened) for dw before it is overwritten; rows
         // are distinct.
-        dw[t * k + j] = dot_lanes8(d, row_in(ys, r, H, ybuf.data()), H);
+        dw[t * k + j] = dot_lanes8(d, chunked::load(ys.at(r * H), ybuf.data(), H), H);
         const float wj = w[t * k + j];
-        if (is_f32(dys.dtype)) {
-          float* dy = static_cast<float*>(dys.p) + r * H;  // (H)
-          for (int64_t h = 0; h < H; ++h) dy[h] = wj * d[h];
-        } else {
-          float* s = sbuf.data();
-          for (int64_t h = 0; h < H; ++h) s[h] = wj * d[h];
-          f32_to_bf16(s, static_cast<bf16*>(dys.p) + r * H, H);
-        }
+        float* dy = chunked::stage(dys.at(r * H), sbuf.data());  // (H)
+        for (int64_t h = 0; h < H; ++h) dy[h] = wj * d[h];
+        chunked::store(dys.at(r * H), dy, H);
       }
     }
   }
@@ -149,12 +127,12 @@ void moe_scatter_add(CBuf dxs, const int32_t* slot_pos, Buf dx, int64_t n, int64
   check_float(dx.dtype, "moe_scatter_add");
 #pragma omp parallel if (n * k * H >= kParallelMin)
   {
-    std::vector<float> gbuf(is_f32(dxs.dtype) ? 0 : H), obuf(is_f32(dx.dtype) ? 0 : H);  // (H) scratch rows
+    std::vector<float> gbuf(f32(dxs.dtype) ? 0 : H), obuf(f32(dx.dtype) ? 0 : H);  // (H) scratch rows
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n; ++t) {
-      float* o = row_acc(dx, t, H, obuf.data());  // (H)
-      for (int64_t j = 0; j < k; ++j) add_row(o, row_in(dxs, slot_pos[t * k + j], H, gbuf.data()), H);
-      row_out(dx, t, H, o);
+      float* o = chunked::load_rw(dx.at(t * H), obuf.data(), H);  // (H)
+      for (int64_t j = 0; j < k; ++j) add_row(o, chunked::load(dxs.at(slot_pos[t * k + j] * H), gbuf.data(), H), H);
+      chunked::store(dx.at(t * H), o, H);
     }
   }
 }
