@@ -11,7 +11,14 @@
 // Buffers are host memory of this process. A pointer may be null only where its count is 0 (an
 // empty tensor's data pointer is null); nothing else is read from a null pointer: "no data at all"
 // is the meta backend's data channel, never a convention of this one.
-// Counts are elements of the given dtype (f32, f64, i64, i32, or bytes for raw transfers).
+// Counts are elements of the given dtype (f32, f64, i64, i32, bf16, or bytes for raw transfers).
+//
+// Note [Summing bf16 over ranks]: MPI has no bf16 sum, and a reduction that rounds every partial sum
+// depends on the engine's algorithm. So a bf16 all_reduce_sum or reduce_scatter_sum moves bf16 bytes
+// only (an all-gather, or an all-to-all of the rank's blocks: the same bytes a ring moves) and every
+// rank then sums its P inputs itself, widened to f32 in rank order, rounded to bf16 once
+// (comm_sum_bf16). The result is a function of the inputs alone: every engine (MPI, the thread world)
+// gives the same bits. f16 is moved, never summed.
 //
 // Errors: every engine call goes through one checking macro (FP_MPI_CHECK in mpi_comm.cpp) that
 // names the call, file and line and throws fp::Error. A rank that fails calls abort(): every rank of
@@ -77,6 +84,10 @@ class Comm {
 inline void comm_buffer_check(const void* p, int64_t n, const char* call) {
   FP_ASSERT(p != nullptr || n == 0, "{}: {} elements to or from a null buffer", call, n);
 }
+// out (n) = the bf16 sum of P inputs in rank order: in[r] (n each) widened to f32, added for r = 0 ..
+// P-1, rounded once (Note [Summing bf16 over ranks]). out may be one of the inputs.
+void comm_sum_bf16(const uint16_t* const* in, int P, int64_t n, uint16_t* out);
+
 inline int64_t comm_count_sum(const int64_t* counts, int size) {
   int64_t n = 0;
   for (int i = 0; i < size; ++i) n += counts[i];

@@ -38,7 +38,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::DType_I32: return MPI_INT32_T;
     case DType::DType_I64: return MPI_INT64_T;
     case DType::DType_BF16:
-    case DType::DType_F16: return MPI_UINT16_T;  // moved, never reduced
+    case DType::DType_F16: return MPI_UINT16_T;  // moved; bf16 is summed by comm_sum_bf16
   }
   return MPI_BYTE;
 }
@@ -72,7 +72,14 @@ class MpiComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce_sum(void* data, int64_t n, DType t) override { reduce(data, n, t, MPI_SUM); }
+  void all_reduce_sum(void* data, int64_t n, DType t) override {
+    if (t != DType::DType_BF16) return reduce(data, n, t, MPI_SUM);
+    // Note [Summing bf16 over ranks]: every rank's data to every rank, summed here in rank order.
+    comm_buffer_check(data, n, "all_reduce_sum");
+    scratch_.resize(static_cast<size_t>(n) * size_);
+    FP_MPI_CHECK(MPI_Allgather(data, count_of(n), MPI_UINT16_T, scratch_.data(), count_of(n), MPI_UINT16_T, comm_));
+    sum_scratch(n, static_cast<uint16_t*>(data));
+  }
   void all_reduce_max(void* data, int64_t n, DType t) override { reduce(data, n, t, MPI_MAX); }
 
   void all_gather(const void* send, void* recv, int64_t n, DType t) override {
@@ -83,7 +90,14 @@ class MpiComm final : public Comm {
   void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t) override {
     comm_buffer_check(send, n, "reduce_scatter_sum");
     comm_buffer_check(recv, n, "reduce_scatter_sum");
-    FP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count_of(n), mpi_type(t), MPI_SUM, comm_));
+    if (t != DType::DType_BF16) {
+      FP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count_of(n), mpi_type(t), MPI_SUM, comm_));
+      return;
+    }
+    // Note [Summing bf16 over ranks]: block r of every rank to rank r, summed there in rank order.
+    scratch_.resize(static_cast<size_t>(n) * size_);
+    FP_MPI_CHECK(MPI_Alltoall(send, count_of(n), MPI_UINT16_T, scratch_.data(), count_of(n), MPI_UINT16_T, comm_));
+    sum_scratch(n, static_cast<uint16_t*>(recv));
   }
   void all_to_all_v(const void* send, const int64_t* send_counts, void* recv, const int64_t* recv_counts,
                     DType t) override {
@@ -156,7 +170,15 @@ class MpiComm final : public Comm {
     free_slots_.push_back(r.slot);
     r.slot = -1;
   }
+  // out (n) = the bf16 sum of the size_ blocks of n in scratch_, in rank order.
+  void sum_scratch(int64_t n, uint16_t* out) {
+    ins_.resize(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) ins_[r] = scratch_.data() + r * n;
+    comm_sum_bf16(ins_.data(), size_, n, out);
+  }
   void reduce(void* data, int64_t n, DType t, MPI_Op op) {
+    FP_ASSERT(t != DType::DType_F16 && (t != DType::DType_BF16 || op == MPI_SUM), "MPI cannot reduce {} this way",
+              dtype_name(t));
     comm_buffer_check(data, n, "all_reduce");
     FP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), mpi_type(t), op, comm_));
   }
@@ -164,6 +186,9 @@ class MpiComm final : public Comm {
   int rank_ = 0, size_ = 1;
   std::vector<std::array<MPI_Request, 2>> slots_;  // (receive, send) of each transfer started
   std::vector<int64_t> free_slots_;
+  // bf16 sums: every rank's contribution (grows to the largest sum, then is reused), and its blocks.
+  std::vector<uint16_t> scratch_;
+  std::vector<const uint16_t*> ins_;
 };
 
 }  // namespace

@@ -66,7 +66,11 @@ class ThreadWorld::RankComm final : public Comm {
     comm_buffer_check(send, n, "reduce_scatter_sum");
     comm_buffer_check(recv, n, "reduce_scatter_sum");
     meet({send, nullptr, n, -1});
-    if (n > 0) {
+    if (n > 0 && t == DType::DType_BF16) {
+      std::vector<const uint16_t*> in(static_cast<size_t>(size()));
+      for (int r = 0; r < size(); ++r) in[r] = static_cast<const uint16_t*>(w_.posts_[r].send) + rank_ * n;
+      comm_sum_bf16(in.data(), size(), n, static_cast<uint16_t*>(recv));
+    } else if (n > 0) {
       std::vector<char> acc(static_cast<size_t>(n) * dtype_size(t), 0);
       for (int r = 0; r < size(); ++r)
         accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send) + rank_ * acc.size(), n, t, false, r == 0);
@@ -127,8 +131,14 @@ class ThreadWorld::RankComm final : public Comm {
     comm_buffer_check(data, n, "all_reduce");
     meet({data, nullptr, n, -1});
     std::vector<char> acc(static_cast<size_t>(n) * dtype_size(t), 0);
-    for (int r = 0; r < size() && n > 0; ++r)
-      accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send), n, t, max, r == 0);
+    if (t == DType::DType_BF16 && !max && n > 0) {
+      std::vector<const uint16_t*> in(static_cast<size_t>(size()));
+      for (int r = 0; r < size(); ++r) in[r] = static_cast<const uint16_t*>(w_.posts_[r].send);
+      comm_sum_bf16(in.data(), size(), n, reinterpret_cast<uint16_t*>(acc.data()));
+    } else {
+      for (int r = 0; r < size() && n > 0; ++r)
+        accumulate(acc.data(), static_cast<const char*>(w_.posts_[r].send), n, t, max, r == 0);
+    }
     w_.wait();  // every rank has read every input before any rank overwrites its own
     if (n > 0) std::memcpy(data, acc.data(), acc.size());
     w_.wait();

@@ -3,6 +3,7 @@
 // another rank, and an engine refuses a null buffer that has a count.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -134,6 +135,46 @@ TEST(DataComm, MetaChannelMovesNothingAndNeverMeets) {
     EXPECT_EQ(x, W * (W + 1) / 2);
   });
   EXPECT_EQ(world.meetings(), 1u);
+}
+
+// Note [Summing bf16 over ranks]: a bf16 sum moves bf16 bytes and every rank adds its P inputs widened
+// to f32 in rank order, rounded once. Checked against that scalar definition on random bf16 values
+// (mixed magnitudes and signs), and on a case where rounding once differs from rounding after every
+// addition: 1 + 2^-8 + 2^-8 is 1 + 2^-7 exactly, but 1 + 2^-8 alone rounds (to even) back to 1.
+TEST(DataComm, Bf16SumsAddInRankOrderAndRoundOnce) {
+  static constexpr int W = 3;
+  static constexpr int64_t n = 1000;  // more than one of comm_sum_bf16's blocks
+  auto bits = [](int r, int64_t i) {   // rank r's element i of a (W n) buffer
+    if (i == 0) return bf16_from_float(r == 0 ? 1.0f : 0.00390625f);  // 1, 2^-8, 2^-8
+    const uint32_t h = static_cast<uint32_t>((r + 1) * 2654435761u ^ static_cast<uint32_t>(i) * 40503u);
+    const float mag = std::ldexp(1.0f + static_cast<float>(h % 1000) / 1000.0f, static_cast<int>(h % 13) - 6);
+    return bf16_from_float((h >> 20) % 2 ? -mag : mag);
+  };
+  auto want = [&](int64_t i) {
+    float acc = 0;
+    for (int q = 0; q < W; ++q) acc += bf16_to_float(bits(q, i));
+    return bf16_from_float(acc);
+  };
+  ASSERT_EQ(bf16_to_float(want(0)), 1.0078125f);  // the round-once case
+  ThreadWorld world(W);
+  world.run([&](Comm& comm) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    std::unique_ptr<DataComm> data = be->data_channel(comm);
+    const int r = comm.rank();
+    std::vector<uint16_t> mine(static_cast<size_t>(W * n));
+    for (int64_t i = 0; i < W * n; ++i) mine[i] = bits(r, i);
+    // reduce_scatter_sum on the data channel: block r of every rank, summed at rank r.
+    Tensor send = be->alloc(Category::Category_comm, {W * n}, DType::DType_BF16, "send");
+    Tensor recv = be->alloc(Category::Category_comm, {n}, DType::DType_BF16, "recv");
+    be->copy_from_host(send.data(), mine.data(), send.bytes());
+    data->reduce_scatter_sum(be->compute_stream(), send.data(), recv.data(), n, DType::DType_BF16);
+    std::vector<uint16_t> got(static_cast<size_t>(n));
+    be->copy_to_host(got.data(), recv.data(), recv.bytes());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want(r * n + i)) << "rank " << r << " element " << i;
+    // all_reduce_sum on the control channel, in place: every rank gets every element's sum.
+    comm.all_reduce_sum(mine.data(), W * n, DType::DType_BF16);
+    for (int64_t i = 0; i < W * n; ++i) ASSERT_EQ(mine[i], want(i)) << "rank " << r << " element " << i;
+  });
 }
 
 // The old meta convention (a null buffer with a count: "move nothing") is a bug now, refused by the
