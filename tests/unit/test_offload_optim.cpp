@@ -3,7 +3,9 @@
 // The streamed step against the serial one, bit for bit, for both update placements and many
 // bucket sizes and slot counts, also under random copy-stream delays; both against the device AdamW
 // over 10 training steps of a tiny model; the bucket plan; the device and host ledgers (cpu and meta
-// alike); the NaN guard; the master's sync after a checkpoint-style weight load.
+// alike); the NaN guard; the master's sync after a checkpoint-style weight load. The bf16 recipe: every
+// variant against the device AdamW bit for bit (weights, moments, master), through weights_written and
+// a resume, its ledgers (cpu = meta) and the bytes each step moves.
 // Dimensions: P parameters in all, B_max the largest bucket, S slots.
 #include <gtest/gtest.h>
 
@@ -21,6 +23,8 @@
 
 #include "../common/optim_schedule.h"
 #include "backend/backend.h"
+#include "core/buf.h"
+#include "core/precision.h"
 #include "core/rng.h"
 #include "core/units.h"
 #include "data/random_batch.h"
@@ -477,6 +481,346 @@ TEST(OffloadAdamW, LedgersHoldOnlyTheStagingOnTheDevice) {
       ++b;
     }
     // meta performs the identical sequence of allocations.
+    EXPECT_EQ(device_events[0], device_events[1]);
+    EXPECT_EQ(host_events[0], host_events[1]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bf16 recipe (Note [Offload with bf16 weights]): bf16 weights and gradients on the device, the
+// f32 master, m, v on the host.
+
+namespace {
+
+// The bytes of a tensor, whatever its dtype.
+std::vector<uint8_t> bytes_of(Backend& be, const Tensor& t) {
+  std::vector<uint8_t> h(static_cast<size_t>(t.bytes()));
+  be.copy_to_host(h.data(), t.data(), t.bytes());
+  return h;
+}
+
+// Everything an optimizer leaves behind, as stored: the weights (bf16), then its state tensors.
+struct Stored {
+  std::vector<std::string> names;
+  std::vector<DType> dtypes;
+  std::vector<std::vector<uint8_t>> bytes;
+};
+
+Stored stored_of(Backend& be, ParamStore& ps, const Optimizer& opt) {
+  Stored out;
+  auto add = [&](const std::string& name, const Tensor& t) {
+    out.names.push_back(name);
+    out.dtypes.push_back(t.dtype());
+    out.bytes.push_back(bytes_of(be, t));
+  };
+  for (const Param& p : ps.all()) add(p.name, p.w);
+  for (const auto& [name, t] : opt.state_tensors()) add(name, *t);
+  return out;
+}
+
+// The same tensors (names, dtypes) with the same bytes; else the first differing element, as values.
+::testing::AssertionResult same_stored(const Stored& got, const Stored& want) {
+  if (got.names != want.names) return ::testing::AssertionFailure() << "the tensors differ (names or order)";
+  for (size_t t = 0; t < want.bytes.size(); ++t) {
+    if (got.dtypes[t] != want.dtypes[t]) return ::testing::AssertionFailure() << want.names[t] << ": dtypes differ";
+    if (got.bytes[t] == want.bytes[t]) continue;
+    const size_t w = dtype_size(want.dtypes[t]);
+    for (size_t i = 0; i < want.bytes[t].size(); i += w) {
+      if (std::memcmp(&got.bytes[t][i], &want.bytes[t][i], w) == 0) continue;
+      auto value = [&](const std::vector<uint8_t>& b) {
+        if (w == 2) {
+          uint16_t h;
+          std::memcpy(&h, &b[i], 2);
+          return bf16_to_float(h);
+        }
+        float f;
+        std::memcpy(&f, &b[i], 4);
+        return f;
+      };
+      return ::testing::AssertionFailure() << want.names[t] << " (" << dtype_name(want.dtypes[t]) << ") index "
+                                           << i / w << ": expected " << value(want.bytes[t]) << ", got "
+                                           << value(got.bytes[t]);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Gradients ~ grad_std * N(0, 1) rounded to bf16, deterministic in seed.
+void grads_random_bf16(Backend& be, ParamStore& ps, double grad_std, uint64_t seed) {
+  Rng rng(seed);
+  for (Param& p : ps.all()) {
+    ASSERT_EQ(p.g.dtype(), DType::DType_BF16) << p.name;
+    std::vector<bf16> h(static_cast<size_t>(p.g.numel()));
+    for (bf16& x : h) x = from_f32<bf16>(static_cast<float>(grad_std * rng.normal()));
+    be.copy_from_host(p.g.data(), h.data(), p.g.bytes());
+  }
+}
+
+// Weights written from outside the optimizer (as the routing bias update does): the first, a middle
+// and the last parameter each get 0.25 added, rounded to bf16.
+std::vector<Param*> weights_bump_bf16(Backend& be, ParamStore& ps) {
+  std::vector<Param*> out;
+  const size_t n = ps.all().size();
+  for (size_t i : {size_t{0}, n / 2, n - 1}) {
+    Param& p = ps.all()[i];
+    std::vector<bf16> h(static_cast<size_t>(p.w.numel()));
+    be.copy_to_host(h.data(), p.w.data(), p.w.bytes());
+    for (bf16& x : h) x = from_f32<bf16>(to_f32(x) + 0.25f);
+    be.copy_from_host(p.w.data(), h.data(), p.w.bytes());
+    out.push_back(&p);
+  }
+  return out;
+}
+
+// `steps` steps of c's optimizer over the tiny model in the bf16 recipe (weights from init(7) rounded,
+// random bf16 gradients); after step written_at (0: never) weights_written on weights_bump_bf16.
+Stored run_steps_bf16(const OptimConfig& c, int steps, double grad_std, int written_at) {
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore ps(tiny_model(), *be, nullptr, precision_recipe("bf16"));
+  ps.init(7);
+  std::unique_ptr<Optimizer> opt = optimizer_create(c, ps, *be);
+  for (int s = 1; s <= steps; ++s) {
+    grads_random_bf16(*be, ps, grad_std, 100 + static_cast<uint64_t>(s));
+    opt->step(s, steps);
+    if (s == written_at) opt->weights_written(weights_bump_bf16(*be, ps));
+  }
+  be->synchronize();
+  return stored_of(*be, ps, *opt);
+}
+
+// Every offload variant of the bf16 tests: serial, and both placements with buckets that cut
+// parameters (37), hold several (1000) or everything (2^20), with 1 and 2 slots.
+std::vector<OptimConfig> offload_variants() {
+  std::vector<OptimConfig> out;
+  OptimConfig serial = test_config();
+  serial.sched = optim_named("offload_serial");
+  out.push_back(serial);
+  for (const std::string update_on : {"device", "host"})
+    for (int64_t bucket : {int64_t{37}, int64_t{1000}, int64_t{1} << 20})
+      for (int64_t slots : {1, 2}) out.push_back(stream_config(update_on, bucket, slots));
+  return out;
+}
+
+std::string variant_name(const OptimConfig& c) {
+  if (c.sched.kind == OptimSchedule::Kind::Kind_offload_serial) return "offload_serial";
+  return fmt::format("offload_stream update_on {} bucket {} slots {}", update_on_name(c.sched), c.sched.bucket_params,
+                     c.sched.slots);
+}
+
+}  // namespace
+
+// The acceptance of the bf16 recipe: every offload variant equals the device AdamW (its f32 master
+// beside the bf16 weights) bit for bit over several steps, clipped and not: the bf16 weights, then
+// m, v and the f32 master. The same kernel updates the same f32 operands with the same bf16
+// gradient, so a widening, a rounding or a byte count done otherwise (the master copied as bytes,
+// weights sent up unrounded or from the wrong slot) shows here.
+TEST(OffloadAdamW, Bf16EqualsDeviceAdamWBitForBit) {
+  OptimConfig device = test_config();
+  device.sched = optim_named("device");
+  for (double grad_std : {0.5, 5e-3}) {
+    const Stored want = run_steps_bf16(device, 4, grad_std, 0);
+    ASSERT_EQ(want.dtypes.front(), DType::DType_BF16);
+    ASSERT_TRUE(want.names.back().ends_with(".master")) << want.names.back();
+    for (const OptimConfig& c : offload_variants()) {
+      SCOPED_TRACE(::testing::Message() << variant_name(c) << " grad_std " << grad_std);
+      ASSERT_TRUE(same_stored(run_steps_bf16(c, 4, grad_std, 0), want));
+    }
+  }
+}
+
+// Note [OffloadStream pipeline] in bf16: random sleeps before every copy-stream task; the host
+// placement's weight rows are refilled only after their previous bucket went up (weights_up), the
+// device placement's slots as in fp32. A missing wait mixes two buckets' weights.
+TEST(OffloadStreamAdamW, Bf16RandomCopyDelaysKeepTheBits) {
+  OptimConfig device = test_config();
+  device.sched = optim_named("device");
+  const Stored want = run_steps_bf16(device, 3, 0.5, 0);
+  unsigned seed = 1;
+  for (const std::string update_on : {"device", "host"}) {
+    for (int64_t slots : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "update_on " << update_on << " slots " << slots);
+      auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+      random_delays(be->h2d_stream(), seed++);
+      random_delays(be->d2h_stream(), seed++);
+      ParamStore ps(tiny_model(), *be, nullptr, precision_recipe("bf16"));
+      ps.init(7);
+      std::unique_ptr<Optimizer> opt = optimizer_create(stream_config(update_on, 200, slots), ps, *be);
+      for (int s = 1; s <= 3; ++s) {
+        grads_random_bf16(*be, ps, 0.5, 100 + static_cast<uint64_t>(s));
+        opt->step(s, 3);
+      }
+      be->synchronize();
+      ASSERT_TRUE(same_stored(stored_of(*be, ps, *opt), want));
+    }
+  }
+}
+
+// Weights written between steps (weights_written) are widened into the host master; the steps after
+// it must still equal the device AdamW's, which takes its master from them the same way.
+TEST(OffloadAdamW, Bf16WeightsWrittenReachTheMaster) {
+  OptimConfig device = test_config();
+  device.sched = optim_named("device");
+  const Stored want = run_steps_bf16(device, 4, 0.5, 2);
+  const Stored unwritten = run_steps_bf16(device, 4, 0.5, 0);
+  ASSERT_FALSE(same_stored(unwritten, want));  // the write matters
+  for (const OptimConfig& c : offload_variants()) {
+    SCOPED_TRACE(variant_name(c));
+    ASSERT_TRUE(same_stored(run_steps_bf16(c, 4, 0.5, 2), want));
+  }
+}
+
+// A resume (train/checkpoint.cpp) loads the bf16 weights, then m, v and the f32 master into
+// state_tensors(), calls master_loaded and then set_steps_taken: the next step must start from the
+// loaded master, not from the rounded weights (set_steps_taken alone marks the master stale).
+TEST(OffloadAdamW, Bf16ResumeKeepsTheLoadedMaster) {
+  for (const OptimConfig& c : offload_variants()) {
+    SCOPED_TRACE(variant_name(c));
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    ParamStore pa(tiny_model(), *be, nullptr, precision_recipe("bf16"));
+    ParamStore pb(tiny_model(), *be, nullptr, precision_recipe("bf16"));
+    pa.init(7);
+    pb.init(8);  // other weights: the load replaces them
+    std::unique_ptr<Optimizer> a = optimizer_create(c, pa, *be), b = optimizer_create(c, pb, *be);
+    for (int s = 1; s <= 2; ++s) {
+      grads_random_bf16(*be, pa, 0.5, 10 + static_cast<uint64_t>(s));
+      a->step(s, 4);
+    }
+    // The "checkpoint": the weights and every state tensor, by name.
+    for (size_t i = 0; i < pa.all().size(); ++i)
+      be->copy_from_host(pb.all()[i].w.data(), bytes_of(*be, pa.all()[i].w).data(), pa.all()[i].w.bytes());
+    const auto sa = a->state_tensors(), sb = b->state_tensors();
+    ASSERT_EQ(sa.size(), 3 * pa.all().size());
+    ASSERT_EQ(sb.size(), sa.size());
+    for (size_t k = 0; k < sa.size(); ++k) {
+      ASSERT_EQ(sb[k].first, sa[k].first);
+      be->copy_from_host(sb[k].second->data(), bytes_of(*be, *sa[k].second).data(), sa[k].second->bytes());
+    }
+    b->master_loaded();
+    b->set_steps_taken(2);
+    for (int s = 3; s <= 4; ++s) {
+      grads_random_bf16(*be, pa, 0.5, 10 + static_cast<uint64_t>(s));
+      grads_random_bf16(*be, pb, 0.5, 10 + static_cast<uint64_t>(s));
+      a->step(s, 4);
+      b->step(s, 4);
+    }
+    be->synchronize();
+    ASSERT_TRUE(same_stored(stored_of(*be, pb, *b), stored_of(*be, pa, *a)));
+  }
+}
+
+// Over 10 training steps of the tiny model in the bf16 recipe (real bf16 forward and backward), each
+// offload variant gives the device AdamW's losses, weights and state bit for bit.
+TEST(OffloadAdamW, Bf16MatchesDeviceAdamWOverTenTrainingSteps) {
+  auto train = [](const OptimConfig& c, std::vector<double>* losses) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    Schedules ms;
+    ms.precision = precision_recipe("bf16");
+    Model model(tiny_model(), *be, RoutingProfile{}, ms);
+    model.init_weights(7);
+    std::unique_ptr<Optimizer> opt = optimizer_create(c, model.params(), *be);
+    const int steps = 10;
+    for (int s = 1; s <= steps; ++s) {
+      model.zero_grads();
+      losses->push_back(step_forward_backward(model, batch_random(2, 9, tiny_model().vocab_size, 500 + s)).loss);
+      opt->step(s, steps);
+    }
+    be->synchronize();
+    return stored_of(*be, model.params(), *opt);
+  };
+  OptimConfig device = test_config();
+  device.sched = optim_named("device");
+  std::vector<double> want_losses;
+  const Stored want = train(device, &want_losses);
+  std::vector<OptimConfig> variants;
+  OptimConfig serial = test_config();
+  serial.sched = optim_named("offload_serial");
+  variants.push_back(serial);
+  variants.push_back(stream_config("device", 100, 2));
+  variants.push_back(stream_config("host", 100, 2));
+  for (const OptimConfig& c : variants) {
+    SCOPED_TRACE(variant_name(c));
+    std::vector<double> losses;
+    const Stored got = train(c, &losses);
+    ASSERT_EQ(losses.size(), want_losses.size());
+    for (size_t s = 0; s < losses.size(); ++s) EXPECT_EQ(losses[s], want_losses[s]) << "step " << s + 1;
+    ASSERT_TRUE(same_stored(got, want));
+  }
+}
+
+// The bf16 recipe's memory and link traffic, both recipes side by side: the host holds the same
+// 12 B of f32 state per parameter; serial's host gradients and the host slots follow the gradients'
+// dtype (the host slots add a weight row: S x B_max x (2 + 2) B, the fp32 slots' bytes); the device
+// slots stay f32. Per step the gradients and weights move in their dtype (serial and host placement:
+// 2 B down and 2 B up per parameter, 4 and 4 in fp32) and the device placement moves the f32 state
+// (12 and 12 in both); the first step's master sync adds the weights down (4 B in fp32; bf16: 2 B,
+// or 4 B widened on the device for the device placement). cpu and meta allocate the same, event for
+// event.
+TEST(OffloadAdamW, Bf16LedgersAndTrafficFollowTheDtypes) {
+  const uint64_t P = static_cast<uint64_t>(tiny_model().param_count());
+  struct Case {
+    OptimConfig cfg;
+    const char* recipe;
+    uint64_t device_optimizer, host_optimizer, host_grads;
+    uint64_t down, up;  // bytes per step after the first
+    uint64_t sync;      // the first step's extra bytes down
+  };
+  std::vector<int64_t> sizes;
+  {
+    auto tmp = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+    ParamStore ps(tiny_model(), *tmp);
+    for (const Param& p : ps.all()) sizes.push_back(p.w.numel());
+  }
+  std::vector<Case> cases;
+  for (const char* recipe : {"fp32", "bf16"}) {
+    const uint64_t w = std::string(recipe) == "bf16" ? 2 : 4;  // bytes of a weight and of a gradient
+    OptimConfig serial = test_config();
+    serial.sched = optim_named("offload_serial");
+    cases.push_back({serial, recipe, 0, 12 * P, w * P, w * P, w * P, w * P});
+    for (int64_t slots : {1, 2}) {
+      for (int64_t bucket : {int64_t{37}, int64_t{1000}}) {
+        const uint64_t SB = static_cast<uint64_t>(slots) * static_cast<uint64_t>(offload_plan_make(sizes, bucket).largest);
+        cases.push_back({stream_config("device", bucket, slots), recipe, SB * 16, 12 * P, 0, 12 * P, 12 * P, 4 * P});
+        cases.push_back({stream_config("host", bucket, slots), recipe, 0, 12 * P + SB * 4, 0, w * P, w * P, w * P});
+      }
+    }
+  }
+  for (const Case& k : cases) {
+    SCOPED_TRACE(::testing::Message() << k.recipe << " " << variant_name(k.cfg));
+    std::vector<std::string> device_events[2], host_events[2];
+    int b = 0;
+    for (const char* backend : {"cpu", "meta"}) {
+      auto be = backend_create(backend, kUnlimitedBytes, kUnlimitedBytes);
+      ParamStore ps(tiny_model(), *be, nullptr, precision_recipe(k.recipe));
+      if (be->computes()) ps.init(1);
+      const Ledger& dev = be->device_ledger();
+      const Ledger& host = be->host_ledger();
+      {
+        std::unique_ptr<Optimizer> opt = optimizer_create(k.cfg, ps, *be);
+        const auto* off = dynamic_cast<const OffloadAdamW*>(opt.get());
+        ASSERT_NE(off, nullptr);
+        for (int s = 1; s <= 2; ++s) {
+          if (be->computes()) {
+            if (std::string(k.recipe) == "bf16") {
+              grads_random_bf16(*be, ps, 0.5, 10 + static_cast<uint64_t>(s));
+            } else {
+              grads_random(*be, ps, 0.5, 10 + static_cast<uint64_t>(s));
+            }
+          }
+          opt->step(s, 2);
+          EXPECT_EQ(dev.peak(Category::Category_optimizer), k.device_optimizer) << backend;
+          EXPECT_EQ(host.current(Category::Category_optimizer), k.host_optimizer) << backend;
+          EXPECT_EQ(host.peak(Category::Category_optimizer), k.host_optimizer) << backend;
+          EXPECT_EQ(host.current(Category::Category_grads), k.host_grads) << backend;
+          if (!be->computes()) continue;  // meta moves nothing
+          EXPECT_EQ(off->last_times().down_bytes, k.down + (s == 1 ? k.sync : 0)) << "step " << s;
+          EXPECT_EQ(off->last_times().up_bytes, k.up) << "step " << s;
+        }
+      }
+      EXPECT_EQ(host.total_current(), 0u);
+      device_events[b] = events_of(dev);
+      host_events[b] = events_of(host);
+      ++b;
+    }
     EXPECT_EQ(device_events[0], device_events[1]);
     EXPECT_EQ(host_events[0], host_events[1]);
   }

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/timing.h"
 #include "ops/adamw.h"
+#include "ops/elementwise.h"
 
 namespace fp {
 
@@ -71,11 +72,17 @@ OffloadAdamW::OffloadAdamW(ParamStore& params, Backend& be, const OptimConfig& c
   m_.reserve(n);
   v_.reserve(n);
   const Precision& pr = params_.precision();
-  // Note [bf16 on a computing backend] (model/model.cpp): the host state here moves f32 bytes.
-  FP_CHECK(!be_.computes() || pr.params == DType::DType_F32, "set optim.schedule = \"device\" with the bf16 recipe",
-           "{} on the {} backend takes f32 parameters only so far (precision {}): its host copies move f32 "
-           "weights and gradients",
+  // Note [Offload with bf16 weights]: the host update runs on f32 master, m, v (the cpu kernel's
+  // float* operands) and writes the weights in their dtype from it; the staging of the weights
+  // shares the gradients' buffers, so both have one dtype. meta computes nothing: any precision.
+  const DType f = DType::DType_F32, h = DType::DType_BF16;
+  FP_CHECK(!be_.computes() ||
+               (pr.master == f && pr.moments == f && (pr.params == f || pr.params == h) && pr.grads == pr.params),
+           "set precision.recipe = \"fp32\" or \"bf16\" without per-field overrides, or optim.schedule = \"device\"",
+           "{} on the {} backend takes f32 master weights and moments, and weights and gradients both f32 or both "
+           "bf16 (precision {})",
            fmt::format("optim.schedule = \"{}\"", schedule_name(cfg_.sched.kind)), be_.name(), precision_describe(pr));
+  rounded_ = pr.params != pr.master;
   for (const Param& p : params_.all()) {
     const Shape& shape = p.local_w().shape();  // the FSDP shard on W ranks
     master_.emplace_back(be_.alloc_host(Category::Category_optimizer, shape, pr.master, p.name + ".master"));
@@ -94,26 +101,48 @@ double OffloadAdamW::grad_norm_compute() { return grad_norm_global(params_, be_,
 void OffloadAdamW::master_sync() {
   // The device weights are the truth before the first step (init or checkpoint load).
   be_.d2h_stream().wait(grads_ready_);
-  size_t i = 0;
-  for (const Param& p : params_.all()) {
-    be_.copy_async(be_.d2h_stream(), master_[i].data(), p.local_w().data(), p.local_w().bytes());
-    ++i;
+  if (rounded_) {
+    master_widen(std::vector<bool>(params_.all().size(), true));
+  } else {
+    size_t i = 0;
+    for (const Param& p : params_.all()) {
+      copy_down(master_[i].data(), p.local_w().data(), p.local_w().bytes());
+      ++i;
+    }
+    Event done;
+    be_.d2h_stream().record(done);
+    done.synchronize();
   }
-  Event done;
-  be_.d2h_stream().record(done);
-  done.synchronize();
   master_synced_ = true;
 }
 
 void OffloadAdamW::weights_written(const std::vector<Param*>& written) {
   if (!master_synced_ || written.empty()) return;
   be_.synchronize();
+  std::vector<bool> take;
+  for (const Param& p : params_.all())
+    take.push_back(std::find(written.begin(), written.end(), &p) != written.end());
+  if (rounded_) {
+    const OffloadTimes last = times_;  // last_times() describes the last step, not this copy
+    master_widen(take);
+    times_ = last;
+    return;
+  }
   size_t i = 0;
   for (const Param& p : params_.all()) {
-    if (std::find(written.begin(), written.end(), &p) != written.end())
-      be_.copy_to_host(master_[i].data(), p.local_w().data(), p.local_w().bytes());
+    if (take[i]) be_.copy_to_host(master_[i].data(), p.local_w().data(), p.local_w().bytes());
     ++i;
   }
+}
+
+void OffloadAdamW::copy_down(void* dst, const void* src, uint64_t bytes) {
+  be_.copy_async(be_.d2h_stream(), dst, src, bytes);
+  times_.down_bytes += bytes;
+}
+
+void OffloadAdamW::copy_up(void* dst, const void* src, uint64_t bytes) {
+  be_.copy_async(be_.h2d_stream(), dst, src, bytes);
+  times_.up_bytes += bytes;
 }
 
 OffloadAdamW::StepStats OffloadAdamW::step(int64_t step, int64_t total_steps) {
@@ -155,8 +184,8 @@ OffloadAdamW::StepStats OffloadAdamW::step(int64_t step, int64_t total_steps) {
   return st;
 }
 
-void OffloadAdamW::update_range(bool host, int64_t i, float* param, const float* grad, float* m, float* v,
-                                int64_t length, const StepStats& st, int64_t step) {
+void OffloadAdamW::update_range(bool host, int64_t i, float* master, CBuf grad, float* m, float* v, int64_t length,
+                                const StepStats& st, int64_t step, Buf weights) {
   // No decay on 1-D parameters (RMSNorm weights), as AdamW::step.
   const Param& p = params_.all()[static_cast<size_t>(i)];
   const double wd = p.shape.rank >= 2 ? cfg_.weight_decay : 0.0;
@@ -165,24 +194,25 @@ void OffloadAdamW::update_range(bool host, int64_t i, float* param, const float*
     // Host operands: the cpu kernel itself (any backend's host memory is the cpu's), not the backend
     // table (a device kernel cannot read host memory). Nothing exists to update on meta.
     if (be_.computes())
-      ops::cpu::adamw_update(param, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
+      ops::cpu::adamw_update(master, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
                              static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(wd),
-                             static_cast<float>(st.clip_scale), step, nullptr);
+                             static_cast<float>(st.clip_scale), step, weights);
   } else {
-    be_.kernels().adamw_update(param, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
+    be_.kernels().adamw_update(master, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
                                static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(wd),
-                               static_cast<float>(st.clip_scale), step, nullptr);
+                               static_cast<float>(st.clip_scale), step, weights);
   }
   times_.update_s += seconds_since(t0);
 }
 
 std::vector<std::pair<std::string, const Tensor*>> OffloadAdamW::state_tensors() const {
   std::vector<std::pair<std::string, const Tensor*>> out;
-  out.reserve(2 * m_.size());
+  out.reserve(3 * m_.size());
   size_t i = 0;
   for (const Param& p : params_.all()) {
     out.emplace_back(p.name + ".exp_avg", &m_[i]);
     out.emplace_back(p.name + ".exp_avg_sq", &v_[i]);
+    if (rounded_) out.emplace_back(p.name + ".master", &master_[i]);
     ++i;
   }
   return out;
@@ -207,23 +237,32 @@ void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {
   d2h.wait(grads_ready_);
   size_t i = 0;
   for (const Param& p : params_.all()) {
-    be_.copy_async(d2h, grad_host_[i].data(), p.local_g().data(), p.local_g().bytes());
+    copy_down(grad_host_[i].data(), p.local_g().data(), p.local_g().bytes());
     ++i;
   }
   Event down;
   d2h.record(down);
   down.synchronize();
   times_.down_s = seconds_since(t0);
-  // 2. CPU AdamW over everything, parameter by parameter, while the device waits.
-  for (i = 0; i < master_.size(); ++i)
-    update_range(/*host=*/true, static_cast<int64_t>(i), master_[i].f32(), grad_host_[i].f32(), m_[i].f32(),
-                 v_[i].f32(), master_[i].numel(), st, step);
-  // 3. Every weight back.
+  // 2. CPU AdamW over everything, parameter by parameter, while the device waits. With bf16 weights
+  // the new master is then rounded into the gradient's buffer, dead once its update returned (Note
+  // [Offload with bf16 weights]: the kernel's param_copy may not alias its gradient).
+  for (i = 0; i < master_.size(); ++i) {
+    const int64_t n = master_[i].numel();
+    update_range(/*host=*/true, static_cast<int64_t>(i), master_[i].f32(), grad_host_[i].cbuf(), m_[i].f32(),
+                 v_[i].f32(), n, st, step, nullptr);
+    if (rounded_) {
+      const auto tr = Clock::now();
+      ops::cpu::copy(grad_host_[i].buf(), master_[i].f32(), n);
+      times_.update_s += seconds_since(tr);
+    }
+  }
+  // 3. Every weight back: the master itself (fp32), or its rounding (bf16).
   t0 = Clock::now();
   h2d.wait(grads_ready_);
   i = 0;
   for (Param& p : params_.all()) {
-    be_.copy_async(h2d, p.local_w().data(), master_[i].data(), p.local_w().bytes());
+    copy_up(p.local_w().data(), rounded_ ? grad_host_[i].data() : master_[i].data(), p.local_w().bytes());
     ++i;
   }
   Event up;
@@ -231,6 +270,23 @@ void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {
   be_.compute_stream().wait(up);  // the next forward reads the new weights
   up.synchronize();
   times_.up_s = seconds_since(t0);
+}
+
+void OffloadSerialAdamW::master_widen(const std::vector<bool>& take) {
+  // Between steps no gradient is held in grad_host_ (each step downloads them anew): the bf16
+  // weights come down into it and are widened into the master on the host.
+  size_t i = 0;
+  for (const Param& p : params_.all()) {
+    FP_ASSERT(grad_host_[i].dtype() == p.local_w().dtype(), "{}: host gradient {} stages {} weights", p.name,
+              dtype_name(grad_host_[i].dtype()), dtype_name(p.local_w().dtype()));
+    if (take[i]) copy_down(grad_host_[i].data(), p.local_w().data(), p.local_w().bytes());
+    ++i;
+  }
+  Event done;
+  be_.d2h_stream().record(done);
+  done.synchronize();
+  for (i = 0; i < master_.size(); ++i)
+    if (take[i]) ops::cpu::copy(master_[i].f32(), grad_host_[i].cbuf(), master_[i].numel());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,8 +305,14 @@ OffloadStreamAdamW::OffloadStreamAdamW(ParamStore& params, Backend& be, const Op
     if (on_device_) {
       slots_.push_back(be_.alloc_f32(Category::Category_optimizer, {4, plan_.largest}, fmt::format("optim.slot{}", s)));
     } else {
-      host_slots_.push_back(be_.alloc_host(Category::Category_optimizer, {plan_.largest}, DType::DType_F32,
-                                           fmt::format("optim.host_slot{}", s)));
+      // The gradient row in the gradients' dtype; with bf16 weights the weight row too (Note [Offload
+      // with bf16 weights]). By dtype alone, so meta allocates what cpu does.
+      const Precision& pr = params_.precision();
+      host_slots_.push_back(
+          be_.alloc_host(Category::Category_optimizer, {plan_.largest}, pr.grads, fmt::format("optim.host_slot{}", s)));
+      if (rounded_)
+        host_wslots_.push_back(be_.alloc_host(Category::Category_optimizer, {plan_.largest}, pr.params,
+                                              fmt::format("optim.host_wslot{}", s)));
     }
   }
 }
@@ -283,9 +345,9 @@ void OffloadStreamAdamW::step_on_device(const StepStats& st, int64_t step) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const size_t i = static_cast<size_t>(sg.param);
       const uint64_t bytes = static_cast<uint64_t>(sg.length) * sizeof(float);
-      be_.copy_async(h2d, slot + SlotRow_param * row + sg.slot_offset, master_[i].f32() + sg.offset, bytes);
-      be_.copy_async(h2d, slot + SlotRow_m * row + sg.slot_offset, m_[i].f32() + sg.offset, bytes);
-      be_.copy_async(h2d, slot + SlotRow_v * row + sg.slot_offset, v_[i].f32() + sg.offset, bytes);
+      copy_up(slot + SlotRow_param * row + sg.slot_offset, master_[i].f32() + sg.offset, bytes);
+      copy_up(slot + SlotRow_m * row + sg.slot_offset, m_[i].f32() + sg.offset, bytes);
+      copy_up(slot + SlotRow_v * row + sg.slot_offset, v_[i].f32() + sg.offset, bytes);
     }
     h2d.record(uploaded[static_cast<size_t>(g)]);
   };
@@ -295,22 +357,29 @@ void OffloadStreamAdamW::step_on_device(const StepStats& st, int64_t step) {
     const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
     const size_t s = static_cast<size_t>(g % S);
     float* slot = slots_[s].f32();  // (4, B_max)
-    // Update on the device: gather the gradients, update the slot, scatter the weights.
+    // Update on the device: gather the gradients (bf16: widened by the converting copy), update the
+    // slot, scatter the weights (bf16: rounded into them by the update itself).
     compute.wait(uploaded[static_cast<size_t>(g)]);
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      be_.copy_async(compute, slot + SlotRow_grad * row + sg.slot_offset, p.local_g().f32() + sg.offset,
-                     static_cast<uint64_t>(sg.length) * sizeof(float));
+      float* grad_row = slot + SlotRow_grad * row + sg.slot_offset;
+      if (rounded_) {
+        be_.kernels().copy(grad_row, p.local_g().cbuf().at(sg.offset), sg.length);
+      } else {
+        be_.copy_async(compute, grad_row, p.local_g().f32() + sg.offset, static_cast<uint64_t>(sg.length) * sizeof(float));
+      }
     }
     // Per segment: weight decay differs between parameters (matrices vs norm weights).
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      Param& p = params_.all()[static_cast<size_t>(sg.param)];
       const int64_t o = sg.slot_offset;
       update_range(/*host=*/false, sg.param, slot + SlotRow_param * row + o, slot + SlotRow_grad * row + o,
-                   slot + SlotRow_m * row + o, slot + SlotRow_v * row + o, sg.length, st, step);
+                   slot + SlotRow_m * row + o, slot + SlotRow_v * row + o, sg.length, st, step,
+                   rounded_ ? p.local_w().buf().at(sg.offset) : Buf{});
     }
-    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments && !rounded_; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       Param& p = params_.all()[static_cast<size_t>(sg.param)];
       be_.copy_async(compute, p.local_w().f32() + sg.offset, slot + SlotRow_param * row + sg.slot_offset,
@@ -323,9 +392,9 @@ void OffloadStreamAdamW::step_on_device(const StepStats& st, int64_t step) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const size_t i = static_cast<size_t>(sg.param);
       const uint64_t bytes = static_cast<uint64_t>(sg.length) * sizeof(float);
-      be_.copy_async(d2h, master_[i].f32() + sg.offset, slot + SlotRow_param * row + sg.slot_offset, bytes);
-      be_.copy_async(d2h, m_[i].f32() + sg.offset, slot + SlotRow_m * row + sg.slot_offset, bytes);
-      be_.copy_async(d2h, v_[i].f32() + sg.offset, slot + SlotRow_v * row + sg.slot_offset, bytes);
+      copy_down(master_[i].f32() + sg.offset, slot + SlotRow_param * row + sg.slot_offset, bytes);
+      copy_down(m_[i].f32() + sg.offset, slot + SlotRow_m * row + sg.slot_offset, bytes);
+      copy_down(v_[i].f32() + sg.offset, slot + SlotRow_v * row + sg.slot_offset, bytes);
     }
     d2h.record(slot_free[s]);
     if (g + S < n_buckets) upload(g + S);
@@ -342,18 +411,20 @@ void OffloadStreamAdamW::step_on_host(const StepStats& st, int64_t step) {
   const auto& segs = plan_.segments;
   const int64_t n_buckets = static_cast<int64_t>(plan_.buckets.size());
   const int64_t S = static_cast<int64_t>(host_slots_.size());
+  const uint64_t g_size = dtype_size(params_.precision().grads), w_size = dtype_size(params_.precision().params);
   std::vector<Event> downloaded(static_cast<size_t>(n_buckets));
+  std::vector<Event> weights_up(static_cast<size_t>(S));  // bf16: slot s's weight row went up
 
   // Gradients of bucket g -> host slot g mod S. Issued only after the previous bucket of that slot
   // was updated (program order on the host), so no event guards the refill.
   auto download = [&](int64_t g) {
     const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
-    float* slot = host_slots_[static_cast<size_t>(g % S)].f32();  // (B_max)
+    const Buf slot = host_slots_[static_cast<size_t>(g % S)].buf();  // (B_max) gradients
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      be_.copy_async(d2h, slot + sg.slot_offset, p.local_g().f32() + sg.offset,
-                     static_cast<uint64_t>(sg.length) * sizeof(float));
+      copy_down(slot.at(sg.slot_offset).p, p.local_g().buf().at(sg.offset).p,
+                static_cast<uint64_t>(sg.length) * g_size);
     }
     d2h.record(downloaded[static_cast<size_t>(g)]);
   };
@@ -363,27 +434,102 @@ void OffloadStreamAdamW::step_on_host(const StepStats& st, int64_t step) {
   for (int64_t g = 0; g < std::min(S, n_buckets); ++g) download(g);
   for (int64_t g = 0; g < n_buckets; ++g) {
     const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
-    float* slot = host_slots_[static_cast<size_t>(g % S)].f32();  // (B_max)
+    const size_t s = static_cast<size_t>(g % S);
+    const CBuf slot = host_slots_[s].cbuf();  // (B_max) gradients
+    // bf16: the weight row (B_max) the update rounds into, once its previous bucket's copy went up.
+    const Buf wslot = rounded_ ? host_wslots_[s].buf() : Buf{};
     downloaded[static_cast<size_t>(g)].synchronize();
+    if (rounded_) weights_up[s].synchronize();
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const size_t i = static_cast<size_t>(sg.param);
-      update_range(/*host=*/true, sg.param, master_[i].f32() + sg.offset, slot + sg.slot_offset,
-                   m_[i].f32() + sg.offset, v_[i].f32() + sg.offset, sg.length, st, step);
+      update_range(/*host=*/true, sg.param, master_[i].f32() + sg.offset, slot.at(sg.slot_offset),
+                   m_[i].f32() + sg.offset, v_[i].f32() + sg.offset, sg.length, st, step,
+                   rounded_ ? wslot.at(sg.slot_offset) : Buf{});
     }
-    // The new weights go up straight from the master (final for this step: nothing writes it again).
+    // The new weights go up: fp32 straight from the master (final for this step: nothing writes it
+    // again), bf16 from the weight row the update wrote.
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      be_.copy_async(h2d, p.local_w().f32() + sg.offset, master_[static_cast<size_t>(sg.param)].f32() + sg.offset,
-                     static_cast<uint64_t>(sg.length) * sizeof(float));
+      const uint64_t bytes = static_cast<uint64_t>(sg.length) * w_size;
+      if (rounded_) {
+        copy_up(p.local_w().buf().at(sg.offset).p, wslot.at(sg.slot_offset).p, bytes);
+      } else {
+        copy_up(p.local_w().f32() + sg.offset, master_[static_cast<size_t>(sg.param)].f32() + sg.offset, bytes);
+      }
     }
+    if (rounded_) h2d.record(weights_up[s]);
     if (g + S < n_buckets) download(g + S);
   }
   Event up;
   h2d.record(up);
   be_.compute_stream().wait(up);  // the next forward reads the new weights
   up.synchronize();
+}
+
+void OffloadStreamAdamW::master_widen(const std::vector<bool>& take) {
+  Stream& d2h = be_.d2h_stream();
+  const auto& segs = plan_.segments;
+  if (on_device_) {
+    // Widened on the device into a slot's param row (the converting copy on the compute stream),
+    // then 4 B per parameter down, through the S slots in turn.
+    Stream& compute = be_.compute_stream();
+    const int64_t S = static_cast<int64_t>(slots_.size());
+    const int64_t row = plan_.largest;
+    std::vector<Event> slot_free(static_cast<size_t>(S));
+    for (size_t g = 0; g < plan_.buckets.size(); ++g) {
+      const OffloadBucket& b = plan_.buckets[g];
+      const size_t s = g % static_cast<size_t>(S);
+      float* param_row = slots_[s].f32() + SlotRow_param * row;  // (B_max)
+      compute.wait(slot_free[s]);
+      for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+        const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+        const Param& p = params_.all()[static_cast<size_t>(sg.param)];
+        if (take[static_cast<size_t>(sg.param)])
+          be_.kernels().copy(param_row + sg.slot_offset, p.local_w().cbuf().at(sg.offset), sg.length);
+      }
+      Event widened;
+      compute.record(widened);
+      d2h.wait(widened);
+      for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+        const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+        const size_t i = static_cast<size_t>(sg.param);
+        if (take[i])
+          copy_down(master_[i].f32() + sg.offset, param_row + sg.slot_offset,
+                    static_cast<uint64_t>(sg.length) * sizeof(float));
+      }
+      d2h.record(slot_free[s]);
+    }
+    Event done;
+    d2h.record(done);
+    done.synchronize();
+    return;
+  }
+  // Host placement: the weights come down into a slot's weight row, bucket by bucket, and are
+  // widened on the host (a first step's cost: one bucket in flight is enough).
+  const Buf stage = host_wslots_.front().buf();  // (B_max) weights
+  const uint64_t w_size = dtype_size(params_.precision().params);
+  for (const OffloadBucket& b : plan_.buckets) {
+    bool any = false;
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      const Param& p = params_.all()[static_cast<size_t>(sg.param)];
+      if (!take[static_cast<size_t>(sg.param)]) continue;
+      copy_down(stage.at(sg.slot_offset).p, p.local_w().buf().at(sg.offset).p,
+                static_cast<uint64_t>(sg.length) * w_size);
+      any = true;
+    }
+    if (!any) continue;
+    Event down;
+    d2h.record(down);
+    down.synchronize();
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = segs[static_cast<size_t>(j)];
+      const size_t i = static_cast<size_t>(sg.param);
+      if (take[i]) ops::cpu::copy(master_[i].f32() + sg.offset, stage.at(sg.slot_offset), sg.length);
+    }
+  }
 }
 
 }  // namespace fp
