@@ -1,7 +1,13 @@
 // Writes a model test case for the PyTorch twin (check_case.py): the weights, a batch, and what
 // flatpeak computes for it (logits, losses, every parameter gradient), as one safetensors file.
 //
-//   dump_case OUT.safetensors CASE      CASE: "gqa_norm" | "mha_nonorm" | "hf_layers" | "yarn" | "mla" | "mla_yarn"
+//   dump_case OUT.safetensors CASE [bf16]   CASE: "gqa_norm" | "mha_nonorm" | "hf_layers" | "yarn" | "mla" | "mla_yarn"
+//
+// bf16: the model in precision_recipe("bf16") (bf16 weights, activations and gradients). The weights are
+// the fp32 case's, each rounded once to bf16 (built from an fp32 model's init: a bf16 model's own init is
+// rounded already), and the file holds the rounded values (as F32, like every float tensor here: the
+// gradients widened), so the twin computes on exactly the weights flatpeak used.
+// The metadata "precision" says which recipe ran ("fp32" or "bf16"); check_case.py reads it.
 //
 // Every case uses sequences that span several attention tiles, top-k > 1, and arranges that the last
 // expert of every MoE layer receives no token (Note [An expert with no tokens]). hf_layers has every
@@ -16,9 +22,11 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "backend/backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/units.h"
@@ -93,25 +101,51 @@ Case case_make(const std::string& name) {
   return c;
 }
 
+// t (f32 or bf16) widened to f32 on the host.
 std::vector<float> to_host(Backend& be, const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.copy_to_host(v.data(), t.data(), t.bytes());
+  if (t.dtype() != DType::DType_BF16) {
+    be.copy_to_host(v.data(), t.data(), t.bytes());
+    return v;
+  }
+  std::vector<uint16_t> h(v.size());
+  be.copy_to_host(h.data(), t.data(), t.bytes());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_float(h[i]);
   return v;
+}
+
+// t (f32 or bf16) = v, each value rounded to nearest even for a bf16 t.
+void from_host(Backend& be, Tensor& t, const std::vector<float>& v) {
+  if (t.dtype() != DType::DType_BF16) {
+    be.copy_from_host(t.data(), v.data(), t.bytes());
+    return;
+  }
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < h.size(); ++i) h[i] = bf16_from_float(v[i]);
+  be.copy_from_host(t.data(), h.data(), t.bytes());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm|hf_layers|yarn|mla|mla_yarn\n");
+  const bool bf16 = argc == 4 && std::string(argv[3]) == "bf16";
+  if (argc != 3 && !bf16) {
+    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm|hf_layers|yarn|mla|mla_yarn [bf16]\n");
     return 2;
   }
   try {
     Case c = case_make(argv[2]);
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Model model(c.m, *be, RoutingProfile{});
+    Schedules ms;
+    ms.precision = precision_recipe(bf16 ? "bf16" : "fp32");
+    Model model(c.m, *be, RoutingProfile{}, ms);
     model.init_weights(c.m.seed);
     ParamStore& ps = model.params();
+    std::unique_ptr<Model> init_f32;  // bf16: the fp32 model's init, the values the bf16 weights round
+    if (bf16) {
+      init_f32 = std::make_unique<Model>(c.m, *be, RoutingProfile{});
+      init_f32->init_weights(c.m.seed);
+    }
     // Norm weights away from 1 so a missing multiplication cannot hide; larger router weights so the
     // top-k choice is far from ties; embeddings ~ N(0, 1) and q/k projections ~ N(0, 0.2) so that
     // attention is far from uniform (at the 0.02 initialisation every score is nearly equal and the
@@ -120,8 +154,9 @@ int main(int argc, char** argv) {
     // positive through the residual stream, and the last expert's router row gets -8 there: its
     // logit is always the lowest, so it is never among the top k < E.
     Rng rng(99);
-    for (Param& p : ps.all()) {
-      std::vector<float> w = to_host(*be, p.w);
+    for (size_t i = 0; i < ps.all().size(); ++i) {
+      Param& p = ps.all()[i];
+      std::vector<float> w = to_host(*be, init_f32 ? init_f32->params().all()[i].w : p.w);
       const bool bias = p.name.ends_with(".bias");  // ~ N(0, 0.3): a constant q/k offset would make
                                                     // every query alike (the q/k gradients cancel)
       // DeepSeek's routing bias ~ N(0, 0.1): it moves the choice (the sigmoid scores lie in (0, 1)).
@@ -145,8 +180,9 @@ int main(int argc, char** argv) {
       if (router) w[(c.m.num_experts - 1) * c.m.hidden_size] = -8.0f;
       if (route_bias) w[c.m.num_experts - 1] = -1.0f;  // the last expert's sigmoid score ~0 stays last
       if (p.name.ends_with("o_proj.bias")) w[0] = 0.5f;  // adds to dimension 0 of the residual: keeps it positive
-      be->copy_from_host(p.w.data(), w.data(), p.w.bytes());
+      from_host(*be, p.w, w);
     }
+    init_f32.reset();
     Batch batch = batch_random(c.B, c.T, c.m.vocab_size, 5);
     for (int64_t i = 0; i < c.B * c.T; i += 7) batch.targets[i] = -100;  // some ignored positions
     std::vector<float> logits;
@@ -169,7 +205,7 @@ int main(int argc, char** argv) {
     views.push_back({"out.ce_loss", DType::DType_F32, {1}, &losses[1]});
     views.push_back({"out.aux_loss", DType::DType_F32, {1}, &losses[2]});
     const std::string hf = model_config_hf_json(c.m);
-    safetensors_write(argv[1], views, {{"config", hf}});
+    safetensors_write(argv[1], views, {{"config", hf}, {"precision", bf16 ? "bf16" : "fp32"}});
     int64_t empty = 0;  // over the MoE layers (a dense layer's counts are all zero)
     for (int64_t l = 0; l < c.m.num_hidden_layers; ++l)
       for (int64_t e = 0; e < c.m.num_experts && c.m.layer_is_sparse(l); ++e)

@@ -16,6 +16,10 @@ It follows the Hugging Face code path (transformers/models/qwen3_moe/modeling_qw
 two deliberate differences: everything is computed in the dtype of the parameters passed in (the
 checks use float64), and targets are given explicitly per position (no shift inside; -100 is
 ignored). Gradients come from autograd.
+
+bf16: forward(..., casts=BF16_CASTS) is the twin of flatpeak's bf16 recipe, the same arithmetic with
+flatpeak's cast points (Note [The bf16 twin's cast points]); the default, NO_CASTS, is the plain twin
+above, operation for operation.
 """
 import math
 from dataclasses import dataclass, fields
@@ -24,6 +28,165 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+
+
+# --- bf16 cast points --------------------------------------------------------------------------------
+#
+# Note [The bf16 twin's cast points]
+# flatpeak's bf16 recipe (src/core/precision.h) stores weights, activations, activation gradients and
+# weight gradients in bf16, and router tensors, logits, the loss and statistics (RMSNorm rstd, attention
+# lse) in f32; every kernel widens its bf16 operands, computes in f32 and rounds each element it stores
+# once (to nearest even). The bf16 twin is the plain twin computed in float64 (or float32) on the same
+# (bf16) weights, with a rounding wherever flatpeak stores into a bf16 buffer, forward and backward:
+#   store(x)       a tensor a kernel writes into an activations buffer: x rounded, and its gradient rounded
+#                  (flatpeak stores the gradient of every activation in bf16 too). An in-place kernel
+#                  (bias_add, RoPE, add_inplace, the residual GEMM with beta = 1) is one more store.
+#   store_grad(x)  x unchanged, its gradient rounded: a gradient flatpeak stores where the value is not
+#                  stored again (an RMSNorm's input gradient before add_inplace joins it to the residual's;
+#                  the tied lm_head's share of the embedding gradient before the embedding's is added).
+#   fan(x, n)      n uses of x whose gradients flatpeak accumulates into one bf16 buffer one kernel at a
+#                  time (GEMMs with beta = 1, add_2d per head, the MoE scatter-add then the router GEMM):
+#                  round(round(round(g_0) + g_1) + ...), in the order of the uses given.
+#   attention      the FlashAttention-style kernel: o rounded once; backward from the rounded dO, with
+#                  D = rowsum(dO * o) of the STORED (rounded) o, as ops/cpu/attention_block.cpp does; dq,
+#                  dk, dv summed in full precision and rounded by the stores of q, k, v.
+#   weight_grad    every weight gradient rounded once at the end: each is written by one kernel call
+#                  into a zeroed bf16 buffer (one GEMM, one rmsnorm dw or one bias column sum per
+#                  parameter, the unchunked MoE), except the tied embedding (store_grad above).
+# What stays unrounded: the router logits, probabilities and top-k weights and their gradients (f32),
+# the logits, log-softmax and loss, and everything inside one kernel (silu(g) before the product with
+# u, the softmax probabilities, the GEMM sums). NO_CASTS makes every one of these the identity, so the
+# plain twin's operations (and results, bit for bit) are unchanged.
+
+def bf16_round(x):
+    """x rounded to the nearest bf16, ties to even, in x's dtype (torch converts float64 through
+    float32: the twin's float64 value rounded as flatpeak rounds its float32 one)."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+class _Store(torch.autograd.Function):
+    """store(x): x rounded to bf16, and its incoming gradient rounded."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return bf16_round(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return bf16_round(g)
+
+
+class _StoreGrad(torch.autograd.Function):
+    """store_grad(x): x unchanged, its incoming gradient rounded."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return bf16_round(g)
+
+
+class _Fan(torch.autograd.Function):
+    """fan(x, n): n copies of x; the gradient round(round(round(g_0) + g_1) + ...), in output order."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        return tuple(x.clone() for _ in range(n))
+
+    @staticmethod
+    def backward(ctx, *gs):
+        acc = None
+        for g in gs:  # an unused copy has a zero gradient: adding it changes nothing
+            acc = bf16_round(g) if acc is None else bf16_round(acc + g)
+        return acc, None
+
+
+def attention_probs(q, k, scale, window=None):
+    """Causal (and windowed) softmax probabilities (B, heads, T, T) of q, k (B, heads, T, dqk)."""
+    T = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)) * scale
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    hidden = j > i
+    if window is not None:
+        hidden = hidden | (j <= i - window)
+    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+
+
+class _Attention(torch.autograd.Function):
+    """Causal attention with the backward of ops/cpu/attention_block.cpp (FlashAttention-2): q (B, nh, T,
+    dqk), k (B, nkv, T, dqk), v (B, nkv, T, dv), query head h reading kv head h // (nh / nkv) -> o (B, nh,
+    T, dv). rounded: o is rounded to bf16 and the incoming dO too, and D = rowsum(dO * o) reads the rounded
+    o; otherwise this is exact attention and its exact gradient (checked against autograd)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, window, rounded):
+        rep = q.shape[1] // k.shape[1]
+        P = attention_probs(q, k.repeat_interleave(rep, dim=1), scale, window)  # (B, nh, T, T)
+        o = P @ v.repeat_interleave(rep, dim=1)
+        if rounded:
+            o = bf16_round(o)
+        ctx.save_for_backward(q, k, v, o, P)
+        ctx.scale, ctx.rounded = scale, rounded
+        return o
+
+    @staticmethod
+    def backward(ctx, dO):
+        q, k, v, o, P = ctx.saved_tensors
+        B, nkv, T, _ = k.shape
+        rep = q.shape[1] // nkv
+        if ctx.rounded:
+            dO = bf16_round(dO)
+        kr, vr = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        D = (dO * o).sum(-1, keepdim=True)  # (B, nh, T, 1)
+        dS = P * (dO @ vr.transpose(-1, -2) - D)  # (B, nh, T, T); zero where masked (P = 0)
+        dq = ctx.scale * (dS @ kr)
+        dk = ctx.scale * (dS.transpose(-1, -2) @ q)
+        dv = P.transpose(-1, -2) @ dO
+        group = lambda t: t.view(B, nkv, rep, T, t.shape[-1]).sum(dim=2)  # noqa: E731 (the group's heads)
+        return dq, group(dk), group(dv), None, None, None
+
+
+class NoCasts:
+    """The plain twin: every cast point the identity."""
+    on = False
+
+    def store(self, x):
+        return x
+
+    def store_grad(self, x):
+        return x
+
+    def fan(self, x, n):
+        return (x,) * n
+
+    def weight_grad(self, g):
+        return g
+
+
+class Bf16Casts(NoCasts):
+    """flatpeak's bf16 recipe (Note [The bf16 twin's cast points])."""
+    on = True
+
+    def store(self, x):
+        return _Store.apply(x)
+
+    def store_grad(self, x):
+        return _StoreGrad.apply(x)
+
+    def fan(self, x, n):
+        return _Fan.apply(x, n)
+
+    def attention(self, q, k, v, scale, window=None):
+        return _Attention.apply(q, k, v, scale, window, True)
+
+    def weight_grad(self, g):
+        return bf16_round(g)
+
+
+NO_CASTS = NoCasts()
+BF16_CASTS = Bf16Casts()
 
 
 @dataclass
@@ -252,31 +415,34 @@ def rotate_half(x):
 
 def causal_softmax_attention(q, k, v, scale, window=None):
     """q, k (B, heads, T, dqk), v (B, heads, T, dv) -> (B, heads, T, dv), causal (and windowed)."""
-    T = q.shape[2]
-    scores = (q @ k.transpose(-1, -2)) * scale
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    hidden = j > i
-    if window is not None:
-        hidden = hidden | (j <= i - window)
-    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ v
+    return attention_probs(q, k, scale, window) @ v
 
 
-def mla_attention(x, p, layer, cfg):
-    """DeepseekV3Attention: x (B, T, H) normed -> o_proj output (B, T, H)."""
+def mla_attention(x, p, layer, cfg, casts=NO_CASTS, resid=None):
+    """DeepseekV3Attention: x (B, T, H) normed -> o_proj output (B, T, H); with resid (B, T, H), the
+    block's output resid + o_proj output as flatpeak forms it (model/mla_block.cpp)."""
     B, T, _ = x.shape
     nh, dn, dr, dv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
     kl, eps = cfg.kv_lora_rank, cfg.rms_norm_eps
     pre = f"model.layers.{layer}.self_attn."
     W = lambda n: p[pre + n + ".weight"]  # noqa: E731
+    c = casts
+    # d h1 = dq W_q, then + d kv_a W_kv_a, then + d k_pe W_k_pe, each GEMM rounding (beta = 1).
+    xq, xkv, xpe = c.fan(x, 3)
     if cfg.q_lora_rank:
-        q = rms_norm(x @ W("q_a_proj").T, W("q_a_layernorm"), eps) @ W("q_b_proj").T
+        q_a_n = c.store(rms_norm(c.store(xq @ W("q_a_proj").T), W("q_a_layernorm"), eps))
+        q = c.store(q_a_n @ W("q_b_proj").T)
     else:
-        q = x @ W("q_proj").T
+        q = c.store(xq @ W("q_proj").T)
     q = q.view(B, T, nh, dn + dr).transpose(1, 2)  # (B, nh, T, dqk)
     q_pass, q_rot = q[..., :dn], q[..., dn:]
-    ckv = x @ W("kv_a_proj_with_mqa").T  # (B, T, kl + dr)
-    kv_nope, k_rot = ckv[..., :kl], ckv[..., kl:]
-    kv = rms_norm(kv_nope, W("kv_a_layernorm"), eps) @ W("kv_b_proj").T  # (B, T, nh*(dn+dv))
+    if c.on:  # flatpeak: the two row blocks of kv_a_proj_with_mqa as two GEMMs
+        Wa = W("kv_a_proj_with_mqa")
+        kv_nope, k_rot = c.store(xkv @ Wa[:kl].T), c.store(xpe @ Wa[kl:].T)
+    else:
+        ckv = x @ W("kv_a_proj_with_mqa").T  # (B, T, kl + dr)
+        kv_nope, k_rot = ckv[..., :kl], ckv[..., kl:]
+    kv = c.store(c.store(rms_norm(kv_nope, W("kv_a_layernorm"), eps)) @ W("kv_b_proj").T)  # (B, T, nh*(dn+dv))
     kv = kv.view(B, T, nh, dn + dv).transpose(1, 2)
     k_nope, v = kv[..., :dn], kv[..., dn:]
     k_rot = k_rot.view(B, 1, T, dr)
@@ -284,49 +450,67 @@ def mla_attention(x, p, layer, cfg):
     cos, sin = cos[None, None], sin[None, None]  # (1, 1, T, dr)
     if cfg.rope_interleave:
         # apply_rotary_pos_emb_interleave: pairs (2i, 2i+1) rotated by angle i, written de-interleaved.
-        c, sn = cos[..., : dr // 2], sin[..., : dr // 2]
+        cs, sn = cos[..., : dr // 2], sin[..., : dr // 2]
 
         def rot(t):
             t1, t2 = t[..., 0::2], t[..., 1::2]
-            return torch.cat([t1 * c - t2 * sn, t2 * c + t1 * sn], dim=-1)
+            return torch.cat([t1 * cs - t2 * sn, t2 * cs + t1 * sn], dim=-1)
     else:
         def rot(t):
             return t * cos + rotate_half(t) * sin
-    q = torch.cat([q_pass, rot(q_rot)], dim=-1)
-    k = torch.cat([k_nope, rot(k_rot).expand(B, nh, T, dr)], dim=-1)
+    q = torch.cat([q_pass, c.store(rot(q_rot))], dim=-1)
+    if c.on:  # every head's key carries the one RoPE key; its gradient is summed head by head (add_2d)
+        k = torch.cat([k_nope, torch.cat(c.fan(c.store(rot(k_rot)), nh), dim=1)], dim=-1)
+    else:
+        k = torch.cat([k_nope, rot(k_rot).expand(B, nh, T, dr)], dim=-1)
     scale = (dn + dr) ** -0.5
     rs = cfg.rope_scaling or {}
     if rs.get("rope_type", rs.get("type", "default")) != "default" and rs.get("mscale_all_dim"):
         factor = float(rs["factor"])
         m = 0.1 * rs["mscale_all_dim"] * math.log(factor) + 1.0 if factor > 1 else 1.0
         scale = scale * m * m
-    o = causal_softmax_attention(q, k, v, scale)  # (B, nh, T, dv)
-    return o.transpose(1, 2).reshape(B, T, nh * dv) @ W("o_proj").T
+    if c.on:
+        o = c.attention(q, k, v, scale)
+    else:
+        o = causal_softmax_attention(q, k, v, scale)  # (B, nh, T, dv)
+    o = o.transpose(1, 2).reshape(B, T, nh * dv)
+    if resid is None:
+        return o @ W("o_proj").T
+    return c.store(resid + o @ W("o_proj").T)
 
 
-def attention(x, p, layer, cfg):
-    """x (B, T, H): the normed hidden states. Returns the o_proj output (B, T, H)."""
+def attention(x, p, layer, cfg, casts=NO_CASTS, resid=None):
+    """x (B, T, H): the normed hidden states. Returns the o_proj output (B, T, H); with resid (B, T, H),
+    the block's output resid + o_proj output as flatpeak forms it (model/attention_block.cpp: the GEMM
+    adds into a copy of resid, then the o_proj bias is added)."""
     if cfg.deepseek():
-        return mla_attention(x, p, layer, cfg)
+        return mla_attention(x, p, layer, cfg, casts, resid)
     B, T, _ = x.shape
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     pre = f"model.layers.{layer}.self_attn."
+    c = casts
 
-    def linear(t, proj):  # nn.Linear, with its bias when the config has them
-        y = t @ p[pre + proj + ".weight"].T
-        return y + p[pre + proj + ".bias"] if cfg.attention_bias else y
+    def linear(t, proj):  # nn.Linear, with its bias when the config has them (added in place)
+        y = c.store(t @ p[pre + proj + ".weight"].T)
+        return c.store(y + p[pre + proj + ".bias"]) if cfg.attention_bias else y
 
-    q = linear(x, "q_proj").view(B, T, nh, hd)
-    k = linear(x, "k_proj").view(B, T, nkv, hd)
-    v = linear(x, "v_proj").view(B, T, nkv, hd)
+    xq, xk, xv = c.fan(x, 3)  # d h1 = dq W_q, then + dk W_k, then + dv W_v
+    q = linear(xq, "q_proj").view(B, T, nh, hd)
+    k = linear(xk, "k_proj").view(B, T, nkv, hd)
+    v = linear(xv, "v_proj").view(B, T, nkv, hd)
     # Qwen3: per-head RMSNorm over hd on q and k, before RoPE.
-    q = rms_norm(q, p[pre + "q_norm.weight"], cfg.rms_norm_eps)
-    k = rms_norm(k, p[pre + "k_norm.weight"], cfg.rms_norm_eps)
+    q = c.store(rms_norm(q, p[pre + "q_norm.weight"], cfg.rms_norm_eps))
+    k = c.store(rms_norm(k, p[pre + "k_norm.weight"], cfg.rms_norm_eps))
     cos, sin = rope_cos_sin(T, hd, cfg.rope_theta, x.dtype, cfg.rope_scaling, cfg.max_position_embeddings)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over B and heads
-    q = q * cos + rotate_half(q) * sin
-    k = k * cos + rotate_half(k) * sin
+    q = c.store(q * cos + rotate_half(q) * sin)  # RoPE in place
+    k = c.store(k * cos + rotate_half(k) * sin)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
+    if c.on:
+        o = c.attention(q, k, v, hd ** -0.5, cfg.window())  # (B, nh, T, hd)
+        o = o.transpose(1, 2).reshape(B, T, nh * hd)
+        x1 = c.store(resid + o @ p[pre + "o_proj.weight"].T)
+        return c.store(x1 + p[pre + "o_proj.bias"]) if cfg.attention_bias else x1
     # GQA: query head h reads kv head h // (nh / nkv).
     k = k.repeat_interleave(nh // nkv, dim=1)
     v = v.repeat_interleave(nh // nkv, dim=1)
@@ -338,20 +522,30 @@ def attention(x, p, layer, cfg):
     scores = scores.masked_fill(hidden, float("-inf"))
     o = torch.softmax(scores, dim=-1) @ v  # (B, nh, T, hd)
     o = o.transpose(1, 2).reshape(B, T, nh * hd)
-    return linear(o, "o_proj")
+    y = linear(o, "o_proj")
+    return y if resid is None else resid + y
 
 
-def expert_mlp(x, p, layer, e):
+def swiglu_mlp(x, p, pre, casts=NO_CASTS):
+    """x (..., H) -> down(silu(gate(x)) * up(x)) with the weights pre + "{gate,up,down}_proj.weight".
+    flatpeak (sched/dispatch/expert_ffn.cpp) stores g, u, the SwiGLU product (silu(g) stays inside its
+    kernel) and y; d x = dg W_g, then + du W_u (beta = 1)."""
+    c = casts
+    xg, xu = c.fan(x, 2)
+    g = c.store(xg @ p[pre + "gate_proj.weight"].T)
+    u = c.store(xu @ p[pre + "up_proj.weight"].T)
+    return c.store(c.store(F.silu(g) * u) @ p[pre + "down_proj.weight"].T)
+
+
+def expert_mlp(x, p, layer, e, casts=NO_CASTS):
     """x (n, H) -> (n, H): down(silu(gate(x)) * up(x))."""
-    pre = f"model.layers.{layer}.mlp.experts.{e}."
-    return (F.silu(x @ p[pre + "gate_proj.weight"].T) * (x @ p[pre + "up_proj.weight"].T)) @ p[pre + "down_proj.weight"].T
+    return swiglu_mlp(x, p, f"model.layers.{layer}.mlp.experts.{e}.", casts)
 
 
-def dense_mlp(x, p, layer, leaf="mlp."):
+def dense_mlp(x, p, layer, leaf="mlp.", casts=NO_CASTS):
     """A dense layer's Qwen3MoeMLP (or DeepSeek's shared experts, leaf "mlp.shared_experts."):
     x (..., H) -> down(silu(gate(x)) * up(x))."""
-    pre = f"model.layers.{layer}.{leaf}"
-    return (F.silu(x @ p[pre + "gate_proj.weight"].T) * (x @ p[pre + "up_proj.weight"].T)) @ p[pre + "down_proj.weight"].T
+    return swiglu_mlp(x, p, f"model.layers.{layer}.{leaf}", casts)
 
 
 def deepseek_route(logits, p, layer, cfg):
@@ -372,12 +566,18 @@ def deepseek_route(logits, p, layer, cfg):
     return weights * cfg.routed_scaling_factor, sel, choice
 
 
-def moe(x, p, layer, cfg):
+def moe(x, p, layer, cfg, casts=NO_CASTS, resid=None):
     """x (B, T, H): the normed hidden states. Returns (output (B, T, H), router logits (N, E),
-    tokens per expert (E) as a list of ints, the scores the top-k chose on (N, E))."""
+    tokens per expert (E) as a list of ints, the scores the top-k chose on (N, E)). With resid (B, T, H)
+    the output is the block's, resid + MoE output, as flatpeak forms it (model/moe_block.cpp: the shared
+    experts' output plus resid, then the routed copies combined into it)."""
     B, T, H = x.shape
+    c = casts
     xs = x.reshape(B * T, H)
-    logits = xs @ p[f"model.layers.{layer}.mlp.gate.weight"].T  # (N, E)
+    # d h2: the shared experts' input gradient, then + the routed copies' (scatter-add), then + the
+    # router's (GEMM, beta = 1), each rounded.
+    x_shared, x_routed, x_router = c.fan(xs, 3)
+    logits = x_router @ p[f"model.layers.{layer}.mlp.gate.weight"].T  # (N, E)
     if cfg.deepseek():
         weights, sel, choice = deepseek_route(logits, p, layer, cfg)
     else:
@@ -392,11 +592,17 @@ def moe(x, p, layer, cfg):
         counts.append(int(tok.numel()))
         if tok.numel() == 0:
             continue
-        y = expert_mlp(xs[tok], p, layer, e) * weights[tok, slot, None]
+        y = expert_mlp(x_routed[tok], p, layer, e, c) * weights[tok, slot, None]
         out = out.index_add(0, tok, y)
-    if cfg.deepseek() and cfg.n_shared_experts:
-        out = out + dense_mlp(xs, p, layer, "mlp.shared_experts.")
-    return out.view(B, T, H), logits, counts, choice.detach()
+    shared = cfg.deepseek() and cfg.n_shared_experts
+    if resid is None:
+        if shared:
+            out = out + dense_mlp(x_shared, p, layer, "mlp.shared_experts.", c)
+        return out.view(B, T, H), logits, counts, choice.detach()
+    x2 = resid.reshape(B * T, H)
+    if shared:
+        x2 = c.store(dense_mlp(x_shared, p, layer, "mlp.shared_experts.", c) + x2)
+    return c.store(x2 + out).view(B, T, H), logits, counts, choice.detach()
 
 
 def load_balancing_loss(router_logits, E, k):
@@ -410,28 +616,37 @@ def load_balancing_loss(router_logits, E, k):
     return E * torch.sum(tokens_per_expert * router_prob_per_expert[None, :])
 
 
-def forward(p, cfg, input_ids, targets):
+def forward(p, cfg, input_ids, targets, casts=NO_CASTS):
     """p: name -> tensor (all the same float dtype); input_ids, targets (B, T) integer tensors.
     Returns a dict: logits (B, T, V), loss, ce_loss, aux_loss (scalars), router_logits (list of
-    (N, E), MoE layers only), expert_counts (L lists of E ints; all zero for a dense layer)."""
+    (N, E), MoE layers only), expert_counts (L lists of E ints; all zero for a dense layer).
+    casts: NO_CASTS (the plain twin) or BF16_CASTS (Note [The bf16 twin's cast points])."""
     input_ids, targets = input_ids.long(), targets.long()
-    x = p["model.embed_tokens.weight"][input_ids]  # (B, T, H)
+    c, eps = casts, cfg.rms_norm_eps
+    x = c.store(p["model.embed_tokens.weight"][input_ids])  # (B, T, H)
     router_logits, counts, choices = [], [], []
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
-        x = x + attention(rms_norm(x, p[pre + "input_layernorm.weight"], cfg.rms_norm_eps), p, i, cfg)
-        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        # The residual's gradient is d x_out + round(the norm's input gradient), rounded (add_inplace).
+        h = c.store(rms_norm(c.store_grad(x), p[pre + "input_layernorm.weight"], eps))
+        x = attention(h, p, i, cfg, c, resid=x) if c.on else x + attention(h, p, i, cfg)
+        h = c.store(rms_norm(c.store_grad(x), p[pre + "post_attention_layernorm.weight"], eps))
         if not cfg.is_sparse(i):
-            x = x + dense_mlp(h, p, i)
+            x = c.store(x + dense_mlp(h, p, i, casts=c))  # flatpeak adds x1 into the FFN's output
             counts.append([0] * cfg.num_experts)
             continue
-        y, logits_i, c, choice = moe(h, p, i, cfg)
-        x = x + y
+        if c.on:
+            x, logits_i, n_e, choice = moe(h, p, i, cfg, c, resid=x)
+        else:
+            y, logits_i, n_e, choice = moe(h, p, i, cfg)
+            x = x + y
         router_logits.append(logits_i)
-        counts.append(c)
+        counts.append(n_e)
         choices.append(choice)
-    x = rms_norm(x, p["model.norm.weight"], cfg.rms_norm_eps)
-    head = p["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+    x = c.store(rms_norm(x, p["model.norm.weight"], eps))
+    head = p["model.embed_tokens.weight"] if cfg.tie_word_embeddings else p["lm_head.weight"]
+    if cfg.tie_word_embeddings:  # lm_head's gradient is stored before the embedding's is added
+        head = c.store_grad(head)
     logits = x @ head.T  # (B, T, V)
     ce = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=IGNORE_INDEX)
     if cfg.deepseek():  # no load-balancing loss (its bias balances between steps)
@@ -443,11 +658,13 @@ def forward(p, cfg, input_ids, targets):
             "expert_counts": counts, "choice_scores": choices}
 
 
-def forward_backward(p, cfg, input_ids, targets):
-    """forward() on leaf copies of p that require grad; adds "grads": name -> d loss / d param."""
+def forward_backward(p, cfg, input_ids, targets, casts=NO_CASTS):
+    """forward() on leaf copies of p that require grad; adds "grads": name -> d loss / d param (with
+    BF16_CASTS rounded to bf16, as flatpeak stores them)."""
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in p.items()}
-    out = forward(leaves, cfg, input_ids, targets)
+    out = forward(leaves, cfg, input_ids, targets, casts)
     names = list(leaves)
     grads = torch.autograd.grad(out["loss"], [leaves[n] for n in names], allow_unused=True)
-    out["grads"] = {n: (g if g is not None else torch.zeros_like(leaves[n])) for n, g in zip(names, grads)}
+    out["grads"] = {n: casts.weight_grad(g) if g is not None else torch.zeros_like(leaves[n])
+                    for n, g in zip(names, grads)}
     return out

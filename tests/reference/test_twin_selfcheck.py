@@ -8,7 +8,12 @@
   (d) safetensors_io roundtrips every dtype, a scalar, an empty tensor and metadata, and lays the
       file out as the format says;
   (e) check_case.py passes a case made from the twin's own outputs and fails (exit 1, naming the
-      tensor) a perturbed gradient, a NaN, a missing gradient, and a case without an empty expert.
+      tensor) a perturbed gradient, a NaN, a missing gradient, and a case without an empty expert;
+  (f) the bf16 twin's cast points (Note [The bf16 twin's cast points]): bf16_round is round-to-nearest-
+      even (against the bit formula, ties included), store / store_grad / fan round what they say in
+      the order they say, the FlashAttention-style attention is exact attention and its exact gradient
+      when unrounded, and check_case.py passes a bf16 case made from the bf16 twin and fails a
+      perturbed gradient and unrounded weights.
 
 Run with /usr/bin/python3 (torch); exits non-zero on any failure.
 """
@@ -361,8 +366,115 @@ def check_check_case():
         print("  no empty expert: exit 1 (0 with --allow-no-empty-expert)")
 
 
+def bf16_bits_round(x):
+    """float32 x -> the nearest bf16 (ties to even) by the bit formula flatpeak uses (core/dtype.h)."""
+    u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return torch.where(u >= 1 << 31, u - (1 << 32), u).to(torch.int32).view(torch.float32)
+
+
+def check_bf16_casts():
+    print("(f) the bf16 twin's cast points")
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(100000, generator=g) * 10.0 ** torch.randint(-6, 6, (100000,), generator=g)).float()
+    hi = x.view(torch.int32) & ~0xFFFF
+    ties = torch.cat([(hi | 0x8000).view(torch.float32), (hi | 0x7FFF).view(torch.float32),
+                      (hi | 0x8001).view(torch.float32)])  # exactly halfway, and one ulp of f32 either side
+    for v in (x, ties):
+        assert torch.equal(twin.bf16_round(v), bf16_bits_round(v)), "bf16_round is not round-to-nearest-even"
+        assert torch.equal(twin.bf16_round(v.double()), bf16_bits_round(v).double())
+    print(f"  bf16_round = the RNE bit formula on {x.numel() + ties.numel()} values (ties and their neighbours)")
+    c = twin.BF16_CASTS
+    a = torch.tensor([1.0 + 2 ** -9, 3.0], requires_grad=True)  # 1 + 2^-9: a tie, rounds to 1
+    y = c.store(a)
+    assert torch.equal(y, torch.tensor([1.0, 3.0]))
+    (gy,) = torch.autograd.grad(y, a, torch.tensor([1.0 + 2 ** -9, 1.0 + 3 * 2 ** -9]))
+    assert torch.equal(gy, torch.tensor([1.0, 1.0 + 2 ** -7])), gy  # gradients rounded: 1 + 3 2^-9 -> 1 + 2^-7
+    y = c.store_grad(a)
+    assert torch.equal(y, a.detach())
+    (gy,) = torch.autograd.grad(y, a, torch.tensor([1.0 + 2 ** -9, 5.0]))
+    assert torch.equal(gy, torch.tensor([1.0, 5.0])), gy
+    # fan: round(round(round(g0) + g1) + g2), in output order (bf16's ulp is 2^-7 on [1, 2)).
+    # g = (1, 2^-9, 2^-8): 1 + 2^-9 rounds to 1, 1 + 2^-8 (a tie) to even 1; one rounding of the sum,
+    # 1 + 0.75 2^-7, would give 1 + 2^-7.
+    u = torch.tensor([0.5], requires_grad=True)
+    ones = [torch.ones(1)] * 3
+    outs = c.fan(u, 3)
+    (gu,) = torch.autograd.grad([outs[0] * 1.0, outs[1] * 2 ** -9, outs[2] * 2 ** -8], u, ones)
+    assert torch.equal(gu, torch.tensor([1.0])), gu
+    outs = c.fan(u, 2)  # (1 + 2^-9, 2^-8) gives 1; the other order 2^-8 + (1 + 2^-9) gives 1 + 2^-7
+    (gu,) = torch.autograd.grad([outs[0] * (1.0 + 2 ** -9), outs[1] * 2 ** -8], u, ones[:2])
+    assert torch.equal(gu, torch.tensor([1.0])), gu
+    outs = c.fan(u, 2)
+    (gu,) = torch.autograd.grad([outs[0] * 2 ** -8, outs[1] * (1.0 + 2 ** -9)], u, ones[:2])
+    assert torch.equal(gu, torch.tensor([1.0 + 2 ** -7])), gu
+    print("  store rounds the value and the gradient, store_grad the gradient, fan each partial sum in order")
+    # The FlashAttention-style attention without rounding is exact attention with its exact gradient.
+    B, nh, nkv, T, dqk, dv = 2, 4, 2, 9, 6, 5
+    q = torch.randn(B, nh, T, dqk, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, nkv, T, dqk, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(B, nkv, T, dv, generator=g, dtype=torch.float64, requires_grad=True)
+    dO = torch.randn(B, nh, T, dv, generator=g, dtype=torch.float64)
+    for window in (None, 4):
+        o = twin._Attention.apply(q, k, v, 0.37, window, False)
+        want = twin.causal_softmax_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), 0.37, window)
+        assert_close(f"attention window={window}", o, want, 1e-13)
+        grads, grads_want = torch.autograd.grad(o, (q, k, v), dO), torch.autograd.grad(want, (q, k, v), dO)
+        for name, got, ref in zip("qkv", grads, grads_want):
+            assert_close(f"  d{name}", got, ref, 1e-12)
+    o = twin._Attention.apply(q, k, v, 0.37, 4, True)
+    assert torch.equal(o, twin.bf16_round(want.detach())), "rounded attention: o is not the rounded output"
+    # The bf16 twin on bf16 weights: bf16 gradients, near the plain twin's (a sanity bound: on this tiny
+    # case bf16 alone moves some by 4%), and check_case.py's bf16 mode.
+    cfg = twin.Config(**TINY)
+    p = {n: t.float() for n, t in twin.init_params(cfg, seed=12).items()}
+    p["model.embed_tokens.weight"][:, 0] += 3.0  # Note [An expert with no tokens], as in check (e)
+    for i in range(cfg.num_hidden_layers):
+        p[f"model.layers.{i}.mlp.gate.weight"][-1, 0] = -20.0
+    p = {n: twin.bf16_round(t) for n, t in p.items()}
+    ids, targets = batch(cfg, 2, 7, seed=13)
+    ref = twin.forward_backward({n: t.double() for n, t in p.items()}, cfg, ids, targets, twin.BF16_CASTS)
+    plain = twin.forward_backward({n: t.double() for n, t in p.items()}, cfg, ids, targets)
+    assert ref["expert_counts"] == plain["expert_counts"]
+    for n, gr in ref["grads"].items():
+        assert torch.equal(gr, twin.bf16_round(gr)), n
+        err = (gr.double() - plain["grads"][n]).norm() / max(plain["grads"][n].norm(), 1e-30)
+        assert err < 0.1, (n, err)
+    assert abs(ref["loss"].item() - plain["loss"].item()) < 5e-3 * abs(plain["loss"].item())
+    print("  bf16 twin: bf16 gradients within 0.1 of the plain twin's, loss within 5e-3")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "case.safetensors")
+
+        def write(perturb=None, unrounded=False):
+            ts = {n: t.clone() for n, t in p.items()}
+            if unrounded:
+                ts["model.norm.weight"] += 2 ** -12
+            ts["input_ids"], ts["targets"] = ids.int(), targets.int()
+            ts["out.logits"] = ref["logits"].detach().float()
+            for n in ("loss", "ce_loss", "aux_loss"):
+                ts["out." + n] = ref[n].detach().float().reshape(1)
+            for n, gr in ref["grads"].items():
+                ts["grad." + n] = gr.float() * (1.1 if n == perturb else 1.0)
+            safetensors_io.save(path, ts, {"config": json.dumps(cfg.__dict__), "precision": "bf16"})
+
+        write()
+        rc, out = run_check(path)
+        assert rc == 0 and "FAIL" not in out and "bf16 twin in float64" in out, out
+        print("  bf16 case from the bf16 twin: exit 0")
+        gname = "model.layers.1.self_attn.k_proj.weight"
+        write(perturb=gname)
+        rc, out = run_check(path)
+        assert rc == 1 and any(gname in line and "FAIL" in line for line in out.splitlines()), out
+        print("  a gradient 10% off: exit 1, named")
+        write(unrounded=True)
+        rc, out = run_check(path)
+        assert rc == 1 and "not bf16 values" in out, out
+        print("  weights that are not bf16 values: exit 1")
+
+
 def main():
-    checks = [check_attention, check_moe_and_forward, check_gradcheck, check_safetensors_io, check_check_case]
+    checks = [check_attention, check_moe_and_forward, check_gradcheck, check_safetensors_io, check_check_case,
+              check_bf16_casts]
     failed = []
     for c in checks:
         try:
