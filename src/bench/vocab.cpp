@@ -201,7 +201,7 @@ void variant_run_once(Variant& v, const BenchVocabOptions& o, Comm& comm, int i)
     v.dW_host.assign(static_cast<size_t>(V * H), 0.0f);
     be.copy_to_host(v.dx_host.data(), v.dx.data(), v.dx.bytes());
     const ParamShard sh = ps.lm_head_shard();  // all V rows unless under FSDP
-    be.copy_to_host(v.dW_host.data() + sh.row0 * H, sh.g, static_cast<uint64_t>(sh.rows * H) * sizeof(float));
+    be.copy_to_host(v.dW_host.data() + sh.row0 * H, sh.g.f32(), static_cast<uint64_t>(sh.rows * H) * sizeof(float));
   }
   if (be.computes() && comm.rank() == 0)
     log_info("bench vocab: {} run {}: {:.3f} s (cpu {:.3f} s)", v.name, i, sec, cpu);

@@ -8,13 +8,15 @@ namespace fp {
 // Note [bf16 on a computing backend]: every allocation honours the precision recipe, and on the cpu
 // backend the kernels read and write bf16 storage (Note [Kernel operands carry their dtype] in
 // core/buf.h), ParamStore rounds f32 init and checkpoints into bf16 weights, and AdamW keeps the f32
-// master (Note [When AdamW keeps a master copy]), checkpointed beside the moments. Not yet bf16-aware,
-// so refused here by name before anything is allocated: more than one rank (bf16 gradient
-// reduce-scatter, Ring-DTP across ranks), DeepSeek-V3's routing bias (kept f32 by transformers),
-// precision mixes other than the two recipes, and (in their constructors) the offloaded optimizers.
+// master (Note [When AdamW keeps a master copy]), checkpointed beside the moments. On W ranks the
+// gradients are reduce-scattered in bf16 (Note [Summing bf16 over ranks] in comm/comm.h) and every
+// ring moves bf16 payloads (Ring-DTP's shards and batches, ring attention's K/V blocks, LLEP's guest
+// experts) beside f32 partial sums. Not yet bf16-aware, so refused here by name before anything is
+// allocated: DeepSeek-V3's routing bias (kept f32 by transformers), precision mixes other than the
+// two recipes, and (in their constructors) the offloaded optimizers.
 // meta computes nothing, so it takes any precision: its peaks are those of real bf16 training.
 namespace {
-const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, const Comm* comm, const Precision& p) {
+const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, const Precision& p) {
   if (!be.computes() || precision_all_f32(p)) return p;
   constexpr const char* kMeta = "use --device meta to see the peaks of any precision, or precision.recipe = \"fp32\"";
   const DType f = DType::DType_F32, h = DType::DType_BF16;
@@ -23,10 +25,6 @@ const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, co
            std::string("set precision.recipe = \"bf16\" without per-field overrides; ") + kMeta,
            "precision {} on the {} backend: it computes the recipes fp32 and bf16 only", precision_describe(p),
            be.name());
-  FP_CHECK(comm == nullptr || comm->size() == 1, std::string("run bf16 on one rank; ") + kMeta,
-           "the bf16 recipe on the {} backend runs on one rank so far ({} ranks: bf16 gradient reduce-scatter and "
-           "Ring-DTP across ranks are not bf16-aware yet)",
-           be.name(), comm == nullptr ? 1 : comm->size());
   FP_CHECK(!cfg.router_sigmoid(), kMeta,
            "the bf16 recipe on the {} backend does not take DeepSeek-V3's sigmoid router yet (its routing bias "
            "e_score_correction_bias stays f32 in transformers)",
@@ -41,7 +39,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
       profile_(profile),
       sched_(sched),
       comm_(comm),
-      params_(cfg, be, comm, precision_checked(cfg, be, comm, sched_.precision)) {
+      params_(cfg, be, comm, precision_checked(cfg, be, sched_.precision)) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");

@@ -304,8 +304,8 @@ ParamShard ParamStore::lm_head_shard() {
   s.row0 = lm_head->block.row0;
   s.rows = lm_head->block.rows;
   s.rows_padded = lm_head->block.rows_padded;
-  s.w = lm_head->local_w().f32();
-  s.g = lm_head->local_g().f32();
+  s.w = lm_head->local_w().buf();
+  s.g = lm_head->local_g().buf();
   return s;
 }
 

@@ -126,11 +126,11 @@ struct LayerParams {
 
 // This rank's rows of lm_head (V, H) (Ring-DTP's vocabulary shard): rows [row0, row0 + rows) of the
 // vocabulary; w and g point at (rows_padded, H) buffers whose padding rows are zero (null on meta).
-// On one rank: all V rows of lm_head's w and g.
+// On one rank: all V rows of lm_head's w and g. In the params and grads dtypes.
 struct ParamShard {
   int64_t row0 = 0, rows = 0, rows_padded = 0;
-  float* w = nullptr;
-  float* g = nullptr;
+  Buf w;
+  Buf g;
 };
 
 class ParamStore {

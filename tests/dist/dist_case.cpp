@@ -13,7 +13,10 @@
 // DeepSeek-V3's layer (multi-head latent attention on the ring, the sigmoid router with a nonzero routing
 // bias choosing within 2 of 4 groups, a shared expert, a dense first layer); deepseek_flat runs it with
 // the flattened schedules. The suffix _llep takes the LLEP dispatch, _chunked runs the MoE block's token
-// side in chunks of 37 of a rank's tokens (Note [The MoE token side in chunks]).
+// side in chunks of 37 of a rank's tokens (Note [The MoE token side in chunks]). _bf16 runs the bf16
+// recipe (gradients written widened to F32) with the balanced routing profile: with the router
+// choosing, a bf16 rounding that differs between W flips a token's top-k and moves whole rows between
+// experts, which no tolerance covers.
 #include <cstdio>
 
 #include "backend/backend.h"
@@ -34,12 +37,13 @@ int main(int argc, char** argv) {
     if (has) variant.resize(variant.size() - x.size());
     return has;
   };
+  const bool bf16 = suffix("_bf16");
   const bool chunked = suffix("_chunked"), llep = suffix("_llep");
   const bool deepseek = variant == "deepseek" || variant == "deepseek_flat";
   if ((argc != 2 && argc != 3) ||
       (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek)) {
     std::fprintf(stderr, "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]"
-                         "[_llep][_chunked]\n");
+                         "[_llep][_chunked][_bf16]\n");
     return 2;
   }
   Comm& comm = comm_world();
@@ -66,6 +70,7 @@ int main(int argc, char** argv) {
       sched.dispatch.min_tokens_per_gemm = 8;
     }
     if (chunked) sched.dispatch.token_chunk = 37;
+    if (bf16) sched.precision = precision_recipe("bf16");
     if (deepseek) {
       m.model_type = ModelType::ModelType_deepseek_v3;
       m.num_hidden_layers = 3, m.num_key_value_heads = 4, m.q_lora_rank = 16, m.kv_lora_rank = 12;
@@ -87,12 +92,22 @@ int main(int argc, char** argv) {
     // alike, and the q/k gradients then fall to 1e-7, where W changes their rounding at 1e-4) (the same for any W: each rank fills its rows by index).
     for (Param& p : model.params().all()) {
       if (p.name.find("q_proj.weight") != std::string::npos || p.name.find("k_proj.weight") != std::string::npos)
-        be->kernels().scale_inplace(p.local_w().f32(), 10.0f, p.local_w().numel());
+        be->kernels().scale_inplace(p.local_w().buf(), 10.0f, p.local_w().numel());
+      // bf16: a router far from ties (as in tests/reference/dump_case.cpp), so that no token's top-k
+      // flips between W (the ranks' bf16 roundings differ, e.g. ring attention's per-block merge).
+      if (bf16 && p.name.ends_with("mlp.gate.weight"))
+        be->kernels().scale_inplace(p.local_w().buf(), 25.0f, p.local_w().numel());
       if (p.name.ends_with(".bias") || p.name.ends_with("e_score_correction_bias")) {
         std::vector<float> b(static_cast<size_t>(p.local_w().numel()));
         for (size_t i = 0; i < b.size(); ++i)
           b[i] = 0.02f * static_cast<float>(((p.block.row0 + static_cast<int64_t>(i)) * 37 % 11) - 5);
-        be->copy_from_host(p.local_w().data(), b.data(), p.local_w().bytes());
+        if (p.local_w().dtype() == DType::DType_BF16) {
+          std::vector<uint16_t> h(b.size());
+          for (size_t i = 0; i < b.size(); ++i) h[i] = bf16_from_float(b[i]);
+          be->copy_from_host(p.local_w().data(), h.data(), p.local_w().bytes());
+        } else {
+          be->copy_from_host(p.local_w().data(), b.data(), p.local_w().bytes());
+        }
       }
     }
     Batch global = recall_batch(rc, 0, 2, nullptr);

@@ -258,10 +258,11 @@ void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, con
   }
 }
 
-// The backward in storage type E for q, k, v, o, dout, dq, dk, dv; lse is f32.
-template <class E>
+// The backward in storage type E for q, k, v, o, dout, dq and A for dk, dv (E, or f32: ring
+// attention's travelling accumulators); lse is f32.
+template <class E, class A>
 void block_backward(const E* q, const E* k, const E* v, const E* o, const float* lse, const E* dout,
-                    const int32_t* q_pos, const int32_t* k_pos, E* dq, E* dk, E* dv, int64_t B, int64_t Tq, int64_t Tk,
+                    const int32_t* q_pos, const int32_t* k_pos, E* dq, A* dk, A* dv, int64_t B, int64_t Tq, int64_t Tk,
                     int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
   block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
   if (B == 0 || Tq == 0 || Tk == 0) return;
@@ -311,10 +312,10 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       if (visited == 0) continue;  // every query fell between the keys: nothing to add
       for (int64_t j = 0; j < nk; ++j) {
-        E* dkr = dk + (krow + j * nkv) * hd;   // (hd)
-        E* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
-        for (int64_t c = 0; c < hd; ++c) dkr[c] = from_f32<E>(to_f32(dkr[c]) + scale * dk_acc[j * hdp + c]);
-        for (int64_t c = 0; c < hdv; ++c) dvr[c] = from_f32<E>(to_f32(dvr[c]) + dv_acc[j * hdvp + c]);
+        A* dkr = dk + (krow + j * nkv) * hd;   // (hd)
+        A* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
+        for (int64_t c = 0; c < hd; ++c) dkr[c] = from_f32<A>(to_f32(dkr[c]) + scale * dk_acc[j * hdp + c]);
+        for (int64_t c = 0; c < hdv; ++c) dvr[c] = from_f32<A>(to_f32(dvr[c]) + dv_acc[j * hdvp + c]);
       }
     }
   }
@@ -382,11 +383,19 @@ void attention_block_forward(CBuf q, CBuf k, CBuf v, const int32_t* q_pos, const
 void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, const int32_t* q_pos,
                               const int32_t* k_pos, Buf dq, Buf dk, Buf dv, int64_t B, int64_t Tq, int64_t Tk,
                               int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
-  same_dtype_check("attention_block_backward",
-                   {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype, dq.dtype, dk.dtype, dv.dtype});
+  same_dtype_check("attention_block_backward", {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype, dq.dtype});
+  same_dtype_check("attention_block_backward (dk, dv)", {dk.dtype, dv.dtype});
+  FP_ASSERT(dk.dtype == q.dtype || dk.dtype == DType::DType_F32,
+            "attention_block_backward: dk, dv in {} take token operands in {} or f32, not {}", dtype_name(dk.dtype),
+            dtype_name(dk.dtype), dtype_name(q.dtype));
   visit_float(q.dtype, "attention_block_backward", [&]<class E>() {
-    block_backward<E>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos, dq.as<E>(),
-                      dk.as<E>(), dv.as<E>(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
+    if (dk.dtype == q.dtype) {
+      block_backward<E, E>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos, dq.as<E>(),
+                           dk.as<E>(), dv.as<E>(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
+    } else {
+      block_backward<E, float>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos,
+                               dq.as<E>(), dk.f32(), dv.f32(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
+    }
   });
 }
 

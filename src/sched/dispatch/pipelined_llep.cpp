@@ -199,7 +199,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
         Tensor send = be.alloc(kDispatch, {mi, H}, s.precision.activations, "pllep.send_x");  // (m_i, H)
         if (a->tokens.defined()) {
           FP_ASSERT(chunk.h2 != nullptr, "pipelined_llep: the forward gathered from the chunk's h2, the backward has none");
-          K.moe_gather(chunk.h2->f32(), ptr_at(a->tokens.i32(), C.first[i]), send.buf(), mi, H);
+          K.moe_gather(chunk.h2->cbuf(), ptr_at(a->tokens.i32(), C.first[i]), send.buf(), mi, H);
         } else {
           K.moe_gather(a->xs.buf(), rows_i, send.buf(), mi, H);
         }

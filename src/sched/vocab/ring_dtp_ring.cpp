@@ -76,8 +76,8 @@ T* carve(void* base, uint64_t& offset, uint64_t count, uint64_t elem_bytes = siz
 // This rank's rows of lm_head (Note [Where the local shard comes from]).
 struct LocalShard {
   VocabShard ids;
-  const float* w = nullptr;  // (rows, H)
-  float* g = nullptr;        // (rows, H), accumulated (+=)
+  CBuf w;  // (rows, H) params dtype
+  Buf g;   // (rows, H) grads dtype, accumulated (+=)
 };
 LocalShard local_shard(ParamStore& ps, int rank, int P, int64_t V, int64_t H) {
   LocalShard l;
@@ -90,8 +90,8 @@ LocalShard local_shard(ParamStore& ps, int rank, int P, int64_t V, int64_t H) {
     l.g = sh.g;
     return l;
   }
-  l.w = ptr_at(static_cast<const float*>(ps.lm_head->w.f32()), l.ids.v0 * H);
-  l.g = ptr_at(ps.lm_head->g.f32(), l.ids.v0 * H);
+  l.w = ptr_at(ps.lm_head->w.cbuf(), l.ids.v0 * H);
+  l.g = ptr_at(ps.lm_head->g.buf(), l.ids.v0 * H);
   return l;
 }
 
@@ -118,6 +118,11 @@ class RingPass {
     if (stats_ != nullptr) stats_->comm_bytes += static_cast<uint64_t>(n) * dtype_size(t);
     inflight_.push_back(comm_.send_recv_start(be_.compute_stream(), send, n, next, recv, n_recv, prev, t));
   }
+  // A hop of a typed operand: its dtype travels (send and recv must agree).
+  void hop_start(CBuf send, int64_t n, Buf recv, int64_t n_recv) {
+    FP_ASSERT(send.dtype == recv.dtype, "ring hop sends {} into {}", dtype_name(send.dtype), dtype_name(recv.dtype));
+    hop_start(send.p, n, recv.p, n_recv, send.dtype);
+  }
   // Blocks until every hop started completed.
   void hops_wait() {
     RingDtpTimer t(stats_ != nullptr ? &stats_->comm_wait_s : nullptr);
@@ -128,7 +133,7 @@ class RingPass {
   // Folds the batch x (nb, H), tg (nb) against shard sh, w (rows_s, H), into its state m, z, y (nb).
   // The strips go to `strips`: one (n_blk, rows_s) buffer reused, or with `kept` the batch's own
   // (nb, rows_s) block. logits (host, rows of stride V) receives them when not null.
-  void fold(const float* x, const int32_t* tg, int64_t nb, const float* w, VocabShard sh, float* m, double* z,
+  void fold(CBuf x, const int32_t* tg, int64_t nb, CBuf w, VocabShard sh, float* m, double* z,
             float* y, float* strips, bool kept, float* logits) {
     const int64_t w_cols = sh.rows;
     if (w_cols == 0) return;  // an empty shard (V < P Vp) holds no id
@@ -157,8 +162,8 @@ class RingPass {
   // The gradient of the pair (batch, shard sh) from the final m, z (nb): dx (nb, H) = beta_dx dx +
   // strip w, dW (rows_s, H) += strip^T x (or = when dW_fresh). strips as in fold (with `kept` they
   // hold the forward's logits and are not recomputed).
-  void grad(const float* x, const int32_t* tg, int64_t nb, const float* w, VocabShard sh, const float* m,
-            const double* z, float* strips, bool kept, float* dx, float beta_dx, float* dW, bool dW_fresh) {
+  void grad(CBuf x, const int32_t* tg, int64_t nb, CBuf w, VocabShard sh, const float* m, const double* z,
+            float* strips, bool kept, Buf dx, float beta_dx, Buf dW, bool dW_fresh) {
     const int64_t w_cols = sh.rows;
     if (w_cols == 0) {
       if (beta_dx == 0.0f) K_.fill(dx, 0.0f, nb * H);  // an empty shard adds nothing
@@ -166,7 +171,7 @@ class RingPass {
     }
     for (int64_t t0 = 0; t0 < nb; t0 += n_blk) {
       const int64_t rows = std::min(n_blk, nb - t0);
-      const float* x_blk = ptr_at(x, t0 * H);  // (rows, H)
+      const CBuf x_blk = ptr_at(x, t0 * H);  // (rows, H)
       float* st = kept ? ptr_at(strips, t0 * w_cols) : strips;  // (rows, rows_s)
       if (!kept) {
         RingDtpTimer t(gemm_s());
@@ -241,24 +246,25 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
                             weights ? "ring.shards" : "ring.activations");
   FP_ASSERT(strips.bytes() + m.bytes() + z.bytes() + y.bytes() == ws.vocab_bytes);
   // What travels, carved from `fly` (f64 first: aligned at any n_max and H). The shards are carved in
-  // the params dtype and the batches in the activations dtype (Note [Which dtype each allocation gets]
-  // in core/precision.h); the cpu backend computes in f32 only (Note [bf16 on a computing backend] in
-  // model/model.cpp), so typed pointers into the buffer are read only when that dtype is f32.
-  const uint64_t wt_bytes = dtype_size(s.precision.params), act_bytes = dtype_size(s.precision.activations);
+  // the params dtype and the batches in the activations dtype; the dW and dX partial sums, the state
+  // and the targets in f32, f64 and i32 whatever the recipe (Note [Which dtype each allocation gets]
+  // in core/precision.h).
+  const DType wt = s.precision.params, act = s.precision.activations;
   uint64_t off = 0;
-  float* Wb[2] = {};   // weights: (Vp, H) the shard arriving
+  Buf Wb[2];           // weights: (Vp, H) the shard arriving
   float* G[3] = {};    // weights, backward: (Vp, H) dW partial sums
   double* Sz[2] = {};  // activations: (n_max) the batch's z
-  float *X[2] = {}, *D[3] = {}, *Sm[2] = {}, *Sy[2] = {};  // (n_max, H) xn, (n_max, H) dX sums, (n_max) m, y
-  int32_t* Tg[2] = {};                                      // (n_max) targets
+  Buf X[2];            // activations: (n_max, H) xn
+  float *D[3] = {}, *Sm[2] = {}, *Sy[2] = {};  // (n_max, H) dX sums, (n_max) m, y
+  int32_t* Tg[2] = {};                         // (n_max) targets
   const uint64_t nm = static_cast<uint64_t>(n_max), nH = nm * static_cast<uint64_t>(H);
   if (weights) {
-    for (float*& p : Wb) p = carve<float>(fly.data(), off, static_cast<uint64_t>(Vp * H), wt_bytes);
+    for (Buf& p : Wb) p = Buf(carve<char>(fly.data(), off, static_cast<uint64_t>(Vp * H), dtype_size(wt)), wt);
     if (backward)
       for (float*& p : G) p = carve<float>(fly.data(), off, static_cast<uint64_t>(Vp * H));
   } else {
     for (double*& p : Sz) p = carve<double>(fly.data(), off, nm);
-    for (float*& p : X) p = carve<float>(fly.data(), off, nH, act_bytes);
+    for (Buf& p : X) p = Buf(carve<char>(fly.data(), off, nH, dtype_size(act)), act);
     if (backward)
       for (float*& p : D) p = carve<float>(fly.data(), off, nH);
     for (float*& p : Sm) p = carve<float>(fly.data(), off, nm);
@@ -267,7 +273,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
   }
   FP_ASSERT(off == ws.comm_bytes, "carved {} of {} bytes", off, ws.comm_bytes);
 
-  const float* x_home = xn.f32();          // (n, H)
+  const CBuf x_home = xn.cbuf();           // (n, H)
   const int32_t* tg_home = targets.i32();  // (n)
   float* strip0 = strips.f32();  // the strip, or the kept strips of the whole pass
   const bool keep = v.keep_strips;
@@ -282,18 +288,18 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
 
   // ---- forward (Note [Ring-DTP on P ranks])
   if (weights) {
-    const float* w = own.w;  // (rows_s, H) the shard held this round
+    CBuf w = own.w;  // (rows_s, H) the shard held this round
     for (int i = 0; i < P; ++i) {
       const int q = (r - i + P) % P;
       const VocabShard sh = shard(q);
-      if (i + 1 < P) R.hop_start(w, sh.rows * H, Wb[i % 2], shard(ring_prev(q)).rows * H, s.precision.params);
+      if (i + 1 < P) R.hop_start(w, sh.rows * H, Wb[i % 2], shard(ring_prev(q)).rows * H);
       R.fold(x_home, tg_home, n, w, sh, m.f32(), z.f64(), y.f32(), keep ? ptr_at(strip0, n * sh.v0) : strip0, keep,
              logits);
       R.hops_wait();
       w = Wb[i % 2];
     }
   } else {
-    const float* x = x_home;  // (nb, H) the batch held this round, its targets and state
+    CBuf x = x_home;  // (nb, H) the batch held this round, its targets and state
     const int32_t* tg = tg_home;
     float *cm = m.f32(), *cy = y.f32();
     double* cz = z.f64();
@@ -301,7 +307,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
       const int b = (r - i + P) % P, k = i % 2;
       const int64_t nb = ns[b], n_in = ns[ring_prev(b)];
       if (i + 1 < P) {
-        R.hop_start(x, nb * H, X[k], n_in * H, s.precision.activations);
+        R.hop_start(x, nb * H, X[k], n_in * H);
         R.hop_start(tg, nb, Tg[k], n_in, DType::DType_I32);
       }
       R.fold(x, tg, nb, own.w, own.ids, cm, cz, cy, keep ? ptr_at(strip0, row0[b] * own.ids.rows) : strip0, keep, nullptr);
@@ -322,16 +328,18 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
 
   // ---- backward: the second pass (Note [Ring-DTP on P ranks])
   if (backward && weights) {
-    K.fill(dxn.f32(), 0.0f, n * H);
-    const float* w = own.w;
+    K.fill(dxn.buf(), 0.0f, n * H);
+    CBuf w = own.w;
     float *in = G[0], *acc = G[1], *out = G[2];  // dW partial sums: arriving, accumulating, leaving
     VocabShard last;                             // the shard of the previous round (its sum leaves)
     for (int i = 0; i < P; ++i) {
       const int q = (r - i + P) % P;
       const VocabShard sh = shard(q);
-      if (i + 1 < P) R.hop_start(w, sh.rows * H, Wb[i % 2], shard(ring_prev(q)).rows * H, s.precision.params);
+      if (i + 1 < P) R.hop_start(w, sh.rows * H, Wb[i % 2], shard(ring_prev(q)).rows * H);
       if (i > 0) R.hop_start(out, last.rows * H, in, sh.rows * H, DType::DType_F32);
-      R.grad(x_home, tg_home, n, w, sh, m.f32(), z.f64(), keep ? ptr_at(strip0, n * sh.v0) : strip0, keep, dxn.f32(),
+      // dX of this rank's tokens accumulates at home in dxn's dtype (with bf16 activations one rounding
+      // per round; the travelling sums stay f32).
+      R.grad(x_home, tg_home, n, w, sh, m.f32(), z.f64(), keep ? ptr_at(strip0, n * sh.v0) : strip0, keep, dxn.buf(),
              1.0f, acc, true);
       R.hops_wait();
       if (i > 0) K.add_inplace(acc, in, sh.rows * H);  // T = C + A
@@ -344,7 +352,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
     R.hops_wait();
     K.add_inplace(own.g, in, own.ids.rows * H);
   } else if (backward) {
-    const float* x = x_home;
+    CBuf x = x_home;
     const int32_t* tg = tg_home;
     const float* cm = m.f32();
     const double* cz = z.f64();
@@ -354,7 +362,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
       const int b = (r - i + P) % P, k = i % 2;
       const int64_t nb = ns[b], n_in = ns[ring_prev(b)];
       if (i + 1 < P) {
-        R.hop_start(x, nb * H, X[k], n_in * H, s.precision.activations);
+        R.hop_start(x, nb * H, X[k], n_in * H);
         R.hop_start(tg, nb, Tg[k], n_in, DType::DType_I32);
         R.hop_start(cm, nb, Sm[k], n_in, DType::DType_F32);
         R.hop_start(cz, nb, Sz[k], n_in, DType::DType_F64);
@@ -368,11 +376,13 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
       x = X[k], tg = Tg[k], cm = Sm[k], cz = Sz[k];
       n_last = nb;
     }
-    // The last round's batch is the next rank's: its dX goes home, this rank's own arrives.
-    // The f32 sum lands in dxn itself: with a bf16 dxn (meta only, so far) bf16 compute will need an
-    // f32 landing buffer and a conversion here.
-    R.hop_start(out, n_last * H, dxn.f32(), n * H, DType::DType_F32);
+    // The last round's batch is the next rank's: its dX goes home, this rank's own arrives. The f32
+    // sum lands in dxn itself, or, when dxn is bf16, in the free partial-sum buffer and is rounded
+    // into dxn once.
+    const bool f32_dx = dxn.dtype() == DType::DType_F32;
+    R.hop_start(out, n_last * H, f32_dx ? dxn.data() : static_cast<void*>(in), n * H, DType::DType_F32);
     R.hops_wait();
+    if (!f32_dx) K.copy(dxn.buf(), in, n * H);
   }
   fly.reset();
   loss_sum.reset();
