@@ -1,3 +1,14 @@
+// Ring attention: every rank's queries against every rank's keys, the K/V blocks moving round the ring
+// (ring_attention.h).
+//
+// Note [Ring attention accumulates in f32]: the outputs the ring builds over its W blocks (o in the
+// forward, merged block by block by the log-sum-exp; dQ, dK, dV in the backward, summed block by
+// block) accumulate in f32 whatever the recipe, and are rounded into the recipe's dtype once at the
+// end. With bf16 activations and bf16 accumulators each block would round them again: W roundings
+// instead of one, and a result that depends on W (a token's router input would then differ in its
+// last bit between W, enough to flip a near-tied top-k). The f32 accumulators cost, with bf16
+// activations only, (B N nh hdv) x 4 B for o in the forward and (B N nh hd) x 4 B for dQ in the
+// backward, beside the blocks (category comm); dK/dV travel in f32 in either recipe.
 #include "model/ring_attention.h"
 
 #include "core/error.h"
@@ -59,6 +70,10 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
   Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
   Tensor vb[2] = {be.alloc(kComm, v_shape, act, "ring.v0"), be.alloc(kComm, v_shape, act, "ring.v1")};
+  // Note [Ring attention accumulates in f32]: o itself when it is f32.
+  const bool f32_o = o.dtype() == DType::DType_F32;
+  Tensor o_acc = f32_o ? Tensor() : be.alloc_f32(kComm, o.shape(), "ring.o_acc");
+  const Buf out = f32_o ? o.buf() : o_acc.buf();
   K.copy(kb[0].buf(), k.buf(), k.numel());
   K.copy(vb[0].buf(), v.buf(), v.numel());
   for (int step = 0; step < g.world; ++step) {
@@ -67,13 +82,14 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
     // With a sliding window, a block entirely before every local query's window computes nothing: the
     // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp). It
     // still travels: the ranks after this one may need it.
-    K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), s.seq_pos.data(), k_pos.data(), o.buf(), lse.f32(),
+    K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), s.seq_pos.data(), k_pos.data(), out, lse.f32(),
                               step == 0, s.B, N, N, nh, nkv, hd, hdv, scale, c.sliding_window);
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
     }
   }
+  if (!f32_o) K.copy(o.buf(), o_acc.buf(), o.numel());  // rounded once
 }
 
 void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
@@ -95,18 +111,22 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   // dK/dV accumulate in fp32 whatever the recipe (Note [Which dtype each allocation gets]).
   Tensor dkb[2] = {be.alloc_f32(kComm, k_shape, "ring.dk0"), be.alloc_f32(kComm, k_shape, "ring.dk1")};
   Tensor dvb[2] = {be.alloc_f32(kComm, v_shape, "ring.dv0"), be.alloc_f32(kComm, v_shape, "ring.dv1")};
+  // Note [Ring attention accumulates in f32]: dq itself when it is f32.
+  const bool f32_dq = dq.dtype() == DType::DType_F32;
+  Tensor dq_acc = f32_dq ? Tensor() : be.alloc_f32(kComm, dq.shape(), "ring.dq_acc");
+  const Buf dq_out = f32_dq ? dq.buf() : dq_acc.buf();
   K.copy(kb[0].buf(), k.buf(), k.numel());
   K.copy(vb[0].buf(), v.buf(), v.numel());
   K.fill(dkb[0].buf(), 0.0f, dk.numel());
   K.fill(dvb[0].buf(), 0.0f, dv.numel());
-  K.fill(dq.buf(), 0.0f, dq.numel());
+  K.fill(dq_out, 0.0f, dq.numel());
   // W rounds of compute, each followed by a hop: after the last hop every block (with its complete
   // dK/dV) is back at its home rank.
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
     const std::vector<int32_t> k_pos = block_positions(be, g, step);
     K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), s.seq_pos.data(),
-                               k_pos.data(), dq.buf(), dkb[cur].buf(), dvb[cur].buf(), s.B, N, N, nh, nkv, hd, hdv,
+                               k_pos.data(), dq_out, dkb[cur].buf(), dvb[cur].buf(), s.B, N, N, nh, nkv, hd, hdv,
                                scale, c.sliding_window);
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
@@ -118,6 +138,7 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   const int home = g.world % 2;  // the buffer that received the last hop
   K.copy(dk.buf(), dkb[home].buf(), dk.numel());
   K.copy(dv.buf(), dvb[home].buf(), dv.numel());
+  if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());  // rounded once
 }
 
 }  // namespace fp

@@ -10,13 +10,15 @@
 // width, hdv the value/output head width (Note [Value heads of their own width], ops/attention.h), scale
 // usually hd^-0.5. Layouts as in ops/attention.h: (B, T, heads, hd or hdv) rows, (B, nh, T) log-sum-exps.
 //
-// Storage: q, k, v, o, dout, dq are all f32 or all bf16 in one call (the recipe's activations;
-// Note [Kernel operands carry their dtype] in core/buf.h); dk, dv are in that dtype too or f32 (ring
-// attention's accumulators, which travel in f32 whatever the recipe); lse is f32 always. bf16 rows are widened
+// Storage: q, k, v (and the backward's o, dout) are all f32 or all bf16 in one call (the recipe's
+// activations; Note [Kernel operands carry their dtype] in core/buf.h); the outputs the ring
+// accumulates over its blocks, o (forward) and dq, dk, dv (backward), are in that dtype too or f32
+// (ring attention's accumulators: f32 whatever the recipe, Note [Ring attention accumulates in f32]
+// in model/ring_attention.cpp); lse is f32 always. bf16 rows are widened
 // into the f32 tiles, every product, softmax and accumulation is f32, and each output element is
 // rounded once per call: o when written or merged, dq/dk/dv when this block pair's share is added. So
 // a bf16 call gives exactly the f32 call's results on the widened inputs, rounded (tested); across the
-// key blocks of a ring, o and dq are rounded once per block (f32 dk, dv: never).
+// key blocks of a ring, bf16 outputs would be rounded once per block (the ring's f32 ones: never).
 //
 // Masking: key j is visible to query i iff k_pos[j] <= q_pos[i], and with a sliding window w > 0 also
 // q_pos[i] - w < k_pos[j] (ops/attention.h's window, by global positions). q_pos (Tq) and k_pos (Tk) are

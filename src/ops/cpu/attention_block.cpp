@@ -178,9 +178,10 @@ class BackwardScratch {
   std::vector<float> buf_;
 };
 
-// The forward in storage type E (float or bf16) for q, k, v and o; lse is f32.
-template <class E>
-void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, const int32_t* k_pos, E* o, float* lse,
+// The forward in storage type E (float or bf16) for q, k, v and O for o (E, or f32: ring attention's
+// accumulator); lse is f32.
+template <class E, class O>
+void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, const int32_t* k_pos, O* o, float* lse,
                    bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv,
                    float scale, int64_t window) {
   block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
@@ -233,36 +234,36 @@ void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, con
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       // Note [Merging partial attention].
       for (int64_t r = 0; r < nq; ++r) {
-        E* orow = o + (qrow + r * nh) * hdv;         // (hdv)
+        O* orow = o + (qrow + r * nh) * hdv;         // (hdv)
         float& L = lse[(b * nh + h) * Tq + i0 + r];  // the row's running log-sum-exp
         const float* arow = acc + r * hdvp;          // (hdvp)
         if (l[r] == 0.0f) {                          // no visible key in this block (l >= 1 as soon as one is)
           if (first) {
-            std::fill(orow, orow + hdv, from_f32<E>(0.0f));
+            std::fill(orow, orow + hdv, from_f32<O>(0.0f));
             L = kNegInf;
           }
           continue;
         }
         if (first || L == kNegInf) {
-          for (int64_t c = 0; c < hdv; ++c) orow[c] = from_f32<E>(arow[c] / l[r]);
+          for (int64_t c = 0; c < hdv; ++c) orow[c] = from_f32<O>(arow[c] / l[r]);
           L = m[r] + std::log(l[r]);
           continue;
         }
         const float lse_b = m[r] + std::log(l[r]);
         const float merged = std::max(L, lse_b) + std::log1p(std::exp(-std::abs(L - lse_b)));
         const float w_old = std::exp(L - merged), w_acc = std::exp(m[r] - merged);
-        for (int64_t c = 0; c < hdv; ++c) orow[c] = from_f32<E>(to_f32(orow[c]) * w_old + arow[c] * w_acc);
+        for (int64_t c = 0; c < hdv; ++c) orow[c] = from_f32<O>(to_f32(orow[c]) * w_old + arow[c] * w_acc);
         L = merged;
       }
     }
   }
 }
 
-// The backward in storage type E for q, k, v, o, dout, dq and A for dk, dv (E, or f32: ring
-// attention's travelling accumulators); lse is f32.
+// The backward in storage type E for q, k, v, o, dout and A for dq, dk, dv (E, or f32: ring
+// attention's accumulators); lse is f32.
 template <class E, class A>
 void block_backward(const E* q, const E* k, const E* v, const E* o, const float* lse, const E* dout,
-                    const int32_t* q_pos, const int32_t* k_pos, E* dq, A* dk, A* dv, int64_t B, int64_t Tq, int64_t Tk,
+                    const int32_t* q_pos, const int32_t* k_pos, A* dq, A* dk, A* dv, int64_t B, int64_t Tq, int64_t Tk,
                     int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
   block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
   if (B == 0 || Tq == 0 || Tk == 0) return;
@@ -354,8 +355,8 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       if (visited == 0) continue;  // every query fell between the keys: nothing to add
       for (int64_t r = 0; r < nq; ++r) {
-        E* dqr = dq + ((b * Tq + i0 + r) * nh + h) * hd;  // (hd)
-        for (int64_t c = 0; c < hd; ++c) dqr[c] = from_f32<E>(to_f32(dqr[c]) + scale * dq_acc[r * hdp + c]);
+        A* dqr = dq + ((b * Tq + i0 + r) * nh + h) * hd;  // (hd)
+        for (int64_t c = 0; c < hd; ++c) dqr[c] = from_f32<A>(to_f32(dqr[c]) + scale * dq_acc[r * hdp + c]);
       }
     }
   }
@@ -373,28 +374,36 @@ void same_dtype_check(const char* kernel, std::initializer_list<DType> dtypes) {
 void attention_block_forward(CBuf q, CBuf k, CBuf v, const int32_t* q_pos, const int32_t* k_pos, Buf o, float* lse,
                              bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
                              int64_t hdv, float scale, int64_t window) {
-  same_dtype_check("attention_block_forward", {q.dtype, k.dtype, v.dtype, o.dtype});
+  same_dtype_check("attention_block_forward", {q.dtype, k.dtype, v.dtype});
+  FP_ASSERT(o.dtype == q.dtype || o.dtype == DType::DType_F32,
+            "attention_block_forward: o in {} takes token operands in {} or f32, not {}", dtype_name(o.dtype),
+            dtype_name(o.dtype), dtype_name(q.dtype));
   visit_float(q.dtype, "attention_block_forward", [&]<class E>() {
-    block_forward<E>(q.as<E>(), k.as<E>(), v.as<E>(), q_pos, k_pos, o.as<E>(), lse, first, B, Tq, Tk, nh, nkv, hd, hdv,
-                     scale, window);
+    if (o.dtype == q.dtype) {
+      block_forward<E, E>(q.as<E>(), k.as<E>(), v.as<E>(), q_pos, k_pos, o.as<E>(), lse, first, B, Tq, Tk, nh, nkv, hd,
+                          hdv, scale, window);
+    } else {
+      block_forward<E, float>(q.as<E>(), k.as<E>(), v.as<E>(), q_pos, k_pos, o.f32(), lse, first, B, Tq, Tk, nh, nkv,
+                              hd, hdv, scale, window);
+    }
   });
 }
 
 void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, const int32_t* q_pos,
                               const int32_t* k_pos, Buf dq, Buf dk, Buf dv, int64_t B, int64_t Tq, int64_t Tk,
                               int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
-  same_dtype_check("attention_block_backward", {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype, dq.dtype});
-  same_dtype_check("attention_block_backward (dk, dv)", {dk.dtype, dv.dtype});
+  same_dtype_check("attention_block_backward", {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype});
+  same_dtype_check("attention_block_backward (dq, dk, dv)", {dq.dtype, dk.dtype, dv.dtype});
   FP_ASSERT(dk.dtype == q.dtype || dk.dtype == DType::DType_F32,
-            "attention_block_backward: dk, dv in {} take token operands in {} or f32, not {}", dtype_name(dk.dtype),
+            "attention_block_backward: dq, dk, dv in {} take token operands in {} or f32, not {}", dtype_name(dk.dtype),
             dtype_name(dk.dtype), dtype_name(q.dtype));
   visit_float(q.dtype, "attention_block_backward", [&]<class E>() {
     if (dk.dtype == q.dtype) {
       block_backward<E, E>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos, dq.as<E>(),
                            dk.as<E>(), dv.as<E>(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
     } else {
-      block_backward<E, float>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos,
-                               dq.as<E>(), dk.f32(), dv.f32(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
+      block_backward<E, float>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos, dq.f32(),
+                               dk.f32(), dv.f32(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
     }
   });
 }
