@@ -1,4 +1,5 @@
-// flatpeak bench step (bench/step.h): the timed steps, the sgemm rate and the model FLOPs.
+// flatpeak bench step (bench/step.h): the timed steps, the GEMM peak rate of the run's dtype and the
+// model FLOPs.
 #include "bench/step.h"
 
 #include <sys/resource.h>
@@ -7,7 +8,9 @@
 
 #include "backend/backend.h"
 #include "bench/bench_common.h"
+#include "core/buf.h"
 #include "core/log.h"
+#include "core/precision.h"
 #include "core/rng.h"
 #include "core/units.h"
 #include "data/random_batch.h"
@@ -23,20 +26,41 @@ namespace fp::bench {
 
 namespace {
 
-// The machine's sgemm rate (FLOP/s), median of repeats of square GEMMs of side `side`.
-double sgemm_rate_measure(int64_t side, int repeats) {
-  std::vector<float> a(static_cast<size_t>(side * side)), b(a.size()), c(a.size());
+// The rate (FLOP/s) of the cpu GEMM on square operands of side `side` stored in `t` (f32: OpenBLAS's
+// sgemm; bf16: the same sgemm on widened panels, Note [bf16 GEMM on a CPU without bf16 units]),
+// median of repeats: the peak the step's GEMMs are measured against, in the dtype they run in.
+double gemm_rate_measure(DType t, int64_t side, int repeats) {
+  const size_t n = static_cast<size_t>(side * side);
+  std::vector<float> a(n), b(n), c(n);
   Rng rng(1);
   for (auto& x : a) x = static_cast<float>(rng.uniform() - 0.5);
   for (auto& x : b) x = static_cast<float>(rng.uniform() - 0.5);
+  std::vector<bf16> ah(n), bh(n), ch(n);
+  for (size_t i = 0; i < n; ++i) ah[i] = from_f32<bf16>(a[i]), bh[i] = from_f32<bf16>(b[i]);
+  const bool half = t == DType::DType_BF16;
+  const CBuf A = half ? CBuf(ah.data()) : CBuf(a.data()), B = half ? CBuf(bh.data()) : CBuf(b.data());
+  const Buf C = half ? Buf(ch.data()) : Buf(c.data());
   std::vector<double> rates;
-  ops::cpu::gemm(false, true, side, side, side, 1.0f, a.data(), side, b.data(), side, 0.0f, c.data(), side);
+  ops::cpu::gemm(false, true, side, side, side, 1.0f, A, side, B, side, 0.0f, C, side);
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = Clock::now();
-    ops::cpu::gemm(false, true, side, side, side, 1.0f, a.data(), side, b.data(), side, 0.0f, c.data(), side);
+    ops::cpu::gemm(false, true, side, side, side, 1.0f, A, side, B, side, 0.0f, C, side);
     rates.push_back(2.0 * static_cast<double>(side * side) * static_cast<double>(side) / seconds_since(t0));
   }
   return median(rates);
+}
+
+// A weight as f32 host values (bf16 widened, exactly).
+std::vector<float> weights_host(Backend& be, const Tensor& w) {
+  std::vector<float> out(static_cast<size_t>(w.numel()));
+  if (w.dtype() == DType::DType_F32) {
+    be.copy_to_host(out.data(), w.data(), w.bytes());
+    return out;
+  }
+  std::vector<bf16> h(out.size());
+  be.copy_to_host(h.data(), w.data(), w.bytes());
+  for (size_t i = 0; i < h.size(); ++i) out[i] = to_f32(h[i]);
+  return out;
 }
 
 // Model FLOPs of one training step without recompute: 6 per matmul parameter touched per token
@@ -70,8 +94,7 @@ int bench_step_run(const BenchStepOptions& o) {
     std::vector<std::vector<float>> host;
     std::vector<SafetensorsView> views;
     for (Param& p : model.params().all()) {
-      host.emplace_back(static_cast<size_t>(p.w.numel()));
-      be->copy_to_host(host.back().data(), p.w.data(), p.w.bytes());
+      host.push_back(weights_host(*be, p.w));  // the twin takes the (rounded) weights as f32
       views.push_back({p.name, DType::DType_F32, p.w.shape(), host.back().data()});
     }
     views.push_back({"input_ids", DType::DType_I32, {batch.B, batch.T}, batch.tokens.data()});
@@ -97,7 +120,10 @@ int bench_step_run(const BenchStepOptions& o) {
     }
   }
   const double step_s = median(times);
-  const double sgemm = sgemm_rate_measure(1024, 5);
+  const double sgemm = gemm_rate_measure(DType::DType_F32, 1024, 5);
+  // The peak of the run's own dtype (the activations': GEMM operands are weights and activations).
+  const DType gemm_t = cfg.schedules.precision.activations;
+  const double peak = gemm_t == DType::DType_F32 ? sgemm : gemm_rate_measure(gemm_t, 1024, 5);
   const double g_s = median(gemm_secs), g_f = median(gemm_flops);
   const double mflops = model_flops_per_step(m, batch.B, batch.T);
   struct rusage ru {};
@@ -110,17 +136,23 @@ int bench_step_run(const BenchStepOptions& o) {
   j["tokens_per_s"] = static_cast<double>(batch.B * batch.T) / step_s;
   j["max_rss_bytes"] = static_cast<int64_t>(ru.ru_maxrss) * 1024;
   j["sgemm_flops_per_s"] = sgemm;
+  j["precision"] = precision_describe(cfg.schedules.precision);
+  j["gemm_peak_dtype"] = dtype_name(gemm_t);
+  j["gemm_peak_flops_per_s"] = peak;
   machine_json(j);
   j["gemm_seconds"] = g_s;
   j["gemm_share_of_step"] = g_s / step_s;
   j["gemm_flops_per_s"] = g_f / g_s;
   j["gemm_fraction_of_sgemm"] = g_f / g_s / sgemm;
+  j["gemm_fraction_of_peak"] = g_f / g_s / peak;
   j["model_flops_per_step"] = mflops;
   j["mfu_vs_sgemm"] = mflops / step_s / sgemm;
-  fmt::print("flatpeak step: {:.4f} s median of {} ({:.0f} tokens/s); GEMMs {:.0f}% of the step at {:.1f} GFLOP/s = "
-             "{:.0f}% of sgemm {:.1f} GFLOP/s; MFU {:.0f}%; device peak {}; max RSS {}\n",
-             step_s, times.size(), j["tokens_per_s"].get<double>(), 100 * g_s / step_s, g_f / g_s / 1e9,
-             100 * g_f / g_s / sgemm, sgemm / 1e9, 100 * mflops / step_s / sgemm,
+  fmt::print("flatpeak step ({}): {:.4f} s median of {} ({:.0f} tokens/s); GEMMs {:.0f}% of the step at {:.1f} "
+             "GFLOP/s = {:.0f}% of the {} GEMM peak {:.1f} GFLOP/s (sgemm {:.1f}); MFU {:.0f}% of sgemm; device "
+             "peak {}; max RSS {}\n",
+             precision_describe(cfg.schedules.precision), step_s, times.size(), j["tokens_per_s"].get<double>(),
+             100 * g_s / step_s, g_f / g_s / 1e9, 100 * g_f / g_s / peak, dtype_name(gemm_t), peak / 1e9, sgemm / 1e9,
+             100 * mflops / step_s / sgemm,
              bytes_format(be->device_ledger().total_peak()), bytes_format(static_cast<uint64_t>(ru.ru_maxrss) * 1024));
   machine_print();
   json_write(o.json, j);
