@@ -77,6 +77,49 @@ def case_resume_bit_exact_bf16(tmp):
     print("bf16: weights BF16, the f32 master and moments in the optimizer state")
 
 
+def safetensors_f32(path):
+    """name -> list of floats of every F32 tensor of a safetensors file (no torch here)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in header.items():
+        if k != "__metadata__" and v["dtype"] == "F32":
+            b0, b1 = v["data_offsets"]
+            out[k] = list(struct.unpack(f"<{(b1 - b0) // 4}f", data[b0:b1]))
+    return out
+
+
+def bf16_round(x):
+    """x rounded to bf16 (nearest, ties to even), as a float."""
+    u = struct.unpack("<I", struct.pack("<f", x))[0]
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", u))[0]
+
+
+def case_bench_step_bf16(tmp):
+    """flatpeak bench step in the bf16 recipe: the case file it writes for the PyTorch twins holds the
+    model's bf16 weights widened (the fp32 run's initial weights, each rounded once), and the step's GEMMs
+    are measured against the bf16 GEMM rate of the same run."""
+    cases, js = {}, {}
+    for recipe in ("fp32", "bf16"):
+        cases[recipe], js[recipe] = os.path.join(tmp, f"{recipe}.safetensors"), os.path.join(tmp, f"{recipe}.json")
+        run(["bench", "step", "--config", tiny(), "--warmup", "0", "--repeats", "1", "--case", cases[recipe],
+             "--json", js[recipe], "--set", f"precision.recipe={recipe}"] + SMALL)
+    f32, b16 = safetensors_f32(cases["fp32"]), safetensors_f32(cases["bf16"])
+    names = [k for k in f32 if k not in ("input_ids", "targets")]
+    assert names and sorted(names) == sorted(k for k in b16 if k not in ("input_ids", "targets")), names[:3]
+    for k in names:
+        want = [bf16_round(x) for x in f32[k]]
+        assert b16[k] == want, f"{k}: the bf16 case's weights are not the fp32 weights rounded"
+    j = json.load(open(js["bf16"]))
+    assert j["gemm_peak_dtype"] == "bf16" and j["gemm_peak_flops_per_s"] > 0, j
+    assert json.load(open(js["fp32"]))["gemm_peak_dtype"] == "f32"
+    print(f"bench step bf16: {len(names)} weights in the case file are the fp32 ones rounded; GEMMs at "
+          f"{100 * j['gemm_fraction_of_peak']:.0f}% of the bf16 GEMM rate {j['gemm_peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
+
+
 def case_kill_during_checkpoint(tmp):
     """kill -9 at random moments of a run that checkpoints every step, 20 times: each time the run is
     resumed from whatever checkpoint survived (Note [Atomic checkpoints]), and in the end every loss
