@@ -25,6 +25,7 @@
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/attention.h"
+#include "ops/gemm.h"
 #include "ops/cpu/attention_tile.h"
 #include "ops/ref/attention.h"
 
@@ -661,6 +662,71 @@ TEST(Attention, Bf16StorageIsTheWidenedF32ComputationRoundedOnce) {
   EXPECT_THROW(
       ops::cpu::attention_forward(f.data(), h.data(), f.data(), f.data(), lse.data(), 1, 64, 1, 1, 8, 8, 1.0f, 0),
       InternalError);
+}
+
+// Attention against its matmul-equivalent rate (issue 14: fwd + bwd at >= 50% of it). The kernels'
+// useful FLOPs (causal: the T(T+1)/2 visible score pairs; forward 2 products, QK^T and PV, backward 5,
+// the recomputed QK^T, dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q: 7 x 2 x pairs x hd x nh x B)
+// over the time of forward + backward, against the rate of the cpu GEMM (OpenBLAS) on the same
+// products unmasked, one (b, head) at a time: (T, hd) x (hd, T) and (T, T) x (T, hd), measured in the
+// same process, interleaved with the attention repeats. f32 and bf16 operands (bf16 against the bf16
+// GEMM: widened panels and the same sgemm). Medians of FP_BENCH_REPEATS (default 5). Run:
+//   build/tests/ops_test_attention --gtest_also_run_disabled_tests --gtest_filter='*BenchMatmulEquivalent*'
+TEST(Attention, DISABLED_BenchMatmulEquivalent) {
+  namespace at = ops::cpu::attention_tile;
+  const char* env = std::getenv("FP_BENCH_REPEATS");
+  const int repeats = env ? std::max(1, std::atoi(env)) : 5;
+  using Clock = std::chrono::steady_clock;
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  std::printf("attention fwd+bwd vs its matmul-equivalent rate, %d threads, %s tiles, medians of %d\n",
+              omp_get_max_threads(), at::avx2_enabled ? "avx2" : "sse2", repeats);
+  std::printf("| shape | operands | attention s | attention GFLOP/s | GEMM GFLOP/s (same products) | ratio |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const Case& c : {Case{4, 1024, 4, 2, 64}, Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {
+    const Inputs in(c, 5);
+    for (const bool half : {false, true}) {
+      const auto qh = op_test::rounded_bf16(in.q), kh = op_test::rounded_bf16(in.k), vh = op_test::rounded_bf16(in.v),
+                 doh = op_test::rounded_bf16(in.dout);
+      std::vector<bf16> oh(in.dout.size()), dqh(in.q.size()), dkh(in.k.size()), dvh(in.v.size());
+      Outputs r{std::vector<float>(in.dout.size()), std::vector<float>(c.B * c.nh * c.T),
+                std::vector<float>(in.q.size()), std::vector<float>(in.k.size()), std::vector<float>(in.v.size())};
+      const CBuf q = half ? CBuf(qh.data()) : CBuf(in.q.data()), k = half ? CBuf(kh.data()) : CBuf(in.k.data()),
+                 v = half ? CBuf(vh.data()) : CBuf(in.v.data()), dout = half ? CBuf(doh.data()) : CBuf(in.dout.data());
+      const Buf o = half ? Buf(oh.data()) : Buf(r.o.data()), dq = half ? Buf(dqh.data()) : Buf(r.dq.data()),
+                dk = half ? Buf(dkh.data()) : Buf(r.dk.data()), dv = half ? Buf(dvh.data()) : Buf(r.dv.data());
+      // One (b, head)'s products, unmasked: S (T, T) = Q K^T, O (T, hd) = S V, in the operands' dtype.
+      std::vector<float> sf(static_cast<size_t>(c.T * c.T)), of(static_cast<size_t>(c.T * c.hd));
+      std::vector<bf16> sh(sf.size()), ohh(of.size());
+      const Buf S = half ? Buf(sh.data()) : Buf(sf.data()), O = half ? Buf(ohh.data()) : Buf(of.data());
+      std::vector<double> t_att, t_gemm;
+      for (int rep = 0; rep <= repeats; ++rep) {
+        const auto t0 = Clock::now();
+        ops::cpu::attention_forward(q, k, v, o, r.lse.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, 0);
+        ops::cpu::attention_backward(q, k, v, o, r.lse.data(), dout, dq, dk, dv, c.B, c.T, c.nh, c.nkv, c.hd, c.hd,
+                                     in.scale, 0);
+        const auto t1 = Clock::now();
+        // The same 7 products per (b, head) through the GEMM, unmasked: 4 of the S shape, 3 of the O shape.
+        for (int64_t bh = 0; bh < c.B * c.nh; ++bh) {
+          for (int i = 0; i < 4; ++i)
+            ops::cpu::gemm(false, true, c.T, c.T, c.hd, 1.0f, q, c.nh * c.hd, k, c.nkv * c.hd, 0.0f, S, c.T);
+          for (int i = 0; i < 3; ++i) ops::cpu::gemm(false, false, c.T, c.hd, c.T, 1.0f, S, c.T, v, c.nkv * c.hd, 0.0f, O, c.hd);
+        }
+        const auto t2 = Clock::now();
+        if (rep == 0) continue;  // warm-up
+        t_att.push_back(std::chrono::duration<double>(t1 - t0).count());
+        t_gemm.push_back(std::chrono::duration<double>(t2 - t1).count());
+      }
+      const double pairs = static_cast<double>(c.T) * static_cast<double>(c.T + 1) / 2.0;
+      const double bhd = static_cast<double>(c.B * c.nh * c.hd);
+      const double att_flops = 7.0 * 2.0 * pairs * bhd, gemm_flops = 7.0 * 2.0 * static_cast<double>(c.T * c.T) * bhd;
+      const double ta = median(t_att), tg = median(t_gemm);
+      std::printf("| %s | %s | %.4f | %.1f | %.1f | %.0f%% |\n", c.name().c_str(), half ? "bf16" : "f32", ta,
+                  att_flops / ta / 1e9, gemm_flops / tg / 1e9, 100.0 * (att_flops / ta) / (gemm_flops / tg));
+    }
+  }
 }
 
 }  // namespace fp
