@@ -712,7 +712,8 @@ TEST(Attention, DISABLED_BenchMatmulEquivalent) {
         for (int64_t bh = 0; bh < c.B * c.nh; ++bh) {
           for (int i = 0; i < 4; ++i)
             ops::cpu::gemm(false, true, c.T, c.T, c.hd, 1.0f, q, c.nh * c.hd, k, c.nkv * c.hd, 0.0f, S, c.T);
-          for (int i = 0; i < 3; ++i) ops::cpu::gemm(false, false, c.T, c.hd, c.T, 1.0f, S, c.T, v, c.nkv * c.hd, 0.0f, O, c.hd);
+          for (int i = 0; i < 3; ++i)
+            ops::cpu::gemm(false, false, c.T, c.hd, c.T, 1.0f, S, c.T, v, c.nkv * c.hd, 0.0f, O, c.hd);
         }
         const auto t2 = Clock::now();
         if (rep == 0) continue;  // warm-up
