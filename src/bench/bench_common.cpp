@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/backend.h"
 #include "io/atomic_file.h"
+#include "ops/cpu/convert.h"
 #include "ops/cpu/blas_setup.h"
 #include "ops/cpu/cpu_features.h"
 
@@ -20,6 +22,24 @@ double max_rel_diff(const float* got, const float* ref, int64_t n) {
     mag = std::max(mag, std::fabs(static_cast<double>(ref[i])));
   }
   return mag > 0 ? diff / mag : diff;
+}
+
+void device_write_f32(Backend& be, Buf dst, const float* src, int64_t n) {
+  if (dst.dtype == DType::DType_F32) return be.copy_from_host(dst.p, src, static_cast<uint64_t>(n) * sizeof(float));
+  std::vector<char> h(static_cast<size_t>(n) * dtype_size(dst.dtype));
+  ops::cpu::convert(Buf(h.data(), dst.dtype), CBuf(src), n);
+  be.copy_from_host(dst.p, h.data(), h.size());
+}
+
+void device_read_f32(Backend& be, CBuf src, int64_t n, float* dst) {
+  if (src.dtype == DType::DType_F32) return be.copy_to_host(dst, src.p, static_cast<uint64_t>(n) * sizeof(float));
+  std::vector<char> h(static_cast<size_t>(n) * dtype_size(src.dtype));
+  be.copy_to_host(h.data(), src.p, h.size());
+  ops::cpu::convert(Buf(dst), CBuf(h.data(), src.dtype), n);
+}
+
+void bf16_round_inplace(std::vector<float>& x) {
+  for (float& v : x) v = bf16_to_float(bf16_from_float(v));
 }
 
 void machine_json(nlohmann::json& j) {

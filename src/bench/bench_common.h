@@ -12,8 +12,13 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "core/buf.h"
 #include "core/dtype.h"
 #include "core/timing.h"
+
+namespace fp {
+class Backend;
+}
 
 namespace fp::bench {
 
@@ -42,6 +47,15 @@ double max_rel_diff(const float* got, const float* ref, int64_t n);
 inline double max_rel_diff(const std::vector<float>& got, const std::vector<float>& ref) {
   return max_rel_diff(got.data(), ref.data(), static_cast<int64_t>(ref.size()));
 }
+
+// Host f32 and device storage of either dtype (the benchmarks' inputs and results under a precision
+// recipe, core/precision.h): n elements of src written into dst in dst's dtype (rounded to nearest
+// even into bf16), and n elements of src read back widened (exact). dst/src are device buffers of be.
+void device_write_f32(Backend& be, Buf dst, const float* src, int64_t n);
+void device_read_f32(Backend& be, CBuf src, int64_t n, float* dst);
+// x rounded to the nearest bf16 and widened back, in place: the values a bf16 tensor written from x
+// holds, so that a float64 oracle fed them measures the kernels, not the rounding of their inputs.
+void bf16_round_inplace(std::vector<float>& x);
 
 // The machine a result was measured on: the GEMM library's setup (Note [OpenBLAS's kernels are ours
 // to choose]) and the CPU's features, as j["blas"] and j["cpu"], and printed as the report's

@@ -10,14 +10,17 @@
 // and (cpu) the median forward+backward seconds over `repeats` after `warmup` (each run's time is
 // the slowest rank's) with where it went: GEMMs, the softmax/log-sum-exp work, waiting on the ring's
 // transfers (means over the ranks). On cpu every ring variant is first checked against the full head
-// (check, then time); with one rank both heads are also checked against float64 on a few tokens, and
-// PyTorch's F.linear + F.cross_entropy runs on the same shapes as a subprocess
+// of its recipe, and every head against float64 (dx of a few tokens per rank, and dW of a few lm_head
+// rows when N V H is small enough, kDwOracleMaxMacs in vocab.cpp), within the recipe's tolerances
+// (Note [bench vocab tolerances] in vocab.cpp); check, then time. With one rank and fp32 among the
+// recipes PyTorch's F.linear + F.cross_entropy (fp32) runs on the same shapes as a subprocess
 // (tests/reference/bench_vocab_torch.py: median seconds and max RSS). With device meta nothing is
 // computed and only the peaks are reported (exact, at any N and V).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fp::bench {
 
@@ -37,12 +40,17 @@ struct BenchVocabOptions {
   // The ring variants' lm_head in the FSDP layout (each rank holds its V / W rows, as `flatpeak train`
   // lays it out) instead of whole on every rank; W > 1.
   bool fsdp = false;
-  std::string precision = "fp32";  // the recipe (core/precision.h); other than fp32 on meta only
+  // The precision recipes to run (core/precision.h), each with every variant, all in the same run:
+  // "fp32", "bf16" or both (--precision fp32,bf16). With more than one, each variant's name carries its
+  // recipe ("full/bf16"). In bf16 the hidden states, lm_head and its gradient are bf16, the logits,
+  // strips and loss f32 (Note [bench vocab in bf16] in vocab.cpp).
+  std::vector<std::string> precision = {"fp32"};
   bool breakdown = false;          // print every tensor live at each variant's device peak (rank 0)
 };
 
 // Runs the benchmark on the ranks of comm_world() (rank 0 prints and writes o.json); returns the exit
-// code (0). Options out of range, and a ring variant that disagrees with the full head, are fp::Errors.
+// code (0). Options out of range, a ring variant that disagrees with the full head, and a head whose dx
+// or dW is farther from float64 than its recipe's tolerance are fp::Errors.
 int bench_vocab_run(const BenchVocabOptions& o);
 
 }  // namespace fp::bench

@@ -46,7 +46,10 @@ void bench_vocab_register(CLI::App& parent, Runner& run) {
                 "W > 1: the ring variants hold only their V / W rows of lm_head (the FSDP layout train uses) instead "
                 "of the whole matrix on every rank");
   sub->add_option("--precision", o.precision,
-                  "the precision recipe: fp32 or bf16 (bf16 on --device meta only: the ring is fp32 on cpu)");
+                  "precision recipes to run, comma separated: fp32, bf16 or fp32,bf16 (each with every variant, in "
+                  "the same run; bf16: bf16 hidden states and lm_head, f32 logits)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   sub->add_flag("--breakdown", o.breakdown, "print every tensor live at each variant's device peak (rank 0)");
   sub->add_option("--torch-script", o.torch_script, "the PyTorch companion script");
   sub->add_option("--python", o.python, "the Python with torch");
@@ -98,6 +101,12 @@ void bench_optimizer_register(CLI::App& parent, Runner& run) {
                   "also run over an emulated host-device link of X GB/s (1e9 bytes/s per direction; comma "
                   "separated for several): copies take bytes / X seconds")
       ->delimiter(',');
+  sub->add_option("--precision", o.precision,
+                  "precision recipes to run, comma separated: fp32, bf16 or fp32,bf16 (each on its own parameters, "
+                  "timed interleaved; default: the config's [precision], else fp32; bf16: bf16 weights and gradients, "
+                  "f32 master and moments)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   sub->add_option("--repeats", o.repeats, "timed steps per variant (median reported, >= 5)");
   sub->add_option("--warmup", o.warmup, "untimed steps first (the first copies the master)");
   sub->add_option("--json", o.json, "write the results here");

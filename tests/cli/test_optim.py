@@ -2,7 +2,7 @@
 """End-to-end tests of the optimizer schedules through the flatpeak command (OffloadStreamAdamW):
 training and resuming with the state offloaded gives the device AdamW's losses bit for bit, the
 device ledger holds no optimizer state (host placement) or only the staging (device placement), and
-`flatpeak bench optimizer` runs, checks and reports.
+`flatpeak bench optimizer` runs, checks and reports, in fp32 and in bf16.
 
 usage: test_optim.py --bin build/flatpeak --configs configs CASE
 """
@@ -81,38 +81,64 @@ def case_train_emulated_link(tmp):
 
 
 def case_bench_smoke(tmp):
-    """A small bench optimizer run with an emulated link: exits 0, every variant checked, the JSON holds
-    what the benchmark promises."""
+    """A small bench optimizer run with an emulated link, fp32 and bf16 in the same run: exits 0, every
+    variant of both recipes checked (bits against offload_serial of its recipe), the JSON holds what the
+    benchmark promises, bytes as the recipe stores them (bf16: 2 B weights and gradients, f32 master and
+    moments, Note [Offload with bf16 weights]). A run config's precision is honoured, not dropped."""
     out = os.path.join(tmp, "bench.json")
     p = run(["bench", "optimizer", "--params", "2M", "--bucket-params", "50000", "--slots", "1,2",
-             "--link-gbps", "20", "--repeats", "5", "--json", out])
+             "--link-gbps", "20", "--repeats", "5", "--precision", "fp32,bf16", "--json", out])
     assert "CPU AdamW" in p.stdout and "emulated 20 GB/s" in p.stdout, p.stdout
+    assert "precision fp32, bf16" in p.stdout and "bf16 gradient in and bf16 weights out" in p.stdout, p.stdout
     j = json.load(open(out))
     assert j["all_bits_equal"] is True
+    assert j["precision"] == ["fp32", "bf16"], j["precision"]
     assert j["cpu_adamw_params_per_s"] > 0 and j["cpu_adamw_limit_params_per_s"] > 0
-    names = [(v["variant"], v["link"]) for v in j["variants"]]
-    assert names[0] == ("device", "none"), names
-    for link in ("native", "emulated"):
-        for v in ("offload_serial", "offload_stream/device S=1", "offload_stream/host S=1",
-                  "offload_stream/device S=2", "offload_stream/host S=2"):
-            assert (v, link) in names, (v, link, names)
-    for v in j["variants"]:
-        assert len(v["step_seconds"]) == 5
-        if v["schedule"] == "offload_stream":
-            assert v["bits_equal_serial"] and v["max_rel_diff_vs_device"] <= 1e-6, v
-            assert v["model_seconds"] > 0
-            assert 0 < v["largest_bucket"] <= 50000, v
-            want = v["slots"] * v["largest_bucket"] * 16 if v["update_on"] == "device" else 0
-            assert v["device_optimizer_bytes"] == want, v
-        if v["schedule"] == "offload_serial":
-            assert v["device_optimizer_bytes"] == 0 and v["host_grads_bytes"] == 4 * j["params"], v
-        if v["schedule"] == "device":
-            assert v["device_optimizer_bytes"] == 8 * j["params"], v
+    P = j["params"]
+    for recipe, wb in (("fp32", 4), ("bf16", 2)):  # bytes of a weight and of a gradient
+        vs = [v for v in j["variants"] if v["precision"] == recipe]
+        names = [(v["variant"], v["link"]) for v in vs]
+        assert names[0] == ("device", "none"), names
+        for link in ("native", "emulated"):
+            for v in ("offload_serial", "offload_stream/device S=1", "offload_stream/host S=1",
+                      "offload_stream/device S=2", "offload_stream/host S=2"):
+                assert (v, link) in names, (recipe, v, link, names)
+        for v in vs:
+            assert len(v["step_seconds"]) == 5
+            if v["schedule"] != "device":
+                assert v["bits_equal_serial"] and v["max_rel_diff_vs_device"] <= 1e-6, v
+            if v["schedule"] == "offload_stream":
+                assert v["model_seconds"] > 0
+                assert 0 < v["largest_bucket"] <= 50000, v
+                want = v["slots"] * v["largest_bucket"] * 16 if v["update_on"] == "device" else 0
+                assert v["device_optimizer_bytes"] == want, v
+                # device placement: master, m, v up and down (12 B each way, f32 in both recipes);
+                # host placement: the gradient down, the weights up.
+                per = 12 if v["update_on"] == "device" else wb
+                assert v["down_bytes_per_step"] == per * P and v["up_bytes_per_step"] == per * P, v
+            if v["schedule"] == "offload_serial":
+                assert v["device_optimizer_bytes"] == 0 and v["host_grads_bytes"] == wb * P, v
+                assert v["down_bytes_per_step"] == wb * P and v["up_bytes_per_step"] == wb * P, v
+            if v["schedule"] == "device":
+                # m and v; bf16 also the f32 master beside the bf16 weights
+                assert v["device_optimizer_bytes"] == (8 if recipe == "fp32" else 12) * P, v
+    # The run config's [precision] (here through --set) is what runs.
+    p = run(["bench", "optimizer", "--config", os.path.join(ARGS.configs, "tiny.toml"), "--set",
+             'precision.recipe="bf16"', "--repeats", "5", "--slots", "1", "--json", out])
+    j = json.load(open(out))
+    assert j["precision"] == ["bf16"] and j["all_bits_equal"] is True, j["precision"]
+    dev = [v for v in j["variants"] if v["schedule"] == "device"]
+    assert len(dev) == 1 and dev[0]["device_optimizer_bytes"] == 12 * j["params"], dev
+    p = run(["bench", "optimizer", "--params", "2M", "--set", 'precision.recipe="bf16"'], expect_ok=False)
+    assert p.returncode == 1 and "--config" in p.stderr, p.stderr
+    p = run(["bench", "optimizer", "--config", os.path.join(ARGS.configs, "tiny.toml"), "--set",
+             'precision.recipe="bf16"', "--set", 'precision.master="bf16"'], expect_ok=False)
+    assert p.returncode == 1 and "recipes fp32 and bf16" in p.stderr, p.stderr
     p = run(["bench", "optimizer", "--params", "2M", "--repeats", "3"], expect_ok=False)
     assert p.returncode == 1 and "repeats" in p.stderr, p.stderr
     p = run(["bench", "optimizer", "--params", "lots"], expect_ok=False)
     assert p.returncode == 1 and "parameter count" in p.stderr, p.stderr
-    print("bench optimizer: all variants checked and reported")
+    print("bench optimizer: all variants of fp32 and bf16 checked and reported")
 
 
 def main():

@@ -69,6 +69,6 @@ set_tests_properties(mpi_plan_w8 PROPERTIES LABELS mpi TIMEOUT 600 RUN_SERIAL TR
 # modes, cpu: the bench's own checks (every ring variant against the full head, dx and dW of this
 # rank's rows within 1e-5) fail the run. Then meta in bf16 with the per-tensor breakdown of the peak.
 add_test(NAME mpi_bench_vocab_fsdp
-         COMMAND sh -c "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 4 $<TARGET_FILE:flatpeak> bench vocab --tokens 256 --vocab 1001 --hidden 64 --repeats 1 --warmup 0 --fsdp --ring-mode both && ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 4 $<TARGET_FILE:flatpeak> bench vocab --tokens 4096 --vocab 20000 --hidden 512 --device meta --fsdp --precision bf16 --breakdown | grep -q 'lm_head.weight .*bf16 .*(5000, 512)'")
+         COMMAND sh -c "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 4 $<TARGET_FILE:flatpeak> bench vocab --tokens 256 --vocab 1001 --hidden 64 --repeats 1 --warmup 0 --fsdp --ring-mode both --precision fp32,bf16 && ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 4 $<TARGET_FILE:flatpeak> bench vocab --tokens 4096 --vocab 20000 --hidden 512 --device meta --fsdp --precision bf16 --breakdown | grep -q 'lm_head.weight .*bf16 .*(5000, 512)'")
 set_tests_properties(mpi_bench_vocab_fsdp PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE
                      ENVIRONMENT "${FLATPEAK_MPI_ENV}")
