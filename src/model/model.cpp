@@ -11,12 +11,23 @@ namespace fp {
 // master (Note [When AdamW keeps a master copy]), checkpointed beside the moments. On W ranks the
 // gradients are reduce-scattered in bf16 (Note [Summing bf16 over ranks] in comm/comm.h) and every
 // ring moves bf16 payloads (Ring-DTP's shards and batches, ring attention's K/V blocks, LLEP's guest
-// experts) beside f32 partial sums. Not yet bf16-aware, so refused here by name before anything is
-// allocated: DeepSeek-V3's routing bias (kept f32 by transformers), precision mixes other than the
-// two recipes, and (in their constructors) the offloaded optimizers.
-// meta computes nothing, so it takes any precision: its peaks are those of real bf16 training.
+// experts) beside f32 partial sums. DeepSeek-V3 trains in bf16 too: multi-head latent attention stores
+// its latents, their norms, q, k, v and o in bf16 like any activation; the router stays f32 (its logits,
+// scores, top-k weights and their gradients, precision.router; the gate GEMM reads the bf16
+// mlp.gate.weight widened, as transformers' F.linear(h.float(), w.float())), and the routing bias
+// e_score_correction_bias is the one parameter kept f32, weight and (zero) gradient, whatever the recipe
+// (Note [Parameters kept in f32] in model/params.h): transformers keeps it f32, and its 1e-3 steps
+// (routing_bias_update, below, on the f32 values) would vanish in bf16's 7.8e-3 spacing at 1. AdamW keeps
+// a master of it like of every parameter (a plain f32 copy, refreshed by weights_written after each bias
+// update). Refused by name before anything is allocated: precision mixes other than the two recipes
+// (here, and in the offloaded optimizers' constructors), and DeepSeek-V3 in bf16 with offload_stream
+// updating on the host, whose host slots stage every parameter in the precision's dtypes (2 B), so
+// the f32 bias's master would be taken from half its bytes (offload_serial and update_on = "device"
+// stage each parameter in its own dtype). meta computes nothing, so it takes any precision: its peaks
+// are those of real bf16 training.
 namespace {
-const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, const Precision& p) {
+const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, const Schedules& sched) {
+  const Precision& p = sched.precision;
   if (!be.computes() || precision_all_f32(p)) return p;
   constexpr const char* kMeta = "use --device meta to see the peaks of any precision, or precision.recipe = \"fp32\"";
   const DType f = DType::DType_F32, h = DType::DType_BF16;
@@ -25,9 +36,12 @@ const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, co
            std::string("set precision.recipe = \"bf16\" without per-field overrides; ") + kMeta,
            "precision {} on the {} backend: it computes the recipes fp32 and bf16 only", precision_describe(p),
            be.name());
-  FP_CHECK(!cfg.router_sigmoid(), kMeta,
-           "the bf16 recipe on the {} backend does not take DeepSeek-V3's sigmoid router yet (its routing bias "
-           "e_score_correction_bias stays f32 in transformers)",
+  const OptimSchedule& o = sched.optim;
+  FP_CHECK(!cfg.router_sigmoid() || o.kind != OptimSchedule::Kind::Kind_offload_stream || !o.update_on_host,
+           "set optim.update_on = \"device\" or optim.schedule = \"offload_serial\"",
+           "optim.schedule = \"offload_stream\" with optim.update_on = \"host\" does not take DeepSeek-V3 in the bf16 "
+           "recipe on the {} backend yet: its host slots stage bf16 only, and the routing bias "
+           "e_score_correction_bias is f32",
            be.name());
   return p;
 }
@@ -39,7 +53,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
       profile_(profile),
       sched_(sched),
       comm_(comm),
-      params_(cfg, be, comm, precision_checked(cfg, be, sched_.precision)) {
+      params_(cfg, be, comm, precision_checked(cfg, be, sched_)) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");
@@ -61,7 +75,8 @@ std::vector<Param*> Model::routing_bias_update(const std::vector<int64_t>& exper
     double mean = 0;
     for (int64_t e = 0; e < E; ++e) mean += c[e];
     mean /= static_cast<double>(E);
-    Tensor& w = b->local_w();  // this rank's rows of the (E) bias
+    Tensor& w = b->local_w();  // this rank's rows of the (E) bias, f32 in every recipe (Note [Parameters kept in f32])
+    FP_ASSERT(w.dtype() == DType::DType_F32, "{} is {}, not f32", b->name, dtype_name(w.dtype()));
     host.resize(static_cast<size_t>(w.numel()));
     be_.copy_to_host(host.data(), w.data(), w.bytes());
     for (int64_t r = 0; r < b->block.rows; ++r) {

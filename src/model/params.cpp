@@ -59,6 +59,7 @@ struct ParamStore::Entry {
   Placement placement = Placement::Placement_whole;
   int owner = 0;             // whole: the rank that holds it; rows: -1
   Param** slot = nullptr;    // the field of this store that points at it
+  bool keep_f32 = false;     // weight and gradient f32 whatever the precision (Note [Parameters kept in f32])
 };
 
 namespace {
@@ -119,8 +120,8 @@ void ParamStore::walk(Fn&& fn) {
       continue;
     }
     fn(Entry{i, -1, "mlp.gate.weight", {cfg.num_experts, H}, dense, rows, &l.gate});
-    if (cfg.router_sigmoid())
-      fn(Entry{i, -1, "mlp.gate.e_score_correction_bias", {cfg.num_experts}, dense, rows, &l.gate_bias});
+    if (cfg.router_sigmoid())  // Note [Parameters kept in f32]
+      fn(Entry{i, -1, "mlp.gate.e_score_correction_bias", {cfg.num_experts}, dense, rows, &l.gate_bias, true});
     if (cfg.n_shared_experts > 0) {
       const int64_t Is = cfg.n_shared_experts * I;
       fn(Entry{i, -1, "mlp.shared_experts.gate_proj.weight", {Is, H}, dense, rows, &l.shared_gate_proj});
@@ -163,7 +164,9 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   // 384 experts, 39 layers and 64 ranks, 45K names per rank that the planner's meta steps never read).
   walk([&](const Entry& p) {
     if (p.placement == Placement::Placement_whole && p.owner != comm_->rank()) return;
-    *p.slot = add(entry_name(p.layer, p.expert, p.leaf), p.shape, p.placement);
+    const DType f = DType::DType_F32;
+    *p.slot = add(entry_name(p.layer, p.expert, p.leaf), p.shape, p.placement, p.keep_f32 ? f : precision_.params,
+                  p.keep_f32 ? f : precision_.grads);
   });
   if (cfg.tie_word_embeddings) lm_head = embed_tokens;  // Note [Tied embeddings]
 
@@ -187,7 +190,8 @@ const std::vector<ParamInfo>& ParamStore::layout() {
   return layout_;
 }
 
-Param* ParamStore::add(const std::string& name, const Shape& shape, Placement placement) {
+Param* ParamStore::add(const std::string& name, const Shape& shape, Placement placement, DType w_dtype,
+                       DType g_dtype) {
   Param& p = params_.emplace_back();
   p.name = name;
   p.shape = shape;
@@ -195,14 +199,14 @@ Param* ParamStore::add(const std::string& name, const Shape& shape, Placement pl
   if (placement == Placement::Placement_rows) {
     p.block = row_block(shape[0], comm_->rank(), comm_->size());
     const Shape local = with_rows(shape, p.block.rows_padded);
-    p.w_shard = be_.alloc(Category::Category_params, local, precision_.params, name);
-    p.g_shard = be_.alloc(Category::Category_grads, local, precision_.grads, name + ".grad");
+    p.w_shard = be_.alloc(Category::Category_params, local, w_dtype, name);
+    p.g_shard = be_.alloc(Category::Category_grads, local, g_dtype, name + ".grad");
     // Padding rows must read as zero: the gathered weight and the reduce-scatter see them.
     be_.kernels().fill(p.w_shard.buf(), 0.0f, p.w_shard.numel());
   } else {
     p.block = RowBlock{0, shape[0], shape[0]};
-    p.w = be_.alloc(Category::Category_params, shape, precision_.params, name);
-    p.g = be_.alloc(Category::Category_grads, shape, precision_.grads, name + ".grad");
+    p.w = be_.alloc(Category::Category_params, shape, w_dtype, name);
+    p.g = be_.alloc(Category::Category_grads, shape, g_dtype, name + ".grad");
   }
   by_name_[name] = &p;
   return &p;
@@ -214,8 +218,21 @@ void ParamStore::unit_add(const std::string& name, std::vector<Param*> params) {
   std::erase(params, nullptr);  // what the layer does not have (biases, router or dense MLP)
   for (Param* p : params) {
     FP_ASSERT(p->placement == Placement::Placement_rows, "unit {} holds '{}', which is not row-sharded", name, p->name);
-    u.offset.push_back(u.numel);
-    u.numel += comm_->size() * p->block.rows_padded * row_length(p->shape);
+    const DType wd = p->w_shard.dtype(), gd = p->g_shard.dtype();
+    size_t k = 0;
+    while (k < u.parts.size() && (u.parts[k].w_dtype != wd || u.parts[k].g_dtype != gd)) ++k;
+    if (k == u.parts.size()) {
+      // Note [Parameters kept in f32]: only f32 parameters join a unit of another dtype.
+      FP_ASSERT(k == 0 || (wd == DType::DType_F32 && gd == DType::DType_F32), "unit {}: '{}' in a third dtype", name,
+                p->name);
+      UnitPart& part = u.parts.emplace_back();
+      part.name = k == 0 ? name : name + ".f32";
+      part.w_dtype = wd;
+      part.g_dtype = gd;
+    }
+    u.part.push_back(k);
+    u.offset.push_back(u.parts[k].numel);
+    u.parts[k].numel += comm_->size() * p->block.rows_padded * row_length(p->shape);
   }
   u.params = std::move(params);
 }
@@ -251,14 +268,17 @@ void ParamStore::zero_grads() {
 void ParamStore::unit_gather(int64_t ui) {
   if (units_.empty()) return;
   Unit& u = units_[static_cast<size_t>(ui)];
-  FP_ASSERT(!u.w.defined(), "unit {} {} is already gathered", ui, u.name);
-  u.w = be_.alloc(Category::Category_params, {u.numel}, precision_.params, u.name);
+  for (UnitPart& part : u.parts) {
+    FP_ASSERT(!part.w.defined(), "unit {} {} is already gathered", ui, part.name);
+    part.w = be_.alloc(Category::Category_params, {part.numel}, part.w_dtype, part.name);
+  }
   for (size_t i = 0; i < u.params.size(); ++i) {
     Param& p = *u.params[i];
+    const Tensor& w = u.parts[u.part[i]].w;
     // Rank r's Rp rows land at rows [r Rp, (r + 1) Rp): the first R rows are the tensor in order.
-    data_->all_gather(be_.compute_stream(), p.w_shard.data(), ptr_at_elems(u.w, u.offset[i]), p.w_shard.numel(),
+    data_->all_gather(be_.compute_stream(), p.w_shard.data(), ptr_at_elems(w, u.offset[i]), p.w_shard.numel(),
                       p.w_shard.dtype());
-    p.w = Tensor::view(u.w, u.offset[i], p.shape, p.name);
+    p.w = Tensor::view(w, u.offset[i], p.shape, p.name);
   }
 }
 
@@ -266,37 +286,41 @@ void ParamStore::unit_release(int64_t ui) {
   if (units_.empty()) return;
   Unit& u = units_[static_cast<size_t>(ui)];
   for (Param* p : u.params) p->w.reset();
-  u.w.reset();
+  for (UnitPart& part : u.parts) part.w.reset();
 }
 
 void ParamStore::unit_grad_begin(int64_t ui) {
   if (units_.empty()) return;
   Unit& u = units_[static_cast<size_t>(ui)];
-  FP_ASSERT(!u.g.defined(), "unit {} {} already has its gradient", ui, u.name);
   const ops::KernelLauncher K = be_.kernels();
-  u.g = be_.alloc(Category::Category_grads, {u.numel}, precision_.grads, u.name + ".grad");
-  K.fill(u.g.buf(), 0.0f, u.numel);
+  for (UnitPart& part : u.parts) {
+    FP_ASSERT(!part.g.defined(), "unit {} {} already has its gradient", ui, part.name);
+    part.g = be_.alloc(Category::Category_grads, {part.numel}, part.g_dtype, part.name + ".grad");
+    K.fill(part.g.buf(), 0.0f, part.numel);
+  }
   for (size_t i = 0; i < u.params.size(); ++i) {
     Param& p = *u.params[i];
+    const Tensor& g = u.parts[u.part[i]].g;
     const int64_t n = p.g_shard.numel();  // Rp C
-    K.copy(u.g.buf().at(u.offset[i] + comm_->rank() * n), p.g_shard.cbuf(), n);
-    p.g = Tensor::view(u.g, u.offset[i], p.shape, p.name + ".grad");
+    K.copy(g.buf().at(u.offset[i] + comm_->rank() * n), p.g_shard.cbuf(), n);
+    p.g = Tensor::view(g, u.offset[i], p.shape, p.name + ".grad");
   }
 }
 
 void ParamStore::unit_grad_reduce(int64_t ui) {
   if (units_.empty()) return;
   Unit& u = units_[static_cast<size_t>(ui)];
-  FP_ASSERT(u.g.defined(), "unit {} {} has no gradient to reduce", ui, u.name);
+  for (const UnitPart& part : u.parts)
+    FP_ASSERT(part.g.defined(), "unit {} {} has no gradient to reduce", ui, part.name);
   for (size_t i = 0; i < u.params.size(); ++i) {
     Param& p = *u.params[i];
     // Padding rows of the unsharded gradient are zero (nothing writes past row R), so the shard's
     // padding stays zero.
-    data_->reduce_scatter_sum(be_.compute_stream(), ptr_at_elems(u.g, u.offset[i]), p.g_shard.data(),
-                              p.g_shard.numel(), p.g_shard.dtype());
+    data_->reduce_scatter_sum(be_.compute_stream(), ptr_at_elems(u.parts[u.part[i]].g, u.offset[i]),
+                              p.g_shard.data(), p.g_shard.numel(), p.g_shard.dtype());
     p.g.reset();
   }
-  u.g.reset();
+  for (UnitPart& part : u.parts) part.g.reset();
 }
 
 ParamShard ParamStore::lm_head_shard() {

@@ -21,7 +21,10 @@
 // per parameter in HF order; while it is gathered, each of its params' w is a full-shaped view into it
 // (Tensor::view), so the blocks read p.w exactly as on one rank. In backward the unit's unsharded
 // gradient ("<unit>.grad", category grads) takes the blocks' += and is then reduce-scattered into the
-// shards: the sum over ranks runs in the comm's fixed order, so results are deterministic for a W.
+// shards: the sum over ranks runs in the comm's fixed order, so results are deterministic for a W. A
+// parameter kept in f32 among bf16 ones (Note [Parameters kept in f32]) goes into a second buffer of
+// its unit, "<unit>.f32", allocated right after the first (its gradient into "<unit>.f32.grad"); a unit
+// of one dtype has the one buffer.
 // Experts are not sharded by rows: expert parallelism gives rank r experts [r E/W, (r + 1) E/W) whole
 // (model/layout.h); the others are not allocated on r at all (their LayerParams entries are null), and
 // the owner's gradient already sums every rank's tokens (the dispatch brings them), so an expert's
@@ -55,6 +58,17 @@ struct RowBlock {
 };
 RowBlock row_block(int64_t R, int rank, int world);
 
+// Note [Parameters kept in f32]: every weight is stored in precision.params and its gradient in
+// precision.grads, except DeepSeek-V3's routing bias mlp.gate.e_score_correction_bias, whose weight and
+// gradient are f32 whatever the precision (on meta too, so its ledger is that of a real bf16 run).
+// transformers keeps it so (_keep_in_fp32_modules_strict, checkpoints write it F32): the bias only
+// moves the top-k choice, by differences between experts that the bias update makes in steps of
+// moe.bias_update_rate (1e-3), while bf16's spacing is 2^-7 = 7.8e-3 at |b| = 1: rounded to bf16, a
+// bias there would stop moving (each step rounds away) and its experts tie. Its gradient stays zero
+// (no gradient flows into it, Note [Sigmoid routing]); it is f32 too, so that a parameter's weight and
+// gradient share one dtype (the optimizers stage both through the same buffers). The router's GEMM
+// reads the bf16 mlp.gate.weight widened and writes f32 logits, as transformers'
+// F.linear(h.float(), w.float()).
 struct Param {
   std::string name;  // Hugging Face tensor name
   Shape shape;       // the full (Hugging Face) shape
@@ -138,7 +152,8 @@ class ParamStore {
   // Allocates every weight (params) and gradient (grads) on the backend, in HF order, laid out over
   // comm's ranks (Note [FSDP layout]); comm null or of one rank: every parameter whole. comm must
   // outlive the store. Weights (and gathered units) are allocated in precision.params, gradients in
-  // precision.grads; the optimizers read master and moments from precision() too.
+  // precision.grads, but for the parameters kept in f32 (Note [Parameters kept in f32]); the
+  // optimizers read master and moments from precision() too.
   ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm = nullptr, const Precision& precision = {});
 
   // cpu: linear weights and embeddings ~ N(0, 0.02) (HF initializer_range), norms = 1; deterministic
@@ -170,8 +185,8 @@ class ParamStore {
   int64_t unit_layer(int64_t l) const { return 1 + l; }
   int64_t unit_head() const { return 1 + cfg_.num_hidden_layers; }  // model.norm + lm_head
   int64_t unit_norm() const { return 2 + cfg_.num_hidden_layers; }  // model.norm alone
-  // Allocates the unit's buffer ("fsdp.<unit>", category params), all-gathers its parameters into it
-  // and points their w at it.
+  // Allocates the unit's buffer ("fsdp.<unit>", category params; a second one "fsdp.<unit>.f32" for
+  // parameters kept in f32 among others), all-gathers its parameters into it and points their w at it.
   void unit_gather(int64_t u);
   // Frees the gathered buffer; the unit's w become undefined.
   void unit_release(int64_t u);
@@ -201,21 +216,28 @@ class ParamStore {
   std::vector<LayerParams> layers;
 
  private:
+  // The parameters of a unit that share one dtype (weight and gradient), gathered into one buffer.
+  struct UnitPart {
+    std::string name;             // the unit's name, + ".f32" for a second part of f32 parameters
+    DType w_dtype = DType::DType_F32, g_dtype = DType::DType_F32;
+    int64_t numel = 0;            // sum over its params of W Rp C
+    Tensor w;                     // (numel) category params, while gathered
+    Tensor g;                     // (numel) category grads, during the unit's backward
+  };
   // One group of row-sharded parameters gathered together.
   struct Unit {
     std::string name;             // "fsdp.layer", ...
     std::vector<Param*> params;   // HF order
-    std::vector<int64_t> offset;  // first element of each param in the gathered buffer
-    int64_t numel = 0;            // sum over params of W Rp C
-    Tensor w;                     // (numel) category params, while gathered
-    Tensor g;                     // (numel) category grads, during the unit's backward
+    std::vector<size_t> part;     // the part of each param
+    std::vector<int64_t> offset;  // first element of each param in its part's buffer
+    std::vector<UnitPart> parts;  // one per dtype, in the order of their first param (one part: all alike)
   };
   struct Entry;
   // Calls fn(const Entry&) for every parameter of the model in HF order (params.cpp).
   template <class Fn>
   void walk(Fn&& fn);
-  // Allocates a parameter this rank holds (whole, or its rows).
-  Param* add(const std::string& name, const Shape& shape, Placement placement);
+  // Allocates a parameter this rank holds (whole, or its rows): weight in w_dtype, gradient in g_dtype.
+  Param* add(const std::string& name, const Shape& shape, Placement placement, DType w_dtype, DType g_dtype);
   void unit_add(const std::string& name, std::vector<Param*> params);
 
   Backend& be_;

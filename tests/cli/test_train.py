@@ -77,6 +77,38 @@ def case_resume_bit_exact_bf16(tmp):
     print("bf16: weights BF16, the f32 master and moments in the optimizer state")
 
 
+# DeepSeek-V3's layer on configs/tiny.toml (tests/dist/dist_check.py's DEEPSEEK), the routing bias moving
+# by 0.01 per step.
+DEEPSEEK = ["model.model_type=deepseek_v3", "model.num_key_value_heads=4", "model.q_lora_rank=24",
+            "model.kv_lora_rank=16", "model.qk_nope_head_dim=12", "model.qk_rope_head_dim=16", "model.v_head_dim=10",
+            "model.n_shared_experts=1", "model.n_group=4", "model.topk_group=2", "model.routed_scaling_factor=2.5",
+            "model.first_k_dense_replace=1", "model.intermediate_size=96", "model.router_aux_loss_coef=0",
+            "moe.bias_update_rate=0.01"]
+
+
+def case_resume_bit_exact_bf16_deepseek(tmp):
+    """DeepSeek-V3 in the bf16 recipe on cpu resumes bit for bit (the routing bias moved by the bias update
+    between steps included); model.safetensors holds BF16 weights but the routers, mlp.gate.weight and
+    e_score_correction_bias, in F32 (Note [Tensors transformers keeps in f32]), and the bias holds values
+    no bf16 can (it is kept f32 in training: Note [Parameters kept in f32])."""
+    case_resume_bit_exact(tmp, ["--set", "precision.recipe=bf16"] + [a for kv in DEEPSEEK for a in ("--set", kv)])
+    ck = os.path.join(tmp, "a", "checkpoint")
+    weights = {k: v for k, v in safetensors_header(os.path.join(ck, "model.safetensors")).items() if k != "__metadata__"}
+    kept = {k for k in weights if k.endswith(".mlp.gate.weight") or k.endswith(".mlp.gate.e_score_correction_bias")}
+    assert kept and all(weights[k]["dtype"] == "F32" for k in kept), {k: weights[k]["dtype"] for k in kept}
+    assert all(v["dtype"] == "BF16" for k, v in weights.items() if k not in kept), \
+        {k: v["dtype"] for k, v in weights.items() if k not in kept and v["dtype"] != "BF16"}
+    state = safetensors_header(os.path.join(ck, "optimizer.safetensors"))
+    masters = [k for k in state if k.endswith(".master")]
+    assert len(masters) == len(weights) and all(state[k]["dtype"] == "F32" for k in masters), masters[:3]
+    f32 = safetensors_f32(os.path.join(ck, "model.safetensors"))
+    bias = [x for k in kept if k.endswith("e_score_correction_bias") for x in f32[k]]
+    assert any(x != 0 for x in bias), "the routing bias never moved"
+    assert any(bf16_round(x) != x for x in bias), f"the routing bias holds bf16 values only: {bias}"
+    print(f"bf16 DeepSeek-V3: weights BF16 but the routers F32, the routing bias moved off the bf16 grid "
+          f"({len(bias)} values in [{min(bias):.4f}, {max(bias):.4f}])")
+
+
 def safetensors_f32(path):
     """name -> list of floats of every F32 tensor of a safetensors file (no torch here)."""
     with open(path, "rb") as f:

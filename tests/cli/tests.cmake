@@ -1,7 +1,7 @@
 # End-to-end tests of the flatpeak command (Python drivers, no torch needed).
 set(FP_CLI_PY /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_train.py --bin $<TARGET_FILE:flatpeak>
     --configs ${PROJECT_SOURCE_DIR}/configs)
-foreach(case resume_bit_exact resume_bit_exact_bf16 bench_step_bf16 kill_during_checkpoint bad_inputs demo_loss_falls eval_token_file out_reuse signals
+foreach(case resume_bit_exact resume_bit_exact_bf16 resume_bit_exact_bf16_deepseek bench_step_bf16 kill_during_checkpoint bad_inputs demo_loss_falls eval_token_file out_reuse signals
              signal_mpi faults cli_edges extend oom_hints disk_full report)
   add_test(NAME cli_${case} COMMAND ${FP_CLI_PY} ${case})
   set_tests_properties(cli_${case} PROPERTIES LABELS cli TIMEOUT 600)
@@ -32,3 +32,10 @@ endforeach()
 add_test(NAME cli_demo_learns_recall COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_demo.py
          --bin $<TARGET_FILE:flatpeak> --root ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli_demo_learns_recall PROPERTIES LABELS cli TIMEOUT 600)
+# bench vocab in bf16 (tests/cli/test_bench.py): its own checks against float64 and the full head pass with
+# bf16 tolerances, on one rank and on 2 ranks with the FSDP lm_head, and the peaks follow the dtypes.
+foreach(case vocab_bf16 vocab_bf16_mpi)
+  add_test(NAME cli_bench_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_bench.py
+           --bin $<TARGET_FILE:flatpeak> ${case})
+  set_tests_properties(cli_bench_${case} PROPERTIES LABELS cli TIMEOUT 300)
+endforeach()

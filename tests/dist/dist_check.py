@@ -51,30 +51,33 @@ def fsdp_expected(shapes, w, rank, tied, elem=4):
     (shards, largest gathered unit, largest unsharded unit gradient). Dense parameters are cut in
     blocks of ceil(R / w) rows (padded); a unit holds w such blocks per parameter. Rank r holds
     experts [r E/w, (r + 1) E/w) whole and no other. tied: the head unit holds the embedding too
-    (Note [Tied embeddings]). elem: bytes per element (4 fp32, 2 bf16)."""
+    (Note [Tied embeddings]). elem: bytes per element (4 fp32, 2 bf16); DeepSeek-V3's routing bias is
+    f32 in every recipe (Note [Parameters kept in f32])."""
     def rows_padded(shape):
         return -(-shape[0] // w) * (math.prod(shape) // shape[0])
     def expert(name):
         return int(name.split(".mlp.experts.")[1].split(".")[0])
+    def size(name):
+        return 4 if name.endswith("e_score_correction_bias") else elem
     n_exp = max(expert(k) for k in shapes if ".mlp.experts." in k) + 1
     shards, units = 0, {}
     for name, shape in shapes.items():
         if ".mlp.experts." in name:
             if expert(name) // (n_exp // w) == rank:
-                shards += math.prod(shape)
+                shards += size(name) * math.prod(shape)
             continue
-        shards += rows_padded(shape) if w > 1 else math.prod(shape)
+        shards += size(name) * (rows_padded(shape) if w > 1 else math.prod(shape))
         if name.startswith("model.layers."):
             unit = "layer" + name.split(".")[2]
         elif name == "model.embed_tokens.weight":
             unit = "embed"
         else:
             unit = "head"  # model.norm + lm_head
-        units[unit] = units.get(unit, 0) + w * rows_padded(shape)
+        units[unit] = units.get(unit, 0) + size(name) * w * rows_padded(shape)
         if tied and unit == "embed":
-            units["head"] = units.get("head", 0) + w * rows_padded(shape)
+            units["head"] = units.get("head", 0) + size(name) * w * rows_padded(shape)
     largest = max(units.values()) if w > 1 else 0
-    return elem * shards, elem * largest, elem * largest
+    return shards, largest, largest
 
 
 def case_grads(tmp):
@@ -91,13 +94,14 @@ def case_grads(tmp):
         print(f"-- {variant} (the MoE token side in chunks) against {model} on one process")
         grads_variant(tmp, variant, reference=model)
     # The bf16 recipe on W ranks (Note [Summing bf16 over ranks], Note [Ring attention accumulates in
-    # f32]): the forward differs from one process only in f32 summation order (losses within 1e-6,
-    # measured <= 4e-8), the gradients by where they are rounded to bf16 (each rank's partial sum,
+    # f32]): the forward differs from one process only in f32 summation order (losses within 5e-6,
+    # measured <= 5.4e-7), the gradients by where they are rounded to bf16 (each rank's partial sum,
     # before the reduce-scatter): within the bf16 tolerance 3e-2 norm-relative (measured <= 0.9%).
-    for variant, model in (("plain_bf16", None), ("hf_layers_bf16", None), ("plain_llep_bf16", "plain_bf16"),
-                           ("hf_layers_flat_bf16", "hf_layers_bf16")):
+    for variant, model in (("plain_bf16", None), ("hf_layers_bf16", None), ("deepseek_bf16", None),
+                           ("plain_llep_bf16", "plain_bf16"), ("hf_layers_flat_bf16", "hf_layers_bf16"),
+                           ("deepseek_flat_bf16", "deepseek_bf16")):
         print(f"-- {variant}" + (f" against {model} on one process" if model else ""))
-        grads_variant(tmp, variant, reference=model, loss_rtol=1e-6, grad_rtol=3e-2)
+        grads_variant(tmp, variant, reference=model, loss_rtol=5e-6, grad_rtol=3e-2)
 
 
 def grads_variant(tmp, variant, reference=None, loss_rtol=1e-5, grad_rtol=1e-4):

@@ -1,14 +1,20 @@
 // model_type "deepseek_v3" in the engine: the meta backend allocates exactly as cpu (the planner's promise),
 // the aux-loss-free bias update follows the step's loads by the sign rule (and the offloaded optimizer's
-// master follows it), and a step is bitwise repeatable. Logits and gradients against the PyTorch twin:
-// tests/reference (model_vs_twin_mla, model_vs_twin_mla_yarn).
+// master follows it), and a step is bitwise repeatable. In the bf16 recipe (Note [bf16 on a computing
+// backend] in model/model.cpp): the routing bias stays f32 (Note [Parameters kept in f32] in
+// model/params.h) and moves exactly as in fp32, a bf16 step on one and two ranks tracks the fp32 step,
+// and meta allocates as cpu through the optimizer step. Logits and gradients against the PyTorch twin:
+// tests/reference (model_vs_twin_mla, model_vs_twin_mla_yarn, and their _bf16 variants).
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "../common/optim_schedule.h"
 #include "backend/backend.h"
+#include "comm/thread_comm.h"
+#include "core/precision.h"
 #include "core/units.h"
+#include "data/context_split.h"
 #include "data/random_batch.h"
 #include "sched/optim/optimizer.h"
 #include "step/step.h"
@@ -19,10 +25,23 @@ namespace fp {
 namespace {
 ModelConfig deepseek_config() { return deepseek_small_config(3, 12, 1); }
 
+// t (f32 or bf16) widened to f32 on the host.
 std::vector<float> host_of(Backend& be, const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.copy_to_host(v.data(), t.data(), t.bytes());
+  if (t.dtype() != DType::DType_BF16) {
+    be.copy_to_host(v.data(), t.data(), t.bytes());
+    return v;
+  }
+  std::vector<uint16_t> h(v.size());
+  be.copy_to_host(h.data(), t.data(), t.bytes());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_float(h[i]);
   return v;
+}
+
+Schedules recipe(const char* name) {
+  Schedules s;
+  s.precision = precision_recipe(name);
+  return s;
 }
 }  // namespace
 
@@ -53,53 +72,265 @@ TEST(DeepseekV3, MetaAllocatesAsCpu) {
 
 // b_e += rate * sign(mean load - load_e) per MoE layer, from the step's own counts; the dense layer has
 // no bias; a second, identical step moves it again; an optimizer step leaves it where the update put it
-// (its gradient is zero), and the offloaded optimizer's host master follows the written weights.
+// (its gradient is zero), and the optimizer's master (the offloaded optimizer's host master, AdamW's
+// in bf16) follows the written weights. In both recipes: in bf16 the bias is the f32 parameter among
+// bf16 ones (Note [Parameters kept in f32]), with an f32 master and moments like every parameter
+// (offload_stream on the host is refused there: Bf16OffloadStreamOnHostIsRefused).
 TEST(DeepseekV3, RoutingBiasFollowsTheLoads) {
   const ModelConfig m = deepseek_config();
-  for (const char* sched : {"device", "offload_stream"}) {
-    SCOPED_TRACE(sched);
-    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Model model(m, *be);
-    model.init_weights(m.seed);
-    OptimConfig oc;
-    oc.sched = optim_named(sched);
-    std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
-    const Batch batch = batch_random(2, 40, m.vocab_size, 9);
-    const double rate = 0.125;  // exact in float: the expected values below are exact
-    std::vector<std::vector<float>> before(m.num_hidden_layers);
-    for (int step = 1; step <= 2; ++step) {
-      model.zero_grads();
-      StepOutputs out = step_forward_backward(model, batch);
-      for (int64_t l = 1; l < m.num_hidden_layers; ++l)
-        before[l] = host_of(*be, model.params().layers[l].gate_bias->w);
-      optim->step(step, 2);
-      for (int64_t l = 1; l < m.num_hidden_layers; ++l)  // zero gradient: AdamW leaves the bias
-        EXPECT_EQ(host_of(*be, model.params().layers[l].gate_bias->w), before[l]) << "layer " << l;
-      const std::vector<Param*> written = model.routing_bias_update(out.expert_counts, rate);
-      optim->weights_written(written);
-      ASSERT_EQ(written.size(), 2u);  // layers 1 and 2 (layer 0 is dense)
-      EXPECT_EQ(model.params().layers[0].gate_bias, nullptr);
-      int moved = 0;
-      for (int64_t l = 1; l < m.num_hidden_layers; ++l) {
-        const std::vector<float> after = host_of(*be, model.params().layers[l].gate_bias->w);
-        double mean = 0;
-        for (int64_t e = 0; e < m.num_experts; ++e) mean += static_cast<double>(out.expert_counts[l * m.num_experts + e]);
-        mean /= static_cast<double>(m.num_experts);
-        for (int64_t e = 0; e < m.num_experts; ++e) {
-          const double c = static_cast<double>(out.expert_counts[l * m.num_experts + e]);
-          const double want = before[l][e] + (c < mean ? rate : c > mean ? -rate : 0.0);
-          EXPECT_EQ(after[e], static_cast<float>(want)) << "layer " << l << " expert " << e << " load " << c;
-          moved += after[e] != before[l][e];
+  for (const char* rec : {"fp32", "bf16"}) {
+    for (const char* sched : {"device", "offload_serial", "offload_stream", "offload_stream:host"}) {
+      if (std::string(rec) == "bf16" && std::string(sched) == "offload_stream:host") continue;
+      SCOPED_TRACE(std::string(rec) + " " + sched);
+      auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+      Model model(m, *be, RoutingProfile{}, recipe(rec));
+      model.init_weights(m.seed);
+      OptimConfig oc;
+      const std::string sn = sched;
+      oc.sched = sn == "offload_stream:host" ? optim_named("offload_stream", "host") : optim_named(sn);
+      oc.sched.bucket_params = 500;  // several buckets, the biases sharing them with bf16 parameters
+      std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
+      const Batch batch = batch_random(2, 40, m.vocab_size, 9);
+      // Exact in float (the expected values below are exact) but not in bf16: a bias rounded through a bf16
+      // buffer anywhere (an optimizer's staging) loses the 2^-20.
+      const double rate = 0.125 + 0x1p-20;
+      std::vector<std::vector<float>> before(m.num_hidden_layers);
+      for (int step = 1; step <= 2; ++step) {
+        model.zero_grads();
+        StepOutputs out = step_forward_backward(model, batch);
+        for (int64_t l = 1; l < m.num_hidden_layers; ++l)
+          before[l] = host_of(*be, model.params().layers[l].gate_bias->w);
+        optim->step(step, 2);
+        for (int64_t l = 1; l < m.num_hidden_layers; ++l)  // zero gradient: AdamW leaves the bias
+          EXPECT_EQ(host_of(*be, model.params().layers[l].gate_bias->w), before[l]) << "layer " << l;
+        const std::vector<Param*> written = model.routing_bias_update(out.expert_counts, rate);
+        optim->weights_written(written);
+        ASSERT_EQ(written.size(), 2u);  // layers 1 and 2 (layer 0 is dense)
+        // A master the optimizer keeps (and checkpoints) is the written bias itself.
+        for (const auto& [name, t] : optim->state_tensors()) {
+          for (const Param* b : written) {
+            if (name == b->name + ".master") {
+              EXPECT_EQ(host_of(*be, *t), host_of(*be, b->w)) << name;
+            }
+          }
         }
+        EXPECT_EQ(model.params().layers[0].gate_bias, nullptr);
+        int moved = 0;
+        for (int64_t l = 1; l < m.num_hidden_layers; ++l) {
+          const std::vector<float> after = host_of(*be, model.params().layers[l].gate_bias->w);
+          double mean = 0;
+          for (int64_t e = 0; e < m.num_experts; ++e)
+            mean += static_cast<double>(out.expert_counts[l * m.num_experts + e]);
+          mean /= static_cast<double>(m.num_experts);
+          for (int64_t e = 0; e < m.num_experts; ++e) {
+            const double c = static_cast<double>(out.expert_counts[l * m.num_experts + e]);
+            const double want = before[l][e] + (c < mean ? rate : c > mean ? -rate : 0.0);
+            EXPECT_EQ(after[e], static_cast<float>(want)) << "layer " << l << " expert " << e << " load " << c;
+            moved += after[e] != before[l][e];
+          }
+        }
+        EXPECT_GT(moved, 0);
       }
-      EXPECT_GT(moved, 0);
+      // The next optimizer step starts from the written bias: it is still there after it.
+      model.zero_grads();
+      step_forward_backward(model, batch);
+      const std::vector<float> b1 = host_of(*be, model.params().layers[1].gate_bias->w);
+      optim->step(3, 3);
+      EXPECT_EQ(host_of(*be, model.params().layers[1].gate_bias->w), b1);
+      EXPECT_EQ(model.params().layers[1].gate_bias->w.dtype(), DType::DType_F32);
+      EXPECT_EQ(model.params().layers[1].gate_bias->g.dtype(), DType::DType_F32);
     }
-    // The next optimizer step starts from the written bias: it is still there after it.
+  }
+}
+
+// Note [bf16 on a computing backend]: offload_stream updating on the host stages every parameter in the
+// precision's dtypes, so it would take the f32 bias's master from half its bytes (measured before the
+// refusal: master {5.9e-39, -0.125, ...} for a bias {-0.125001, -0.125001, ...}); refused by name before
+// anything is allocated. The fp32 recipe and the other placements take it.
+TEST(DeepseekV3, Bf16OffloadStreamOnHostIsRefused) {
+  const ModelConfig m = deepseek_config();
+  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+  Schedules s = recipe("bf16");
+  s.optim = optim_named("offload_stream", "host");
+  try {
+    Model model(m, *be, RoutingProfile{}, s);
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optim.update_on = \"host\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.hint()).find("offload_serial"), std::string::npos) << e.hint();
+  }
+  EXPECT_EQ(be->device_ledger().total_current(), 0u);
+  s.optim = optim_named("offload_stream", "device");
+  Model ok(m, *be, RoutingProfile{}, s);
+  s = recipe("fp32");
+  s.optim = optim_named("offload_stream", "host");
+  Model fp32(m, *be, RoutingProfile{}, s);
+  auto meta = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+  s.precision = precision_recipe("bf16");
+  Model planned(m, *meta, routing_profile_parse("balanced"), s);
+}
+
+// Note [Parameters kept in f32]: in the bf16 recipe the routing bias (weight and gradient) is f32 and
+// every other parameter bf16, and the bias update moves it exactly as in fp32 given the same loads: from
+// b = 1 + e/64, three steps of 1e-3 (below bf16's 2^-7 spacing there, so a bf16 bias would not move).
+TEST(DeepseekV3, Bf16RoutingBiasStaysF32AndMovesAsInFp32) {
+  const ModelConfig m = deepseek_config();
+  const int64_t L = m.num_hidden_layers, E = m.num_experts;
+  std::vector<int64_t> counts(static_cast<size_t>(L * E));
+  for (int64_t i = 0; i < L * E; ++i) counts[i] = (i * 7) % 5;  // loads above, at and below the mean
+  std::vector<float> bias[2];
+  int r = 0;
+  for (const char* rec : {"fp32", "bf16"}) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    Model model(m, *be, RoutingProfile{}, recipe(rec));
+    model.init_weights(m.seed);
+    const DType weights = r == 0 ? DType::DType_F32 : DType::DType_BF16;
+    for (const Param& p : model.params().all()) {
+      const bool kept = p.name.ends_with("e_score_correction_bias");
+      EXPECT_EQ(p.w.dtype(), kept ? DType::DType_F32 : weights) << rec << " " << p.name;
+      EXPECT_EQ(p.g.dtype(), kept ? DType::DType_F32 : weights) << rec << " " << p.name;
+    }
+    std::vector<float> start(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) start[e] = 1.0f + static_cast<float>(e) / 64.0f;
+    for (int64_t l = 1; l < L; ++l) {
+      Tensor& w = model.params().layers[l].gate_bias->w;
+      be->copy_from_host(w.data(), start.data(), w.bytes());
+    }
+    for (int step = 0; step < 3; ++step) ASSERT_EQ(model.routing_bias_update(counts, 1e-3).size(), 2u);
+    for (int64_t l = 1; l < L; ++l) {
+      const std::vector<float> b = host_of(*be, model.params().layers[l].gate_bias->w);
+      bias[r].insert(bias[r].end(), b.begin(), b.end());
+      double mean = 0;
+      for (int64_t e = 0; e < E; ++e) mean += static_cast<double>(counts[l * E + e]) / static_cast<double>(E);
+      for (int64_t e = 0; e < E; ++e) {
+        const double c = static_cast<double>(counts[l * E + e]);
+        float want = start[e];
+        for (int step = 0; step < 3; ++step)
+          want = static_cast<float>(static_cast<double>(want) + (c < mean ? 1e-3 : c > mean ? -1e-3 : 0.0));
+        EXPECT_EQ(b[e], want) << rec << " layer " << l << " expert " << e;
+      }
+    }
+    ++r;
+  }
+  EXPECT_EQ(bias[0], bias[1]);
+}
+
+namespace {
+// One forward+backward of deepseek_config() in `rec` on W ranks (a thread world when W > 1, each rank its
+// zig-zag piece of one batch) under the balanced routing profile; returns the loss and every parameter's
+// gradient, whole and widened (rank 0's gather), in layout() order.
+double deepseek_step(const char* rec, int W, std::vector<std::vector<float>>& grads) {
+  const ModelConfig m = deepseek_config();
+  const Batch global = batch_random(2, 64, m.vocab_size, 9);
+  double loss = 0;
+  auto body = [&](Comm* comm) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    Model model(m, *be, routing_profile_parse("balanced"), recipe(rec), comm);
+    model.init_weights(m.seed);
     model.zero_grads();
-    step_forward_backward(model, batch);
-    const std::vector<float> b1 = host_of(*be, model.params().layers[1].gate_bias->w);
-    optim->step(3, 3);
-    EXPECT_EQ(host_of(*be, model.params().layers[1].gate_bias->w), b1);
+    const int rank = comm ? comm->rank() : 0;
+    const StepOutputs out = step_forward_backward(model, comm ? context_slice(global, rank, W) : global);
+    for (const ParamInfo& p : model.params().layout()) {  // collective: every rank, the same order
+      std::vector<float> host(static_cast<size_t>(p.shape.numel()));
+      model.params().full_gather(p, p.local ? &p.local->local_g() : nullptr, host.data());
+      if (rank == 0) grads.push_back(std::move(host));
+    }
+    if (rank == 0) loss = out.loss;
+  };
+  if (W == 1) {
+    body(nullptr);
+  } else {
+    ThreadWorld world(W);
+    world.run([&](Comm& comm) { body(&comm); });
+  }
+  return loss;
+}
+}  // namespace
+
+// One bf16 step against the fp32 step from the same init (the bf16 weights its rounding), on one rank and
+// on two (FSDP units that gather the f32 routing bias beside bf16 weights, ring attention over MLA's
+// q/k/v, bf16 gradient sums): the loss within 5e-3 relative and every gradient within 3e-2 of the fp32
+// one's norm, the tolerances of Precision.Bf16StepTracksTheFp32Step. The balanced profile routes: the
+// sigmoid scores of a fresh init lie within bf16's resolution of each other, so with the router choosing
+// a token's top-k flips between the recipes and moves whole rows between experts (routing in bf16 is
+// checked against the bf16 twin, model_vs_twin_bf16_mla, on a router far from ties). A bf16 buffer read
+// as f32, or one left unwritten, is off by orders of magnitude.
+TEST(DeepseekV3, Bf16StepTracksTheFp32Step) {
+  for (const int W : {1, 2}) {
+    SCOPED_TRACE(fmt::format("W={}", W));
+    std::vector<std::vector<float>> gf, gb;
+    const double lf = deepseek_step("fp32", W, gf), lb = deepseek_step("bf16", W, gb);
+    EXPECT_TRUE(std::isfinite(lb));
+    EXPECT_NEAR(lb, lf, 5e-3 * std::abs(lf));
+    ASSERT_EQ(gf.size(), gb.size());
+    int compared = 0;
+    double worst = 0;
+    for (size_t k = 0; k < gf.size(); ++k) {
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < gf[k].size(); ++i) {
+        diff += (static_cast<double>(gb[k][i]) - gf[k][i]) * (static_cast<double>(gb[k][i]) - gf[k][i]);
+        norm += static_cast<double>(gf[k][i]) * gf[k][i];
+      }
+      if (norm == 0) continue;  // the routing biases (no gradient)
+      EXPECT_LE(std::sqrt(diff), 3e-2 * std::sqrt(norm)) << "parameter " << k;
+      worst = std::max(worst, std::sqrt(diff / norm));
+      ++compared;
+    }
+    EXPECT_GT(compared, 40);
+    std::printf("W=%d: loss fp32 %.6f bf16 %.6f (rel %.2e), worst gradient %.2e norm-relative over %d\n", W, lf, lb,
+                std::abs(lb - lf) / std::abs(lf), worst, compared);
+  }
+}
+
+// The bf16 recipe's DeepSeek-V3 step, optimizer included, allocates on meta exactly as on cpu for every
+// optimizer schedule (device and host ledgers); the parameters take 2 B each but the f32 routing biases
+// (4 B), and multi-head latent attention's activations are bf16 but for their statistics.
+TEST(DeepseekV3, Bf16MetaAllocatesAsCpuThroughTheOptimizerStep) {
+  const ModelConfig m = deepseek_config();
+  for (const char* sched : {"device", "offload_serial", "offload_stream", "offload_stream:host"}) {
+    SCOPED_TRACE(sched);
+    OptimConfig oc;
+    const std::string sn = sched;
+    oc.sched = sn == "offload_stream:host" ? optim_named("offload_stream", "host") : optim_named(sn);
+    oc.sched.bucket_params = 500;
+    std::vector<LedgerEvent> dev[2], host[2];
+    uint64_t params_bytes[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      auto be = backend_create(i == 0 ? "cpu" : "meta", kUnlimitedBytes, kUnlimitedBytes);
+      Model model(m, *be, routing_profile_parse("hot:0.5:2"), recipe("bf16"));
+      model.init_weights(m.seed);
+      std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
+      model.zero_grads();
+      const StepOutputs out = step_forward_backward(model, batch_random(2, 37, m.vocab_size, 3));
+      optim->step(1, 1);
+      if (i == 0) {
+        EXPECT_TRUE(std::isfinite(out.loss));
+      }
+      params_bytes[i] = be->device_ledger().current(Category::Category_params);
+      dev[i] = be->device_ledger().events();
+      host[i] = be->host_ledger().events();
+    }
+    for (auto* ev : {dev, host}) {
+      const char* what = ev == dev ? "device" : "host";
+      ASSERT_EQ(ev[0].size(), ev[1].size()) << what;
+      for (size_t j = 0; j < ev[0].size(); ++j) {
+        ASSERT_EQ(ev[0][j].alloc, ev[1][j].alloc) << what << " event " << j;
+        ASSERT_EQ(ev[0][j].tag, ev[1][j].tag) << what << " event " << j;
+        ASSERT_EQ(ev[0][j].bytes, ev[1][j].bytes) << what << " event " << j << " " << ev[0][j].tag;
+        ASSERT_EQ(ev[0][j].total_after, ev[1][j].total_after) << what << " event " << j;
+      }
+    }
+    const uint64_t P = static_cast<uint64_t>(m.param_count()), biases = 2 * static_cast<uint64_t>(m.num_experts);
+    EXPECT_EQ(params_bytes[0], 2 * (P - biases) + 4 * biases);
+    EXPECT_EQ(params_bytes[1], params_bytes[0]);
+    int bf16_acts = 0;
+    for (const LedgerEvent& e : dev[0]) {
+      if (!e.alloc || e.category != Category::Category_activations || !e.tag.starts_with("attn.")) continue;
+      const bool stat = e.tag.starts_with("attn.rstd") || e.tag == "attn.lse";
+      EXPECT_EQ(e.dtype, stat ? DType::DType_F32 : DType::DType_BF16) << e.tag;
+      bf16_acts += !stat;
+    }
+    EXPECT_GT(bf16_acts, 10);
   }
 }
 
