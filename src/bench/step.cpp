@@ -50,19 +50,6 @@ double gemm_rate_measure(DType t, int64_t side, int repeats) {
   return median(rates);
 }
 
-// A weight as f32 host values (bf16 widened, exactly).
-std::vector<float> weights_host(Backend& be, const Tensor& w) {
-  std::vector<float> out(static_cast<size_t>(w.numel()));
-  if (w.dtype() == DType::DType_F32) {
-    be.copy_to_host(out.data(), w.data(), w.bytes());
-    return out;
-  }
-  std::vector<bf16> h(out.size());
-  be.copy_to_host(h.data(), w.data(), w.bytes());
-  for (size_t i = 0; i < h.size(); ++i) out[i] = to_f32(h[i]);
-  return out;
-}
-
 // Model FLOPs of one training step without recompute: 6 per matmul parameter touched per token
 // (forward 2, backward 4) plus causal attention (forward 2 x 2 x T^2/2 x hd x nh per sequence, x3).
 double model_flops_per_step(const ModelConfig& m, int64_t B, int64_t T) {
@@ -94,7 +81,8 @@ int bench_step_run(const BenchStepOptions& o) {
     std::vector<std::vector<float>> host;
     std::vector<SafetensorsView> views;
     for (Param& p : model.params().all()) {
-      host.push_back(weights_host(*be, p.w));  // the twin takes the (rounded) weights as f32
+      host.emplace_back(static_cast<size_t>(p.w.numel()));  // the twins take the (rounded) weights as f32
+      device_read_f32(*be, p.w.cbuf(), p.w.numel(), host.back().data());
       views.push_back({p.name, DType::DType_F32, p.w.shape(), host.back().data()});
     }
     views.push_back({"input_ids", DType::DType_I32, {batch.B, batch.T}, batch.tokens.data()});
