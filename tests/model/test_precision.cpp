@@ -153,8 +153,8 @@ TEST(Precision, CpuComputesTheTwoRecipesAndRefusesTheRest) {
 
 // One bf16 step on cpu against the fp32 step from the same init (the bf16 weights are its rounding)
 // and batch: the loss within 5e-3 relative and every parameter's gradient within 3e-2 of the fp32
-// one's norm (the bf16 tolerances; bf16 keeps 8 significant bits, at most 2^-8 relative per rounding; measured
-// here 0.9-2.7%). Routing by the balanced profile: with the router choosing, a token whose top-k
+// one's norm (the bf16 tolerances; bf16 keeps 8 significant bits, at most 2^-8 relative per
+// rounding; measured here 0.9-2.7%). Routing by the balanced profile: with the router choosing, a token whose top-k
 // flips between the precisions moves whole rows between experts (measured: 3 experts' gradients 15-20%
 // apart), a property of MoE in bf16, not an error. Not a test that bf16 is right (the bf16 twin is
 // that), a guard that no operand is misread: a bf16 buffer read as f32, or one left unwritten, is off
