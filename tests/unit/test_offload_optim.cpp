@@ -143,6 +143,14 @@ OptimConfig stream_config(const std::string& update_on, int64_t bucket, int64_t 
   return c;
 }
 
+// The three offloaded variants a training run is compared over: serial, and streamed (buckets of 100,
+// 2 slots) updating on the device and on the host.
+std::vector<OptimConfig> training_variants() {
+  OptimConfig serial = test_config();
+  serial.sched = optim_named("offload_serial");
+  return {serial, stream_config("device", 100, 2), stream_config("host", 100, 2)};
+}
+
 // Random sleeps of 0..300 us before every task of a worker stream (Note [Stream delays for testing]).
 void random_delays(Stream& s, unsigned seed) {
   auto rng = std::make_shared<std::mt19937>(seed);
@@ -285,13 +293,7 @@ TEST(OffloadAdamW, MatchesDeviceAdamWOverTenTrainingSteps) {
   device.sched = optim_named("device");
   std::vector<double> want_losses;
   const auto want = train(device, &want_losses);
-  std::vector<OptimConfig> variants;
-  OptimConfig serial = test_config();
-  serial.sched = optim_named("offload_serial");
-  variants.push_back(serial);
-  variants.push_back(stream_config("device", 100, 2));
-  variants.push_back(stream_config("host", 100, 2));
-  for (const OptimConfig& c : variants) {
+  for (const OptimConfig& c : training_variants()) {
     SCOPED_TRACE(::testing::Message() << schedule_name(c.sched.kind) << " update_on " << update_on_name(c.sched));
     std::vector<double> losses;
     const auto got = train(c, &losses);
@@ -731,13 +733,7 @@ TEST(OffloadAdamW, Bf16MatchesDeviceAdamWOverTenTrainingSteps) {
   device.sched = optim_named("device");
   std::vector<double> want_losses;
   const Stored want = train(device, &want_losses);
-  std::vector<OptimConfig> variants;
-  OptimConfig serial = test_config();
-  serial.sched = optim_named("offload_serial");
-  variants.push_back(serial);
-  variants.push_back(stream_config("device", 100, 2));
-  variants.push_back(stream_config("host", 100, 2));
-  for (const OptimConfig& c : variants) {
+  for (const OptimConfig& c : training_variants()) {
     SCOPED_TRACE(variant_name(c));
     std::vector<double> losses;
     const Stored got = train(c, &losses);
