@@ -245,29 +245,39 @@ void variant_run_once(Variant& v, const BenchVocabOptions& o, Comm& comm, int i)
     log_info("bench vocab: {} run {}: {:.3f} s (cpu {:.3f} s)", v.name, i, sec, cpu);
 }
 
-// d x (H) of token t in float64 from the inputs: RMSNorm (weight 1, eps 1e-6), logits, softmax, the
-// loss gradient scaled by `scale`, back through the projection and the norm. The oracle both heads
-// are measured against (their difference alone cannot say which one rounds more).
-std::vector<double> dx_row_fp64(const Inputs& in, int64_t t, int64_t V, int64_t H, double scale) {
+// Token t's forward in float64 from the inputs: xn (H) = RMSNorm(x_t) (weight 1, eps 1e-6), logit (V) =
+// W xn, and the softmax's max m and sum z = sum_j exp(logit_j - m). The float64 oracles below share it.
+struct RowFp64 {
+  double rstd, m, z;
+};
+RowFp64 row_forward_fp64(const Inputs& in, int64_t t, int64_t V, int64_t H, double* xn, double* logit) {
   const float* x = in.x.data() + t * H;  // (H)
   double ss = 0;
   for (int64_t h = 0; h < H; ++h) ss += static_cast<double>(x[h]) * x[h];
-  const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(H) + 1e-6);
-  std::vector<double> xn(static_cast<size_t>(H)), logit(static_cast<size_t>(V)), dxn(static_cast<size_t>(H), 0.0);
-  for (int64_t h = 0; h < H; ++h) xn[h] = x[h] * rstd;
-  double m = -INFINITY;
+  RowFp64 r{1.0 / std::sqrt(ss / static_cast<double>(H) + 1e-6), -INFINITY, 0};
+  for (int64_t h = 0; h < H; ++h) xn[h] = x[h] * r.rstd;
   for (int64_t j = 0; j < V; ++j) {
     const float* w = in.W.data() + j * H;  // (H)
     double acc = 0;
     for (int64_t h = 0; h < H; ++h) acc += xn[h] * w[h];
     logit[j] = acc;
-    m = std::max(m, acc);
+    r.m = std::max(r.m, acc);
   }
-  double z = 0;
-  for (int64_t j = 0; j < V; ++j) z += std::exp(logit[j] - m);
+  for (int64_t j = 0; j < V; ++j) r.z += std::exp(logit[j] - r.m);
+  return r;
+}
+
+// d x (H) of token t in float64 from the inputs: row_forward_fp64, the loss gradient scaled by `scale`,
+// back through the projection and the norm. The oracle both heads are measured against (their
+// difference alone cannot say which one rounds more).
+std::vector<double> dx_row_fp64(const Inputs& in, int64_t t, int64_t V, int64_t H, double scale) {
+  const float* x = in.x.data() + t * H;  // (H)
+  std::vector<double> xn(static_cast<size_t>(H)), logit(static_cast<size_t>(V)), dxn(static_cast<size_t>(H), 0.0);
+  const RowFp64 r = row_forward_fp64(in, t, V, H, xn.data(), logit.data());
+  const double rstd = r.rstd;
   const int32_t target = in.targets[t];
   for (int64_t j = 0; j < V; ++j) {
-    const double d = target == -100 ? 0.0 : scale * (std::exp(logit[j] - m) / z - (j == target ? 1.0 : 0.0));
+    const double d = target == -100 ? 0.0 : scale * (std::exp(logit[j] - r.m) / r.z - (j == target ? 1.0 : 0.0));
     const float* w = in.W.data() + j * H;
     for (int64_t h = 0; h < H; ++h) dxn[h] += d * w[h];
   }
@@ -306,24 +316,9 @@ std::vector<double> dW_rows_fp64(const Inputs& in, const std::vector<int64_t>& r
   std::vector<double> p(static_cast<size_t>(N) * R);   // (N, R): softmax of the sampled rows
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t t = 0; t < N; ++t) {
-    const float* x = in.x.data() + t * H;  // (H)
-    double* xt = xn.data() + t * H;        // (H)
-    double ss = 0;
-    for (int64_t h = 0; h < H; ++h) ss += static_cast<double>(x[h]) * x[h];
-    const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(H) + 1e-6);
-    for (int64_t h = 0; h < H; ++h) xt[h] = x[h] * rstd;
     std::vector<double> logit(static_cast<size_t>(V));
-    double m = -INFINITY;
-    for (int64_t j = 0; j < V; ++j) {
-      const float* w = in.W.data() + j * H;  // (H)
-      double acc = 0;
-      for (int64_t h = 0; h < H; ++h) acc += xt[h] * w[h];
-      logit[j] = acc;
-      m = std::max(m, acc);
-    }
-    double z = 0;
-    for (int64_t j = 0; j < V; ++j) z += std::exp(logit[j] - m);
-    for (size_t r = 0; r < R; ++r) p[t * R + r] = std::exp(logit[rows[r]] - m) / z;
+    const RowFp64 f = row_forward_fp64(in, t, V, H, xn.data() + t * H, logit.data());
+    for (size_t r = 0; r < R; ++r) p[t * R + r] = std::exp(logit[rows[r]] - f.m) / f.z;
   }
   std::vector<double> dW(R * static_cast<size_t>(H), 0.0);
   for (int64_t t = 0; t < N; ++t) {
