@@ -11,6 +11,7 @@
 
 #include "../common/optim_schedule.h"
 #include "backend/backend.h"
+#include "bench/bench_common.h"
 #include "comm/thread_comm.h"
 #include "core/precision.h"
 #include "core/units.h"
@@ -28,13 +29,7 @@ ModelConfig deepseek_config() { return deepseek_small_config(3, 12, 1); }
 // t (f32 or bf16) widened to f32 on the host.
 std::vector<float> host_of(Backend& be, const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  if (t.dtype() != DType::DType_BF16) {
-    be.copy_to_host(v.data(), t.data(), t.bytes());
-    return v;
-  }
-  std::vector<uint16_t> h(v.size());
-  be.copy_to_host(h.data(), t.data(), t.bytes());
-  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_float(h[i]);
+  bench::device_read_f32(be, t.cbuf(), t.numel(), v.data());
   return v;
 }
 

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "bench/bench_common.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -106,13 +107,7 @@ Case case_make(const std::string& name) {
 // t (f32 or bf16) widened to f32 on the host.
 std::vector<float> to_host(Backend& be, const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  if (t.dtype() != DType::DType_BF16) {
-    be.copy_to_host(v.data(), t.data(), t.bytes());
-    return v;
-  }
-  std::vector<uint16_t> h(v.size());
-  be.copy_to_host(h.data(), t.data(), t.bytes());
-  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_float(h[i]);
+  bench::device_read_f32(be, t.cbuf(), t.numel(), v.data());
   return v;
 }
 
