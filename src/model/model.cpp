@@ -19,14 +19,12 @@ namespace fp {
 // (Note [Parameters kept in f32] in model/params.h): transformers keeps it f32, and its 1e-3 steps
 // (routing_bias_update, below, on the f32 values) would vanish in bf16's 7.8e-3 spacing at 1. AdamW keeps
 // a master of it like of every parameter (a plain f32 copy, refreshed by weights_written after each bias
-// update). Refused by name before anything is allocated: precision mixes other than the two recipes
-// (here, and in the offloaded optimizers' constructors), and DeepSeek-V3 in bf16 with offload_stream
-// updating on the host, whose host slots stage every parameter in the precision's dtypes (2 B), so
-// the f32 bias's master would be taken from half its bytes (offload_serial and update_on = "device"
-// stage each parameter in its own dtype). meta computes nothing, so it takes any precision: its peaks
-// are those of real bf16 training.
+// update), and every offloaded optimizer stages it in its own dtype, 4 B each way (Note [Offload with
+// bf16 weights] in sched/optim/offload.h). Refused by name before anything is allocated: precision
+// mixes other than the two recipes (here, and in the offloaded optimizers' constructors). meta computes
+// nothing, so it takes any precision: its peaks are those of real bf16 training.
 namespace {
-const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, const Schedules& sched) {
+const Precision& precision_checked(const Backend& be, const Schedules& sched) {
   const Precision& p = sched.precision;
   if (!be.computes() || precision_all_f32(p)) return p;
   constexpr const char* kMeta = "use --device meta to see the peaks of any precision, or precision.recipe = \"fp32\"";
@@ -35,13 +33,6 @@ const Precision& precision_checked(const ModelConfig& cfg, const Backend& be, co
                p.router == f,
            std::string("set precision.recipe = \"bf16\" without per-field overrides; ") + kMeta,
            "precision {} on the {} backend: it computes the recipes fp32 and bf16 only", precision_describe(p),
-           be.name());
-  const OptimSchedule& o = sched.optim;
-  FP_CHECK(!cfg.router_sigmoid() || o.kind != OptimSchedule::Kind::Kind_offload_stream || !o.update_on_host,
-           "set optim.update_on = \"device\" or optim.schedule = \"offload_serial\"",
-           "optim.schedule = \"offload_stream\" with optim.update_on = \"host\" does not take DeepSeek-V3 in the bf16 "
-           "recipe on the {} backend yet: its host slots stage bf16 only, and the routing bias "
-           "e_score_correction_bias is f32",
            be.name());
   return p;
 }
@@ -53,7 +44,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
       profile_(profile),
       sched_(sched),
       comm_(comm),
-      params_(cfg, be, comm, precision_checked(cfg, be, sched_)) {
+      params_(cfg, be, comm, precision_checked(be, sched_)) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");

@@ -66,7 +66,9 @@ struct Schedules {
   DispatchSchedule dispatch;
   OptimSchedule optim;
   // The dtype of every allocation (core/precision.h, Note [Which dtype each allocation gets]); all f32
-  // by default. A computing backend refuses anything else until bf16 compute lands (Model's constructor).
+  // by default. A computing backend computes the fp32 and bf16 recipes, with every optimizer schedule
+  // and placement, and refuses any other mix by name (Model's constructor, Note [bf16 on a computing
+  // backend] in model/model.cpp).
   Precision precision;  // precision.recipe, precision.params, ... (core/precision.h)
 };
 

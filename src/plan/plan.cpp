@@ -51,8 +51,9 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     }
     fp::Model model(cfg, *be, in.settings.routing, sc, W > 1 ? &comm : nullptr);
     RankPlan& rp = out[static_cast<size_t>(r)];
-    rp.params_per_rank =
-        static_cast<int64_t>(be->device_ledger().current(kParams) / dtype_size(sc.precision.params));
+    // Elements, counted per tensor: not the params bytes over one dtype's size, which counts a parameter
+    // kept in f32 among bf16 ones twice (Note [Parameters kept in f32] in model/params.h).
+    for (const Param& p : model.params().all()) rp.params_per_rank += p.local_w().numel();
     model.init_weights(cfg.seed);
     std::unique_ptr<Optimizer> optim = optimizer_create(OptimConfig{}, sc.optim, model.params(), *be);
     model.zero_grads();

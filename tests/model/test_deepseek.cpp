@@ -7,8 +7,10 @@
 // tests/reference (model_vs_twin_mla, model_vs_twin_mla_yarn, and their _bf16 variants).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "../common/deepseek_config.h"
 #include "../common/optim_schedule.h"
 #include "backend/backend.h"
 #include "bench/bench_common.h"
@@ -17,9 +19,9 @@
 #include "core/units.h"
 #include "data/context_split.h"
 #include "data/random_batch.h"
+#include "sched/optim/offload.h"
 #include "sched/optim/optimizer.h"
 #include "step/step.h"
-#include "../common/deepseek_config.h"
 
 namespace fp {
 
@@ -69,13 +71,12 @@ TEST(DeepseekV3, MetaAllocatesAsCpu) {
 // no bias; a second, identical step moves it again; an optimizer step leaves it where the update put it
 // (its gradient is zero), and the optimizer's master (the offloaded optimizer's host master, AdamW's
 // in bf16) follows the written weights. In both recipes: in bf16 the bias is the f32 parameter among
-// bf16 ones (Note [Parameters kept in f32]), with an f32 master and moments like every parameter
-// (offload_stream on the host is refused there: Bf16OffloadStreamOnHostIsRefused).
+// bf16 ones (Note [Parameters kept in f32]), with an f32 master and moments like every parameter, staged
+// in f32 by every offloaded optimizer (Note [Offload with bf16 weights] in sched/optim/offload.h).
 TEST(DeepseekV3, RoutingBiasFollowsTheLoads) {
   const ModelConfig m = deepseek_config();
   for (const char* rec : {"fp32", "bf16"}) {
     for (const char* sched : {"device", "offload_serial", "offload_stream", "offload_stream:host"}) {
-      if (std::string(rec) == "bf16" && std::string(sched) == "offload_stream:host") continue;
       SCOPED_TRACE(std::string(rec) + " " + sched);
       auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
       Model model(m, *be, RoutingProfile{}, recipe(rec));
@@ -138,31 +139,78 @@ TEST(DeepseekV3, RoutingBiasFollowsTheLoads) {
   }
 }
 
-// Note [bf16 on a computing backend]: offload_stream updating on the host stages every parameter in the
-// precision's dtypes, so it would take the f32 bias's master from half its bytes (measured before the
-// refusal: master {5.9e-39, -0.125, ...} for a bias {-0.125001, -0.125001, ...}); refused by name before
-// anything is allocated. The fp32 recipe and the other placements take it.
-TEST(DeepseekV3, Bf16OffloadStreamOnHostIsRefused) {
+// Note [Offload with bf16 weights] (sched/optim/offload.h): offload_stream updating on the host stages
+// each bucket segment in its parameter's own dtype, so the f32 routing bias among bf16 parameters moves
+// 4 B each way. Over four bf16 training steps, each followed by the routing bias update and
+// weights_written, in buckets that put the biases beside bf16 parameters (500 and 37 elements) or hold
+// everything, it equals the device AdamW bit for bit: the losses, every parameter as stored (the f32
+// biases included), m, v and the f32 master. (Staged in the bf16 slots of before, the bias's master
+// was taken from half its bytes: {5.9e-39, -0.125, ...} for a bias {-0.125001, ...}; the model refused
+// the schedule.)
+TEST(DeepseekV3, Bf16OffloadStreamOnHostEqualsDeviceAdamW) {
   const ModelConfig m = deepseek_config();
-  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-  Schedules s = recipe("bf16");
-  s.optim = optim_named("offload_stream", "host");
-  try {
+  struct Run {
+    std::vector<double> losses;
+    std::vector<std::string> names;
+    std::vector<DType> dtypes;
+    std::vector<std::vector<uint8_t>> bytes;
+  };
+  auto train = [&](const OptimSchedule& os) {
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    Schedules s = recipe("bf16");
+    s.optim = os;
     Model model(m, *be, RoutingProfile{}, s);
-    ADD_FAILURE() << "not refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("optim.update_on = \"host\""), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.hint()).find("offload_serial"), std::string::npos) << e.hint();
+    model.init_weights(m.seed);
+    OptimConfig oc;
+    oc.sched = os;
+    oc.lr = 1e-2;
+    oc.weight_decay = 0.1;
+    std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
+    Run run;
+    const int steps = 4;
+    for (int step = 1; step <= steps; ++step) {
+      model.zero_grads();
+      const StepOutputs out = step_forward_backward(model, batch_random(2, 40, m.vocab_size, 20 + step));
+      run.losses.push_back(out.loss);
+      optim->step(step, steps);
+      optim->weights_written(model.routing_bias_update(out.expert_counts, 1e-3));
+    }
+    be->synchronize();
+    auto add = [&](const std::string& name, const Tensor& t) {
+      run.names.push_back(name);
+      run.dtypes.push_back(t.dtype());
+      run.bytes.emplace_back(t.bytes());
+      be->copy_to_host(run.bytes.back().data(), t.data(), t.bytes());
+    };
+    for (const Param& p : model.params().all()) add(p.name, p.local_w());
+    for (const auto& [name, t] : optim->state_tensors()) add(name, *t);
+    return run;
+  };
+  const Run want = train(optim_named("device"));
+  int f32_params = 0, masters = 0, moved = 0;
+  for (size_t t = 0; t < want.names.size(); ++t) {
+    const bool bias = want.names[t].ends_with(".e_score_correction_bias");
+    f32_params += bias && want.dtypes[t] == DType::DType_F32;
+    masters += want.names[t].ends_with(".e_score_correction_bias.master");
+    moved += bias && std::any_of(want.bytes[t].begin(), want.bytes[t].end(), [](uint8_t x) { return x != 0; });
   }
-  EXPECT_EQ(be->device_ledger().total_current(), 0u);
-  s.optim = optim_named("offload_stream", "device");
-  Model ok(m, *be, RoutingProfile{}, s);
-  s = recipe("fp32");
-  s.optim = optim_named("offload_stream", "host");
-  Model fp32(m, *be, RoutingProfile{}, s);
-  auto meta = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
-  s.precision = precision_recipe("bf16");
-  Model planned(m, *meta, routing_profile_parse("balanced"), s);
+  ASSERT_EQ(f32_params, 2);  // layers 1 and 2
+  ASSERT_EQ(masters, 2);
+  ASSERT_EQ(moved, 2);  // the bias update moved both from their zero init
+  for (int64_t bucket : {int64_t{500}, int64_t{37}, int64_t{1} << 20}) {
+    for (int64_t slots : {int64_t{1}, int64_t{2}}) {
+      SCOPED_TRACE(::testing::Message() << "bucket " << bucket << " slots " << slots);
+      OptimSchedule os = optim_named("offload_stream", "host");
+      os.bucket_params = bucket;
+      os.slots = slots;
+      const Run got = train(os);
+      ASSERT_EQ(got.losses.size(), want.losses.size());
+      for (size_t k = 0; k < want.losses.size(); ++k) EXPECT_EQ(got.losses[k], want.losses[k]) << "step " << k + 1;
+      ASSERT_EQ(got.names, want.names);
+      ASSERT_EQ(got.dtypes, want.dtypes);
+      for (size_t t = 0; t < want.names.size(); ++t) EXPECT_TRUE(got.bytes[t] == want.bytes[t]) << want.names[t];
+    }
+  }
 }
 
 // Note [Parameters kept in f32]: in the bf16 recipe the routing bias (weight and gradient) is f32 and
@@ -279,7 +327,10 @@ TEST(DeepseekV3, Bf16StepTracksTheFp32Step) {
 
 // The bf16 recipe's DeepSeek-V3 step, optimizer included, allocates on meta exactly as on cpu for every
 // optimizer schedule (device and host ledgers); the parameters take 2 B each but the f32 routing biases
-// (4 B), and multi-head latent attention's activations are bf16 but for their statistics.
+// (4 B), and multi-head latent attention's activations are bf16 but for their statistics. offload_stream
+// updating on the host holds, beside the 12 B of f32 state per parameter, 2 slots of a gradient row and
+// a weight row as long as the longest bucket with each segment in its parameter's dtype (2 B, the biases
+// 4 B, each segment at a multiple of its element's size; Note [Offload with bf16 weights]).
 TEST(DeepseekV3, Bf16MetaAllocatesAsCpuThroughTheOptimizerStep) {
   const ModelConfig m = deepseek_config();
   for (const char* sched : {"device", "offload_serial", "offload_stream", "offload_stream:host"}) {
@@ -289,10 +340,12 @@ TEST(DeepseekV3, Bf16MetaAllocatesAsCpuThroughTheOptimizerStep) {
     oc.sched = sn == "offload_stream:host" ? optim_named("offload_stream", "host") : optim_named(sn);
     oc.sched.bucket_params = 500;
     std::vector<LedgerEvent> dev[2], host[2];
-    uint64_t params_bytes[2] = {0, 0};
+    uint64_t params_bytes[2] = {0, 0}, host_optimizer[2] = {0, 0}, host_row = 0;
     for (int i = 0; i < 2; ++i) {
       auto be = backend_create(i == 0 ? "cpu" : "meta", kUnlimitedBytes, kUnlimitedBytes);
-      Model model(m, *be, routing_profile_parse("hot:0.5:2"), recipe("bf16"));
+      Schedules s = recipe("bf16");
+      s.optim = oc.sched;
+      Model model(m, *be, routing_profile_parse("hot:0.5:2"), s);
       model.init_weights(m.seed);
       std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
       model.zero_grads();
@@ -300,8 +353,27 @@ TEST(DeepseekV3, Bf16MetaAllocatesAsCpuThroughTheOptimizerStep) {
       optim->step(1, 1);
       if (i == 0) {
         EXPECT_TRUE(std::isfinite(out.loss));
+        // The longest bucket's row, walked here segment by segment.
+        std::vector<int64_t> sizes;
+        std::vector<uint64_t> elem;
+        for (const Param& p : model.params().all()) {
+          sizes.push_back(p.w.numel());
+          elem.push_back(p.name.ends_with(".e_score_correction_bias") ? 4 : 2);
+        }
+        const OffloadPlan plan = offload_plan_make(sizes, oc.sched.bucket_params);
+        for (const OffloadBucket& b : plan.buckets) {
+          uint64_t end = 0;
+          for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+            const OffloadSegment& sg = plan.segments[static_cast<size_t>(j)];
+            const uint64_t e = elem[static_cast<size_t>(sg.param)];
+            end = (end + e - 1) / e * e + static_cast<uint64_t>(sg.length) * e;
+          }
+          host_row = std::max(host_row, end);
+        }
+        ASSERT_GT(host_row, 2 * static_cast<uint64_t>(plan.largest));  // a bucket holds a bias at 4 B
       }
       params_bytes[i] = be->device_ledger().current(Category::Category_params);
+      host_optimizer[i] = be->host_ledger().current(Category::Category_optimizer);
       dev[i] = be->device_ledger().events();
       host[i] = be->host_ledger().events();
     }
@@ -318,6 +390,10 @@ TEST(DeepseekV3, Bf16MetaAllocatesAsCpuThroughTheOptimizerStep) {
     const uint64_t P = static_cast<uint64_t>(m.param_count()), biases = 2 * static_cast<uint64_t>(m.num_experts);
     EXPECT_EQ(params_bytes[0], 2 * (P - biases) + 4 * biases);
     EXPECT_EQ(params_bytes[1], params_bytes[0]);
+    if (sn == "offload_stream:host") {
+      EXPECT_EQ(host_optimizer[0], 12 * P + 2 * 2 * host_row);  // 2 slots x (gradient row + weight row)
+    }
+    EXPECT_EQ(host_optimizer[1], host_optimizer[0]);
     int bf16_acts = 0;
     for (const LedgerEvent& e : dev[0]) {
       if (!e.alloc || e.category != Category::Category_activations || !e.tag.starts_with("attn.")) continue;

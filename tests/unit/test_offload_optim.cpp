@@ -219,6 +219,47 @@ TEST(OffloadPlan, CoversEveryElementOnceInOrderWithAlignedCuts) {
   }
 }
 
+// A host staging row with each segment in its parameter's dtype (Note [Offload with bf16 weights]):
+// with one dtype the segments sit at slot_offset elements and a row holds B_max of them; with a 4-byte
+// parameter among 2-byte ones each segment starts at a multiple of its own size (a 2-byte pad after an
+// odd count of 2-byte elements) and rows never overlap within a bucket.
+TEST(OffloadPlan, RowLayoutStagesEachSegmentInItsDtype) {
+  const std::vector<int64_t> sizes = {8, 100, 3, 4096, 17, 1, 777, 64};
+  for (int64_t bucket : std::vector<int64_t>{5, 37, 1000, int64_t{1} << 20}) {
+    SCOPED_TRACE(::testing::Message() << "bucket_params " << bucket);
+    const OffloadPlan plan = offload_plan_make(sizes, bucket);
+    for (uint64_t e : {uint64_t{2}, uint64_t{4}}) {
+      const OffloadRowLayout one = offload_row_layout(plan, std::vector<uint64_t>(sizes.size(), e));
+      ASSERT_EQ(one.offsets.size(), plan.segments.size());
+      for (size_t j = 0; j < plan.segments.size(); ++j) ASSERT_EQ(one.offsets[j], e * plan.segments[j].slot_offset);
+      EXPECT_EQ(one.bytes, e * static_cast<uint64_t>(plan.largest));
+    }
+    // Parameter 3 (4096) and parameter 5 (1, after 17 2-byte elements) take 4 bytes.
+    std::vector<uint64_t> mixed(sizes.size(), 2);
+    mixed[3] = mixed[5] = 4;
+    const OffloadRowLayout at = offload_row_layout(plan, mixed);
+    ASSERT_EQ(at.offsets.size(), plan.segments.size());
+    uint64_t longest = 0;
+    for (const OffloadBucket& b : plan.buckets) {
+      uint64_t end = 0;
+      for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+        const OffloadSegment& sg = plan.segments[static_cast<size_t>(j)];
+        const uint64_t e = mixed[static_cast<size_t>(sg.param)], o = at.offsets[static_cast<size_t>(j)];
+        EXPECT_EQ(o % e, 0u) << "segment " << j;
+        EXPECT_GE(o, end) << "segment " << j;      // after the previous one
+        EXPECT_LT(o, end + e) << "segment " << j;  // padded by less than an element
+        end = o + static_cast<uint64_t>(sg.length) * e;
+      }
+      longest = std::max(longest, end);
+    }
+    EXPECT_EQ(at.bytes, longest);
+  }
+  // By hand: {3 x 2 B, 1 x 4 B} in one bucket: the 4-byte element at byte 8 (after a 2-byte pad), 12 B.
+  const OffloadRowLayout pad = offload_row_layout(offload_plan_make({3, 1}, 100), {2, 4});
+  EXPECT_EQ(pad.offsets, (std::vector<uint64_t>{0, 8}));
+  EXPECT_EQ(pad.bytes, 12u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bit-for-bit agreement
 

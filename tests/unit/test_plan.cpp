@@ -5,7 +5,11 @@
 
 #include <algorithm>
 
+#include "../common/deepseek_config.h"
+#include "backend/backend.h"
 #include "core/error.h"
+#include "core/units.h"
+#include "model/params.h"
 #include "model/routing.h"
 #include "plan/model_file.h"
 #include "plan/plan.h"
@@ -214,6 +218,29 @@ TEST(PlanOneRank, FlattenedSchedulesBoundTheirCategories) {
   EXPECT_EQ(at(flat.host_peak, kCkpt), static_cast<uint64_t>((m.num_hidden_layers - 1) * T * H) * 2);
   EXPECT_LT(flat.step_peak, base.step_peak);
   EXPECT_TRUE(flat.exact());
+}
+
+// params_per_rank counts elements, each tensor in its own dtype: bf16 DeepSeek-V3 keeps its routing
+// biases f32 (Note [Parameters kept in f32] in model/params.h), 4 B among 2 B ones, which the params
+// bytes over 2 would count twice. One rank stores every element; each of two stores every dense
+// tensor's ceil(R / 2) rows and E / 2 experts whole (Note [FSDP layout]).
+TEST(PlanOneRank, ParamsPerRankCountsElementsWhateverTheirDtype) {
+  const ModelConfig m = deepseek_small_config(3, 12, 1);
+  const int64_t P = m.param_count(), biases = 2 * m.num_experts;  // layers 1 and 2 route
+  const Result r = plan_step(input(m, 64, {"optim=device"}));
+  ASSERT_EQ(r.sched.precision.params, DType::DType_BF16);
+  EXPECT_EQ(r.sizes.params_per_rank, P);
+  EXPECT_EQ(at(r.peak, kParams), static_cast<uint64_t>(2 * (P - biases) + 4 * biases));
+  Input in = input(m, 64, {"optim=device"});
+  in.settings.layout.ranks = 2;
+  auto be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
+  ParamStore whole(m, *be);  // one rank: the full tensors, by name
+  int64_t local = 0;
+  for (const Param& p : whole.all()) {
+    const int64_t R = p.shape[0], row = p.shape.numel() / R;
+    local += p.name.find(".mlp.experts.") != std::string::npos ? p.shape.numel() / 2 : (R + 1) / 2 * row;
+  }
+  EXPECT_EQ(plan_step(in).sizes.params_per_rank, local);
 }
 
 TEST(PlanOneRank, AutoOptimizerOffloadsWhenTheDeviceOneDoesNotFit) {

@@ -62,6 +62,24 @@ OffloadPlan offload_plan_make(const std::vector<int64_t>& param_sizes, int64_t b
   return plan;
 }
 
+OffloadRowLayout offload_row_layout(const OffloadPlan& plan, const std::vector<uint64_t>& elem_bytes) {
+  OffloadRowLayout at;
+  at.offsets.reserve(plan.segments.size());
+  for (const OffloadBucket& b : plan.buckets) {
+    uint64_t end = 0;  // bytes of the bucket's row so far
+    for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
+      const OffloadSegment& sg = plan.segments[static_cast<size_t>(j)];
+      FP_ASSERT(static_cast<size_t>(j) == at.offsets.size(), "buckets hold the segments in order");
+      const uint64_t size = elem_bytes[static_cast<size_t>(sg.param)];
+      end = (end + size - 1) / size * size;  // each element at its own alignment
+      at.offsets.push_back(end);
+      end += static_cast<uint64_t>(sg.length) * size;
+    }
+    at.bytes = std::max(at.bytes, end);
+  }
+  return at;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared: host state, norm, clipping, master sync
 
@@ -300,21 +318,45 @@ OffloadStreamAdamW::OffloadStreamAdamW(ParamStore& params, Backend& be, const Op
   std::vector<int64_t> sizes;
   for (const Param& p : params_.all()) sizes.push_back(p.local_w().numel());
   plan_ = offload_plan_make(sizes, cfg_.sched.bucket_params);
+  // Host placement: each segment staged in its parameter's own dtypes (Note [Offload with bf16
+  // weights]), a row as long as its largest bucket's bytes, in elements of the precision's dtype (for
+  // one dtype throughout, B_max of them). From the parameters' dtypes alone, so meta allocates what cpu
+  // does.
+  const Precision& pr = params_.precision();
+  if (!on_device_) {
+    std::vector<uint64_t> g_size, w_size;
+    for (const Param& p : params_.all()) {
+      g_size.push_back(dtype_size(p.local_g().dtype()));
+      w_size.push_back(dtype_size(p.local_w().dtype()));
+    }
+    grad_at_ = offload_row_layout(plan_, g_size);
+    if (rounded_) weight_at_ = offload_row_layout(plan_, w_size);
+  }
+  auto elements = [](uint64_t bytes, DType t) {
+    return static_cast<int64_t>((bytes + dtype_size(t) - 1) / dtype_size(t));
+  };
   // The fixed working set, reserved at launch (Plan before allocating, STYLE.md).
   for (int64_t s = 0; s < cfg_.sched.slots && plan_.largest > 0; ++s) {
     if (on_device_) {
       slots_.push_back(be_.alloc_f32(Category::Category_optimizer, {4, plan_.largest}, fmt::format("optim.slot{}", s)));
     } else {
-      // The gradient row in the gradients' dtype; with bf16 weights the weight row too (Note [Offload
-      // with bf16 weights]). By dtype alone, so meta allocates what cpu does.
-      const Precision& pr = params_.precision();
-      host_slots_.push_back(
-          be_.alloc_host(Category::Category_optimizer, {plan_.largest}, pr.grads, fmt::format("optim.host_slot{}", s)));
+      // The gradient row; with bf16 weights the weight row too.
+      host_slots_.push_back(be_.alloc_host(Category::Category_optimizer, {elements(grad_at_.bytes, pr.grads)}, pr.grads,
+                                           fmt::format("optim.host_slot{}", s)));
       if (rounded_)
-        host_wslots_.push_back(be_.alloc_host(Category::Category_optimizer, {plan_.largest}, pr.params,
-                                              fmt::format("optim.host_wslot{}", s)));
+        host_wslots_.push_back(be_.alloc_host(Category::Category_optimizer, {elements(weight_at_.bytes, pr.params)},
+                                              pr.params, fmt::format("optim.host_wslot{}", s)));
     }
   }
+}
+
+Buf OffloadStreamAdamW::host_row_at(const Tensor& row, const OffloadRowLayout& at, int64_t j, DType dtype) const {
+  const size_t k = static_cast<size_t>(j);
+  FP_ASSERT(at.offsets[k] + static_cast<uint64_t>(plan_.segments[k].length) * dtype_size(dtype) <= row.bytes(),
+            "segment {} ({} B at {}) ends past its host slot row of {} B", j,
+            plan_.segments[k].length * dtype_size(dtype), at.offsets[k], row.bytes());
+  char* base = static_cast<char*>(row.data());
+  return Buf(base == nullptr ? nullptr : base + at.offsets[k], dtype);
 }
 
 void OffloadStreamAdamW::update_apply(const StepStats& st, int64_t step) {
@@ -411,20 +453,20 @@ void OffloadStreamAdamW::step_on_host(const StepStats& st, int64_t step) {
   const auto& segs = plan_.segments;
   const int64_t n_buckets = static_cast<int64_t>(plan_.buckets.size());
   const int64_t S = static_cast<int64_t>(host_slots_.size());
-  const uint64_t g_size = dtype_size(params_.precision().grads), w_size = dtype_size(params_.precision().params);
   std::vector<Event> downloaded(static_cast<size_t>(n_buckets));
   std::vector<Event> weights_up(static_cast<size_t>(S));  // bf16: slot s's weight row went up
 
-  // Gradients of bucket g -> host slot g mod S. Issued only after the previous bucket of that slot
-  // was updated (program order on the host), so no event guards the refill.
+  // Gradients of bucket g -> host slot g mod S, each segment in its gradient's dtype. Issued only
+  // after the previous bucket of that slot was updated (program order on the host), so no event
+  // guards the refill.
   auto download = [&](int64_t g) {
     const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
-    const Buf slot = host_slots_[static_cast<size_t>(g % S)].buf();  // (B_max) gradients
+    const Tensor& slot = host_slots_[static_cast<size_t>(g % S)];  // the bucket's gradients
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
-      const Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      copy_down(slot.at(sg.slot_offset).p, p.local_g().buf().at(sg.offset).p,
-                static_cast<uint64_t>(sg.length) * g_size);
+      const Tensor& grad = params_.all()[static_cast<size_t>(sg.param)].local_g();
+      copy_down(host_row_at(slot, grad_at_, j, grad.dtype()).p, grad.buf().at(sg.offset).p,
+                static_cast<uint64_t>(sg.length) * dtype_size(grad.dtype()));
     }
     d2h.record(downloaded[static_cast<size_t>(g)]);
   };
@@ -435,28 +477,28 @@ void OffloadStreamAdamW::step_on_host(const StepStats& st, int64_t step) {
   for (int64_t g = 0; g < n_buckets; ++g) {
     const OffloadBucket& b = plan_.buckets[static_cast<size_t>(g)];
     const size_t s = static_cast<size_t>(g % S);
-    const CBuf slot = host_slots_[s].cbuf();  // (B_max) gradients
-    // bf16: the weight row (B_max) the update rounds into, once its previous bucket's copy went up.
-    const Buf wslot = rounded_ ? host_wslots_[s].buf() : Buf{};
     downloaded[static_cast<size_t>(g)].synchronize();
+    // bf16: the weight row the update rounds into, once its previous bucket's copy went up.
     if (rounded_) weights_up[s].synchronize();
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const size_t i = static_cast<size_t>(sg.param);
-      update_range(/*host=*/true, sg.param, master_[i].f32() + sg.offset, slot.at(sg.slot_offset),
-                   m_[i].f32() + sg.offset, v_[i].f32() + sg.offset, sg.length, st, step,
-                   rounded_ ? wslot.at(sg.slot_offset) : Buf{});
+      const Param& p = params_.all()[i];
+      update_range(/*host=*/true, sg.param, master_[i].f32() + sg.offset,
+                   host_row_at(host_slots_[s], grad_at_, j, p.local_g().dtype()), m_[i].f32() + sg.offset,
+                   v_[i].f32() + sg.offset, sg.length, st, step,
+                   rounded_ ? host_row_at(host_wslots_[s], weight_at_, j, p.local_w().dtype()) : Buf{});
     }
-    // The new weights go up: fp32 straight from the master (final for this step: nothing writes it
-    // again), bf16 from the weight row the update wrote.
+    // The new weights go up in their dtype: fp32 straight from the master (final for this step:
+    // nothing writes it again), bf16 from the weight row the update wrote (an f32 parameter's too).
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
-      Param& p = params_.all()[static_cast<size_t>(sg.param)];
-      const uint64_t bytes = static_cast<uint64_t>(sg.length) * w_size;
+      Tensor& w = params_.all()[static_cast<size_t>(sg.param)].local_w();
+      const uint64_t bytes = static_cast<uint64_t>(sg.length) * dtype_size(w.dtype());
       if (rounded_) {
-        copy_up(p.local_w().buf().at(sg.offset).p, wslot.at(sg.slot_offset).p, bytes);
+        copy_up(w.buf().at(sg.offset).p, host_row_at(host_wslots_[s], weight_at_, j, w.dtype()).p, bytes);
       } else {
-        copy_up(p.local_w().f32() + sg.offset, master_[static_cast<size_t>(sg.param)].f32() + sg.offset, bytes);
+        copy_up(w.f32() + sg.offset, master_[static_cast<size_t>(sg.param)].f32() + sg.offset, bytes);
       }
     }
     if (rounded_) h2d.record(weights_up[s]);
@@ -506,18 +548,17 @@ void OffloadStreamAdamW::master_widen(const std::vector<bool>& take) {
     done.synchronize();
     return;
   }
-  // Host placement: the weights come down into a slot's weight row, bucket by bucket, and are
-  // widened on the host (a first step's cost: one bucket in flight is enough).
-  const Buf stage = host_wslots_.front().buf();  // (B_max) weights
-  const uint64_t w_size = dtype_size(params_.precision().params);
+  // Host placement: the weights come down in their dtype into a slot's weight row, bucket by bucket,
+  // and are widened on the host (a first step's cost: one bucket in flight is enough).
+  const Tensor& stage = host_wslots_.front();  // a bucket's weights
   for (const OffloadBucket& b : plan_.buckets) {
     bool any = false;
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
-      const Param& p = params_.all()[static_cast<size_t>(sg.param)];
+      const Tensor& w = params_.all()[static_cast<size_t>(sg.param)].local_w();
       if (!take[static_cast<size_t>(sg.param)]) continue;
-      copy_down(stage.at(sg.slot_offset).p, p.local_w().buf().at(sg.offset).p,
-                static_cast<uint64_t>(sg.length) * w_size);
+      copy_down(host_row_at(stage, weight_at_, j, w.dtype()).p, w.buf().at(sg.offset).p,
+                static_cast<uint64_t>(sg.length) * dtype_size(w.dtype()));
       any = true;
     }
     if (!any) continue;
@@ -527,7 +568,8 @@ void OffloadStreamAdamW::master_widen(const std::vector<bool>& take) {
     for (int64_t j = b.first_segment; j < b.first_segment + b.segments; ++j) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const size_t i = static_cast<size_t>(sg.param);
-      if (take[i]) ops::cpu::copy(master_[i].f32() + sg.offset, stage.at(sg.slot_offset), sg.length);
+      const DType t = params_.all()[i].local_w().dtype();
+      if (take[i]) ops::cpu::copy(master_[i].f32() + sg.offset, host_row_at(stage, weight_at_, j, t), sg.length);
     }
   }
 }

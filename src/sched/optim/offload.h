@@ -5,18 +5,20 @@
 //
 // Dimensions: P parameters in all (every tensor of the ParamStore, in its order, seen as one flat
 // range), B_max the largest bucket, S = optim.slots; w and g the bytes of one weight and of one
-// gradient element (4 and 4 in the fp32 recipe, 2 and 2 in the bf16 one).
+// gradient element (4 and 4 in the fp32 recipe, 2 and 2 in the bf16 one but for the parameters kept
+// in f32, 4 and 4: Note [Parameters kept in f32] in model/params.h).
 //
 // State, per parameter, in the host arena (category optimizer; pinned memory on a GPU backend):
 // the master weights, m (exp_avg) and v (exp_avg_sq), in the precision's master and moments dtypes
 // (ParamStore::precision(); f32 in both recipes: 12 B per parameter). The host gradients of the
-// serial variant are in the grads dtype, as are the host slots of the streamed one; the device slots
-// are always f32. With the fp32 recipe the device weights are f32 too, so the master always equals
-// them; it is kept so the schedule moves what a reduced-precision device copy would need (and what
-// DESIGN.md budgets). With the bf16 recipe the device weights are the master rounded (Note [Offload
-// with bf16 weights]). Either way the master is taken from the device weights (widened, exact) at the
-// first step after construction or set_steps_taken (a checkpoint load writes the device weights after
-// the optimizer exists), unless the checkpoint brought the master itself (master_loaded).
+// serial variant are in each gradient's dtype, as is each segment in the host slots of the streamed
+// one; the device slots are always f32. With the fp32 recipe the device weights are f32 too, so the
+// master always equals them; it is kept so the schedule moves what a reduced-precision device copy
+// would need (and what DESIGN.md budgets). With the bf16 recipe the device weights are the master
+// rounded (Note [Offload with bf16 weights]). Either way the master is taken from the device weights
+// (widened, exact) at the first step after construction or set_steps_taken (a checkpoint load writes
+// the device weights after the optimizer exists), unless the checkpoint brought the master itself
+// (master_loaded).
 //
 //   OffloadSerialAdamW  all gradients to host (d2h, g B), CPU AdamW over everything while the device
 //       waits, all weights back (h2d, w B). Host: + P x g B of gradients. Device: nothing but the
@@ -32,7 +34,9 @@
 //       update_on = "host": per bucket, its gradients come down (g B) into a host slot, CPU AdamW
 //         updates the host state, the new weights go up (w B): straight from the master in fp32,
 //         from the slot's weight row in bf16. Device: nothing (the norm scalars); host: + S x B_max
-//         x 4 B of slots (fp32: the gradient row; bf16: the gradient and the weight rows, 2 B each).
+//         x 4 B of slots (fp32: the gradient row; bf16: the gradient and the weight rows, 2 B each;
+//         a bucket's rows are longer by 2 B per element of an f32 parameter among bf16 ones, and the
+//         rows hold the longest bucket: offload_row_layout).
 //
 // Note [Offload with bf16 weights]: in the bf16 recipe (bf16 weights and gradients, f32 master and
 // moments) the host keeps the f32 master and the device only its rounding, exactly as the device
@@ -54,6 +58,11 @@
 //                     from the slot's weight row, which the kernel fills (param_copy); that row is
 //                     rewritten only once the weights of the slot's previous bucket went up (the host
 //                     waits on that event, Note [OffloadStream pipeline]).
+// Each parameter moves in its own dtype: serial's host gradients are allocated per parameter, the
+// device placement's converting copies read any dtype, and the host placement lays out each bucket
+// segment of its slot rows in its parameter's dtype (offload_row_layout), so the one parameter kept
+// in f32 among bf16 ones (DeepSeek-V3's routing bias, Note [Parameters kept in f32]) moves 4 B down
+// and 4 B up, its master its exact copy, and every other parameter as above.
 // The master sync (first step, set_steps_taken, weights_written) widens the bf16 weights into the
 // master: serial through the host gradient buffers (between steps the gradients there are dead),
 // 2 B down; stream on device on the device into a slot's param row, 4 B down; stream on host through
@@ -106,6 +115,17 @@ struct OffloadPlan {
 // alignment cuts unaligned pieces. Results never depend on the cut (Note [AdamW is element-wise]).
 inline constexpr int64_t kOffloadAlign = 16;  // floats: one 64-byte line, two AVX2 vectors
 OffloadPlan offload_plan_make(const std::vector<int64_t>& param_sizes, int64_t bucket_params);
+
+// Where each segment of a plan lies in a host staging row that holds one bucket, each segment in its
+// own parameter's dtype (Note [Offload with bf16 weights]): packed in bucket order, each offset
+// rounded up to a multiple of its element's size. With one dtype of s bytes throughout, segment j is
+// at s x slot_offset and bytes = s x B_max.
+struct OffloadRowLayout {
+  std::vector<uint64_t> offsets;  // (segments) bytes from the row's start, in the plan's segment order
+  uint64_t bytes = 0;             // the longest bucket's row: what a host slot row must hold
+};
+// elem_bytes: (parameters) the bytes of one staged element of each parameter, in ParamStore order.
+OffloadRowLayout offload_row_layout(const OffloadPlan& plan, const std::vector<uint64_t>& elem_bytes);
 
 // Wall-clock seconds of the parts of the last step (on the issuing host thread), and the bytes it
 // moved over the link (copies on the d2h and h2d streams; a master sync in the step included).
@@ -237,8 +257,8 @@ class OffloadSerialAdamW final : public OffloadAdamW {
 class OffloadStreamAdamW final : public OffloadAdamW {
  public:
   // Plans the buckets and reserves the staging slots (device: S x B_max x 16 B, category optimizer;
-  // host update: S x B_max x 4 B on the host, Note [Offload with bf16 weights] for bf16). Throws
-  // fp::Error for optim.slots below 1.
+  // host update: S x B_max x 4 B on the host, each segment in its parameter's dtypes, Note [Offload
+  // with bf16 weights]). Throws fp::Error for optim.slots below 1.
   OffloadStreamAdamW(ParamStore& params, Backend& be, const OptimConfig& cfg);
 
   const OffloadPlan& plan() const { return plan_; }
@@ -249,13 +269,19 @@ class OffloadStreamAdamW final : public OffloadAdamW {
   void step_on_device(const StepStats& st, int64_t step);
   void step_on_host(const StepStats& st, int64_t step);
   void master_widen(const std::vector<bool>& take) override;
+  // Segment j of the plan inside a host slot row laid out by `at`, as an operand of the given dtype.
+  Buf host_row_at(const Tensor& row, const OffloadRowLayout& at, int64_t j, DType dtype) const;
 
   OffloadPlan plan_;
   bool on_device_ = true;
-  std::vector<Tensor> slots_;        // device update: S x (4, B_max) f32 rows grad, param, m, v; category optimizer
-  std::vector<Tensor> host_slots_;   // host update: S x (B_max) gradients in the grads dtype, host, category optimizer
-  std::vector<Tensor> host_wslots_;  // host update, bf16 weights only: S x (B_max) weights in the params dtype,
-                                     // host, category optimizer (Note [Offload with bf16 weights])
+  std::vector<Tensor> slots_;  // device update: S x (4, B_max) f32 rows grad, param, m, v; category optimizer
+  // Host update: S rows of gradients, each segment in its gradient's dtype (grad_at_); with bf16
+  // weights S rows of weights, each segment in its parameter's dtype (weight_at_). Host, category
+  // optimizer, allocated in the precision's grads (params) dtype: B_max elements when every parameter
+  // has that dtype (Note [Offload with bf16 weights]).
+  std::vector<Tensor> host_slots_;
+  std::vector<Tensor> host_wslots_;
+  OffloadRowLayout grad_at_, weight_at_;
 };
 
 }  // namespace fp
