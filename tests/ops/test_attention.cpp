@@ -265,6 +265,46 @@ TEST(Attention, Avx2TileProductEqualsBaselineBitwise) {
 #endif
 }
 
+// Note [Tile products with FMA]: the FMA copy equals, bit for bit, the scalar loop c = fma(a, b, c) over
+// k in order, on the tile shapes the kernels use (N a multiple of 16, and N % 16 == 8 for the last
+// block), with accumulation into C and leading dimensions wider than the block; and it differs from the
+// unfused copy (else the test would not tell them apart) by no more than the unfused rounding allows.
+TEST(Attention, FmaTileProductEqualsScalarFmaLoopBitwise) {
+#if !FP_ATTENTION_TILE_AVX2
+  GTEST_SKIP() << "not an x86 build";
+#else
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
+  namespace at = ops::cpu::attention_tile;
+  Rng rng(23);
+  int64_t differ = 0;
+  for (const auto& [M, N, K, pad] : std::vector<std::array<int64_t, 4>>{{at::TQ, at::TK, 8, 0},
+                                                                        {at::TQ, 24, at::TK, 0},
+                                                                        {at::TK, 64, at::TQ, 8},
+                                                                        {4, 8, 1, 0},
+                                                                        {8, 40, 72, 16},
+                                                                        {at::TQ, at::TK, 136, 0}}) {
+    const int64_t lda = K + pad, ldb = N + pad, ldc = N + pad;
+    std::vector<float> A(M * lda), B(K * ldb), C0(M * ldc), C1, C2;
+    for (float& x : A) x = static_cast<float>(rng.normal());
+    for (float& x : B) x = static_cast<float>(rng.normal());
+    for (float& x : C0) x = static_cast<float>(rng.normal());
+    C1 = C0, C2 = C0;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        for (int64_t k = 0; k < K; ++k) C0[i * ldc + j] = std::fma(A[i * lda + k], B[k * ldb + j], C0[i * ldc + j]);
+    at::tile_gemm_fma(A.data(), lda, B.data(), ldb, C1.data(), ldc, M, N, K);
+    at::tile_gemm_baseline(A.data(), lda, B.data(), ldb, C2.data(), ldc, M, N, K);
+    EXPECT_EQ(std::memcmp(C0.data(), C1.data(), C0.size() * sizeof(float)), 0) << M << "x" << N << "x" << K;
+    for (size_t i = 0; i < C1.size(); ++i) {
+      differ += C1[i] != C2[i];
+      EXPECT_NEAR(C1[i], C2[i], 1e-5 * (K + 1)) << M << "x" << N << "x" << K << " at " << i;
+    }
+  }
+  EXPECT_GT(differ, 0) << "the fused and unfused copies gave the same bits everywhere";
+#endif
+}
+
 // Note [Exponentials in vector registers]: exp_inplace against exp in double, over every float in
 // [-87.3, 88] at a stride and on the cut-offs: relative error below 1.2e-7 (one ulp; 8e-8 measured); 0 below the
 // subnormal range, +inf above 88, NaN kept, exp(0) = 1 exactly. Both copies (SSE2, AVX2) agree bit for bit.
@@ -544,29 +584,34 @@ TEST(Attention, SlidingWindowBitwiseDeterministicAcrossThreads) {
   omp_set_num_threads(saved);
 }
 
-// The attention kernels (forward and backward, whole causal sequence) with the SSE2 and the AVX2 tile
-// products, interleaved in one process: median seconds of 7 and the ratio. Results are bit-identical
-// (Avx2TileProductEqualsBaselineBitwise). Run: build/tests/ops_test_attention --gtest_also_run_disabled_tests
+// The attention kernels (forward and backward, whole causal sequence) with the SSE2, the AVX2 and (where
+// the CPU has it) the FMA tile products, interleaved in one process: median seconds of 7 and the ratio to
+// SSE2. SSE2 and AVX2 results are bit-identical (Avx2TileProductEqualsBaselineBitwise). Run: build/tests/ops_test_attention --gtest_also_run_disabled_tests
 //   --gtest_filter='*BenchAvx2*'
 TEST(Attention, DISABLED_BenchAvx2VsBaseline) {
   namespace at = ops::cpu::attention_tile;
-  if (!at::uses_avx2()) GTEST_SKIP() << "no AVX2 (or FLATPEAK_SIMD=baseline)";
+  const at::TileSimd best = at::tile_simd;
+  if (best == at::TileSimd::baseline) GTEST_SKIP() << "no AVX2 (or FLATPEAK_SIMD=baseline)";
+  std::vector<at::TileSimd> copies{at::TileSimd::baseline, at::TileSimd::avx2};
+  if (best == at::TileSimd::fma) copies.push_back(at::TileSimd::fma);
   for (const Case& c : {Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {
     const Inputs in(c, 3);
-    std::vector<double> t[2];
-    Outputs out[2];
+    std::vector<std::vector<double>> t(copies.size());
+    std::vector<Outputs> out(copies.size());
     for (int rep = 0; rep < 7; ++rep)
-      for (int v = 0; v < 2; ++v) {
-        at::avx2_enabled = v == 1;
+      for (size_t v = 0; v < copies.size(); ++v) {
+        at::tile_simd = copies[v];
         const auto t0 = std::chrono::steady_clock::now();
         out[v] = fast_run(c, in);
         t[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-    at::avx2_enabled = at::uses_avx2();
+    at::tile_simd = best;
     for (auto& x : t) std::sort(x.begin(), x.end());
     EXPECT_EQ(std::memcmp(out[0].dq.data(), out[1].dq.data(), out[0].dq.size() * sizeof(float)), 0);
-    std::printf("attention fwd+bwd %s, %d threads: sse2 %.4f s, avx2 %.4f s, ratio %.2fx\n", c.name().c_str(),
-                omp_get_max_threads(), t[0][3], t[1][3], t[0][3] / t[1][3]);
+    std::printf("attention fwd+bwd %s, %d threads, median of 7:", c.name().c_str(), omp_get_max_threads());
+    for (size_t v = 0; v < copies.size(); ++v)
+      std::printf(" %s %.4f s (%.2fx)", at::tile_simd_name(copies[v]), t[v][3], t[0][3] / t[v][3]);
+    std::printf("\n");
   }
 }
 
@@ -608,7 +653,7 @@ TEST(Attention, DISABLED_BenchSlidingWindow) {
     return x[x.size() / 2];
   };
   std::printf("sliding-window attention fwd+bwd %s, %d threads, %s tiles, medians of %d\n", c.name().c_str(),
-              omp_get_max_threads(), at::avx2_enabled ? "avx2" : "sse2", repeats);
+              omp_get_max_threads(), at::tile_simd_name(at::tile_simd), repeats);
   std::printf("%7s %11s %9s %9s %9s %7s\n", "window", "tile pairs", "fwd s", "bwd s", "fwd+bwd s", "ratio");
   const double base = median(both[0]);
   for (size_t w = 0; w < windows.size(); ++w)
@@ -682,7 +727,7 @@ TEST(Attention, DISABLED_BenchMatmulEquivalent) {
     return x[x.size() / 2];
   };
   std::printf("attention fwd+bwd vs its matmul-equivalent rate, %d threads, %s tiles, medians of %d\n",
-              omp_get_max_threads(), at::avx2_enabled ? "avx2" : "sse2", repeats);
+              omp_get_max_threads(), at::tile_simd_name(at::tile_simd), repeats);
   std::printf("| shape | operands | attention s | attention GFLOP/s | GEMM GFLOP/s (same products) | ratio |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (const Case& c : {Case{4, 1024, 4, 2, 64}, Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {

@@ -58,6 +58,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <limits>
@@ -408,15 +409,33 @@ void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, 
   });
 }
 
-bool attention_tile::uses_avx2() {
+attention_tile::TileSimd attention_tile::tile_simd_detect() {
   const char* force = std::getenv("FLATPEAK_SIMD");
-  if (force != nullptr && std::string_view(force) == "baseline") return false;
+  const std::string_view f = force != nullptr ? force : "";
+  if (f == "baseline") return TileSimd::baseline;
+  if (!f.empty() && f != "avx2" && f != "fma")  // at static initialisation: say it, do not throw
+    std::fprintf(stderr, "[flatpeak] FLATPEAK_SIMD=%s is not one of baseline, avx2, fma: using the best this CPU has\n",
+                 force);
 #if FP_ATTENTION_TILE_AVX2
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
+  if (!__builtin_cpu_supports("avx2")) return TileSimd::baseline;
+  if (f == "avx2" || !__builtin_cpu_supports("fma")) return TileSimd::avx2;
+  return TileSimd::fma;
 #else
-  return false;
+  return TileSimd::baseline;
 #endif
+}
+
+const char* attention_tile::tile_simd_name(TileSimd s) {
+  switch (s) {
+    case TileSimd::baseline:
+      return "sse2";
+    case TileSimd::avx2:
+      return "avx2";
+    case TileSimd::fma:
+      return "avx2+fma";
+  }
+  return "?";
 }
 
 }  // namespace fp::ops::cpu
