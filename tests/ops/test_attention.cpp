@@ -307,7 +307,8 @@ TEST(Attention, FmaTileProductEqualsScalarFmaLoopBitwise) {
 
 // Note [Exponentials in vector registers]: exp_inplace against exp in double, over every float in
 // [-87.3, 88] at a stride and on the cut-offs: relative error below 1.2e-7 (one ulp; 8e-8 measured); 0 below the
-// subnormal range, +inf above 88, NaN kept, exp(0) = 1 exactly. Both copies (SSE2, AVX2) agree bit for bit.
+// subnormal range, +inf above 88, NaN kept, exp(0) = 1 exactly. The SSE2 and AVX2 copies agree bit for bit;
+// the FMA copy is held to the same bound and cut-offs.
 TEST(Attention, VectorExpMatchesExpWithinOneUlp) {
   namespace at = ops::cpu::attention_tile;
   std::vector<float> xs;
@@ -341,6 +342,25 @@ TEST(Attention, VectorExpMatchesExpWithinOneUlp) {
     std::vector<float> y2 = xs;
     at::exp_inplace_avx2(y2.data(), static_cast<int64_t>(y2.size()));
     EXPECT_EQ(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)), 0);
+  }
+  // The fused copy (Note [Tile products with FMA]): its own bits, held to the same bound and cut-offs.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    std::vector<float> y3 = xs;
+    at::exp_inplace_fma(y3.data(), static_cast<int64_t>(y3.size()));
+    double worst3 = 0;
+    size_t differ = 0;
+    for (size_t i = 0; i < n_regular; ++i) {
+      worst3 = std::max(worst3, std::abs(y3[i] - std::exp(static_cast<double>(xs[i]))) / std::exp(double{xs[i]}));
+      differ += y3[i] != y[i];
+    }
+    EXPECT_LT(worst3, 1.2e-7);
+    std::printf("exp_inplace (fma): max relative error %.3g; %zu of %zu differ from the unfused copy\n", worst3,
+                differ, n_regular);
+    for (size_t i = n_regular; i < y.size(); ++i)
+      EXPECT_TRUE(y3[i] == y[i] || (std::isnan(y3[i]) && std::isnan(y[i]))) << xs[i];
+    std::vector<float> z3{zero};
+    at::exp_inplace_fma(z3.data(), 1);
+    EXPECT_EQ(z3[0], one);
   }
 #endif
 }

@@ -81,7 +81,9 @@ inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
 inline constexpr float kExpMin = -87.33654f, kExpMax = 88.0f;
 // The cut-offs are tested on the float's bits and applied with bit masks: g++ will not if-convert a
 // float comparison (it might raise an FP exception flag), and a branch would stop the vectorisation.
-#define FP_ATTENTION_EXP_BODY                                                                                  \
+// MADD(a, b, c) is a * b + c: two roundings in the baseline and AVX2 copies, one (a fused multiply-add)
+// in the FMA copy (Note [Tile products with FMA]).
+#define FP_ATTENTION_EXP_BODY(MADD)                                                                            \
   _Pragma("omp simd") for (int64_t j = 0; j < n; ++j) {                                                        \
     const int32_t bits = std::bit_cast<int32_t>(x[j]), mag = bits & 0x7fffffff;                                \
     const int32_t nan = -static_cast<int32_t>(mag > 0x7f800000); /* all ones where true */                     \
@@ -90,17 +92,19 @@ inline constexpr float kExpMin = -87.33654f, kExpMax = 88.0f;
     const int32_t keep = ~(nan | lo | hi);                                                                     \
     const float c = std::bit_cast<float>((bits & keep) | (std::bit_cast<int32_t>(kExpMin) & ~keep));           \
     const float t = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                                    \
-    const float r = (c - t * 0.693359375f) - t * -2.12194440e-4f;                                              \
+    const float r = MADD(t, 2.12194440e-4f, c - t * 0.693359375f); /* t ln2_hi is exact */                     \
     float p = 1.9875691500e-4f;                                                                                \
-    p = p * r + 1.3981999507e-3f;                                                                              \
-    p = p * r + 8.3334519073e-3f;                                                                              \
-    p = p * r + 4.1665795894e-2f;                                                                              \
-    p = p * r + 1.6666665459e-1f;                                                                              \
-    p = p * r + 5.0000001201e-1f;                                                                              \
-    const float y = (p * r) * r + r + 1.0f;                                                                    \
+    p = MADD(p, r, 1.3981999507e-3f);                                                                          \
+    p = MADD(p, r, 8.3334519073e-3f);                                                                          \
+    p = MADD(p, r, 4.1665795894e-2f);                                                                          \
+    p = MADD(p, r, 1.6666665459e-1f);                                                                          \
+    p = MADD(p, r, 5.0000001201e-1f);                                                                          \
+    const float y = MADD(p * r, r, r) + 1.0f;                                                                  \
     const int32_t e = std::bit_cast<int32_t>(y * std::bit_cast<float>((static_cast<int32_t>(t) + 127) << 23)); \
     x[j] = std::bit_cast<float>((e & keep) | (bits & nan) | (0x7f800000 & hi)); /* lo: 0 */                    \
   }
+#define FP_ATTENTION_MUL_ADD(a, b, c) ((a) * (b) + (c))
+#define FP_ATTENTION_FMA(a, b, c) __builtin_fmaf((a), (b), (c))
 
 inline void tile_gemm_baseline(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                                float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
@@ -108,7 +112,7 @@ inline void tile_gemm_baseline(const float* __restrict A, int64_t lda, const flo
 }
 
 // x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
-inline void exp_inplace_baseline(float* __restrict x, int64_t n) { FP_ATTENTION_EXP_BODY }
+inline void exp_inplace_baseline(float* __restrict x, int64_t n) { FP_ATTENTION_EXP_BODY(FP_ATTENTION_MUL_ADD) }
 
 #if defined(__x86_64__) || defined(__i386__)
 #define FP_ATTENTION_TILE_AVX2 1
@@ -117,7 +121,9 @@ __attribute__((target("avx2"))) inline void tile_gemm_avx2(const float* __restri
                                                            int64_t ldc, int64_t M, int64_t N, int64_t K) {
   FP_ATTENTION_TILE_GEMM_BODY
 }
-__attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x, int64_t n) { FP_ATTENTION_EXP_BODY }
+__attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x, int64_t n) {
+  FP_ATTENTION_EXP_BODY(FP_ATTENTION_MUL_ADD)
+}
 
 // Note [Tile products with FMA]: where the CPU has AVX2 and FMA, the tile product runs this copy:
 // explicit 4 x 16 register blocks (eight ymm accumulators, two B vectors, one broadcast A value; a 4 x 8
@@ -176,15 +182,22 @@ __attribute__((target("avx2,fma"))) inline void tile_gemm_fma(const float* __res
     }
   }
 }
+// The exponentials with the polynomial's multiply-adds fused (Note [Exponentials in vector registers]:
+// the same reduction and polynomial, rounded once per step).
+__attribute__((target("avx2,fma"))) inline void exp_inplace_fma(float* __restrict x, int64_t n) {
+  FP_ATTENTION_EXP_BODY(FP_ATTENTION_FMA)
+}
 #else
 #define FP_ATTENTION_TILE_AVX2 0  // other architectures: the portable copies only
 #endif
 #undef FP_ATTENTION_TILE_GEMM_BODY
 #undef FP_ATTENTION_EXP_BODY
+#undef FP_ATTENTION_MUL_ADD
+#undef FP_ATTENTION_FMA
 
 // The copies the tile helpers run: baseline (SSE2), avx2 (the same unfused loop in ymm registers) or
-// fma (tile products with fused multiply-adds, Note [Tile products with FMA]; the exponentials are the
-// avx2 copy's). The best the CPU has, unless FLATPEAK_SIMD names a lower one ("baseline" or "avx2").
+// fma (tile products and exponentials with fused multiply-adds, Note [Tile products with FMA]). The
+// best the CPU has, unless FLATPEAK_SIMD names a lower one ("baseline" or "avx2").
 enum class TileSimd { baseline, avx2, fma };
 TileSimd tile_simd_detect();
 const char* tile_simd_name(TileSimd s);
@@ -205,7 +218,8 @@ inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __res
 // x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
 inline void exp_inplace(float* __restrict x, int64_t n) {
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd != TileSimd::baseline) return exp_inplace_avx2(x, n);
+  if (tile_simd == TileSimd::fma) return exp_inplace_fma(x, n);
+  if (tile_simd == TileSimd::avx2) return exp_inplace_avx2(x, n);
 #endif
   exp_inplace_baseline(x, n);
 }
