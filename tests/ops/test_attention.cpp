@@ -354,8 +354,8 @@ TEST(Attention, VectorExpMatchesExpWithinOneUlp) {
       differ += y3[i] != y[i];
     }
     EXPECT_LT(worst3, 1.2e-7);
-    std::printf("exp_inplace (fma): max relative error %.3g; %zu of %zu differ from the unfused copy\n", worst3,
-                differ, n_regular);
+    std::printf("exp_inplace (fma): max relative error %.3g; %zu of %zu differ from the unfused copy\n", worst3, differ,
+                n_regular);
     for (size_t i = n_regular; i < y.size(); ++i)
       EXPECT_TRUE(y3[i] == y[i] || (std::isnan(y3[i]) && std::isnan(y[i]))) << xs[i];
     std::vector<float> z3{zero};
