@@ -261,6 +261,11 @@ TEST(Attention, Avx2TileProductEqualsBaselineBitwise) {
     at::tile_gemm_baseline(A.data(), K, B.data(), N, C0.data(), N, M, N, K);
     at::tile_gemm_avx2(A.data(), K, B.data(), N, C1.data(), N, M, N, K);
     EXPECT_EQ(std::memcmp(C0.data(), C1.data(), C0.size() * sizeof(float)), 0) << M << "x" << N << "x" << K;
+    // The transposed-A products on the same numbers (A read as stored (K, M)).
+    std::vector<float> D0 = C1, D1 = C1;
+    at::tile_gemm_at_baseline(A.data(), M, B.data(), N, D0.data(), N, M, N, K);
+    at::tile_gemm_at_avx2(A.data(), M, B.data(), N, D1.data(), N, M, N, K);
+    EXPECT_EQ(std::memcmp(D0.data(), D1.data(), D0.size() * sizeof(float)), 0) << "A^T " << M << "x" << N << "x" << K;
   }
 #endif
 }
@@ -296,6 +301,15 @@ TEST(Attention, FmaTileProductEqualsScalarFmaLoopBitwise) {
     at::tile_gemm_fma(A.data(), lda, B.data(), ldb, C1.data(), ldc, M, N, K);
     at::tile_gemm_baseline(A.data(), lda, B.data(), ldb, C2.data(), ldc, M, N, K);
     EXPECT_EQ(std::memcmp(C0.data(), C1.data(), C0.size() * sizeof(float)), 0) << M << "x" << N << "x" << K;
+    // The transposed-A copy: A stored (K, M) with leading dimension M + pad, on the same numbers.
+    std::vector<float> At(K * (M + pad)), T0 = C2, T1 = C2;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) At[k * (M + pad) + i] = A[i * lda + k];
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        for (int64_t k = 0; k < K; ++k) T0[i * ldc + j] = std::fma(A[i * lda + k], B[k * ldb + j], T0[i * ldc + j]);
+    at::tile_gemm_fma<true>(At.data(), M + pad, B.data(), ldb, T1.data(), ldc, M, N, K);
+    EXPECT_EQ(std::memcmp(T0.data(), T1.data(), T0.size() * sizeof(float)), 0) << "A^T " << M << "x" << N << "x" << K;
     for (size_t i = 0; i < C1.size(); ++i) {
       differ += C1[i] != C2[i];
       EXPECT_NEAR(C1[i], C2[i], 1e-5 * (K + 1)) << M << "x" << N << "x" << K << " at " << i;

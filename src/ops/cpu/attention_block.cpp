@@ -276,11 +276,10 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
   const int64_t items1 = B * nkv * nkt;
 #pragma omp parallel if (items1 > 1)
   {
-    BackwardScratch sc(hdp, hdvp, TK * (hdp + hdvp) + TK * TQ);
+    BackwardScratch sc(hdp, hdvp, TK * (hdp + hdvp));
     auto [qs, dos, kt, vt, s, dp, lse_t, D, rest] = sc.tiles();
     float* dk_acc = rest;               // (TK, hdp) unscaled dK of the key tile
     float* dv_acc = dk_acc + TK * hdp;  // (TK, hdvp) dV of the key tile
-    float* tr = dv_acc + TK * hdvp;     // (TK, TQ) P^T or dS^T
     int64_t lo[TQ], hi[TQ];             // (TQ) each query's visible run of the block's keys
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items1; ++it) {
@@ -305,10 +304,8 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
           ++visited;
           query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
           tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale);
-          tile_transpose(tr, s, TQ, TK);
-          tile_gemm(tr, TQ, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);
-          tile_transpose(tr, dp, TQ, TK);
-          tile_gemm(tr, TQ, qs, hdp, dk_acc, hdp, TK, hdp, TQ);
+          tile_gemm_at(s, TK, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);  // dV += P^T dO
+          tile_gemm_at(dp, TK, qs, hdp, dk_acc, hdp, TK, hdp, TQ);    // dK += dS^T Q
         }
       }
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);

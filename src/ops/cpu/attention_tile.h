@@ -50,7 +50,7 @@ inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
 // default there, and FLATPEAK_SIMD=avx2 selects this one. Only these functions are duplicated, under
 // their own names: compiling whole files twice with other flags would let the linker mix the copies of
 // shared inline code.
-#define FP_ATTENTION_TILE_GEMM_BODY                                                            \
+#define FP_ATTENTION_TILE_GEMM_BODY(A_AT)                                                      \
   for (int64_t i = 0; i < M; i += kMr) {                                                       \
     for (int64_t j = 0; j < N; j += kNr) {                                                     \
       float acc[kMr][kNr];                                                                     \
@@ -59,7 +59,7 @@ inline int64_t hd_padded(int64_t hd) { return (hd + kNr - 1) / kNr * kNr; }
       for (int64_t kk = 0; kk < K; ++kk) {                                                     \
         const float* b = B + kk * ldb + j; /* (kNr) */                                         \
         for (int64_t r = 0; r < kMr; ++r) {                                                    \
-          const float a = A[(i + r) * lda + kk];                                               \
+          const float a = A_AT(i + r, kk);                                                     \
           /* Without the pragma g++ vectorises across r and keeps acc in memory (3x slower) */ \
           _Pragma("omp simd") for (int64_t c = 0; c < kNr; ++c) acc[r][c] += a * b[c];         \
         }                                                                                      \
@@ -106,9 +106,17 @@ inline constexpr float kExpMin = -87.33654f, kExpMax = 88.0f;
 #define FP_ATTENTION_MUL_ADD(a, b, c) ((a) * (b) + (c))
 #define FP_ATTENTION_FMA(a, b, c) __builtin_fmaf((a), (b), (c))
 
+// op(A) (M, K): A stored (M, K), or (K, M) for the transposed products (dV += P^T dO, dK += dS^T Q).
+#define FP_ATTENTION_A_ROWS(row, k) A[(row) * lda + (k)]
+#define FP_ATTENTION_A_COLS(row, k) A[(k) * lda + (row)]
+
 inline void tile_gemm_baseline(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                                float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
-  FP_ATTENTION_TILE_GEMM_BODY
+  FP_ATTENTION_TILE_GEMM_BODY(FP_ATTENTION_A_ROWS)
+}
+inline void tile_gemm_at_baseline(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
+                                  float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
+  FP_ATTENTION_TILE_GEMM_BODY(FP_ATTENTION_A_COLS)
 }
 
 // x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
@@ -119,7 +127,13 @@ inline void exp_inplace_baseline(float* __restrict x, int64_t n) { FP_ATTENTION_
 __attribute__((target("avx2"))) inline void tile_gemm_avx2(const float* __restrict A, int64_t lda,
                                                            const float* __restrict B, int64_t ldb, float* __restrict C,
                                                            int64_t ldc, int64_t M, int64_t N, int64_t K) {
-  FP_ATTENTION_TILE_GEMM_BODY
+  FP_ATTENTION_TILE_GEMM_BODY(FP_ATTENTION_A_ROWS)
+}
+__attribute__((target("avx2"))) inline void tile_gemm_at_avx2(const float* __restrict A, int64_t lda,
+                                                              const float* __restrict B, int64_t ldb,
+                                                              float* __restrict C, int64_t ldc, int64_t M, int64_t N,
+                                                              int64_t K) {
+  FP_ATTENTION_TILE_GEMM_BODY(FP_ATTENTION_A_COLS)
 }
 __attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x, int64_t n) {
   FP_ATTENTION_EXP_BODY(FP_ATTENTION_MUL_ADD)
@@ -137,13 +151,17 @@ __attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x
 // sees one key still gets the exact zero score gradient. Each copy is deterministic: a schedule and its
 // plain variant on one machine agree bit for bit. FLATPEAK_SIMD=avx2 (or baseline) selects the unfused
 // copies.
+// TransA: A stored (K, M), op(A) = A^T.
+template <bool TransA = false>
 __attribute__((target("avx2,fma"))) inline void tile_gemm_fma(const float* __restrict A, int64_t lda,
                                                               const float* __restrict B, int64_t ldb,
                                                               float* __restrict C, int64_t ldc, int64_t M, int64_t N,
                                                               int64_t K) {
+  // Row r of the block, step kk: a0[r * rs + kk * ks].
+  const int64_t rs = TransA ? 1 : lda, ks = TransA ? lda : 1;
   for (int64_t i = 0; i < M; i += kMr) {
-    const float* a0 = A + i * lda;  // (kMr, K) rows i.. of A
-    float* c0 = C + i * ldc;        // (kMr, N) rows i.. of C
+    const float* a0 = A + i * rs;  // rows i.. of op(A)
+    float* c0 = C + i * ldc;       // (kMr, N) rows i.. of C
     int64_t j = 0;
     for (; j + 16 <= N; j += 16) {
       __m256 c00 = _mm256_loadu_ps(c0 + j), c01 = _mm256_loadu_ps(c0 + j + 8);
@@ -153,13 +171,13 @@ __attribute__((target("avx2,fma"))) inline void tile_gemm_fma(const float* __res
       for (int64_t kk = 0; kk < K; ++kk) {
         const float* b = B + kk * ldb + j;  // (16)
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-        __m256 a = _mm256_broadcast_ss(a0 + kk);
+        __m256 a = _mm256_broadcast_ss(a0 + kk * ks);
         c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
-        a = _mm256_broadcast_ss(a0 + lda + kk);
+        a = _mm256_broadcast_ss(a0 + rs + kk * ks);
         c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
-        a = _mm256_broadcast_ss(a0 + 2 * lda + kk);
+        a = _mm256_broadcast_ss(a0 + 2 * rs + kk * ks);
         c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
-        a = _mm256_broadcast_ss(a0 + 3 * lda + kk);
+        a = _mm256_broadcast_ss(a0 + 3 * rs + kk * ks);
         c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
       }
       _mm256_storeu_ps(c0 + j, c00), _mm256_storeu_ps(c0 + j + 8, c01);
@@ -172,10 +190,10 @@ __attribute__((target("avx2,fma"))) inline void tile_gemm_fma(const float* __res
       __m256 c20 = _mm256_loadu_ps(c0 + 2 * ldc + j), c30 = _mm256_loadu_ps(c0 + 3 * ldc + j);
       for (int64_t kk = 0; kk < K; ++kk) {
         const __m256 b0 = _mm256_loadu_ps(B + kk * ldb + j);
-        c00 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + kk), b0, c00);
-        c10 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + lda + kk), b0, c10);
-        c20 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + 2 * lda + kk), b0, c20);
-        c30 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + 3 * lda + kk), b0, c30);
+        c00 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + kk * ks), b0, c00);
+        c10 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + rs + kk * ks), b0, c10);
+        c20 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + 2 * rs + kk * ks), b0, c20);
+        c30 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + 3 * rs + kk * ks), b0, c30);
       }
       _mm256_storeu_ps(c0 + j, c00), _mm256_storeu_ps(c0 + ldc + j, c10);
       _mm256_storeu_ps(c0 + 2 * ldc + j, c20), _mm256_storeu_ps(c0 + 3 * ldc + j, c30);
@@ -191,6 +209,8 @@ __attribute__((target("avx2,fma"))) inline void exp_inplace_fma(float* __restric
 #define FP_ATTENTION_TILE_AVX2 0  // other architectures: the portable copies only
 #endif
 #undef FP_ATTENTION_TILE_GEMM_BODY
+#undef FP_ATTENTION_A_ROWS
+#undef FP_ATTENTION_A_COLS
 #undef FP_ATTENTION_EXP_BODY
 #undef FP_ATTENTION_MUL_ADD
 #undef FP_ATTENTION_FMA
@@ -213,6 +233,17 @@ inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __res
   if (tile_simd == TileSimd::avx2) return tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
 #endif
   tile_gemm_baseline(A, lda, B, ldb, C, ldc, M, N, K);
+}
+
+// C (M, N) += A^T B (K, N), A stored (K, M) with leading dimension lda: the product of the transposed
+// tile without transposing it; each element is summed as tile_gemm sums it.
+inline void tile_gemm_at(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
+                         float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
+#if FP_ATTENTION_TILE_AVX2
+  if (tile_simd == TileSimd::fma) return tile_gemm_fma<true>(A, lda, B, ldb, C, ldc, M, N, K);
+  if (tile_simd == TileSimd::avx2) return tile_gemm_at_avx2(A, lda, B, ldb, C, ldc, M, N, K);
+#endif
+  tile_gemm_at_baseline(A, lda, B, ldb, C, ldc, M, N, K);
 }
 
 // x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
@@ -302,12 +333,6 @@ inline void rows_load_transposed(float* __restrict dst, const E* __restrict src,
   std::fill(dst, dst + wp * TK, 0.0f);
   for (int64_t j = 0; j < n; ++j)
     for (int64_t c = 0; c < w; ++c) dst[c * TK + j] = to_f32(src[j * stride + c]);
-}
-
-// dst (cols, rows) = src (rows, cols)^T.
-inline void tile_transpose(float* __restrict dst, const float* __restrict src, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
 #if FP_ATTENTION_TILE_AVX2
