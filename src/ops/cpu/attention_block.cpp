@@ -305,7 +305,7 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
           query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
           tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale);
           tile_gemm_at(s, TK, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);  // dV += P^T dO
-          tile_gemm_at(dp, TK, qs, hdp, dk_acc, hdp, TK, hdp, TQ);    // dK += dS^T Q
+          tile_gemm_at(dp, TK, qs, hdp, dk_acc, hdp, TK, hdp, TQ);     // dK += dS^T Q
         }
       }
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);

@@ -107,8 +107,8 @@ inline constexpr float kExpMin = -87.33654f, kExpMax = 88.0f;
 #define FP_ATTENTION_FMA(a, b, c) __builtin_fmaf((a), (b), (c))
 
 // op(A) (M, K): A stored (M, K), or (K, M) for the transposed products (dV += P^T dO, dK += dS^T Q).
-#define FP_ATTENTION_A_ROWS(row, k) A[(row) * lda + (k)]
-#define FP_ATTENTION_A_COLS(row, k) A[(k) * lda + (row)]
+#define FP_ATTENTION_A_ROWS(row, k) A[(row)*lda + (k)]
+#define FP_ATTENTION_A_COLS(row, k) A[(k)*lda + (row)]
 
 inline void tile_gemm_baseline(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                                float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
