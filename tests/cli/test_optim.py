@@ -129,6 +129,14 @@ def case_bench_smoke(tmp):
     assert j["precision"] == ["bf16"] and j["all_bits_equal"] is True, j["precision"]
     dev = [v for v in j["variants"] if v["schedule"] == "device"]
     assert len(dev) == 1 and dev[0]["device_optimizer_bytes"] == 12 * j["params"], dev
+    # DeepSeek-V3 in bf16: its routing bias stays f32 (Note [Parameters kept in f32]) and every offloaded
+    # variant still gives offload_serial's bits.
+    from test_train import DEEPSEEK
+    p = run(["bench", "optimizer", "--config", os.path.join(ARGS.configs, "tiny.toml"), "--set",
+             'precision.recipe="bf16"', "--repeats", "5", "--slots", "1", "--json", out]
+            + [a for kv in DEEPSEEK for a in ("--set", kv)])
+    j = json.load(open(out))
+    assert j["precision"] == ["bf16"] and j["all_bits_equal"] is True, (j["precision"], p.stdout)
     p = run(["bench", "optimizer", "--params", "2M", "--set", 'precision.recipe="bf16"'], expect_ok=False)
     assert p.returncode == 1 and "--config" in p.stderr, p.stderr
     p = run(["bench", "optimizer", "--config", os.path.join(ARGS.configs, "tiny.toml"), "--set",
