@@ -4,6 +4,10 @@ the weights and batch of a flatpeak bench case (flatpeak bench step --case FILE)
   fp32-eager   float32, attn_implementation="eager"
   fp32-sdpa    float32, attn_implementation="sdpa" (PyTorch's fused attention)
   bf16-sdpa    bf16 autocast over the forward (weights and optimizer in float32), sdpa
+  fp32-sdpa-ckpt  fp32-sdpa with model.gradient_checkpointing_enable(): each decoder layer's input kept,
+               the layer's forward recomputed in the backward, which is flatpeak's own plan (it keeps
+               the checkpoint boundaries and recomputes the layers: Note [Per-layer checkpointing] in src/step/step.h), so
+               this row compares the same work and the same memory plan
 The loss is flatpeak's: mean cross-entropy of the logits against the case's (already shifted) targets
 plus router_aux_loss_coef times transformers' load-balancing loss. Reports the median step seconds
 over --repeats after --warmup, tokens/s and the process's max RSS, as JSON. Needs torch 2.x and
@@ -34,7 +38,7 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--modes", default="fp32-eager,fp32-sdpa,bf16-sdpa")
+    ap.add_argument("--modes", default="fp32-eager,fp32-sdpa,fp32-sdpa-ckpt,bf16-sdpa")
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count())
     tensors = load_file(a.case)
@@ -48,11 +52,15 @@ def main():
         json.dump(cfg, f)
     results = {}
     for mode in a.modes.split(","):
-        dtype, attn = mode.split("-")
+        dtype, attn, *rest = mode.split("-")
+        if dtype not in ("fp32", "bf16") or attn not in ("eager", "sdpa") or rest not in ([], ["ckpt"]):
+            raise SystemExit(f"bench_transformers: unknown mode {mode!r} (DTYPE-ATTN[-ckpt], e.g. fp32-sdpa-ckpt)")
         # Loaded as a user would: from a Hugging Face directory (transformers maps the per-expert
         # tensors onto its own in-memory layout).
         model = Qwen3MoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
         config = model.config
+        if rest == ["ckpt"]:
+            model.gradient_checkpointing_enable()
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         times = []
