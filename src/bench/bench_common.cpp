@@ -8,8 +8,9 @@
 
 #include "backend/backend.h"
 #include "io/atomic_file.h"
-#include "ops/cpu/convert.h"
+#include "ops/attention.h"
 #include "ops/cpu/blas_setup.h"
+#include "ops/cpu/convert.h"
 #include "ops/cpu/cpu_features.h"
 
 namespace fp::bench {
@@ -45,10 +46,12 @@ void bf16_round_inplace(std::vector<float>& x) {
 void machine_json(nlohmann::json& j) {
   j["blas"] = ops::cpu::blas_setup().str();
   j["cpu"] = ops::cpu::cpu_features().str();
+  j["attention_kernels"] = ops::cpu::attention_kernels();
 }
 
 void machine_print() {
-  fmt::print("GEMMs: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::cpu_features().str());
+  fmt::print("GEMMs: {}\nattention tiles: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::attention_kernels(),
+             ops::cpu::cpu_features().str());
 }
 
 void json_write(const std::string& path, const nlohmann::json& j) {

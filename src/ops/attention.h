@@ -38,4 +38,8 @@ void attention_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, int64_t B, int
 void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv, int64_t B,
                         int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
 
+// The copy of the tile kernels this process runs, "sse2", "avx2" or "avx2+fma" (Note [Tile products with
+// FMA] in ops/cpu/attention_tile.h; FLATPEAK_SIMD lowers it): benchmarks print it beside the GEMM kernels.
+const char* attention_kernels();
+
 }  // namespace fp::ops::cpu

@@ -423,6 +423,8 @@ attention_tile::TileSimd attention_tile::tile_simd_detect() {
 #endif
 }
 
+const char* attention_kernels() { return attention_tile::tile_simd_name(attention_tile::tile_simd); }
+
 const char* attention_tile::tile_simd_name(TileSimd s) {
   switch (s) {
     case TileSimd::baseline:

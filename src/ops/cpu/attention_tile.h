@@ -143,7 +143,8 @@ __attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x
 // explicit 4 x 16 register blocks (eight ymm accumulators, two B vectors, one broadcast A value; a 4 x 8
 // block for the last 8 columns when N % 16 == 8), each step c = fma(a, b, c). Measured on the AMD EPYC
 // of docs/benchmarks.md, one core, a 64 x 64 x 64 tile: 35 GFLOP/s against 22-25 for the unfused
-// copies, where OpenBLAS's sgemm runs 36; the attention kernels forward + backward 1.45x the AVX2 copy.
+// copies, where OpenBLAS's sgemm runs 36; the attention kernels forward + backward 1.45-1.56x the AVX2
+// copy.
 // Every output element is still C + a_0 b_0 + a_1 b_1 + ... in the order of k, one rounding per step:
 // the bits of the scalar loop c = std::fma(a, b, c), which is how it is tested, and not those of the
 // unfused copies (an ulp apart per step; the attention tests' tolerances hold for every copy). The
@@ -151,7 +152,8 @@ __attribute__((target("avx2"))) inline void exp_inplace_avx2(float* __restrict x
 // sees one key still gets the exact zero score gradient. Each copy is deterministic: a schedule and its
 // plain variant on one machine agree bit for bit. FLATPEAK_SIMD=avx2 (or baseline) selects the unfused
 // copies.
-// TransA: A stored (K, M), op(A) = A^T.
+//
+// C (M, N) += op(A) (M, K) B (K, N); TransA: A stored (K, M), op(A) = A^T.
 template <bool TransA = false>
 __attribute__((target("avx2,fma"))) inline void tile_gemm_fma(const float* __restrict A, int64_t lda,
                                                               const float* __restrict B, int64_t ldb,
