@@ -620,8 +620,8 @@ TEST(Attention, SlidingWindowBitwiseDeterministicAcrossThreads) {
 
 // The attention kernels (forward and backward, whole causal sequence) with the SSE2, the AVX2 and (where
 // the CPU has it) the FMA tile products, interleaved in one process: median seconds of 7 and the ratio to
-// SSE2. SSE2 and AVX2 results are bit-identical (Avx2TileProductEqualsBaselineBitwise). Run: build/tests/ops_test_attention --gtest_also_run_disabled_tests
-//   --gtest_filter='*BenchAvx2*'
+// SSE2. SSE2 and AVX2 results are bit-identical (Avx2TileProductEqualsBaselineBitwise). Run:
+//   build/tests/ops_test_attention --gtest_also_run_disabled_tests --gtest_filter='*BenchAvx2*'
 TEST(Attention, DISABLED_BenchAvx2VsBaseline) {
   namespace at = ops::cpu::attention_tile;
   const at::TileSimd best = at::tile_simd;
