@@ -77,13 +77,10 @@ def case_resume_bit_exact_bf16(tmp):
     print("bf16: weights BF16, the f32 master and moments in the optimizer state")
 
 
-# DeepSeek-V3's layer on configs/tiny.toml (tests/dist/dist_check.py's DEEPSEEK), the routing bias moving
-# by 0.01 per step.
-DEEPSEEK = ["model.model_type=deepseek_v3", "model.num_key_value_heads=4", "model.q_lora_rank=24",
-            "model.kv_lora_rank=16", "model.qk_nope_head_dim=12", "model.qk_rope_head_dim=16", "model.v_head_dim=10",
-            "model.n_shared_experts=1", "model.n_group=4", "model.topk_group=2", "model.routed_scaling_factor=2.5",
-            "model.first_k_dense_replace=1", "model.intermediate_size=96", "model.router_aux_loss_coef=0",
-            "moe.bias_update_rate=0.01"]
+# DeepSeek-V3's layer on configs/tiny.toml, the routing bias moving by 0.01 per step: the --set list the
+# multi-process tests use (tests/dist/dist_check.py), so both run the same model.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dist"))
+from dist_check import DEEPSEEK  # noqa: E402
 
 
 def case_resume_bit_exact_bf16_deepseek(tmp):
