@@ -89,8 +89,10 @@ int bench_step_run(const BenchStepOptions& o) {
     views.push_back({"targets", DType::DType_I32, {batch.B, batch.T}, batch.targets.data()});
     safetensors_write(o.case_path, views, {{"config", model_config_hf_json(m)}});
   }
-  log_info("bench step: {} x {} tokens, {:.2f} M parameters, {} warmup + {} timed steps", batch.B, batch.T,
-           static_cast<double>(m.param_count()) / 1e6, o.warmup, o.repeats);
+  log_info("bench step: {} x {} tokens, {:.2f} M parameters, {} warmup + {} timed steps; {}", batch.B, batch.T,
+           static_cast<double>(m.param_count()) / 1e6, o.warmup, o.repeats,
+           cfg.schedules.ckpt.recompute ? "each layer recomputed in the backward (ckpt.recompute = true)"
+                                        : "every layer's activations kept, none recomputed (ckpt.recompute = false)");
   std::vector<double> times, gemm_secs, gemm_flops;
   for (int i = 0; i < o.warmup + o.repeats; ++i) {
     ops::gemm_profile() = {};
@@ -119,6 +121,7 @@ int bench_step_run(const BenchStepOptions& o) {
   nlohmann::json j = ledger_peaks_json(be->device_ledger());
   j["engine"] = "flatpeak";
   j["tokens"] = batch.B * batch.T;
+  j["recompute"] = cfg.schedules.ckpt.recompute;  // Note [No recompute] in step/step.h
   j["step_seconds_median"] = step_s;
   j["step_seconds"] = times;
   j["tokens_per_s"] = static_cast<double>(batch.B * batch.T) / step_s;

@@ -56,11 +56,13 @@ int step_with(const StepOptions& o, RunConfig& cfg) {
     log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
   }
   const ModelConfig& m = cfg.model;
-  log_info("{}: {} layers, hidden {}, {} experts (top-{}), vocab {}, {:.2f} M parameters; batch {} x {} tokens on {}; "
-           "precision {}",
-           cfg.source, m.num_hidden_layers, m.hidden_size, m.num_experts, m.num_experts_per_tok, m.vocab_size,
-           static_cast<double>(m.param_count()) / 1e6, cfg.train.batch_size, cfg.train.seq_len, be->name(),
-           precision_describe(cfg.schedules.precision));
+  log_info(
+      "{}: {} layers, hidden {}, {} experts (top-{}), vocab {}, {:.2f} M parameters; batch {} x {} tokens on {}; "
+      "precision {}{}",
+      cfg.source, m.num_hidden_layers, m.hidden_size, m.num_experts, m.num_experts_per_tok, m.vocab_size,
+      static_cast<double>(m.param_count()) / 1e6, cfg.train.batch_size, cfg.train.seq_len, be->name(),
+      precision_describe(cfg.schedules.precision),
+      cfg.schedules.ckpt.recompute ? "" : "; every layer's activations kept (ckpt.recompute = false)");
   Model model(m, *be, profile, cfg.schedules);
   model.init_weights(m.seed);
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, o.data_seed);

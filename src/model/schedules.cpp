@@ -93,7 +93,8 @@ bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::
     } catch (const Error& e) {
       throw Error(fmt::format("{}: {}: {}", source, key, e.what()), e.hint());
     }
-  } else if (key == "moe.dispatch") d.kind = enum_parse(source, key, v, kDispatch);
+  } else if (key == "ckpt.recompute") s.ckpt.recompute = bool_parse(source, key, v);
+  else if (key == "moe.dispatch") d.kind = enum_parse(source, key, v, kDispatch);
   else if (key == "moe.token_chunk") d.token_chunk = number_parse<int64_t>(source, key, v);
   else if (key == "llep.lambda") d.lambda = number_parse<double>(source, key, v);
   else if (key == "llep.alpha") d.alpha = number_parse<double>(source, key, v);
@@ -143,6 +144,12 @@ void schedules_validate(const Schedules& s, std::string_view source, bool auto_o
   FP_CHECK(d.chunk_cap >= 1, kSchedulesHint, "{}: pipelined.chunk_cap = {} must be >= 1", source, d.chunk_cap);
   FP_CHECK(d.token_chunk >= 0, "tokens of a rank per chunk of the MoE block's token side; 0: all at once",
            "{}: moe.token_chunk = {} must be >= 0", source, d.token_chunk);
+  // The chunks bound the MoE token side of the one layer being recomputed; without recompute every layer's
+  // is kept whole (Note [No recompute] in step/step.h), so a chunk size would be ignored: refused instead.
+  FP_CHECK(s.ckpt.recompute || d.token_chunk == 0,
+           "set moe.token_chunk = 0 (the kept layers are whole), or ckpt.recompute = true (the chunks bound the "
+           "layer being recomputed)",
+           "{}: moe.token_chunk = {} needs ckpt.recompute = true", source, d.token_chunk);
   FP_CHECK(d.max_chunks >= 1, kSchedulesHint, "{}: pipelined.max_chunks = {} must be >= 1", source, d.max_chunks);
 }
 

@@ -30,6 +30,10 @@ struct CkptSchedule {
   enum class Kind { Kind_device, Kind_sco };
   Kind kind = Kind::Kind_device;            // device: all L on the device; sco: offloaded to host
   uint64_t host_budget = kUnlimitedBytes;   // sco: host bytes for boundaries; the rest stay on device
+  // ckpt.recompute: true, the backward recomputes each layer from its boundary (Note [Per-layer
+  // checkpointing] in step/step.h); false, the forward keeps every layer's activations for the backward
+  // and no layer runs twice (Note [No recompute]): L layers' activations for about a third less work.
+  bool recompute = true;
 };
 
 // Expert dispatch (sched/dispatch/dispatch.h): how routed copies reach their experts when W > 1.

@@ -128,8 +128,10 @@ void describe(const Input& in, Result& r) {
       break;
   }
   f[static_cast<int>(kAct)] =
-      "one layer's recompute and backward (N x {H, Q, Kv}, the token side N k x H, the "
-      "experts' rows x I), or the head";
+      s.ckpt.recompute ? "one layer's recompute and backward (N x {H, Q, Kv}, the token side N k x H, the "
+                         "experts' rows x I), or the head"
+                       : "every layer's activations, kept from forward to backward (ckpt.recompute = false: L x "
+                         "(N x {H, Q, Kv}, the token side N k x H, the experts' rows x I))";
   f[static_cast<int>(kCkpt)] = s.ckpt.kind == CkptSchedule::Kind::Kind_sco
                                    ? "2 x N x H (the last boundary and one restored; + any beyond the host budget)"
                                    : "L x N x H";

@@ -37,6 +37,7 @@ nlohmann::ordered_json schedule_json(const Schedules& s) {
     j["membership"] = d.strided ? "strided" : "contiguous";
   }
   if (s.ckpt.kind == CkptSchedule::Kind::Kind_sco) j["host_budget"] = bytes_or_null(s.ckpt.host_budget);
+  j["recompute"] = s.ckpt.recompute;
   if (s.optim.kind == OptimSchedule::Kind::Kind_offload_stream) {
     j["bucket_params"] = s.optim.bucket_params;
     j["slots"] = s.optim.slots;
@@ -154,11 +155,13 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
   out += fmt::format("precision: params {}, grads {}, activations {}, master {}, moments {}, logits {}, router {}\n",
                      dtype_name(d.params), dtype_name(d.grads), dtype_name(d.activations), dtype_name(d.master),
                      dtype_name(d.moments), dtype_name(d.logits), dtype_name(d.router));
-  out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}, optim {}{}\n", schedule_name(r.sched.dispatch.kind),
+  out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}{}, optim {}{}\n", schedule_name(r.sched.dispatch.kind),
                      schedule_name(r.sched.vocab.kind), schedule_name(r.sched.ckpt.kind),
+                     r.sched.ckpt.recompute ? "" : " (no recompute: every layer's activations kept)",
                      schedule_name(r.sched.optim.kind),
-                     in.settings.sched.optim.kind == OptimSchedule::Kind::Kind_auto ? " (auto: device when it fits, else serial offload)"
-                                                                   : "");
+                     in.settings.sched.optim.kind == OptimSchedule::Kind::Kind_auto
+                         ? " (auto: device when it fits, else serial offload)"
+                         : "");
   out += fmt::format("  {:<12} {:>12} {:>14}  {}\n", "category", "peak", "at step peak", "status");
   for (Category cat : kAllCategories) {
     const int i = static_cast<int>(cat);

@@ -17,7 +17,8 @@ constexpr const char* kKeysHint =
     "vocab.block_tokens= vocab.ring_mode= vocab.keep_strips= pipelined.chunk_cap= pipelined.max_chunks= "
     "pipelined.membership=strided|contiguous llep.lambda= llep.alpha= llep.min_tokens_per_gemm= "
     "moe.token_chunk= (0: the whole token side at once) optim.bucket_params= optim.slots= "
-    "optim.update_on=device|host ckpt.host_budget=SIZE | batch= rank= | routing=balanced|hot:R:H | "
+    "optim.update_on=device|host ckpt.host_budget=SIZE ckpt.recompute=true|false | batch= rank= | "
+    "routing=balanced|hot:R:H | "
     "precision.recipe=fp32|bf16 | precision.params= precision.grads= precision.activations= precision.master= "
     "precision.moments= precision.logits= precision.router= (f32|bf16|f16) | dtype=D (every field) | "
     "aliases: dispatch= vocab= ckpt= optim= block_tokens= chunk_tokens= chunk_cap= ckpt_host_budget= ... "
@@ -44,6 +45,7 @@ constexpr std::pair<std::string_view, std::string_view> kAliases[] = {
     {"slots", "optim.slots"},
     {"update_on", "optim.update_on"},
     {"ckpt_host_budget", "ckpt.host_budget"},
+    {"recompute", "ckpt.recompute"},
     {"dtype.weights", "precision.params"},
     {"dtype.grads", "precision.grads"},
     {"dtype.activations", "precision.activations"},

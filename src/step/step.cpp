@@ -1,5 +1,5 @@
 // The step orchestrator (step.h): inputs, the layers with checkpointing, the load-balancing loss, the
-// head, the backward with recompute; each unit of dense weights gathered around its use.
+// head, the backward with recompute (or on the kept activations); each unit of dense weights gathered around its use.
 // Legend: n = B * T tokens, H hidden, L layers, E experts, V vocabulary.
 #include "step/step.h"
 
@@ -70,26 +70,40 @@ Tensor aux_loss_compute(const ModelConfig& cfg, Backend& be, Comm& comm, const s
   return aux_bias;
 }
 
-// Backward with recompute, last layer first (Note [Per-layer checkpointing]): dx (n, H) in d x_L, out
-// d x_0. Each layer's boundary leaves the store once used.
-void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, const Tensor& aux_bias, Tensor& dx) {
+// What the backward of one layer reads when it is not recomputed (Note [No recompute]): kept by the
+// forward, freed by the backward.
+struct LayerActs {
+  AttnActs attn;
+  Tensor x1;  // (n, H) the attention block's output, the MoE or MLP block's input
+  MoeActs moe;
+  MlpActs mlp;
+};
+
+// Backward, last layer first: dx (n, H) in d x_L, out d x_0. Each layer is recomputed from its boundary
+// (Note [Per-layer checkpointing]), or with `kept` its backward reads what the forward kept (Note [No
+// recompute]). Each layer's boundary leaves the store once used.
+void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, const Tensor& aux_bias, Tensor& dx,
+                     std::vector<LayerActs>* kept) {
   const ModelConfig& cfg = s.cfg;
   for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
     const LayerParams& lp = params.layers[l];
     params.unit_gather(params.unit_layer(l));
     params.unit_grad_begin(params.unit_layer(l));
-    AttnActs attn;
+    LayerActs local;
+    LayerActs& a = kept != nullptr ? (*kept)[l] : local;
     const Tensor& xl = store.get(l);
-    Tensor x1 = attn_block_forward(s, lp, xl, &attn);
+    if (kept == nullptr) a.x1 = attn_block_forward(s, lp, xl, &a.attn);
     if (cfg.layer_is_sparse(l)) {
-      moe_block_recompute_backward(s, lp, x1, aux_bias, dx);
+      if (kept == nullptr)
+        moe_block_recompute_backward(s, lp, a.x1, aux_bias, dx);
+      else
+        moe_block_backward(s, lp, a.x1, a.moe, aux_bias, dx);
     } else {
-      MlpActs mlp;
-      mlp_block_forward(s, lp, x1, &mlp, Category::Category_activations, "mlp.x2").reset();
-      mlp_block_backward(s, lp, x1, mlp, dx);
+      if (kept == nullptr) mlp_block_forward(s, lp, a.x1, &a.mlp, Category::Category_activations, "mlp.x2").reset();
+      mlp_block_backward(s, lp, a.x1, a.mlp, dx);
     }
-    x1.reset();
-    attn_block_backward(s, lp, xl, attn, dx);
+    a.x1.reset();
+    attn_block_backward(s, lp, xl, a.attn, dx);
     store.release(l);
     // Each rank's gradient is that of its tokens' share of the loss; the shards get the sum.
     params.unit_grad_reduce(params.unit_layer(l));
@@ -149,6 +163,9 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   // rank the unit calls do nothing.
   std::unique_ptr<BoundaryStore> store = boundary_store_create(sched.ckpt, be, L);
   std::vector<RouterStats> stats(static_cast<size_t>(L));
+  // Note [No recompute]: every layer's activations, kept by the forward for the backward.
+  const bool keep = backward && !sched.ckpt.recompute;
+  std::vector<LayerActs> kept(keep ? static_cast<size_t>(L) : 0);
   params.unit_gather(params.unit_embed());
   Tensor x = be.alloc(Category::Category_checkpoints, {n, H}, s.precision.activations, "ckpt.layer0");
   K.embedding_forward(tokens.i32(), params.embed_tokens->w.cbuf(), x.buf(), n, H);
@@ -156,7 +173,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   for (int64_t l = 0; l < L; ++l) {
     const LayerParams& lp = params.layers[l];
     params.unit_gather(params.unit_layer(l));
-    Tensor x1 = attn_block_forward(s, lp, x, nullptr);
+    Tensor x1 = attn_block_forward(s, lp, x, keep ? &kept[l].attn : nullptr);
     if (backward) {
       store->put(l, std::move(x));
     } else {
@@ -165,8 +182,11 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     const bool last = l + 1 == L;
     const Category out_cat = last ? Category::Category_activations : Category::Category_checkpoints;
     const std::string out_name = last ? "final.x" : fmt::format("ckpt.layer{}", l + 1);
-    x = cfg.layer_is_sparse(l) ? moe_block_forward(s, lp, x1, nullptr, &stats[l], out_cat, out_name)
-                               : mlp_block_forward(s, lp, x1, nullptr, out_cat, out_name);
+    if (cfg.layer_is_sparse(l))
+      x = moe_block_forward(s, lp, x1, keep ? &kept[l].moe : nullptr, &stats[l], out_cat, out_name);
+    else
+      x = mlp_block_forward(s, lp, x1, keep ? &kept[l].mlp : nullptr, out_cat, out_name);
+    if (keep) kept[l].x1 = std::move(x1);
     x1.reset();
     params.unit_release(params.unit_layer(l));
   }
@@ -197,7 +217,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     return out;
   }
 
-  layers_backward(s, params, *store, aux_bias, dx);
+  layers_backward(s, params, *store, aux_bias, dx, keep ? &kept : nullptr);
   store->clear();
   params.unit_grad_begin(params.unit_embed());
   K.embedding_backward(tokens.i32(), dx.cbuf(), params.embed_tokens->g.buf(), n, H);

@@ -9,6 +9,14 @@
 // layer l from x_l keeping its intermediates (activations), run its backward, free x_l. So at any
 // time the activations of one layer exist, plus L boundaries: the peak SCO flattens.
 //
+// Note [No recompute]: with ckpt.recompute = false the forward keeps, per layer, what the backward reads
+// (the attention block's AttnActs, x1, and the MoE or MLP block's acts, all category activations) besides
+// the boundary x_l, and the backward runs each layer's backward on them: no layer runs twice. The forward
+// with keep is the same arithmetic as the recompute, so the loss and every gradient are bit for bit those
+// of the plain plan (tests/step/test_step.cpp); what changes is the activations peak, L layers' instead of
+// one's, and the time, one forward less. This is transformers without gradient checkpointing. The MoE
+// token side then runs whole: moe.token_chunk, which bounds the layer being recomputed, is refused with it.
+//
 // Loss = mean cross-entropy over target tokens (-100 ignored) + router_aux_loss_coef * aux, where aux is
 // Hugging Face's load_balancing_loss_func over all layers' router outputs concatenated:
 //   aux = E * sum_e (C_e / R) * (P_e / R),  R = L * n rows, C_e routed copies of expert e over all

@@ -123,6 +123,7 @@ std::vector<Field> schema(RunConfig& c, StringKeys& strings) {
       {"vocab", "keep_strips", K::Kind_bool, false, b(&c.schedules.vocab.keep_strips)},
       {"ckpt", "schedule", K::Kind_string, false, str(&strings.ckpt_schedule)},
       {"ckpt", "host_budget", K::Kind_string, false, str(&strings.ckpt_host_budget)},
+      {"ckpt", "recompute", K::Kind_bool, false, b(&c.schedules.ckpt.recompute)},
       {"data", "source", K::Kind_string, false, str(&c.data.source)},
       {"data", "task", K::Kind_string, false, str(&c.data.task)},
       {"data", "pairs", K::Kind_int, false, i64(&c.data.pairs)},
@@ -397,6 +398,11 @@ std::string oom_hint(Category c, const std::string& space, const RunConfig& cfg)
     case Category::Category_vocab:
       if (s.vocab.kind == VocabSchedule::Kind::Kind_ring)
         return "vocab.schedule is already ring: lower vocab.block_tokens (block_tokens x V/P logit strips)";
+      break;
+    case Category::Category_activations:
+      if (!s.ckpt.recompute)
+        return "ckpt.recompute is false: every layer's activations stay from forward to backward; set "
+               "ckpt.recompute = true to keep one layer's at a time (the backward recomputes each layer)";
       break;
     case Category::Category_checkpoints:
       if (s.ckpt.kind == CkptSchedule::Kind::Kind_sco)

@@ -11,7 +11,7 @@
 //   [llep]   lambda, alpha, min_tokens_per_gemm                      (LLEP plan)
 //   [pipelined] chunk_cap, max_chunks, membership = "strided" | "contiguous"  (PipelinedLLEP)
 //   [vocab]  schedule = "full" | "ring", block_tokens, ring_mode, keep_strips        (Ring-DTP)
-//   [ckpt]   schedule = "device" | "sco", host_budget                                 (SCO)
+//   [ckpt]   schedule = "device" | "sco", host_budget, recompute                      (SCO)
 //   [optim]  also schedule = "device" | "offload_serial" | "offload_stream", bucket_params, slots,
 //            update_on                                                                (OffloadStreamAdamW)
 //   [precision] recipe = "fp32" | "bf16", then per-field overrides params, grads, activations, master,

@@ -433,13 +433,13 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
            "the checkpoint is at step {} of {}: nothing to do", start, total);
 
   if (lead)
-    log_info("{}: {:.2f} M parameters ({}: {} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
-           "{} steps on {} (device memory {}); precision {}; outputs in {}",
-           cfg.source, static_cast<double>(m.param_count()) / 1e6, model_type_name(m.model_type), m.num_hidden_layers,
-           m.hidden_size,
-           m.num_experts, m.num_experts_per_tok, m.vocab_size, cfg.train.batch_size, cfg.train.seq_len, total,
-           be->name(), bytes_format(be->device_ledger().capacity()), precision_describe(cfg.schedules.precision),
-           o.out);
+    log_info(
+        "{}: {:.2f} M parameters ({}: {} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
+        "{} steps on {} (device memory {}); precision {}{}; outputs in {}",
+        cfg.source, static_cast<double>(m.param_count()) / 1e6, model_type_name(m.model_type), m.num_hidden_layers,
+        m.hidden_size, m.num_experts, m.num_experts_per_tok, m.vocab_size, cfg.train.batch_size, cfg.train.seq_len,
+        total, be->name(), bytes_format(be->device_ledger().capacity()), precision_describe(cfg.schedules.precision),
+        cfg.schedules.ckpt.recompute ? "" : "; every layer's activations kept (ckpt.recompute = false)", o.out);
   if (lead && comm.size() > 1)
     log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence (context parallel, zig-zag pieces)",
              comm.size(), comm.name(), cfg.train.seq_len / comm.size(), cfg.train.seq_len);

@@ -52,10 +52,18 @@ def case_resume_bit_exact(tmp, extra=()):
     fa = open(os.path.join(a, "checkpoint", "model.safetensors"), "rb").read()
     fb = open(os.path.join(b, "checkpoint", "model.safetensors"), "rb").read()
     assert fa == fb, "final weights differ between the uninterrupted and the resumed run"
+    # Keeping every layer's activations (Note [No recompute]) trains the same run bit for bit.
+    c = os.path.join(tmp, "c")
+    run(common + ["--out", c, "--set", "ckpt.recompute=false"])
+    for x, y in zip(ma, metrics(c)):
+        for key in ("loss", "aux_loss", "grad_norm"):
+            assert x[key] == y[key], f"step {x['step']} {key}: recompute {x[key]!r} vs no recompute {y[key]!r}"
+    fc = open(os.path.join(c, "checkpoint", "model.safetensors"), "rb").read()
+    assert fa == fc, "final weights differ between ckpt.recompute = true and false"
     # A different config is refused on resume.
     p = run(common + ["--out", b, "--resume", b, "--set", "optim.lr=0.1"], expect_ok=False)
     assert p.returncode == 1 and "another configuration" in p.stderr, p.stderr
-    print("resumed losses equal the uninterrupted run bit for bit over 10 steps")
+    print("resumed losses, and those without recompute, equal the uninterrupted run bit for bit over 10 steps")
 
 
 def safetensors_header(path):

@@ -233,6 +233,16 @@ TEST(Config, SchedulesByTheirOneName) {
   expect_error(tiny_text(), {"pipelined.chunk_cap=0"}, {"pipelined.chunk_cap = 0 must be >= 1"});
   expect_error(tiny_text(), {"moe.token_chunk=-1"}, {"moe.token_chunk = -1 must be >= 0"});
   expect_error(tiny_text(), {"vocab.schedule=rings"}, {"vocab.schedule", "not one of full|ring"});
+  // ckpt.recompute (Note [No recompute] in step/step.h): true by default, a boolean, and refused beside
+  // moe.token_chunk, which bounds the layer being recomputed.
+  EXPECT_TRUE(config_parse(tiny_text(), "tiny.toml", {}).schedules.ckpt.recompute);
+  EXPECT_FALSE(config_parse(tiny_text(), "tiny.toml", {"ckpt.recompute=false"}).schedules.ckpt.recompute);
+  Schedules no_recompute;
+  ASSERT_TRUE(schedules_set(no_recompute, "ckpt.recompute", "false", "test"));
+  EXPECT_FALSE(no_recompute.ckpt.recompute);
+  expect_error(tiny_text(), {"ckpt.recompute=false", "moe.token_chunk=64"},
+               {"moe.token_chunk = 64 needs ckpt.recompute = true"});
+  expect_error(tiny_text(), {"ckpt.recompute=maybe"}, {"ckpt.recompute"});
   Schedules planner = want;
   planner.optim.kind = OptimSchedule::Kind::Kind_auto;
   EXPECT_NO_THROW(schedules_validate(planner, "test", /*auto_optim=*/true));

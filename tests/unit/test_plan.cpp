@@ -139,6 +139,12 @@ TEST(PlanSettings, RunConfigNames) {
       EXPECT_NE(e.hint().find("pipelined.chunk_cap="), std::string::npos) << e.hint();
     }
   }
+  // ckpt.recompute under both spellings (Note [No recompute] in step/step.h).
+  for (const char* it : {"ckpt.recompute=false", "recompute=false"}) {
+    Settings t;
+    settings_apply(t, it);
+    EXPECT_FALSE(t.sched.ckpt.recompute) << it;
+  }
 }
 
 TEST(PlanSettings, ContextLengths) {

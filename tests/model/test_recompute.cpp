@@ -1,0 +1,203 @@
+// ckpt.recompute = false (Note [No recompute] in step/step.h) against the plain recompute plan on the same
+// inputs: the loss and every gradient bit for bit (the forward with keep is the recompute's arithmetic),
+// on Qwen3-MoE with a dense layer and on DeepSeek-V3 (MLA, shared expert), fp32 and bf16, one rank and two
+// (FSDP units, ring attention, expert parallelism with each dispatch), with SCO; no layer's forward runs
+// twice; the activations peak holds every layer's (it grows with depth, where the plain plan's does not);
+// and meta allocates as cpu, event for event (the planner's promise).
+// Legend: L layers, W ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "../common/deepseek_config.h"
+#include "backend/backend.h"
+#include "bench/bench_common.h"
+#include "comm/thread_comm.h"
+#include "core/precision.h"
+#include "core/units.h"
+#include "data/context_split.h"
+#include "data/random_batch.h"
+#include "step/step.h"
+
+namespace fp {
+
+namespace {
+
+// Qwen3-MoE, L layers, layer 1 dense (mlp_only_layers).
+ModelConfig qwen_config(int64_t layers) {
+  ModelConfig m;
+  m.hidden_size = 24;
+  m.num_hidden_layers = layers;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 8;
+  m.num_experts = 6;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 20;
+  m.intermediate_size = 28;
+  m.mlp_only_layers = {1};
+  m.vocab_size = 50;
+  m.rope_theta = 10000;
+  m.rms_norm_eps = 1e-6;
+  m.norm_topk_prob = true;
+  m.router_aux_loss_coef = 0.01;
+  m.seed = 7;
+  return m;
+}
+
+struct StepResult {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;  // every parameter's whole gradient, widened, in layout() order
+  uint64_t activations_peak = 0;          // rank 0's device ledger
+  int64_t attention_forwards = 0;         // rank 0's allocations of attn.h1: one per attention forward
+  std::vector<LedgerEvent> events;        // rank 0's device ledger
+};
+
+// One forward+backward of m on W ranks (a thread world when W > 1, each rank its zig-zag piece of one
+// batch of 2 x 64 tokens) on `device`.
+StepResult step_run(const ModelConfig& m, const Schedules& sched, const char* profile, int W,
+                    const char* device = "cpu") {
+  const Batch global = batch_random(2, 64, m.vocab_size, 9);
+  StepResult r;
+  auto body = [&](Comm* comm) {
+    auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
+    Model model(m, *be, routing_profile_parse(profile), sched, comm);
+    if (be->computes()) model.init_weights(m.seed);
+    model.zero_grads();
+    const int rank = comm ? comm->rank() : 0;
+    const StepOutputs out = step_forward_backward(model, comm ? context_slice(global, rank, W) : global);
+    if (be->computes()) {
+      for (const ParamInfo& p : model.params().layout()) {  // collective: every rank, the same order
+        std::vector<float> host(static_cast<size_t>(p.shape.numel()));
+        model.params().full_gather(p, p.local ? &p.local->local_g() : nullptr, host.data());
+        if (rank == 0) r.grads.push_back(std::move(host));
+      }
+    }
+    if (rank != 0) return;
+    r.loss = out.loss;
+    r.activations_peak = be->device_ledger().peak(Category::Category_activations);
+    r.events = be->device_ledger().events();
+    for (const LedgerEvent& e : r.events) r.attention_forwards += e.alloc && e.tag == "attn.h1";
+  };
+  if (W == 1) {
+    body(nullptr);
+  } else {
+    ThreadWorld world(W);
+    world.run([&](Comm& comm) { body(&comm); });
+  }
+  return r;
+}
+
+Schedules schedules(const char* recipe, bool recompute) {
+  Schedules s;
+  s.precision = precision_recipe(recipe);
+  s.ckpt.recompute = recompute;
+  return s;
+}
+
+// The same loss and gradients, bit for bit; on failure names the first differing value.
+void expect_bitwise_equal(const StepResult& a, const StepResult& b) {
+  EXPECT_TRUE(std::isfinite(a.loss));
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(double)), 0) << "loss " << a.loss << " vs " << b.loss;
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  ASSERT_GT(a.grads.size(), 10u);
+  for (size_t p = 0; p < a.grads.size(); ++p) {
+    ASSERT_EQ(a.grads[p].size(), b.grads[p].size());
+    for (size_t i = 0; i < a.grads[p].size(); ++i)
+      if (std::memcmp(&a.grads[p][i], &b.grads[p][i], sizeof(float)) != 0) {
+        ADD_FAILURE() << "parameter " << p << " element " << i << ": " << a.grads[p][i] << " vs " << b.grads[p][i];
+        break;
+      }
+  }
+}
+
+struct Case {
+  const char* name;
+  ModelConfig model;
+  const char* profile;
+  int W;
+  DispatchSchedule::Kind dispatch = DispatchSchedule::Kind::Kind_standard;
+  CkptSchedule::Kind ckpt = CkptSchedule::Kind::Kind_device;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"qwen3 router W=1", qwen_config(3), "router", 1},
+      {"qwen3 router W=1 sco", qwen_config(3), "router", 1, DispatchSchedule::Kind::Kind_standard,
+       CkptSchedule::Kind::Kind_sco},
+      {"deepseek W=1", deepseek_small_config(3, 12, 1), "balanced", 1},
+      {"qwen3 hot W=2 standard", qwen_config(3), "hot:0.7:2", 2},
+      {"qwen3 hot W=2 llep", qwen_config(3), "hot:0.7:2", 2, DispatchSchedule::Kind::Kind_llep},
+      {"qwen3 hot W=2 pipelined_llep sco", qwen_config(3), "hot:0.7:2", 2, DispatchSchedule::Kind::Kind_pipelined_llep,
+       CkptSchedule::Kind::Kind_sco},
+      {"deepseek W=2", deepseek_small_config(3, 12, 1), "balanced", 2},
+  };
+}
+
+}  // namespace
+
+// Keeping every layer's activations changes no bit of the step, only which buffers live when; and the
+// forward of no layer runs twice (the plain plan runs each attention forward twice).
+TEST(NoRecompute, SameStepBitForBit) {
+  for (const Case& c : cases()) {
+    for (const char* recipe : {"fp32", "bf16"}) {
+      SCOPED_TRACE(fmt::format("{} {}", c.name, recipe));
+      Schedules plain = schedules(recipe, true);
+      plain.dispatch.kind = c.dispatch;
+      plain.dispatch.lambda = 1.0;  // llep plans (the hot profile is imbalanced)
+      plain.ckpt.kind = c.ckpt;
+      Schedules keep = plain;
+      keep.ckpt.recompute = false;
+      const StepResult a = step_run(c.model, plain, c.profile, c.W);
+      const StepResult b = step_run(c.model, keep, c.profile, c.W);
+      expect_bitwise_equal(a, b);
+      const int64_t L = c.model.num_hidden_layers;
+      EXPECT_EQ(a.attention_forwards, 2 * L);
+      EXPECT_EQ(b.attention_forwards, L);
+      EXPECT_GT(b.activations_peak, a.activations_peak);
+    }
+  }
+}
+
+// The plain plan's activations peak is one layer's whatever the depth; without recompute it holds every
+// layer's, so it grows by the same bytes with each layer added (meta: exact bytes at no cost).
+TEST(NoRecompute, ActivationsPeakHoldsEveryLayer) {
+  uint64_t peak[2][3] = {};
+  const int64_t depths[3] = {4, 8, 12};
+  for (int keep = 0; keep < 2; ++keep)
+    for (int d = 0; d < 3; ++d)
+      peak[keep][d] =
+          step_run(qwen_config(depths[d]), schedules("fp32", keep == 0), "balanced", 1, "meta").activations_peak;
+  EXPECT_EQ(peak[0][0], peak[0][1]);
+  EXPECT_EQ(peak[0][1], peak[0][2]);
+  EXPECT_GT(peak[1][1], peak[1][0]);
+  EXPECT_EQ(peak[1][2] - peak[1][1], peak[1][1] - peak[1][0]);  // 4 more (sparse) layers, the same bytes
+  EXPECT_GT(peak[1][1] - peak[1][0], peak[0][0]) << "4 layers kept outweigh one layer recomputed with its backward";
+}
+
+// The planner runs the step on meta: without recompute it must allocate as cpu, event for event.
+TEST(NoRecompute, MetaAllocatesAsCpu) {
+  for (const Case& c : cases()) {
+    if (c.W > 1) continue;  // meta on W ranks: tests/dist (plan_case)
+    for (const char* recipe : {"fp32", "bf16"}) {
+      SCOPED_TRACE(fmt::format("{} {}", c.name, recipe));
+      Schedules s = schedules(recipe, false);
+      s.ckpt.kind = c.ckpt;
+      const char* profile = std::string(c.profile) == "router" ? "hot:0.7:2" : c.profile;  // meta needs one
+      const StepResult cpu = step_run(c.model, s, profile, 1, "cpu");
+      const StepResult meta = step_run(c.model, s, profile, 1, "meta");
+      ASSERT_EQ(cpu.events.size(), meta.events.size());
+      for (size_t i = 0; i < cpu.events.size(); ++i) {
+        const LedgerEvent &x = cpu.events[i], &y = meta.events[i];
+        ASSERT_EQ(x.alloc, y.alloc) << "event " << i << " " << x.tag;
+        ASSERT_EQ(x.tag, y.tag) << "event " << i;
+        ASSERT_EQ(x.category, y.category) << "event " << i << " " << x.tag;
+        ASSERT_EQ(x.bytes, y.bytes) << "event " << i << " " << x.tag;
+        ASSERT_EQ(x.total_after, y.total_after) << "event " << i << " " << x.tag;
+      }
+    }
+  }
+}
+
+}  // namespace fp
