@@ -579,6 +579,13 @@ def case_oom_hints(tmp):
     assert p.returncode == 1 and "out of host memory" in p.stderr and "raise --host-mem" in p.stderr, p.stderr
     p = run(t + ["--out", os.path.join(tmp, "e"), "--device-mem", "3MiB"], expect_ok=False)
     assert p.returncode == 1 and "hint:" in p.stderr and "already" not in p.stderr, p.stderr
+    # Every layer's activations kept: 12 MiB holds the recompute plan's step but not this one, and the
+    # hint names the setting that gives the memory back.
+    run(t + ["--out", os.path.join(tmp, "f"), "--device-mem", "12MiB"])
+    p = run(t + ["--out", os.path.join(tmp, "g"), "--device-mem", "12MiB", "--set", "ckpt.recompute=false"],
+            expect_ok=False)
+    assert p.returncode == 1 and "category 'activations'" in p.stderr, p.stderr
+    assert "set ckpt.recompute = true" in p.stderr, p.stderr
     print("SCO short of host memory warns at launch; out-of-memory hints know the schedule in use")
 
 
