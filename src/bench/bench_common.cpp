@@ -47,11 +47,12 @@ void machine_json(nlohmann::json& j) {
   j["blas"] = ops::cpu::blas_setup().str();
   j["cpu"] = ops::cpu::cpu_features().str();
   j["attention_kernels"] = ops::cpu::attention_kernels();
+  j["attention_backward"] = ops::cpu::attention_backward_sweep();
 }
 
 void machine_print() {
-  fmt::print("GEMMs: {}\nattention tiles: {}\ncpu: {}\n", ops::cpu::blas_setup().str(), ops::cpu::attention_kernels(),
-             ops::cpu::cpu_features().str());
+  fmt::print("GEMMs: {}\nattention tiles: {}; backward: {}\ncpu: {}\n", ops::cpu::blas_setup().str(),
+             ops::cpu::attention_kernels(), ops::cpu::attention_backward_sweep(), ops::cpu::cpu_features().str());
 }
 
 void json_write(const std::string& path, const nlohmann::json& j) {

@@ -41,5 +41,8 @@ void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf d
 // The copy of the tile kernels this process runs, "sse2", "avx2" or "avx2+fma" (Note [Tile products with
 // FMA] in ops/cpu/attention_tile.h; FLATPEAK_SIMD lowers it): benchmarks print it beside the GEMM kernels.
 const char* attention_kernels();
+// How the backward runs (Note [One backward sweep where the dQ sums fit] in ops/cpu/attention_block.cpp):
+// "one sweep where the dQ sums fit, else two passes", or the one FLATPEAK_ATTENTION_BACKWARD forces.
+const char* attention_backward_sweep();
 
 }  // namespace fp::ops::cpu

@@ -567,8 +567,8 @@ int64_t visible_tile_pairs(int64_t T, int64_t window) {
 
 // Tiles outside the band are skipped, counted (not timed): the kernels' own count of tile products
 // (attention_tile::tile_pairs_computed) equals B * nh * (the tile pairs holding a visible pair) in the
-// forward and twice that in the backward (dK/dV pass and dQ pass). Causal at T = 2048: 528 of the
-// 1024 pairs; a window of 128 keeps 93 (a query tile meets at most 3 key tiles), so the work falls with w.
+// forward and twice that in the two-pass backward (dK/dV pass and dQ pass), once in the one sweep. Causal at T = 2048:
+// 528 of the 1024 pairs; a window of 128 keeps 93 (a query tile meets at most 3 key tiles), so the work falls with w.
 TEST(Attention, SlidingWindowSkipsTilesOutsideTheBand) {
   namespace at = ops::cpu::attention_tile;
   EXPECT_EQ(visible_tile_pairs(2048, 0), 528);
@@ -589,11 +589,19 @@ TEST(Attention, SlidingWindowSkipsTilesOutsideTheBand) {
     ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
                                 c.hd, c.hd, in.scale, window);
     const int64_t forward = at::tile_pairs_computed.load() - before;
-    ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(), dq.data(),
-                                 dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, window);
-    const int64_t backward = at::tile_pairs_computed.load() - before - forward;
     EXPECT_EQ(forward, want) << l;
-    EXPECT_EQ(backward, 2 * want) << l;
+    // Each pair once per pass; once in all with the one sweep (Note [One backward sweep where the dQ sums
+    // fit] in ops/cpu/attention_block.cpp).
+    for (const auto& [sweep, passes] :
+         {std::pair{at::BackwardSweep::two_pass, 2}, std::pair{at::BackwardSweep::one, 1}}) {
+      at::backward_sweep = sweep;
+      const int64_t start = at::tile_pairs_computed.load();
+      ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
+                                   dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale,
+                                   window);
+      EXPECT_EQ(at::tile_pairs_computed.load() - start, passes * want) << l << " passes " << passes;
+    }
+    at::backward_sweep = at::BackwardSweep::automatic;
     std::printf("%s: %lld tile pairs per (b, head) and pass\n", l.c_str(),
                 static_cast<long long>(visible_tile_pairs(c.T, window)));
   }
@@ -760,8 +768,8 @@ TEST(Attention, DISABLED_BenchMatmulEquivalent) {
     std::sort(x.begin(), x.end());
     return x[x.size() / 2];
   };
-  std::printf("attention fwd+bwd vs its matmul-equivalent rate, %d threads, %s tiles, medians of %d\n",
-              omp_get_max_threads(), at::tile_simd_name(at::tile_simd), repeats);
+  std::printf("attention fwd+bwd vs its matmul-equivalent rate, %d threads, %s tiles, backward %s, medians of %d\n",
+              omp_get_max_threads(), at::tile_simd_name(at::tile_simd), ops::cpu::attention_backward_sweep(), repeats);
   std::printf("| shape | operands | attention s | attention GFLOP/s | GEMM GFLOP/s (same products) | ratio |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (const Case& c : {Case{4, 1024, 4, 2, 64}, Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {

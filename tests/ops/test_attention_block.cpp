@@ -633,6 +633,8 @@ int64_t visible_tile_pairs(const std::vector<int32_t>& qp, const std::vector<int
 // and the backward leaves the gradients untouched.
 TEST(AttentionBlock, SlidingWindowSkipsMaskedTilePairs) {
   namespace at = ops::cpu::attention_tile;
+  // The two-pass backward computes each pair once per pass; the one sweep once (checked below).
+  at::backward_sweep = at::BackwardSweep::two_pass;
   const int W = 4;
   const RingProblem p(1, 2048, 2, 1, 8, 31);
   std::vector<int32_t> all(p.T);
@@ -655,7 +657,14 @@ TEST(AttentionBlock, SlidingWindowSkipsMaskedTilePairs) {
     before = at::tile_pairs_computed.load();
     whole_run(p, window);
     EXPECT_EQ(at::tile_pairs_computed.load() - before, 3 * p.B * p.nh * want) << "whole " << l;
+    // Note [One backward sweep where the dQ sums fit]: each visible pair once, for all three sums.
+    at::backward_sweep = at::BackwardSweep::one;
+    before = at::tile_pairs_computed.load();
+    ring_backward(p, x, W, window);
+    EXPECT_EQ(at::tile_pairs_computed.load() - before, p.B * p.nh * want) << "ring backward, one sweep " << l;
+    at::backward_sweep = at::BackwardSweep::two_pass;
   }
+  at::backward_sweep = at::BackwardSweep::automatic;
   // A fully masked block: rank 0's queries (positions 0..255, 1792..2047) against rank 2's keys
   // (512..767, 1280..1535) with a window of 128.
   const int64_t window = 128, N = p.T / W;
@@ -769,6 +778,44 @@ TEST(AttentionBlock, BitwiseDeterministicAcrossThreadsAndRuns) {
     EXPECT_TRUE(op_test::bits_equal(one.dk, other->dk)) << "dk";
     EXPECT_TRUE(op_test::bits_equal(one.dv, other->dv)) << "dv";
   }
+}
+
+// Note [One backward sweep where the dQ sums fit]: the one sweep gives the two passes' bits, dQ, dK and
+// dV, on rings (diagonal, visible and masked block pairs, chunks straddling tiles) and whole sequences,
+// causal and windowed, GQA groups of 1, 2 and 4, value heads of their own width, 1 and 2 threads; and
+// the automatic choice, whichever it makes, gives them too.
+TEST(AttentionBlock, OneSweepEqualsTwoPassBitwise) {
+  namespace at = ops::cpu::attention_tile;
+  const int saved = omp_get_max_threads();
+  const RingProblem problems[] = {RingProblem(2, 2 * 3 * 70, 4, 2, 24, 77), RingProblem(1, 2 * 3 * 50, 2, 2, 16, 78),
+                                  RingProblem(2, 2 * 3 * 45, 8, 2, 24, 79, 40), RingProblem(1, 200, 4, 1, 10, 80, 7)};
+  int compared = 0;
+  for (const RingProblem& p : problems)
+    for (const int64_t window : {int64_t{0}, int64_t{90}})
+      for (const int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        const std::string l = p.label(3) + " window=" + std::to_string(window) + " threads=" + std::to_string(threads);
+        RingResult r[3], wr[3];
+        const at::BackwardSweep sweeps[3] = {at::BackwardSweep::two_pass, at::BackwardSweep::one,
+                                             at::BackwardSweep::automatic};
+        for (int i = 0; i < 3; ++i) {
+          at::backward_sweep = sweeps[i];
+          r[i] = ring_run(p, 3, window);
+          wr[i] = whole_run(p, window);
+        }
+        at::backward_sweep = at::BackwardSweep::automatic;
+        for (int i = 1; i < 3; ++i)
+          for (const auto* pair : {&r, &wr}) {
+            const RingResult &a = (*pair)[0], &b = (*pair)[i];
+            const std::string what = l + (pair == &r ? " ring" : " whole") + (i == 1 ? " one sweep" : " automatic");
+            EXPECT_TRUE(op_test::bits_equal(a.dq, b.dq)) << "dq " << what;
+            EXPECT_TRUE(op_test::bits_equal(a.dk, b.dk)) << "dk " << what;
+            EXPECT_TRUE(op_test::bits_equal(a.dv, b.dv)) << "dv " << what;
+            ++compared;
+          }
+      }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(compared, 4 * 2 * 2 * 2 * 2);
 }
 
 // Queries that see no key of a block: first = true leaves exactly (0, -inf); merging a fully masked

@@ -26,6 +26,19 @@
 // tile products instead of FA2's 10, bought for results that are the same bits for any thread count
 // and any schedule (dynamic scheduling only changes which thread computes an item, never its sums).
 //
+// Note [One backward sweep where the dQ sums fit]: pass 2 exists only because the dQ sums of one query
+// tile must not be shared between items. An item (b, kv head) that walks every key tile in order owns
+// all of them: for each key tile, each head of its group, each query tile (pass 1's loops), it adds
+// dS K into that query tile's dQ accumulator as well, so each dQ sum takes its key tiles in ascending
+// order exactly as pass 2 does, from the same P and dS (tile_probs_and_score_grads) with the same
+// product, and dK, dV sum exactly as in pass 1: the same bits, with 2 of the backward's 7 tile
+// products per pair (pass 2's second S and dP, and its exponentials) gone: 1.2-1.3x on attention's
+// forward + backward (docs/benchmarks.md). It costs a dQ accumulator per thread for the whole block,
+// group x Tq x hdp floats, and parallelism of only B x nkv items, so block_backward runs it where both
+// hold (at most kOneSweepScratch bytes, and the items fill the threads evenly; the items are equal:
+// every (b, kv head) has the same mask), and the two passes otherwise. The choice never changes a bit
+// (tests: AttentionBlock.OneSweepEqualsTwoPassBitwise), so results stay independent of the thread count.
+//
 // Note [Masks from sorted positions]: with q_pos and k_pos ascending, the keys query i sees are a run
 // of the block, [lo_i, hi_i) with hi_i = #{j : k_pos[j] <= q_pos[i]} and, with a window w > 0,
 // lo_i = #{j : k_pos[j] <= q_pos[i] - w} (0 without one), and both ends ascend with i. Without a window
@@ -55,6 +68,8 @@
 // state still at lse = -inf) is branched on, never put into an exp: -inf - -inf would be NaN. first = true
 // writes (acc / l, m + log l): a single block over contiguous positions is attention_forward.
 #include "ops/attention_block.h"
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -260,6 +275,103 @@ void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, con
   }
 }
 
+// Note [One backward sweep where the dQ sums fit]: the one sweep's dQ accumulators per thread, at most
+// (kernel scratch, outside the device ledger like every tile of these kernels).
+constexpr int64_t kOneSweepScratch = int64_t{4} << 20;  // bytes
+
+// Whether block_backward runs its one sweep: `items` (b, kv head) items, `dq_floats` accumulator floats
+// each (Note [One backward sweep where the dQ sums fit]).
+bool one_sweep_chosen(int64_t items, int64_t dq_floats) {
+  switch (attention_tile::backward_sweep) {
+    case BackwardSweep::one:
+      return true;
+    case BackwardSweep::two_pass:
+      return false;
+    case BackwardSweep::automatic:
+      break;
+  }
+  const int64_t threads = omp_get_max_threads();
+  const bool fills = items >= threads && (items % threads == 0 || items >= 4 * threads);
+  return fills && dq_floats * static_cast<int64_t>(sizeof(float)) <= kOneSweepScratch;
+}
+
+// The backward as one sweep per (b, kv head) (Note [One backward sweep where the dQ sums fit]); w as
+// block_backward's (0: no window).
+template <class E, class A>
+void block_backward_one_sweep(const E* q, const E* k, const E* v, const E* o, const float* lse, const E* dout,
+                              const int32_t* q_pos, const int32_t* k_pos, A* dq, A* dk, A* dv, int64_t B, int64_t Tq,
+                              int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t w) {
+  const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
+  const int64_t items = B * nkv, dq_floats = group * nqt * TQ * hdp;
+#pragma omp parallel if (items > 1)
+  {
+    BackwardScratch sc(hdp, hdvp, TK * (hdp + hdvp) + TK * hdp + dq_floats);
+    auto [qs, dos, kt, vt, s, dp, lse_t, D, rest] = sc.tiles();
+    float* dk_acc = rest;               // (TK, hdp) unscaled dK of the key tile
+    float* dv_acc = dk_acc + TK * hdp;  // (TK, hdvp) dV of the key tile
+    float* ks = dv_acc + TK * hdvp;     // (TK, hdp) keys
+    float* dq_acc = ks + TK * hdp;      // (group, nqt, TQ, hdp) unscaled dQ of every query tile of the group
+    std::vector<char> dq_seen(static_cast<size_t>(group * nqt));  // whether a tile pair added to it
+    int64_t lo[TQ], hi[TQ];                                       // (TQ) each query's visible run of the block's keys
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t b = it / nkv, g = it % nkv;
+      std::fill(dq_acc, dq_acc + dq_floats, 0.0f);
+      std::fill(dq_seen.begin(), dq_seen.end(), char{0});
+      int64_t visited = 0;
+      for (int64_t kt_i = 0; kt_i < nkt; ++kt_i) {
+        const int64_t j0 = kt_i * TK, nk = std::min(TK, Tk - j0);
+        // As pass 1: the query tiles that may see a key of this tile.
+        const int64_t i_first = std::lower_bound(q_pos, q_pos + Tq, k_pos[j0]) - q_pos;
+        const int64_t i_end = w > 0 ? std::lower_bound(q_pos, q_pos + Tq, int64_t{k_pos[j0 + nk - 1]} + w) - q_pos : Tq;
+        if (i_first >= i_end) continue;
+        const int64_t qt_lo = i_first / TQ, qt_hi = tiles(i_end, TQ);
+        const int64_t krow = (b * Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
+        rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
+        rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
+        rows_load(ks, k + krow * hd, nkv * hd, nk, TK, hd, hdp);
+        std::fill(dk_acc, dk_acc + TK * (hdp + hdvp), 0.0f);  // dk_acc and dv_acc
+        int64_t visited_j = 0;
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          for (int64_t qt = qt_lo; qt < qt_hi; ++qt) {
+            const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
+            tile_visible_runs(lo, hi, q_pos, k_pos, i0, nq, Tk, w);
+            if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
+            ++visited_j;
+            query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
+            tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale);
+            tile_gemm_at(s, TK, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);  // dV += P^T dO
+            tile_gemm_at(dp, TK, qs, hdp, dk_acc, hdp, TK, hdp, TQ);     // dK += dS^T Q
+            const int64_t slot = (h - g * group) * nqt + qt;
+            tile_gemm(dp, TK, ks, hdp, dq_acc + slot * TQ * hdp, hdp, TQ, hdp, TK);  // dQ += dS K
+            dq_seen[static_cast<size_t>(slot)] = 1;
+          }
+        }
+        visited += visited_j;
+        if (visited_j == 0) continue;  // every query fell between the keys: nothing to add
+        for (int64_t j = 0; j < nk; ++j) {
+          A* dkr = dk + (krow + j * nkv) * hd;   // (hd)
+          A* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
+          for (int64_t c = 0; c < hd; ++c) dkr[c] = from_f32<A>(to_f32(dkr[c]) + scale * dk_acc[j * hdp + c]);
+          for (int64_t c = 0; c < hdv; ++c) dvr[c] = from_f32<A>(to_f32(dvr[c]) + dv_acc[j * hdvp + c]);
+        }
+      }
+      tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h)
+        for (int64_t qt = 0; qt < nqt; ++qt) {
+          const int64_t slot = (h - g * group) * nqt + qt;
+          if (!dq_seen[static_cast<size_t>(slot)]) continue;  // as pass 2: no visible pair, nothing added
+          const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
+          const float* acc = dq_acc + slot * TQ * hdp;  // (TQ, hdp)
+          for (int64_t r = 0; r < nq; ++r) {
+            A* dqr = dq + ((b * Tq + i0 + r) * nh + h) * hd;  // (hd)
+            for (int64_t c = 0; c < hd; ++c) dqr[c] = from_f32<A>(to_f32(dqr[c]) + scale * acc[r * hdp + c]);
+          }
+        }
+    }
+  }
+}
+
 // The backward in storage type E for q, k, v, o, dout and A for dq, dk, dv (E, or f32: ring
 // attention's accumulators); lse is f32.
 template <class E, class A>
@@ -271,6 +383,10 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
   positions_check(q_pos, k_pos, Tq, Tk);
   const int64_t w = window >= kWindowMasksNothing ? 0 : window;
   const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
+  if (one_sweep_chosen(B * nkv, group * nqt * TQ * hdp)) {
+    block_backward_one_sweep(q, k, v, o, lse, dout, q_pos, k_pos, dq, dk, dv, B, Tq, Tk, nh, nkv, hd, hdv, scale, w);
+    return;
+  }
   // Pass 1: dK, dV of each key tile, one item per (b, kv head, key tile) summing over the heads of the
   // group, then the query tiles in order (Note [Deterministic attention backward]).
   const int64_t items1 = B * nkv * nkt;
@@ -423,7 +539,30 @@ attention_tile::TileSimd attention_tile::tile_simd_detect() {
 #endif
 }
 
+attention_tile::BackwardSweep attention_tile::backward_sweep_detect() {
+  const char* force = std::getenv("FLATPEAK_ATTENTION_BACKWARD");
+  const std::string_view f = force != nullptr ? force : "";
+  if (f == "two_pass") return BackwardSweep::two_pass;
+  if (f == "one") return BackwardSweep::one;
+  if (!f.empty())  // at static initialisation: say it, do not throw
+    std::fprintf(stderr, "[flatpeak] FLATPEAK_ATTENTION_BACKWARD=%s is not one of two_pass, one: choosing by shape\n",
+                 force);
+  return BackwardSweep::automatic;
+}
+
 const char* attention_kernels() { return attention_tile::tile_simd_name(attention_tile::tile_simd); }
+
+const char* attention_backward_sweep() {
+  switch (attention_tile::backward_sweep) {
+    case BackwardSweep::two_pass:
+      return "two passes (FLATPEAK_ATTENTION_BACKWARD)";
+    case BackwardSweep::one:
+      return "one sweep (FLATPEAK_ATTENTION_BACKWARD)";
+    case BackwardSweep::automatic:
+      break;
+  }
+  return "one sweep where the dQ sums fit, else two passes";
+}
 
 const char* attention_tile::tile_simd_name(TileSimd s) {
   switch (s) {

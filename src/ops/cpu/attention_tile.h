@@ -272,6 +272,15 @@ inline void exp_inplace(float* __restrict x, int64_t n) {
 // work item adds its count once, so the cost is one relaxed atomic add per item.
 inline std::atomic<int64_t> tile_pairs_computed{0};
 
+// Which backward block_backward runs (Note [One backward sweep where the dQ sums fit] in
+// ops/cpu/attention_block.cpp): automatic chooses by the shape and the thread count; both give the
+// same bits, and tests force each to check that.
+// FLATPEAK_ATTENTION_BACKWARD=two_pass|one forces one at start-up (benchmarks compare them; an unknown
+// value is reported and ignored).
+enum class BackwardSweep { automatic, two_pass, one };
+BackwardSweep backward_sweep_detect();
+inline BackwardSweep backward_sweep = backward_sweep_detect();
+
 // Forward, one query row of a score tile (the online softmax): sr (TK) holds the row's q.k against the
 // tile's keys, of which [jbeg, jend) are visible (jbeg <= jend). Scales them, raises the running
 // maximum m, turns them into exp(scale q.k - m) (zero outside [jbeg, jend)), adds their sum to the
