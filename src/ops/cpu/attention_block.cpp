@@ -295,77 +295,103 @@ bool one_sweep_chosen(int64_t items, int64_t dq_floats) {
   return fills && dq_floats * static_cast<int64_t>(sizeof(float)) <= kOneSweepScratch;
 }
 
-// The backward as one sweep per (b, kv head) (Note [One backward sweep where the dQ sums fit]); w as
-// block_backward's (0: no window).
+// What block_backward's passes read and write (its arguments), and the shapes derived from them.
 template <class E, class A>
-void block_backward_one_sweep(const E* q, const E* k, const E* v, const E* o, const float* lse, const E* dout,
-                              const int32_t* q_pos, const int32_t* k_pos, A* dq, A* dk, A* dv, int64_t B, int64_t Tq,
-                              int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t w) {
-  const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
-  const int64_t items = B * nkv, dq_floats = group * nqt * TQ * hdp;
+struct BackwardProblem {
+  const E *q, *k, *v, *o;
+  const float* lse;
+  const E* dout;
+  const int32_t *q_pos, *k_pos;
+  A *dq, *dk, *dv;
+  int64_t B, Tq, Tk, nh, nkv, hd, hdv;
+  float scale;
+  int64_t w;  // the window, 0: none
+  int64_t group, hdp, hdvp, nqt, nkt;
+};
+
+// Key tile kt_i of (sequence b, kv head g), pass 1's item: P and dS of every visible pair, head by head
+// of the group and query tile by query tile in order, dV += P^T dO and dK += dS^T Q added into dv, dk.
+// With dq_acc (the one sweep, Note [One backward sweep where the dQ sums fit]) also dS K into the query
+// tile's accumulator (group, nqt, TQ, hdp), marking it in dq_seen; ks (TK, hdp): scratch for the keys.
+// Returns the tile pairs computed.
+template <class E, class A>
+int64_t key_tile_backward(const BackwardProblem<E, A>& p, const BackwardScratch::Tiles& t, float* dk_acc, float* dv_acc,
+                          float* ks, float* dq_acc, char* dq_seen, int64_t b, int64_t g, int64_t kt_i) {
+  const int64_t Tq = p.Tq, hd = p.hd, hdv = p.hdv, hdp = p.hdp, hdvp = p.hdvp, nkv = p.nkv, w = p.w;
+  const int64_t j0 = kt_i * TK, nk = std::min(TK, p.Tk - j0);
+  // The queries that may see a key of the tile: from the first that sees key j0 to the last that sees
+  // key j0 + nk - 1 (Note [Masks from sorted positions]); none: the key tile gets nothing.
+  const int64_t i_first = std::lower_bound(p.q_pos, p.q_pos + Tq, p.k_pos[j0]) - p.q_pos;
+  const int64_t i_end =
+      w > 0 ? std::lower_bound(p.q_pos, p.q_pos + Tq, int64_t{p.k_pos[j0 + nk - 1]} + w) - p.q_pos : Tq;
+  if (i_first >= i_end) return 0;
+  const int64_t qt_lo = i_first / TQ, qt_hi = tiles(i_end, TQ);
+  const int64_t krow = (b * p.Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
+  rows_load_transposed(t.kt, p.k + krow * hd, nkv * hd, nk, hd, hdp);
+  rows_load_transposed(t.vt, p.v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
+  if (dq_acc != nullptr) rows_load(ks, p.k + krow * hd, nkv * hd, nk, TK, hd, hdp);
+  std::fill(dk_acc, dk_acc + TK * hdp, 0.0f);
+  std::fill(dv_acc, dv_acc + TK * hdvp, 0.0f);
+  int64_t lo[TQ], hi[TQ];  // (TQ) each query's visible run of the block's keys
+  int64_t visited = 0;
+  for (int64_t h = g * p.group; h < (g + 1) * p.group; ++h) {
+    for (int64_t qt = qt_lo; qt < qt_hi; ++qt) {
+      const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
+      tile_visible_runs(lo, hi, p.q_pos, p.k_pos, i0, nq, p.Tk, w);
+      if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
+      ++visited;
+      query_tile_load(p.q, p.o, p.lse, p.dout, t.qs, t.dos, t.lse_t, t.D, b, h, i0, nq, Tq, p.nh, hd, hdp, hdv, hdvp);
+      tile_probs_and_score_grads(t.s, t.dp, t.qs, t.dos, t.kt, t.vt, hdp, hdvp, lo, hi, t.lse_t, t.D, nk, j0, p.scale);
+      tile_gemm_at(t.s, TK, t.dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);  // dV += P^T dO
+      tile_gemm_at(t.dp, TK, t.qs, hdp, dk_acc, hdp, TK, hdp, TQ);     // dK += dS^T Q
+      if (dq_acc == nullptr) continue;
+      const int64_t slot = (h - g * p.group) * p.nqt + qt;
+      tile_gemm(t.dp, TK, ks, hdp, dq_acc + slot * TQ * hdp, hdp, TQ, hdp, TK);  // dQ += dS K
+      dq_seen[slot] = 1;
+    }
+  }
+  if (visited == 0) return 0;  // every query fell between the keys: nothing to add
+  for (int64_t j = 0; j < nk; ++j) {
+    A* dkr = p.dk + (krow + j * nkv) * hd;   // (hd)
+    A* dvr = p.dv + (krow + j * nkv) * hdv;  // (hdv)
+    for (int64_t c = 0; c < hd; ++c) dkr[c] = from_f32<A>(to_f32(dkr[c]) + p.scale * dk_acc[j * hdp + c]);
+    for (int64_t c = 0; c < hdv; ++c) dvr[c] = from_f32<A>(to_f32(dvr[c]) + dv_acc[j * hdvp + c]);
+  }
+  return visited;
+}
+
+// The backward as one sweep per (b, kv head) (Note [One backward sweep where the dQ sums fit]).
+template <class E, class A>
+void block_backward_one_sweep(const BackwardProblem<E, A>& p) {
+  const int64_t hdp = p.hdp, hdvp = p.hdvp, nqt = p.nqt, group = p.group;
+  const int64_t items = p.B * p.nkv, dq_floats = group * nqt * TQ * hdp;
 #pragma omp parallel if (items > 1)
   {
     BackwardScratch sc(hdp, hdvp, TK * (hdp + hdvp) + TK * hdp + dq_floats);
-    auto [qs, dos, kt, vt, s, dp, lse_t, D, rest] = sc.tiles();
-    float* dk_acc = rest;               // (TK, hdp) unscaled dK of the key tile
+    const BackwardScratch::Tiles t = sc.tiles();
+    float* dk_acc = t.rest;             // (TK, hdp) unscaled dK of the key tile
     float* dv_acc = dk_acc + TK * hdp;  // (TK, hdvp) dV of the key tile
     float* ks = dv_acc + TK * hdvp;     // (TK, hdp) keys
     float* dq_acc = ks + TK * hdp;      // (group, nqt, TQ, hdp) unscaled dQ of every query tile of the group
     std::vector<char> dq_seen(static_cast<size_t>(group * nqt));  // whether a tile pair added to it
-    int64_t lo[TQ], hi[TQ];                                       // (TQ) each query's visible run of the block's keys
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      const int64_t b = it / nkv, g = it % nkv;
+      const int64_t b = it / p.nkv, g = it % p.nkv;
       std::fill(dq_acc, dq_acc + dq_floats, 0.0f);
       std::fill(dq_seen.begin(), dq_seen.end(), char{0});
       int64_t visited = 0;
-      for (int64_t kt_i = 0; kt_i < nkt; ++kt_i) {
-        const int64_t j0 = kt_i * TK, nk = std::min(TK, Tk - j0);
-        // As pass 1: the query tiles that may see a key of this tile.
-        const int64_t i_first = std::lower_bound(q_pos, q_pos + Tq, k_pos[j0]) - q_pos;
-        const int64_t i_end = w > 0 ? std::lower_bound(q_pos, q_pos + Tq, int64_t{k_pos[j0 + nk - 1]} + w) - q_pos : Tq;
-        if (i_first >= i_end) continue;
-        const int64_t qt_lo = i_first / TQ, qt_hi = tiles(i_end, TQ);
-        const int64_t krow = (b * Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
-        rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
-        rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
-        rows_load(ks, k + krow * hd, nkv * hd, nk, TK, hd, hdp);
-        std::fill(dk_acc, dk_acc + TK * (hdp + hdvp), 0.0f);  // dk_acc and dv_acc
-        int64_t visited_j = 0;
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          for (int64_t qt = qt_lo; qt < qt_hi; ++qt) {
-            const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
-            tile_visible_runs(lo, hi, q_pos, k_pos, i0, nq, Tk, w);
-            if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
-            ++visited_j;
-            query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
-            tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale);
-            tile_gemm_at(s, TK, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);  // dV += P^T dO
-            tile_gemm_at(dp, TK, qs, hdp, dk_acc, hdp, TK, hdp, TQ);     // dK += dS^T Q
-            const int64_t slot = (h - g * group) * nqt + qt;
-            tile_gemm(dp, TK, ks, hdp, dq_acc + slot * TQ * hdp, hdp, TQ, hdp, TK);  // dQ += dS K
-            dq_seen[static_cast<size_t>(slot)] = 1;
-          }
-        }
-        visited += visited_j;
-        if (visited_j == 0) continue;  // every query fell between the keys: nothing to add
-        for (int64_t j = 0; j < nk; ++j) {
-          A* dkr = dk + (krow + j * nkv) * hd;   // (hd)
-          A* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
-          for (int64_t c = 0; c < hd; ++c) dkr[c] = from_f32<A>(to_f32(dkr[c]) + scale * dk_acc[j * hdp + c]);
-          for (int64_t c = 0; c < hdv; ++c) dvr[c] = from_f32<A>(to_f32(dvr[c]) + dv_acc[j * hdvp + c]);
-        }
-      }
+      for (int64_t kt_i = 0; kt_i < p.nkt; ++kt_i)
+        visited += key_tile_backward(p, t, dk_acc, dv_acc, ks, dq_acc, dq_seen.data(), b, g, kt_i);
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       for (int64_t h = g * group; h < (g + 1) * group; ++h)
         for (int64_t qt = 0; qt < nqt; ++qt) {
           const int64_t slot = (h - g * group) * nqt + qt;
           if (!dq_seen[static_cast<size_t>(slot)]) continue;  // as pass 2: no visible pair, nothing added
-          const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
+          const int64_t i0 = qt * TQ, nq = std::min(TQ, p.Tq - i0);
           const float* acc = dq_acc + slot * TQ * hdp;  // (TQ, hdp)
           for (int64_t r = 0; r < nq; ++r) {
-            A* dqr = dq + ((b * Tq + i0 + r) * nh + h) * hd;  // (hd)
-            for (int64_t c = 0; c < hd; ++c) dqr[c] = from_f32<A>(to_f32(dqr[c]) + scale * acc[r * hdp + c]);
+            A* dqr = p.dq + ((b * p.Tq + i0 + r) * p.nh + h) * p.hd;  // (hd)
+            for (int64_t c = 0; c < p.hd; ++c) dqr[c] = from_f32<A>(to_f32(dqr[c]) + p.scale * acc[r * hdp + c]);
           }
         }
     }
@@ -383,55 +409,24 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
   positions_check(q_pos, k_pos, Tq, Tk);
   const int64_t w = window >= kWindowMasksNothing ? 0 : window;
   const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
-  if (one_sweep_chosen(B * nkv, group * nqt * TQ * hdp)) {
-    block_backward_one_sweep(q, k, v, o, lse, dout, q_pos, k_pos, dq, dk, dv, B, Tq, Tk, nh, nkv, hd, hdv, scale, w);
-    return;
-  }
+  const BackwardProblem<E, A> p{q,  k,  v,   o,  lse, dout,  q_pos, k_pos, dq,  dk,   dv,  B,  Tq,
+                                Tk, nh, nkv, hd, hdv, scale, w,     group, hdp, hdvp, nqt, nkt};
+  if (one_sweep_chosen(B * nkv, group * nqt * TQ * hdp)) return block_backward_one_sweep(p);
   // Pass 1: dK, dV of each key tile, one item per (b, kv head, key tile) summing over the heads of the
   // group, then the query tiles in order (Note [Deterministic attention backward]).
   const int64_t items1 = B * nkv * nkt;
 #pragma omp parallel if (items1 > 1)
   {
     BackwardScratch sc(hdp, hdvp, TK * (hdp + hdvp));
-    auto [qs, dos, kt, vt, s, dp, lse_t, D, rest] = sc.tiles();
-    float* dk_acc = rest;               // (TK, hdp) unscaled dK of the key tile
+    const BackwardScratch::Tiles t = sc.tiles();
+    float* dk_acc = t.rest;             // (TK, hdp) unscaled dK of the key tile
     float* dv_acc = dk_acc + TK * hdp;  // (TK, hdvp) dV of the key tile
-    int64_t lo[TQ], hi[TQ];             // (TQ) each query's visible run of the block's keys
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items1; ++it) {
-      const int64_t kt_i = it % nkt, bg = it / nkt, b = bg / nkv, g = bg % nkv;
-      const int64_t j0 = kt_i * TK, nk = std::min(TK, Tk - j0);
-      // The queries that may see a key of the tile: from the first that sees key j0 to the last that
-      // sees key j0 + nk - 1 (Note [Masks from sorted positions]); none: the key tile gets nothing.
-      const int64_t i_first = std::lower_bound(q_pos, q_pos + Tq, k_pos[j0]) - q_pos;
-      const int64_t i_end = w > 0 ? std::lower_bound(q_pos, q_pos + Tq, int64_t{k_pos[j0 + nk - 1]} + w) - q_pos : Tq;
-      if (i_first >= i_end) continue;
-      const int64_t qt_lo = i_first / TQ, qt_hi = tiles(i_end, TQ);
-      const int64_t krow = (b * Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
-      rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
-      rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
-      std::fill(dk_acc, dk_acc + TK * (hdp + hdvp), 0.0f);  // dk_acc and dv_acc
-      int64_t visited = 0;
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        for (int64_t qt = qt_lo; qt < qt_hi; ++qt) {
-          const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
-          tile_visible_runs(lo, hi, q_pos, k_pos, i0, nq, Tk, w);
-          if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
-          ++visited;
-          query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
-          tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale);
-          tile_gemm_at(s, TK, dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);  // dV += P^T dO
-          tile_gemm_at(dp, TK, qs, hdp, dk_acc, hdp, TK, hdp, TQ);     // dK += dS^T Q
-        }
-      }
+      const int64_t kt_i = it % nkt, bg = it / nkt;
+      const int64_t visited =
+          key_tile_backward(p, t, dk_acc, dv_acc, nullptr, nullptr, nullptr, bg / nkv, bg % nkv, kt_i);
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
-      if (visited == 0) continue;  // every query fell between the keys: nothing to add
-      for (int64_t j = 0; j < nk; ++j) {
-        A* dkr = dk + (krow + j * nkv) * hd;   // (hd)
-        A* dvr = dv + (krow + j * nkv) * hdv;  // (hdv)
-        for (int64_t c = 0; c < hd; ++c) dkr[c] = from_f32<A>(to_f32(dkr[c]) + scale * dk_acc[j * hdp + c]);
-        for (int64_t c = 0; c < hdv; ++c) dvr[c] = from_f32<A>(to_f32(dvr[c]) + dv_acc[j * hdvp + c]);
-      }
     }
   }
   // Pass 2: dQ of each query tile, one item per (b, head, query tile), key tiles in order. Later query
