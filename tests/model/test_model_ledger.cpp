@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "../common/optim_schedule.h"
+#include "../common/qwen_config.h"
 #include "backend/backend.h"
 #include "core/precision.h"
 #include "core/units.h"
@@ -13,24 +14,7 @@
 namespace fp {
 
 namespace {
-ModelConfig small_config() {
-  ModelConfig m;
-  m.hidden_size = 24;
-  m.num_hidden_layers = 3;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.num_experts = 6;
-  m.num_experts_per_tok = 2;
-  m.moe_intermediate_size = 20;
-  m.vocab_size = 50;
-  m.rope_theta = 10000;
-  m.rms_norm_eps = 1e-6;
-  m.norm_topk_prob = true;
-  m.router_aux_loss_coef = 0.01;
-  m.seed = 7;
-  return m;
-}
+ModelConfig small_config() { return qwen_small_config(3); }
 
 std::vector<LedgerEvent> run_events(const std::string& device, const RoutingProfile& p, const ModelConfig& m,
                                     int64_t B, int64_t T) {

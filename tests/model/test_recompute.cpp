@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "../common/deepseek_config.h"
+#include "../common/qwen_config.h"
 #include "backend/backend.h"
 #include "bench/bench_common.h"
 #include "comm/thread_comm.h"
@@ -26,23 +27,9 @@ namespace {
 
 // Qwen3-MoE, L layers, layer 1 dense (mlp_only_layers).
 ModelConfig qwen_config(int64_t layers) {
-  ModelConfig m;
-  m.hidden_size = 24;
-  m.num_hidden_layers = layers;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.num_experts = 6;
-  m.num_experts_per_tok = 2;
-  m.moe_intermediate_size = 20;
+  ModelConfig m = qwen_small_config(layers);
   m.intermediate_size = 28;
   m.mlp_only_layers = {1};
-  m.vocab_size = 50;
-  m.rope_theta = 10000;
-  m.rms_norm_eps = 1e-6;
-  m.norm_topk_prob = true;
-  m.router_aux_loss_coef = 0.01;
-  m.seed = 7;
   return m;
 }
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "../common/qwen_config.h"
 #include "backend/backend.h"
 #include "core/precision.h"
 #include "core/units.h"
@@ -24,24 +25,7 @@ namespace {
 
 constexpr int64_t kB = 2, kT = 37;
 
-ModelConfig tiny_config(int64_t layers) {
-  ModelConfig m;
-  m.hidden_size = 24;
-  m.num_hidden_layers = layers;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.num_experts = 6;
-  m.num_experts_per_tok = 2;
-  m.moe_intermediate_size = 20;
-  m.vocab_size = 50;
-  m.rope_theta = 10000;
-  m.rms_norm_eps = 1e-6;
-  m.norm_topk_prob = true;
-  m.router_aux_loss_coef = 0.01;
-  m.seed = 7;
-  return m;
-}
+ModelConfig tiny_config(int64_t layers) { return qwen_small_config(layers); }
 
 uint64_t boundary_bytes(const ModelConfig& m) { return static_cast<uint64_t>(kB * kT * m.hidden_size) * 4; }
 
