@@ -32,7 +32,7 @@ struct CkptSchedule {
   uint64_t host_budget = kUnlimitedBytes;   // sco: host bytes for boundaries; the rest stay on device
   // ckpt.recompute: true, the backward recomputes each layer from its boundary (Note [Per-layer
   // checkpointing] in step/step.h); false, the forward keeps every layer's activations for the backward
-  // and no layer runs twice (Note [No recompute]): L layers' activations for about a third less work.
+  // and no layer runs twice (Note [No recompute]): L layers' activations for one forward less.
   bool recompute = true;
 };
 

@@ -1,5 +1,6 @@
 // The step orchestrator (step.h): inputs, the layers with checkpointing, the load-balancing loss, the
-// head, the backward with recompute (or on the kept activations); each unit of dense weights gathered around its use.
+// head, the backward with recompute (or on the kept activations); each unit of dense weights gathered
+// around its use.
 // Legend: n = B * T tokens, H hidden, L layers, E experts, V vocabulary.
 #include "step/step.h"
 

@@ -13,7 +13,7 @@
 // (the attention block's AttnActs, x1, and the MoE or MLP block's acts, all category activations) besides
 // the boundary x_l, and the backward runs each layer's backward on them: no layer runs twice. The forward
 // with keep is the same arithmetic as the recompute, so the loss and every gradient are bit for bit those
-// of the plain plan (tests/step/test_step.cpp); what changes is the activations peak, L layers' instead of
+// of the plain plan (tests/model/test_recompute.cpp); what changes is the activations peak, L layers' instead of
 // one's, and the time, one forward less. This is transformers without gradient checkpointing. The MoE
 // token side then runs whole: moe.token_chunk, which bounds the layer being recomputed, is refused with it.
 //
