@@ -275,26 +275,6 @@ void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, con
   }
 }
 
-// Note [One backward sweep where the dQ sums fit]: the one sweep's dQ accumulators per thread, at most
-// (kernel scratch, outside the device ledger like every tile of these kernels).
-constexpr int64_t kOneSweepScratch = int64_t{4} << 20;  // bytes
-
-// Whether block_backward runs its one sweep: `items` (b, kv head) items, `dq_floats` accumulator floats
-// each (Note [One backward sweep where the dQ sums fit]).
-bool one_sweep_chosen(int64_t items, int64_t dq_floats) {
-  switch (attention_tile::backward_sweep) {
-    case BackwardSweep::one:
-      return true;
-    case BackwardSweep::two_pass:
-      return false;
-    case BackwardSweep::automatic:
-      break;
-  }
-  const int64_t threads = omp_get_max_threads();
-  const bool fills = items >= threads && (items % threads == 0 || items >= 4 * threads);
-  return fills && dq_floats * static_cast<int64_t>(sizeof(float)) <= kOneSweepScratch;
-}
-
 // What block_backward's passes read and write (its arguments), and the shapes derived from them.
 template <class E, class A>
 struct BackwardProblem {
@@ -307,7 +287,41 @@ struct BackwardProblem {
   float scale;
   int64_t w;  // the window, 0: none
   int64_t group, hdp, hdvp, nqt, nkt;
+  // The one sweep's dQ accumulator floats per thread: every query tile of a group (Note [One backward
+  // sweep where the dQ sums fit]).
+  int64_t one_sweep_dq_floats() const { return group * nqt * TQ * hdp; }
 };
+
+// dQ of the nq rows of the query tile at i0, head h, sequence b, plus scale times the tile's unscaled
+// accumulator acc (TQ, hdp): pass 2's last step, and the one sweep's.
+template <class E, class A>
+void dq_tile_add(const BackwardProblem<E, A>& p, const float* acc, int64_t b, int64_t h, int64_t i0, int64_t nq) {
+  for (int64_t r = 0; r < nq; ++r) {
+    A* dqr = p.dq + ((b * p.Tq + i0 + r) * p.nh + h) * p.hd;  // (hd)
+    for (int64_t c = 0; c < p.hd; ++c) dqr[c] = from_f32<A>(to_f32(dqr[c]) + p.scale * acc[r * p.hdp + c]);
+  }
+}
+
+// Note [One backward sweep where the dQ sums fit]: the one sweep's dQ accumulators per thread, at most
+// (kernel scratch, outside the device ledger like every tile of these kernels).
+constexpr int64_t kOneSweepScratch = int64_t{4} << 20;  // bytes
+
+// Whether block_backward runs its one sweep: B x nkv items of one_sweep_dq_floats() accumulator floats
+// each (Note [One backward sweep where the dQ sums fit]).
+template <class E, class A>
+bool one_sweep_chosen(const BackwardProblem<E, A>& p) {
+  switch (attention_tile::backward_sweep) {
+    case BackwardSweep::one:
+      return true;
+    case BackwardSweep::two_pass:
+      return false;
+    case BackwardSweep::automatic:
+      break;
+  }
+  const int64_t threads = omp_get_max_threads(), items = p.B * p.nkv;
+  const bool fills = items >= threads && (items % threads == 0 || items >= 4 * threads);
+  return fills && p.one_sweep_dq_floats() * static_cast<int64_t>(sizeof(float)) <= kOneSweepScratch;
+}
 
 // Key tile kt_i of (sequence b, kv head g), pass 1's item: P and dS of every visible pair, head by head
 // of the group and query tile by query tile in order, dV += P^T dO and dK += dS^T Q added into dv, dk.
@@ -364,7 +378,7 @@ int64_t key_tile_backward(const BackwardProblem<E, A>& p, const BackwardScratch:
 template <class E, class A>
 void block_backward_one_sweep(const BackwardProblem<E, A>& p) {
   const int64_t hdp = p.hdp, hdvp = p.hdvp, nqt = p.nqt, group = p.group;
-  const int64_t items = p.B * p.nkv, dq_floats = group * nqt * TQ * hdp;
+  const int64_t items = p.B * p.nkv, dq_floats = p.one_sweep_dq_floats();
 #pragma omp parallel if (items > 1)
   {
     BackwardScratch sc(hdp, hdvp, TK * (hdp + hdvp) + TK * hdp + dq_floats);
@@ -388,11 +402,7 @@ void block_backward_one_sweep(const BackwardProblem<E, A>& p) {
           const int64_t slot = (h - g * group) * nqt + qt;
           if (!dq_seen[static_cast<size_t>(slot)]) continue;  // as pass 2: no visible pair, nothing added
           const int64_t i0 = qt * TQ, nq = std::min(TQ, p.Tq - i0);
-          const float* acc = dq_acc + slot * TQ * hdp;  // (TQ, hdp)
-          for (int64_t r = 0; r < nq; ++r) {
-            A* dqr = p.dq + ((b * p.Tq + i0 + r) * p.nh + h) * p.hd;  // (hd)
-            for (int64_t c = 0; c < p.hd; ++c) dqr[c] = from_f32<A>(to_f32(dqr[c]) + p.scale * acc[r * hdp + c]);
-          }
+          dq_tile_add(p, dq_acc + slot * TQ * hdp, b, h, i0, nq);
         }
     }
   }
@@ -411,7 +421,7 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
   const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
   const BackwardProblem<E, A> p{q,  k,  v,   o,  lse, dout,  q_pos, k_pos, dq,  dk,   dv,  B,  Tq,
                                 Tk, nh, nkv, hd, hdv, scale, w,     group, hdp, hdvp, nqt, nkt};
-  if (one_sweep_chosen(B * nkv, group * nqt * TQ * hdp)) return block_backward_one_sweep(p);
+  if (one_sweep_chosen(p)) return block_backward_one_sweep(p);
   // Pass 1: dK, dV of each key tile, one item per (b, kv head, key tile) summing over the heads of the
   // group, then the query tiles in order (Note [Deterministic attention backward]).
   const int64_t items1 = B * nkv * nkt;
@@ -463,10 +473,7 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
       }
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);
       if (visited == 0) continue;  // every query fell between the keys: nothing to add
-      for (int64_t r = 0; r < nq; ++r) {
-        A* dqr = dq + ((b * Tq + i0 + r) * nh + h) * hd;  // (hd)
-        for (int64_t c = 0; c < hd; ++c) dqr[c] = from_f32<A>(to_f32(dqr[c]) + scale * dq_acc[r * hdp + c]);
-      }
+      dq_tile_add(p, dq_acc, b, h, i0, nq);
     }
   }
 }
