@@ -19,6 +19,7 @@
 // experts, which no tolerance covers.
 #include <cstdio>
 
+#include "../common/gathered_grads.h"
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "core/units.h"
@@ -117,12 +118,11 @@ int main(int argc, char** argv) {
                        static_cast<int64_t>(led.current(Category::Category_grads))};
     std::vector<int64_t> ledger(static_cast<size_t>(4 * comm.size()));
     comm.all_gather(mine, ledger.data(), 4, DType::DType_I64);
-    std::vector<std::vector<float>> host;
+    std::vector<std::vector<float>> host = grads_gathered(model.params(), comm.rank());  // collective
     std::vector<SafetensorsView> views;
-    for (const ParamInfo& p : model.params().layout()) {  // collective: every rank, the same order
-      host.emplace_back(comm.rank() == 0 ? static_cast<size_t>(p.shape.numel()) : 0);
-      model.params().full_gather(p, p.local ? &p.local->local_g() : nullptr, host.back().data());
-      views.push_back({"grad." + p.name, DType::DType_F32, p.shape, host.back().data()});
+    for (size_t i = 0; i < host.size(); ++i) {
+      const ParamInfo& p = model.params().layout()[i];
+      views.push_back({"grad." + p.name, DType::DType_F32, p.shape, host[i].data()});
     }
     if (comm.rank() == 0) {
       double losses[3] = {out.loss, out.ce_loss, out.aux_loss};

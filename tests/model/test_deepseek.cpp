@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "../common/deepseek_config.h"
+#include "../common/gathered_grads.h"
 #include "../common/optim_schedule.h"
 #include "backend/backend.h"
 #include "bench/bench_common.h"
@@ -273,12 +274,8 @@ double deepseek_step(const char* rec, int W, std::vector<std::vector<float>>& gr
     model.zero_grads();
     const int rank = comm ? comm->rank() : 0;
     const StepOutputs out = step_forward_backward(model, comm ? context_slice(global, rank, W) : global);
-    for (const ParamInfo& p : model.params().layout()) {  // collective: every rank, the same order
-      std::vector<float> host(static_cast<size_t>(p.shape.numel()));
-      model.params().full_gather(p, p.local ? &p.local->local_g() : nullptr, host.data());
-      if (rank == 0) grads.push_back(std::move(host));
-    }
-    if (rank == 0) loss = out.loss;
+    std::vector<std::vector<float>> gathered = grads_gathered(model.params(), rank);  // collective
+    if (rank == 0) grads = std::move(gathered), loss = out.loss;
   };
   if (W == 1) {
     body(nullptr);

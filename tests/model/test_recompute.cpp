@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "../common/deepseek_config.h"
+#include "../common/gathered_grads.h"
 #include "../common/qwen_config.h"
 #include "backend/backend.h"
 #include "bench/bench_common.h"
@@ -54,14 +55,10 @@ StepResult step_run(const ModelConfig& m, const Schedules& sched, const char* pr
     model.zero_grads();
     const int rank = comm ? comm->rank() : 0;
     const StepOutputs out = step_forward_backward(model, comm ? context_slice(global, rank, W) : global);
-    if (be->computes()) {
-      for (const ParamInfo& p : model.params().layout()) {  // collective: every rank, the same order
-        std::vector<float> host(static_cast<size_t>(p.shape.numel()));
-        model.params().full_gather(p, p.local ? &p.local->local_g() : nullptr, host.data());
-        if (rank == 0) r.grads.push_back(std::move(host));
-      }
-    }
+    std::vector<std::vector<float>> grads;
+    if (be->computes()) grads = grads_gathered(model.params(), rank);  // collective
     if (rank != 0) return;
+    r.grads = std::move(grads);
     r.loss = out.loss;
     r.activations_peak = be->device_ledger().peak(Category::Category_activations);
     r.events = be->device_ledger().events();
