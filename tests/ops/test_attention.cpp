@@ -25,8 +25,8 @@
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/attention.h"
-#include "ops/gemm.h"
 #include "ops/cpu/attention_tile.h"
+#include "ops/gemm.h"
 #include "ops/ref/attention.h"
 
 namespace fp {
@@ -632,10 +632,10 @@ TEST(Attention, SlidingWindowBitwiseDeterministicAcrossThreads) {
 //   build/tests/ops_test_attention --gtest_also_run_disabled_tests --gtest_filter='*BenchAvx2*'
 TEST(Attention, DISABLED_BenchAvx2VsBaseline) {
   namespace at = ops::cpu::attention_tile;
-  const at::TileSimd best = at::tile_simd;
-  if (best == at::TileSimd::baseline) GTEST_SKIP() << "no AVX2 (or FLATPEAK_SIMD=baseline)";
-  std::vector<at::TileSimd> copies{at::TileSimd::baseline, at::TileSimd::avx2};
-  if (best == at::TileSimd::fma) copies.push_back(at::TileSimd::fma);
+  const ops::cpu::SimdLevel best = at::tile_simd;
+  if (best == ops::cpu::SimdLevel::sse2) GTEST_SKIP() << "no AVX2 (or FLATPEAK_SIMD=baseline)";
+  std::vector<ops::cpu::SimdLevel> copies{ops::cpu::SimdLevel::sse2, ops::cpu::SimdLevel::avx2};
+  if (best == ops::cpu::SimdLevel::fma) copies.push_back(ops::cpu::SimdLevel::fma);
   for (const Case& c : {Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {
     const Inputs in(c, 3);
     std::vector<std::vector<double>> t(copies.size());
@@ -652,7 +652,7 @@ TEST(Attention, DISABLED_BenchAvx2VsBaseline) {
     EXPECT_EQ(std::memcmp(out[0].dq.data(), out[1].dq.data(), out[0].dq.size() * sizeof(float)), 0);
     std::printf("attention fwd+bwd %s, %d threads, median of 7:", c.name().c_str(), omp_get_max_threads());
     for (size_t v = 0; v < copies.size(); ++v)
-      std::printf(" %s %.4f s (%.2fx)", at::tile_simd_name(copies[v]), t[v][3], t[0][3] / t[v][3]);
+      std::printf(" %s %.4f s (%.2fx)", ops::cpu::simd_level_name(copies[v]), t[v][3], t[0][3] / t[v][3]);
     std::printf("\n");
   }
 }
@@ -695,7 +695,7 @@ TEST(Attention, DISABLED_BenchSlidingWindow) {
     return x[x.size() / 2];
   };
   std::printf("sliding-window attention fwd+bwd %s, %d threads, %s tiles, medians of %d\n", c.name().c_str(),
-              omp_get_max_threads(), at::tile_simd_name(at::tile_simd), repeats);
+              omp_get_max_threads(), ops::cpu::simd_level_name(at::tile_simd), repeats);
   std::printf("%7s %11s %9s %9s %9s %7s\n", "window", "tile pairs", "fwd s", "bwd s", "fwd+bwd s", "ratio");
   const double base = median(both[0]);
   for (size_t w = 0; w < windows.size(); ++w)
@@ -769,7 +769,8 @@ TEST(Attention, DISABLED_BenchMatmulEquivalent) {
     return x[x.size() / 2];
   };
   std::printf("attention fwd+bwd vs its matmul-equivalent rate, %d threads, %s tiles, backward %s, medians of %d\n",
-              omp_get_max_threads(), at::tile_simd_name(at::tile_simd), ops::cpu::attention_backward_sweep(), repeats);
+              omp_get_max_threads(), ops::cpu::simd_level_name(at::tile_simd), ops::cpu::attention_backward_sweep(),
+              repeats);
   std::printf("| shape | operands | attention s | attention GFLOP/s | GEMM GFLOP/s (same products) | ratio |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (const Case& c : {Case{4, 1024, 4, 2, 64}, Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "ops/cpu/adamw_path.h"
 #include "ops/cpu/convert.h"
+#include "ops/cpu/cpu_features.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "ops/cpu/convert_avx2.h"
 #endif
@@ -37,11 +38,11 @@ constexpr int64_t kChunkElements = int64_t{1} << 10;
 static_assert(kBlockElements % kChunkElements == 0);
 
 struct AdamwScalars {
-  float decay;         // 1 - lr * weight_decay
+  float decay;  // 1 - lr * weight_decay
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
-  float step_size;     // lr / bc1
-  float bc2_sqrt;      // sqrt(bc2)
+  float step_size;  // lr / bc1
+  float bc2_sqrt;   // sqrt(bc2)
   float eps;
   float grad_scale;
 };
@@ -72,13 +73,13 @@ inline void adamw_element(float& param, float grad, float& m, float& v, const Ad
   param = param * s.decay - s.step_size * mi / denom;
 }
 
-void adamw_range_scalar(float* __restrict param, const float* __restrict grad, float* __restrict m,
-                        float* __restrict v, int64_t n, const AdamwScalars& s) {
+void adamw_range_scalar(float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v,
+                        int64_t n, const AdamwScalars& s) {
   for (int64_t i = 0; i < n; ++i) adamw_element(param[i], grad[i], m[i], v[i], s);
 }
 
-void adamw_range_sse(float* __restrict param, const float* __restrict grad, float* __restrict m,
-                     float* __restrict v, int64_t n, const AdamwScalars& s) {
+void adamw_range_sse(float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v,
+                     int64_t n, const AdamwScalars& s) {
   int64_t i = 0;
 #if defined(__SSE2__)
   const __m128 decay = _mm_set1_ps(s.decay), b1 = _mm_set1_ps(s.beta1), omb1 = _mm_set1_ps(s.one_minus_beta1);
@@ -138,8 +139,7 @@ __attribute__((target("avx2"))) void adamw_body_avx2(float* __restrict param, co
     const __m256 p = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(param + i), decay), upd);
     _mm256_storeu_ps(param + i, p);
     if constexpr (std::is_same_v<C, float>) _mm256_storeu_ps(copy + i, p);
-    if constexpr (std::is_same_v<C, bf16>)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(copy + i), bf16_narrow8_avx2(p));
+    if constexpr (std::is_same_v<C, bf16>) _mm_storeu_si128(reinterpret_cast<__m128i*>(copy + i), bf16_narrow8_avx2(p));
   }
   for (; i < n; ++i) {
     adamw_element(param[i], to_f32(grad[i]), m[i], v[i], s);
@@ -164,13 +164,15 @@ void adamw_mixed_avx2(float* param, CBuf grad, float* m, float* v, int64_t n, co
 }
 #endif
 
-using AdamwRangeFn = void (*)(float* __restrict, const float* __restrict, float* __restrict, float* __restrict,
-                              int64_t, const AdamwScalars&);
+using AdamwRangeFn = void (*)(float* __restrict, const float* __restrict, float* __restrict, float* __restrict, int64_t,
+                              const AdamwScalars&);
 
 AdamwRangeFn adamw_range_fn(AdamwPath p) {
   switch (p) {
-    case AdamwPath::AdamwPath_scalar: return &adamw_range_scalar;
-    case AdamwPath::AdamwPath_sse: return &adamw_range_sse;
+    case AdamwPath::AdamwPath_scalar:
+      return &adamw_range_scalar;
+    case AdamwPath::AdamwPath_sse:
+      return &adamw_range_sse;
     case AdamwPath::AdamwPath_avx2:
 #if defined(FP_ADAMW_HAVE_AVX2)
       return &adamw_range_avx2;
@@ -220,16 +222,20 @@ void adamw_range_mixed(AdamwRangeFn range, float* param, CBuf grad, float* m, fl
 
 std::string_view adamw_path_name(AdamwPath p) {
   switch (p) {
-    case AdamwPath::AdamwPath_scalar: return "scalar";
-    case AdamwPath::AdamwPath_sse: return "sse";
-    case AdamwPath::AdamwPath_avx2: return "avx2";
+    case AdamwPath::AdamwPath_scalar:
+      return "scalar";
+    case AdamwPath::AdamwPath_sse:
+      return "sse";
+    case AdamwPath::AdamwPath_avx2:
+      return "avx2";
   }
   return "?";
 }
 
 bool adamw_path_available(AdamwPath p) {
   switch (p) {
-    case AdamwPath::AdamwPath_scalar: return true;
+    case AdamwPath::AdamwPath_scalar:
+      return true;
     case AdamwPath::AdamwPath_sse:
 #if defined(__SSE2__)
       return true;
@@ -238,7 +244,7 @@ bool adamw_path_available(AdamwPath p) {
 #endif
     case AdamwPath::AdamwPath_avx2:
 #if defined(FP_ADAMW_HAVE_AVX2)
-      return __builtin_cpu_supports("avx2");
+      return cpu_features().avx2;
 #else
       return false;
 #endif
@@ -246,11 +252,11 @@ bool adamw_path_available(AdamwPath p) {
   return false;
 }
 
-AdamwPath adamw_path_best() {
+AdamwPath adamw_path_best() {  // Note [One instruction-set dispatch] (ops/cpu/cpu_features.h)
   static const AdamwPath best = [] {
-    for (AdamwPath p : {AdamwPath::AdamwPath_avx2, AdamwPath::AdamwPath_sse})
-      if (adamw_path_available(p)) return p;
-    return AdamwPath::AdamwPath_scalar;
+    if (simd_level() >= SimdLevel::avx2 && adamw_path_available(AdamwPath::AdamwPath_avx2))
+      return AdamwPath::AdamwPath_avx2;
+    return adamw_path_available(AdamwPath::AdamwPath_sse) ? AdamwPath::AdamwPath_sse : AdamwPath::AdamwPath_scalar;
   }();
   return best;
 }

@@ -21,7 +21,7 @@ enum class AdamwPath {
 std::string_view adamw_path_name(AdamwPath p);
 // Whether this build and this cpu can run p.
 bool adamw_path_available(AdamwPath p);
-// The widest available path.
+// The widest available path at simd_level() (Note [One instruction-set dispatch], ops/cpu/cpu_features.h).
 AdamwPath adamw_path_best();
 
 // ops::cpu::adamw_update on an explicit path (asserts adamw_path_available(path)); same arguments,

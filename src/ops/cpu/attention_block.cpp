@@ -524,20 +524,11 @@ void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, 
   });
 }
 
-attention_tile::TileSimd attention_tile::tile_simd_detect() {
-  const char* force = std::getenv("FLATPEAK_SIMD");
-  const std::string_view f = force != nullptr ? force : "";
-  if (f == "baseline") return TileSimd::baseline;
-  if (!f.empty() && f != "avx2" && f != "fma")  // at static initialisation: say it, do not throw
-    std::fprintf(stderr, "[flatpeak] FLATPEAK_SIMD=%s is not one of baseline, avx2, fma: using the best this CPU has\n",
-                 force);
+SimdLevel attention_tile::tile_simd_detect() {
 #if FP_ATTENTION_TILE_AVX2
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2")) return TileSimd::baseline;
-  if (f == "avx2" || !__builtin_cpu_supports("fma")) return TileSimd::avx2;
-  return TileSimd::fma;
+  return simd_level();
 #else
-  return TileSimd::baseline;
+  return SimdLevel::sse2;
 #endif
 }
 
@@ -552,7 +543,7 @@ attention_tile::BackwardSweep attention_tile::backward_sweep_detect() {
   return BackwardSweep::automatic;
 }
 
-const char* attention_kernels() { return attention_tile::tile_simd_name(attention_tile::tile_simd); }
+const char* attention_kernels() { return simd_level_name(attention_tile::tile_simd); }
 
 const char* attention_backward_sweep() {
   switch (attention_tile::backward_sweep) {
@@ -564,18 +555,6 @@ const char* attention_backward_sweep() {
       break;
   }
   return "one sweep where the dQ sums fit, else two passes";
-}
-
-const char* attention_tile::tile_simd_name(TileSimd s) {
-  switch (s) {
-    case TileSimd::baseline:
-      return "sse2";
-    case TileSimd::avx2:
-      return "avx2";
-    case TileSimd::fma:
-      return "avx2+fma";
-  }
-  return "?";
 }
 
 }  // namespace fp::ops::cpu

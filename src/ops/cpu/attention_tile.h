@@ -25,6 +25,7 @@
 
 #include "core/buf.h"
 #include "ops/attention.h"
+#include "ops/cpu/cpu_features.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -217,22 +218,21 @@ __attribute__((target("avx2,fma"))) inline void exp_inplace_fma(float* __restric
 #undef FP_ATTENTION_MUL_ADD
 #undef FP_ATTENTION_FMA
 
-// The copies the tile helpers run: baseline (SSE2), avx2 (the same unfused loop in ymm registers) or
-// fma (tile products and exponentials with fused multiply-adds, Note [Tile products with FMA]). The
-// best the CPU has, unless FLATPEAK_SIMD names a lower one ("baseline" or "avx2").
-enum class TileSimd { baseline, avx2, fma };
-TileSimd tile_simd_detect();
-const char* tile_simd_name(TileSimd s);
+// The copies the tile helpers run: sse2 (baseline), avx2 (the same unfused loop in ymm registers) or
+// fma (tile products and exponentials with fused multiply-adds, Note [Tile products with FMA]):
+// simd_level() (Note [One instruction-set dispatch], ops/cpu/cpu_features.h), sse2 where this file
+// was built without the AVX2 copies.
+SimdLevel tile_simd_detect();
 // Decided once at start-up; a benchmark may switch it between runs (never while a kernel runs).
-inline TileSimd tile_simd = tile_simd_detect();
+inline SimdLevel tile_simd = tile_simd_detect();
 
 // C (M, N) += A (M, K) B (K, N), all row-major with leading dimensions lda, ldb, ldc.
 // M % kMr == 0, N % kNr == 0 (Note [Tile products as register-blocked loops]).
 inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                       float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd == TileSimd::fma) return tile_gemm_fma(A, lda, B, ldb, C, ldc, M, N, K);
-  if (tile_simd == TileSimd::avx2) return tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
+  if (tile_simd == SimdLevel::fma) return tile_gemm_fma(A, lda, B, ldb, C, ldc, M, N, K);
+  if (tile_simd == SimdLevel::avx2) return tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
 #endif
   tile_gemm_baseline(A, lda, B, ldb, C, ldc, M, N, K);
 }
@@ -242,8 +242,8 @@ inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __res
 inline void tile_gemm_at(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                          float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd == TileSimd::fma) return tile_gemm_fma<true>(A, lda, B, ldb, C, ldc, M, N, K);
-  if (tile_simd == TileSimd::avx2) return tile_gemm_at_avx2(A, lda, B, ldb, C, ldc, M, N, K);
+  if (tile_simd == SimdLevel::fma) return tile_gemm_fma<true>(A, lda, B, ldb, C, ldc, M, N, K);
+  if (tile_simd == SimdLevel::avx2) return tile_gemm_at_avx2(A, lda, B, ldb, C, ldc, M, N, K);
 #endif
   tile_gemm_at_baseline(A, lda, B, ldb, C, ldc, M, N, K);
 }
@@ -251,8 +251,8 @@ inline void tile_gemm_at(const float* __restrict A, int64_t lda, const float* __
 // x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
 inline void exp_inplace(float* __restrict x, int64_t n) {
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd == TileSimd::fma) return exp_inplace_fma(x, n);
-  if (tile_simd == TileSimd::avx2) return exp_inplace_avx2(x, n);
+  if (tile_simd == SimdLevel::fma) return exp_inplace_fma(x, n);
+  if (tile_simd == SimdLevel::avx2) return exp_inplace_avx2(x, n);
 #endif
   exp_inplace_baseline(x, n);
 }
@@ -374,7 +374,7 @@ inline void query_tile_load(const E* q, const E* o, const float* lse, const E* d
   rows_load(qs, q + qoff, nh * hd, nq, TQ, hd, hdp);
   rows_load(dos, dout + voff, nh * hdv, nq, TQ, hdv, hdvp);
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd == TileSimd::fma) {
+  if (tile_simd == SimdLevel::fma) {
     rows_dot_fma(dos, hdvp, o + voff, nh * hdv, nq, hdv, D);
   } else
 #endif

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "core/error.h"
-
 #include "ops/cpu/convert_avx2.h"
 #include "ops/cpu/cpu_features.h"
 
@@ -34,8 +33,8 @@ __attribute__((target("avx2"))) void narrow_avx2(const float* src, bf16* dst, in
   for (; i < n; ++i) dst[i] = from_f32<bf16>(src[i]);
 }
 
-bool use_avx2() {
-  static const bool yes = cpu_features().avx2;
+bool use_avx2() {  // Note [One instruction-set dispatch] (ops/cpu/cpu_features.h)
+  static const bool yes = simd_level() >= SimdLevel::avx2;
   return yes;
 }
 

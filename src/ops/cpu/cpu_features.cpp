@@ -5,11 +5,13 @@
 #include "ops/cpu/cpu_features.h"
 
 #include <cpuid.h>
+#include <fmt/format.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-
-#include <fmt/format.h>
+#include <string_view>
 
 namespace fp::ops::cpu {
 
@@ -37,8 +39,8 @@ CpuFeatures read() {
   __get_cpuid(1, &a, &b, &c, &d);
   const int base_family = static_cast<int>((a >> 8) & 0xF), base_model = static_cast<int>((a >> 4) & 0xF);
   f.family = base_family == 0xF ? base_family + static_cast<int>((a >> 20) & 0xFF) : base_family;
-  f.model = (base_family == 0x6 || base_family == 0xF) ? base_model + (static_cast<int>((a >> 16) & 0xF) << 4)
-                                                        : base_model;
+  f.model =
+      (base_family == 0x6 || base_family == 0xF) ? base_model + (static_cast<int>((a >> 16) & 0xF) << 4) : base_model;
   const bool osxsave = bit(c, 27);
   const uint64_t x = osxsave ? xcr0() : 0;
   const bool ymm = (x & 0x6) == 0x6, zmm = ymm && (x & 0xE0) == 0xE0, tiles = (x & 0x60000) == 0x60000;
@@ -102,6 +104,39 @@ std::string CpuFeatures::str() const {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = read();
   return f;
+}
+
+SimdLevel simd_level() {
+  static const SimdLevel level = [] {
+    const CpuFeatures& f = cpu_features();
+    const SimdLevel best = !f.avx2 ? SimdLevel::sse2 : f.fma ? SimdLevel::fma : SimdLevel::avx2;
+    const char* force = std::getenv("FLATPEAK_SIMD");
+    const std::string_view v = force != nullptr ? force : "";
+    SimdLevel want = best;
+    if (v == "baseline" || v == "sse2") {
+      want = SimdLevel::sse2;
+    } else if (v == "avx2") {
+      want = SimdLevel::avx2;
+    } else if (!v.empty() && v != "fma") {  // often read during static initialisation: say it, do not throw
+      std::fprintf(stderr,
+                   "[flatpeak] FLATPEAK_SIMD=%s is not one of baseline, avx2, fma: using the best this CPU has\n",
+                   force);
+    }
+    return want < best ? want : best;
+  }();
+  return level;
+}
+
+const char* simd_level_name(SimdLevel s) {
+  switch (s) {
+    case SimdLevel::sse2:
+      return "sse2";
+    case SimdLevel::avx2:
+      return "avx2";
+    case SimdLevel::fma:
+      return "avx2+fma";
+  }
+  return "?";
 }
 
 }  // namespace fp::ops::cpu

@@ -25,4 +25,17 @@ struct CpuFeatures {
 // Read once per process.
 const CpuFeatures& cpu_features();
 
+// Note [One instruction-set dispatch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every hand-vectorised kernel of the engine (the attention tiles, AdamW, bf16 <-> f32 conversion)
+// picks its copy from this one level, decided once per process: the best this CPU runs (from
+// cpu_features(), never a compiler's or a library's detector), lowered by FLATPEAK_SIMD = baseline
+// (sse2), avx2 or fma. A kernel without a copy at the level runs the best copy below it. OpenBLAS's
+// kernels are chosen apart (blas_setup.h), and OPENBLAS_CORETYPE lowers them; `scripts/test --kernels`
+// sets both, so the suite can run under every kernel set this CPU can execute.
+enum class SimdLevel { sse2, avx2, fma };
+SimdLevel simd_level();
+// "sse2", "avx2", "avx2+fma": what benches print.
+const char* simd_level_name(SimdLevel s);
+
 }  // namespace fp::ops::cpu
