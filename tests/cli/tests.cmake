@@ -4,20 +4,23 @@ set(FP_CLI_PY /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_train.py --b
 foreach(case resume_bit_exact resume_bit_exact_bf16 resume_bit_exact_bf16_deepseek bench_step_bf16 kill_during_checkpoint bad_inputs demo_loss_falls eval_token_file out_reuse signals
              signal_mpi faults cli_edges extend oom_hints disk_full report)
   add_test(NAME cli_${case} COMMAND ${FP_CLI_PY} ${case})
-  set_tests_properties(cli_${case} PROPERTIES LABELS cli TIMEOUT 600)
+  set_tests_properties(cli_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 600)
 endforeach()
 # flatpeak plan (tests/cli/test_plan.py): presets with JSON and SVG, plan vs `step --device meta`, errors,
 # a run config's schedules (plan --config).
-foreach(case presets_json_plot matches_meta_step bad_inputs compare_timeline from_run_config)
+foreach(case matches_meta_step bad_inputs compare_timeline from_run_config)
   add_test(NAME cli_plan_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_plan.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
-  set_tests_properties(cli_plan_${case} PROPERTIES LABELS cli TIMEOUT 300)
+  set_tests_properties(cli_plan_${case} PROPERTIES LABELS "cli;quick" TIMEOUT 300)
 endforeach()
+add_test(NAME cli_plan_presets_json_plot COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_plan.py
+         --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs presets_json_plot)
+set_tests_properties(cli_plan_presets_json_plot PROPERTIES LABELS "cli;slow" TIMEOUT 300)
 # Optimizer schedules (tests/cli/test_optim.py): offload training and resume vs the device AdamW, bench optimizer.
 foreach(case train_resume_offload train_emulated_link bench_smoke)
   add_test(NAME cli_optim_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_optim.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
-  set_tests_properties(cli_optim_${case} PROPERTIES LABELS cli TIMEOUT 300)
+  set_tests_properties(cli_optim_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 300)
 endforeach()
 # Hugging Face checkpoint directories (tests/cli/test_hf.py, needs torch): eval vs the PyTorch twin on F32, sharded
 # BF16 and F16 weights in both config.json spellings and every RoPE scaling, refused keys and tensors, train
@@ -25,17 +28,17 @@ endforeach()
 foreach(case eval_matches_twin refusals init_from convert_round_trip)
   add_test(NAME cli_hf_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_hf.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
-  set_tests_properties(cli_hf_${case} PROPERTIES LABELS cli TIMEOUT 300)
+  set_tests_properties(cli_hf_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 300)
 endforeach()
 # The demo learns recall (tests/cli/test_demo.py): scripts/demo in full with this build's binary; its recall
 # accuracy at 1024 tokens must end >= 0.9. About 40 s on 2 idle cores.
 add_test(NAME cli_demo_learns_recall COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_demo.py
          --bin $<TARGET_FILE:flatpeak> --root ${PROJECT_SOURCE_DIR})
-set_tests_properties(cli_demo_learns_recall PROPERTIES LABELS cli TIMEOUT 600)
+set_tests_properties(cli_demo_learns_recall PROPERTIES LABELS "cli;slow" TIMEOUT 600)
 # bench vocab in bf16 (tests/cli/test_bench.py): its own checks against float64 and the full head pass with
 # bf16 tolerances, on one rank and on 2 ranks with the FSDP lm_head, and the peaks follow the dtypes.
 foreach(case vocab_bf16 vocab_bf16_mpi)
   add_test(NAME cli_bench_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_bench.py
            --bin $<TARGET_FILE:flatpeak> ${case})
-  set_tests_properties(cli_bench_${case} PROPERTIES LABELS cli TIMEOUT 300)
+  set_tests_properties(cli_bench_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 300)
 endforeach()

@@ -5,13 +5,16 @@ usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
   grads      dist_case on W = 1, 2, 4 (the plain layer; every Hugging Face switch on: biases, sliding
              window, tied embeddings, a dense layer; DeepSeek-V3's layer): loss within 1e-5 relative, every
              gradient within 1e-4 norm-relative, every rank's params/grads bytes (shards, one gathered unit)
-             as the FSDP layout implies; the switched and the DeepSeek model with Ring-DTP, SCO and
-             PipelinedLLEP on 2 and 4 ranks against their plain schedules on one process; the MoE token
-             side in chunks through the standard, LLEP and PipelinedLLEP dispatches
+             as the FSDP layout implies
+  grads_flat     the switched and the DeepSeek model with Ring-DTP, SCO and PipelinedLLEP on 2 and 4 ranks
+                 against their plain schedules on one process
+  grads_chunked  the MoE token side in chunks through the standard, LLEP and PipelinedLLEP dispatches
+  grads_bf16     the bf16 recipe on 2 and 4 ranks against one process
   train      10 steps of flatpeak train on W = 2 and 4 track the single-process losses within 1e-4; meta
-             runs peak like cpu in params, grads, optimizer, checkpoints, vocab; DeepSeek-V3's layer with its
-             routing bias moving on 2 ranks, and resumed on one process; the MoE token side in chunks
-             through PipelinedLLEP under a profile: meta allocates as cpu
+             runs peak like cpu in params, grads, optimizer, checkpoints, vocab
+  train_deepseek      DeepSeek-V3's layer with its routing bias moving on 2 ranks, and resumed on one process
+  train_bf16          the bf16 recipe on 2 and 4 ranks
+  train_chunked_meta  the MoE token side in chunks through PipelinedLLEP under a profile: meta allocates as cpu
   ckpt       checkpoints written by 2 or 4 ranks equal one process's and resume on 1 or 2 ranks, and vice
              versa, with the same losses within 1e-5
   failure    a failing rank ends every rank non-zero within 30 s, the error printed once
@@ -84,19 +87,28 @@ def case_grads(tmp):
     for variant in ("plain", "hf_layers", "deepseek"):
         print(f"-- {variant}")
         grads_variant(tmp, variant)
-    # The flattened schedules on the same model: W ranks against the plain schedules on one process.
+
+
+def case_grads_flat(tmp):
+    """The flattened schedules on the same model: W ranks against the plain schedules on one process."""
     for model in ("hf_layers", "deepseek"):
         print(f"-- {model}_flat (Ring-DTP, SCO, PipelinedLLEP) against {model} on one process")
         grads_variant(tmp, f"{model}_flat", reference=model)
-    # The MoE token side in chunks, through every dispatch: standard, LLEP, PipelinedLLEP.
+
+
+def case_grads_chunked(tmp):
+    """The MoE token side in chunks, through every dispatch: standard, LLEP, PipelinedLLEP."""
     for variant, model in (("plain_chunked", "plain"), ("plain_llep_chunked", "plain"),
                            ("hf_layers_flat_chunked", "hf_layers"), ("deepseek_flat_chunked", "deepseek")):
         print(f"-- {variant} (the MoE token side in chunks) against {model} on one process")
         grads_variant(tmp, variant, reference=model)
-    # The bf16 recipe on W ranks (Note [Summing bf16 over ranks], Note [Ring attention accumulates in
-    # f32]): the forward differs from one process only in f32 summation order (losses within 5e-6,
-    # measured <= 5.4e-7), the gradients by where they are rounded to bf16 (each rank's partial sum,
-    # before the reduce-scatter): within the bf16 tolerance 3e-2 norm-relative (measured <= 0.9%).
+
+
+def case_grads_bf16(tmp):
+    """The bf16 recipe on W ranks (Note [Summing bf16 over ranks], Note [Ring attention accumulates in
+    f32]): the forward differs from one process only in f32 summation order (losses within 5e-6,
+    measured <= 5.4e-7), the gradients by where they are rounded to bf16 (each rank's partial sum,
+    before the reduce-scatter): within the bf16 tolerance 3e-2 norm-relative (measured <= 0.9%)."""
     for variant, model in (("plain_bf16", None), ("hf_layers_bf16", None), ("deepseek_bf16", None),
                            ("plain_llep_bf16", "plain_bf16"), ("hf_layers_flat_bf16", "hf_layers_bf16"),
                            ("deepseek_flat_bf16", "deepseek_bf16")):
@@ -108,9 +120,13 @@ def grads_variant(tmp, variant, reference=None, loss_rtol=1e-5, grad_rtol=1e-4):
     """dist_case `variant` on W ranks against W = 1 (of `reference`, when given, already run): losses
     (max-relative) and gradients (norm-relative, each); the FSDP ledger figures for the plain schedules."""
     files = {}
+    dist_case = os.path.join(A.bin_dir, "tests", "dist_case")
+    ref_file = os.path.join(tmp, f"{reference}_w1.safetensors")
+    if reference and not os.path.exists(ref_file):  # each ctest case runs in its own tmp
+        ok(mpirun(1, [dist_case, ref_file, reference]), f"dist_case {reference} W=1")
     for w in ((2, 4) if reference else (1, 2, 4)):
         f = os.path.join(tmp, f"{variant}_w{w}.safetensors")
-        ok(mpirun(w, [os.path.join(A.bin_dir, "tests", "dist_case"), f, variant]), f"dist_case {variant} W={w}")
+        ok(mpirun(w, [dist_case, f, variant]), f"dist_case {variant} W={w}")
         files[w], meta = safetensors_io.load(f)
         if reference:
             continue
@@ -126,7 +142,7 @@ def grads_variant(tmp, variant, reference=None, loss_rtol=1e-5, grad_rtol=1e-4):
             assert got == want, f"W={w} rank {r} ledger {got}, FSDP layout implies {want}"
         print(f"W={w}: per-rank params {[l[0] for l in led]} B, peaks params {[l[1] for l in led]} B, "
               f"grads {[l[2] for l in led]} B: as the FSDP and expert layouts imply")
-    ref = safetensors_io.load(os.path.join(tmp, f"{reference}_w1.safetensors"))[0] if reference else files[1]
+    ref = safetensors_io.load(ref_file)[0] if reference else files[1]
     worst = 0.0
     for w in (2, 4):
         got = files[w]
@@ -199,9 +215,6 @@ def case_train_bf16(tmp):
 
 
 def case_train(tmp):
-    case_train_deepseek(tmp)
-    case_train_bf16(tmp)
-    case_train_chunked_meta(tmp)
     single = os.path.join(tmp, "w1")
     ok(mpirun(1, train_args(single, 10)), "single-process training")
     ref = losses(single)

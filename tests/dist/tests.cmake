@@ -15,7 +15,7 @@ function(flatpeak_mpi_case exe prefix)
     add_test(NAME ${prefix}_w${w}
              COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np ${w} $<TARGET_FILE:${exe}>)
   endforeach()
-  set_tests_properties(${prefix}_w1 ${prefix}_w2 ${prefix}_w4 PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE
+  set_tests_properties(${prefix}_w1 ${prefix}_w2 ${prefix}_w4 PROPERTIES LABELS "mpi;slow" TIMEOUT 300 RUN_SERIAL TRUE
                        ENVIRONMENT "${FLATPEAK_MPI_ENV}")
 endfunction()
 
@@ -23,15 +23,17 @@ endfunction()
 function(flatpeak_mpi_script name script timeout)
   add_test(NAME ${name} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/dist/${script}
                                 --bin-dir ${PROJECT_BINARY_DIR} ${ARGN})
-  set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT ${timeout} RUN_SERIAL TRUE)
+  set_tests_properties(${name} PROPERTIES LABELS "mpi;slow" TIMEOUT ${timeout} RUN_SERIAL TRUE)
 endfunction()
 
-# The whole model on W ranks against one process (dist_case.cpp + dist_check.py): gradients, 10
-# training steps, checkpoints across W, a failing rank.
+# The whole model on W ranks against one process (dist_case.cpp + dist_check.py), one ctest entry per
+# case: gradients (plain; the flattened schedules; the MoE token side in chunks; bf16), 10 training
+# steps (Qwen3-MoE; DeepSeek-V3; bf16; chunks on meta), checkpoints across W, a failing rank.
 add_executable(dist_case ${CMAKE_CURRENT_SOURCE_DIR}/dist/dist_case.cpp)
 target_compile_options(dist_case PRIVATE ${FLATPEAK_WARNINGS})
 target_link_libraries(dist_case PRIVATE flatpeak_engine)
-foreach(case grads train ckpt failure)
+foreach(case grads grads_flat grads_chunked grads_bf16 train train_deepseek train_bf16 train_chunked_meta ckpt
+             failure)
   flatpeak_mpi_script(mpi_${case} dist_check.py 900 --configs ${PROJECT_SOURCE_DIR}/configs ${case})
 endforeach()
 
@@ -63,12 +65,12 @@ flatpeak_mpi_script(mpi_llep_bench llep_bench.py 300)
 flatpeak_mpi_case(plan_case mpi_plan)
 add_test(NAME mpi_plan_w8
          COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 8 $<TARGET_FILE:plan_case>)
-set_tests_properties(mpi_plan_w8 PROPERTIES LABELS mpi TIMEOUT 600 RUN_SERIAL TRUE ENVIRONMENT "${FLATPEAK_MPI_ENV}")
+set_tests_properties(mpi_plan_w8 PROPERTIES LABELS "mpi;slow" TIMEOUT 600 RUN_SERIAL TRUE ENVIRONMENT "${FLATPEAK_MPI_ENV}")
 
 # bench vocab on 4 ranks with the ring's lm_head in the FSDP layout (V = 1001: padding rows), both ring
 # modes, cpu: the bench's own checks (every ring variant against the full head, dx and dW of this
 # rank's rows within 1e-5) fail the run. Then meta in bf16 with the per-tensor breakdown of the peak.
 add_test(NAME mpi_bench_vocab_fsdp
          COMMAND sh -c "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 4 $<TARGET_FILE:flatpeak> bench vocab --tokens 256 --vocab 1001 --hidden 64 --repeats 1 --warmup 0 --fsdp --ring-mode both --precision fp32,bf16 && ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 4 $<TARGET_FILE:flatpeak> bench vocab --tokens 4096 --vocab 20000 --hidden 512 --device meta --fsdp --precision bf16 --breakdown | grep -q 'lm_head.weight .*bf16 .*(5000, 512)'")
-set_tests_properties(mpi_bench_vocab_fsdp PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE
+set_tests_properties(mpi_bench_vocab_fsdp PROPERTIES LABELS "mpi;slow" TIMEOUT 300 RUN_SERIAL TRUE
                      ENVIRONMENT "${FLATPEAK_MPI_ENV}")

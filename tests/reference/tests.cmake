@@ -3,7 +3,7 @@
 
 # The twin checked on its own: naive-loop attention and MoE, gradcheck, safetensors I/O, check_case.py.
 add_test(NAME twin_selfcheck COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/test_twin_selfcheck.py)
-set_tests_properties(twin_selfcheck PROPERTIES LABELS reference TIMEOUT 300)
+set_tests_properties(twin_selfcheck PROPERTIES LABELS "reference;slow" TIMEOUT 300)
 
 # The model against the twin: dump_case builds the model, runs one forward/backward and writes
 # weights, batch, logits, losses and every gradient; check_case.py recomputes them in float64 and
@@ -14,7 +14,7 @@ target_link_libraries(dump_case PRIVATE flatpeak_engine)
 foreach(case gqa_norm mha_nonorm hf_layers yarn mla mla_yarn)
   add_test(NAME model_vs_twin_${case}
            COMMAND sh -c "$<TARGET_FILE:dump_case> ${CMAKE_CURRENT_BINARY_DIR}/case_${case}.safetensors ${case} && /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/check_case.py ${CMAKE_CURRENT_BINARY_DIR}/case_${case}.safetensors --rtol 1e-5")
-  set_tests_properties(model_vs_twin_${case} PROPERTIES LABELS reference TIMEOUT 600)
+  set_tests_properties(model_vs_twin_${case} PROPERTIES LABELS "reference;quick" TIMEOUT 600)
 endforeach()
 
 # The same cases in flatpeak's bf16 recipe against the bf16 twin (the twin with flatpeak's cast points,
@@ -26,7 +26,7 @@ endforeach()
 foreach(case gqa_norm mha_nonorm hf_layers yarn mla mla_yarn)
   add_test(NAME model_vs_twin_bf16_${case}
            COMMAND sh -c "$<TARGET_FILE:dump_case> ${CMAKE_CURRENT_BINARY_DIR}/case_${case}_bf16.safetensors ${case} bf16 && /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/check_case.py ${CMAKE_CURRENT_BINARY_DIR}/case_${case}_bf16.safetensors")
-  set_tests_properties(model_vs_twin_bf16_${case} PROPERTIES LABELS reference TIMEOUT 600)
+  set_tests_properties(model_vs_twin_bf16_${case} PROPERTIES LABELS "reference;quick" TIMEOUT 600)
 endforeach()
 
 # 10 AdamW steps of the whole model against the twin with torch.optim.AdamW: losses within 1e-4.
@@ -35,4 +35,4 @@ target_compile_options(train_case PRIVATE ${FLATPEAK_WARNINGS})
 target_link_libraries(train_case PRIVATE flatpeak_engine)
 add_test(NAME training_vs_twin
          COMMAND sh -c "$<TARGET_FILE:train_case> ${CMAKE_CURRENT_BINARY_DIR}/train_case.safetensors 10 && /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/check_training.py ${CMAKE_CURRENT_BINARY_DIR}/train_case.safetensors --rtol 1e-4")
-set_tests_properties(training_vs_twin PROPERTIES LABELS reference TIMEOUT 600)
+set_tests_properties(training_vs_twin PROPERTIES LABELS "reference;quick" TIMEOUT 600)
