@@ -2,7 +2,7 @@
 // what backward needs, then backward) with the expert dispatch variants standard, llep and
 // pipelined_llep (strided and contiguous chunks) in the same run, on W ranks under mpirun (W = 1
 // works: every variant then moves rows to itself). The routing profile overrides the router's
-// choice (DESIGN.md, routing profiles), so the skew is set and meta runs allocate like cpu runs.
+// choice (model/routing.h), so the skew is set and meta runs allocate like cpu runs.
 // Legend: N tokens per rank, H hidden, I expert width, E experts, k top-k, W ranks, m = N k,
 // c chunk cap, K chunks, c_eff tokens per source per chunk.
 //

@@ -1,4 +1,4 @@
-// flatpeak bench optimizer: the optimizer step of every schedule (DESIGN.md, OffloadStreamAdamW) in
+// flatpeak bench optimizer: the optimizer step of every schedule (docs/design.md, OffloadStreamAdamW) in
 // one run: device AdamW, offload_serial, offload_stream with the update on the device and on the
 // host, for each slot count, with the copies native (memcpy) and over each emulated link
 // (Note [Emulated link], backend.h; figures with it are emulated and labelled so).

@@ -1,4 +1,4 @@
-// Precision: the element type of each kind of tensor a training step allocates (DESIGN.md,
+// Precision: the element type of each kind of tensor a training step allocates (docs/design.md,
 // "Precision is a recipe chosen at launch"). Chosen once per run ([precision] in the run config) and
 // honoured at every allocation: the model, the schedules and the optimizers read their dtype from it.
 //

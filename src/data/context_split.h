@@ -1,5 +1,5 @@
-// Context parallelism: which tokens of each sequence a rank holds (DESIGN.md; issue "Multi-process
-// training"). Legend: T tokens per sequence, W ranks, C = T / (2W) tokens per chunk, N = T / W tokens
+// Context parallelism: which tokens of each sequence a rank holds (README, "Multi-process runs";
+// docs/design.md, "Architecture"). Legend: T tokens per sequence, W ranks, C = T / (2W) tokens per chunk, N = T / W tokens
 // per rank.
 //
 // Note [Zig-zag pieces]: a sequence is cut into 2W chunks of C tokens and rank r holds chunks r and

@@ -1,4 +1,4 @@
-// The nine categories every device allocation names (DESIGN.md, Architecture 1), and for each the
+// The nine categories every device allocation names (docs/design.md, "Architecture"), and for each the
 // schedule that flattens it: the hint an out-of-memory error gives.
 #pragma once
 

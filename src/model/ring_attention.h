@@ -1,4 +1,4 @@
-// Ring attention over the context-parallel ranks (DESIGN.md; issue "Multi-process training").
+// Ring attention over the context-parallel ranks (docs/design.md, "Architecture").
 // Legend: B sequences, N = T / W tokens per rank (zig-zag pieces, data/context_split.h), nh/nkv
 // heads, hd the query/key head width, hdv the value/output head width (Note [Value heads of their own
 // width], ops/attention.h).

@@ -1,4 +1,4 @@
-// Routing profiles (DESIGN.md): the experts each token goes to, overriding the router, so that a
+// Routing profiles (README, the [moe] settings): the experts each token goes to, overriding the router, so that a
 // meta run (which computes no router) and a cpu run allocate exactly the same sizes, and so that
 // benchmarks set the skew. Pure host arithmetic.
 //

@@ -1,4 +1,4 @@
-// Which schedule each flattenable peak uses (DESIGN.md, "The four schedules"), and the dtypes: the one
+// Which schedule each flattenable peak uses (docs/design.md, "The four schedules"), and the dtypes: the one
 // schedule and config model. Every family keeps its plain variant, so a run can compare them side by
 // side. One struct (Schedules), one name per setting (the run config's dotted TOML name, e.g.
 // pipelined.chunk_cap, written next to each field), one validation (schedules_validate). The run config

@@ -1,7 +1,7 @@
 // The cross-entropy of a vocabulary that is never materialised whole: logits arrive as strips, each
 // the logits of some rows against a vocabulary range [v0, v1) (a sub-block of the vocabulary on one
 // rank, a shard of it in the Ring-DTP ring), and each row keeps a running state folded with an online
-// log-sum-exp (DESIGN.md, Ring-DTP):
+// log-sum-exp (docs/design.md, Ring-DTP):
 //
 //   m' = max(m, max_j x_j)          running max                                  (rows) float
 //   z' = z exp(m - m') + sum_j exp(x_j - m')   running sum of exponentials, rescaled (rows) double

@@ -231,13 +231,13 @@ int profile_check(Comm& comm, const std::string& profile_str) {
       if (v.sched.min_tokens_per_gemm < 100) check(guests > 0, tag + "no rank computed a guest expert");
     }
 
-    // pipelined_llep: the expert-side chunk buffers against the bound computed here from DESIGN.md.
+    // pipelined_llep: the expert-side chunk buffers against the bound computed here from docs/design.md.
     if (v.sched.kind == DispatchSchedule::Kind::Kind_pipelined_llep) {
       const int64_t n_max = block_tokens(W - 1);
       const int64_t K = std::min(ceil_div(n_max, v.sched.chunk_cap), v.sched.max_chunks), c_eff = ceil_div(n_max, K);
       const uint64_t bound = 2ull * W * k * c_eff * H * 4;
       check(got.stats.chunks == K && got.stats.c_eff == c_eff,
-            tag + fmt::format("K = {}, c_eff = {}; DESIGN.md gives {}, {}", got.stats.chunks, got.stats.c_eff, K, c_eff));
+            tag + fmt::format("K = {}, c_eff = {}; docs/design.md gives {}, {}", got.stats.chunks, got.stats.c_eff, K, c_eff));
       check(got.stats.chunk_bound_bytes == bound, tag + fmt::format("bound {} B, expected {} B", got.stats.chunk_bound_bytes, bound));
       check(got.chunk_side_peak <= bound,
             tag + fmt::format("expert-side chunk buffers peak at {} B over the bound {} B", got.chunk_side_peak, bound));

@@ -1,5 +1,5 @@
 // The planner: settings, model files, the engine's peaks (a plan is the engine on meta) against the
-// closed forms DESIGN.md and the Notes state, multi-rank shards and bounds, the reach search and the
+// closed forms docs/design.md and the Notes state, multi-rank shards and bounds, the reach search and the
 // SVG. Its agreement with a real multi-process run is tests/dist/plan_case.cpp (mpirun).
 #include <gtest/gtest.h>
 
@@ -158,7 +158,7 @@ TEST(PlanSettings, ContextLengths) {
 }
 
 // The closed-form counts equal the profile's own assignment, token by token.
-// One rank, plain schedules: the closed forms DESIGN.md and the Notes state.
+// One rank, plain schedules: the closed forms docs/design.md and the Notes state.
 TEST(PlanOneRank, ClosedFormsOfThePlainSchedules) {
   const ModelConfig m = small_model();
   const int64_t T = 512, B = 2, N = T * B, H = m.hidden_size, L = m.num_hidden_layers, V = m.vocab_size,

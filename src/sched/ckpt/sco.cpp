@@ -98,7 +98,7 @@ void ScoBoundaryStore::restore_start(int64_t l) {
   be_.compute_stream().record(freed);
   h2d.wait(freed);
   // Without this edge the copy could read the host buffer before the offload wrote it: stale data,
-  // silently wrong gradients (DESIGN.md "SCO").
+  // silently wrong gradients (docs/design.md "SCO").
   h2d.wait(s.offload_done);
   be_.copy_async(h2d, s.device.data(), s.host.data(), s.device.bytes());
   h2d.record(s.restore_done);

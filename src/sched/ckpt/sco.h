@@ -1,4 +1,4 @@
-// SCO, selective checkpoint offload (DESIGN.md "SCO"): the checkpoint boundaries live in host memory
+// SCO, selective checkpoint offload (docs/design.md "SCO"): the checkpoint boundaries live in host memory
 // between forward and backward, so the device holds at most two of them whatever the depth.
 // Legend: L layers, n tokens, H hidden; a boundary is x_l (n, H) fp32.
 //

@@ -1,8 +1,8 @@
-// PipelinedLLEP chunking (DESIGN.md, "PipelinedLLEP"): which of a source's tokens travel in which
+// PipelinedLLEP chunking (docs/design.md, "PipelinedLLEP"): which of a source's tokens travel in which
 // chunk, and what that bounds. Pure host arithmetic; identical on every rank because every rank has
 // the same n (tokens per rank) and the same settings.
 //
-// Legend: n tokens per source rank (N in DESIGN.md), k top-k, W expert-parallel ranks (E_p), H hidden,
+// Legend: n tokens per source rank (N in docs/design.md), k top-k, W expert-parallel ranks (E_p), H hidden,
 // c = pipelined.chunk_cap, K_max = pipelined.max_chunks.
 //   K = min(ceil(n / c), K_max), c_eff = ceil(n / K)
 //   contiguous: chunk i = tokens [i c_eff, (i + 1) c_eff)

@@ -1,5 +1,5 @@
 // Expert dispatch: the schedules that take a rank's routed token copies to the experts that compute
-// them and bring the outputs back (DESIGN.md, "PipelinedLLEP"). One interface, several variants:
+// them and bring the outputs back (docs/design.md, "PipelinedLLEP"). One interface, several variants:
 //
 //   local           (local.cpp)     W = 1: every expert is here; the expert FFN runs on xs directly,
 //                                   no comm: the model's plain single-rank path.

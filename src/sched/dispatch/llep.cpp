@@ -1,4 +1,4 @@
-// LLEP, least-loaded expert parallelism (DESIGN.md, "PipelinedLLEP"; dispatch.h contract), and what
+// LLEP, least-loaded expert parallelism (docs/design.md, "PipelinedLLEP"; dispatch.h contract), and what
 // it shares with PipelinedLLEP (llep.h): the layer plan, the guest experts' weights and gradients.
 // Legend: m routed copies of this rank, H hidden, I expert width, E experts, W ranks, R rows this rank
 // computes under the plan, G guest experts, P = 3 I H floats of one expert's weights.

@@ -33,7 +33,7 @@ void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64
                       LlepLayer& out);
 
 // The weights of this rank's guest experts, received point-to-point from their homes, and their
-// gradients, sent home in backward and added there to the owner's (DESIGN.md: "A rank that computes
+// gradients, sent home in backward and added there to the owner's (docs/design.md: "A rank that computes
 // a foreign expert receives that expert's weights point-to-point ... in backward, sends the weight
 // gradients home, where they are added to the native ones").
 //

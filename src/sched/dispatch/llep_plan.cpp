@@ -1,4 +1,4 @@
-// LLEP assignment plan and route mapping (DESIGN.md, "PipelinedLLEP"). Pure host arithmetic.
+// LLEP assignment plan and route mapping (docs/design.md, "PipelinedLLEP"). Pure host arithmetic.
 // Legend: E experts, W expert-parallel ranks, home(e) = e / (E / W), load (E), counts (W, E).
 #include "sched/dispatch/llep_plan.h"
 

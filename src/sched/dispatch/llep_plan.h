@@ -1,9 +1,9 @@
-// LLEP, least-loaded expert parallelism (DESIGN.md, "PipelinedLLEP"): the assignment plan of expert
+// LLEP, least-loaded expert parallelism (docs/design.md, "PipelinedLLEP"): the assignment plan of expert
 // work to ranks, and the mapping of every routed copy to the rank that computes it. Pure host
 // arithmetic on global counts: every rank holds the same counts (after the all-reduce / all-gather of
 // the dispatch), so every rank builds the same plan, bit for bit.
 //
-// Legend: E experts, W expert-parallel ranks (E_p in DESIGN.md), expert e's home rank is
+// Legend: E experts, W expert-parallel ranks (E_p in docs/design.md), expert e's home rank is
 // e / (E / W); load[e] routed copies of expert e over all ranks; counts (W, E) the copies of expert e
 // routed by source rank s.
 //

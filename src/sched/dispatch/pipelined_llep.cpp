@@ -1,4 +1,4 @@
-// PipelinedLLEP (DESIGN.md, "PipelinedLLEP"; dispatch.h contract): LLEP's plan, dispatched in K chunks
+// PipelinedLLEP (docs/design.md, "PipelinedLLEP"; dispatch.h contract): LLEP's plan, dispatched in K chunks
 // (chunk_plan.h), so that what a rank receives at once is bounded at launch, whatever the router does.
 // Legend: n tokens of this rank, m = n k routed copies, H hidden, I expert width, E experts, W ranks,
 // K chunks, c_eff tokens of one source per chunk, m_i this rank's copies in chunk i (<= k c_eff),

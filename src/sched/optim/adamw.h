@@ -1,5 +1,5 @@
 // AdamW with the whole optimizer state on the device (the plain variant; the host-offload schedules
-// of DESIGN.md, OffloadStreamAdamW, reuse its kernel ops/adamw.h and must equal it bit for bit).
+// of docs/design.md, OffloadStreamAdamW, reuse its kernel ops/adamw.h and must equal it bit for bit).
 //
 // One step: the global gradient L2 norm over every parameter, clipping to optim.grad_clip by
 // scaling the gradients inside the update (torch.nn.utils.clip_grad_norm_ then torch.optim.AdamW),

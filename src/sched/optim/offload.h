@@ -1,4 +1,4 @@
-// AdamW with its state in host memory (DESIGN.md, OffloadStreamAdamW): the plain offload step and
+// AdamW with its state in host memory (docs/design.md, OffloadStreamAdamW): the plain offload step and
 // the streamed one. Both compute exactly the update of AdamW (adamw.h): the same global-norm
 // clipping, the same kernel (ops/adamw.h) on the same operands, so they equal each other bit for bit
 // and equal the device AdamW on the cpu backend, in the fp32 recipe and in the bf16 one.
@@ -14,7 +14,7 @@
 // serial variant are in each gradient's dtype, as is each segment in the host slots of the streamed
 // one; the device slots are always f32. With the fp32 recipe the device weights are f32 too, so the
 // master always equals them; it is kept so the schedule moves what a reduced-precision device copy
-// would need (and what DESIGN.md budgets). With the bf16 recipe the device weights are the master
+// would need (and what docs/design.md budgets). With the bf16 recipe the device weights are the master
 // rounded (Note [Offload with bf16 weights]). Either way the master is taken from the device weights
 // (widened, exact) at the first step after construction or set_steps_taken (a checkpoint load writes
 // the device weights after the optimizer exists), unless the checkpoint brought the master itself

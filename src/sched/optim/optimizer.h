@@ -1,4 +1,4 @@
-// The optimizer of a training run, by schedule (DESIGN.md, OffloadStreamAdamW):
+// The optimizer of a training run, by schedule (docs/design.md, OffloadStreamAdamW):
 //   device          AdamW with fp32 m, v on the device (adamw.h): the plain variant.
 //   offload_serial  state in host memory; all gradients to host, CPU AdamW, all parameters back.
 //   offload_stream  the same state, pipelined through optim.slots staging slots of buckets.

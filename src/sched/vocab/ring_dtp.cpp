@@ -1,4 +1,4 @@
-// LM head with Ring-DTP (DESIGN.md, Ring-DTP): the logits of the vocabulary projection exist only as
+// LM head with Ring-DTP (docs/design.md, Ring-DTP): the logits of the vocabulary projection exist only as
 // strips of block_tokens rows, folded into a per-token online log-sum-exp state (ops/online_lse.h), so
 // the vocab category holds one strip and 16 B per token instead of 3 x (n, V) fp32.
 // Legend: n tokens, H hidden, V vocabulary, n_blk = min(block_tokens, n) strip height.

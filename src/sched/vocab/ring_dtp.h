@@ -1,4 +1,4 @@
-// Ring-DTP's layout and fixed working set (DESIGN.md, Ring-DTP), for the head, the planner and the
+// Ring-DTP's layout and fixed working set (docs/design.md, Ring-DTP), for the head, the planner and the
 // benchmarks: which vocabulary shard a rank holds, which ring mode runs, and what the head reserves
 // when it starts, from the schedule, the ranks' token counts, V / P and H.
 // Legend: n tokens on this rank, P ranks (the ring), V vocabulary, Vp = ceil(V / P) rows of a shard,
@@ -44,7 +44,7 @@ inline VocabShard ring_dtp_shard(int64_t V, int P, int s) {
   return {v0, std::min(Vp, V - v0)};
 }
 
-// What travels the ring (DESIGN.md): the vocabulary shards (weights), or the token batches with
+// What travels the ring (docs/design.md): the vocabulary shards (weights), or the token batches with
 // their running state (activations).
 enum class RingMode { RingMode_weights, RingMode_activations };
 // vocab.ring_mode resolved; "auto" moves the activations when n_max <= Vp (a hop then moves n x H

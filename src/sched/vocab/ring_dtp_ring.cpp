@@ -1,4 +1,4 @@
-// Ring-DTP over P > 1 ranks (DESIGN.md, Ring-DTP): the vocabulary projection and loss of every rank's
+// Ring-DTP over P > 1 ranks (docs/design.md, Ring-DTP): the vocabulary projection and loss of every rank's
 // tokens against a vocabulary sharded over the ranks, with no rank ever holding more than a strip of
 // logits, and the lm_head gradient of each shard summed along the ring and delivered to its owner.
 // Legend: P ranks, r this rank, n its tokens, ns (P) every rank's tokens, n_max their max, H hidden,
