@@ -9,8 +9,21 @@
 #include "bench/step.h"
 #include "bench/vocab.h"
 #include "cli/commands.h"
+#include "train/config_keys.h"
 
 namespace fp::cli {
+
+namespace {
+
+// A flag named after a run-config key (config_key_flag: its flag and doc come from the registry, Note [One
+// key registry]); `what` says what the benchmark does with it, when more than setting the key.
+template <class T>
+void key_option(CLI::App& sub, std::string_view key, T& dst, const std::string& what = "") {
+  const KeyFlag f = config_key_flag(key);
+  sub.add_option(f.flag, dst, what.empty() ? f.help : what + "; " + f.help);
+}
+
+}  // namespace
 
 void bench_step_register(CLI::App& parent, Runner& run) {
   auto opts = std::make_shared<bench::BenchStepOptions>();
@@ -28,13 +41,15 @@ void bench_step_register(CLI::App& parent, Runner& run) {
 void bench_vocab_register(CLI::App& parent, Runner& run) {
   auto opts = std::make_shared<bench::BenchVocabOptions>();
   bench::BenchVocabOptions& o = *opts;
-  CLI::App* sub = parent.add_subcommand("vocab", "full vs ring (Ring-DTP) vocabulary projection and loss: peaks and time");
+  CLI::App* sub =
+      parent.add_subcommand("vocab", "full vs ring (Ring-DTP) vocabulary projection and loss: peaks and time");
   sub->callback([&run, opts] { run = [opts] { return bench::bench_vocab_run(*opts); }; });
   sub->add_option("--tokens", o.tokens, "N, tokens per rank");
   sub->add_option("--vocab", o.vocab, "V, vocabulary size");
   sub->add_option("--hidden", o.hidden, "H, hidden size");
-  sub->add_option("--block-tokens", o.block_tokens, "ring: tokens per strip (vocab.block_tokens)");
-  sub->add_option("--ring-mode", o.ring_mode, "ring on W > 1 ranks: weights, activations, auto (vocab.ring_mode) or both")
+  key_option(*sub, "vocab.block_tokens", o.block_tokens);
+  sub->add_option("--ring-mode", o.ring_mode,
+                  "ring on W > 1 ranks: weights, activations, auto (vocab.ring_mode) or both")
       ->check(CLI::IsMember({"weights", "activations", "auto", "both"}));
   sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
       ->check(CLI::IsMember({"cpu", "meta"}));
@@ -124,14 +139,13 @@ void bench_dispatch_register(CLI::App& parent, Runner& run) {
   sub->add_option("--hidden", o.hidden, "H, hidden size");
   sub->add_option("--intermediate", o.intermediate, "I, expert FFN width");
   sub->add_option("--profile", o.profile, "routing profile: balanced or hot:R:H");
-  sub->add_option("--chunk-cap", o.chunk_cap, "c, tokens per source per chunk (pipelined.chunk_cap)");
-  sub->add_option("--max-chunks", o.max_chunks, "K_max (pipelined.max_chunks)");
-  sub->add_option("--lambda", o.lambda, "llep.lambda");
-  sub->add_option("--alpha", o.alpha, "llep.alpha");
-  sub->add_option("--min-tokens-per-gemm", o.min_tokens_per_gemm, "llep.min_tokens_per_gemm");
-  sub->add_option("--token-chunk", o.token_chunk,
-                  "also run pipelined_llep (strided) with the MoE block's token side in chunks of this many tokens "
-                  "(moe.token_chunk; 0: not)");
+  key_option(*sub, "pipelined.chunk_cap", o.chunk_cap);
+  key_option(*sub, "pipelined.max_chunks", o.max_chunks);
+  key_option(*sub, "llep.lambda", o.lambda);
+  key_option(*sub, "llep.alpha", o.alpha);
+  key_option(*sub, "llep.min_tokens_per_gemm", o.min_tokens_per_gemm);
+  key_option(*sub, "moe.token_chunk", o.token_chunk,
+             "also run pipelined_llep (strided) with the token side in chunks of this many tokens (0: not)");
   sub->add_option("--device", o.device, "cpu (peaks and time) or meta (exact peaks, nothing computed)")
       ->check(CLI::IsMember({"cpu", "meta"}));
   sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");

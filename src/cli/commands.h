@@ -73,4 +73,7 @@ void bench_dispatch_register(CLI::App& parent, Runner& run);
 // flatpeak plan (plan.cpp).
 void plan_register(CLI::App& app, Runner& run);
 
+// flatpeak keys (keys.cpp): the run config's keys from the registry.
+void keys_register(CLI::App& app, Runner& run);
+
 }  // namespace fp::cli

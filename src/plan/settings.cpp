@@ -6,60 +6,33 @@
 
 #include "core/error.h"
 #include "plan/plan.h"
+#include "train/config_keys.h"
 
 namespace fp::plan {
 
 namespace {
 
-constexpr const char* kKeysHint =
-    "items: baseline | flatpeak | a run-config schedule key=value: moe.dispatch=standard|llep|pipelined_llep "
-    "vocab.schedule=full|ring ckpt.schedule=device|sco optim.schedule=auto|device|offload_serial|offload_stream "
-    "vocab.block_tokens= vocab.ring_mode= vocab.keep_strips= pipelined.chunk_cap= pipelined.max_chunks= "
-    "pipelined.membership=strided|contiguous llep.lambda= llep.alpha= llep.min_tokens_per_gemm= "
-    "moe.token_chunk= (0: the whole token side at once) optim.bucket_params= optim.slots= "
-    "optim.update_on=device|host ckpt.host_budget=SIZE ckpt.recompute=true|false | batch= rank= | "
-    "routing=balanced|hot:R:H | "
-    "precision.recipe=fp32|bf16 | precision.params= precision.grads= precision.activations= precision.master= "
-    "precision.moments= precision.logits= precision.router= (f32|bf16|f16) | dtype=D (every field) | "
-    "aliases: dispatch= vocab= ckpt= optim= block_tokens= chunk_tokens= chunk_cap= ckpt_host_budget= ... "
-    "(the key without its table)";
-
-// The planner's older short spellings, aliases of the run config's names (documented in --help).
-constexpr std::pair<std::string_view, std::string_view> kAliases[] = {
-    {"dispatch", "moe.dispatch"},
-    {"vocab", "vocab.schedule"},
-    {"ckpt", "ckpt.schedule"},
-    {"optim", "optim.schedule"},
-    {"block_tokens", "vocab.block_tokens"},
-    {"ring_mode", "vocab.ring_mode"},
-    {"keep_strips", "vocab.keep_strips"},
-    {"chunk_tokens", "pipelined.chunk_cap"},
-    {"chunk_cap", "pipelined.chunk_cap"},
-    {"max_chunks", "pipelined.max_chunks"},
-    {"membership", "pipelined.membership"},
-    {"lambda", "llep.lambda"},
-    {"alpha", "llep.alpha"},
-    {"min_tokens_per_gemm", "llep.min_tokens_per_gemm"},
-    {"token_chunk", "moe.token_chunk"},
-    {"bucket_params", "optim.bucket_params"},
-    {"slots", "optim.slots"},
-    {"update_on", "optim.update_on"},
-    {"ckpt_host_budget", "ckpt.host_budget"},
-    {"recompute", "ckpt.recompute"},
-    {"dtype.weights", "precision.params"},
-    {"dtype.grads", "precision.grads"},
-    {"dtype.activations", "precision.activations"},
-    {"dtype.master", "precision.master"},
-    {"dtype.moments", "precision.moments"},
-    {"dtype.logits", "precision.logits"},
-    {"dtype.router", "precision.router"},
-};
+// What --schedule takes, from the key registry (Note [One key registry] in train/config_keys.h).
+const std::string& keys_hint() {
+  static const std::string hint = [] {
+    std::string keys;
+    for (const ConfigKey& k : config_keys()) {
+      if (!(k.commands & kKeyPlan) || k.name == "moe.routing_profile") continue;
+      keys += (keys.empty() ? "" : " ") + k.name + "=";
+      if (!k.aliases.empty()) keys += fmt::format(" ({}=)", fmt::join(k.aliases, "= "));
+    }
+    return "items: baseline | flatpeak | a run-config key=value (`flatpeak keys` says what each takes; the short "
+           "spelling in parentheses is an alias): " +
+           keys + " | routing=balanced|hot:R:H | batch= rank= | dtype=D (every precision field)";
+  }();
+  return hint;
+}
 
 int64_t int_parse(std::string_view key, std::string_view v, int64_t min) {
   int64_t out = 0;
   const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  FP_CHECK(ec == std::errc() && p == v.data() + v.size(), kKeysHint, "--schedule {}={}: not an integer", key, v);
-  FP_CHECK(out >= min, kKeysHint, "--schedule {}={}: must be at least {}", key, v, min);
+  FP_CHECK(ec == std::errc() && p == v.data() + v.size(), keys_hint(), "--schedule {}={}: not an integer", key, v);
+  FP_CHECK(out >= min, keys_hint(), "--schedule {}={}: must be at least {}", key, v, min);
   return out;
 }
 
@@ -92,12 +65,10 @@ void settings_apply(Settings& s, std::string_view item) {
   if (item == "baseline") return schedules_set_baseline(s.sched);
   if (item == "flatpeak") return schedules_set_flatpeak(s.sched);
   const size_t eq = item.find('=');
-  FP_CHECK(eq != std::string_view::npos && eq > 0, kKeysHint, "--schedule {}: expected baseline, flatpeak or key=value",
-           item);
+  FP_CHECK(eq != std::string_view::npos && eq > 0, keys_hint(),
+           "--schedule {}: expected baseline, flatpeak or key=value", item);
   std::string_view key = item.substr(0, eq);
   const std::string_view v = item.substr(eq + 1);
-  for (const auto& [alias, name] : kAliases)
-    if (key == alias) key = name;
   if (key == "dtype") {
     const DType d = dtype_parse(v);
     Precision& pr = s.sched.precision;
@@ -118,22 +89,25 @@ void settings_apply(Settings& s, std::string_view item) {
     s.layout.rank = int_parse(key, v, 0);
     return;
   }
-  if (key == "routing") {
-    s.routing = routing_profile_parse(std::string(v), "--schedule routing");
-    FP_CHECK(s.routing.kind != RoutingProfile::Kind::Kind_router, "use routing=balanced or routing=hot:R:H",
-             "--schedule routing=router: the planner needs a routing profile (the router is data dependent)");
-    return;
-  }
-  // A schedule setting: the one parser and the one validation (model/schedules.h), with this item's hint.
+  // A run-config key, by its name or its alias: the registry's parser, then the one validation.
+  const ConfigKey* k = config_key_find(key, /*aliases=*/true);
+  if (k == nullptr || !(k->commands & kKeyPlan))
+    throw Error(fmt::format("--schedule {}: unknown key '{}'", item, key), keys_hint());
+  const std::string source = fmt::format("--schedule {}", item);
+  RunConfig next;
+  next.schedules = s.sched;
+  next.moe.routing_profile = s.routing;
   try {
-    Schedules next = s.sched;
-    if (!schedules_set(next, key, v, fmt::format("--schedule {}", item)))
-      throw Error(fmt::format("--schedule {}: unknown key '{}'", item, item.substr(0, eq)), kKeysHint);
-    schedules_validate(next, fmt::format("--schedule {}", item), /*auto_optim=*/true);
-    s.sched = std::move(next);
+    config_key_set_text(next, *k, v, source);
+    schedules_validate(next.schedules, source, /*auto_optim=*/true);
   } catch (const Error& e) {
-    throw Error(e.what(), kKeysHint);
+    throw Error(e.what(), keys_hint());
   }
+  FP_CHECK(next.moe.routing_profile.kind != RoutingProfile::Kind::Kind_router,
+           "use routing=balanced or routing=hot:R:H",
+           "--schedule {}: the planner needs a routing profile (the router is data dependent)", item);
+  s.sched = std::move(next.schedules);
+  s.routing = next.moe.routing_profile;
 }
 
 int64_t context_parse(std::string_view s) {

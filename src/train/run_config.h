@@ -4,7 +4,7 @@
 //   [train]  batch_size, seq_len, steps, checkpoint_every
 //   [optim]  AdamW: lr, beta1, beta2, eps, weight_decay, grad_clip, warmup_steps, min_lr_ratio
 //   [data]   source ("recall" or a token file), task, pairs, loss_on, seed
-//   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (DESIGN.md, routing profiles)
+//   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (model/routing.h)
 //            dispatch = "standard" | "llep" | "pipelined_llep"       (expert dispatch with W > 1)
 //            bias_update_rate (deepseek_v3: e_score_correction_bias step per training step, 0.001)
 //            token_chunk (the MoE block's token side in chunks of this many of a rank's tokens; 0: whole)

@@ -8,15 +8,15 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "core/log.h"
 #include "core/signals.h"
 #include "core/timing.h"
 #include "core/units.h"
-#include "comm/comm.h"
 #include "data/context_split.h"
 #include "data/loader.h"
 #include "data/recall_task.h"
@@ -27,6 +27,7 @@
 #include "model/hf_config.h"
 #include "step/step.h"
 #include "train/checkpoint.h"
+#include "train/config_keys.h"
 #include "train/progress.h"
 #include "train/run_config.h"
 
@@ -82,34 +83,6 @@ class DataSource {
   std::unique_ptr<TokenFileLoader> loader_;
 };
 
-nlohmann::json run_config_json(const RunConfig& c) {
-  nlohmann::json j = {{"model", nlohmann::json::parse(model_config_hf_json(c.model))},
-          {"train", {{"batch_size", c.train.batch_size}, {"seq_len", c.train.seq_len}, {"steps", c.train.steps}}},
-          {"optim",
-           {{"lr", c.optim.lr},
-            {"beta1", c.optim.beta1},
-            {"beta2", c.optim.beta2},
-            {"eps", c.optim.eps},
-            {"weight_decay", c.optim.weight_decay},
-            {"grad_clip", c.optim.grad_clip},
-            {"warmup_steps", c.optim.warmup_steps},
-            {"min_lr_ratio", c.optim.min_lr_ratio},
-            {"schedule", schedule_name(c.schedules.optim.kind)},
-            {"bucket_params", c.schedules.optim.bucket_params},
-            {"slots", c.schedules.optim.slots},
-            {"update_on", update_on_name(c.schedules.optim)}}},
-          {"vocab",
-           {{"schedule", c.schedules.vocab.kind == VocabSchedule::Kind::Kind_ring ? "ring" : "full"},
-            {"block_tokens", c.schedules.vocab.block_tokens}}},
-          {"data", {{"source", c.data.source}, {"pairs", c.data.pairs}, {"loss_on", c.data.loss_on}, {"seed", c.data.seed}}},
-          {"moe", {{"routing_profile", c.moe.routing_profile.str()}}}};
-  // Only when it is not fp32: the run configs (and resume checks) of fp32 runs stay as they were.
-  if (!precision_all_f32(c.schedules.precision)) j["precision"] = precision_describe(c.schedules.precision);
-  // Likewise data.task only when it is not the default "recall": a resume with another task is refused.
-  if (c.data.task != "recall") j["data"]["task"] = c.data.task;
-  return j;
-}
-
 // Keeps the lines of metrics.jsonl up to `step` (a resumed run rewrites what came after).
 void metrics_truncate(const std::string& path, int64_t step) {
   if (!fs::exists(path)) return;
@@ -155,28 +128,6 @@ void peaks_over_ranks(Comm& comm, const Ledger& led, nlohmann::json& j) {
   j["binding"] = binding;
 }
 
-// The keys where two run configs differ, "table.key: checkpoint X, now Y" (objects compared key by key).
-std::vector<std::string> json_differences(const nlohmann::json& then, const nlohmann::json& now, const std::string& at) {
-  std::vector<std::string> out;
-  if (then.is_object() && now.is_object()) {
-    for (auto it = then.begin(); it != then.end(); ++it) {
-      const std::string key = at.empty() ? it.key() : at + "." + it.key();
-      if (!now.contains(it.key())) {
-        out.push_back(fmt::format("{}: checkpoint {}, now not set", key, it.value().dump()));
-        continue;
-      }
-      for (std::string& d : json_differences(it.value(), now[it.key()], key)) out.push_back(std::move(d));
-    }
-    for (auto it = now.begin(); it != now.end(); ++it)
-      if (!then.contains(it.key()))
-        out.push_back(fmt::format("{}: checkpoint not set, now {}", at.empty() ? it.key() : at + "." + it.key(),
-                                  it.value().dump()));
-    return out;
-  }
-  if (then != now) out.push_back(fmt::format("{}: checkpoint {}, now {}", at, then.dump(), now.dump()));
-  return out;
-}
-
 // A schedule never degrades silently: SCO keeps a boundary on the device when the host has no room
 // for it (ckpt.host_budget or --host-mem), which is correct but gives back what SCO flattens. Say so at
 // launch, with what all of them would need (the host ledger now holds the optimizer's host state).
@@ -188,17 +139,20 @@ void sco_launch_report(const RunConfig& cfg, Backend& be, int W) {
                         static_cast<uint64_t>(cfg.model.hidden_size) * dtype_size(cfg.schedules.precision.activations);
   const int64_t want = L - 1;  // the last boundary stays on the device by design (sco.cpp)
   const Ledger& hl = be.host_ledger();
-  const uint64_t host_free = hl.capacity() == kUnlimitedBytes ? kUnlimitedBytes : hl.capacity() - std::min(hl.capacity(), hl.total_current());
+  const uint64_t host_free =
+      hl.capacity() == kUnlimitedBytes ? kUnlimitedBytes : hl.capacity() - std::min(hl.capacity(), hl.total_current());
   const uint64_t room = std::min(host_free, ck.host_budget);
-  const int64_t fit = each == 0 ? want : static_cast<int64_t>(std::min<uint64_t>(static_cast<uint64_t>(want), room / each));
+  const int64_t fit =
+      each == 0 ? want : static_cast<int64_t>(std::min<uint64_t>(static_cast<uint64_t>(want), room / each));
   if (fit >= want) return;
-  log_info("WARNING: ckpt.schedule = \"sco\" but the host has room for {} of the {} boundaries it offloads ({} "
-           "each, {} for all; room {} = min(--host-mem free {}, ckpt.host_budget {})): the other {} stay on the "
-           "device ({}); raise --host-mem or ckpt.host_budget",
-           fit, want, bytes_format(each), bytes_format(each * static_cast<uint64_t>(want)), bytes_format(room),
-           host_free == kUnlimitedBytes ? std::string("unlimited") : bytes_format(host_free),
-           ck.host_budget == kUnlimitedBytes ? std::string("unlimited") : bytes_format(ck.host_budget), want - fit,
-           bytes_format(each * static_cast<uint64_t>(want - fit)));
+  log_info(
+      "WARNING: ckpt.schedule = \"sco\" but the host has room for {} of the {} boundaries it offloads ({} "
+      "each, {} for all; room {} = min(--host-mem free {}, ckpt.host_budget {})): the other {} stay on the "
+      "device ({}); raise --host-mem or ckpt.host_budget",
+      fit, want, bytes_format(each), bytes_format(each * static_cast<uint64_t>(want)), bytes_format(room),
+      host_free == kUnlimitedBytes ? std::string("unlimited") : bytes_format(host_free),
+      ck.host_budget == kUnlimitedBytes ? std::string("unlimited") : bytes_format(ck.host_budget), want - fit,
+      bytes_format(each * static_cast<uint64_t>(want - fit)));
 }
 
 // Note [A run owns its output folder]: what a run writes in --out is metrics.jsonl, memory_trace.json,
@@ -245,13 +199,15 @@ void out_prepare(const TrainOptions& o) {
       log_info("--overwrite: removed the earlier run in {} ({})", o.out, fmt::join(found, ", "));
     } else if (!continuing) {
       const size_t shown = std::min<size_t>(found.size(), 4);
-      std::string what = fmt::format("{}", fmt::join(found.begin(), found.begin() + static_cast<ptrdiff_t>(shown), ", "));
+      std::string what =
+          fmt::format("{}", fmt::join(found.begin(), found.begin() + static_cast<ptrdiff_t>(shown), ", "));
       if (found.size() > shown) what += fmt::format(" and {} more", found.size() - shown);
-      throw Error(fmt::format("--out '{}' already holds a run ({}){}", o.out, what,
-                              o.resume.empty() ? "" : fmt::format(", and --resume '{}' is not a checkpoint of it", o.resume)),
-                  fmt::format("continue that run with --resume {0}, write elsewhere with another --out, or pass "
-                              "--overwrite to replace it",
-                              o.out));
+      throw Error(
+          fmt::format("--out '{}' already holds a run ({}){}", o.out, what,
+                      o.resume.empty() ? "" : fmt::format(", and --resume '{}' is not a checkpoint of it", o.resume)),
+          fmt::format("continue that run with --resume {0}, write elsewhere with another --out, or pass "
+                      "--overwrite to replace it",
+                      o.out));
     }
   }
   fs::create_directories(out, ec);
@@ -374,8 +330,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const bool lead = comm.rank() == 0;  // rank 0 writes outputs and prints
   DataSource data(cfg);
   if (lead) out_prepare(o);
-  stop_signals_install();  // Note [Stopping on a signal]
-  const std::string run_json = run_config_json(cfg).dump();
+  stop_signals_install();                                // Note [Stopping on a signal]
+  const std::string run_json = config_json(cfg).dump();  // every key (Note [One key registry])
 
   Model model(m, *be, profile, cfg.schedules, &comm);
   model.init_weights(m.seed);
@@ -397,7 +353,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     const TrainerState from = checkpoint_load(o.init_from, m, model.params(), nullptr, *be);
     format.weights = from.weights_dtype;
     format.base_config = from.config_json;
-    if (lead) log_info("initialized the weights from {} (fresh optimizer state, step 0)", checkpoint_resolve(o.init_from));
+    if (lead)
+      log_info("initialized the weights from {} (fresh optimizer state, step 0)", checkpoint_resolve(o.init_from));
   }
   if (!o.resume.empty()) {
     TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, *be);
@@ -412,19 +369,26 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       // Note [Extending a finished run]: everything but train.steps must match.
       FP_CHECK(total > st.step, "pass --steps N with N above the checkpoint's step",
                "--extend: the checkpoint is at step {}, --steps is {}", st.step, total);
-      then["train"]["steps"] = total;
     }
-    const std::vector<std::string> diff = json_differences(then, nlohmann::json::parse(run_json), "");
-    FP_CHECK(diff.empty(),
+    // Note [One key registry]: a key that changes the arithmetic must match; a schedule or run key may
+    // change, and the change is said.
+    const ResumeCheck diff = config_resume_check(then, cfg, o.extend);
+    FP_CHECK(diff.refused.empty(),
              o.extend ? "--extend changes only the number of steps: resume with the run's own config"
                       : "resume with the same config and --steps as the run that wrote the checkpoint (to train a "
-                        "run past its last step, add --extend)",
+                        "run past its last step, add --extend; schedule keys may change: `flatpeak keys`)",
              "the checkpoint in '{}' was written by a run with another configuration: {}", o.resume,
-             fmt::join(diff, "; "));
+             fmt::join(diff.refused, "; "));
+    if (lead && !diff.changed.empty())
+      log_info("resuming with other schedule or run settings (the same arithmetic): {}", fmt::join(diff.changed, "; "));
+    if (lead && !diff.not_recorded.empty())
+      log_info("the checkpoint does not record {} (an older flatpeak wrote it): this run's values are taken",
+               fmt::join(diff.not_recorded, ", "));
     if (o.extend && lead)
-      log_info("--extend: from step {} to {}; the learning-rate schedule keeps its length {} (lr {:.3g} after "
-               "it: optim.lr x optim.min_lr_ratio)",
-               st.step, total, schedule_total, cfg.optim.lr * cfg.optim.min_lr_ratio);
+      log_info(
+          "--extend: from step {} to {}; the learning-rate schedule keeps its length {} (lr {:.3g} after "
+          "it: optim.lr x optim.min_lr_ratio)",
+          st.step, total, schedule_total, cfg.optim.lr * cfg.optim.min_lr_ratio);
     start = st.step;
     data.seek(st.data_position);
     if (lead) log_info("resumed from {} at step {}", checkpoint_resolve(o.resume), start);
@@ -466,8 +430,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   // Recall accuracy needs the logits (host copy, B x T x V). The full head has them anyway; Ring-DTP
   // never forms them (that is its point), so with it the metric is left out rather than paying
   // N x V bytes for a metric.
-  const bool want_logits = data.is_recall() && be->computes() &&
-                           cfg.schedules.vocab.kind == VocabSchedule::Kind::Kind_full;
+  const bool want_logits =
+      data.is_recall() && be->computes() && cfg.schedules.vocab.kind == VocabSchedule::Kind::Kind_full;
   if (lead && data.is_recall() && be->computes() && !want_logits)
     log_info("recall accuracy is not reported with vocab.schedule = \"ring\": Ring-DTP forms no logits");
   int64_t done_here = 0;
