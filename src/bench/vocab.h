@@ -14,7 +14,7 @@
 // rows when N V H is small enough, kDwOracleMaxMacs in vocab.cpp), within the recipe's tolerances
 // (Note [bench vocab tolerances] in vocab.cpp); check, then time. With one rank and fp32 among the
 // recipes PyTorch's F.linear + F.cross_entropy (fp32) runs on the same shapes as a subprocess
-// (tests/reference/bench_vocab_torch.py: median seconds and max RSS). With device meta nothing is
+// (scripts/bench_vocab_torch.py: median seconds and max RSS). With device meta nothing is
 // computed and only the peaks are reported (exact, at any N and V).
 #pragma once
 
@@ -35,7 +35,7 @@ struct BenchVocabOptions {
   int warmup = 1;
   std::string json;
   bool no_torch = false;
-  std::string torch_script = "tests/reference/bench_vocab_torch.py";
+  std::string torch_script = "scripts/bench_vocab_torch.py";
   std::string python = "/usr/bin/python3";
   // The ring variants' lm_head in the FSDP layout (each rank holds its V / W rows, as `flatpeak train`
   // lays it out) instead of whole on every rank; W > 1.

@@ -19,9 +19,9 @@
 
 namespace fp {
 
-class ExpertDispatch;  // sched/dispatch/dispatch.h
+class ExpertDispatch;  // model/expert_dispatch.h
 // What an expert dispatch keeps from its forward for its backward: each variant's own subclass
-// (sched/dispatch/dispatch.h). Destroying it frees its tensors.
+// (model/expert_dispatch.h). Destroying it frees its tensors.
 struct DispatchActs {
   virtual ~DispatchActs() = default;
 };
@@ -50,7 +50,7 @@ struct StepContext {
   int64_t B = 0, T = 0, n = 0;  // T: this rank's tokens per sequence
   // The MoE blocks' token side in chunks of this many of the rank's tokens (moe.token_chunk; 0: all n at
   // once), read by the MoE block only: each dispatch call is given its window explicitly (MoeChunk in
-  // sched/dispatch/dispatch.h; Note [The MoE token side in chunks] in model/moe_block.cpp).
+  // model/expert_dispatch.h; Note [The MoE token side in chunks] in model/moe_block.cpp).
   int64_t moe_token_chunk = 0;
   Tensor pos;                // (n) i32, position of each token in its sequence
   std::vector<int32_t> seq_pos;  // (T) host: the positions of this rank's tokens in a sequence
@@ -90,7 +90,7 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
 void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx);
 
 // ---- MoE block: x2 = x1 + sum_j w_j expert_{e_j}(rmsnorm(x1)) [+ shared(rmsnorm(x1))]
-// The routed copies go to their experts through s.dispatch (sched/dispatch/dispatch.h): with W > 1
+// The routed copies go to their experts through s.dispatch (model/expert_dispatch.h): with W > 1
 // only the experts this rank owns (model/layout.h) are read and get gradients. The token side (this
 // rank's own m = n k routed copies: rows, slot_pos, xs, ys, dys, dxs) is category activations, sized
 // by the config; category dispatch holds only what the dispatch receives from other ranks.
@@ -126,7 +126,7 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
 // x2 = x1 + down(silu(gate h2) * up h2), h2 = rmsnorm(x1); Qwen3MoeMLP of width intermediate_size.
 struct MlpActs {
   Tensor rstd2;  // (n)
-  Tensor h2, g, u, act;  // (n, H), (n, Id) x 3: what the FFN's backward reads (sched/dispatch/expert_ffn.h)
+  Tensor h2, g, u, act;  // (n, H), (n, Id) x 3: what the FFN's backward reads (model/expert_ffn.h)
 };
 // The output x2 is allocated in category out_cat, named out_name (as moe_block_forward's).
 Tensor mlp_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MlpActs* keep, Category out_cat,

@@ -1,8 +1,8 @@
 // Dense MLP block of a decoder layer (mlp_only_layers, decoder_sparse_step), forward and backward: the
-// experts' SwiGLU FFN (sched/dispatch/expert_ffn.h) as one group over every token, with the layer's own
+// experts' SwiGLU FFN (model/expert_ffn.h) as one group over every token, with the layer's own
 // weights. Legend: n tokens, H hidden, Id = intermediate_size.
 #include "model/blocks.h"
-#include "sched/dispatch/expert_ffn.h"
+#include "model/expert_ffn.h"
 
 namespace fp {
 

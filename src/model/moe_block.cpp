@@ -1,5 +1,5 @@
 // MoE block of a decoder layer, forward and backward: norm, router (softmax, or DeepSeek-V3's sigmoid:
-// Note [Sigmoid routing] in ops/router.h), expert order, the expert dispatch (sched/dispatch/dispatch.h),
+// Note [Sigmoid routing] in ops/router.h), expert order, the expert dispatch (model/expert_dispatch.h),
 // combine; DeepSeek-V3's shared experts beside them.
 // Legend: n tokens, H hidden, E experts, k experts per token, m = n * k routed copies, I expert width,
 // Is = n_shared_experts * I.
@@ -12,8 +12,8 @@
 // x1 + (routed + shared); the order of the three terms differs from it by float rounding only.
 #include "model/blocks.h"
 #include "model/routing.h"
-#include "sched/dispatch/dispatch.h"
-#include "sched/dispatch/expert_ffn.h"
+#include "model/expert_dispatch.h"
+#include "model/expert_ffn.h"
 
 namespace fp {
 
@@ -145,7 +145,7 @@ void stats_fill(StepContext& s, const MoeActs& a, std::span<const int64_t> offse
 // runs once over all tokens. So the routed copies (xs, ys, dys, dxs), the rows and the FFN intermediates
 // exist for one chunk at a time: the block's token side is bounded by c, not by n k. What stays whole is
 // per token: h2, d h2, the router's (n, E) and (n, k) tensors, and the shared experts' intermediates.
-// A dispatch sees the chunk as its tokens: the block hands it a MoeChunk (sched/dispatch/dispatch.h) with the
+// A dispatch sees the chunk as its tokens: the block hands it a MoeChunk (model/expert_dispatch.h) with the
 // window, its rows' tokens counted from the chunk's first token and, where offered, the chunk's rows of h2
 // (the unchunked block is the one window of all n tokens); a routing profile routes the rank's n tokens as without
 // chunks (the chunk takes its rows of that choice, in closed form on meta), so chunked and unchunked

@@ -9,7 +9,7 @@ set(FLATPEAK_MPI_ENV "OMP_NUM_THREADS=1;OMPI_MCA_btl_vader_single_copy_mechanism
 function(flatpeak_mpi_case exe prefix)
   add_executable(${exe} ${CMAKE_CURRENT_SOURCE_DIR}/dist/${exe}.cpp)
   target_compile_options(${exe} PRIVATE ${FLATPEAK_WARNINGS})
-  target_link_libraries(${exe} PRIVATE flatpeak_engine)
+  target_link_libraries(${exe} PRIVATE flatpeak_engine fp_bench)
   add_test(NAME ${prefix}_w1 COMMAND $<TARGET_FILE:${exe}>)
   foreach(w 2 4)
     add_test(NAME ${prefix}_w${w}
@@ -31,7 +31,7 @@ endfunction()
 # steps (Qwen3-MoE; DeepSeek-V3; bf16; chunks on meta), checkpoints across W, a failing rank.
 add_executable(dist_case ${CMAKE_CURRENT_SOURCE_DIR}/dist/dist_case.cpp)
 target_compile_options(dist_case PRIVATE ${FLATPEAK_WARNINGS})
-target_link_libraries(dist_case PRIVATE flatpeak_engine)
+target_link_libraries(dist_case PRIVATE flatpeak_engine fp_bench)
 foreach(case grads grads_flat grads_chunked grads_bf16 train train_deepseek train_bf16 train_chunked_meta ckpt
              failure)
   flatpeak_mpi_script(mpi_${case} dist_check.py 900 --configs ${PROJECT_SOURCE_DIR}/configs ${case})

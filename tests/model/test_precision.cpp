@@ -199,8 +199,8 @@ TEST(Precision, Bf16StepTracksTheFp32Step) {
 }
 
 // ---- PrecisionVsPlanner (transitional: while src/plan exists) -------------------------------------
-// The approach of tests/model/test_plan_vs_meta.cpp, with the planner in its default dtypes instead
-// of dtype=f32, and the engine in precision_recipe("bf16").
+// The approach of tests/dist/plan_case.cpp (the plan against a meta step), with the planner in its
+// default dtypes instead of dtype=f32, and the engine in precision_recipe("bf16").
 
 namespace {
 

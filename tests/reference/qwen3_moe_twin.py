@@ -528,7 +528,7 @@ def attention(x, p, layer, cfg, casts=NO_CASTS, resid=None):
 
 def swiglu_mlp(x, p, pre, casts=NO_CASTS):
     """x (..., H) -> down(silu(gate(x)) * up(x)) with the weights pre + "{gate,up,down}_proj.weight".
-    flatpeak (sched/dispatch/expert_ffn.cpp) stores g, u, the SwiGLU product (silu(g) stays inside its
+    flatpeak (model/expert_ffn.cpp) stores g, u, the SwiGLU product (silu(g) stays inside its
     kernel) and y; d x = dg W_g, then + du W_u (beta = 1)."""
     c = casts
     xg, xu = c.fan(x, 2)

@@ -10,7 +10,7 @@ set_tests_properties(twin_selfcheck PROPERTIES LABELS "reference;slow" TIMEOUT 3
 # fails on any tensor off by more than 1e-5 (max-relative), or when no expert went without tokens.
 add_executable(dump_case ${CMAKE_CURRENT_SOURCE_DIR}/reference/dump_case.cpp)
 target_compile_options(dump_case PRIVATE ${FLATPEAK_WARNINGS})
-target_link_libraries(dump_case PRIVATE flatpeak_engine)
+target_link_libraries(dump_case PRIVATE flatpeak_engine fp_bench)
 foreach(case gqa_norm mha_nonorm hf_layers yarn mla mla_yarn)
   add_test(NAME model_vs_twin_${case}
            COMMAND sh -c "$<TARGET_FILE:dump_case> ${CMAKE_CURRENT_BINARY_DIR}/case_${case}.safetensors ${case} && /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/check_case.py ${CMAKE_CURRENT_BINARY_DIR}/case_${case}.safetensors --rtol 1e-5")
@@ -32,7 +32,7 @@ endforeach()
 # 10 AdamW steps of the whole model against the twin with torch.optim.AdamW: losses within 1e-4.
 add_executable(train_case ${CMAKE_CURRENT_SOURCE_DIR}/reference/train_case.cpp)
 target_compile_options(train_case PRIVATE ${FLATPEAK_WARNINGS})
-target_link_libraries(train_case PRIVATE flatpeak_engine)
+target_link_libraries(train_case PRIVATE flatpeak_engine fp_bench)
 add_test(NAME training_vs_twin
          COMMAND sh -c "$<TARGET_FILE:train_case> ${CMAKE_CURRENT_BINARY_DIR}/train_case.safetensors 10 && /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/check_training.py ${CMAKE_CURRENT_BINARY_DIR}/train_case.safetensors --rtol 1e-4")
 set_tests_properties(training_vs_twin PROPERTIES LABELS "reference;quick" TIMEOUT 600)

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "sched/dispatch/dispatch.h"
-#include "sched/dispatch/expert_ffn.h"
+#include "model/expert_ffn.h"
 #include "sched/dispatch/llep_plan.h"
 
 namespace fp {

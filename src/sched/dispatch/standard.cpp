@@ -24,7 +24,7 @@
 // source-major order before they return. Like Megatron's token dispatcher (a sort of the received
 // chunks), this costs a second R x H buffer for a moment: part of the plain variant's peak.
 #include "sched/dispatch/dispatch.h"
-#include "sched/dispatch/expert_ffn.h"
+#include "model/expert_ffn.h"
 
 #include "model/layout.h"
 

@@ -1,6 +1,6 @@
 // The expert FFN over rows grouped by expert (see expert_ffn.h).
 // Legend: r rows, H hidden, I expert FFN width, G groups.
-#include "sched/dispatch/expert_ffn.h"
+#include "model/expert_ffn.h"
 
 #include "model/blocks.h"
 

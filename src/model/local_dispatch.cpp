@@ -4,8 +4,8 @@
 // received, so nothing here is in category dispatch: ys and dxs are the rank's own routed copies
 // (m = n k rows, fixed by the config), category activations like xs and dys.
 // Legend: m routed copies, H hidden, I expert width, E experts.
-#include "sched/dispatch/dispatch.h"
-#include "sched/dispatch/expert_ffn.h"
+#include "model/expert_dispatch.h"
+#include "model/expert_ffn.h"
 
 namespace fp {
 

@@ -10,7 +10,7 @@ process's max RSS, and the RSS once the inputs exist, so max_rss - rss_inputs is
 the loss and their gradients added (PyTorch keeps the (N, V) logits and their gradient alive together).
 `flatpeak bench vocab` runs this as a subprocess and folds the JSON into its own.
 
-    /usr/bin/python3 tests/reference/bench_vocab_torch.py --tokens 8192 --vocab 32768 --hidden 1024 --json out.json
+    /usr/bin/python3 scripts/bench_vocab_torch.py --tokens 8192 --vocab 32768 --hidden 1024 --json out.json
 """
 import argparse
 import json
