@@ -1,7 +1,9 @@
 // Strict reading of a Hugging Face Qwen3-MoE config.json (Note [Every config key is read or refused]).
 #include "model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -170,9 +172,108 @@ void deepseek_parse(Reader& r, ModelConfig& m) {
     r.mark(k);
 }
 
+constexpr const char* kHfHint =
+    "a Hugging Face config.json needs hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the "
+    "number of experts (num_experts, num_local_experts or n_routed_experts), num_experts_per_tok and the expert "
+    "width (moe_intermediate_size or intermediate_size)";
+// The first present key among names, as an integer (null counts as absent).
+bool hf_int(const nlohmann::json& j, std::initializer_list<const char*> names, int64_t& out, const std::string& src) {
+  for (const char* n : names) {
+    if (!j.contains(n) || j[n].is_null()) continue;
+    FP_CHECK(j[n].is_number_integer(), kHfHint, "{}: {} = {} is not an integer", src, n, j[n].dump());
+    out = j[n].get<int64_t>();
+    return true;
+  }
+  return false;
+}
+
+void hf_require(const nlohmann::json& j, std::initializer_list<const char*> names, int64_t& out, const std::string& src) {
+  if (hf_int(j, names, out, src)) return;
+  std::string list;
+  for (const char* n : names) list += list.empty() ? std::string(n) : std::string(" or ") + n;
+  throw Error(fmt::format("{}: missing {}", src, list), kHfHint);
+}
+
+// Note [config.json in plan mode]: a type flatpeak does not compute (Mixtral, gpt-oss, ...) is planned
+// with the engine's layer on the dimensions a memory plan needs; every feature of the file the layer
+// does not have is listed in out.approximate, and the plan says it is approximate.
+void hf_config_plan(const nlohmann::ordered_json& raw, const std::string& source, HfConfig& out) {
+  const nlohmann::json j = nlohmann::json::parse(raw.dump());
+  ModelConfig& c = out.model;
+  HfConfig& m = out;
+  hf_require(j, {"hidden_size"}, c.hidden_size, source);
+  hf_require(j, {"num_hidden_layers"}, c.num_hidden_layers, source);
+  hf_require(j, {"num_attention_heads"}, c.num_attention_heads, source);
+  if (!hf_int(j, {"num_key_value_heads"}, c.num_key_value_heads, source)) c.num_key_value_heads = c.num_attention_heads;
+  FP_CHECK(c.num_attention_heads >= 1, kHfHint, "{}: num_attention_heads must be >= 1", source);
+  if (!hf_int(j, {"head_dim"}, c.head_dim, source)) c.head_dim = c.hidden_size / c.num_attention_heads;
+  hf_require(j, {"num_experts", "num_local_experts", "n_routed_experts"}, c.num_experts, source);
+  hf_require(j, {"num_experts_per_tok", "experts_per_token"}, c.num_experts_per_tok, source);
+  hf_require(j, {"moe_intermediate_size", "intermediate_size"}, c.moe_intermediate_size, source);
+  hf_require(j, {"vocab_size"}, c.vocab_size, source);
+  c.router_aux_loss_coef = 0.001;
+  for (const char* n : {"router_aux_loss_coef", "aux_loss_alpha"})
+    if (j.contains(n) && j[n].is_number()) {
+      c.router_aux_loss_coef = j[n].get<double>();
+      break;
+    }
+
+  int64_t kv_lora = 0, rope = 0, nope = 0, vhd = 0;
+  if (hf_int(j, {"kv_lora_rank"}, kv_lora, source)) {
+    // MLA caches kv_lora_rank + qk_rope_head_dim numbers per token and layer; plan it as GQA whose
+    // k and v together hold the same: nkv * hd = (kv_lora_rank + rope) / 2, with hd the even divisor
+    // closest to the mean of MLA's q/k and v head widths.
+    hf_int(j, {"qk_rope_head_dim"}, rope, source);
+    hf_int(j, {"qk_nope_head_dim"}, nope, source);
+    hf_int(j, {"v_head_dim"}, vhd, source);
+    const int64_t kv = kv_lora + rope, half = kv / 2, target = std::max<int64_t>(2, (nope + rope + vhd) / 2);
+    int64_t best_nkv = 0, best_hd = 0;
+    for (int64_t nkv = 1; nkv <= c.num_attention_heads; ++nkv) {
+      if (kv % 2 != 0 || half % nkv != 0 || c.num_attention_heads % nkv != 0) continue;
+      const int64_t hd = half / nkv;
+      if (hd % 2 != 0) continue;
+      if (best_nkv == 0 || std::llabs(hd - target) < std::llabs(best_hd - target)) {
+        best_nkv = nkv;
+        best_hd = hd;
+      }
+    }
+    FP_CHECK(best_nkv > 0, kHfHint, "{}: cannot map MLA (kv_lora_rank {} + qk_rope_head_dim {}) onto GQA heads", source,
+             kv_lora, rope);
+    c.num_key_value_heads = best_nkv;
+    c.head_dim = best_hd;
+    m.approximate.push_back(fmt::format(
+        "MLA approximated by GQA with the same K/V bytes per token: {} KV heads x head_dim {} (k + v = {} = "
+        "kv_lora_rank {} + qk_rope_head_dim {}); {} query heads of head_dim {} (MLA: q/k {}, v {})",
+        best_nkv, best_hd, 2 * best_nkv * best_hd, kv_lora, rope, c.num_attention_heads, best_hd, nope + rope, vhd));
+  }
+  int64_t shared = 0, dense = 0, window = 0;
+  if (hf_int(j, {"n_shared_experts", "num_shared_experts"}, shared, source) && shared > 0)
+    m.approximate.push_back(fmt::format("{} shared expert(s) per layer not modeled (the engine has routed experts only)",
+                                  shared));
+  if (hf_int(j, {"first_k_dense_replace"}, dense, source) && dense > 0) {
+    // DeepSeek-V3's dense first layers: the engine's dense layer (one SwiGLU of intermediate_size).
+    hf_require(j, {"intermediate_size"}, c.intermediate_size, source);
+    for (int64_t l = 0; l < std::min(dense, c.num_hidden_layers); ++l) c.mlp_only_layers.push_back(l);
+  }
+  if (hf_int(j, {"sliding_window"}, window, source) && window > 0)
+    m.approximate.push_back(fmt::format("sliding-window layers (window {}) planned as full causal attention: the "
+                                  "engine's tiled attention keeps O(N) memory either way",
+                                  window));
+  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
+    c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
+  const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
+  if (type == "gpt_oss")
+    m.approximate.push_back("attention sinks, biases and the clamped SwiGLU of gpt-oss not modeled (a few parameters)");
+  if (!type.empty() && type != "qwen3_moe")
+    m.approximate.push_back(fmt::format("{} planned with the engine's Qwen3-MoE layer (per-head q/k RMSNorm, softmax "
+                                  "top-k router, SwiGLU experts)",
+                                  type));
+  model_config_validate(c, source);
+}
+
 }  // namespace
 
-HfConfig hf_config_parse(const std::string& text, const std::string& source) {
+HfConfig hf_config_parse(const std::string& text, const std::string& source, HfMode mode) {
   HfConfig out;
   try {
     out.raw = nlohmann::ordered_json::parse(text);
@@ -180,6 +281,13 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source) {
     throw Error(fmt::format("{}: not JSON: {}", source, e.what()), "a config.json is one JSON object");
   }
   FP_CHECK(out.raw.is_object(), "a config.json is one JSON object", "{}: not a JSON object", source);
+  if (mode == HfMode::HfMode_plan) {
+    const auto& t = out.raw.contains("model_type") ? out.raw["model_type"] : nlohmann::ordered_json();
+    if (!(t == "qwen3_moe" || t == "deepseek_v3" || t == "kimi_k2")) {
+      hf_config_plan(out.raw, source, out);
+      return out;
+    }
+  }
   Reader r(out.raw, source);
 
   // What model this is (Note [Two architectures, one layer] in model/config.h).

@@ -31,11 +31,26 @@ struct HfConfig {
   ModelConfig model;          // seed 0: the weights come from the checkpoint
   nlohmann::ordered_json raw;  // the file as read, keys in their order (written back on save)
   std::string dtype;          // torch_dtype (4.x) or dtype (5.x): "float32", "bfloat16", ...; "" if absent
+  // HfMode_plan, a type flatpeak does not compute: what of the file the engine's layer does not model.
+  std::vector<std::string> approximate;
 };
 
-// Parses and checks the text of a config.json (Note [Every config key is read or refused]). source
-// names the file in errors. Throws fp::Error.
-HfConfig hf_config_parse(const std::string& text, const std::string& source);
+// How config.json is read: the one reader, in two modes.
+//   strict  (train, eval, convert, --init-from): Qwen3-MoE and DeepSeek-V3 (Kimi-K2), every key read,
+//           checked or listed inert, anything else refused (Note [Every config key is read or refused]).
+//   plan    (flatpeak plan --model): those types exactly as strict; any other MoE type (Mixtral, gpt-oss,
+//           ...) leniently, for the dimensions a memory plan needs, with what the engine's layer does not
+//           model listed in HfConfig::approximate (Note [config.json in plan mode] in hf_config.cpp):
+//           hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: heads),
+//           head_dim (default: hidden / heads), num_experts | num_local_experts | n_routed_experts,
+//           num_experts_per_tok | experts_per_token, moe_intermediate_size | intermediate_size,
+//           vocab_size, router_aux_loss_coef | aux_loss_alpha (default 0.001), tie_word_embeddings,
+//           first_k_dense_replace (dense first layers of intermediate_size); MLA (kv_lora_rank) becomes GQA
+//           with the same K/V bytes per token.
+enum class HfMode { HfMode_strict, HfMode_plan };
+
+// Parses and checks the text of a config.json. source names the file in errors. Throws fp::Error.
+HfConfig hf_config_parse(const std::string& text, const std::string& source, HfMode mode = HfMode::HfMode_strict);
 
 // Reads DIR/config.json.
 HfConfig hf_config_read(const std::string& dir);

@@ -14,14 +14,9 @@ namespace fp::plan {
 // the file and key.
 Model model_load(const std::string& path);
 
-// Hugging Face config.json: model_type "qwen3_moe" is read strictly, as train and eval read it
-// (model/hf_config.h), every switch of the layer included. Other types, leniently: hidden_size, num_hidden_layers, num_attention_heads,
-// num_key_value_heads (default: heads), head_dim (default: hidden / heads),
-// num_experts | num_local_experts | n_routed_experts, num_experts_per_tok | experts_per_token,
-// moe_intermediate_size | intermediate_size, vocab_size, router_aux_loss_coef | aux_loss_alpha
-// (default 0.001), tie_word_embeddings, first_k_dense_replace (dense first layers of intermediate_size).
-// MLA (kv_lora_rank) becomes GQA with the same K/V bytes per token; shared experts and other types'
-// features are approximations, listed in Model::approximate.
+// Hugging Face config.json, read by the one reader in its plan mode (hf_config_parse, HfMode_plan in
+// model/hf_config.h): the engine's own types exactly as train reads them, others leniently with what is
+// approximated listed in Model::approximate.
 Model model_from_hf_json(const std::string& text, const std::string& source);
 
 // TOML: optional top-level name, ranks (the preset's rank count), notes (strings); [model] with

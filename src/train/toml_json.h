@@ -1,5 +1,6 @@
 // A TOML node as JSON (the key registry's values, train/config_keys.h): scalars, inline tables and
-// arrays. Private to train/: run_config.cpp and config_keys.cpp.
+// arrays: the run config (run_config.cpp, config_keys.cpp) and the planner's model presets
+// (plan/model_file.cpp).
 #pragma once
 
 #include <toml++/toml.h>
