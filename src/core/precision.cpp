@@ -7,17 +7,6 @@
 namespace fp {
 
 namespace {
-// The fields in [precision] order, with their names.
-template <class F>
-void precision_fields(const Precision& p, F&& f) {
-  f("params", p.params);
-  f("grads", p.grads);
-  f("activations", p.activations);
-  f("master", p.master);
-  f("moments", p.moments);
-  f("logits", p.logits);
-  f("router", p.router);
-}
 }  // namespace
 
 Precision precision_recipe(std::string_view name) {
@@ -49,14 +38,10 @@ DType precision_dtype_parse(std::string_view field, std::string_view value) {
 }
 
 void precision_set(Precision& p, std::string_view key, std::string_view value) {
-  DType* field = key == "params"        ? &p.params
-                 : key == "grads"       ? &p.grads
-                 : key == "activations" ? &p.activations
-                 : key == "master"      ? &p.master
-                 : key == "moments"     ? &p.moments
-                 : key == "logits"      ? &p.logits
-                 : key == "router"      ? &p.router
-                                        : nullptr;
+  DType* field = nullptr;
+  precision_fields(p, [&](const char* name, DType& d) {
+    if (key == name) field = &d;
+  });
   FP_CHECK(field != nullptr,
            "the keys of [precision] are recipe, params, grads, activations, master, moments, logits, router",
            "unknown key precision.{}", key);

@@ -50,6 +50,17 @@ DType precision_dtype_parse(std::string_view field, std::string_view value);
 // Sets one field by its [precision] key (params, grads, activations, master, moments, logits,
 // router). Throws fp::Error naming the key when it is unknown, or the value when it is no dtype.
 void precision_set(Precision& p, std::string_view key, std::string_view value);
+// Each field under its [precision] name, in that order: f(name, dtype) (P: Precision or const Precision).
+template <class P, class F>
+void precision_fields(P& p, F&& f) {
+  f("params", p.params);
+  f("grads", p.grads);
+  f("activations", p.activations);
+  f("master", p.master);
+  f("moments", p.moments);
+  f("logits", p.logits);
+  f("router", p.router);
+}
 
 // True when every field is f32.
 bool precision_all_f32(const Precision& p);

@@ -85,12 +85,10 @@ std::string_view schedule_name(OptimSchedule::Kind k);
 std::string_view update_on_name(const OptimSchedule& o);
 
 // Sets one setting by its dotted name from text, as written in TOML or on a command line (strings
-// unquoted): vocab.schedule, vocab.block_tokens, vocab.ring_mode, vocab.keep_strips, ckpt.schedule,
-// ckpt.host_budget, moe.dispatch, moe.token_chunk, llep.lambda, llep.alpha, llep.min_tokens_per_gemm,
-// pipelined.chunk_cap, pipelined.max_chunks, pipelined.membership, optim.schedule (auto too: see
-// OptimSchedule), optim.bucket_params, optim.slots, optim.update_on, precision.recipe,
-// precision.<field>. Returns false for a key that is not a schedule setting; throws fp::Error
-// "<source>: <key> = <value> ..." for a value that does not parse (ranges: schedules_validate).
+// unquoted): the schedule keys of the registry (train/config_keys.h; optim.schedule takes auto too: see
+// OptimSchedule) and precision.recipe, precision.<field>. Returns false for a key that is not a schedule
+// setting; throws fp::Error "<source>: <key> = <value> ..." for a value that does not parse (ranges:
+// schedules_validate).
 bool schedules_set(Schedules& s, std::string_view key, std::string_view value, std::string_view source);
 
 // The one validation of a Schedules (ranges and combinations), for the run config and the planner:

@@ -399,23 +399,19 @@ std::vector<ConfigKey> registry_build() {
   keys.push_back(schedule_key("precision.recipe", K::KeyType_string, kArith, kTrainPlan,
                               "fp32 | bf16 (core/precision.h); the fields below override it", "",
                               [](const Schedules& s) { return json(s.precision.recipe); }));
-  for (const char* field : {"params", "grads", "activations", "master", "moments", "logits", "router"}) {
-    const std::string name = std::string("precision.") + field;
-    keys.push_back(schedule_key(name.c_str(), K::KeyType_string, kArith, kTrainPlan,
+  const Precision f32;
+  precision_fields(f32, [&](const char* field, DType) {
+    keys.push_back(schedule_key((std::string("precision.") + field).c_str(), K::KeyType_string, kArith, kTrainPlan,
                                 "f32 | bf16 | f16: the dtype of this kind of tensor", "",
                                 [field = std::string(field)](const Schedules& s) {
-                                  const Precision& p = s.precision;
-                                  const DType d = field == "params"        ? p.params
-                                                  : field == "grads"       ? p.grads
-                                                  : field == "activations" ? p.activations
-                                                  : field == "master"      ? p.master
-                                                  : field == "moments"     ? p.moments
-                                                  : field == "logits"      ? p.logits
-                                                                           : p.router;
-                                  return json(std::string(dtype_name(d)));
+                                  json out;
+                                  precision_fields(s.precision, [&](const char* name, DType d) {
+                                    if (field == name) out = std::string(dtype_name(d));
+                                  });
+                                  return out;
                                 }));
     keys.back().aliases = {std::string("dtype.") + (std::string_view(field) == "params" ? "weights" : field)};
-  }
+  });
   for (ConfigKey& k : keys)
     if (!k.flag.empty()) k.commands |= kKeyBench;
   return keys;

@@ -1,21 +1,7 @@
 // Run configuration, read from TOML (configs/*.toml) with command-line overrides (--set key=value).
-//
-//   [model]  Qwen3-MoE or DeepSeek-V3 architecture (model_type), Hugging Face key names (model/config.h).
-//   [train]  batch_size, seq_len, steps, checkpoint_every
-//   [optim]  AdamW: lr, beta1, beta2, eps, weight_decay, grad_clip, warmup_steps, min_lr_ratio
-//   [data]   source ("recall" or a token file), task, pairs, loss_on, seed
-//   [moe]    routing_profile = "router" | "balanced" | "hot:R:H"   (model/routing.h)
-//            dispatch = "standard" | "llep" | "pipelined_llep"       (expert dispatch with W > 1)
-//            bias_update_rate (deepseek_v3: e_score_correction_bias step per training step, 0.001)
-//            token_chunk (the MoE block's token side in chunks of this many of a rank's tokens; 0: whole)
-//   [llep]   lambda, alpha, min_tokens_per_gemm                      (LLEP plan)
-//   [pipelined] chunk_cap, max_chunks, membership = "strided" | "contiguous"  (PipelinedLLEP)
-//   [vocab]  schedule = "full" | "ring", block_tokens, ring_mode, keep_strips        (Ring-DTP)
-//   [ckpt]   schedule = "device" | "sco", host_budget, recompute                      (SCO)
-//   [optim]  also schedule = "device" | "offload_serial" | "offload_stream", bucket_params, slots,
-//            update_on                                                                (OffloadStreamAdamW)
-//   [precision] recipe = "fp32" | "bf16", then per-field overrides params, grads, activations, master,
-//            moments, logits, router = "f32" | "bf16" | "f16"  (core/precision.h; cpu computes the two recipes)
+// Its keys are the registry's (train/config_keys.h, Note [One key registry]): `flatpeak keys` and
+// docs/config.md list them, tables [model] [train] [optim] [data] [moe] [llep] [pipelined] [vocab] [ckpt]
+// [precision]; configs/tiny.toml is the commented example.
 //
 // Unknown tables or keys, missing keys, wrong types and impossible values are fp::Error naming the
 // key (e.g. "model.num_attention_heads = 5 is not a multiple of model.num_key_value_heads = 2").
