@@ -316,33 +316,28 @@ int train_run(const TrainOptions& o) {
 }
 
 namespace {
-int train_with(const TrainOptions& o, const RunConfig& cfg) {
-  const int64_t total = cfg.train.steps;
-  auto be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
-  if (o.link_gbps > 0) be->link_set_gbps(o.link_gbps);  // Note [Emulated link] (backend/backend.h)
-  RoutingProfile profile = cfg.moe.routing_profile;
-  if (!be->computes() && profile.kind == RoutingProfile::Kind::Kind_router) {
-    profile.kind = RoutingProfile::Kind::Kind_balanced;
-    log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
-  }
-  const ModelConfig& m = cfg.model;
-  Comm& comm = comm_world();
-  const bool lead = comm.rank() == 0;  // rank 0 writes outputs and prints
-  DataSource data(cfg);
-  if (lead) out_prepare(o);
-  stop_signals_install();                                // Note [Stopping on a signal]
-  const std::string run_json = config_json(cfg).dump();  // every key (Note [One key registry])
 
-  Model model(m, *be, profile, cfg.schedules, &comm);
-  model.init_weights(m.seed);
-  std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, cfg.schedules.optim, model.params(), *be);
-  Optimizer& optim = *optim_ptr;
-  if (lead) sco_launch_report(cfg, *be, comm.size());
-  int64_t start = 0;
-  int64_t schedule_total = total;  // the learning-rate schedule's length (Note [Extending a finished run])
+// Where a run starts (Note [Extending a finished run], Note [Checkpoint dtype and shards]): a fresh run
+// at step 0, --init-from's weights with a fresh optimizer, or --resume's step, weights, optimizer and
+// data position after the registry's comparison of the configs (Note [One key registry]).
+struct RunStart {
+  int64_t start = 0;           // the last step done
+  int64_t schedule_total = 0;  // the learning-rate schedule's length
+  CheckpointFormat format;     // the dtype, shards and config.json the checkpoints are written with
+};
+
+RunStart run_start(const TrainOptions& o, const RunConfig& cfg, Model& model, Optimizer& optim, Backend& be_ref,
+                   DataSource& data, bool lead) {
+  Backend* be = &be_ref;
+  const ModelConfig& m = cfg.model;
+  const int64_t total = cfg.train.steps;
+  RunStart rs;
+  int64_t& start = rs.start;
+  int64_t& schedule_total = rs.schedule_total;
+  schedule_total = total;
+  CheckpointFormat& format = rs.format;
   FP_CHECK(!o.extend || !o.resume.empty(), "--extend continues a run: pass --resume DIR too",
            "--extend without --resume");
-  CheckpointFormat format;  // Note [Checkpoint dtype and shards]: the dtype and config of the start
   format.weights = model.params().precision().params;  // a fresh run: its own weights' dtype
   format.shard_bytes = bytes_parse(o.shard_size);
   FP_CHECK(format.shard_bytes > 0, "pass a size such as 5GB or 500MiB", "--shard-size '{}' must be positive",
@@ -396,6 +391,99 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   FP_CHECK(start < total, fmt::format("to train it further, pass --steps N (N > {}) with --extend", start),
            "the checkpoint is at step {} of {}: nothing to do", start, total);
 
+  return rs;
+}
+
+// Note [A loss spike stops the run], Note [Stopping on a signal], Note [Injected rank failure]: what ends a
+// run between two steps, or before a step's update.
+class StopPolicy {
+ public:
+  StopPolicy(const TrainOptions& o, const RunConfig& cfg, bool computes, int64_t last_ckpt)
+      : o_(o), spike_factor_(cfg.train.loss_spike_factor), computes_(computes), last_ckpt_(last_ckpt) {
+    // Note [Injected rank failure]: FLATPEAK_FAIL_RANK=R:S makes rank R fail at step S, so tests can show
+    // that one failed rank ends every rank promptly (cli/main.cpp). Unset in normal runs.
+    if (const char* f = std::getenv("FLATPEAK_FAIL_RANK")) std::sscanf(f, "%d:%ld", &fail_rank_, &fail_step_);
+  }
+  // Before step `step` on rank `rank`: an injected failure.
+  void before_step(int64_t step, int rank) const {
+    FP_CHECK(!(rank == fail_rank_ && step == fail_step_), "unset FLATPEAK_FAIL_RANK",
+             "injected failure at step {} (FLATPEAK_FAIL_RANK={}:{})", step, fail_rank_, fail_step_);
+  }
+  // After the forward and backward, before the update: a non-finite or spiking loss stops the run.
+  void check_loss(int64_t step, const StepOutputs& out) {
+    if (computes_ && !std::isfinite(out.loss))
+      throw Error(fmt::format("the loss is {} at step {} (cross-entropy {}, aux {}); no update was applied", out.loss,
+                              step, out.ce_loss, out.aux_loss),
+                  fmt::format("lower optim.lr or check the data; {}", intact()));
+    if (computes_ && spike_factor_ > 0 && recent_.size() >= kLossWarm) {
+      const double med = median(std::vector<double>(recent_.begin(), recent_.end()));
+      if (out.loss > spike_factor_ * med)
+        throw Error(fmt::format("the loss spiked at step {}: {:.6g} is {:.1f}x the median {:.6g} of the last {} steps "
+                                "(train.loss_spike_factor = {}); no update was applied",
+                                step, out.loss, out.loss / med, med, recent_.size(), spike_factor_),
+                    fmt::format("lower optim.lr or check the data, then resume; {}; set train.loss_spike_factor = 0 to "
+                                "train through spikes",
+                                intact()));
+    }
+    if (std::isfinite(out.loss)) {
+      recent_.push_back(out.loss);
+      if (recent_.size() > kLossWindow) recent_.pop_front();
+    }
+  }
+  // After a step: whether the run stops now (--stop-after, or a signal on any rank: every rank stops after
+  // the same step).
+  bool after_step(Comm& comm) {
+    ++done_here_;
+    int64_t sig = stop_signal();
+    if (comm.size() > 1) comm.all_reduce_max(&sig, 1, DType::DType_I64);
+    stopped_by_ = static_cast<int>(sig);
+    return (o_.stop_after > 0 && done_here_ >= o_.stop_after) || stopped_by_ != 0;
+  }
+  void checkpoint_written(int64_t step) { last_ckpt_ = step; }
+  int stopped_by() const { return stopped_by_; }
+
+ private:
+  std::string intact() const {
+    return last_ckpt_ > 0 ? fmt::format("the checkpoint of step {} in {} is intact", last_ckpt_, o_.out)
+                          : std::string("no checkpoint was written yet");
+  }
+  const TrainOptions& o_;
+  double spike_factor_;
+  bool computes_;
+  int64_t last_ckpt_;  // the step of the latest complete checkpoint in o.out (the resumed one at first)
+  int fail_rank_ = -1;
+  int64_t fail_step_ = -1;
+  std::deque<double> recent_;
+  int64_t done_here_ = 0;
+  int stopped_by_ = 0;
+};
+
+int train_with(const TrainOptions& o, const RunConfig& cfg) {
+  const int64_t total = cfg.train.steps;
+  auto be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
+  if (o.link_gbps > 0) be->link_set_gbps(o.link_gbps);  // Note [Emulated link] (backend/backend.h)
+  RoutingProfile profile = cfg.moe.routing_profile;
+  if (!be->computes() && profile.kind == RoutingProfile::Kind::Kind_router) {
+    profile.kind = RoutingProfile::Kind::Kind_balanced;
+    log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
+  }
+  const ModelConfig& m = cfg.model;
+  Comm& comm = comm_world();
+  const bool lead = comm.rank() == 0;  // rank 0 writes outputs and prints
+  DataSource data(cfg);
+  if (lead) out_prepare(o);
+  stop_signals_install();                                // Note [Stopping on a signal]
+  const std::string run_json = config_json(cfg).dump();  // every key (Note [One key registry])
+
+  Model model(m, *be, profile, cfg.schedules, &comm);
+  model.init_weights(m.seed);
+  std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, cfg.schedules.optim, model.params(), *be);
+  Optimizer& optim = *optim_ptr;
+  if (lead) sco_launch_report(cfg, *be, comm.size());
+  const RunStart rs = run_start(o, cfg, model, optim, *be, data, lead);
+  const int64_t start = rs.start, schedule_total = rs.schedule_total;
+  const CheckpointFormat& format = rs.format;
+
   if (lead)
     log_info(
         "{}: {:.2f} M parameters ({}: {} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
@@ -419,11 +507,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   }
 
   const int64_t ckpt_every = cfg.train.checkpoint_every;
-  // Note [Injected rank failure]: FLATPEAK_FAIL_RANK=R:S makes rank R fail at step S, so tests can show
-  // that one failed rank ends every rank promptly (cli/main.cpp). Unset in normal runs.
-  int fail_rank = -1;
-  int64_t fail_step = -1;
-  if (const char* f = std::getenv("FLATPEAK_FAIL_RANK")) std::sscanf(f, "%d:%ld", &fail_rank, &fail_step);
+  StopPolicy stop_policy(o, cfg, be->computes(), start);
   const Fault fault = be->computes() ? fault_from_env() : Fault{};  // Note [Injected faults]
   std::vector<uint8_t> answer_mask;
   std::vector<float> logits;
@@ -434,20 +518,11 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       data.is_recall() && be->computes() && cfg.schedules.vocab.kind == VocabSchedule::Kind::Kind_full;
   if (lead && data.is_recall() && be->computes() && !want_logits)
     log_info("recall accuracy is not reported with vocab.schedule = \"ring\": Ring-DTP forms no logits");
-  int64_t done_here = 0;
-  int64_t last_ckpt = start;  // the step of the latest complete checkpoint in o.out (start: the resumed one)
-  const auto intact = [&] {
-    return last_ckpt > 0 ? fmt::format("the checkpoint of step {} in {} is intact", last_ckpt, o.out)
-                         : std::string("no checkpoint was written yet");
-  };
   // Live on a terminal, a line every --log-every steps (default 10) otherwise (train/progress.h).
   Progress progress(start, total, o.log_every > 0 ? o.log_every : 10, o.quiet || !lead);
-  std::deque<double> recent;  // Note [A loss spike stops the run]
-  int stopped_by = 0;         // Note [Stopping on a signal]
   int64_t last_step = start;
   for (int64_t step = start + 1; step <= total; ++step) {
-    FP_CHECK(!(comm.rank() == fail_rank && step == fail_step), "unset FLATPEAK_FAIL_RANK",
-             "injected failure at step {} (FLATPEAK_FAIL_RANK={}:{})", step, fail_rank, fail_step);
+    stop_policy.before_step(step, comm.rank());
     Batch global = data.next(data.is_recall() ? &answer_mask : nullptr);
     Batch batch = context_slice(global, comm.rank(), comm.size());
     be->device_ledger().peaks_reset();
@@ -456,24 +531,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       fault_apply(*be, model.params(), fault.kind);
     model.zero_grads();
     StepOutputs out = step_forward_backward(model, batch, want_logits ? &logits : nullptr);
-    if (be->computes() && !std::isfinite(out.loss))
-      throw Error(fmt::format("the loss is {} at step {} (cross-entropy {}, aux {}); no update was applied", out.loss,
-                              step, out.ce_loss, out.aux_loss),
-                  fmt::format("lower optim.lr or check the data; {}", intact()));
-    if (be->computes() && cfg.train.loss_spike_factor > 0 && recent.size() >= kLossWarm) {
-      const double med = median(std::vector<double>(recent.begin(), recent.end()));
-      if (out.loss > cfg.train.loss_spike_factor * med)
-        throw Error(fmt::format("the loss spiked at step {}: {:.6g} is {:.1f}x the median {:.6g} of the last {} steps "
-                                "(train.loss_spike_factor = {}); no update was applied",
-                                step, out.loss, out.loss / med, med, recent.size(), cfg.train.loss_spike_factor),
-                    fmt::format("lower optim.lr or check the data, then resume; {}; set train.loss_spike_factor = 0 to "
-                                "train through spikes",
-                                intact()));
-    }
-    if (std::isfinite(out.loss)) {
-      recent.push_back(out.loss);
-      if (recent.size() > kLossWindow) recent.pop_front();
-    }
+    stop_policy.check_loss(step, out);
     Optimizer::StepStats os = optim.step(step, schedule_total);
     // DeepSeek-V3's aux-loss-free balancing: the routing bias follows this step's expert loads.
     optim.weights_written(model.routing_bias_update(out.expert_counts, cfg.moe.bias_update_rate));
@@ -526,13 +584,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       progress.step({step, out.loss, out.aux_loss, os.grad_norm, os.lr, tps, secs, std::isnan(acc) ? -1.0 : acc, peak,
                      j["binding"].get<std::string>()});
     }
-    ++done_here;
     last_step = step;
-    // Every rank stops after the same step, whichever got the signal.
-    int64_t sig = stop_signal();
-    if (comm.size() > 1) comm.all_reduce_max(&sig, 1, DType::DType_I64);
-    stopped_by = static_cast<int>(sig);
-    const bool stop = (o.stop_after > 0 && done_here >= o.stop_after) || stopped_by != 0;
+    const bool stop = stop_policy.after_step(comm);
     // meta holds no numbers to save: its runs measure peaks and write no checkpoint.
     if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
       // Collective: the shards are gathered to rank 0, which writes them.
@@ -542,7 +595,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       st.run_config = run_json;
       st.schedule_steps = schedule_total != total ? schedule_total : 0;
       const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be, format);
-      last_ckpt = step;
+      stop_policy.checkpoint_written(step);
       if (lead && !o.quiet) progress.note(fmt::format("checkpoint: {}", where));
       comm.barrier();
     }
@@ -555,7 +608,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     log_info("wrote {0}/metrics.jsonl, {0}/memory_trace.json (rank 0){1}", o.out,
              be->computes() ? fmt::format(" and {}/checkpoint/", o.out) : std::string(" (meta: no checkpoint)"));
   }
-  if (stopped_by != 0) {
+  if (const int stopped_by = stop_policy.stopped_by(); stopped_by != 0) {
     if (lead)
       log_info("stopped by {} after step {} of {}: {}; resume with:\n  {}", signal_name(stopped_by), last_step, total,
                be->computes() ? fmt::format("checkpoint {}/checkpoint written", o.out)
