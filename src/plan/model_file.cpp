@@ -1,10 +1,10 @@
 #include "plan/model_file.h"
 
-#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <type_traits>
 
@@ -72,9 +72,7 @@ Model model_from_toml(const std::string& text, const std::string& source) {
       FP_CHECK(defaulted, kTomlHint, "{}: missing {}", source, k.name);
       continue;
     }
-    const nlohmann::json v = toml_node_json(*n);
-    FP_CHECK(key_value_fits(k.type, v), kTomlHint, "{}: {} must be {}", source, k.name, key_type_text(k.type));
-    k.set(rc, v, source);
+    config_key_store(rc, k, toml_node_json(*n), source, kTomlHint);
   }
   ModelConfig& c = m.cfg;
   c = rc.model;

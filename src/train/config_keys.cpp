@@ -513,6 +513,9 @@ std::vector<std::string> config_tables() {
   return out;
 }
 
+namespace {
+
+// Whether v has type t (an integer counts as a number).
 bool key_value_fits(KeyType t, const json& v) {
   switch (t) {
     case KeyType::KeyType_int:
@@ -535,6 +538,8 @@ bool key_value_fits(KeyType t, const json& v) {
   return false;
 }
 
+}  // namespace
+
 void config_key_set_text(RunConfig& c, const ConfigKey& k, std::string_view text, const std::string& source) {
   json v;
   try {
@@ -544,7 +549,12 @@ void config_key_set_text(RunConfig& c, const ConfigKey& k, std::string_view text
     v = std::string(text);  // a bare string
   }
   if (k.type == KeyType::KeyType_string && !v.is_string()) v = std::string(text);  // "--schedule ckpt=1GiB" and alike
-  FP_CHECK(key_value_fits(k.type, v), kConfigHint, "{}: {} must be {}", source, k.name, key_type_text(k.type));
+  config_key_store(c, k, v, source);
+}
+
+void config_key_store(RunConfig& c, const ConfigKey& k, const json& v, const std::string& source, const char* hint) {
+  FP_CHECK(key_value_fits(k.type, v), hint != nullptr ? hint : kConfigHint, "{}: {} must be {}", source, k.name,
+           key_type_text(k.type));
   k.set(c, v, source);
 }
 
@@ -592,6 +602,7 @@ ResumeCheck config_resume_check(const json& then, const RunConfig& now, bool ext
   // flatpeak's subset says nothing of what it left out.
   const bool complete = then.is_object() && then.value("config_format", 0) >= kConfigFormat;
   const json null_value;
+  const RunConfig defaults;
   for (const ConfigKey& k : config_keys()) {
     if (hf_model && k.table() == "model") continue;
     const json v_now = k.get(now);
@@ -602,7 +613,7 @@ ResumeCheck config_resume_check(const json& then, const RunConfig& now, bool ext
       // An older flatpeak recorded a subset (and precision as one string, checked below). A key it left
       // out at its default now is what that run ran; another value cannot be checked, so it is named.
       if (!v_now.is_null() && k.effect == KeyEffect::KeyEffect_arithmetic && k.table() != "precision" &&
-          k.get(RunConfig{}) != v_now && k.table() != "model")
+          k.get(defaults) != v_now && k.table() != "model")
         r.not_recorded.push_back(k.name);
       continue;
     }
@@ -641,8 +652,8 @@ std::string config_keys_describe(bool markdown) {
       std::string doc = k.doc;
       for (size_t p = doc.find('|'); p != std::string::npos; p = doc.find('|', p + 2)) doc.replace(p, 1, "\\|");
       out += fmt::format("| {} | {} | {} | {} | {} | {} |\n", name, key_type_text(k.type),
-                         k.required ? "required" : "`" + def + "`", key_effect_name(k.effect),
-                         key_commands_text(k.commands), doc);
+                         k.required ? def : "`" + def + "`", key_effect_name(k.effect), key_commands_text(k.commands),
+                         doc);
     } else {
       std::string names = k.name;
       if (!k.aliases.empty()) names += fmt::format(" (plan: {})", fmt::join(k.aliases, ", "));

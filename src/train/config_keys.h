@@ -83,8 +83,10 @@ const ConfigKey* config_key_find(std::string_view name, bool aliases = false);
 // The known tables, in registry order.
 std::vector<std::string> config_tables();
 
-// Whether v has type t (an integer counts as a number).
-bool key_value_fits(KeyType t, const nlohmann::json& v);
+// Stores value v (as a config file gives it) in key k of c: the type check ("<source>: <name> must be
+// <type>", with `hint`), then k.set. The one store of TOML files, --set, --schedule and presets.
+void config_key_store(RunConfig& c, const ConfigKey& k, const nlohmann::json& v, const std::string& source,
+                      const char* hint = nullptr);
 
 // Sets key k of c from text as typed on a command line (a TOML value, else a bare string); throws
 // fp::Error naming source and the key.

@@ -114,9 +114,7 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
       FP_CHECK(!k.required, kConfigHint, "{}: missing key {}", source, k.name);
       continue;
     }
-    const nlohmann::json v = toml_node_json(*n);
-    FP_CHECK(key_value_fits(k.type, v), kConfigHint, "{}: {} must be {}", source, k.name, key_type_text(k.type));
-    k.set(c, v, source);
+    config_key_store(c, k, toml_node_json(*n), source, kConfigHint);
   }
 
   // MLA: head_dim is the RoPE width; a config may leave it out.

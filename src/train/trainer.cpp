@@ -326,9 +326,8 @@ struct RunStart {
   CheckpointFormat format;     // the dtype, shards and config.json the checkpoints are written with
 };
 
-RunStart run_start(const TrainOptions& o, const RunConfig& cfg, Model& model, Optimizer& optim, Backend& be_ref,
+RunStart run_start(const TrainOptions& o, const RunConfig& cfg, Model& model, Optimizer& optim, Backend& be,
                    DataSource& data, bool lead) {
-  Backend* be = &be_ref;
   const ModelConfig& m = cfg.model;
   const int64_t total = cfg.train.steps;
   RunStart rs;
@@ -342,17 +341,17 @@ RunStart run_start(const TrainOptions& o, const RunConfig& cfg, Model& model, Op
   format.shard_bytes = bytes_parse(o.shard_size);
   FP_CHECK(format.shard_bytes > 0, "pass a size such as 5GB or 500MiB", "--shard-size '{}' must be positive",
            o.shard_size);
-  if (!o.init_from.empty() && be->computes()) {  // meta holds no weights: config.json alone sized the run
+  if (!o.init_from.empty() && be.computes()) {  // meta holds no weights: config.json alone sized the run
     // Weights only: the optimizer state starts fresh and the run at step 0 (a trainer state in the
     // directory, if any, is not this run's).
-    const TrainerState from = checkpoint_load(o.init_from, m, model.params(), nullptr, *be);
+    const TrainerState from = checkpoint_load(o.init_from, m, model.params(), nullptr, be);
     format.weights = from.weights_dtype;
     format.base_config = from.config_json;
     if (lead)
       log_info("initialized the weights from {} (fresh optimizer state, step 0)", checkpoint_resolve(o.init_from));
   }
   if (!o.resume.empty()) {
-    TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, *be);
+    TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, be);
     format.weights = st.weights_dtype;
     format.base_config = st.config_json;
     FP_CHECK(!st.run_config.empty(), "resume from a checkpoint written by flatpeak train (it has trainer_state.json)",
