@@ -627,6 +627,16 @@ ResumeCheck config_resume_check(const json& then, const RunConfig& now, bool ext
       then["precision"].get<std::string>() != precision_describe(now.schedules.precision))
     r.refused.push_back(fmt::format("precision: checkpoint \"{}\", now \"{}\"", then["precision"].get<std::string>(),
                                     precision_describe(now.schedules.precision)));
+  // A setting the checkpoint's run had that this flatpeak does not know (a newer one wrote it): never
+  // dropped silently.
+  if (then.is_object())
+    for (auto t = then.begin(); t != then.end(); ++t) {
+      if (t.key() == "config_format" || (t.key() == "model" && hf_model) || !t.value().is_object()) continue;
+      for (auto it = t.value().begin(); it != t.value().end(); ++it)
+        if (config_key_find(t.key() + "." + it.key()) == nullptr)
+          r.refused.push_back(
+              fmt::format("{}.{}: checkpoint {}, not a key of this flatpeak", t.key(), it.key(), it.value().dump()));
+    }
   return r;
 }
 

@@ -105,7 +105,7 @@ std::string config_toml(const RunConfig& c);
 // A resume's comparison of the config a checkpoint recorded (config_json of the run that wrote it, or an
 // older flatpeak's subset) with this run's.
 struct ResumeCheck {
-  std::vector<std::string> refused;       // "key: checkpoint A, now B" of arithmetic keys
+  std::vector<std::string> refused;       // "key: checkpoint A, now B" of arithmetic keys, and keys unknown here
   std::vector<std::string> changed;       // the same of schedule and run keys (allowed)
   std::vector<std::string> not_recorded;  // arithmetic keys the checkpoint does not hold (older flatpeak)
 };

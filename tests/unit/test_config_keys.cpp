@@ -270,7 +270,7 @@ TEST(ConfigKeys, ModelTypeChangesTheArchitecture) {
 }
 
 // An older flatpeak's saved config (a subset; precision as one string): what it holds is compared, what it
-// does not hold is named when this run sets it otherwise than the default.
+// does not hold is named when this run sets it otherwise than the default; a key unknown here is refused.
 TEST(ConfigKeys, ResumeFromAnOlderCheckpointNamesWhatItDidNotRecord) {
   const RunConfig now = base(true, {"moe.bias_update_rate=0.05"});
   nlohmann::json then = config_json(now);
@@ -290,6 +290,12 @@ TEST(ConfigKeys, ResumeFromAnOlderCheckpointNamesWhatItDidNotRecord) {
   hf.erase("config_format");
   hf["model"] = nlohmann::json::parse(model_config_hf_json(base(false).model));
   EXPECT_TRUE(config_resume_check(hf, base(false), false).refused.empty());
+  // A key this flatpeak does not know (a newer one wrote the checkpoint) is refused by name.
+  nlohmann::json newer = config_json(base(false));
+  newer["train"]["grad_accum"] = 4;
+  const ResumeCheck rn = config_resume_check(newer, base(false), false);
+  ASSERT_EQ(rn.refused.size(), 1u);
+  EXPECT_EQ(rn.refused[0], "train.grad_accum: checkpoint 4, not a key of this flatpeak");
 }
 
 // The planner's --schedule takes the registry's plan keys by name and by alias, and nothing else.
