@@ -54,6 +54,7 @@ struct EvalOptions {
   std::string json;
   std::string device_mem = "unlimited";
   std::string dump_logits;
+  std::vector<std::string> overrides;  // --set data.documents=eos ...: the keys flatpeak keys marks for eval
 };
 void eval_register(CLI::App& app, Runner& run);
 int eval_run(const EvalOptions& o);

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "data/documents.h"
 #include "data/loader.h"
 #include "data/token_file.h"
 #include "io/atomic_file.h"
@@ -15,6 +16,7 @@
 #include "model/hf_config.h"
 #include "step/step.h"
 #include "train/checkpoint.h"
+#include "train/config_keys.h"
 #include "train/trainer.h"
 
 namespace fp::cli {
@@ -30,8 +32,7 @@ void train_register(CLI::App& app, Runner& run) {
       ->check(CLI::IsMember({"cpu", "meta"}));
   sub->add_option("--device-mem", o.device_mem, "device memory capacity: 512MiB, 2GiB, ... or unlimited");
   sub->add_option("--host-mem", o.host_mem, "host memory for offload schedules (default unlimited)");
-  sub->add_option("--steps", o.steps, "steps of the run (default: train.steps of the config)")
-      ->check(at_least(1));
+  sub->add_option("--steps", o.steps, "steps of the run (default: train.steps of the config)")->check(at_least(1));
   sub->add_option("--out", o.out, "output directory: metrics.jsonl, memory_trace.json, checkpoints")->required();
   sub->add_option("--resume", o.resume, "continue from the checkpoint in this directory (bit-exact)");
   sub->add_option("--init-from", o.init_from,
@@ -44,7 +45,8 @@ void train_register(CLI::App& app, Runner& run) {
   sub->add_flag("--extend", o.extend,
                 "with --resume and --steps N: continue a run past its last step to N, at the learning rate "
                 "its schedule ended on");
-  sub->add_flag("--overwrite", o.overwrite, "replace the earlier run in --out (otherwise a folder holding one is refused)");
+  sub->add_flag("--overwrite", o.overwrite,
+                "replace the earlier run in --out (otherwise a folder holding one is refused)");
   sub->add_option("--stop-after", o.stop_after,
                   "stop after this many steps of this invocation, with a checkpoint (preemptible jobs)")
       ->check(at_least(1));
@@ -57,7 +59,6 @@ void train_register(CLI::App& app, Runner& run) {
                   "emulate a host-device link of X GB/s for the offload copies (schedule studies; 0: off)")
       ->check(CLI::NonNegativeNumber);
 }
-
 
 void eval_register(CLI::App& app, Runner& run) {
   auto opts = std::make_shared<EvalOptions>();
@@ -74,6 +75,9 @@ void eval_register(CLI::App& app, Runner& run) {
   sub->add_option("--batch", o.batch, "sequences per forward pass")->check(at_least(1));
   sub->add_option("--json", o.json, "write {loss, tokens, sequences, ...} here");
   sub->add_option("--device-mem", o.device_mem, "device memory capacity");
+  sub->add_option("--set", o.overrides,
+                  "how the data is read, as in training: --set data.documents=eos --set data.eos_id=N (repeatable; "
+                  "`flatpeak keys` marks the keys eval takes)");
   sub->add_option("--dump-logits", o.dump_logits,
                   "write the first batch's inputs and logits (B, T, V) here as safetensors (scripts/interop)");
 }
@@ -91,6 +95,22 @@ int eval_run(const EvalOptions& o) {
   std::vector<Batch> batches = token_file_eval_batches(file, T, o.batch, "--seq-len");
   FP_CHECK(!batches.empty(), "use a shorter --seq-len", "'{}' holds {} tokens: not one sequence of {}", o.data,
            file.size(), T);
+  // The data keys of a run config (Note [One key registry]): documents are marked as training marks them.
+  RunConfig data_cfg;
+  for (const std::string& ov : o.overrides) {
+    const size_t eq = ov.find('=');
+    const std::string name = ov.substr(0, eq);
+    const ConfigKey* k = config_key_find(name);
+    FP_CHECK(eq != std::string::npos && k != nullptr && (k->commands & kKeyEval) != 0,
+             "eval takes --set data.documents=... and data.eos_id=... (`flatpeak keys` marks the keys eval takes)",
+             "--set {}: {} is not a key flatpeak eval takes", ov, name);
+    config_key_set_text(data_cfg, *k, ov.substr(eq + 1), "--set " + ov);
+  }
+  const int32_t eos_id = documents_eos_id(data_cfg.data.documents, data_cfg.data.eos_id, ck, m.vocab_size);
+  if (eos_id >= 0) {
+    for (Batch& b : batches) batch_documents_from_eos(b, eos_id);
+    log_info("documents end with EOS id {}: no loss at EOS positions, attention and RoPE restart per document", eos_id);
+  }
   double loss_sum = 0, aux_sum = 0;
   int64_t tokens = 0, sequences = 0;
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -142,15 +162,14 @@ int convert_run(const ConvertOptions& o) {
   const TrainerState read = checkpoint_load(ck, m, model.params(), nullptr, *be);
   CheckpointFormat format;
   format.weights = o.dtype.empty() ? read.weights_dtype : dtype_parse(o.dtype);
-  FP_CHECK(format.weights == DType::DType_F32 || format.weights == DType::DType_BF16 ||
-               format.weights == DType::DType_F16,
-           "pass --dtype f32, bf16 or f16", "--dtype {}: weights are written as f32, bf16 or f16", o.dtype);
+  FP_CHECK(
+      format.weights == DType::DType_F32 || format.weights == DType::DType_BF16 || format.weights == DType::DType_F16,
+      "pass --dtype f32, bf16 or f16", "--dtype {}: weights are written as f32, bf16 or f16", o.dtype);
   format.shard_bytes = bytes_parse(o.shard_size);
   format.base_config = read.config_json;
   checkpoint_export(o.out, m, model.params(), format);
   log_info("wrote {} ({} weights{}) from {}", o.out, dtype_name(format.weights),
-           format.weights != read.weights_dtype ? fmt::format(", read as {}", dtype_name(read.weights_dtype)) : "",
-           ck);
+           format.weights != read.weights_dtype ? fmt::format(", read as {}", dtype_name(read.weights_dtype)) : "", ck);
   return 0;
 }
 }  // namespace
@@ -159,10 +178,10 @@ void convert_register(CLI::App& app, Runner& run) {
   auto opts = std::make_shared<ConvertOptions>();
   ConvertOptions& o = *opts;
   CLI::App* sub = app.add_subcommand(
-      "convert", "read a checkpoint strictly (every config key, every tensor) and write it as a Hugging Face directory");
+      "convert",
+      "read a checkpoint strictly (every config key, every tensor) and write it as a Hugging Face directory");
   sub->callback([&run, opts] { run = [opts] { return convert_run(*opts); }; });
-  sub->add_option("--checkpoint", o.checkpoint,
-                  "a flatpeak run or step directory, or a Hugging Face model directory")
+  sub->add_option("--checkpoint", o.checkpoint, "a flatpeak run or step directory, or a Hugging Face model directory")
       ->required();
   sub->add_option("--out", o.out, "the directory to write (must not exist)")->required();
   sub->add_option("--dtype", o.dtype, "weights dtype: f32, bf16 or f16 (default: the input's)");

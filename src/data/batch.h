@@ -15,10 +15,13 @@ struct Batch {
   std::vector<int32_t> tokens;     // (B, T) ids in [0, V)
   std::vector<int32_t> targets;    // (B, T) ids in [0, V) or -100 (ignored)
   std::vector<int32_t> positions;  // (T) ascending positions in the sequence, or empty
+  // (B, T) where each token's document begins, a position in its sequence (data/documents.h), or empty:
+  // one document per sequence.
+  std::vector<int32_t> doc_start;
 };
 
 // Throws fp::Error naming the first bad position: shapes, token ids out of [0, vocab_size), targets
-// neither in [0, vocab_size) nor -100.
+// neither in [0, vocab_size) nor -100, document starts that pass their token or descend.
 void batch_validate(const Batch& b, int64_t vocab_size);
 
 }  // namespace fp

@@ -33,6 +33,7 @@ Batch context_slice(const Batch& g, int rank, int world) {
     for (int32_t p : pos) {
       b.tokens.push_back(g.tokens[s * g.T + p]);
       b.targets.push_back(g.targets[s * g.T + p]);
+      if (!g.doc_start.empty()) b.doc_start.push_back(g.doc_start[s * g.T + p]);
     }
   return b;
 }

@@ -36,8 +36,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
-                hd = c.head_dim;
+  const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const ops::RopeFreqs freqs = s.rope_freqs();
   AttnActs local;
@@ -80,11 +79,12 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
 
   a.o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.o");
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
+  const ops::AttentionSpec spec =
+      s.attention_spec(nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
   if (s.comm.size() > 1) {
-    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
+    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, spec);
   } else {
-    K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), s.B, s.T, nh, nkv, hd, hd,
-                        1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
+    K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), spec);
   }
   if (!keep) {
     a.q.reset();
@@ -106,8 +106,7 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
-                hd = c.head_dim;
+  const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const ops::RopeFreqs freqs = s.rope_freqs();
 
   // o_proj: dx holds d x1 = d (x + o W_o^T); the residual part stays in dx.
@@ -119,13 +118,13 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   Tensor dq = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq");
   Tensor dk = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk");
   Tensor dv = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dv");
+  const ops::AttentionSpec spec =
+      s.attention_spec(nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
   if (s.comm.size() > 1) {
-    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv, hd, hd,
-                            1.0f / std::sqrt(static_cast<float>(hd)));
+    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv, spec);
   } else {
     K.attention_backward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), d_o.buf(), dq.buf(), dk.buf(),
-                         dv.buf(), s.B, s.T, nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)),
-                         c.sliding_window);
+                         dv.buf(), spec);
   }
   d_o.reset();
   a.o.reset();

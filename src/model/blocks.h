@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "model/rope_scaling.h"
+#include "ops/attention.h"
 #include "ops/rope.h"
 
 namespace fp {
@@ -29,7 +30,13 @@ struct DispatchActs {
 // What every block of one step shares.
 struct StepContext {
   StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm)
-      : be(b), cfg(c), rope(rope_table(c)), profile(p), comm(cm), data_channel(b.data_channel(cm)), data(*data_channel) {}
+      : be(b),
+        cfg(c),
+        rope(rope_table(c)),
+        profile(p),
+        comm(cm),
+        data_channel(b.data_channel(cm)),
+        data(*data_channel) {}
   Backend& be;
   const ModelConfig& cfg;
   // The model's RoPE frequencies (Note [RoPE scaling as transformers computes it]), once per step
@@ -47,17 +54,28 @@ struct StepContext {
   // every block allocates in it; all f32 unless the model's schedules say otherwise.
   Precision precision;
   ExpertDispatch* dispatch = nullptr;  // the step's expert dispatch (expert_dispatch_create); null: local (W = 1)
-  int64_t B = 0, T = 0, n = 0;  // T: this rank's tokens per sequence
+  int64_t B = 0, T = 0, n = 0;         // T: this rank's tokens per sequence
   // The MoE blocks' token side in chunks of this many of the rank's tokens (moe.token_chunk; 0: all n at
   // once), read by the MoE block only: each dispatch call is given its window explicitly (MoeChunk in
   // model/expert_dispatch.h; Note [The MoE token side in chunks] in model/moe_block.cpp).
   int64_t moe_token_chunk = 0;
-  Tensor pos;                // (n) i32, position of each token in its sequence
-  std::vector<int32_t> seq_pos;  // (T) host: the positions of this rank's tokens in a sequence
+  // The step's positions, on the device (data/batch.h). pos: each token's RoPE position, its position in
+  // its document (in its sequence without documents). seq_pos: with several ranks, the positions of this
+  // rank's tokens in a sequence (data/context_split.h), which ring attention masks by; empty on one rank.
+  // doc_start: where each token's document begins in its sequence (Note [Documents in attention] in
+  // ops/attention.h); empty: one document per sequence.
+  Tensor pos;        // (n) i32
+  Tensor seq_pos;    // (T) i32
+  Tensor doc_start;  // (n) i32
+  // The attention spec of this step's sequences: this rank's T queries and keys, with its documents.
+  ops::AttentionSpec attention_spec(int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale,
+                                    int64_t window) const {
+    return ops::attention_spec(B, T, nh, nkv, hd, hdv, scale, window, doc_start.defined() ? doc_start.i32() : nullptr);
+  }
   // The MoE block's host scratch, reused across layers (no allocation per layer once sized). The expert
   // order itself is built on the device and stays there (Note [The routing sort on the device] in
   // model/moe_block.cpp).
-  std::vector<int32_t> host_topk;     // (n, k) a routing profile's choice, uploaded to every MoE block
+  std::vector<int32_t> host_topk;  // (n, k) a routing profile's choice, uploaded to every MoE block
   // Note [A routing profile is routed once per step]: a profile's choice depends only on (n, k, E),
   // never on the layer or the data, so with a profile the first MoE block builds host_topk and these
   // offsets and every later block (and the recompute) reuses them: it uploads the choice and sorts it
@@ -70,14 +88,14 @@ struct StepContext {
 
 // ---- attention block: x1 = x + o_proj(attention(rope(norm_q(q)), rope(norm_k(k)), v)), q,k,v from rmsnorm(x)
 struct AttnActs {
-  Tensor h1, rstd1;            // (n, H), (n)
-  Tensor q_raw, k_raw, v;      // (n, nh*hd), (n, nkv*hd), (n, nkv*hd): projections
-  Tensor q, k;                 // after q_norm/k_norm and RoPE
-  Tensor rstd_q, rstd_k;       // (n*nh), (n*nkv)
-  Tensor o, lse;               // (n, nh*hd), (B, nh, T)
+  Tensor h1, rstd1;        // (n, H), (n)
+  Tensor q_raw, k_raw, v;  // (n, nh*hd), (n, nkv*hd), (n, nkv*hd): projections
+  Tensor q, k;             // after q_norm/k_norm and RoPE
+  Tensor rstd_q, rstd_k;   // (n*nh), (n*nkv)
+  Tensor o, lse;           // (n, nh*hd), (B, nh, T)
   // MLA (Note [Multi-head latent attention] in model/mla_block.cpp; rstd_q, rstd_k: the latents' norms).
-  Tensor q_a, q_a_n;           // (n, ql) the query latent before and after q_a_layernorm
-  Tensor kv_a, kv_a_n;         // (n, kl) the key/value latent before and after kv_a_layernorm
+  Tensor q_a, q_a_n;    // (n, ql) the query latent before and after q_a_layernorm
+  Tensor kv_a, kv_a_n;  // (n, kl) the key/value latent before and after kv_a_layernorm
 };
 // x (n, H) -> x1 (n, H), allocated here (category activations). keep: when not null, everything
 // backward needs is left in it; otherwise intermediates are freed as soon as they are consumed.
@@ -95,19 +113,19 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
 // rank's own m = n k routed copies: rows, slot_pos, xs, ys, dys, dxs) is category activations, sized
 // by the config; category dispatch holds only what the dispatch receives from other ranks.
 struct MoeActs {
-  Tensor h2, rstd2;            // (n, H), (n)
-  Tensor probs;                // (n, E) router softmax (the sigmoid router: its scores)
-  Tensor topk_idx, topk_w;     // (n, k) i32, (n, k)
-  Tensor rows, slot_pos;       // (m) i32, (n, k) i32: expert order <-> token order
-  std::vector<int64_t> offsets;  // (E + 1) rows of each expert in expert order (host)
+  Tensor h2, rstd2;                        // (n, H), (n)
+  Tensor probs;                            // (n, E) router softmax (the sigmoid router: its scores)
+  Tensor topk_idx, topk_w;                 // (n, k) i32, (n, k)
+  Tensor rows, slot_pos;                   // (m) i32, (n, k) i32: expert order <-> token order
+  std::vector<int64_t> offsets;            // (E + 1) rows of each expert in expert order (host)
   std::unique_ptr<DispatchActs> dispatch;  // what the expert dispatch keeps (routed copies, FFN intermediates)
-  Tensor ys;                   // (m, H) expert outputs in expert order (activations)
-  Tensor shared_g, shared_u, shared_act;  // (n, Is) x 3: the shared experts' FFN (Note [Shared experts])
+  Tensor ys;                               // (m, H) expert outputs in expert order (activations)
+  Tensor shared_g, shared_u, shared_act;   // (n, Is) x 3: the shared experts' FFN (Note [Shared experts])
 };
 // Per-layer routing statistics for the load-balancing loss (host).
 struct RouterStats {
-  std::vector<int64_t> counts;  // (E) routed copies per expert
-  std::vector<double> prob_sum; // (E) sum over tokens of the router probability (empty on meta)
+  std::vector<int64_t> counts;   // (E) routed copies per expert
+  std::vector<double> prob_sum;  // (E) sum over tokens of the router probability (empty on meta)
 };
 // The output x2 is allocated in category out_cat (checkpoints when it is the next layer's boundary).
 Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats,
@@ -125,7 +143,7 @@ void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const T
 // ---- dense MLP block (a layer ModelConfig::layer_is_sparse calls dense):
 // x2 = x1 + down(silu(gate h2) * up h2), h2 = rmsnorm(x1); Qwen3MoeMLP of width intermediate_size.
 struct MlpActs {
-  Tensor rstd2;  // (n)
+  Tensor rstd2;          // (n)
   Tensor h2, g, u, act;  // (n, H), (n, Id) x 3: what the FFN's backward reads (model/expert_ffn.h)
 };
 // The output x2 is allocated in category out_cat, named out_name (as moe_block_forward's).
@@ -146,12 +164,9 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
 
 // Linear layers as GEMMs with nn.Linear weights W (out, in):
 //   y (n, out) = x (n, in) W^T + beta y;  dx (n, in) = dy W + beta dx;  dW (out, in) += dy^T x.
-void linear_forward(Backend& be, CBuf x, CBuf W, Buf y, int64_t n, int64_t in, int64_t out,
-                    float beta = 0.0f);
-void linear_backward_input(Backend& be, CBuf dy, CBuf W, Buf dx, int64_t n, int64_t in,
-                           int64_t out, float beta = 0.0f);
-void linear_backward_weight(Backend& be, CBuf dy, CBuf x, Buf dW, int64_t n, int64_t in,
-                            int64_t out);
+void linear_forward(Backend& be, CBuf x, CBuf W, Buf y, int64_t n, int64_t in, int64_t out, float beta = 0.0f);
+void linear_backward_input(Backend& be, CBuf dy, CBuf W, Buf dx, int64_t n, int64_t in, int64_t out, float beta = 0.0f);
+void linear_backward_weight(Backend& be, CBuf dy, CBuf x, Buf dW, int64_t n, int64_t in, int64_t out);
 // The backend's rmsnorm_backward with its scratch (the dw partials) allocated through the ledger,
 // category workspace, for the call's duration: every byte an op uses is on the ledger.
 void rmsnorm_backward(Backend& be, CBuf x, CBuf w, const float* rstd, CBuf dy, Buf dx, Buf dw, int64_t rows, int64_t d);

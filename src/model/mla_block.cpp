@@ -109,11 +109,11 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
   a.o = be.alloc(kAct, {n, nh * dv}, dt, "attn.o");
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
-  const float scale = mla_softmax_scale(c);
+  const ops::AttentionSpec spec = s.attention_spec(nh, nh, dqk, dv, mla_softmax_scale(c), /*window=*/0);
   if (s.comm.size() > 1) {
-    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, dqk, dv, scale);
+    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, spec);
   } else {
-    K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), s.B, s.T, nh, nh, dqk, dv, scale, 0);
+    K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), spec);
   }
   if (!keep) {
     a.q.reset();
@@ -146,12 +146,12 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
   Tensor dq = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dq");
   Tensor dk = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dk");
   Tensor dvv = be.alloc(kAct, {n, nh * dv}, dt, "attn.dv");
-  const float scale = mla_softmax_scale(c);
+  const ops::AttentionSpec spec = s.attention_spec(nh, nh, dqk, dv, mla_softmax_scale(c), /*window=*/0);
   if (s.comm.size() > 1) {
-    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dvv, dqk, dv, scale);
+    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dvv, spec);
   } else {
     K.attention_backward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), d_o.buf(), dq.buf(), dk.buf(),
-                         dvv.buf(), s.B, s.T, nh, nh, dqk, dv, scale, 0);
+                         dvv.buf(), spec);
   }
   d_o.reset();
   a.o.reset();

@@ -29,9 +29,7 @@ struct RingGeometry {
   int source(int step) const { return ((rank - step) % world + world) % world; }
 };
 
-RingGeometry ring_geometry(const StepContext& s) {
-  return {s.comm.rank(), s.comm.size(), s.T * s.comm.size()};
-}
+RingGeometry ring_geometry(const StepContext& s) { return {s.comm.rank(), s.comm.size(), s.T * s.comm.size()}; }
 
 // Sends `t` to the next rank and receives the previous rank's into `into` (same shape).
 void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into) {
@@ -39,17 +37,37 @@ void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& 
                    t.dtype());
 }
 
-// The key positions of the block this rank holds after `step` hops; none on meta, which computes
-// nothing (no O(T) host work per hop).
-std::vector<int32_t> block_positions(const Backend& be, const RingGeometry& g, int step) {
-  return be.computes() ? context_positions(g.T, g.source(step), g.world) : std::vector<int32_t>{};
+// Every rank's key positions on the device, (W, N): rank r's block at row r (data/context_split.h).
+// Filled where the backend computes (meta allocates it, event for event, and does no O(T) host work).
+Tensor ring_positions(StepContext& s, const RingGeometry& g) {
+  const int64_t N = g.T / g.world;
+  Tensor pos = s.be.alloc(kComm, {g.world, N}, DType::DType_I32, "ring.k_pos");
+  if (s.be.computes()) {
+    std::vector<int32_t> host;
+    host.reserve(static_cast<size_t>(g.T));
+    for (int r = 0; r < g.world; ++r) {
+      const std::vector<int32_t> p = context_positions(g.T, r, g.world);
+      host.insert(host.end(), p.begin(), p.end());
+    }
+    s.be.copy_from_host(pos.data(), host.data(), pos.bytes());
+  }
+  return pos;
+}
+
+// The spec of the block pair (this rank's queries, the block of `source`'s keys).
+ops::AttentionSpec block_spec(const StepContext& s, ops::AttentionSpec a, const Tensor& k_pos, int source) {
+  a.q_pos = s.seq_pos.i32();
+  a.k_pos = k_pos.i32() == nullptr ? nullptr : k_pos.i32() + source * a.Tk;
+  return a;
 }
 
 // The ring's tensors hold the sizes their contract states (q (B, N, nh, hd), k (B, N, nkv, hd), v and the
 // others of hdv columns): the blocks that travel are allocated from k's and v's shapes.
 void ring_sizes_check(const StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                      int64_t hd, int64_t hdv) {
-  const int64_t rows = s.B * s.T, nh = s.cfg.num_attention_heads, nkv = s.cfg.num_key_value_heads;
+                      const ops::AttentionSpec& a) {
+  const int64_t rows = s.B * s.T, nh = a.nh, nkv = a.nkv, hd = a.hd, hdv = a.hdv;
+  FP_ASSERT(a.B == s.B && a.Tq == s.T && a.Tk == s.T, "ring attention spec B={} T={} keys {} for B={} N={}", a.B, a.Tq,
+            a.Tk, s.B, s.T);
   FP_ASSERT(hd > 0 && hdv > 0 && q.numel() == rows * nh * hd && k.numel() == rows * nkv * hd &&
                 v.numel() == rows * nkv * hdv && o.numel() == rows * nh * hdv,
             "ring attention sizes: q {} k {} v {} o {} elements for B={} N={} nh={} nkv={} hd={} hdv={}", q.numel(),
@@ -59,15 +77,14 @@ void ring_sizes_check(const StepContext& s, const Tensor& q, const Tensor& k, co
 }  // namespace
 
 void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse,
-                            int64_t hd, int64_t hdv, float scale) {
+                            ops::AttentionSpec a) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
-  const ModelConfig& c = s.cfg;
-  ring_sizes_check(s, q, k, v, o, hd, hdv);
-  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, N = s.T;
+  ring_sizes_check(s, q, k, v, o, a);
   const RingGeometry g = ring_geometry(s);
+  const Tensor k_pos = ring_positions(s, g);
   const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
-  const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
+  const DType act = s.precision.activations;             // K/V blocks travel in the activations dtype
   Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
   Tensor vb[2] = {be.alloc(kComm, v_shape, act, "ring.v0"), be.alloc(kComm, v_shape, act, "ring.v1")};
   // Note [Ring attention accumulates in f32]: o itself when it is f32.
@@ -78,12 +95,11 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   K.copy(vb[0].buf(), v.buf(), v.numel());
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
-    const std::vector<int32_t> k_pos = block_positions(be, g, step);
     // With a sliding window, a block entirely before every local query's window computes nothing: the
-    // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp). It
-    // still travels: the ranks after this one may need it.
-    K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), s.seq_pos.data(), k_pos.data(), out, lse.f32(),
-                              step == 0, s.B, N, N, nh, nkv, hd, hdv, scale, c.sliding_window);
+    // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp), as
+    // it skips the pairs across documents. It still travels: the ranks after this one may need it.
+    K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), step == 0,
+                              block_spec(s, a, k_pos, g.source(step)));
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
@@ -93,19 +109,18 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
 }
 
 void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, int64_t hd,
-                             int64_t hdv, float scale) {
+                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                             ops::AttentionSpec a) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
-  const ModelConfig& c = s.cfg;
-  ring_sizes_check(s, q, k, v, o, hd, hdv);
+  ring_sizes_check(s, q, k, v, o, a);
   FP_ASSERT(dout.numel() == o.numel() && dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),
             "ring attention gradients: dout {} dq {} dk {} dv {} elements for o {} q {} k {} v {}", dout.numel(),
             dq.numel(), dk.numel(), dv.numel(), o.numel(), q.numel(), k.numel(), v.numel());
-  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, N = s.T;
   const RingGeometry g = ring_geometry(s);
+  const Tensor k_pos = ring_positions(s, g);
   const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
-  const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
+  const DType act = s.precision.activations;             // K/V blocks travel in the activations dtype
   Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
   Tensor vb[2] = {be.alloc(kComm, v_shape, act, "ring.v0"), be.alloc(kComm, v_shape, act, "ring.v1")};
   // dK/dV accumulate in fp32 whatever the recipe (Note [Which dtype each allocation gets]).
@@ -124,10 +139,8 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   // dK/dV) is back at its home rank.
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
-    const std::vector<int32_t> k_pos = block_positions(be, g, step);
-    K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), s.seq_pos.data(),
-                               k_pos.data(), dq_out, dkb[cur].buf(), dvb[cur].buf(), s.B, N, N, nh, nkv, hd, hdv,
-                               scale, c.sliding_window);
+    K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), dq_out,
+                               dkb[cur].buf(), dvb[cur].buf(), block_spec(s, a, k_pos, g.source(step)));
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);

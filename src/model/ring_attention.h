@@ -19,15 +19,16 @@
 
 namespace fp {
 
-// q (B, N, nh, hd), k (B, N, nkv, hd), v (B, N, nkv, hdv) -> o (B, N, nh, hdv), lse (B, nh, N); scale
-// multiplies the scores q.k (usually hd^-0.5; the caller's, as for ops/attention.h). The tensors may have
-// any shape of these sizes (the model's are 2-D). The window is the config's sliding_window.
+// q (B, N, nh, hd), k (B, N, nkv, hd), v (B, N, nkv, hdv) -> o (B, N, nh, hdv), lse (B, nh, N). a: the
+// rank's spec as whole-sequence attention would take it (StepContext::attention_spec: sizes, scale,
+// window, documents); the ring adds the global positions of its queries and of each block's keys. The
+// tensors may have any shape of these sizes (the model's are 2-D).
 void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse,
-                            int64_t hd, int64_t hdv, float scale);
-// dout (B, N, nh, hdv) -> dq (B, N, nh, hd), dk (B, N, nkv, hd), dv (B, N, nkv, hdv), overwritten. scale:
-// the forward's.
+                            ops::AttentionSpec a);
+// dout (B, N, nh, hdv) -> dq (B, N, nh, hd), dk (B, N, nkv, hd), dv (B, N, nkv, hdv), overwritten. a: the
+// forward's.
 void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, int64_t hd,
-                             int64_t hdv, float scale);
+                             const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                             ops::AttentionSpec a);
 
 }  // namespace fp

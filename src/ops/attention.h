@@ -12,13 +12,62 @@
 // Masking: query i sees key j iff j <= i, and with a sliding window w > 0 also i - w < j (the last w
 // tokens, itself included: Hugging Face's sliding_window, kv_idx > q_idx - sliding_window). window = 0
 // is plain causal attention, and so is any window >= T, bit for bit. Every query sees at least itself.
+// With documents (Note [Documents in attention]) it also sees only keys of its own document.
 // Tile pairs (query tile, key tile) holding no visible (query, key) pair are never computed, so the cost
-// is about T * min(w, T) rather than T^2 / 2 (Note [Sliding-window bands], ops/cpu/attention_tile.h).
+// is about T * min(w, T) rather than T^2 / 2 (Note [Sliding-window bands], ops/cpu/attention_tile.h),
+// and about sum over documents of len^2 / 2 with documents.
+//
+// Note [Documents in attention]: a window of packed documents (torchtitan's block_causal mask,
+// Transformer Engine's THD with cu_seqlens) is given by doc_start, (B, Tq) int32 on the device: for each
+// query, the position in its sequence where its document begins. Key j is visible to query i only if
+// doc_start[b, i] <= pos(j): documents are contiguous, so the keys at or after the start of i's
+// document and at or before i are exactly the earlier keys of the same document. The mask stays a run
+// of keys per query whose ends ascend with i (doc_start ascends along a sequence, and it is never past
+// the query itself), so the tiled kernels skip the tile pairs across documents as they skip those
+// outside a window. Null: one document per sequence (doc_start = 0).
+#pragma once
 #pragma once
 
 #include <cstdint>
 
 #include "core/buf.h"
+
+namespace fp::ops {
+
+// The sizes and the mask of one attention call (this header's kernels and ops/attention_block.h's):
+// the argument struct of the four kernels, whose tensor operands stay positional.
+struct AttentionSpec {
+  int64_t B = 0;            // sequences
+  int64_t Tq = 0, Tk = 0;   // queries and keys of each sequence (whole-sequence kernels: Tq = Tk = T)
+  int64_t nh = 0, nkv = 0;  // query heads, key/value heads (nh % nkv == 0)
+  int64_t hd = 0, hdv = 0;  // query/key and value/output head widths
+  float scale = 0.0f;       // usually hd^-0.5
+  int64_t window = 0;       // sliding window (0: none)
+  // Device int32 operands. q_pos (Tq) and k_pos (Tk): the global positions of the block kernels
+  // (ops/attention_block.h); the whole-sequence kernels take none (null: 0 .. T-1).
+  const int32_t* q_pos = nullptr;
+  const int32_t* k_pos = nullptr;
+  // (B, Tq) where each query's document begins, or null (Note [Documents in attention]).
+  const int32_t* doc_start = nullptr;
+};
+
+// Whole-sequence attention: a spec of T queries and T keys with no positions.
+inline AttentionSpec attention_spec(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale,
+                                    int64_t window, const int32_t* doc_start = nullptr) {
+  AttentionSpec a;
+  a.B = B;
+  a.Tq = a.Tk = T;
+  a.nh = nh;
+  a.nkv = nkv;
+  a.hd = hd;
+  a.hdv = hdv;
+  a.scale = scale;
+  a.window = window;
+  a.doc_start = doc_start;
+  return a;
+}
+
+}  // namespace fp::ops
 
 namespace fp::ops::cpu {
 
@@ -27,16 +76,15 @@ inline constexpr int64_t kAttentionTileQ = 64;
 inline constexpr int64_t kAttentionTileK = 64;
 
 // q (B, T, nh, hd), k (B, T, nkv, hd), v (B, T, nkv, hdv) -> o (B, T, nh, hdv), lse (B, nh, T) the
-// log-sum-exp of each query's scaled scores over its visible keys (kept for backward). window >= 0 (0: no
-// window).
+// log-sum-exp of each query's scaled scores over its visible keys (kept for backward). a: Tq = Tk = T,
+// no positions.
 // q, k, v, o (and in backward dout, dq, dk, dv) all f32 or all bf16, lse f32: ops/attention_block.h's
 // storage rule (each output element rounded once).
-void attention_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, int64_t B, int64_t T, int64_t nh, int64_t nkv,
-                       int64_t hd, int64_t hdv, float scale, int64_t window);
+void attention_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, AttentionSpec a);
 // Recomputes the probabilities tile by tile from q, k and lse. o, dout (B, T, nh, hdv); dq (B, T, nh, hd),
-// dk (B, T, nkv, hd), dv (B, T, nkv, hdv) are overwritten. window: the forward's. Deterministic.
-void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv, int64_t B,
-                        int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
+// dk (B, T, nkv, hd), dv (B, T, nkv, hdv) are overwritten. a: the forward's. Deterministic.
+void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
+                        AttentionSpec a);
 
 // The copy of the tile kernels this process runs, "sse2", "avx2" or "avx2+fma" (Note [Tile products with
 // FMA] in ops/cpu/attention_tile.h; FLATPEAK_SIMD lowers it): benchmarks print it beside the GEMM kernels.

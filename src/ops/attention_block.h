@@ -21,7 +21,9 @@
 // key blocks of a ring, bf16 outputs would be rounded once per block (the ring's f32 ones: never).
 //
 // Masking: key j is visible to query i iff k_pos[j] <= q_pos[i], and with a sliding window w > 0 also
-// q_pos[i] - w < k_pos[j] (ops/attention.h's window, by global positions). q_pos (Tq) and k_pos (Tk) are
+// q_pos[i] - w < k_pos[j] (ops/attention.h's window, by global positions), and with documents also
+// doc_start[b, i] <= k_pos[j] (Note [Documents in attention] in ops/attention.h; doc_start holds global
+// positions too, ascending along each sequence, doc_start[b, i] <= q_pos[i]). q_pos (Tq) and k_pos (Tk) are
 // the global positions (the same for every sequence b), each ascending (not necessarily contiguous;
 // equal positions allowed); the zig-zag pieces of data/context_split.h are. The keys a query sees are
 // then one contiguous run of the block, possibly empty; a query that sees no key of the block gets
@@ -33,23 +35,37 @@
 #include <cstdint>
 
 #include "core/buf.h"
+#include "ops/attention.h"
+
+namespace fp::ops {
+
+// A block pair's spec: q_pos (Tq) and k_pos (Tk) device positions, the rest as ops::attention_spec.
+inline AttentionSpec attention_block_spec(const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk,
+                                          int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window,
+                                          const int32_t* doc_start = nullptr) {
+  AttentionSpec a = attention_spec(B, Tq, nh, nkv, hd, hdv, scale, window, doc_start);
+  a.Tk = Tk;
+  a.q_pos = q_pos;
+  a.k_pos = k_pos;
+  return a;
+}
+
+}  // namespace fp::ops
 
 namespace fp::ops::cpu {
 
 // Folds the block (k, v) into the running state of the queries q.
-// q (B, Tq, nh, hd); k (B, Tk, nkv, hd); v (B, Tk, nkv, hdv); q_pos (Tq), k_pos (Tk) ascending.
+// q (B, Tq, nh, hd); k (B, Tk, nkv, hd); v (B, Tk, nkv, hdv); a.q_pos (Tq), a.k_pos (Tk) ascending.
 // first = true: o (B, Tq, nh, hdv), lse (B, nh, Tq) := this block's attention and log-sum-exp; a query
 //   with no visible key gets o = 0, lse = -inf. Their previous contents are not read.
 // first = false: merged with the previous state by the log-sum-exp rule
 //   lse' = log(exp(lse) + exp(lse_b)),  o' = o exp(lse - lse') + o_b exp(lse_b - lse'),
 //   where (o_b, lse_b) are this block's; a query with no visible key here keeps (o, lse) bit for bit,
 //   and one whose state is still (0, -inf) takes (o_b, lse_b). Never NaN for finite inputs.
-// window >= 0 (0: none). With first = true and q_pos = k_pos = 0 .. T-1 this is attention_forward of
-// ops/attention.h with the same window, bit for bit.
+// a.window >= 0 (0: none). With first = true and q_pos = k_pos = 0 .. T-1 this is attention_forward of
+// ops/attention.h with the same window and documents, bit for bit.
 // Deterministic: each query row is computed by one thread in a fixed order.
-void attention_block_forward(CBuf q, CBuf k, CBuf v, const int32_t* q_pos, const int32_t* k_pos, Buf o, float* lse,
-                             bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
-                             int64_t hdv, float scale, int64_t window);
+void attention_block_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, bool first, AttentionSpec a);
 
 // The block pair's share of the gradient, ADDED to dq, dk, dv. o, lse are the FINAL forward state of the
 // queries (after every key block was merged), dout (B, Tq, nh, hdv) the gradient of o (B, Tq, nh, hdv). The
@@ -57,10 +73,9 @@ void attention_block_forward(CBuf q, CBuf k, CBuf v, const int32_t* q_pos, const
 // extra input: it costs Tq * nh * hdv per tile row, nothing next to the tile products). Summed over all
 // key blocks this is attention_backward of ops/attention.h.
 // dq (B, Tq, nh, hd) += scale dS K;  dk (B, Tk, nkv, hd) += scale dS^T Q;  dv (B, Tk, nkv, hdv) += P^T dout,
-// with dS = P (dO V^T - D), P and dS zero on masked pairs. window: the forward's. Deterministic: the
+// with dS = P (dO V^T - D), P and dS zero on masked pairs. a: the forward's. Deterministic: the
 // same bits for any thread count.
-void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, const int32_t* q_pos,
-                              const int32_t* k_pos, Buf dq, Buf dk, Buf dv, int64_t B, int64_t Tq, int64_t Tk,
-                              int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window);
+void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
+                              AttentionSpec a);
 
 }  // namespace fp::ops::cpu

@@ -137,25 +137,35 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   for (int32_t t : batch.targets) target_tokens += (t != -100);
   comm.all_reduce_sum(&target_tokens, 1, DType::DType_I64);
   FP_CHECK(target_tokens > 0, "give at least one target that is not -100", "the batch has no target token");
-  s.seq_pos = sequence_positions(batch);
+  const std::vector<int32_t> seq_pos = sequence_positions(batch);
+  const bool documents = !batch.doc_start.empty();
   if (cfg.rope_scaling.kind == RopeScaling::Kind::Kind_dynamic) {
+    FP_CHECK(!documents, "use data.documents = \"none\" with this model, or a model without dynamic RoPE",
+             "packed documents with dynamic RoPE: its scaling follows the sequence length, and each document run "
+             "alone would need its own (not implemented)");
     // Dynamic RoPE grows with the sequence: its largest position over every rank's piece, plus one.
     int64_t len = 0;
-    for (int32_t p : s.seq_pos) len = std::max<int64_t>(len, p + 1);
+    for (int32_t p : seq_pos) len = std::max<int64_t>(len, p + 1);
     comm.all_reduce_max(&len, 1, DType::DType_I64);
     s.rope = rope_table(cfg, len);
   }
 
-  // Inputs on the device.
+  // Inputs on the device: tokens, targets and the positions (StepContext: RoPE's restart at each
+  // document, Note [Documents from EOS] in data/documents.h).
   Tensor tokens = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.tokens");
   Tensor targets = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.targets");
   s.pos = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.positions");
+  if (comm.size() > 1)
+    s.seq_pos = be.alloc(Category::Category_activations, {batch.T}, DType::DType_I32, "input.seq_pos");
+  if (documents) s.doc_start = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.doc_start");
   {
     std::vector<int32_t> pos(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) pos[i] = s.seq_pos[i % batch.T];
+    for (int64_t i = 0; i < n; ++i) pos[i] = seq_pos[i % batch.T] - (documents ? batch.doc_start[i] : 0);
     be.copy_from_host(tokens.data(), batch.tokens.data(), tokens.bytes());
     be.copy_from_host(targets.data(), batch.targets.data(), targets.bytes());
     be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
+    if (s.seq_pos.defined()) be.copy_from_host(s.seq_pos.data(), seq_pos.data(), s.seq_pos.bytes());
+    if (documents) be.copy_from_host(s.doc_start.data(), batch.doc_start.data(), s.doc_start.bytes());
   }
 
   // Forward: keep only the layer boundaries (Note [Per-layer checkpointing]), in the store of the
@@ -205,8 +215,8 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const int64_t head_unit = head_reads_shard ? params.unit_norm() : params.unit_head();
   params.unit_gather(head_unit);
   if (backward) params.unit_grad_begin(head_unit);
-  HeadResult head = head_forward_backward(s, sched.vocab, params, x, targets,
-                                          1.0f / static_cast<float>(target_tokens), dx, logits_out, backward);
+  HeadResult head = head_forward_backward(s, sched.vocab, params, x, targets, 1.0f / static_cast<float>(target_tokens),
+                                          dx, logits_out, backward);
   if (backward) params.unit_grad_reduce(head_unit);
   params.unit_release(head_unit);
   x.reset();

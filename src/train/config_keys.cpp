@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "data/documents.h"
 #include "model/hf_config.h"
 #include "model/routing.h"
 #include "train/toml_json.h"
@@ -295,6 +296,23 @@ std::vector<ConfigKey> registry_build() {
                     FP_CHECK(c.data.loss_on == "all" || c.data.loss_on == "answers", "write \"all\" or \"answers\"",
                              "{}: data.loss_on = \"{}\" is neither \"all\" nor \"answers\"", source, c.data.loss_on);
                   }));
+    ConfigKey docs =
+        plain_key("data.documents", K::KeyType_string, kArith,
+                  "token file: \"none\" (one stream) or \"eos\" (documents end with data.eos_id; docs/data.md)",
+                  &RunConfig::data, &DataConfig::documents, [](const RunConfig& c, const std::string& source) {
+                    documents_parse(c.data.documents, source + ": data.documents");
+                  });
+    docs.commands |= kKeyEval;
+    keys.push_back(std::move(docs));
+    ConfigKey eos = plain_key("data.eos_id", K::KeyType_int, kArith,
+                              "documents = \"eos\": the EOS token id (-1: --init-from's config.json eos_token_id)",
+                              &RunConfig::data, &DataConfig::eos_id, [](const RunConfig& c, const std::string& source) {
+                                FP_CHECK(c.data.eos_id >= -1 && c.data.eos_id < c.model.vocab_size, kConfigHint,
+                                         "{}: data.eos_id = {} is not a token id below model.vocab_size = {} (or -1)",
+                                         source, c.data.eos_id, c.model.vocab_size);
+                              });
+    eos.commands |= kKeyEval;
+    keys.push_back(std::move(eos));
     ConfigKey k;
     k.name = "data.seed";
     k.type = K::KeyType_int;
@@ -489,7 +507,8 @@ const char* key_effect_name(KeyEffect e) {
 
 std::string key_commands_text(uint32_t commands) {
   std::string s;
-  for (const auto& [bit, name] : {std::pair{kKeyTrain, "train"}, {kKeyPlan, "plan"}, {kKeyBench, "bench"}})
+  for (const auto& [bit, name] :
+       {std::pair{kKeyTrain, "train"}, {kKeyPlan, "plan"}, {kKeyBench, "bench"}, {kKeyEval, "eval"}})
     if (commands & bit) s += (s.empty() ? "" : ", ") + std::string(name);
   return s;
 }
@@ -618,6 +637,9 @@ ResumeCheck config_resume_check(const json& then, const RunConfig& now, bool ext
       continue;
     }
     if (*v_then == v_now) continue;
+    // A key added since the checkpoint was written is absent from its complete record: at its default,
+    // what that run ran.
+    if (v_then == &null_value && v_now == k.get(defaults)) continue;
     if (extend && k.name == "train.steps") continue;
     const std::string line = fmt::format("{}: checkpoint {}, now {}", k.name, v_then->dump(), v_now.dump());
     (k.effect == KeyEffect::KeyEffect_arithmetic ? r.refused : r.changed).push_back(line);

@@ -50,6 +50,7 @@ enum KeyCommand : uint32_t {
   kKeyTrain = 1u << 0,  // flatpeak train (and step, bench step/checkpoint/optimizer: the whole run config)
   kKeyPlan = 1u << 1,   // flatpeak plan --schedule key=value
   kKeyBench = 1u << 2,  // a flag of flatpeak bench dispatch or vocab (config_key_flag)
+  kKeyEval = 1u << 3,   // flatpeak eval --set (the keys of how the data is read)
 };
 // "train, plan", ...
 std::string key_commands_text(uint32_t commands);

@@ -7,12 +7,11 @@
 // key (e.g. "model.num_attention_heads = 5 is not a multiple of model.num_key_value_heads = 2").
 #pragma once
 
-#include "memory/category.h"
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "memory/category.h"
 #include "model/config.h"
 #include "model/schedules.h"
 #include "sched/optim/adamw.h"
@@ -20,10 +19,10 @@
 namespace fp {
 
 struct TrainConfig {
-  int64_t batch_size = 1;         // sequences per step (global)
-  int64_t seq_len = 0;            // T
-  int64_t steps = 1;              // length of the run (and of the learning-rate schedule)
-  int64_t checkpoint_every = 0;   // steps between checkpoints; 0: only at the end
+  int64_t batch_size = 1;        // sequences per step (global)
+  int64_t seq_len = 0;           // T
+  int64_t steps = 1;             // length of the run (and of the learning-rate schedule)
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end
   // Note [A loss spike stops the run] (trainer.cpp): a loss above this multiple of the median of the
   // last kLossWindow losses stops the run before its update; 0: off.
   double loss_spike_factor = 10;
@@ -43,6 +42,8 @@ struct DataConfig {
   int64_t pairs = 0;              // recall: key->value pairs per sequence (0: seq_len / 64, at least 1)
   std::string loss_on = "all";    // recall: "all" positions or only the "answers"
   uint64_t seed = 1;
+  std::string documents = "none";  // token file: "none" (one stream) | "eos" (data/documents.h)
+  int64_t eos_id = -1;             // documents = "eos": the EOS id (-1: --init-from's config.json eos_token_id)
 };
 
 struct RunConfig {

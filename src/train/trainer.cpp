@@ -18,6 +18,7 @@
 #include "core/timing.h"
 #include "core/units.h"
 #include "data/context_split.h"
+#include "data/documents.h"
 #include "data/loader.h"
 #include "data/recall_task.h"
 #include "data/token_file.h"
@@ -41,8 +42,11 @@ namespace {
 // checkpoint stores; seek() restores it.
 class DataSource {
  public:
-  DataSource(const RunConfig& c) : B_(c.train.batch_size) {
+  // eos_id: documents_eos_id of the run (-1: no documents).
+  DataSource(const RunConfig& c, int32_t eos_id) : B_(c.train.batch_size), eos_id_(eos_id) {
     if (c.data.source == "recall") {
+      FP_CHECK(eos_id < 0, "leave data.documents = \"none\" with data.source = \"recall\"",
+               "data.documents = \"{}\": the recall task's sequences hold no documents", c.data.documents);
       recall_.task = recall_task_parse(c.data.task);
       recall_.vocab_size = c.model.vocab_size;
       recall_.seq_len = c.train.seq_len;
@@ -63,7 +67,9 @@ class DataSource {
       position_ += B_;
       return b;
     }
-    return loader_->next();
+    Batch b = loader_->next();
+    if (eos_id_ >= 0) batch_documents_from_eos(b, eos_id_);
+    return b;
   }
   int64_t position() const { return is_recall_ ? position_ : loader_->position(); }
   void seek(int64_t p) {
@@ -76,6 +82,7 @@ class DataSource {
 
  private:
   int64_t B_;
+  int32_t eos_id_;
   bool is_recall_ = false;
   RecallTaskConfig recall_;
   int64_t position_ = 0;
@@ -294,6 +301,29 @@ namespace {
 int train_with(const TrainOptions& o, const RunConfig& cfg);
 }  // namespace
 
+int32_t documents_eos_id(const std::string& documents, int64_t eos_id, const std::string& from_dir,
+                         int64_t vocab_size) {
+  if (documents_parse(documents) == Documents::Documents_none) return -1;
+  const char* hint = "set data.eos_id to the id of the token that ends each document (docs/data.md)";
+  int64_t id = eos_id;
+  std::string where = "data.eos_id";
+  if (id < 0 && !from_dir.empty()) {
+    const nlohmann::ordered_json& raw = hf_config_read(from_dir).raw;
+    const nlohmann::ordered_json e = raw.contains("eos_token_id") ? raw["eos_token_id"] : nlohmann::ordered_json();
+    FP_CHECK(!(e.is_array() && e.size() > 1), hint,
+             "{}/config.json lists several eos_token_id values {}: which one ends a document is not said", from_dir,
+             e.dump());
+    const nlohmann::ordered_json one = e.is_array() && e.size() == 1 ? e[0] : e;
+    if (one.is_number_integer()) id = one.get<int64_t>();
+    where = from_dir + "/config.json: eos_token_id";
+  }
+  FP_CHECK(id >= 0, hint, "data.documents = \"eos\" needs the EOS id: data.eos_id is not set{}",
+           from_dir.empty() ? std::string(" (and no --init-from model gives eos_token_id)")
+                            : fmt::format(" and {}/config.json has no eos_token_id", from_dir));
+  FP_CHECK(id < vocab_size, hint, "{} = {} is not a token id below the vocabulary size {}", where, id, vocab_size);
+  return static_cast<int32_t>(id);
+}
+
 int train_run(const TrainOptions& o) {
   FP_CHECK(!o.out.empty(), "pass --out DIR", "flatpeak train needs an output directory");
   std::vector<std::string> overrides = o.overrides;
@@ -469,7 +499,11 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const ModelConfig& m = cfg.model;
   Comm& comm = comm_world();
   const bool lead = comm.rank() == 0;  // rank 0 writes outputs and prints
-  DataSource data(cfg);
+  const std::string from = !o.init_from.empty() ? o.init_from : o.resume;
+  const int32_t eos_id = documents_eos_id(cfg.data.documents, cfg.data.eos_id,
+                                          from.empty() ? std::string() : checkpoint_resolve(from), m.vocab_size);
+  if (lead && eos_id >= 0) log_info("documents end with EOS id {} (data.documents = \"eos\")", eos_id);
+  DataSource data(cfg, eos_id);
   if (lead) out_prepare(o);
   stop_signals_install();                                // Note [Stopping on a signal]
   const std::string run_json = config_json(cfg).dump();  // every key (Note [One key registry])

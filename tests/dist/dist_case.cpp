@@ -16,7 +16,9 @@
 // side in chunks of 37 of a rank's tokens (Note [The MoE token side in chunks]). _bf16 runs the bf16
 // recipe (gradients written widened to F32) with the balanced routing profile: with the router
 // choosing, a bf16 rounding that differs between W flips a token's top-k and moves whole rows between
-// experts, which no tolerance covers.
+// experts, which no tolerance covers. _docs packs documents into the batch: EOS tokens at fixed positions
+// cut each sequence (Note [Documents from EOS], data/documents.h), so attention, RoPE and the loss follow
+// the boundaries on every rank of the ring.
 #include <cstdio>
 
 #include "../common/gathered_grads.h"
@@ -24,6 +26,7 @@
 #include "comm/comm.h"
 #include "core/units.h"
 #include "data/context_split.h"
+#include "data/documents.h"
 #include "data/recall_task.h"
 #include "io/safetensors.h"
 #include "step/step.h"
@@ -38,13 +41,14 @@ int main(int argc, char** argv) {
     if (has) variant.resize(variant.size() - x.size());
     return has;
   };
+  const bool docs = suffix("_docs");
   const bool bf16 = suffix("_bf16");
   const bool chunked = suffix("_chunked"), llep = suffix("_llep");
   const bool deepseek = variant == "deepseek" || variant == "deepseek_flat";
   if ((argc != 2 && argc != 3) ||
       (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek)) {
     std::fprintf(stderr, "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]"
-                         "[_llep][_chunked][_bf16]\n");
+                         "[_llep][_chunked][_bf16][_docs]\n");
     return 2;
   }
   Comm& comm = comm_world();
@@ -108,6 +112,16 @@ int main(int argc, char** argv) {
       }
     }
     Batch global = recall_batch(rc, 0, 2, nullptr);
+    if (docs) {
+      // Documents end at 30, 31 (a one-token document), 95 and 150 in the first sequence, 120 in the
+      // second: boundaries inside zig-zag chunks and on their edges (C = 25 at W = 4).
+      const int32_t eos = static_cast<int32_t>(m.vocab_size - 1);
+      for (const auto& [b, t] : {std::pair{0, 30}, {0, 31}, {0, 95}, {0, 150}, {1, 120}}) {
+        global.tokens[b * global.T + t] = eos;
+        global.targets[b * global.T + t - 1] = eos;
+      }
+      batch_documents_from_eos(global, eos);
+    }
     Batch local = context_slice(global, comm.rank(), comm.size());
     be->device_ledger().peaks_reset();
     StepOutputs out = step_forward_backward(model, local);

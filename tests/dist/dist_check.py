@@ -10,6 +10,8 @@ usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
                  against their plain schedules on one process
   grads_chunked  the MoE token side in chunks through the standard, LLEP and PipelinedLLEP dispatches
   grads_bf16     the bf16 recipe on 2 and 4 ranks against one process
+  grads_documents  packed documents (EOS boundaries) on 2 and 4 ranks against one process: the plain,
+                 the switched (sliding window) and the DeepSeek model
   train      10 steps of flatpeak train on W = 2 and 4 track the single-process losses within 1e-4; meta
              runs peak like cpu in params, grads, optimizer, checkpoints, vocab
   train_deepseek      DeepSeek-V3's layer with its routing bias moving on 2 ranks, and resumed on one process
@@ -102,6 +104,14 @@ def case_grads_chunked(tmp):
                            ("hf_layers_flat_chunked", "hf_layers"), ("deepseek_flat_chunked", "deepseek")):
         print(f"-- {variant} (the MoE token side in chunks) against {model} on one process")
         grads_variant(tmp, variant, reference=model)
+
+
+def case_grads_documents(tmp):
+    """Packed documents (Note [Documents from EOS]): ring attention masks by each query's document start,
+    RoPE restarts per document and no loss is taken at EOS, the same on W ranks as on one process."""
+    for variant in ("plain_docs", "hf_layers_docs", "deepseek_docs"):
+        print(f"-- {variant}")
+        grads_variant(tmp, variant)
 
 
 def case_grads_bf16(tmp):

@@ -67,11 +67,11 @@ struct Outputs {
 Outputs fast_run(const Case& c, const Inputs& in, int64_t window = 0) {
   Outputs r{std::vector<float>(in.dout.size()), std::vector<float>(c.B * c.nh * c.T), std::vector<float>(in.q.size()),
             std::vector<float>(in.k.size()), std::vector<float>(in.v.size())};
-  ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), c.B, c.T, c.nh, c.nkv,
-                              c.hd, c.vd(), in.scale, window);
+  ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(),
+                              ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
   ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), in.dout.data(),
-                               r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale,
-                               window);
+                               r.dq.data(), r.dk.data(), r.dv.data(),
+                               ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
   return r;
 }
 
@@ -166,8 +166,8 @@ TEST(Attention, ForwardMatchesDoubleReference) {
   for (const Case& c : {Case{1, 200, 4, 2, 64}, Case{2, 130, 6, 3, 24}, Case{1, 65, 4, 1, 16}, Case{1, 257, 1, 1, 8}}) {
     const Inputs in(c, seed++);
     std::vector<float> o(in.q.size()), lse(c.B * c.nh * c.T);
-    ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                c.hd, c.hd, in.scale, 0);
+    ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(),
+                                ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, 0));
     const std::vector<double> q = op_test::converted<double>(in.q), k = op_test::converted<double>(in.k),
                               v = op_test::converted<double>(in.v);
     std::vector<double> od(o.size()), lsed(lse.size());
@@ -586,8 +586,8 @@ TEST(Attention, SlidingWindowSkipsTilesOutsideTheBand) {
     const int64_t want = c.B * c.nh * visible_tile_pairs(c.T, window);
     const std::string l = c.name() + " window=" + std::to_string(window);
     const int64_t before = at::tile_pairs_computed.load();
-    ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv,
-                                c.hd, c.hd, in.scale, window);
+    ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(),
+                                ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, window));
     const int64_t forward = at::tile_pairs_computed.load() - before;
     EXPECT_EQ(forward, want) << l;
     // Each pair once per pass; once in all with the one sweep (Note [One backward sweep where the dQ sums
@@ -597,8 +597,8 @@ TEST(Attention, SlidingWindowSkipsTilesOutsideTheBand) {
       at::backward_sweep = sweep;
       const int64_t start = at::tile_pairs_computed.load();
       ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
-                                   dq.data(), dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale,
-                                   window);
+                                   dq.data(), dk.data(), dv.data(),
+                                   ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, window));
       EXPECT_EQ(at::tile_pairs_computed.load() - start, passes * want) << l << " passes " << passes;
     }
     at::backward_sweep = at::BackwardSweep::automatic;
@@ -678,12 +678,12 @@ TEST(Attention, DISABLED_BenchSlidingWindow) {
     for (size_t w = 0; w < windows.size(); ++w) {
       const int64_t before = at::tile_pairs_computed.load();
       const auto t0 = Clock::now();
-      ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), c.B, c.T, c.nh,
-                                  c.nkv, c.hd, c.hd, in.scale, windows[w]);
+      ops::cpu::attention_forward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(),
+                                  ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, windows[w]));
       const auto t1 = Clock::now();
       ops::cpu::attention_backward(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data(), in.dout.data(),
-                                   r.dq.data(), r.dk.data(), r.dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale,
-                                   windows[w]);
+                                   r.dq.data(), r.dk.data(), r.dv.data(),
+                                   ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, windows[w]));
       const auto t2 = Clock::now();
       pairs[w] = (at::tile_pairs_computed.load() - before) / (3 * c.B * c.nh);
       fwd[w].push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -725,19 +725,21 @@ TEST(Attention, Bf16StorageIsTheWidenedF32ComputationRoundedOnce) {
       // bf16.
       std::vector<bf16> oh(in.dout.size()), dqh(in.q.size()), dkh(in.k.size()), dvh(in.v.size());
       std::vector<float> lse_h(c.B * c.nh * c.T);
-      ops::cpu::attention_forward(qh.data(), kh.data(), vh.data(), oh.data(), lse_h.data(), c.B, c.T, c.nh, c.nkv, c.hd,
-                                  c.vd(), in.scale, window);
+      ops::cpu::attention_forward(qh.data(), kh.data(), vh.data(), oh.data(), lse_h.data(),
+                                  ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
       ops::cpu::attention_backward(qh.data(), kh.data(), vh.data(), oh.data(), lse_h.data(), douth.data(), dqh.data(),
-                                   dkh.data(), dvh.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
+                                   dkh.data(), dvh.data(),
+                                   ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
       // f32 on the widened values.
       std::vector<float> o(in.dout.size()), lse(c.B * c.nh * c.T), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
-      ops::cpu::attention_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.nh, c.nkv, c.hd,
-                                  c.vd(), in.scale, window);
+      ops::cpu::attention_forward(q.data(), k.data(), v.data(), o.data(), lse.data(),
+                                  ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
       expect_rounded_equal("o", c, oh, o);
       ASSERT_TRUE(op_test::bits_equal(lse_h, lse)) << "lse " << c.name();
       const std::vector<float> o_w = widened(oh);
       ops::cpu::attention_backward(q.data(), k.data(), v.data(), o_w.data(), lse.data(), dout.data(), dq.data(),
-                                   dk.data(), dv.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
+                                   dk.data(), dv.data(),
+                                   ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
       expect_rounded_equal("dq", c, dqh, dq);
       expect_rounded_equal("dk", c, dkh, dk);
       expect_rounded_equal("dv", c, dvh, dv);
@@ -746,9 +748,9 @@ TEST(Attention, Bf16StorageIsTheWidenedF32ComputationRoundedOnce) {
   // Mixed dtypes in one call are refused by name.
   std::vector<float> f(64 * 8), lse(64);
   std::vector<bf16> h(64 * 8);
-  EXPECT_THROW(
-      ops::cpu::attention_forward(f.data(), h.data(), f.data(), f.data(), lse.data(), 1, 64, 1, 1, 8, 8, 1.0f, 0),
-      InternalError);
+  EXPECT_THROW(ops::cpu::attention_forward(f.data(), h.data(), f.data(), f.data(), lse.data(),
+                                           ops::attention_spec(1, 64, 1, 1, 8, 8, 1.0f, 0)),
+               InternalError);
 }
 
 // Attention against its matmul-equivalent rate (issue 14: fwd + bwd at >= 50% of it). The kernels'
@@ -792,9 +794,10 @@ TEST(Attention, DISABLED_BenchMatmulEquivalent) {
       std::vector<double> t_att, t_gemm;
       for (int rep = 0; rep <= repeats; ++rep) {
         const auto t0 = Clock::now();
-        ops::cpu::attention_forward(q, k, v, o, r.lse.data(), c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, 0);
-        ops::cpu::attention_backward(q, k, v, o, r.lse.data(), dout, dq, dk, dv, c.B, c.T, c.nh, c.nkv, c.hd, c.hd,
-                                     in.scale, 0);
+        ops::cpu::attention_forward(q, k, v, o, r.lse.data(),
+                                    ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, 0));
+        ops::cpu::attention_backward(q, k, v, o, r.lse.data(), dout, dq, dk, dv,
+                                     ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, 0));
         const auto t1 = Clock::now();
         // The same 7 products per (b, head) through the GEMM, unmasked: 4 of the S shape, 3 of the O shape.
         for (int64_t bh = 0; bh < c.B * c.nh; ++bh) {

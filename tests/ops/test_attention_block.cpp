@@ -214,8 +214,9 @@ void expect_block_matches_reference(const BlockCase& c, const BlockInputs& in, i
   const double rel = 3e-5;
   std::vector<float> o(in.o0.size(), NAN), lse(B * nh * Tq, NAN), o_ref(in.o0.size(), NAN), lse_ref(lse.size(), NAN);
   auto forward_both = [&](bool first) {  // the kernel into (o, lse), the reference into (o_ref, lse_ref)
-    ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
-                                      lse.data(), first, B, Tq, Tk, nh, nkv, hd, hdv, in.scale, window);
+    ops::cpu::attention_block_forward(
+        in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), first,
+        ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), B, Tq, Tk, nh, nkv, hd, hdv, in.scale, window));
     ops::ref::attention_block_forward<float>(in.q.data(), in.k.data(), in.v.data(), c.q_pos.data(), c.k_pos.data(),
                                              o_ref.data(), lse_ref.data(), first, B, Tq, Tk, nh, nkv, hd, hdv, in.scale,
                                              window);
@@ -236,9 +237,9 @@ void expect_block_matches_reference(const BlockCase& c, const BlockInputs& in, i
   // terms the kernel adds exactly the same increments, dq0 + increment rounded once, bit for bit.
   const std::vector<float> zq(in.q.size(), 0.0f), zk(in.k.size(), 0.0f), zv(in.v.size(), 0.0f);
   std::vector<float> dq = zq, dk = zk, dv = zv, dq_ref = zq, dk_ref = zk, dv_ref = zv;
-  ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
-                                     c.q_pos.data(), c.k_pos.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh,
-                                     nkv, hd, hdv, in.scale, window);
+  ops::cpu::attention_block_backward(
+      in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(), dq.data(), dk.data(), dv.data(),
+      ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), B, Tq, Tk, nh, nkv, hd, hdv, in.scale, window));
   ops::ref::attention_block_backward<float>(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
                                             c.q_pos.data(), c.k_pos.data(), dq_ref.data(), dk_ref.data(), dv_ref.data(),
                                             B, Tq, Tk, nh, nkv, hd, hdv, in.scale, window);
@@ -246,9 +247,10 @@ void expect_block_matches_reference(const BlockCase& c, const BlockInputs& in, i
   EXPECT_TRUE(op_test::near("dk " + label, dk, dk_ref, op_test::tol_near_rms(rel, dk_ref), kNegInfExact));
   EXPECT_TRUE(op_test::near("dv " + label, dv, dv_ref, op_test::tol_near_rms(rel, dv_ref), kNegInfExact));
   std::vector<float> dq_acc = in.dq0, dk_acc = in.dk0, dv_acc = in.dv0;
-  ops::cpu::attention_block_backward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(),
-                                     c.q_pos.data(), c.k_pos.data(), dq_acc.data(), dk_acc.data(), dv_acc.data(), B, Tq,
-                                     Tk, nh, nkv, hd, hdv, in.scale, window);
+  ops::cpu::attention_block_backward(
+      in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), in.dout.data(), dq_acc.data(), dk_acc.data(),
+      dv_acc.data(),
+      ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), B, Tq, Tk, nh, nkv, hd, hdv, in.scale, window));
   auto plus = [](std::vector<float> x, const std::vector<float>& y) {
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     return x;
@@ -345,9 +347,10 @@ void ring_forward(const RingProblem& p, RingPieces& x, int W, int64_t window = 0
   for (int r = 0; r < W; ++r)
     for (int s = 0; s < W; ++s) {
       const int src = (r - s + W) % W;
-      ops::cpu::attention_block_forward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.pos[r].data(),
-                                        x.pos[src].data(), x.o[r].data(), x.lse[r].data(), s == 0, p.B, N, N, p.nh,
-                                        p.nkv, p.hd, p.hdv, p.scale, window);
+      ops::cpu::attention_block_forward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.o[r].data(), x.lse[r].data(),
+                                        s == 0,
+                                        ops::attention_block_spec(x.pos[r].data(), x.pos[src].data(), p.B, N, N, p.nh,
+                                                                  p.nkv, p.hd, p.hdv, p.scale, window));
     }
 }
 
@@ -362,9 +365,10 @@ void ring_backward(const RingProblem& p, RingPieces& x, int W, int64_t window = 
     for (int s = 0; s < W; ++s) {
       const int src = (r - s + W) % W;
       ops::cpu::attention_block_backward(x.q[r].data(), x.k[src].data(), x.v[src].data(), x.o[r].data(),
-                                         x.lse[r].data(), x.dout[r].data(), x.pos[r].data(), x.pos[src].data(),
-                                         x.dq[r].data(), x.dk[src].data(), x.dv[src].data(), p.B, N, N, p.nh, p.nkv,
-                                         p.hd, p.hdv, p.scale, window);
+                                         x.lse[r].data(), x.dout[r].data(), x.dq[r].data(), x.dk[src].data(),
+                                         x.dv[src].data(),
+                                         ops::attention_block_spec(x.pos[r].data(), x.pos[src].data(), p.B, N, N, p.nh,
+                                                                   p.nkv, p.hd, p.hdv, p.scale, window));
     }
 }
 
@@ -387,11 +391,11 @@ RingResult ring_run(const RingProblem& p, int W, int64_t window = 0) {
 RingResult whole_run(const RingProblem& p, int64_t window = 0) {
   RingResult out{std::vector<float>(p.dout.size()), std::vector<float>(p.B * p.nh * p.T),
                  std::vector<float>(p.q.size()), std::vector<float>(p.k.size()), std::vector<float>(p.v.size())};
-  ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(), p.B, p.T, p.nh, p.nkv,
-                              p.hd, p.hdv, p.scale, window);
+  ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(),
+                              ops::attention_spec(p.B, p.T, p.nh, p.nkv, p.hd, p.hdv, p.scale, window));
   ops::cpu::attention_backward(p.q.data(), p.k.data(), p.v.data(), out.o.data(), out.lse.data(), p.dout.data(),
-                               out.dq.data(), out.dk.data(), out.dv.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hdv, p.scale,
-                               window);
+                               out.dq.data(), out.dk.data(), out.dv.data(),
+                               ops::attention_spec(p.B, p.T, p.nh, p.nkv, p.hd, p.hdv, p.scale, window));
   return out;
 }
 
@@ -673,23 +677,24 @@ TEST(AttentionBlock, SlidingWindowSkipsMaskedTilePairs) {
   ASSERT_EQ(visible_tile_pairs(x.pos[0], x.pos[2], window), 0);
   const std::vector<float> o = x.o[0], lse = x.lse[0];
   int64_t before = at::tile_pairs_computed.load();
-  ops::cpu::attention_block_forward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.pos[0].data(), x.pos[2].data(),
-                                    x.o[0].data(), x.lse[0].data(), false, p.B, N, N, p.nh, p.nkv, p.hd, p.hd, p.scale,
-                                    window);
+  ops::cpu::attention_block_forward(
+      x.q[0].data(), x.k[2].data(), x.v[2].data(), x.o[0].data(), x.lse[0].data(), false,
+      ops::attention_block_spec(x.pos[0].data(), x.pos[2].data(), p.B, N, N, p.nh, p.nkv, p.hd, p.hd, p.scale, window));
   EXPECT_EQ(at::tile_pairs_computed.load(), before);
   EXPECT_TRUE(op_test::bits_equal(x.o[0], o) && op_test::bits_equal(x.lse[0], lse));
   std::vector<float> o_first(o.size(), NAN), lse_first(lse.size(), NAN);
-  ops::cpu::attention_block_forward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.pos[0].data(), x.pos[2].data(),
-                                    o_first.data(), lse_first.data(), true, p.B, N, N, p.nh, p.nkv, p.hd, p.hd, p.scale,
-                                    window);
+  ops::cpu::attention_block_forward(
+      x.q[0].data(), x.k[2].data(), x.v[2].data(), o_first.data(), lse_first.data(), true,
+      ops::attention_block_spec(x.pos[0].data(), x.pos[2].data(), p.B, N, N, p.nh, p.nkv, p.hd, p.hd, p.scale, window));
   EXPECT_EQ(at::tile_pairs_computed.load(), before);
   EXPECT_TRUE(std::all_of(o_first.begin(), o_first.end(), [](float v) { return v == 0.0f && !std::signbit(v); }));
   EXPECT_TRUE(std::all_of(lse_first.begin(), lse_first.end(), [](float v) { return v == kNegInf; }));
   std::vector<float> dq(x.q[0].size(), -0.0f), dk(x.k[2].size(), -0.0f), dv(x.k[2].size(), -0.0f);
   const std::vector<float> dq0 = dq, dk0 = dk, dv0 = dv;  // -0 would turn into +0 if anything were added
-  ops::cpu::attention_block_backward(x.q[0].data(), x.k[2].data(), x.v[2].data(), x.o[0].data(), x.lse[0].data(),
-                                     x.dout[0].data(), x.pos[0].data(), x.pos[2].data(), dq.data(), dk.data(),
-                                     dv.data(), p.B, N, N, p.nh, p.nkv, p.hd, p.hd, p.scale, window);
+  ops::cpu::attention_block_backward(
+      x.q[0].data(), x.k[2].data(), x.v[2].data(), x.o[0].data(), x.lse[0].data(), x.dout[0].data(), dq.data(),
+      dk.data(), dv.data(),
+      ops::attention_block_spec(x.pos[0].data(), x.pos[2].data(), p.B, N, N, p.nh, p.nkv, p.hd, p.hd, p.scale, window));
   EXPECT_EQ(at::tile_pairs_computed.load(), before);
   EXPECT_TRUE(op_test::bits_equal(dq, dq0) && op_test::bits_equal(dk, dk0) && op_test::bits_equal(dv, dv0));
 }
@@ -834,8 +839,9 @@ TEST(AttentionBlock, QueriesWithoutKeysGiveNoNaN) {
   const std::vector<float> dout = op_test::random_vector<float>(q.size(), rng);
   const float scale = 0.2f;
   auto fwd = [&](const std::vector<int32_t>& kp, std::vector<float>& o, std::vector<float>& lse, bool first) {
-    ops::cpu::attention_block_forward(q.data(), k.data(), v.data(), q_pos.data(), kp.data(), o.data(), lse.data(),
-                                      first, B, Tq, Tk, nh, nkv, hd, hd, scale, 0);
+    ops::cpu::attention_block_forward(
+        q.data(), k.data(), v.data(), o.data(), lse.data(), first,
+        ops::attention_block_spec(q_pos.data(), kp.data(), B, Tq, Tk, nh, nkv, hd, hd, scale, 0));
   };
   std::vector<float> o(q.size(), NAN), lse(B * nh * Tq, NAN);
   fwd(k_late, o, lse, true);
@@ -857,15 +863,15 @@ TEST(AttentionBlock, QueriesWithoutKeysGiveNoNaN) {
   EXPECT_TRUE(op_test::bits_equal(o, o_state) && op_test::bits_equal(lse, lse_state));
   // Backward with this (partly empty) final state: the masked block adds 0, the visible one finite terms.
   std::vector<float> dq(q.size(), 1.0f), dk(k.size(), 1.0f), dv(k.size(), 1.0f);
-  ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), q_pos.data(),
-                                     k_late.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, hd, scale,
-                                     0);
+  ops::cpu::attention_block_backward(
+      q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(),
+      ops::attention_block_spec(q_pos.data(), k_late.data(), B, Tq, Tk, nh, nkv, hd, hd, scale, 0));
   EXPECT_TRUE(std::all_of(dq.begin(), dq.end(), [](float x) { return x == 1.0f; }));
   EXPECT_TRUE(std::all_of(dk.begin(), dk.end(), [](float x) { return x == 1.0f; }));
   EXPECT_TRUE(std::all_of(dv.begin(), dv.end(), [](float x) { return x == 1.0f; }));
-  ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), q_pos.data(),
-                                     k_early.data(), dq.data(), dk.data(), dv.data(), B, Tq, Tk, nh, nkv, hd, hd, scale,
-                                     0);
+  ops::cpu::attention_block_backward(
+      q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(),
+      ops::attention_block_spec(q_pos.data(), k_early.data(), B, Tq, Tk, nh, nkv, hd, hd, scale, 0));
   EXPECT_TRUE(all_finite_or_neg_inf(dq, "dq") && all_finite_or_neg_inf(dk, "dk") && all_finite_or_neg_inf(dv, "dv"));
   // Query 0 of (b 0, h 0) saw no key anywhere: its dq is untouched.
   EXPECT_TRUE(std::all_of(dq.begin(), dq.begin() + hd, [](float x) { return x == 1.0f; }));
@@ -877,12 +883,13 @@ TEST(AttentionBlock, UnsortedPositionsAreRejected) {
   const std::vector<int32_t> sorted = {0, 1, 2}, unsorted = {0, 2, 1};
   const std::vector<float> x(3 * 8, 0.5f);
   std::vector<float> o(x.size()), lse(3), dq(x.size()), dk(x.size()), dv(x.size());
-  EXPECT_THROW(ops::cpu::attention_block_forward(x.data(), x.data(), x.data(), unsorted.data(), sorted.data(), o.data(),
-                                                 lse.data(), true, 1, 3, 3, 1, 1, 8, 8, 1.0f, 0),
+  EXPECT_THROW(ops::cpu::attention_block_forward(
+                   x.data(), x.data(), x.data(), o.data(), lse.data(), true,
+                   ops::attention_block_spec(unsorted.data(), sorted.data(), 1, 3, 3, 1, 1, 8, 8, 1.0f, 0)),
                InternalError);
-  EXPECT_THROW(ops::cpu::attention_block_backward(x.data(), x.data(), x.data(), o.data(), lse.data(), x.data(),
-                                                  sorted.data(), unsorted.data(), dq.data(), dk.data(), dv.data(), 1, 3,
-                                                  3, 1, 1, 8, 8, 1.0f, 0),
+  EXPECT_THROW(ops::cpu::attention_block_backward(
+                   x.data(), x.data(), x.data(), o.data(), lse.data(), x.data(), dq.data(), dk.data(), dv.data(),
+                   ops::attention_block_spec(sorted.data(), unsorted.data(), 1, 3, 3, 1, 1, 8, 8, 1.0f, 0)),
                InternalError);
 }
 
@@ -952,14 +959,14 @@ TEST(AttentionBlock, DISABLED_BenchRingVsWholeSequence) {
     };
     for (int rep = 0; rep < repeats; ++rep) {
       timed(0, [&] {
-        ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(), B, T, nh, nkv,
-                                    hd, hd, p.scale, 0);
+        ops::cpu::attention_forward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(),
+                                    ops::attention_spec(B, T, nh, nkv, hd, hd, p.scale, 0));
       });
       timed(1, [&] { ring_forward(p, x, W); });
       timed(2, [&] {
         ops::cpu::attention_backward(p.q.data(), p.k.data(), p.v.data(), whole.o.data(), whole.lse.data(),
-                                     p.dout.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), B, T, nh, nkv,
-                                     hd, hd, p.scale, 0);
+                                     p.dout.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(),
+                                     ops::attention_spec(B, T, nh, nkv, hd, hd, p.scale, 0));
       });
       timed(3, [&] { ring_backward(p, x, W); });  // includes zeroing the ranks' gradients: negligible
     }
@@ -1020,38 +1027,41 @@ TEST(AttentionBlock, Bf16MergeAndAccumulateAreTheWidenedF32RoundedOnce) {
   for (const int64_t window : {int64_t{0}, int64_t{29}}) {
     std::vector<bf16> oh = o0h;
     std::vector<float> lse_h = in.lse0, o = widened(o0h), lse = in.lse0;
-    ops::cpu::attention_block_forward(qh.data(), kh.data(), vh.data(), c.q_pos.data(), c.k_pos.data(), oh.data(),
-                                      lse_h.data(), false, c.B, c.Tq(), c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale,
-                                      window);
-    ops::cpu::attention_block_forward(q.data(), k.data(), v.data(), c.q_pos.data(), c.k_pos.data(), o.data(),
-                                      lse.data(), false, c.B, c.Tq(), c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale,
-                                      window);
+    ops::cpu::attention_block_forward(qh.data(), kh.data(), vh.data(), oh.data(), lse_h.data(), false,
+                                      ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), c.B, c.Tq(), c.Tk(),
+                                                                c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
+    ops::cpu::attention_block_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), false,
+                                      ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), c.B, c.Tq(), c.Tk(),
+                                                                c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
     for (size_t i = 0; i < o.size(); ++i) ASSERT_EQ(oh[i].bits, bf16_from_float(o[i])) << "o at " << i;
     ASSERT_TRUE(op_test::bits_equal(lse_h, lse));
     std::vector<bf16> dqh = rounded(in.dq0), dkh = rounded(in.dk0), dvh = rounded(in.dv0);
     std::vector<float> dq = widened(dqh), dk = widened(dkh), dv = widened(dvh);
     const std::vector<float> o_w = widened(oh);
-    ops::cpu::attention_block_backward(qh.data(), kh.data(), vh.data(), oh.data(), lse.data(), douth.data(),
-                                       c.q_pos.data(), c.k_pos.data(), dqh.data(), dkh.data(), dvh.data(), c.B, c.Tq(),
-                                       c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
-    ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o_w.data(), lse.data(), dout.data(),
-                                       c.q_pos.data(), c.k_pos.data(), dq.data(), dk.data(), dv.data(), c.B, c.Tq(),
-                                       c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
+    ops::cpu::attention_block_backward(qh.data(), kh.data(), vh.data(), oh.data(), lse.data(), douth.data(), dqh.data(),
+                                       dkh.data(), dvh.data(),
+                                       ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), c.B, c.Tq(), c.Tk(),
+                                                                 c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
+    ops::cpu::attention_block_backward(q.data(), k.data(), v.data(), o_w.data(), lse.data(), dout.data(), dq.data(),
+                                       dk.data(), dv.data(),
+                                       ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), c.B, c.Tq(), c.Tk(),
+                                                                 c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
     for (size_t i = 0; i < dq.size(); ++i) ASSERT_EQ(dqh[i].bits, bf16_from_float(dq[i])) << "dq at " << i;
     for (size_t i = 0; i < dk.size(); ++i) ASSERT_EQ(dkh[i].bits, bf16_from_float(dk[i])) << "dk at " << i;
     for (size_t i = 0; i < dv.size(); ++i) ASSERT_EQ(dvh[i].bits, bf16_from_float(dv[i])) << "dv at " << i;
     // Ring attention's mix (Note [Ring attention accumulates in f32]): bf16 tokens, f32 accumulators.
     // The outputs are then exactly the f32 kernel's, with no rounding at all.
     std::vector<float> om = widened(o0h), lse_m = in.lse0;
-    ops::cpu::attention_block_forward(qh.data(), kh.data(), vh.data(), c.q_pos.data(), c.k_pos.data(), om.data(),
-                                      lse_m.data(), false, c.B, c.Tq(), c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale,
-                                      window);
+    ops::cpu::attention_block_forward(qh.data(), kh.data(), vh.data(), om.data(), lse_m.data(), false,
+                                      ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), c.B, c.Tq(), c.Tk(),
+                                                                c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
     ASSERT_TRUE(op_test::bits_equal(om, o));
     ASSERT_TRUE(op_test::bits_equal(lse_m, lse));
     std::vector<float> dqm = widened(rounded(in.dq0)), dkm = widened(rounded(in.dk0)), dvm = widened(rounded(in.dv0));
-    ops::cpu::attention_block_backward(qh.data(), kh.data(), vh.data(), oh.data(), lse.data(), douth.data(),
-                                       c.q_pos.data(), c.k_pos.data(), dqm.data(), dkm.data(), dvm.data(), c.B,
-                                       c.Tq(), c.Tk(), c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
+    ops::cpu::attention_block_backward(qh.data(), kh.data(), vh.data(), oh.data(), lse.data(), douth.data(), dqm.data(),
+                                       dkm.data(), dvm.data(),
+                                       ops::attention_block_spec(c.q_pos.data(), c.k_pos.data(), c.B, c.Tq(), c.Tk(),
+                                                                 c.nh, c.nkv, c.hd, c.vd(), in.scale, window));
     ASSERT_TRUE(op_test::bits_equal(dqm, dq));
     ASSERT_TRUE(op_test::bits_equal(dkm, dk));
     ASSERT_TRUE(op_test::bits_equal(dvm, dv));

@@ -505,7 +505,7 @@ void case_attention_forward(KernelRun& r) {
                                      s.hdv, scale, window);
   const float *dq = r.up(q, "q"), *dk = r.up(k, "k"), *dv = r.up(v, "v");
   float *dout = r.up(filled(o.size(), kNaN), "o"), *dlse = r.up(filled(lse.size(), kNaN), "lse");
-  r.K.attention_forward(dq, dk, dv, dout, dlse, s.B, s.T, s.nh, s.nkv, s.hd, s.hdv, scale, window);
+  r.K.attention_forward(dq, dk, dv, dout, dlse, ops::attention_spec(s.B, s.T, s.nh, s.nkv, s.hd, s.hdv, scale, window));
   r.sync();
   r.expect("o", {s.B, s.T, s.nh, s.hdv}, dout, o, op_test::tol_near_rms(2e-5, o));
   r.expect("lse", {s.B, s.nh, s.T}, dlse, lse, op_test::tol_near_rms(2e-5, lse));
@@ -528,8 +528,8 @@ void case_attention_backward(KernelRun& r) {
   const float *d_lse = r.up(lse, "lse"), *d_dout = r.up(dout, "dout");
   float *d_dq = r.up(filled(dq.size(), kNaN), "dq"), *d_dk = r.up(filled(dk.size(), kNaN), "dk");
   float* d_dv = r.up(filled(dv.size(), kNaN), "dv");
-  r.K.attention_backward(d_q, d_k, d_v, d_o, d_lse, d_dout, d_dq, d_dk, d_dv, s.B, s.T, s.nh, s.nkv, s.hd, s.hdv, scale,
-                         window);
+  r.K.attention_backward(d_q, d_k, d_v, d_o, d_lse, d_dout, d_dq, d_dk, d_dv,
+                         ops::attention_spec(s.B, s.T, s.nh, s.nkv, s.hd, s.hdv, scale, window));
   r.sync();
   r.expect("dq", {s.B, s.T, s.nh, s.hd}, d_dq, dq, op_test::tol_near_rms(2e-5, dq));
   r.expect("dk", {s.B, s.T, s.nkv, s.hd}, d_dk, dk, op_test::tol_near_rms(2e-5, dk));
@@ -576,8 +576,9 @@ void case_attention_block_forward(KernelRun& r) {
   const float *dq = r.up(p.q, "q"), *dk = r.up(p.k, "k"), *dv = r.up(p.v, "v");
   const int32_t *dqp = r.up(p.q_pos, "q_pos"), *dkp = r.up(p.k_pos, "k_pos");
   float *d_o = r.up(p.o0, "o"), *d_lse = r.up(p.lse0, "lse");
-  r.K.attention_block_forward(dq, dk, dv, dqp, dkp, d_o, d_lse, false, p.B, p.Tq, p.Tk, p.nh, p.nkv, p.hd, p.hdv,
-                              p.scale, p.window);
+  r.K.attention_block_forward(
+      dq, dk, dv, d_o, d_lse, false,
+      ops::attention_block_spec(dqp, dkp, p.B, p.Tq, p.Tk, p.nh, p.nkv, p.hd, p.hdv, p.scale, p.window));
   r.sync();
   r.expect("o", {p.B, p.Tq, p.nh, p.hdv}, d_o, o, op_test::tol_near_rms(2e-5, o), kNegInfExact);
   r.expect("lse", {p.B, p.nh, p.Tq}, d_lse, lse, op_test::tol_near_rms(2e-5, lse), kNegInfExact);
@@ -614,8 +615,9 @@ void case_attention_block_backward(KernelRun& r) {
   const float *d_lse = r.up(lse, "lse"), *d_dout = r.up(dout, "dout");
   const int32_t *dqp = r.up(p.q_pos, "q_pos"), *dkp = r.up(p.k_pos, "k_pos");
   float *gq = r.up(dq0, "dq"), *gk = r.up(dk0, "dk"), *gv = r.up(dv0, "dv");
-  r.K.attention_block_backward(dq, dk, dv, d_o, d_lse, d_dout, dqp, dkp, gq, gk, gv, p.B, p.Tq, p.Tk, p.nh, p.nkv, p.hd,
-                               p.hdv, p.scale, p.window);
+  r.K.attention_block_backward(
+      dq, dk, dv, d_o, d_lse, d_dout, gq, gk, gv,
+      ops::attention_block_spec(dqp, dkp, p.B, p.Tq, p.Tk, p.nh, p.nkv, p.hd, p.hdv, p.scale, p.window));
   r.sync();
   r.expect("dq", {p.B, p.Tq, p.nh, p.hd}, gq, wq, tq);
   r.expect("dk", {p.B, p.Tk, p.nkv, p.hd}, gk, wk, tk);

@@ -92,11 +92,13 @@ def norm_rel(cpp, ref):
 BF16_UNIT_ROUNDOFF = 2.0 ** -8  # bf16 keeps 8 significant bits: a rounding moves a value by <= 2^-8 of it
 
 
-def check_bf16(args, tensors, cfg, shapes, params32, ids, targets):
+def check_bf16(args, tensors, cfg, shapes, params32, ids, targets, docs=None):
     """The bf16 check (module docstring). Returns the exit status."""
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.compute]
-    ref = twin.forward_backward({n: t.to(dtype) for n, t in params32.items()}, cfg, ids, targets, twin.BF16_CASTS)
-    plain = twin.forward_backward({n: t.to(torch.float64) for n, t in params32.items()}, cfg, ids, targets)
+    ref = twin.forward_backward({n: t.to(dtype) for n, t in params32.items()}, cfg, ids, targets, twin.BF16_CASTS,
+                                docs)
+    plain = twin.forward_backward({n: t.to(torch.float64) for n, t in params32.items()}, cfg, ids, targets,
+                                  docs=docs)
 
     # Routing: a token whose top-k differs between flatpeak and the twin moves whole rows between experts
     # (no tolerance covers that). The bf16 twin forms the router's input h2 as flatpeak does (rounded
@@ -196,8 +198,8 @@ def main(argv=None):
                 problems.append(f"missing tensor {n}")
             elif tuple(tensors[n].shape) != tuple(shape):
                 problems.append(f"{n} has shape {tuple(tensors[n].shape)}, expected {tuple(shape)}")
-    known = set(shapes) | {"grad." + n for n in shapes} | {"input_ids", "targets", "out.logits", "out.loss",
-                                                           "out.ce_loss", "out.aux_loss"}
+    known = set(shapes) | {"grad." + n for n in shapes} | {"input_ids", "targets", "doc_start", "out.logits",
+                                                           "out.loss", "out.ce_loss", "out.aux_loss"}
     extra = sorted(set(tensors) - known)
     if extra:
         print(f"note: {len(extra)} tensors the twin does not check: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
@@ -210,6 +212,10 @@ def main(argv=None):
     params = {n: tensors[n].to(torch.float64) for n in shapes}
     ids, targets = tensors["input_ids"], tensors["targets"]
     B, T = ids.shape
+    # Packed documents: the twin runs each document's attention alone (twin.per_document).
+    docs = twin.document_spans(tensors["doc_start"]) if "doc_start" in tensors else None
+    if docs is not None:
+        print(f"documents per sequence: {[len(s) for s in docs]} (spans {docs})")
     print(f"case {args.case} ({'bf16' if bf16 else 'fp32'}): B={B} T={T} H={cfg.hidden_size} L={cfg.num_hidden_layers} "
           f"heads={cfg.num_attention_heads}/{cfg.num_key_value_heads} hd={cfg.head_dim} "
           f"E={cfg.num_experts} k={cfg.num_experts_per_tok} I={cfg.moe_intermediate_size} V={cfg.vocab_size} "
@@ -223,8 +229,8 @@ def main(argv=None):
         if unrounded:
             print(f"FAIL: a bf16 case holds weights that are not bf16 values: {unrounded[:3]}")
             return 1
-        return check_bf16(args, tensors, cfg, shapes, {n: tensors[n] for n in shapes}, ids, targets)
-    ref = twin.forward_backward(params, cfg, ids, targets)
+        return check_bf16(args, tensors, cfg, shapes, {n: tensors[n] for n in shapes}, ids, targets, docs)
+    ref = twin.forward_backward(params, cfg, ids, targets, docs=docs)
 
     # Routing: tokens per expert, empty experts, and how close the top-k choice came to a tie (a tie
     # broken differently in float32 would route a token elsewhere and no tolerance would help).

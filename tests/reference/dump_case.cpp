@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/units.h"
+#include "data/documents.h"
 #include "data/random_batch.h"
 #include "io/safetensors.h"
 #include "step/step.h"
@@ -44,18 +45,25 @@ namespace {
 struct Case {
   ModelConfig m;
   int64_t B, T;
+  bool docs = false;  // packed documents (Note [Documents from EOS]): EOS at fixed positions cuts the batch
 };
 
-Case case_make(const std::string& name) {
+Case case_make(std::string name) {
   Case c;
+  // <case>_docs: the case with packed documents; gqa_window: gqa_norm with a sliding window of 20.
+  if (name.ends_with("_docs")) {
+    c.docs = true;
+    name.resize(name.size() - 5);
+  }
   ModelConfig& m = c.m;
   m.rope_theta = 10000;
   m.rms_norm_eps = 1e-6;
   m.seed = 11;
-  if (name == "gqa_norm") {
+  if (name == "gqa_norm" || name == "gqa_window") {
     m.hidden_size = 32, m.num_hidden_layers = 2, m.num_attention_heads = 4, m.num_key_value_heads = 2;
     m.head_dim = 8, m.num_experts = 6, m.num_experts_per_tok = 2, m.moe_intermediate_size = 24;
     m.vocab_size = 40, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.05;
+    if (name == "gqa_window") m.sliding_window = 20, m.attention_bias = true;
     c.B = 2, c.T = 150;
   } else if (name == "mha_nonorm") {
     m.hidden_size = 24, m.num_hidden_layers = 3, m.num_attention_heads = 3, m.num_key_value_heads = 3;
@@ -99,7 +107,7 @@ Case case_make(const std::string& name) {
     }
     c.B = 2, c.T = 150;
   } else {
-    throw Error("unknown case '" + name + "'", "cases: gqa_norm, mha_nonorm, hf_layers, yarn, mla, mla_yarn");
+    throw Error("unknown case '" + name + "'", "cases: gqa_norm, gqa_window, mha_nonorm, hf_layers, yarn, mla, mla_yarn, each with _docs");
   }
   return c;
 }
@@ -127,7 +135,7 @@ void from_host(Backend& be, Tensor& t, const std::vector<float>& v) {
 int main(int argc, char** argv) {
   const bool bf16 = argc == 4 && std::string(argv[3]) == "bf16";
   if (argc != 3 && !bf16) {
-    std::fprintf(stderr, "usage: dump_case OUT.safetensors gqa_norm|mha_nonorm|hf_layers|yarn|mla|mla_yarn [bf16]\n");
+    std::fprintf(stderr, "usage: dump_case OUT.safetensors CASE[_docs] [bf16]\n");
     return 2;
   }
   try {
@@ -190,6 +198,16 @@ int main(int argc, char** argv) {
     init_f32.reset();
     Batch batch = batch_random(c.B, c.T, c.m.vocab_size, 5);
     for (int64_t i = 0; i < c.B * c.T; i += 7) batch.targets[i] = -100;  // some ignored positions
+    if (c.docs) {
+      // Documents end at 20, 21 (one token), 63 and 100 of the first sequence, 64 and 127 of the others.
+      const int32_t eos = static_cast<int32_t>(c.m.vocab_size - 1);
+      for (int64_t b = 0; b < c.B; ++b)
+        for (const int64_t t : b == 0 ? std::vector<int64_t>{20, 21, 63, 100} : std::vector<int64_t>{64, 127}) {
+          batch.tokens[b * c.T + t] = eos;
+          if (batch.targets[b * c.T + t - 1] != -100) batch.targets[b * c.T + t - 1] = eos;
+        }
+      batch_documents_from_eos(batch, eos);
+    }
     std::vector<float> logits;
     StepOutputs out = step_forward_backward(model, batch, &logits);
 
@@ -203,6 +221,7 @@ int main(int argc, char** argv) {
     }
     views.push_back({"input_ids", DType::DType_I32, {c.B, c.T}, batch.tokens.data()});
     views.push_back({"targets", DType::DType_I32, {c.B, c.T}, batch.targets.data()});
+    if (c.docs) views.push_back({"doc_start", DType::DType_I32, {c.B, c.T}, batch.doc_start.data()});
     views.push_back({"out.logits", DType::DType_F32, {c.B, c.T, c.m.vocab_size}, logits.data()});
     float losses[3] = {static_cast<float>(out.loss), static_cast<float>(out.ce_loss),
                        static_cast<float>(out.aux_loss)};

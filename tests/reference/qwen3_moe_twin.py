@@ -616,11 +616,37 @@ def load_balancing_loss(router_logits, E, k):
     return E * torch.sum(tokens_per_expert * router_prob_per_expert[None, :])
 
 
-def forward(p, cfg, input_ids, targets, casts=NO_CASTS):
+def document_spans(doc_start):
+    """doc_start (B, T) integer tensor, where each token's document begins (flatpeak's data/documents.h)
+    -> per sequence the list of (start, end) spans of its documents."""
+    spans = []
+    for row in doc_start.tolist():
+        starts = sorted(set(row))
+        spans.append(list(zip(starts, starts[1:] + [len(row)])))
+    return spans
+
+
+def per_document(fn, h, resid, docs):
+    """fn(h, resid) -> (B, T, H), run on each document alone when docs (document_spans) is given: every
+    document a sequence of its own, so its attention sees only itself and its RoPE positions start at 0.
+    This is packing as the definition has it, with no mask: what flatpeak's document starts must
+    reproduce. resid (B, T, H) or None is sliced alike."""
+    if docs is None:
+        return fn(h, resid)
+    rows = []
+    for b, spans in enumerate(docs):
+        rows.append(torch.cat([fn(h[b:b + 1, s:e], None if resid is None else resid[b:b + 1, s:e])
+                               for s, e in spans], dim=1))
+    return torch.cat(rows, dim=0)
+
+
+def forward(p, cfg, input_ids, targets, casts=NO_CASTS, docs=None):
     """p: name -> tensor (all the same float dtype); input_ids, targets (B, T) integer tensors.
     Returns a dict: logits (B, T, V), loss, ce_loss, aux_loss (scalars), router_logits (list of
     (N, E), MoE layers only), expert_counts (L lists of E ints; all zero for a dense layer).
-    casts: NO_CASTS (the plain twin) or BF16_CASTS (Note [The bf16 twin's cast points])."""
+    casts: NO_CASTS (the plain twin) or BF16_CASTS (Note [The bf16 twin's cast points]). docs: packed
+    documents (document_spans), whose attention runs document by document (per_document); every other
+    op is token-wise, and the losses are over the whole batch."""
     input_ids, targets = input_ids.long(), targets.long()
     c, eps = casts, cfg.rms_norm_eps
     x = c.store(p["model.embed_tokens.weight"][input_ids])  # (B, T, H)
@@ -629,7 +655,10 @@ def forward(p, cfg, input_ids, targets, casts=NO_CASTS):
         pre = f"model.layers.{i}."
         # The residual's gradient is d x_out + round(the norm's input gradient), rounded (add_inplace).
         h = c.store(rms_norm(c.store_grad(x), p[pre + "input_layernorm.weight"], eps))
-        x = attention(h, p, i, cfg, c, resid=x) if c.on else x + attention(h, p, i, cfg)
+        if c.on:
+            x = per_document(lambda h_, r_: attention(h_, p, i, cfg, c, resid=r_), h, x, docs)
+        else:
+            x = x + per_document(lambda h_, r_: attention(h_, p, i, cfg), h, None, docs)
         h = c.store(rms_norm(c.store_grad(x), p[pre + "post_attention_layernorm.weight"], eps))
         if not cfg.is_sparse(i):
             x = c.store(x + dense_mlp(h, p, i, casts=c))  # flatpeak adds x1 into the FFN's output
@@ -658,11 +687,11 @@ def forward(p, cfg, input_ids, targets, casts=NO_CASTS):
             "expert_counts": counts, "choice_scores": choices}
 
 
-def forward_backward(p, cfg, input_ids, targets, casts=NO_CASTS):
+def forward_backward(p, cfg, input_ids, targets, casts=NO_CASTS, docs=None):
     """forward() on leaf copies of p that require grad; adds "grads": name -> d loss / d param (with
     BF16_CASTS rounded to bf16, as flatpeak stores them)."""
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in p.items()}
-    out = forward(leaves, cfg, input_ids, targets, casts)
+    out = forward(leaves, cfg, input_ids, targets, casts, docs)
     names = list(leaves)
     grads = torch.autograd.grad(out["loss"], [leaves[n] for n in names], allow_unused=True)
     out["grads"] = {n: casts.weight_grad(g) if g is not None else torch.zeros_like(leaves[n])

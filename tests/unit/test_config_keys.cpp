@@ -100,6 +100,8 @@ const std::map<std::string, Other> kOther = {
     {"data.pairs", {"3"}},
     {"data.loss_on", {"answers"}},
     {"data.seed", {"7"}},
+    {"data.documents", {"eos"}},
+    {"data.eos_id", {"2"}},
     {"moe.routing_profile", {"balanced"}},
     {"moe.dispatch", {"pipelined_llep"}},
     {"moe.bias_update_rate", {"0.002", true}},

@@ -12,7 +12,9 @@
 // backward adds into dq, dk, dv where attention_backward overwrites them: they are first filled with
 // -0.0f, the one float x for which -0.0f + x == x bit for bit for every x (+0.0f + -0.0f would be
 // +0.0f), so the sums arrive unchanged, signed zeros included. The positions cost one (T) int32 buffer
-// per call, the masks 2 TQ binary searches per tile row: nothing next to the tile products.
+// per call, the masks 2 TQ binary searches per tile row: nothing next to the tile products. Documents
+// (Note [Documents in attention], ops/attention.h) pass through as they are: the block kernels then skip
+// the tile pairs that lie across documents, and a tile pair that holds a visible pair sums as before.
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -27,12 +29,13 @@ namespace fp::ops::cpu {
 
 namespace {
 
-void shapes_check(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, int64_t window) {
-  FP_ASSERT(B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && hdv > 0 && nh % nkv == 0 && window >= 0,
-            "attention shapes B={} T={} nh={} nkv={} hd={} hdv={} window={} (nh must be a multiple of nkv, "
-            "window >= 0)",
-            B, T, nh, nkv, hd, hdv, window);
-  FP_ASSERT(T <= INT32_MAX, "attention T={} exceeds the int32 positions of the block kernels", T);
+void shapes_check(const AttentionSpec& a) {
+  FP_ASSERT(a.B >= 0 && a.Tq >= 0 && a.Tq == a.Tk && a.nh > 0 && a.nkv > 0 && a.hd > 0 && a.hdv > 0 &&
+                a.nh % a.nkv == 0 && a.window >= 0 && a.q_pos == nullptr && a.k_pos == nullptr,
+            "attention shapes B={} T={} (keys {}) nh={} nkv={} hd={} hdv={} window={} (nh must be a multiple of nkv, "
+            "window >= 0, as many keys as queries, no positions)",
+            a.B, a.Tq, a.Tk, a.nh, a.nkv, a.hd, a.hdv, a.window);
+  FP_ASSERT(a.Tq <= INT32_MAX, "attention T={} exceeds the int32 positions of the block kernels", a.Tq);
 }
 
 // The positions 0 .. T-1 (T) of every query and key.
@@ -42,33 +45,38 @@ std::vector<int32_t> positions(int64_t T) {
   return pos;
 }
 
-}  // namespace
-
-void attention_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, int64_t B, int64_t T, int64_t nh, int64_t nkv,
-                       int64_t hd, int64_t hdv, float scale, int64_t window) {
-  shapes_check(B, T, nh, nkv, hd, hdv, window);
-  if (B == 0 || T == 0) return;
-  const std::vector<int32_t> pos = positions(T);
-  const int64_t w = window >= T ? 0 : window;  // a window of T or more masks nothing
-  attention_block_forward(q, k, v, pos.data(), pos.data(), o, lse, /*first=*/true, B, T, T, nh, nkv, hd, hdv, scale, w);
+// The block kernels' spec of whole-sequence attention: positions 0 .. T-1 (pos), and a window of T or more
+// run as none (it masks nothing).
+AttentionSpec block_spec(AttentionSpec a, const std::vector<int32_t>& pos) {
+  a.q_pos = a.k_pos = pos.data();
+  if (a.window >= a.Tq) a.window = 0;
+  return a;
 }
 
-void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv, int64_t B,
-                        int64_t T, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
-  shapes_check(B, T, nh, nkv, hd, hdv, window);
-  if (B == 0 || T == 0) return;
-  const std::vector<int32_t> pos = positions(T);
-  const int64_t w = window >= T ? 0 : window;
+}  // namespace
+
+void attention_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, AttentionSpec a) {
+  shapes_check(a);
+  if (a.B == 0 || a.Tq == 0) return;
+  const std::vector<int32_t> pos = positions(a.Tq);
+  attention_block_forward(q, k, v, o, lse, /*first=*/true, block_spec(a, pos));
+}
+
+void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
+                        AttentionSpec a) {
+  shapes_check(a);
+  if (a.B == 0 || a.Tq == 0) return;
+  const std::vector<int32_t> pos = positions(a.Tq);
   // Overwritten, not added to (Note [Whole sequences as one block pair]).
   auto fill_negative_zero = [](Buf x, int64_t n) {
     visit_float(x.dtype, "attention_backward",
                 [&]<class E>() { std::fill(x.as<E>(), x.as<E>() + n, from_f32<E>(-0.0f)); });
   };
-  fill_negative_zero(dq, B * T * nh * hd);
-  fill_negative_zero(dk, B * T * nkv * hd);
-  fill_negative_zero(dv, B * T * nkv * hdv);
-  attention_block_backward(q, k, v, o, lse, dout, pos.data(), pos.data(), dq, dk, dv, B, T, T, nh, nkv, hd, hdv, scale,
-                           w);
+  const int64_t rows = a.B * a.Tq;
+  fill_negative_zero(dq, rows * a.nh * a.hd);
+  fill_negative_zero(dk, rows * a.nkv * a.hd);
+  fill_negative_zero(dv, rows * a.nkv * a.hdv);
+  attention_block_backward(q, k, v, o, lse, dout, dq, dk, dv, block_spec(a, pos));
 }
 
 }  // namespace fp::ops::cpu

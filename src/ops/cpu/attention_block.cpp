@@ -36,13 +36,15 @@
 // forward + backward (docs/benchmarks.md). It costs a dQ accumulator per thread for the whole block,
 // group x Tq x hdp floats, and parallelism of only B x nkv items, so block_backward runs it where both
 // hold (at most kOneSweepScratch bytes, and the items fill the threads evenly; the items are equal:
-// every (b, kv head) has the same mask), and the two passes otherwise. The choice never changes a bit
-// (tests: AttentionBlock.OneSweepEqualsTwoPassBitwise), so results stay independent of the thread count.
+// every (b, kv head) has the same mask, or with documents about the same work), and the two passes otherwise. The
+// choice never changes a bit (tests: AttentionBlock.OneSweepEqualsTwoPassBitwise), so results stay independent of the
+// thread count.
 //
 // Note [Masks from sorted positions]: with q_pos and k_pos ascending, the keys query i sees are a run
 // of the block, [lo_i, hi_i) with hi_i = #{j : k_pos[j] <= q_pos[i]} and, with a window w > 0,
-// lo_i = #{j : k_pos[j] <= q_pos[i] - w} (0 without one), and both ends ascend with i. Without a window
-// the mask is a staircase like the causal diagonal (contiguous positions give hi_i = i + 1, the causal
+// lo_i = #{j : k_pos[j] <= q_pos[i] - w} (0 without one; with documents also at least
+// #{j : k_pos[j] < doc_start_i}, Note [Documents in attention] in ops/attention.h), and both ends ascend with i.
+// Without a window the mask is a staircase like the causal diagonal (contiguous positions give hi_i = i + 1, the causal
 // mask itself); a window adds a second staircase below it, a band (Note [Sliding-window bands] in
 // ops/cpu/attention_tile.h). Row r of the tile pair (i0, j0) sees the keys [lo - j0, hi - j0) of the
 // tile, clamped to [0, nk). The runs of the tile's rows need not join up (a query tile straddling two
@@ -93,17 +95,28 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t tiles(int64_t n, int64_t t) { return (n + t - 1) / t; }
 
-void block_shapes_check(int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv,
-                        int64_t window) {
-  FP_ASSERT(B >= 0 && Tq >= 0 && Tk >= 0 && nh > 0 && nkv > 0 && hd > 0 && hdv > 0 && nh % nkv == 0 && window >= 0,
+void block_shapes_check(const AttentionSpec& a) {
+  FP_ASSERT(a.B >= 0 && a.Tq >= 0 && a.Tk >= 0 && a.nh > 0 && a.nkv > 0 && a.hd > 0 && a.hdv > 0 && a.nh % a.nkv == 0 &&
+                a.window >= 0,
             "attention block shapes B={} Tq={} Tk={} nh={} nkv={} hd={} hdv={} window={} (nh must be a multiple of "
             "nkv, window >= 0)",
-            B, Tq, Tk, nh, nkv, hd, hdv, window);
+            a.B, a.Tq, a.Tk, a.nh, a.nkv, a.hd, a.hdv, a.window);
+  FP_ASSERT(a.q_pos != nullptr && a.k_pos != nullptr, "attention block kernels: q_pos and k_pos are required");
 }
 
-void positions_check(const int32_t* q_pos, const int32_t* k_pos, int64_t Tq, int64_t Tk) {
-  for (int64_t i = 1; i < Tq; ++i) FP_ASSERT(q_pos[i - 1] <= q_pos[i], "q_pos not ascending at {}", i);
-  for (int64_t j = 1; j < Tk; ++j) FP_ASSERT(k_pos[j - 1] <= k_pos[j], "k_pos not ascending at {}", j);
+// Ascending positions; document starts ascending along each sequence and never past their query (Note
+// [Documents in attention] in ops/attention.h).
+void positions_check(const AttentionSpec& a) {
+  for (int64_t i = 1; i < a.Tq; ++i) FP_ASSERT(a.q_pos[i - 1] <= a.q_pos[i], "q_pos not ascending at {}", i);
+  for (int64_t j = 1; j < a.Tk; ++j) FP_ASSERT(a.k_pos[j - 1] <= a.k_pos[j], "k_pos not ascending at {}", j);
+  if (a.doc_start == nullptr) return;
+  for (int64_t b = 0; b < a.B; ++b) {
+    const int32_t* d = a.doc_start + b * a.Tq;  // (Tq)
+    for (int64_t i = 0; i < a.Tq; ++i)
+      FP_ASSERT(d[i] <= a.q_pos[i] && (i == 0 || d[i - 1] <= d[i]),
+                "doc_start of sequence {} at {}: {} (query position {}; starts must ascend and not pass the query)", b,
+                i, d[i], a.q_pos[i]);
+  }
 }
 
 // Positions are int32, so q_pos - k_pos < 2^32: a window of 2^32 or more masks nothing and is run as
@@ -111,20 +124,30 @@ void positions_check(const int32_t* q_pos, const int32_t* k_pos, int64_t Tq, int
 constexpr int64_t kWindowMasksNothing = int64_t{1} << 32;
 
 // The visible runs of the nq queries from i0 (Note [Masks from sorted positions]): query i0 + r sees the
-// keys [lo[r], hi[r]) of the block, hi = #{j : k_pos[j] <= q_pos[i]}, lo = #{j : k_pos[j] <= q_pos[i] - w}
-// with a window w > 0, else 0; both 0 (an empty run) in the padded rows. Both ascend over the nq rows:
-// each search starts at the last.
+// keys [lo[r], hi[r]) of the block, hi = #{j : k_pos[j] <= q_pos[i]}, lo = #{j : k_pos[j] < first_i}, the
+// first visible position first_i = max(q_pos[i] - w + 1 with a window w > 0, doc[i] with documents), else
+// lo = 0; both 0 (an empty run) in the padded rows. doc: the sequence's (Tq) document starts or null.
+// Both ends ascend over the nq rows: each search starts at the last.
 void tile_visible_runs(int64_t* __restrict lo, int64_t* __restrict hi, const int32_t* q_pos, const int32_t* k_pos,
-                       int64_t i0, int64_t nq, int64_t Tk, int64_t w) {
+                       const int32_t* doc, int64_t i0, int64_t nq, int64_t Tk, int64_t w) {
   int64_t a = 0, j = 0;
   for (int64_t r = 0; r < TQ; ++r) {
     if (r < nq) {
-      j = std::upper_bound(k_pos + j, k_pos + Tk, q_pos[i0 + r]) - k_pos;
-      if (w > 0) a = std::upper_bound(k_pos + a, k_pos + Tk, int64_t{q_pos[i0 + r]} - w) - k_pos;
+      const int64_t qp = q_pos[i0 + r];
+      j = std::upper_bound(k_pos + j, k_pos + Tk, qp) - k_pos;
+      if (w > 0 || doc != nullptr) {
+        const int64_t first = std::max<int64_t>(w > 0 ? qp - w + 1 : int64_t{INT32_MIN}, doc != nullptr ? doc[i0 + r] : 0);
+        a = std::lower_bound(k_pos + a, k_pos + Tk, first) - k_pos;
+      }
     }
     lo[r] = r < nq ? a : 0;
     hi[r] = r < nq ? j : 0;
   }
+}
+
+// Sequence b's (Tq) document starts, or null.
+inline const int32_t* sequence_doc(const AttentionSpec& a, int64_t b) {
+  return a.doc_start != nullptr ? a.doc_start + b * a.Tq : nullptr;
 }
 
 // Whether some row of the query tile (nq rows, runs lo/hi) sees a key of the key tile [j0, j0 + nk).
@@ -197,13 +220,14 @@ class BackwardScratch {
 // The forward in storage type E (float or bf16) for q, k, v and O for o (E, or f32: ring attention's
 // accumulator); lse is f32.
 template <class E, class O>
-void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, const int32_t* k_pos, O* o, float* lse,
-                   bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv,
-                   float scale, int64_t window) {
-  block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
+void block_forward(const E* q, const E* k, const E* v, O* o, float* lse, bool first, const AttentionSpec& a) {
+  block_shapes_check(a);
+  const int64_t B = a.B, Tq = a.Tq, Tk = a.Tk, nh = a.nh, nkv = a.nkv, hd = a.hd, hdv = a.hdv;
+  const float scale = a.scale;
+  const int32_t *q_pos = a.q_pos, *k_pos = a.k_pos;
   if (B == 0 || Tq == 0) return;
-  positions_check(q_pos, k_pos, Tq, Tk);
-  const int64_t w = window >= kWindowMasksNothing ? 0 : window;
+  positions_check(a);
+  const int64_t w = a.window >= kWindowMasksNothing ? 0 : a.window;
   const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ);
   const int64_t items = B * nh * nqt;
 #pragma omp parallel if (items > 1)
@@ -224,7 +248,7 @@ void block_forward(const E* q, const E* k, const E* v, const int32_t* q_pos, con
       const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
       const int64_t qrow = (b * Tq + i0) * nh + h;  // the tile's first row of the (B, Tq, nh) rows
       // Key tiles that may hold a key some query of the tile sees (Note [Masks from sorted positions]).
-      tile_visible_runs(lo, hi, q_pos, k_pos, i0, nq, Tk, w);
+      tile_visible_runs(lo, hi, q_pos, k_pos, sequence_doc(a, b), i0, nq, Tk, w);
       const int64_t kt_lo = lo[0] / TK, kt_hi = tiles(hi[nq - 1], TK);
       if (!first && kt_lo >= kt_hi) continue;  // the whole tile is masked: the state stays as it is
       rows_load(qs, q + qrow * hd, nh * hd, nq, TQ, hd, hdp);
@@ -283,6 +307,7 @@ struct BackwardProblem {
   const E* dout;
   const int32_t *q_pos, *k_pos;
   A *dq, *dk, *dv;
+  const AttentionSpec& spec;
   int64_t B, Tq, Tk, nh, nkv, hd, hdv;
   float scale;
   int64_t w;  // the window, 0: none
@@ -336,8 +361,10 @@ int64_t key_tile_backward(const BackwardProblem<E, A>& p, const BackwardScratch:
   // The queries that may see a key of the tile: from the first that sees key j0 to the last that sees
   // key j0 + nk - 1 (Note [Masks from sorted positions]); none: the key tile gets nothing.
   const int64_t i_first = std::lower_bound(p.q_pos, p.q_pos + Tq, p.k_pos[j0]) - p.q_pos;
-  const int64_t i_end =
-      w > 0 ? std::lower_bound(p.q_pos, p.q_pos + Tq, int64_t{p.k_pos[j0 + nk - 1]} + w) - p.q_pos : Tq;
+  const int32_t* doc = sequence_doc(p.spec, b);
+  int64_t i_end = w > 0 ? std::lower_bound(p.q_pos, p.q_pos + Tq, int64_t{p.k_pos[j0 + nk - 1]} + w) - p.q_pos : Tq;
+  // With documents, only the queries whose document starts at or before the tile's last key.
+  if (doc != nullptr) i_end = std::min<int64_t>(i_end, std::upper_bound(doc, doc + Tq, p.k_pos[j0 + nk - 1]) - doc);
   if (i_first >= i_end) return 0;
   const int64_t qt_lo = i_first / TQ, qt_hi = tiles(i_end, TQ);
   const int64_t krow = (b * p.Tk + j0) * nkv + g;  // the tile's first row of the (B, Tk, nkv) rows
@@ -351,7 +378,7 @@ int64_t key_tile_backward(const BackwardProblem<E, A>& p, const BackwardScratch:
   for (int64_t h = g * p.group; h < (g + 1) * p.group; ++h) {
     for (int64_t qt = qt_lo; qt < qt_hi; ++qt) {
       const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
-      tile_visible_runs(lo, hi, p.q_pos, p.k_pos, i0, nq, p.Tk, w);
+      tile_visible_runs(lo, hi, p.q_pos, p.k_pos, doc, i0, nq, p.Tk, w);
       if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
       ++visited;
       query_tile_load(p.q, p.o, p.lse, p.dout, t.qs, t.dos, t.lse_t, t.D, b, h, i0, nq, Tq, p.nh, hd, hdp, hdv, hdvp);
@@ -411,16 +438,18 @@ void block_backward_one_sweep(const BackwardProblem<E, A>& p) {
 // The backward in storage type E for q, k, v, o, dout and A for dq, dk, dv (E, or f32: ring
 // attention's accumulators); lse is f32.
 template <class E, class A>
-void block_backward(const E* q, const E* k, const E* v, const E* o, const float* lse, const E* dout,
-                    const int32_t* q_pos, const int32_t* k_pos, A* dq, A* dk, A* dv, int64_t B, int64_t Tq, int64_t Tk,
-                    int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
-  block_shapes_check(B, Tq, Tk, nh, nkv, hd, hdv, window);
+void block_backward(const E* q, const E* k, const E* v, const E* o, const float* lse, const E* dout, A* dq, A* dk,
+                    A* dv, const AttentionSpec& a) {
+  block_shapes_check(a);
+  const int64_t B = a.B, Tq = a.Tq, Tk = a.Tk, nh = a.nh, nkv = a.nkv, hd = a.hd, hdv = a.hdv;
+  const float scale = a.scale;
+  const int32_t *q_pos = a.q_pos, *k_pos = a.k_pos;
   if (B == 0 || Tq == 0 || Tk == 0) return;
-  positions_check(q_pos, k_pos, Tq, Tk);
-  const int64_t w = window >= kWindowMasksNothing ? 0 : window;
+  positions_check(a);
+  const int64_t w = a.window >= kWindowMasksNothing ? 0 : a.window;
   const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ), nkt = tiles(Tk, TK);
-  const BackwardProblem<E, A> p{q,  k,  v,   o,  lse, dout,  q_pos, k_pos, dq,  dk,   dv,  B,  Tq,
-                                Tk, nh, nkv, hd, hdv, scale, w,     group, hdp, hdvp, nqt, nkt};
+  const BackwardProblem<E, A> p{q,  k,  v,  o,   lse, dout, q_pos, k_pos, dq,    dk,  dv,   a,   B,
+                                Tq, Tk, nh, nkv, hd,  hdv,  scale, w,     group, hdp, hdvp, nqt, nkt};
   if (one_sweep_chosen(p)) return block_backward_one_sweep(p);
   // Pass 1: dK, dV of each key tile, one item per (b, kv head, key tile) summing over the heads of the
   // group, then the query tiles in order (Note [Deterministic attention backward]).
@@ -454,7 +483,7 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
       const int64_t qt = nqt - 1 - it % nqt, bh = it / nqt, b = bh / nh, h = bh % nh, g = h / group;
       const int64_t i0 = qt * TQ, nq = std::min(TQ, Tq - i0);
       // Key tiles that may hold a key some query of the tile sees, as in the forward.
-      tile_visible_runs(lo, hi, q_pos, k_pos, i0, nq, Tk, w);
+      tile_visible_runs(lo, hi, q_pos, k_pos, sequence_doc(a, b), i0, nq, Tk, w);
       const int64_t kt_lo = lo[0] / TK, kt_hi = tiles(hi[nq - 1], TK);
       if (kt_lo >= kt_hi) continue;
       query_tile_load(q, o, lse, dout, qs, dos, lse_t, D, b, h, i0, nq, Tq, nh, hd, hdp, hdv, hdvp);
@@ -487,27 +516,22 @@ void same_dtype_check(const char* kernel, std::initializer_list<DType> dtypes) {
 
 }  // namespace
 
-void attention_block_forward(CBuf q, CBuf k, CBuf v, const int32_t* q_pos, const int32_t* k_pos, Buf o, float* lse,
-                             bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
-                             int64_t hdv, float scale, int64_t window) {
+void attention_block_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, bool first, AttentionSpec a) {
   same_dtype_check("attention_block_forward", {q.dtype, k.dtype, v.dtype});
   FP_ASSERT(o.dtype == q.dtype || o.dtype == DType::DType_F32,
             "attention_block_forward: o in {} takes token operands in {} or f32, not {}", dtype_name(o.dtype),
             dtype_name(o.dtype), dtype_name(q.dtype));
   visit_float(q.dtype, "attention_block_forward", [&]<class E>() {
     if (o.dtype == q.dtype) {
-      block_forward<E, E>(q.as<E>(), k.as<E>(), v.as<E>(), q_pos, k_pos, o.as<E>(), lse, first, B, Tq, Tk, nh, nkv, hd,
-                          hdv, scale, window);
+      block_forward<E, E>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, first, a);
     } else {
-      block_forward<E, float>(q.as<E>(), k.as<E>(), v.as<E>(), q_pos, k_pos, o.f32(), lse, first, B, Tq, Tk, nh, nkv,
-                              hd, hdv, scale, window);
+      block_forward<E, float>(q.as<E>(), k.as<E>(), v.as<E>(), o.f32(), lse, first, a);
     }
   });
 }
 
-void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, const int32_t* q_pos,
-                              const int32_t* k_pos, Buf dq, Buf dk, Buf dv, int64_t B, int64_t Tq, int64_t Tk,
-                              int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale, int64_t window) {
+void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
+                              AttentionSpec a) {
   same_dtype_check("attention_block_backward", {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype});
   same_dtype_check("attention_block_backward (dq, dk, dv)", {dq.dtype, dk.dtype, dv.dtype});
   FP_ASSERT(dk.dtype == q.dtype || dk.dtype == DType::DType_F32,
@@ -515,11 +539,11 @@ void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, 
             dtype_name(dk.dtype), dtype_name(q.dtype));
   visit_float(q.dtype, "attention_block_backward", [&]<class E>() {
     if (dk.dtype == q.dtype) {
-      block_backward<E, E>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos, dq.as<E>(),
-                           dk.as<E>(), dv.as<E>(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
+      block_backward<E, E>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), dq.as<E>(), dk.as<E>(),
+                           dv.as<E>(), a);
     } else {
-      block_backward<E, float>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), q_pos, k_pos, dq.f32(),
-                               dk.f32(), dv.f32(), B, Tq, Tk, nh, nkv, hd, hdv, scale, window);
+      block_backward<E, float>(q.as<E>(), k.as<E>(), v.as<E>(), o.as<E>(), lse, dout.as<E>(), dq.f32(), dk.f32(),
+                               dv.f32(), a);
     }
   });
 }

@@ -3,7 +3,8 @@
 // Dimensions: B sequences, Tq queries and Tk keys each, nh query heads, nkv key/value heads (query head h
 // reads kv head h / (nh / nkv)), hd / hdv the query-key / value-output head widths (Note [Value heads of
 // their own width], ops/attention.h). Key j is visible to query i iff k_pos[j] <= q_pos[i] and,
-// with a sliding window w > 0, q_pos[i] - w < k_pos[j].
+// with a sliding window w > 0, q_pos[i] - w < k_pos[j], and with documents doc_start[b, i] <= k_pos[j]
+// (Note [Documents in attention], ops/attention.h; doc_start (B, Tq) or null).
 #pragma once
 
 #include <algorithm>
@@ -28,12 +29,16 @@ inline bool attention_block_visible(int32_t qp, int32_t kp, int64_t window) {
 template <class T>
 void attention_block_forward(const T* q, const T* k, const T* v, const int32_t* q_pos, const int32_t* k_pos, T* o,
                              T* lse, bool first, int64_t B, int64_t Tq, int64_t Tk, int64_t nh, int64_t nkv, int64_t hd,
-                             int64_t hdv, T scale, int64_t window) {
+                             int64_t hdv, T scale, int64_t window, const int32_t* doc_start = nullptr) {
   const T inf = std::numeric_limits<T>::infinity();
   const int64_t group = nh / nkv;
   std::vector<T> s(Tk);    // (Tk) scaled scores of one query
   std::vector<T> ob(hdv);  // (hdv) the block's output of one query
   for (int64_t b = 0; b < B; ++b) {
+    auto seen = [&](int64_t i, int64_t j) {
+      return attention_block_visible(q_pos[i], k_pos[j], window) &&
+             (doc_start == nullptr || doc_start[b * Tq + i] <= k_pos[j]);
+    };
     for (int64_t h = 0; h < nh; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < Tq; ++i) {
@@ -41,7 +46,7 @@ void attention_block_forward(const T* q, const T* k, const T* v, const int32_t* 
         T m = -inf;
         bool any = false;
         for (int64_t j = 0; j < Tk; ++j) {
-          if (!attention_block_visible(q_pos[i], k_pos[j], window)) continue;
+          if (!seen(i, j)) continue;
           const T* kj = k + ((b * Tk + j) * nkv + g) * hd;  // (hd)
           T dot = 0;
           for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kj[d];
@@ -54,10 +59,10 @@ void attention_block_forward(const T* q, const T* k, const T* v, const int32_t* 
         if (any) {
           T l = 0;
           for (int64_t j = 0; j < Tk; ++j)
-            if (attention_block_visible(q_pos[i], k_pos[j], window)) l += std::exp(s[j] - m);
+            if (seen(i, j)) l += std::exp(s[j] - m);
           lse_b = m + std::log(l);
           for (int64_t j = 0; j < Tk; ++j) {
-            if (!attention_block_visible(q_pos[i], k_pos[j], window)) continue;
+            if (!seen(i, j)) continue;
             const T p = std::exp(s[j] - lse_b);
             const T* vj = v + ((b * Tk + j) * nkv + g) * hdv;  // (hdv)
             for (int64_t d = 0; d < hdv; ++d) ob[d] += p * vj[d];
@@ -87,11 +92,16 @@ void attention_block_forward(const T* q, const T* k, const T* v, const int32_t* 
 template <class T>
 void attention_block_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout,
                               const int32_t* q_pos, const int32_t* k_pos, T* dq, T* dk, T* dv, int64_t B, int64_t Tq,
-                              int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, T scale, int64_t window) {
+                              int64_t Tk, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, T scale, int64_t window,
+                              const int32_t* doc_start = nullptr) {
   const int64_t group = nh / nkv;
   std::vector<T> P(Tq * Tk);   // (Tq, Tk) probabilities, zero where masked
   std::vector<T> dS(Tq * Tk);  // (Tq, Tk) score gradients (unscaled), zero where masked
   for (int64_t b = 0; b < B; ++b) {
+    auto seen = [&](int64_t i, int64_t j) {
+      return attention_block_visible(q_pos[i], k_pos[j], window) &&
+             (doc_start == nullptr || doc_start[b * Tq + i] <= k_pos[j]);
+    };
     for (int64_t h = 0; h < nh; ++h) {
       const int64_t g = h / group;
       // The row of query i / key j, head h / kv head g, in a layout of `width` columns a head: (width).
@@ -102,7 +112,7 @@ void attention_block_backward(const T* q, const T* k, const T* v, const T* o, co
         for (int64_t d = 0; d < hdv; ++d) D += qrow(dout, i, hdv)[d] * qrow(o, i, hdv)[d];
         for (int64_t j = 0; j < Tk; ++j) {
           P[i * Tk + j] = dS[i * Tk + j] = 0;
-          if (!attention_block_visible(q_pos[i], k_pos[j], window)) continue;
+          if (!seen(i, j)) continue;
           T dot = 0, dp = 0;
           for (int64_t d = 0; d < hd; ++d) dot += qrow(q, i, hd)[d] * krow(k, j, hd)[d];
           for (int64_t d = 0; d < hdv; ++d) dp += qrow(dout, i, hdv)[d] * krow(v, j, hdv)[d];
