@@ -8,6 +8,8 @@
 //   flatpeak plan --config RUN.toml [--context T] [--set table.key=value ...] [...]
 //                 (the run config `train` takes: its model, batch, seq_len, schedules and precision)
 //                 [--json FILE] [--plot FILE] [--compare] [--timeline FILE] [--strict]
+#include "plan/plan.h"
+
 #include <algorithm>
 #include <fstream>
 #include <memory>
@@ -18,9 +20,9 @@
 #include "core/units.h"
 #include "io/atomic_file.h"
 #include "plan/model_file.h"
-#include "plan/plan.h"
 #include "plan/plan_json.h"
 #include "plan/plot_svg.h"
+#include "plan/ring_balance.h"
 #include "train/run_config.h"
 
 namespace fp::cli {
@@ -42,6 +44,8 @@ struct PlanOptions {
   std::string timeline;
   bool strict = false;
   bool no_reach = false;
+  std::string docs;  // a document-length mix: the ring's balance (plan/ring_balance.h)
+  int64_t docs_windows = 8;
 };
 
 // The memory story of one step at this context: baseline and flatpeak side by side, per category
@@ -181,6 +185,13 @@ int plan_run(const PlanOptions& o) {
     fmt::print("wrote {}\n", o.plot);
   }
   if (o.compare || !o.timeline.empty()) compare_run(o, m, in);
+  if (!o.docs.empty()) {
+    // Note [Balanced rings] (data/context_split.h): zig-zag against the balanced split on this mix.
+    const plan::DocMix mix = plan::doc_mix_parse(o.docs);
+    const int W = static_cast<int>(in.settings.layout.ranks);
+    fmt::print("\n{}", plan::ring_balance_table(
+                           mix, plan::ring_balance(mix, in.context, W, o.docs_windows, in.model.sliding_window)));
+  }
   if (o.strict && !r.exact()) {
     fmt::print(stderr, "error: --strict: the plan is approximate ({})\n", r.approximate.front());
     return 3;
@@ -221,6 +232,11 @@ void plan_register(CLI::App& parent, Runner& run) {
   sub->add_flag("--strict", o.strict, "exit 3 when the plan is approximate (a model the engine does not run exactly)");
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
   sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");
+  sub->add_option(
+      "--docs", o.docs,
+      "packed documents of this length mix, e.g. mean=16K,tail=1.5 (log-normal): how evenly ring attention's "
+      "work falls on the ranks under the zigzag and the balanced data.context_split");
+  sub->add_option("--docs-windows", o.docs_windows, "windows drawn for --docs (default 8)")->check(at_least(1));
   sub->add_flag("--compare", o.compare, "also print baseline and flatpeak side by side, per category, at this context");
   sub->add_option("--timeline", o.timeline,
                   "write an SVG of the device memory per category over one step, baseline and flatpeak (implies "

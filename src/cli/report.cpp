@@ -2,6 +2,7 @@
 // a summary, the loss, recall accuracy and speed per step, every category's device peak per step,
 // and, when the folder has it (scripts/demo writes it), one step's memory per category under the
 // plain schedules and flatpeak's (memory_story.svg, from `flatpeak plan --timeline`).
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -50,7 +51,7 @@ int report_run(const ReportOptions& o) {
   auto num = [](const nlohmann::json& j, const char* key) {
     return j.contains(key) && j[key].is_number() ? j[key].get<double>() : std::nan("");
   };
-  std::vector<double> steps, loss, ce, recall, tps;
+  std::vector<double> steps, loss, ce, recall, tps, eval;
   std::vector<plan::LineSeries> peaks;
   for (Category c : kAllCategories) peaks.push_back({std::string(category_name(c)), "", {}});
   bool has_recall = false;
@@ -59,6 +60,7 @@ int report_run(const ReportOptions& o) {
     loss.push_back(num(r, "loss"));
     ce.push_back(num(r, "ce_loss"));
     recall.push_back(num(r, "recall_accuracy"));
+    eval.push_back(num(r, "eval_loss"));  // Note [Held-out evaluation] (train/trainer.cpp): some steps only
     has_recall |= std::isfinite(recall.back());
     tps.push_back(num(r, "tokens_per_s"));
     for (size_t c = 0; c < peaks.size(); ++c)
@@ -92,15 +94,21 @@ int report_run(const ReportOptions& o) {
   };
   row("steps", fmt::format("{} to {} ({} recorded)", steps.front(), steps.back(), rows.size()));
   row("loss", fmt::format("{:.4f} -> {:.4f} (best {:.4f} at step {})", loss.front(), loss.back(), best, best_step));
+  for (size_t i = eval.size(); i-- > 0;)
+    if (std::isfinite(eval[i])) {
+      row("held-out loss (last evaluation)", fmt::format("{:.4f} at step {}", eval[i], steps[i]));
+      break;
+    }
   if (has_recall) row("recall accuracy (last step)", fmt::format("{:.3f}", recall.back()));
   row("tokens/s (median)", fmt::format("{:.0f}", sorted_tps[sorted_tps.size() / 2]));
   if (std::isfinite(peak))
     row("device peak (last step)", fmt::format("{} (binding: {})", bytes_format(static_cast<uint64_t>(peak)),
                                                last.value("binding", std::string("?"))));
   html += "</table>\n";
-  html += "<h2>Loss</h2>\n" + plan::line_chart_svg("loss per step", "step", steps,
-                                                   {{"loss (with aux)", "#1f77b4", loss}, {"cross-entropy", "#ff7f0e", ce}},
-                                                   false);
+  std::vector<plan::LineSeries> losses = {{"loss (with aux)", "#1f77b4", loss}, {"cross-entropy", "#ff7f0e", ce}};
+  if (std::any_of(eval.begin(), eval.end(), [](double v) { return std::isfinite(v); }))
+    losses.push_back({"held-out cross-entropy", "#d62728", eval});
+  html += "<h2>Loss</h2>\n" + plan::line_chart_svg("loss per step", "step", steps, losses, false);
   if (has_recall)
     html += "<h2>Recall accuracy</h2>\n" +
             plan::line_chart_svg("share of answers predicted exactly", "step", steps, {{"recall", "#2ca02c", recall}}, false);

@@ -83,18 +83,6 @@ void eval_register(CLI::App& app, Runner& run) {
 }
 
 int eval_run(const EvalOptions& o) {
-  const std::string ck = checkpoint_resolve(o.checkpoint);
-  // The architecture comes from the checkpoint's own config.json, read strictly (model/hf_config.h).
-  const ModelConfig m = hf_config_read(ck).model;
-  auto be = backend_create("cpu", bytes_parse(o.device_mem), kUnlimitedBytes);
-  Model model(m, *be, RoutingProfile{});
-  checkpoint_load(ck, m, model.params(), nullptr, *be);
-  TokenFile file(o.data, m.vocab_size, "--data");
-  int64_t T = o.seq_len;
-  if (T <= 0) T = std::min<int64_t>(1024, file.size());
-  std::vector<Batch> batches = token_file_eval_batches(file, T, o.batch, "--seq-len");
-  FP_CHECK(!batches.empty(), "use a shorter --seq-len", "'{}' holds {} tokens: not one sequence of {}", o.data,
-           file.size(), T);
   // The data keys of a run config (Note [One key registry]): documents are marked as training marks them.
   RunConfig data_cfg;
   for (const std::string& ov : o.overrides) {
@@ -106,6 +94,19 @@ int eval_run(const EvalOptions& o) {
              "--set {}: {} is not a key flatpeak eval takes", ov, name);
     config_key_set_text(data_cfg, *k, ov.substr(eq + 1), "--set " + ov);
   }
+  documents_parse(data_cfg.data.documents);  // a bad value before any file is read
+  const std::string ck = checkpoint_resolve(o.checkpoint);
+  // The architecture comes from the checkpoint's own config.json, read strictly (model/hf_config.h).
+  const ModelConfig m = hf_config_read(ck).model;
+  auto be = backend_create("cpu", bytes_parse(o.device_mem), kUnlimitedBytes);
+  Model model(m, *be, RoutingProfile{});
+  checkpoint_load(ck, m, model.params(), nullptr, *be);
+  TokenFile file(o.data, m.vocab_size, "--data");
+  int64_t T = o.seq_len;
+  if (T <= 0) T = std::min<int64_t>(1024, file.size() - 1);  // a window holds T + 1 tokens
+  std::vector<Batch> batches = token_file_eval_batches(file, T, o.batch, "--seq-len");
+  FP_CHECK(!batches.empty(), "use a shorter --seq-len", "'{}' holds {} tokens: not one sequence of {}", o.data,
+           file.size(), T);
   const int32_t eos_id = documents_eos_id(data_cfg.data.documents, data_cfg.data.eos_id, ck, m.vocab_size);
   if (eos_id >= 0) {
     for (Batch& b : batches) batch_documents_from_eos(b, eos_id);
@@ -142,7 +143,8 @@ int eval_run(const EvalOptions& o) {
                         {"seq_len", T},
                         {"aux_loss_mean", aux_sum / static_cast<double>(sequences)},
                         {"checkpoint", ck},
-                        {"data", o.data}};
+                        {"data", o.data},
+                        {"documents", data_cfg.data.documents}};
     file_write_atomic(o.json, j.dump(2) + "\n");
   }
   return 0;

@@ -62,10 +62,12 @@ void TokenFileLoader::seek(int64_t position) {
   position_ = position;
 }
 
-std::vector<Batch> token_file_eval_batches(const TokenFile& file, int64_t T, int64_t B, const std::string& seq_flag) {
-  FP_ASSERT(B >= 1 && T >= 1, "B {} T {}", B, T);
+std::vector<Batch> token_file_eval_batches(const TokenFile& file, int64_t T, int64_t B, const std::string& seq_flag,
+                                           int64_t max_batches) {
+  FP_ASSERT(B >= 1 && T >= 1 && max_batches >= 0, "B {} T {} max_batches {}", B, T, max_batches);
   check_fits(file, T, seq_flag);
-  const int64_t sequences = (file.size() - 1) / T;
+  int64_t sequences = (file.size() - 1) / T;
+  if (max_batches > 0) sequences = std::min(sequences, max_batches * B);
   std::vector<Batch> out;
   out.reserve(static_cast<size_t>((sequences + B - 1) / B));
   for (int64_t first = 0; first < sequences; first += B) {

@@ -43,8 +43,9 @@ class TokenFileLoader {
 // them; the last partial window dropped) in order, grouped into batches of B; the last batch holds
 // the remainder (B' < B) so that every sequence is evaluated once. Holds 8 bytes per token of the
 // file (tokens and targets as int32). Throws fp::Error if the file has fewer than T + 1 tokens.
-// seq_flag: how the user named T, for errors ("train.seq_len", "--seq-len").
+// seq_flag: how the user named T, for errors ("train.seq_len", "--seq-len"). max_batches > 0: only
+// the first max_batches batches (the file's first windows).
 std::vector<Batch> token_file_eval_batches(const TokenFile& file, int64_t T, int64_t B,
-                                           const std::string& seq_flag = "train.seq_len");
+                                           const std::string& seq_flag = "train.seq_len", int64_t max_batches = 0);
 
 }  // namespace fp

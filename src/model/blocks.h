@@ -60,12 +60,12 @@ struct StepContext {
   // model/expert_dispatch.h; Note [The MoE token side in chunks] in model/moe_block.cpp).
   int64_t moe_token_chunk = 0;
   // The step's positions, on the device (data/batch.h). pos: each token's RoPE position, its position in
-  // its document (in its sequence without documents). seq_pos: with several ranks, the positions of this
-  // rank's tokens in a sequence (data/context_split.h), which ring attention masks by; empty on one rank.
-  // doc_start: where each token's document begins in its sequence (Note [Documents in attention] in
+  // its document (in its sequence without documents). ring_pos: with several ranks, every rank's positions
+  // in a sequence (data/context_split.h: rank r's T at row r), which ring attention masks by; empty on one
+  // rank. doc_start: where each token's document begins in its sequence (Note [Documents in attention] in
   // ops/attention.h); empty: one document per sequence.
   Tensor pos;        // (n) i32
-  Tensor seq_pos;    // (T) i32
+  Tensor ring_pos;   // (W, T) i32
   Tensor doc_start;  // (n) i32
   // The attention spec of this step's sequences: this rank's T queries and keys, with its documents.
   ops::AttentionSpec attention_spec(int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale,

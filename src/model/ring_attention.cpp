@@ -12,7 +12,6 @@
 #include "model/ring_attention.h"
 
 #include "core/error.h"
-#include "data/context_split.h"
 
 namespace fp {
 
@@ -37,27 +36,12 @@ void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& 
                    t.dtype());
 }
 
-// Every rank's key positions on the device, (W, N): rank r's block at row r (data/context_split.h).
-// Filled where the backend computes (meta allocates it, event for event, and does no O(T) host work).
-Tensor ring_positions(StepContext& s, const RingGeometry& g) {
-  const int64_t N = g.T / g.world;
-  Tensor pos = s.be.alloc(kComm, {g.world, N}, DType::DType_I32, "ring.k_pos");
-  if (s.be.computes()) {
-    std::vector<int32_t> host;
-    host.reserve(static_cast<size_t>(g.T));
-    for (int r = 0; r < g.world; ++r) {
-      const std::vector<int32_t> p = context_positions(g.T, r, g.world);
-      host.insert(host.end(), p.begin(), p.end());
-    }
-    s.be.copy_from_host(pos.data(), host.data(), pos.bytes());
-  }
-  return pos;
-}
-
-// The spec of the block pair (this rank's queries, the block of `source`'s keys).
-ops::AttentionSpec block_spec(const StepContext& s, ops::AttentionSpec a, const Tensor& k_pos, int source) {
-  a.q_pos = s.seq_pos.i32();
-  a.k_pos = k_pos.i32() == nullptr ? nullptr : k_pos.i32() + source * a.Tk;
+// The spec of the block pair (this rank's queries, the block of `source`'s keys): the positions of both
+// from the step's ring_pos (StepContext).
+ops::AttentionSpec block_spec(const StepContext& s, ops::AttentionSpec a, int source) {
+  const int32_t* all = s.ring_pos.i32();
+  a.q_pos = all == nullptr ? nullptr : all + s.comm.rank() * a.Tq;
+  a.k_pos = all == nullptr ? nullptr : all + source * a.Tk;
   return a;
 }
 
@@ -82,7 +66,6 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   const ops::KernelLauncher K = be.kernels();
   ring_sizes_check(s, q, k, v, o, a);
   const RingGeometry g = ring_geometry(s);
-  const Tensor k_pos = ring_positions(s, g);
   const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
   const DType act = s.precision.activations;             // K/V blocks travel in the activations dtype
   Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
@@ -99,7 +82,7 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
     // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp), as
     // it skips the pairs across documents. It still travels: the ranks after this one may need it.
     K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), step == 0,
-                              block_spec(s, a, k_pos, g.source(step)));
+                              block_spec(s, a, g.source(step)));
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
@@ -118,7 +101,6 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
             "ring attention gradients: dout {} dq {} dk {} dv {} elements for o {} q {} k {} v {}", dout.numel(),
             dq.numel(), dk.numel(), dv.numel(), o.numel(), q.numel(), k.numel(), v.numel());
   const RingGeometry g = ring_geometry(s);
-  const Tensor k_pos = ring_positions(s, g);
   const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
   const DType act = s.precision.activations;             // K/V blocks travel in the activations dtype
   Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
@@ -140,7 +122,7 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
     K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), dq_out,
-                               dkb[cur].buf(), dvb[cur].buf(), block_spec(s, a, k_pos, g.source(step)));
+                               dkb[cur].buf(), dvb[cur].buf(), block_spec(s, a, g.source(step)));
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);

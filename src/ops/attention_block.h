@@ -78,4 +78,10 @@ void attention_block_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, bool fir
 void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
                               AttentionSpec a);
 
+// The tile pairs attention_block_forward computes for each (sequence, query head) of spec a, summed over
+// the sequences: the work measure of a block pair (ring balance studies, plan/ring_balance.h). A host
+// query of the positions and document starts, like a workspace size: a.q_pos, a.k_pos, a.doc_start are
+// read on the host here. Equal to the kernel's count (tests/ops/test_attention_documents.cpp).
+int64_t attention_block_tile_pairs(const AttentionSpec& a);
+
 }  // namespace fp::ops::cpu

@@ -155,8 +155,13 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   Tensor tokens = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.tokens");
   Tensor targets = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.targets");
   s.pos = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.positions");
-  if (comm.size() > 1)
-    s.seq_pos = be.alloc(Category::Category_activations, {batch.T}, DType::DType_I32, "input.seq_pos");
+  // Ring attention masks by every rank's positions, whatever split dealt them (data/context_split.h).
+  std::vector<int32_t> ring_pos;
+  if (comm.size() > 1) {
+    ring_pos.resize(static_cast<size_t>(comm.size() * batch.T));
+    comm.all_gather(seq_pos.data(), ring_pos.data(), batch.T, DType::DType_I32);
+    s.ring_pos = be.alloc(Category::Category_activations, {comm.size(), batch.T}, DType::DType_I32, "input.ring_pos");
+  }
   if (documents) s.doc_start = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.doc_start");
   {
     std::vector<int32_t> pos(static_cast<size_t>(n));
@@ -164,7 +169,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     be.copy_from_host(tokens.data(), batch.tokens.data(), tokens.bytes());
     be.copy_from_host(targets.data(), batch.targets.data(), targets.bytes());
     be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
-    if (s.seq_pos.defined()) be.copy_from_host(s.seq_pos.data(), seq_pos.data(), s.seq_pos.bytes());
+    if (s.ring_pos.defined()) be.copy_from_host(s.ring_pos.data(), ring_pos.data(), s.ring_pos.bytes());
     if (documents) be.copy_from_host(s.doc_start.data(), batch.doc_start.data(), s.doc_start.bytes());
   }
 

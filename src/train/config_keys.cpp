@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "data/context_split.h"
 #include "data/documents.h"
 #include "model/hf_config.h"
 #include "model/routing.h"
@@ -313,6 +314,13 @@ std::vector<ConfigKey> registry_build() {
                               });
     eos.commands |= kKeyEval;
     keys.push_back(std::move(eos));
+    keys.push_back(plain_key(
+        "data.context_split", K::KeyType_string, kSched,
+        "a window's tokens dealt to the ranks: \"zigzag\" (one causal sequence) or \"balanced\" (by attention work: "
+        "packed documents; docs/data.md)",
+        &RunConfig::data, &DataConfig::context_split, [](const RunConfig& c, const std::string& source) {
+          context_split_parse(c.data.context_split, source + ": data.context_split");
+        }));
     ConfigKey k;
     k.name = "data.seed";
     k.type = K::KeyType_int;
@@ -323,6 +331,17 @@ std::vector<ConfigKey> registry_build() {
     k.get = [](const RunConfig& c) { return json(static_cast<int64_t>(c.data.seed)); };
     keys.push_back(std::move(k));
   }
+
+  // [eval]
+  keys.push_back(plain_key("eval.data", K::KeyType_string, kRun,
+                           "held-out token file evaluated while training (\"\": none; read as data.documents says)",
+                           &RunConfig::eval, &EvalConfig::data));
+  keys.push_back(plain_key("eval.every", K::KeyType_int, kRun,
+                           "steps between held-out evaluations (0: only after the last step)", &RunConfig::eval,
+                           &EvalConfig::every, at_least("eval.every", 0)));
+  keys.push_back(plain_key("eval.batches", K::KeyType_int, kRun,
+                           "batches of train.batch_size x train.seq_len per evaluation (0: the whole file once)",
+                           &RunConfig::eval, &EvalConfig::batches, at_least("eval.batches", 0)));
 
   // [moe]
   {

@@ -18,6 +18,7 @@ struct ProgressStep {
   double recall = -1;  // recall accuracy, < 0 when not measured
   uint64_t peak_bytes = 0;
   std::string binding;  // the category with the largest peak
+  double eval_loss = -1;  // the held-out loss measured after this step, < 0 (or NaN) when not measured
 };
 
 class Progress {
@@ -42,6 +43,8 @@ class Progress {
   int64_t steps_ = 0;
   double first_loss_ = 0, best_loss_ = 0;
   int64_t best_step_ = 0;
+  double eval_loss_ = -1;  // the latest held-out loss (< 0: none yet) and its step
+  int64_t eval_step_ = 0;
   ProgressStep last_;
 };
 

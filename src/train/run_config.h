@@ -44,6 +44,14 @@ struct DataConfig {
   uint64_t seed = 1;
   std::string documents = "none";  // token file: "none" (one stream) | "eos" (data/documents.h)
   int64_t eos_id = -1;             // documents = "eos": the EOS id (-1: --init-from's config.json eos_token_id)
+  std::string context_split = "zigzag";  // "zigzag" | "balanced": a window dealt to the ranks (data/context_split.h)
+};
+
+// Held-out evaluation while training (Note [Held-out evaluation] in trainer.cpp).
+struct EvalConfig {
+  std::string data;     // a token file ("": none), read as data.documents says
+  int64_t every = 0;    // steps between evaluations (0: only after the last step)
+  int64_t batches = 0;  // batches of train.batch_size x train.seq_len per evaluation (0: the whole file once)
 };
 
 struct RunConfig {
@@ -51,6 +59,7 @@ struct RunConfig {
   TrainConfig train;
   OptimConfig optim;  // AdamW's hyperparameters; its schedule is schedules.optim (optimizer_create)
   DataConfig data;
+  EvalConfig eval;
   MoeConfig moe;
   // Every schedule setting (model/schedules.h): [vocab], [ckpt], optim.schedule and its settings,
   // moe.dispatch, moe.token_chunk, [llep], [pipelined], [precision]

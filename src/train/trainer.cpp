@@ -90,6 +90,55 @@ class DataSource {
   std::unique_ptr<TokenFileLoader> loader_;
 };
 
+// Note [Held-out evaluation]: with eval.data the run measures the loss on a held-out token file every
+// eval.every steps and after its last step (0: only then): eval.batches batches (0: every window of the
+// file once, in file order; token_file_eval_batches), each train.batch_size sequences of train.seq_len
+// tokens, the training shapes, so an evaluation's forward fits wherever the step's forward and backward
+// did. They are marked with documents as the training data is (data.documents) and split over the ranks
+// as a training batch is. The loss is the token mean over every target of every batch (the sum of each
+// batch's losses weighted by its targets), so it does not depend on how the file is batched. Forward
+// only: the weights, the optimizer and the data position are untouched, so a run with evaluations trains
+// bit for bit as one without. The windows are read once, at the start (8 bytes a token). On meta
+// nothing is evaluated (it holds no numbers).
+class HeldOut {
+ public:
+  HeldOut(const RunConfig& c, int32_t eos_id, bool computes)
+      : every_(c.eval.every), split_(context_split_parse(c.data.context_split)), window_(c.model.sliding_window) {
+    if (c.eval.data.empty() || !computes) return;
+    const TokenFile file(c.eval.data, c.model.vocab_size, "eval.data");
+    batches_ = token_file_eval_batches(file, c.train.seq_len, c.train.batch_size, "train.seq_len", c.eval.batches);
+    if (eos_id >= 0)
+      for (Batch& b : batches_) batch_documents_from_eos(b, eos_id);
+  }
+  bool due(int64_t step, int64_t total) const {
+    return !batches_.empty() && (step == total || (every_ > 0 && step % every_ == 0));
+  }
+  struct Result {
+    double loss = 0;
+    int64_t targets = 0, sequences = 0;
+  };
+  // Collective: every rank evaluates its piece of each batch.
+  Result run(Model& model, Comm& comm) const {
+    Result r;
+    double sum = 0;
+    for (const Batch& g : batches_) {
+      const StepOutputs out = step_forward(model, context_slice(g, comm.rank(), comm.size(), split_, window_));
+      sum += out.ce_loss * static_cast<double>(out.target_tokens);
+      r.targets += out.target_tokens;
+      r.sequences += g.B;
+    }
+    r.loss = sum / static_cast<double>(r.targets);
+    return r;
+  }
+  int64_t batches() const { return static_cast<int64_t>(batches_.size()); }
+
+ private:
+  int64_t every_;
+  ContextSplit split_;
+  int64_t window_;
+  std::vector<Batch> batches_;
+};
+
 // Keeps the lines of metrics.jsonl up to `step` (a resumed run rewrites what came after).
 void metrics_truncate(const std::string& path, int64_t step) {
   if (!fs::exists(path)) return;
@@ -504,6 +553,13 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
                                           from.empty() ? std::string() : checkpoint_resolve(from), m.vocab_size);
   if (lead && eos_id >= 0) log_info("documents end with EOS id {} (data.documents = \"eos\")", eos_id);
   DataSource data(cfg, eos_id);
+  const ContextSplit split = context_split_parse(cfg.data.context_split);
+  const HeldOut held_out(cfg, eos_id, be->computes());
+  if (lead && held_out.batches() > 0)
+    log_info("held-out evaluation: {} batches of {} x {} from {} every {}", held_out.batches(), cfg.train.batch_size,
+             cfg.train.seq_len, cfg.eval.data,
+             cfg.eval.every > 0 ? fmt::format("{} steps and after the last", cfg.eval.every)
+                                : std::string("run, after the last step"));
   if (lead) out_prepare(o);
   stop_signals_install();                                // Note [Stopping on a signal]
   const std::string run_json = config_json(cfg).dump();  // every key (Note [One key registry])
@@ -557,7 +613,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   for (int64_t step = start + 1; step <= total; ++step) {
     stop_policy.before_step(step, comm.rank());
     Batch global = data.next(data.is_recall() ? &answer_mask : nullptr);
-    Batch batch = context_slice(global, comm.rank(), comm.size());
+    Batch batch = context_slice(global, comm.rank(), comm.size(), split, m.sliding_window);
     be->device_ledger().peaks_reset();
     const Clock::time_point t0 = Clock::now();
     if (step == fault.step && (fault.kind == "spike" || fault.kind == "nan"))
@@ -608,6 +664,13 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       acc = counts[1] > 0 ? counts[0] / counts[1] : 0.0;
       j["recall_accuracy"] = acc;
     }
+    double eval_loss = std::nan("");
+    if (held_out.due(step, total)) {  // Note [Held-out evaluation]
+      const HeldOut::Result r = held_out.run(model, comm);
+      eval_loss = r.loss;
+      j["eval_loss"] = r.loss;
+      j["eval_targets"] = r.targets;
+    }
     if (lead) {
       metrics << j.dump() << "\n";
       metrics.flush();
@@ -615,7 +678,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     if (lead) {
       const uint64_t peak = j.contains("device_peak_bytes") ? j["device_peak_bytes"].get<uint64_t>() : led.total_peak();
       progress.step({step, out.loss, out.aux_loss, os.grad_norm, os.lr, tps, secs, std::isnan(acc) ? -1.0 : acc, peak,
-                     j["binding"].get<std::string>()});
+                     j["binding"].get<std::string>(), eval_loss});
     }
     last_step = step;
     const bool stop = stop_policy.after_step(comm);

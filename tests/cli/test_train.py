@@ -307,6 +307,63 @@ def case_eval_token_file(tmp):
     print(f"eval loss {r['loss']:.4f} over {r['tokens']} tokens")
 
 
+def documents_stream(rng, n, eos):
+    """n token ids: documents of 1 to 90 tokens from [eos + 1, 256), each ending with eos."""
+    ids = []
+    while len(ids) < n:
+        ids += [rng.randrange(eos + 1, 256) for _ in range(rng.randrange(0, 90))] + [eos]
+    return ids[:n]
+
+
+def case_documents_and_held_out(tmp):
+    """data.documents = "eos" and held-out evaluation (Note [Held-out evaluation]): eval_loss in
+    metrics.jsonl every eval.every steps and after the last, over exactly the non-EOS targets; the last
+    one equals `flatpeak eval` of the final checkpoint read the same way; evaluating changes no training
+    bit; the report charts it; missing EOS ids and foreign eval keys are refused by name."""
+    rng = random.Random(7)
+    eos = 3
+    train_f, val_f = os.path.join(tmp, "train.bin"), os.path.join(tmp, "val.bin")
+    write_tokens(train_f, documents_stream(rng, 3000, eos))
+    val = documents_stream(rng, 700, eos)
+    write_tokens(val_f, val)
+    docs = ["--set", f"data.source={train_f}", "--set", "data.documents=eos", "--set", f"data.eos_id={eos}"]
+    base = ["train", "--config", tiny(), "--quiet"] + SMALL + docs
+    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    run(base + ["--steps", "6", "--out", a, "--set", f"eval.data={val_f}", "--set", "eval.every=4"])
+    run(base + ["--steps", "6", "--out", b])
+    ma, mb = metrics(a), metrics(b)
+    assert [m["step"] for m in ma if "eval_loss" in m] == [4, 6], [m.get("eval_loss") for m in ma]
+    for x, y in zip(ma, mb):
+        assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"], f"step {x['step']}: evaluating changed training"
+    # 10 windows of 64 tokens (700 tokens: the last 59 never a target); no loss where the token is EOS.
+    targets = sum(1 for w in range(10) for t in range(64) if val[w * 64 + t] != eos)
+    assert ma[-1]["eval_targets"] == targets, (ma[-1]["eval_targets"], targets)
+    js = os.path.join(tmp, "e.json")
+    run(["eval", "--checkpoint", a, "--data", val_f, "--seq-len", "64", "--batch", "2", "--json", js,
+         "--set", "data.documents=eos", "--set", f"data.eos_id={eos}"])
+    e = json.load(open(js))
+    assert e["tokens"] == targets, e
+    assert abs(e["loss"] - ma[-1]["eval_loss"]) <= 1e-12 * e["loss"], (e["loss"], ma[-1]["eval_loss"])
+    # Without documents the same file is one stream: another loss over every position.
+    run(["eval", "--checkpoint", a, "--data", val_f, "--seq-len", "64", "--batch", "2", "--json", js])
+    assert json.load(open(js))["tokens"] == 640
+    run(["report", a])
+    assert "held-out" in open(os.path.join(a, "report.html")).read()
+    # eval.batches: the file's first windows only.
+    c = os.path.join(tmp, "c")
+    run(base + ["--out", c, "--steps", "1", "--set", f"eval.data={val_f}", "--set", "eval.batches=2"])
+    assert metrics(c)[0]["eval_targets"] == sum(1 for t in range(4 * 64) if val[t] != eos), metrics(c)
+    # Refusals, by name.
+    expect_error(["train", "--config", tiny(), "--steps", "1", "--out", c, "--overwrite", "--quiet"] + SMALL +
+                 ["--set", f"data.source={train_f}", "--set", "data.documents=eos"], "data.eos_id")
+    expect_error(["train", "--config", tiny(), "--steps", "1", "--out", c, "--overwrite", "--quiet"] + SMALL +
+                 ["--set", "data.documents=eos", "--set", "data.eos_id=3"], "recall")
+    expect_error(["eval", "--checkpoint", a, "--data", val_f, "--set", "model.hidden_size=3"],
+                 "not a key flatpeak eval takes")
+    expect_error(["eval", "--checkpoint", a, "--data", val_f, "--set", "data.documents=bos"], "data.documents")
+    print(f"held-out loss {ma[-1]['eval_loss']:.4f} over {targets} targets = flatpeak eval's; training unchanged")
+
+
 def wait_for_steps(d, n, p, timeout=120):
     """Waits until the run p has written at least n lines of metrics (or ended)."""
     deadline = time.time() + timeout

@@ -18,7 +18,8 @@
 // choosing, a bf16 rounding that differs between W flips a token's top-k and moves whole rows between
 // experts, which no tolerance covers. _docs packs documents into the batch: EOS tokens at fixed positions
 // cut each sequence (Note [Documents from EOS], data/documents.h), so attention, RoPE and the loss follow
-// the boundaries on every rank of the ring.
+// the boundaries on every rank of the ring. _balanced deals the window to the ranks by attention work
+// (Note [Balanced rings], data/context_split.h) instead of zig-zag.
 #include <cstdio>
 
 #include "../common/gathered_grads.h"
@@ -41,14 +42,16 @@ int main(int argc, char** argv) {
     if (has) variant.resize(variant.size() - x.size());
     return has;
   };
+  const bool balanced = suffix("_balanced");
   const bool docs = suffix("_docs");
   const bool bf16 = suffix("_bf16");
   const bool chunked = suffix("_chunked"), llep = suffix("_llep");
   const bool deepseek = variant == "deepseek" || variant == "deepseek_flat";
   if ((argc != 2 && argc != 3) ||
       (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek)) {
-    std::fprintf(stderr, "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]"
-                         "[_llep][_chunked][_bf16][_docs]\n");
+    std::fprintf(stderr,
+                 "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]"
+                 "[_llep][_chunked][_bf16][_docs][_balanced]\n");
     return 2;
   }
   Comm& comm = comm_world();
@@ -122,7 +125,9 @@ int main(int argc, char** argv) {
       }
       batch_documents_from_eos(global, eos);
     }
-    Batch local = context_slice(global, comm.rank(), comm.size());
+    Batch local = context_slice(global, comm.rank(), comm.size(),
+                                balanced ? ContextSplit::ContextSplit_balanced : ContextSplit::ContextSplit_zigzag,
+                                m.sliding_window);
     be->device_ledger().peaks_reset();
     StepOutputs out = step_forward_backward(model, local);
     const Ledger& led = be->device_ledger();

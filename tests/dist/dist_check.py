@@ -11,7 +11,7 @@ usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
   grads_chunked  the MoE token side in chunks through the standard, LLEP and PipelinedLLEP dispatches
   grads_bf16     the bf16 recipe on 2 and 4 ranks against one process
   grads_documents  packed documents (EOS boundaries) on 2 and 4 ranks against one process: the plain,
-                 the switched (sliding window) and the DeepSeek model
+                 the switched (sliding window) and the DeepSeek model; zig-zag and the balanced split
   train      10 steps of flatpeak train on W = 2 and 4 track the single-process losses within 1e-4; meta
              runs peak like cpu in params, grads, optimizer, checkpoints, vocab
   train_deepseek      DeepSeek-V3's layer with its routing bias moving on 2 ranks, and resumed on one process
@@ -112,6 +112,10 @@ def case_grads_documents(tmp):
     for variant in ("plain_docs", "hf_layers_docs", "deepseek_docs"):
         print(f"-- {variant}")
         grads_variant(tmp, variant)
+    # The balanced split (Note [Balanced rings]): another assignment of positions to ranks, the same function.
+    for variant in ("plain_docs", "hf_layers_docs"):
+        print(f"-- {variant}_balanced against {variant} on one process")
+        grads_variant(tmp, variant + "_balanced", reference=variant)
 
 
 def case_grads_bf16(tmp):

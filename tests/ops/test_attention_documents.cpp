@@ -12,9 +12,13 @@
 //   - bf16 storage: the bf16 call gives the f32 call on the widened inputs, rounded once.
 // Dimensions: B sequences of T tokens, nh query heads, nkv kv heads, hd the head width (hdv = hd).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -349,6 +353,16 @@ TEST(AttentionDocuments, TilePairsAcrossDocumentsAreSkipped) {
   const int64_t packed = at::tile_pairs_computed.load() - before;
   // forward + backward (one sweep or two passes: the pairs of each pass) per head.
   EXPECT_EQ(causal * 8, packed * 36) << "causal " << causal << ", packed " << packed;
+  // The host count (attention_block_tile_pairs) is the forward's, per (sequence, head).
+  std::vector<int32_t> pos(512);
+  std::iota(pos.begin(), pos.end(), 0);
+  const ops::AttentionSpec a =
+      ops::attention_block_spec(pos.data(), pos.data(), 1, 512, 512, c.nh, c.nkv, c.hd, c.hd, 1.0f, 0, starts.data());
+  EXPECT_EQ(ops::cpu::attention_block_tile_pairs(a), 8);
+  before = at::tile_pairs_computed.load();
+  std::vector<float> o(in.q.size()), lse(c.nh * 512);
+  ops::cpu::attention_block_forward(in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data(), true, a);
+  EXPECT_EQ(at::tile_pairs_computed.load() - before, c.nh * ops::cpu::attention_block_tile_pairs(a));
 }
 
 // bf16 storage with documents: the bf16 calls equal the f32 calls on the widened inputs, each output
@@ -378,6 +392,46 @@ TEST(AttentionDocuments, Bf16IsTheWidenedF32RoundedOnce) {
   for (size_t i = 0; i < dq.size(); ++i) ASSERT_EQ(dqh[i].bits, bf16_from_float(dq[i])) << "dq at " << i;
   for (size_t i = 0; i < dk.size(); ++i) ASSERT_EQ(dkh[i].bits, bf16_from_float(dk[i])) << "dk at " << i;
   for (size_t i = 0; i < dv.size(); ++i) ASSERT_EQ(dvh[i].bits, bf16_from_float(dv[i])) << "dv at " << i;
+}
+
+// Benchmark (disabled): attention forward + backward over T = 8192 tokens (B = 1, nh = 4, nkv = 2, hd = 64)
+// as one document and packed with documents of 2048, 512 and 128 tokens, each repeat timing every layout
+// in turn; medians of FP_BENCH_REPEATS (default 5), the ratio to one document and the tile pairs per head
+// (forward; the backward visits the same). Run: build/tests/ops_test_attention_documents
+// --gtest_also_run_disabled_tests
+//   --gtest_filter='*BenchDocumentLengths*'
+TEST(AttentionDocuments, DISABLED_BenchDocumentLengths) {
+  namespace at = ops::cpu::attention_tile;
+  const std::vector<int64_t> lengths = {8192, 2048, 512, 128};
+  const char* env = std::getenv("FP_BENCH_REPEATS");
+  const int repeats = env ? std::max(1, std::atoi(env)) : 5;
+  std::vector<Case> cases;
+  for (const int64_t len : lengths) cases.push_back({4, 2, 64, {std::vector<int64_t>(8192 / len, len)}, 0});
+  const Tensors in = random_inputs(cases[0], 5);
+  std::vector<std::vector<double>> both(lengths.size());
+  std::vector<int64_t> pairs(lengths.size());
+  using Clock = std::chrono::steady_clock;
+  for (int rep = 0; rep < repeats; ++rep)
+    for (size_t l = 0; l < lengths.size(); ++l) {
+      const std::vector<int32_t> starts = cases[l].doc_start();
+      const auto t0 = Clock::now();
+      packed_run(cases[l], in, l == 0 ? nullptr : starts.data());
+      both[l].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      std::vector<int32_t> pos(8192);
+      std::iota(pos.begin(), pos.end(), 0);
+      pairs[l] = ops::cpu::attention_block_tile_pairs(
+          ops::attention_block_spec(pos.data(), pos.data(), 1, 8192, 8192, 4, 2, 64, 64, 1.0f, 0, starts.data()));
+    }
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  std::printf("attention fwd+bwd, T = 8192 packed with documents of one length, %d threads, %s tiles, medians of %d\n",
+              omp_get_max_threads(), ops::cpu::simd_level_name(at::tile_simd), repeats);
+  std::printf("%9s %11s %10s %7s\n", "document", "tile pairs", "fwd+bwd s", "ratio");
+  for (size_t l = 0; l < lengths.size(); ++l)
+    std::printf("%9lld %11lld %10.4f %7.3f\n", static_cast<long long>(lengths[l]), static_cast<long long>(pairs[l]),
+                median(both[l]), median(both[l]) / median(both[0]));
 }
 
 }  // namespace fp

@@ -548,6 +548,24 @@ void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, 
   });
 }
 
+int64_t attention_block_tile_pairs(const AttentionSpec& a) {
+  block_shapes_check(a);
+  positions_check(a);
+  const int64_t w = a.window >= kWindowMasksNothing ? 0 : a.window, nqt = tiles(a.Tq, TQ);
+  int64_t pairs = 0;
+  int64_t lo[TQ], hi[TQ];
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t qt = 0; qt < nqt; ++qt) {
+      const int64_t i0 = qt * TQ, nq = std::min(TQ, a.Tq - i0);
+      tile_visible_runs(lo, hi, a.q_pos, a.k_pos, sequence_doc(a, b), i0, nq, a.Tk, w);
+      for (int64_t kt_i = lo[0] / TK, kt_hi = tiles(hi[nq - 1], TK); kt_i < kt_hi; ++kt_i) {
+        const int64_t j0 = kt_i * TK;
+        pairs += tile_pair_visible(lo, hi, nq, j0, std::min(TK, a.Tk - j0));
+      }
+    }
+  return pairs;
+}
+
 SimdLevel attention_tile::tile_simd_detect() {
 #if FP_ATTENTION_TILE_AVX2
   return simd_level();
