@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "core/log.h"
+#include "core/process.h"
 #include "core/signals.h"
 #include "core/timing.h"
 #include "core/units.h"
@@ -648,6 +649,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     if (schedule_total != total) j["lr_schedule_steps"] = schedule_total;  // an extended run
     j["tokens_per_s"] = tps;
     j["seconds"] = secs;
+    j["host_rss_bytes"] = resident_bytes();  // this rank's; a long run stays flat (scripts/soak)
+    j["host_heap_bytes"] = heap_in_use_bytes();
     double acc = std::nan("");
     if (want_logits) {
       // This rank's answer positions, then the share over all ranks.

@@ -42,3 +42,9 @@ foreach(case vocab_bf16 vocab_bf16_mpi)
            --bin $<TARGET_FILE:flatpeak> ${case})
   set_tests_properties(cli_bench_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 300)
 endforeach()
+# Runs that stay flat (scripts/soak, issue 34): 200 steps in fp32, bf16 and on 2 ranks, the heap in use growing by
+# at most 1 MiB per 1,000 steps after step 50 (the 2,000-step figures, resident memory too, in docs/benchmarks.md).
+add_test(NAME cli_soak_short COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/scripts/soak --bin $<TARGET_FILE:flatpeak>
+                                     --steps 200 --variants fp32,bf16,mpi2-balanced --seq-len 512 --batch 2 --from 50
+                                     --every 25 --short)
+set_tests_properties(cli_soak_short PROPERTIES LABELS "cli;slow" TIMEOUT 300 RUN_SERIAL TRUE)
