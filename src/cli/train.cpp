@@ -76,7 +76,8 @@ void eval_register(CLI::App& app, Runner& run) {
   sub->add_option("--json", o.json, "write {loss, tokens, sequences, ...} here");
   sub->add_option("--device-mem", o.device_mem, "device memory capacity");
   sub->add_option("--set", o.overrides,
-                  "how the data is read, as in training: --set data.documents=eos --set data.eos_id=N (repeatable; "
+                  "how the data is read, as in training: --set data.documents=eos --set data.eos_id=N, or "
+                  "data.documents=index (--data's FILE.docs) (repeatable; "
                   "`flatpeak keys` marks the keys eval takes)");
   sub->add_option("--dump-logits", o.dump_logits,
                   "write the first batch's inputs and logits (B, T, V) here as safetensors (scripts/interop)");
@@ -108,10 +109,10 @@ int eval_run(const EvalOptions& o) {
   FP_CHECK(!batches.empty(), "use a shorter --seq-len", "'{}' holds {} tokens: not one sequence of {}", o.data,
            file.size(), T);
   const int32_t eos_id = documents_eos_id(data_cfg.data.documents, data_cfg.data.eos_id, ck, m.vocab_size);
-  if (eos_id >= 0) {
-    for (Batch& b : batches) batch_documents_from_eos(b, eos_id);
-    log_info("documents end with EOS id {}: no loss at EOS positions, attention and RoPE restart per document", eos_id);
-  }
+  const DocumentMarker documents = DocumentMarker::make(data_cfg.data.documents, eos_id, o.data, file.size());
+  for (Batch& b : batches) documents.mark(b);
+  if (documents.kind != Documents::Documents_none)
+    log_info("{}: attention and RoPE restart per document", documents.describe());
   double loss_sum = 0, aux_sum = 0;
   int64_t tokens = 0, sequences = 0;
   for (size_t i = 0; i < batches.size(); ++i) {

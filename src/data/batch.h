@@ -18,6 +18,9 @@ struct Batch {
   // (B, T) where each token's document begins, a position in its sequence (data/documents.h), or empty:
   // one document per sequence.
   std::vector<int32_t> doc_start;
+  // (B) the token-file offset each sequence's window starts at (data/loader.h), or empty: where a
+  // document index finds the sequence's documents (data/documents.h).
+  std::vector<int64_t> offsets;
 };
 
 // Throws fp::Error naming the first bad position: shapes, token ids out of [0, vocab_size), targets

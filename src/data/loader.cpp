@@ -50,6 +50,7 @@ Batch TokenFileLoader::next() {
   for (int64_t r = 0; r < B_; ++r) {
     if (position_ + T_ + 1 > file_.size()) position_ = 0;  // wrap: a new pass
     window_copy(file_, position_, T_, b, r);
+    b.offsets.push_back(position_);
     position_ += T_;
   }
   return b;
@@ -73,7 +74,10 @@ std::vector<Batch> token_file_eval_batches(const TokenFile& file, int64_t T, int
   for (int64_t first = 0; first < sequences; first += B) {
     const int64_t rows = std::min(B, sequences - first);
     Batch b = batch_empty(rows, T);
-    for (int64_t r = 0; r < rows; ++r) window_copy(file, (first + r) * T, T, b, r);
+    for (int64_t r = 0; r < rows; ++r) {
+      window_copy(file, (first + r) * T, T, b, r);
+      b.offsets.push_back((first + r) * T);
+    }
     out.push_back(std::move(b));
   }
   return out;

@@ -297,12 +297,13 @@ std::vector<ConfigKey> registry_build() {
                     FP_CHECK(c.data.loss_on == "all" || c.data.loss_on == "answers", "write \"all\" or \"answers\"",
                              "{}: data.loss_on = \"{}\" is neither \"all\" nor \"answers\"", source, c.data.loss_on);
                   }));
-    ConfigKey docs =
-        plain_key("data.documents", K::KeyType_string, kArith,
-                  "token file: \"none\" (one stream) or \"eos\" (documents end with data.eos_id; docs/data.md)",
-                  &RunConfig::data, &DataConfig::documents, [](const RunConfig& c, const std::string& source) {
-                    documents_parse(c.data.documents, source + ": data.documents");
-                  });
+    ConfigKey docs = plain_key(
+        "data.documents", K::KeyType_string, kArith,
+        "token file: \"none\" (one stream), \"eos\" (documents end with data.eos_id) or \"index\" (FILE.docs of "
+        "scripts/make_token_file.py); docs/data.md",
+        &RunConfig::data, &DataConfig::documents, [](const RunConfig& c, const std::string& source) {
+          documents_parse(c.data.documents, source + ": data.documents");
+        });
     docs.commands |= kKeyEval;
     keys.push_back(std::move(docs));
     ConfigKey eos = plain_key("data.eos_id", K::KeyType_int, kArith,

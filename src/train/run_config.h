@@ -42,7 +42,7 @@ struct DataConfig {
   int64_t pairs = 0;              // recall: key->value pairs per sequence (0: seq_len / 64, at least 1)
   std::string loss_on = "all";    // recall: "all" positions or only the "answers"
   uint64_t seed = 1;
-  std::string documents = "none";  // token file: "none" (one stream) | "eos" (data/documents.h)
+  std::string documents = "none";  // token file: "none" (one stream) | "eos" | "index" (data/documents.h)
   int64_t eos_id = -1;             // documents = "eos": the EOS id (-1: --init-from's config.json eos_token_id)
   std::string context_split = "zigzag";  // "zigzag" | "balanced": a window dealt to the ranks (data/context_split.h)
 };

@@ -43,10 +43,11 @@ namespace {
 // checkpoint stores; seek() restores it.
 class DataSource {
  public:
-  // eos_id: documents_eos_id of the run (-1: no documents).
-  DataSource(const RunConfig& c, int32_t eos_id) : B_(c.train.batch_size), eos_id_(eos_id) {
+  // eos_id: documents_eos_id of the run (-1: not "eos").
+  DataSource(const RunConfig& c, int32_t eos_id) : B_(c.train.batch_size) {
     if (c.data.source == "recall") {
-      FP_CHECK(eos_id < 0, "leave data.documents = \"none\" with data.source = \"recall\"",
+      FP_CHECK(documents_parse(c.data.documents) == Documents::Documents_none,
+               "leave data.documents = \"none\" with data.source = \"recall\"",
                "data.documents = \"{}\": the recall task's sequences hold no documents", c.data.documents);
       recall_.task = recall_task_parse(c.data.task);
       recall_.vocab_size = c.model.vocab_size;
@@ -60,6 +61,7 @@ class DataSource {
     } else {
       file_ = std::make_unique<TokenFile>(c.data.source, c.model.vocab_size);
       loader_ = std::make_unique<TokenFileLoader>(*file_, c.train.batch_size, c.train.seq_len);
+      documents_ = DocumentMarker::make(c.data.documents, eos_id, c.data.source, file_->size());
     }
   }
   Batch next(std::vector<uint8_t>* answer_mask) {
@@ -69,7 +71,7 @@ class DataSource {
       return b;
     }
     Batch b = loader_->next();
-    if (eos_id_ >= 0) batch_documents_from_eos(b, eos_id_);
+    documents_.mark(b);
     return b;
   }
   int64_t position() const { return is_recall_ ? position_ : loader_->position(); }
@@ -80,10 +82,11 @@ class DataSource {
       loader_->seek(p);
   }
   bool is_recall() const { return is_recall_; }
+  const DocumentMarker& documents() const { return documents_; }
 
  private:
   int64_t B_;
-  int32_t eos_id_;
+  DocumentMarker documents_;
   bool is_recall_ = false;
   RecallTaskConfig recall_;
   int64_t position_ = 0;
@@ -108,8 +111,9 @@ class HeldOut {
     if (c.eval.data.empty() || !computes) return;
     const TokenFile file(c.eval.data, c.model.vocab_size, "eval.data");
     batches_ = token_file_eval_batches(file, c.train.seq_len, c.train.batch_size, "train.seq_len", c.eval.batches);
-    if (eos_id >= 0)
-      for (Batch& b : batches_) batch_documents_from_eos(b, eos_id);
+    // Read as the training data is: with "index", eval.data's own index (eval.data + ".docs").
+    const DocumentMarker documents = DocumentMarker::make(c.data.documents, eos_id, c.eval.data, file.size());
+    for (Batch& b : batches_) documents.mark(b);
   }
   bool due(int64_t step, int64_t total) const {
     return !batches_.empty() && (step == total || (every_ > 0 && step % every_ == 0));
@@ -353,7 +357,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg);
 
 int32_t documents_eos_id(const std::string& documents, int64_t eos_id, const std::string& from_dir,
                          int64_t vocab_size) {
-  if (documents_parse(documents) == Documents::Documents_none) return -1;
+  if (documents_parse(documents) != Documents::Documents_eos) return -1;
   const char* hint = "set data.eos_id to the id of the token that ends each document (docs/data.md)";
   int64_t id = eos_id;
   std::string where = "data.eos_id";
@@ -552,8 +556,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const std::string from = !o.init_from.empty() ? o.init_from : o.resume;
   const int32_t eos_id = documents_eos_id(cfg.data.documents, cfg.data.eos_id,
                                           from.empty() ? std::string() : checkpoint_resolve(from), m.vocab_size);
-  if (lead && eos_id >= 0) log_info("documents end with EOS id {} (data.documents = \"eos\")", eos_id);
   DataSource data(cfg, eos_id);
+  if (lead && data.documents().kind != Documents::Documents_none) log_info("{}", data.documents().describe());
   const ContextSplit split = context_split_parse(cfg.data.context_split);
   const HeldOut held_out(cfg, eos_id, be->computes());
   if (lead && held_out.batches() > 0)

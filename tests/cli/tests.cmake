@@ -48,3 +48,11 @@ add_test(NAME cli_soak_short COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/scri
                                      --steps 200 --variants fp32,bf16,mpi2-balanced --seq-len 512 --batch 2 --from 50
                                      --every 25 --short)
 set_tests_properties(cli_soak_short PROPERTIES LABELS "cli;slow" TIMEOUT 300 RUN_SERIAL TRUE)
+# Real text, end to end (tests/cli/test_data.py, issue 34): scripts/make_token_file.py on /usr/share/common-licenses
+# with a BPE tokenizer the test trains itself (.venv-tokenizers, made by scripts/deps test), then training with
+# documents and held-out evaluation; byte-level documents through the document index.
+foreach(case tokenizer index)
+  add_test(NAME cli_data_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_data.py
+           --bin $<TARGET_FILE:flatpeak> --root ${PROJECT_SOURCE_DIR} ${case})
+  set_tests_properties(cli_data_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 300)
+endforeach()

@@ -263,4 +263,30 @@ TEST(Documents, BalancedSplitDealsEveryPositionOnceAndEvensTheWork) {
   }
 }
 
+// Note [A document index]: documents from the token file's index, for windows at any offset: a window
+// starting inside a document starts that fragment at 0, a document starting at the window's first token
+// too, and a document's last token takes no loss; the index round-trips and a bad one is refused.
+TEST(Documents, IndexMarksStartsAndIgnoresEachDocumentsLastTarget) {
+  DocumentIndex idx;
+  idx.starts = {0, 5, 6, 12};  // documents [0, 5), [5, 6), [6, 12), [12, ...)
+  Batch b;
+  b.B = 2, b.T = 4;
+  b.tokens.assign(8, 1);
+  b.targets.assign(8, 2);
+  b.offsets = {3, 8};  // windows [3, 7) and [8, 12)
+  batch_documents_from_index(b, idx);
+  EXPECT_EQ(b.doc_start, (std::vector<int32_t>{0, 0, 2, 3, 0, 0, 0, 0}));
+  // Tokens 4 (last of [0, 5)), 5 (the one-token document) and 11 (last of [6, 12)) take no loss.
+  EXPECT_EQ(b.targets, (std::vector<int32_t>{2, -100, -100, 2, 2, 2, 2, -100}));
+  EXPECT_NO_THROW(batch_validate(b, 50));
+  const std::string path = ::testing::TempDir() + "/flatpeak_index.docs";
+  document_index_write(path, idx);
+  EXPECT_EQ(document_index_read(path, 20).starts, idx.starts);
+  EXPECT_THROW(document_index_read(path, 12), Error);  // a start at the file's end
+  idx.starts = {0, 6, 5};
+  document_index_write(path, idx);
+  EXPECT_THROW(document_index_read(path, 20), Error);  // not ascending
+  EXPECT_THROW(document_index_read(path + ".missing", 20), Error);
+}
+
 }  // namespace fp
