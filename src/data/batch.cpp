@@ -4,6 +4,24 @@
 
 namespace fp {
 
+Batch batch_rows(const Batch& b, int64_t first, int64_t count) {
+  FP_ASSERT(first >= 0 && count >= 0 && first + count <= b.B, "rows [{}, {}) of a batch of {}", first, first + count,
+            b.B);
+  Batch r;
+  r.B = count;
+  r.T = b.T;
+  r.positions = b.positions;
+  auto part = [&](const std::vector<int32_t>& x) {
+    return x.empty() ? std::vector<int32_t>{}
+                     : std::vector<int32_t>(x.begin() + first * b.T, x.begin() + (first + count) * b.T);
+  };
+  r.tokens = part(b.tokens);
+  r.targets = part(b.targets);
+  r.doc_start = part(b.doc_start);
+  if (!b.offsets.empty()) r.offsets.assign(b.offsets.begin() + first, b.offsets.begin() + first + count);
+  return r;
+}
+
 void batch_validate(const Batch& b, int64_t V) {
   const int64_t n = b.B * b.T;
   FP_CHECK(b.B >= 1 && b.T >= 1, "a batch holds B >= 1 sequences of T >= 1 tokens", "empty batch ({} x {})", b.B, b.T);

@@ -23,6 +23,9 @@ struct Batch {
   std::vector<int64_t> offsets;
 };
 
+// Sequences [first, first + count) of b (tokens, targets, document starts, offsets), positions kept.
+Batch batch_rows(const Batch& b, int64_t first, int64_t count);
+
 // Throws fp::Error naming the first bad position: shapes, token ids out of [0, vocab_size), targets
 // neither in [0, vocab_size) nor -100, document starts that pass their token or descend.
 void batch_validate(const Batch& b, int64_t vocab_size);

@@ -81,7 +81,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
   const ops::AttentionSpec spec =
       s.attention_spec(nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
-  if (s.comm.size() > 1) {
+  if (s.cp > 1) {
     ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, spec);
   } else {
     K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), spec);
@@ -120,7 +120,7 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   Tensor dv = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dv");
   const ops::AttentionSpec spec =
       s.attention_spec(nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
-  if (s.comm.size() > 1) {
+  if (s.cp > 1) {
     ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv, spec);
   } else {
     K.attention_backward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), d_o.buf(), dq.buf(), dk.buf(),

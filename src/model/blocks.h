@@ -54,18 +54,25 @@ struct StepContext {
   // every block allocates in it; all f32 unless the model's schedules say otherwise.
   Precision precision;
   ExpertDispatch* dispatch = nullptr;  // the step's expert dispatch (expert_dispatch_create); null: local (W = 1)
-  int64_t B = 0, T = 0, n = 0;         // T: this rank's tokens per sequence
+  int64_t B = 0, T = 0, n = 0;
+  // The context-parallel group (Note [A device mesh] in train/trainer.cpp): cp consecutive ranks of the comm
+  // share each sequence (ring attention); cp = 1: every rank holds whole sequences.
+  int cp = 1;
+  int cp_rank() const { return comm.rank() % cp; }
+  int cp_first() const {
+    return comm.rank() - cp_rank();
+  }  // the group's first rank in the comm         // T: this rank's tokens per sequence
   // The MoE blocks' token side in chunks of this many of the rank's tokens (moe.token_chunk; 0: all n at
   // once), read by the MoE block only: each dispatch call is given its window explicitly (MoeChunk in
   // model/expert_dispatch.h; Note [The MoE token side in chunks] in model/moe_block.cpp).
   int64_t moe_token_chunk = 0;
   // The step's positions, on the device (data/batch.h). pos: each token's RoPE position, its position in
-  // its document (in its sequence without documents). ring_pos: with several ranks, every rank's positions
-  // in a sequence (data/context_split.h: rank r's T at row r), which ring attention masks by; empty on one
-  // rank. doc_start: where each token's document begins in its sequence (Note [Documents in attention] in
-  // ops/attention.h); empty: one document per sequence.
+  // its document (in its sequence without documents). ring_pos: with cp > 1, every rank's positions of this
+  // rank's context-parallel group (data/context_split.h: group rank r's T at row r), which ring attention
+  // masks by; empty otherwise. doc_start: where each token's document begins in its sequence (Note [Documents in
+  // attention] in ops/attention.h); empty: one document per sequence.
   Tensor pos;        // (n) i32
-  Tensor ring_pos;   // (W, T) i32
+  Tensor ring_pos;   // (cp, T) i32
   Tensor doc_start;  // (n) i32
   // The attention spec of this step's sequences: this rank's T queries and keys, with its documents.
   ops::AttentionSpec attention_spec(int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale,

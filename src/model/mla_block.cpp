@@ -110,7 +110,7 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.o = be.alloc(kAct, {n, nh * dv}, dt, "attn.o");
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
   const ops::AttentionSpec spec = s.attention_spec(nh, nh, dqk, dv, mla_softmax_scale(c), /*window=*/0);
-  if (s.comm.size() > 1) {
+  if (s.cp > 1) {
     ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, spec);
   } else {
     K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), spec);
@@ -147,7 +147,7 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
   Tensor dk = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dk");
   Tensor dvv = be.alloc(kAct, {n, nh * dv}, dt, "attn.dv");
   const ops::AttentionSpec spec = s.attention_spec(nh, nh, dqk, dv, mla_softmax_scale(c), /*window=*/0);
-  if (s.comm.size() > 1) {
+  if (s.cp > 1) {
     ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dvv, spec);
   } else {
     K.attention_backward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), d_o.buf(), dq.buf(), dk.buf(),

@@ -44,10 +44,17 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
       profile_(profile),
       sched_(sched),
       comm_(comm),
+      cp_(comm != nullptr ? comm->size() : 1),
       params_(cfg, be, comm, precision_checked(be, sched_)) {
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");
+}
+
+void Model::set_context_parallel(int cp) {
+  const int W = comm_ != nullptr ? comm_->size() : 1;
+  FP_ASSERT(cp >= 1 && W % cp == 0, "context-parallel groups of {} ranks over {}", cp, W);
+  cp_ = cp;
 }
 
 std::vector<Param*> Model::routing_bias_update(const std::vector<int64_t>& expert_counts, double rate) {

@@ -42,12 +42,19 @@ class Model {
   const Schedules& schedules() const { return sched_; }
   Comm* comm() const { return comm_; }  // null: one process
 
+  // Note [A device mesh] (train/trainer.cpp): the ranks form dp replicas of cp consecutive ranks each;
+  // ring attention runs within a replica's cp ranks. Default cp = every rank (dp = 1). cp divides the
+  // comm's size; experts and the dense shards stay spread over every rank.
+  void set_context_parallel(int cp);
+  int context_parallel() const { return cp_; }
+
  private:
   ModelConfig cfg_;
   Backend& be_;
   RoutingProfile profile_;
   Schedules sched_;
   Comm* comm_;
+  int cp_;
   ParamStore params_;
 };
 

@@ -19,16 +19,18 @@ namespace {
 
 constexpr Category kComm = Category::Category_comm;
 
+// The ring of this rank's context-parallel group (StepContext::cp): rank and world within the group, whose
+// ranks are first .. first + world - 1 of the comm.
 struct RingGeometry {
-  int rank, world;
+  int rank, world, first;
   int64_t T;  // global tokens per sequence
-  int next() const { return (rank + 1) % world; }
-  int prev() const { return (rank + world - 1) % world; }
-  // The rank whose block this rank holds after `step` hops.
+  int next() const { return first + (rank + 1) % world; }          // in the comm
+  int prev() const { return first + (rank + world - 1) % world; }  // in the comm
+  // The group rank whose block this rank holds after `step` hops.
   int source(int step) const { return ((rank - step) % world + world) % world; }
 };
 
-RingGeometry ring_geometry(const StepContext& s) { return {s.comm.rank(), s.comm.size(), s.T * s.comm.size()}; }
+RingGeometry ring_geometry(const StepContext& s) { return {s.cp_rank(), s.cp, s.cp_first(), s.T * s.cp}; }
 
 // Sends `t` to the next rank and receives the previous rank's into `into` (same shape).
 void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into) {
@@ -40,7 +42,7 @@ void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& 
 // from the step's ring_pos (StepContext).
 ops::AttentionSpec block_spec(const StepContext& s, ops::AttentionSpec a, int source) {
   const int32_t* all = s.ring_pos.i32();
-  a.q_pos = all == nullptr ? nullptr : all + s.comm.rank() * a.Tq;
+  a.q_pos = all == nullptr ? nullptr : all + s.cp_rank() * a.Tq;
   a.k_pos = all == nullptr ? nullptr : all + source * a.Tk;
   return a;
 }

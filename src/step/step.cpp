@@ -41,7 +41,7 @@ std::vector<int32_t> sequence_positions(const Batch& batch) {
 // bias (E, category workspace) its gradient adds to every router probability; undefined otherwise.
 // Collective (over every rank's tokens).
 Tensor aux_loss_compute(const ModelConfig& cfg, Backend& be, Comm& comm, const std::vector<RouterStats>& stats,
-                        int64_t n, bool backward, StepOutputs& out) {
+                        int64_t n, bool backward, double aux_weight, StepOutputs& out) {
   const int64_t L = cfg.num_hidden_layers, E = cfg.num_experts;
   out.expert_counts.assign(static_cast<size_t>(L * E), 0);
   std::vector<double> count_total(static_cast<size_t>(E), 0.0), prob_total(static_cast<size_t>(E), 0.0);
@@ -64,7 +64,8 @@ Tensor aux_loss_compute(const ModelConfig& cfg, Backend& be, Comm& comm, const s
   if (backward && cfg.router_aux_loss_coef != 0.0) {
     std::vector<float> bias(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e)
-      bias[e] = static_cast<float>(cfg.router_aux_loss_coef * static_cast<double>(E) * count_total[e] / (R * R));
+      bias[e] =
+          static_cast<float>(aux_weight * cfg.router_aux_loss_coef * static_cast<double>(E) * count_total[e] / (R * R));
     aux_bias = be.alloc_f32(Category::Category_workspace, {E}, "moe.aux_bias");
     be.copy_from_host(aux_bias.data(), bias.data(), aux_bias.bytes());
   }
@@ -112,7 +113,8 @@ void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, c
   }
 }
 
-StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logits_out, bool backward) {
+StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logits_out, bool backward,
+                     const StepWeights& weights) {
   const ModelConfig& cfg = model.config();
   const Schedules& sched = model.schedules();
   Backend& be = model.backend();
@@ -126,6 +128,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   s.moe_token_chunk = sched.dispatch.token_chunk;
   s.B = batch.B;
   s.T = batch.T;
+  s.cp = model.context_parallel();
   s.n = n;
   // The expert dispatch of this step (local with one rank, expert parallel otherwise).
   std::unique_ptr<ExpertDispatch> dispatch = expert_dispatch_create(sched, s);
@@ -136,7 +139,11 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   int64_t target_tokens = 0;
   for (int32_t t : batch.targets) target_tokens += (t != -100);
   comm.all_reduce_sum(&target_tokens, 1, DType::DType_I64);
-  FP_CHECK(target_tokens > 0, "give at least one target that is not -100", "the batch has no target token");
+  FP_CHECK(target_tokens > 0 || weights.targets > 0, "give at least one target that is not -100",
+           "the batch has no target token");
+  FP_ASSERT(weights.targets == 0 || weights.targets >= target_tokens, "a micro-batch of {} targets in a step of {}",
+            target_tokens, weights.targets);
+  const int64_t mean_over = weights.targets > 0 ? weights.targets : target_tokens;
   const std::vector<int32_t> seq_pos = sequence_positions(batch);
   const bool documents = !batch.doc_start.empty();
   if (cfg.rope_scaling.kind == RopeScaling::Kind::Kind_dynamic) {
@@ -157,10 +164,11 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   s.pos = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.positions");
   // Ring attention masks by every rank's positions, whatever split dealt them (data/context_split.h).
   std::vector<int32_t> ring_pos;
-  if (comm.size() > 1) {
-    ring_pos.resize(static_cast<size_t>(comm.size() * batch.T));
-    comm.all_gather(seq_pos.data(), ring_pos.data(), batch.T, DType::DType_I32);
-    s.ring_pos = be.alloc(Category::Category_activations, {comm.size(), batch.T}, DType::DType_I32, "input.ring_pos");
+  if (s.cp > 1) {  // gathered over every rank, the group's rows kept (Note [A device mesh] in train/trainer.cpp)
+    std::vector<int32_t> all(static_cast<size_t>(comm.size() * batch.T));
+    comm.all_gather(seq_pos.data(), all.data(), batch.T, DType::DType_I32);
+    ring_pos.assign(all.begin() + s.cp_first() * batch.T, all.begin() + (s.cp_first() + s.cp) * batch.T);
+    s.ring_pos = be.alloc(Category::Category_activations, {s.cp, batch.T}, DType::DType_I32, "input.ring_pos");
   }
   if (documents) s.doc_start = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.doc_start");
   {
@@ -209,7 +217,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
 
   StepOutputs out;
   out.target_tokens = target_tokens;
-  Tensor aux_bias = aux_loss_compute(cfg, be, comm, stats, n, backward, out);
+  Tensor aux_bias = aux_loss_compute(cfg, be, comm, stats, n, backward, weights.aux_weight, out);
 
   // Head: loss and d x_L. The plain head reads the whole lm_head (the FSDP2 baseline: every rank
   // computes its N x V logits); Ring-DTP reads only this rank's rows (lm_head_shard()) once its
@@ -220,14 +228,14 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const int64_t head_unit = head_reads_shard ? params.unit_norm() : params.unit_head();
   params.unit_gather(head_unit);
   if (backward) params.unit_grad_begin(head_unit);
-  HeadResult head = head_forward_backward(s, sched.vocab, params, x, targets, 1.0f / static_cast<float>(target_tokens),
-                                          dx, logits_out, backward);
+  HeadResult head = head_forward_backward(s, sched.vocab, params, x, targets, 1.0f / static_cast<float>(mean_over), dx,
+                                          logits_out, backward);
   if (backward) params.unit_grad_reduce(head_unit);
   params.unit_release(head_unit);
   x.reset();
   if (be.computes()) comm.all_reduce_sum(&head.loss_sum, 1, DType::DType_F64);
-  out.ce_loss = head.loss_sum / static_cast<double>(target_tokens);
-  out.loss = out.ce_loss + cfg.router_aux_loss_coef * out.aux_loss;
+  out.ce_loss = head.loss_sum / static_cast<double>(mean_over);
+  out.loss = out.ce_loss + cfg.router_aux_loss_coef * weights.aux_weight * out.aux_loss;
   if (!backward) {
     be.synchronize();
     return out;
@@ -245,12 +253,13 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
 }
 }  // namespace
 
-StepOutputs step_forward_backward(Model& model, const Batch& batch, std::vector<float>* logits_out) {
-  return step_run(model, batch, logits_out, true);
+StepOutputs step_forward_backward(Model& model, const Batch& batch, std::vector<float>* logits_out,
+                                  const StepWeights& weights) {
+  return step_run(model, batch, logits_out, true, weights);
 }
 
 StepOutputs step_forward(Model& model, const Batch& batch, std::vector<float>* logits_out) {
-  return step_run(model, batch, logits_out, false);
+  return step_run(model, batch, logits_out, false, StepWeights{});
 }
 
 }  // namespace fp

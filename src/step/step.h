@@ -33,10 +33,17 @@
 
 namespace fp {
 
+// How one step's losses are weighted when it is one micro-batch of a larger optimizer step (Note
+// [Gradient accumulation] in train/trainer.cpp). The defaults are a step of its own.
+struct StepWeights {
+  int64_t targets = 0;      // the target tokens the cross-entropy is averaged over (0: this step's, every rank's)
+  double aux_weight = 1.0;  // the share of the load-balancing loss this step carries (1/M of M micro-batches)
+};
+
 struct StepOutputs {
-  double loss = 0;        // ce_loss + coef * aux_loss (NaN on meta)
-  double ce_loss = 0;
-  double aux_loss = 0;
+  double loss = 0;            // ce_loss + coef * aux_weight * aux_loss (NaN on meta)
+  double ce_loss = 0;         // the cross-entropy summed over this step's targets / StepWeights::targets
+  double aux_loss = 0;        // this step's load-balancing loss (unweighted)
   int64_t target_tokens = 0;  // targets that are not -100
   std::vector<int64_t> expert_counts;  // (L, E) routed copies per layer and expert
 };
@@ -45,7 +52,10 @@ struct StepOutputs {
 // comm (collective when it has one); gradients are accumulated into the params' local_g() (their .g on
 // one rank). Validates the batch (shapes, token ids, targets; at least one target over every rank) with
 // fp::Error first. logits_out (tests): the (B, T, V) logits.
-StepOutputs step_forward_backward(Model& model, const Batch& batch, std::vector<float>* logits_out = nullptr);
+// weights: a micro-batch's share (StepWeights); gradients add to what the params hold, so M calls between two
+// zero_grads accumulate.
+StepOutputs step_forward_backward(Model& model, const Batch& batch, std::vector<float>* logits_out = nullptr,
+                                  const StepWeights& weights = {});
 // Forward and loss only (evaluation): no gradient is touched, no layer is recomputed.
 StepOutputs step_forward(Model& model, const Batch& batch, std::vector<float>* logits_out = nullptr);
 

@@ -202,14 +202,19 @@ std::vector<ConfigKey> registry_build() {
         FP_CHECK(v >= lo, kConfigHint, "{}: {} = {} must be at least {}", source, name, v, lo);
     };
   };
-  keys.push_back(plain_key("train.batch_size", K::KeyType_int, kArith, "sequences per step (global)", &RunConfig::train,
-                           &TrainConfig::batch_size, at_least("train.batch_size", 1)));
+  keys.push_back(plain_key("train.batch_size", K::KeyType_int, kArith,
+                           "sequences per micro-batch (over every rank); a step is train.grad_accum of them",
+                           &RunConfig::train, &TrainConfig::batch_size, at_least("train.batch_size", 1)));
   keys.push_back(plain_key("train.seq_len", K::KeyType_int, kArith, "T, tokens per sequence", &RunConfig::train,
                            &TrainConfig::seq_len, at_least("train.seq_len", 2)));
   keys.back().required = true;
   keys.push_back(plain_key("train.steps", K::KeyType_int, kArith,
                            "the run's length and its learning-rate schedule's (--steps overrides it)",
                            &RunConfig::train, &TrainConfig::steps, at_least("train.steps", 1)));
+  keys.push_back(plain_key("train.grad_accum", K::KeyType_int, kRun,
+                           "micro-batches of batch_size sequences per optimizer step: a global batch of grad_accum x "
+                           "batch_size sequences",
+                           &RunConfig::train, &TrainConfig::grad_accum, at_least("train.grad_accum", 1)));
   keys.push_back(plain_key("train.checkpoint_every", K::KeyType_int, kRun,
                            "steps between checkpoints (0: only at the end)", &RunConfig::train,
                            &TrainConfig::checkpoint_every, at_least("train.checkpoint_every", 0)));
@@ -332,6 +337,20 @@ std::vector<ConfigKey> registry_build() {
     k.get = [](const RunConfig& c) { return json(static_cast<int64_t>(c.data.seed)); };
     keys.push_back(std::move(k));
   }
+
+  // [parallel]
+  keys.push_back(plain_key("parallel.dp", K::KeyType_int, kRun,
+                           "data-parallel replicas, each reading its own train.batch_size sequences (W = dp x cp)",
+                           &RunConfig::parallel, &ParallelConfig::dp, at_least("parallel.dp", 1)));
+  keys.push_back(plain_key("parallel.cp", K::KeyType_int, kRun,
+                           "context-parallel ranks per replica, sharing each sequence by ring attention (0: W / dp)",
+                           &RunConfig::parallel, &ParallelConfig::cp, at_least("parallel.cp", 0)));
+  keys.push_back(plain_key("parallel.ep", K::KeyType_int, kRun,
+                           "ranks the experts are split over (0: W; fewer is not implemented yet)",
+                           &RunConfig::parallel, &ParallelConfig::ep, at_least("parallel.ep", 0)));
+  keys.push_back(plain_key("parallel.fsdp", K::KeyType_int, kRun,
+                           "ranks the dense parameters are sharded over (0: W; HSDP groups are not implemented yet)",
+                           &RunConfig::parallel, &ParallelConfig::fsdp, at_least("parallel.fsdp", 0)));
 
   // [eval]
   keys.push_back(plain_key("eval.data", K::KeyType_string, kRun,
@@ -662,6 +681,18 @@ ResumeCheck config_resume_check(const json& then, const RunConfig& now, bool ext
     if (v_then == &null_value && v_now == k.get(defaults)) continue;
     if (extend && k.name == "train.steps") continue;
     const std::string line = fmt::format("{}: checkpoint {}, now {}", k.name, v_then->dump(), v_now.dump());
+    // Note [A device mesh] (train/trainer.cpp): batch_size is per data-parallel replica; a layout that keeps
+    // dp x batch_size, the global micro-batch, reads the same sequences.
+    if (k.name == "train.batch_size" && v_then->is_number_integer()) {
+      const json dp_then =
+          then.contains("parallel") && then["parallel"].contains("dp") ? then["parallel"]["dp"] : json(1);
+      if (dp_then.is_number_integer() &&
+          dp_then.get<int64_t>() * v_then->get<int64_t>() == now.parallel.dp * now.train.batch_size) {
+        r.changed.push_back(line + fmt::format(" (the same {} sequences per micro-batch over parallel.dp = {})",
+                                               now.parallel.dp * now.train.batch_size, now.parallel.dp));
+        continue;
+      }
+    }
     (k.effect == KeyEffect::KeyEffect_arithmetic ? r.refused : r.changed).push_back(line);
   }
   // An older flatpeak's "precision": one description string, written when not fp32.

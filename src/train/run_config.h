@@ -23,6 +23,7 @@ struct TrainConfig {
   int64_t seq_len = 0;           // T
   int64_t steps = 1;             // length of the run (and of the learning-rate schedule)
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end
+  int64_t grad_accum = 1;  // micro-batches of batch_size sequences per optimizer step (Note [Gradient accumulation])
   // Note [A loss spike stops the run] (trainer.cpp): a loss above this multiple of the median of the
   // last kLossWindow losses stops the run before its update; 0: off.
   double loss_spike_factor = 10;
@@ -47,6 +48,14 @@ struct DataConfig {
   std::string context_split = "zigzag";  // "zigzag" | "balanced": a window dealt to the ranks (data/context_split.h)
 };
 
+// The device mesh (Note [A device mesh] in trainer.cpp): W = dp x cp ranks (mpirun -np W).
+struct ParallelConfig {
+  int64_t dp = 1;    // data-parallel replicas, each reading its own sequences
+  int64_t cp = 0;    // context-parallel ranks per replica (ring attention); 0: W / dp
+  int64_t ep = 0;    // ranks the experts are split over; 0: W (the one layout implemented)
+  int64_t fsdp = 0;  // ranks the dense parameters are sharded over; 0: W (the one layout implemented)
+};
+
 // Held-out evaluation while training (Note [Held-out evaluation] in trainer.cpp).
 struct EvalConfig {
   std::string data;     // a token file ("": none), read as data.documents says
@@ -60,6 +69,7 @@ struct RunConfig {
   OptimConfig optim;  // AdamW's hyperparameters; its schedule is schedules.optim (optimizer_create)
   DataConfig data;
   EvalConfig eval;
+  ParallelConfig parallel;
   MoeConfig moe;
   // Every schedule setting (model/schedules.h): [vocab], [ckpt], optim.schedule and its settings,
   // moe.dispatch, moe.token_chunk, [llep], [pipelined], [precision]

@@ -39,12 +39,53 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Note [A device mesh]: W = dp x cp ranks (parallel.dp, parallel.cp; mpirun -np W). Rank r is context-
+// parallel rank r % cp of replica r / cp: the cp consecutive ranks of a replica share its sequences by
+// ring attention (StepContext::cp), and the dp replicas read different sequences. Every rank reads the
+// whole global micro-batch, dp x train.batch_size sequences, and takes its replica's rows, so the loss's
+// target count (the global token mean over every replica and micro-batch, Note [Gradient accumulation])
+// is known on every rank. The experts and the dense shards stay spread over every rank (ep = fsdp = W):
+// the FSDP reduce-scatter over all W ranks sums the replicas' gradients with the cp shards', and the
+// expert dispatch serves every rank's tokens whatever its replica, so dp needs no other collective. The
+// schedules keep their groups: Ring-DTP's vocabulary ring, PipelinedLLEP's dispatch, SCO and the
+// optimizer's shards span all W ranks; ring attention spans the cp ranks of a replica. ep < W (experts
+// replicated over groups) and HSDP (parallel.fsdp < W) are refused by name, not yet implemented.
+struct Mesh {
+  int dp = 1, cp = 1;
+  int replica = 0;  // this rank's, rank / cp
+  int cp_rank = 0;  // rank % cp
+};
+
+Mesh mesh_resolve(const ParallelConfig& p, const Comm& comm, int64_t seq_len) {
+  const int W = comm.size();
+  const char* hint = "set parallel.dp and parallel.cp so that dp x cp = the ranks mpirun starts (docs/design.md)";
+  FP_CHECK(p.dp <= W && W % p.dp == 0, hint, "parallel.dp = {} does not divide the {} ranks", p.dp, W);
+  Mesh m;
+  m.dp = static_cast<int>(p.dp);
+  m.cp = p.cp > 0 ? static_cast<int>(p.cp) : W / m.dp;
+  FP_CHECK(static_cast<int64_t>(m.dp) * m.cp == W, hint,
+           "parallel.dp x parallel.cp = {} x {} = {}, but there are {} ranks", m.dp, m.cp, m.dp * m.cp, W);
+  FP_CHECK(
+      p.ep == 0 || p.ep == W, "leave parallel.ep unset (0: every rank)",
+      "parallel.ep = {}: experts split over fewer than the {} ranks (replicated across groups) is not implemented yet",
+      p.ep, W);
+  FP_CHECK(p.fsdp == 0 || p.fsdp == W, "leave parallel.fsdp unset (0: every rank)",
+           "parallel.fsdp = {}: dense parameters sharded within groups of fewer than the {} ranks (HSDP) is not "
+           "implemented yet",
+           p.fsdp, W);
+  FP_CHECK(m.cp == 1 || seq_len % (2 * m.cp) == 0, "choose train.seq_len divisible by 2 x parallel.cp",
+           "train.seq_len = {} is not divisible by 2 x {} context-parallel ranks (2cp zig-zag pieces)", seq_len, m.cp);
+  m.replica = comm.rank() / m.cp;
+  m.cp_rank = comm.rank() % m.cp;
+  return m;
+}
+
 // Where batches come from: the built-in recall task or a token file. position() is what a
 // checkpoint stores; seek() restores it.
 class DataSource {
  public:
-  // eos_id: documents_eos_id of the run (-1: not "eos").
-  DataSource(const RunConfig& c, int32_t eos_id) : B_(c.train.batch_size) {
+  // eos_id: documents_eos_id of the run (-1: not "eos"). sequences: a global micro-batch, dp x batch_size.
+  DataSource(const RunConfig& c, int32_t eos_id, int64_t sequences) : B_(sequences) {
     if (c.data.source == "recall") {
       FP_CHECK(documents_parse(c.data.documents) == Documents::Documents_none,
                "leave data.documents = \"none\" with data.source = \"recall\"",
@@ -60,7 +101,7 @@ class DataSource {
       recall_batch(recall_, 0, 1, nullptr);
     } else {
       file_ = std::make_unique<TokenFile>(c.data.source, c.model.vocab_size);
-      loader_ = std::make_unique<TokenFileLoader>(*file_, c.train.batch_size, c.train.seq_len);
+      loader_ = std::make_unique<TokenFileLoader>(*file_, sequences, c.train.seq_len);
       documents_ = DocumentMarker::make(c.data.documents, eos_id, c.data.source, file_->size());
     }
   }
@@ -106,11 +147,22 @@ class DataSource {
 // nothing is evaluated (it holds no numbers).
 class HeldOut {
  public:
-  HeldOut(const RunConfig& c, int32_t eos_id, bool computes)
-      : every_(c.eval.every), split_(context_split_parse(c.data.context_split)), window_(c.model.sliding_window) {
+  HeldOut(const RunConfig& c, int32_t eos_id, bool computes, const Mesh& mesh)
+      : every_(c.eval.every),
+        mesh_(mesh),
+        split_(context_split_parse(c.data.context_split)),
+        window_(c.model.sliding_window) {
     if (c.eval.data.empty() || !computes) return;
     const TokenFile file(c.eval.data, c.model.vocab_size, "eval.data");
-    batches_ = token_file_eval_batches(file, c.train.seq_len, c.train.batch_size, "train.seq_len", c.eval.batches);
+    // Batches of dp x batch_size sequences, each replica its rows; the file's last sequences that would
+    // leave a replica without one (fewer than dp) are not evaluated.
+    batches_ =
+        token_file_eval_batches(file, c.train.seq_len, mesh.dp * c.train.batch_size, "train.seq_len", c.eval.batches);
+    if (!batches_.empty() && batches_.back().B % mesh.dp != 0) {
+      Batch& last = batches_.back();
+      last = batch_rows(last, 0, last.B - last.B % mesh.dp);
+      if (last.B == 0) batches_.pop_back();
+    }
     // Read as the training data is: with "index", eval.data's own index (eval.data + ".docs").
     const DocumentMarker documents = DocumentMarker::make(c.data.documents, eos_id, c.eval.data, file.size());
     for (Batch& b : batches_) documents.mark(b);
@@ -127,7 +179,9 @@ class HeldOut {
     Result r;
     double sum = 0;
     for (const Batch& g : batches_) {
-      const StepOutputs out = step_forward(model, context_slice(g, comm.rank(), comm.size(), split_, window_));
+      const int64_t rows = g.B / mesh_.dp;  // this replica's
+      const StepOutputs out = step_forward(
+          model, context_slice(batch_rows(g, mesh_.replica * rows, rows), mesh_.cp_rank, mesh_.cp, split_, window_));
       sum += out.ce_loss * static_cast<double>(out.target_tokens);
       r.targets += out.target_tokens;
       r.sequences += g.B;
@@ -139,10 +193,30 @@ class HeldOut {
 
  private:
   int64_t every_;
+  Mesh mesh_;
   ContextSplit split_;
   int64_t window_;
   std::vector<Batch> batches_;
 };
+
+// Note [Gradient accumulation]: with train.grad_accum = M an optimizer step reads M micro-batches of
+// train.batch_size sequences (each split over the ranks as a step's batch is), zeroes the gradients once
+// and adds each micro-batch's forward and backward into them, then updates once. The loss is the token
+// mean over every target of the global batch, M x batch_size sequences: the micro-batches are read
+// before the first forward, their targets counted (not -100, on the whole windows, so every rank knows the
+// total), and each micro-batch's cross-entropy is divided by that total (StepWeights::targets), so a
+// micro-batch with fewer targets (documents, ignored positions) weighs less: the global token mean, not a
+// mean of means. Loss and gradients are then those of one step on the whole global batch (to the order of
+// the float sums: tests/model/test_grad_accum.cpp, cli grad_accum), clipped by the global norm (the
+// optimizer sees the accumulated gradient). Two statistics of the batch differ by design, and say how:
+//   - the load-balancing loss is computed per micro-batch, over its tokens, and each carries 1/M of it
+//     (StepWeights::aux_weight): Megatron's convention. The global batch's own aux (a product of two
+//     batch-wide means) would need every micro-batch's routing before the first backward;
+//   - DeepSeek-V3's routing bias moves once per optimizer step by the expert loads summed over the
+//     micro-batches: exactly the loads of the global batch.
+// Under the bf16 recipe the gradients are stored in bf16 (precision.grads) and each micro-batch's
+// backward adds into them: M roundings where one batch has one (measured in docs/benchmarks.md);
+// precision.grads = "f32" accumulates in f32 at 2 more bytes per parameter.
 
 // Keeps the lines of metrics.jsonl up to `step` (a resumed run rewrites what came after).
 void metrics_truncate(const std::string& path, int64_t step) {
@@ -556,10 +630,14 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const std::string from = !o.init_from.empty() ? o.init_from : o.resume;
   const int32_t eos_id = documents_eos_id(cfg.data.documents, cfg.data.eos_id,
                                           from.empty() ? std::string() : checkpoint_resolve(from), m.vocab_size);
-  DataSource data(cfg, eos_id);
+  const Mesh mesh = mesh_resolve(cfg.parallel, comm, cfg.train.seq_len);  // Note [A device mesh]
+  if (lead && mesh.dp > 1)
+    log_info("mesh: {} data-parallel replicas x {} context-parallel ranks; experts and dense shards over all {}",
+             mesh.dp, mesh.cp, comm.size());
+  DataSource data(cfg, eos_id, mesh.dp * cfg.train.batch_size);
   if (lead && data.documents().kind != Documents::Documents_none) log_info("{}", data.documents().describe());
   const ContextSplit split = context_split_parse(cfg.data.context_split);
-  const HeldOut held_out(cfg, eos_id, be->computes());
+  const HeldOut held_out(cfg, eos_id, be->computes(), mesh);
   if (lead && held_out.batches() > 0)
     log_info("held-out evaluation: {} batches of {} x {} from {} every {}", held_out.batches(), cfg.train.batch_size,
              cfg.train.seq_len, cfg.eval.data,
@@ -570,6 +648,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const std::string run_json = config_json(cfg).dump();  // every key (Note [One key registry])
 
   Model model(m, *be, profile, cfg.schedules, &comm);
+  model.set_context_parallel(mesh.cp);
   model.init_weights(m.seed);
   std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, cfg.schedules.optim, model.params(), *be);
   Optimizer& optim = *optim_ptr;
@@ -603,7 +682,15 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const int64_t ckpt_every = cfg.train.checkpoint_every;
   StopPolicy stop_policy(o, cfg, be->computes(), start);
   const Fault fault = be->computes() ? fault_from_env() : Fault{};  // Note [Injected faults]
-  std::vector<uint8_t> answer_mask;
+  // Note [Gradient accumulation]: M micro-batches of train.batch_size sequences make one optimizer step.
+  const int64_t M = cfg.train.grad_accum;
+  if (lead && (M > 1 || !o.resume.empty()))
+    log_info(
+        "gradient accumulation: {} micro-batches of {} x {} tokens{}, a global batch of {} sequences ({} tokens) "
+        "per optimizer step",
+        M, cfg.train.batch_size, cfg.train.seq_len,
+        mesh.dp > 1 ? fmt::format(" on each of {} replicas", mesh.dp) : std::string(),
+        M * mesh.dp * cfg.train.batch_size, M * mesh.dp * cfg.train.batch_size * cfg.train.seq_len);
   std::vector<float> logits;
   // Recall accuracy needs the logits (host copy, B x T x V). The full head has them anyway; Ring-DTP
   // never forms them (that is its point), so with it the metric is left out rather than paying
@@ -617,14 +704,47 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   int64_t last_step = start;
   for (int64_t step = start + 1; step <= total; ++step) {
     stop_policy.before_step(step, comm.rank());
-    Batch global = data.next(data.is_recall() ? &answer_mask : nullptr);
-    Batch batch = context_slice(global, comm.rank(), comm.size(), split, m.sliding_window);
+    // Note [Gradient accumulation]: the step's M micro-batches, read first (their targets set the mean).
+    std::vector<Batch> micro(static_cast<size_t>(M));
+    std::vector<std::vector<uint8_t>> answer_masks(static_cast<size_t>(M));
+    int64_t step_targets = 0;
+    for (int64_t mb = 0; mb < M; ++mb) {
+      micro[mb] = data.next(data.is_recall() ? &answer_masks[mb] : nullptr);
+      for (const int32_t t : micro[mb].targets) step_targets += t != -100;
+    }
     be->device_ledger().peaks_reset();
     const Clock::time_point t0 = Clock::now();
     if (step == fault.step && (fault.kind == "spike" || fault.kind == "nan"))
       fault_apply(*be, model.params(), fault.kind);
     model.zero_grads();
-    StepOutputs out = step_forward_backward(model, batch, want_logits ? &logits : nullptr);
+    StepOutputs out;
+    double answers[2] = {0, 0};  // recall: answers predicted exactly, answers (this rank's)
+    for (int64_t mb = 0; mb < M; ++mb) {
+      const Batch& global = micro[mb];
+      const int64_t rows = global.B / mesh.dp;  // this replica's sequences, then its cp piece of each
+      const Batch batch =
+          context_slice(batch_rows(global, mesh.replica * rows, rows), mesh.cp_rank, mesh.cp, split, m.sliding_window);
+      const StepOutputs o = step_forward_backward(model, batch, want_logits ? &logits : nullptr,
+                                                  StepWeights{M > 1 ? step_targets : 0, 1.0 / static_cast<double>(M)});
+      out.loss += o.loss;
+      out.ce_loss += o.ce_loss;
+      out.aux_loss += o.aux_loss / static_cast<double>(M);
+      out.target_tokens += o.target_tokens;
+      if (out.expert_counts.empty()) out.expert_counts.assign(o.expert_counts.size(), 0);
+      for (size_t i = 0; i < o.expert_counts.size(); ++i) out.expert_counts[i] += o.expert_counts[i];
+      if (want_logits) {
+        // This rank's answer positions.
+        std::vector<uint8_t> mask;
+        for (int64_t sq = 0; sq < batch.B; ++sq)
+          for (int64_t t = 0; t < batch.T; ++t)
+            mask.push_back(answer_masks[mb][(mesh.replica * rows + sq) * global.T +
+                                            (batch.positions.empty() ? t : batch.positions[t])]);
+        double a = 0;
+        for (uint8_t x : mask) a += x;
+        answers[0] += a > 0 ? recall_accuracy(logits, batch, mask) * a : 0.0;
+        answers[1] += a;
+      }
+    }
     stop_policy.check_loss(step, out);
     Optimizer::StepStats os = optim.step(step, schedule_total);
     // DeepSeek-V3's aux-loss-free balancing: the routing bias follows this step's expert loads.
@@ -632,7 +752,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     be->synchronize();
     if (step == fault.step && fault.kind == "nan_update") fault_apply(*be, model.params(), fault.kind);
     const double secs = seconds_since(t0);
-    const double tps = static_cast<double>(global.B * global.T) / secs;
+    const int64_t step_tokens = M * micro[0].B * micro[0].T;  // global, every rank's, every micro-batch's
+    const double tps = static_cast<double>(step_tokens) / secs;
     // Note [The trace holds the first steps]: memory_trace.json is the timeline of the run's first two
     // steps (the first pays one-time allocations, the second is a step like every later one); past them
     // the ledgers keep counting peaks but store no events, so a long run's memory stays flat (each
@@ -651,24 +772,16 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     j["grad_norm"] = os.grad_norm;
     j["lr"] = os.lr;
     if (schedule_total != total) j["lr_schedule_steps"] = schedule_total;  // an extended run
+    j["tokens"] = step_tokens;
+    j["target_tokens"] = step_targets;
     j["tokens_per_s"] = tps;
     j["seconds"] = secs;
     j["host_rss_bytes"] = resident_bytes();  // this rank's; a long run stays flat (scripts/soak)
     j["host_heap_bytes"] = heap_in_use_bytes();
     double acc = std::nan("");
-    if (want_logits) {
-      // This rank's answer positions, then the share over all ranks.
-      std::vector<uint8_t> mask = answer_mask;
-      if (comm.size() > 1) {
-        mask.clear();
-        for (int64_t sq = 0; sq < global.B; ++sq)
-          for (int32_t p : batch.positions) mask.push_back(answer_mask[sq * global.T + p]);
-      }
-      double answers = 0;
-      for (uint8_t a : mask) answers += a;
-      double counts[2] = {answers > 0 ? recall_accuracy(logits, batch, mask) * answers : 0.0, answers};
-      comm.all_reduce_sum(counts, 2, DType::DType_F64);
-      acc = counts[1] > 0 ? counts[0] / counts[1] : 0.0;
+    if (want_logits) {  // the share over every micro-batch and rank
+      comm.all_reduce_sum(answers, 2, DType::DType_F64);
+      acc = answers[1] > 0 ? answers[0] / answers[1] : 0.0;
       j["recall_accuracy"] = acc;
     }
     double eval_loss = std::nan("");

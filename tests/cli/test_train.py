@@ -364,6 +364,38 @@ def case_documents_and_held_out(tmp):
     print(f"held-out loss {ma[-1]['eval_loss']:.4f} over {targets} targets = flatpeak eval's; training unchanged")
 
 
+def case_grad_accum(tmp):
+    """train.grad_accum (Note [Gradient accumulation]): 4 micro-batches of 1 sequence train as batches of 4
+    (5 steps: every loss within 1e-6, the final weights within 1e-5 norm-relative) without the load-balancing
+    loss; metrics.jsonl reports the global tokens per step; a resume may change grad_accum and says so."""
+    base = ["train", "--config", tiny(), "--quiet", "--set", "train.seq_len=64", "--set",
+            "model.num_hidden_layers=2", "--set", "model.router_aux_loss_coef=0"]
+    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    run(base + ["--steps", "5", "--out", a, "--set", "train.batch_size=4"])
+    run(base + ["--steps", "5", "--out", b, "--set", "train.batch_size=1", "--set", "train.grad_accum=4"])
+    ma, mb = metrics(a), metrics(b)
+    for x, y in zip(ma, mb):
+        assert abs(x["loss"] - y["loss"]) <= 1e-6 * abs(x["loss"]), f"step {x['step']}: {x['loss']} vs {y['loss']}"
+        assert x["tokens"] == y["tokens"] == 4 * 64 and x["target_tokens"] == y["target_tokens"], (x, y)
+    wa = safetensors_f32(os.path.join(a, "checkpoint", "model.safetensors"))
+    wb = safetensors_f32(os.path.join(b, "checkpoint", "model.safetensors"))
+    worst = 0.0
+    for k in wa:
+        d = sum((p - q) ** 2 for p, q in zip(wa[k], wb[k])) ** 0.5
+        n = sum(p * p for p in wa[k]) ** 0.5
+        worst = max(worst, d / max(n, 1e-30))
+    assert worst <= 1e-5, f"final weights differ by {worst:.2e} (norm-relative)"
+    print(f"grad_accum 4 x 1 = batch 4 over 5 steps: losses within 1e-6, weights within {worst:.1e}")
+    # A resume may change the accumulation; it says the global batch.
+    c = os.path.join(tmp, "c")
+    run(base + ["--steps", "5", "--out", c, "--set", "train.batch_size=1", "--set", "train.grad_accum=4",
+                "--stop-after", "3"])
+    p = run(base + ["--steps", "5", "--out", c, "--resume", c, "--set", "train.batch_size=1", "--set",
+                    "train.grad_accum=2"])
+    assert "train.grad_accum" in p.stderr and "global batch of 2 sequences" in p.stderr, p.stderr
+    assert [m["tokens"] for m in metrics(c)] == [256] * 3 + [128] * 2, [m["tokens"] for m in metrics(c)]
+
+
 def wait_for_steps(d, n, p, timeout=120):
     """Waits until the run p has written at least n lines of metrics (or ended)."""
     deadline = time.time() + timeout

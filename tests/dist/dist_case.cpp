@@ -19,7 +19,8 @@
 // experts, which no tolerance covers. _docs packs documents into the batch: EOS tokens at fixed positions
 // cut each sequence (Note [Documents from EOS], data/documents.h), so attention, RoPE and the loss follow
 // the boundaries on every rank of the ring. _balanced deals the window to the ranks by attention work
-// (Note [Balanced rings], data/context_split.h) instead of zig-zag.
+// (Note [Balanced rings], data/context_split.h) instead of zig-zag. _dp2 runs 2 data-parallel replicas of W/2
+// context-parallel ranks (Note [A device mesh] in train/trainer.cpp), each replica one sequence of the batch.
 #include <cstdio>
 
 #include "../common/gathered_grads.h"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
     if (has) variant.resize(variant.size() - x.size());
     return has;
   };
+  const bool dp2 = suffix("_dp2");
   const bool balanced = suffix("_balanced");
   const bool docs = suffix("_docs");
   const bool bf16 = suffix("_bf16");
@@ -51,7 +53,7 @@ int main(int argc, char** argv) {
       (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek)) {
     std::fprintf(stderr,
                  "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]"
-                 "[_llep][_chunked][_bf16][_docs][_balanced]\n");
+                 "[_llep][_chunked][_bf16][_docs][_balanced][_dp2]\n");
     return 2;
   }
   Comm& comm = comm_world();
@@ -125,7 +127,11 @@ int main(int argc, char** argv) {
       }
       batch_documents_from_eos(global, eos);
     }
-    Batch local = context_slice(global, comm.rank(), comm.size(),
+    // Note [A device mesh]: dp replicas of cp ranks, each replica its rows of the global batch.
+    const int dp = dp2 ? 2 : 1, cp = comm.size() / dp;
+    model.set_context_parallel(cp);
+    const int64_t rows = global.B / dp;
+    Batch local = context_slice(batch_rows(global, (comm.rank() / cp) * rows, rows), comm.rank() % cp, cp,
                                 balanced ? ContextSplit::ContextSplit_balanced : ContextSplit::ContextSplit_zigzag,
                                 m.sliding_window);
     be->device_ledger().peaks_reset();

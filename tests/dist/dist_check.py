@@ -10,6 +10,7 @@ usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
                  against their plain schedules on one process
   grads_chunked  the MoE token side in chunks through the standard, LLEP and PipelinedLLEP dispatches
   grads_bf16     the bf16 recipe on 2 and 4 ranks against one process
+  grads_mesh     2 data-parallel replicas (dp2 x cp1, dp2 x cp2) against one process, with the flattened schedules
   grads_documents  packed documents (EOS boundaries) on 2 and 4 ranks against one process: the plain,
                  the switched (sliding window) and the DeepSeek model; zig-zag and the balanced split
   train      10 steps of flatpeak train on W = 2 and 4 track the single-process losses within 1e-4; meta
@@ -17,6 +18,7 @@ usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
   train_deepseek      DeepSeek-V3's layer with its routing bias moving on 2 ranks, and resumed on one process
   train_bf16          the bf16 recipe on 2 and 4 ranks
   train_chunked_meta  the MoE token side in chunks through PipelinedLLEP under a profile: meta allocates as cpu
+  train_mesh  dp4, dp2 x cp2 and dp2 with 2 micro-batches against one process on the same global batch
   ckpt       checkpoints written by 2 or 4 ranks equal one process's and resume on 1 or 2 ranks, and vice
              versa, with the same losses within 1e-5
   failure    a failing rank ends every rank non-zero within 30 s, the error printed once
@@ -116,6 +118,17 @@ def case_grads_documents(tmp):
     for variant in ("plain_docs", "hf_layers_docs"):
         print(f"-- {variant}_balanced against {variant} on one process")
         grads_variant(tmp, variant + "_balanced", reference=variant)
+
+
+def case_grads_mesh(tmp):
+    """Note [A device mesh]: 2 data-parallel replicas of W/2 context-parallel ranks (dp2 x cp1 on 2 ranks, dp2 x cp2
+    on 4) against one process on the whole batch: the plain layer, the switched model with the four flattened
+    schedules together, DeepSeek-V3, and packed documents (the replicas' target counts differ: the global
+    token mean)."""
+    for variant, reference in (("plain_dp2", "plain"), ("hf_layers_flat_dp2", "hf_layers"),
+                               ("deepseek_dp2", "deepseek"), ("plain_docs_dp2", "plain_docs")):
+        print(f"-- {variant} against {reference} on one process")
+        grads_variant(tmp, variant, reference=reference)
 
 
 def case_grads_bf16(tmp):
@@ -251,6 +264,41 @@ def case_train(tmp):
             assert got_meta[cat] == got_cpu[cat], f"W={w} {cat}: meta {got_meta[cat]} B, cpu {got_cpu[cat]} B"
         print(f"W={w}: meta peaks params/grads/optimizer {got_meta['params']}/{got_meta['grads']}/"
               f"{got_meta['optimizer']} B, as on cpu")
+
+
+def case_train_mesh(tmp):
+    """Note [A device mesh] and [Gradient accumulation], through flatpeak train: 5 steps of one process on a
+    global batch of 4 sequences against dp4 (4 ranks), dp2 x cp2 (4 ranks) and dp2 x cp1 (2 ranks) with 2
+    micro-batches, each with batch_size sequences per replica so that the global batch is the same: every
+    loss within 1e-5 (without the load-balancing loss, a statistic of each micro-batch), the global tokens
+    per step reported; a bad layout refused by name; a checkpoint of dp2 x cp2 resumes on one process."""
+    common = ["--set", "model.router_aux_loss_coef=0"]
+    single = os.path.join(tmp, "w1")
+    ok(mpirun(1, train_args(single, 5, common + ["--set", "train.batch_size=4"])), "one process, batch 4")
+    ref = losses(single)
+    for w, extra in ((4, ["parallel.dp=4", "train.batch_size=1"]), (4, ["parallel.dp=2", "train.batch_size=2"]),
+                     (2, ["parallel.dp=2", "train.batch_size=1", "train.grad_accum=2"])):
+        d = os.path.join(tmp, f"mesh_{w}_{'_'.join(extra)}")
+        sets = [x for e in extra for x in ("--set", e)]
+        ok(mpirun(w, train_args(d, 5, common + sets)), f"training on {w} ranks with {extra}")
+        got = losses(d)
+        rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+        tokens = [json.loads(l)["tokens"] for l in open(os.path.join(d, "metrics.jsonl")) if l.strip()]
+        print(f"W={w} {' '.join(extra)}: 5 losses track one process on batch 4 within {rel:.2e}, tokens {tokens[0]}")
+        assert len(got) == 5 and rel <= 1e-5 and tokens == [4 * 128] * 5, (got, ref, tokens)
+    # dp2 x cp2, stopped after 3 steps, resumed on one process with batch 4 (the same global batch).
+    d = os.path.join(tmp, "resume")
+    ok(mpirun(4, train_args(d, 5, common + ["--set", "parallel.dp=2", "--set", "train.batch_size=2", "--stop-after",
+                                            "3"])), "dp2 x cp2, 3 steps")
+    p = ok(mpirun(1, train_args(d, 5, common + ["--set", "train.batch_size=4", "--resume", d])), "resumed on one")
+    got = losses(d)
+    rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    print(f"dp2 x cp2 resumed on one process: 5 losses within {rel:.2e} of one process")
+    assert rel <= 1e-5 and "parallel.dp" in p.stderr, (got, ref, p.stderr[-2000:])
+    bad = mpirun(4, train_args(os.path.join(tmp, "bad"), 1, ["--set", "parallel.dp=3"]))
+    assert bad.returncode != 0 and "parallel.dp = 3" in bad.stderr, bad.stderr[-2000:]
+    bad = mpirun(2, train_args(os.path.join(tmp, "bad2"), 1, ["--set", "parallel.ep=1"]))
+    assert bad.returncode != 0 and "parallel.ep = 1" in bad.stderr, bad.stderr[-2000:]
 
 
 DEEPSEEK = ["model.model_type=deepseek_v3", "model.num_key_value_heads=4", "model.q_lora_rank=24",

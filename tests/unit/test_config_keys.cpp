@@ -82,6 +82,7 @@ const std::map<std::string, Other> kOther = {
     {"train.seq_len", {"128"}},
     {"train.steps", {"300"}},
     {"train.checkpoint_every", {"10"}},
+    {"train.grad_accum", {"4"}},
     {"train.loss_spike_factor", {"5.0"}},
     {"optim.lr", {"1e-3"}},
     {"optim.beta1", {"0.8"}},
@@ -104,6 +105,10 @@ const std::map<std::string, Other> kOther = {
     {"data.eos_id", {"2"}},
     {"data.context_split", {"balanced"}},
     {"eval.data", {"/tmp/val.bin"}},
+    {"parallel.dp", {"2"}},
+    {"parallel.cp", {"2"}},
+    {"parallel.ep", {"4"}},
+    {"parallel.fsdp", {"4"}},
     {"eval.every", {"50"}},
     {"eval.batches", {"4"}},
     {"moe.routing_profile", {"balanced"}},
@@ -137,8 +142,13 @@ const std::map<std::string, Other> kOther = {
 // variant) and how the run is driven. Every other key alters the arithmetic and a resume refuses it.
 const std::set<std::string> kMayChangeOnResume = {"model.seed",
                                                   "train.checkpoint_every",
+                                                  "train.grad_accum",
                                                   "train.loss_spike_factor",
                                                   "eval.data",
+                                                  "parallel.dp",
+                                                  "parallel.cp",
+                                                  "parallel.ep",
+                                                  "parallel.fsdp",
                                                   "eval.every",
                                                   "eval.batches",
                                                   "optim.schedule",
@@ -302,10 +312,27 @@ TEST(ConfigKeys, ResumeFromAnOlderCheckpointNamesWhatItDidNotRecord) {
   EXPECT_TRUE(config_resume_check(hf, base(false), false).refused.empty());
   // A key this flatpeak does not know (a newer one wrote the checkpoint) is refused by name.
   nlohmann::json newer = config_json(base(false));
-  newer["train"]["grad_accum"] = 4;
+  newer["train"]["micro_batches"] = 4;
   const ResumeCheck rn = config_resume_check(newer, base(false), false);
   ASSERT_EQ(rn.refused.size(), 1u);
-  EXPECT_EQ(rn.refused[0], "train.grad_accum: checkpoint 4, not a key of this flatpeak");
+  EXPECT_EQ(rn.refused[0], "train.micro_batches: checkpoint 4, not a key of this flatpeak");
+}
+
+// Note [A device mesh]: train.batch_size is per replica; a resume may change it with parallel.dp when the
+// global micro-batch, dp x batch_size, stays.
+TEST(ConfigKeys, ResumeTakesAnotherMeshWithTheSameGlobalBatch) {
+  const nlohmann::json then = config_json(base(false, {"parallel.dp=2", "train.batch_size=2"}));
+  EXPECT_TRUE(config_resume_check(then, base(false, {"train.batch_size=4"}), false).refused.empty());
+  EXPECT_TRUE(config_resume_check(then, base(false, {"parallel.dp=4", "train.batch_size=1"}), false).refused.empty());
+  // Another per-replica batch on the same replicas changes the global batch: refused by name.
+  const ResumeCheck r = config_resume_check(then, base(false, {"parallel.dp=2", "train.batch_size=3"}), false);
+  ASSERT_EQ(r.refused.size(), 1u);
+  EXPECT_EQ(r.refused[0], "train.batch_size: checkpoint 2, now 3");
+  // Fewer replicas of the same batch_size: a layout change, allowed and said (as train.grad_accum's).
+  const ResumeCheck fewer = config_resume_check(then, base(false, {"train.batch_size=2"}), false);
+  EXPECT_TRUE(fewer.refused.empty());
+  ASSERT_EQ(fewer.changed.size(), 1u);
+  EXPECT_EQ(fewer.changed[0], "parallel.dp: checkpoint 2, now 1");
 }
 
 // The planner's --schedule takes the registry's plan keys by name and by alias, and nothing else.
