@@ -44,6 +44,8 @@ struct PlanOptions {
   std::string timeline;
   bool strict = false;
   bool no_reach = false;
+  std::string mesh;        // "dp=D,cp=C[,ep=E]" (Note [A device mesh])
+  int64_t grad_accum = 1;  // micro-batches per optimizer step: tokens per step, no memory
   std::string docs;  // a document-length mix: the ring's balance (plan/ring_balance.h)
   int64_t docs_windows = 8;
 };
@@ -111,6 +113,42 @@ plan::Model config_apply(const PlanOptions& o, plan::Input& in) {
   return m;
 }
 
+// --mesh dp=D,cp=C[,ep=E] (Note [A device mesh] in train/trainer.cpp): D x C ranks, experts over all of them.
+void mesh_apply(const PlanOptions& o, plan::Layout& lay) {
+  const char* hint = "write --mesh dp=D,cp=C (D x C ranks), e.g. --mesh dp=8,cp=8";
+  int64_t dp = 1, cp = 0, ep = 0;
+  size_t at = 0;
+  while (at < o.mesh.size()) {
+    const size_t end = std::min(o.mesh.find(',', at), o.mesh.size()), eq = o.mesh.find('=', at);
+    FP_CHECK(eq != std::string::npos && eq < end, hint, "--mesh {}: '{}' is not key=value", o.mesh,
+             o.mesh.substr(at, end - at));
+    const std::string key = o.mesh.substr(at, eq - at), value = o.mesh.substr(eq + 1, end - eq - 1);
+    int64_t v = 0;
+    try {
+      v = std::stoll(value);
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--mesh {}: {} = '{}' is not an integer", o.mesh, key, value), hint);
+    }
+    FP_CHECK(v >= 1, hint, "--mesh {}: {} = {} must be at least 1", o.mesh, key, v);
+    if (key == "dp")
+      dp = v;
+    else if (key == "cp")
+      cp = v;
+    else if (key == "ep")
+      ep = v;
+    else
+      throw Error(fmt::format("--mesh {}: unknown axis '{}' (dp, cp, ep)", o.mesh, key), hint);
+    at = end + 1;
+  }
+  if (cp == 0) cp = o.ranks > 0 ? o.ranks / dp : 1;
+  FP_CHECK(o.ranks == 0 || o.ranks == dp * cp, hint, "--mesh {} makes {} ranks, --ranks says {}", o.mesh, dp * cp,
+           o.ranks);
+  FP_CHECK(ep == 0 || ep == dp * cp, "leave ep out (every rank)",
+           "--mesh {}: experts over {} of the {} ranks is not implemented yet", o.mesh, ep, dp * cp);
+  lay.ranks = dp * cp;
+  lay.cp = cp;
+}
+
 int plan_run(const PlanOptions& o) {
   FP_CHECK(o.model.empty() != o.config.empty(),
            "plan --model FILE (a preset, run config or config.json: its [model] only) or plan --config RUN.toml "
@@ -123,6 +161,7 @@ int plan_run(const PlanOptions& o) {
   in.model = m.cfg;
   if (o.config.empty()) in.context = plan::context_parse(o.context);
   in.settings.layout.ranks = o.ranks > 0 ? o.ranks : (m.default_ranks > 0 ? m.default_ranks : 1);
+  if (!o.mesh.empty()) mesh_apply(o, in.settings.layout);
   in.device_mem = bytes_parse(o.device_mem);
   in.host_mem = bytes_parse(o.host_mem);
   in.approximate = m.approximate;
@@ -140,6 +179,15 @@ int plan_run(const PlanOptions& o) {
 
   const plan::Result r = plan::plan_step(in);
   fmt::print("{}", plan::plan_table(m, in, r));
+  const plan::Layout& lay = in.settings.layout;
+  // Tokens per optimizer step of a context: every replica's sequences of every micro-batch.
+  auto step_tokens = [&](int64_t T) { return lay.replicas() * o.grad_accum * lay.batch * T; };
+  if (!o.mesh.empty() || o.grad_accum > 1)
+    fmt::print(
+        "mesh: {} replicas x {} context-parallel ranks = {} ranks; {} micro-batch(es) of {} sequence(s) per "
+        "replica: {} tokens per optimizer step at {}\n",
+        lay.replicas(), lay.context_ranks(), lay.ranks, o.grad_accum, lay.batch, step_tokens(in.context),
+        plan::context_format(in.context));
 
   // Reach: the same sizes, layout and dtypes with the baseline's and flatpeak's schedule families.
   nlohmann::ordered_json reach = nullptr;
@@ -155,11 +203,14 @@ int plan_run(const PlanOptions& o) {
     };
     const plan::Reach rb = plan::plan_reach(base, int64_t{1} << 31, progress("baseline"));
     const plan::Reach rf = plan::plan_reach(flat, int64_t{1} << 31, progress("flatpeak"));
-    auto line = [](const plan::Reach& x) {
+    auto line = [&](const plan::Reach& x) {
       if (x.max_context == 0) return std::string("nothing fits");
-      return fmt::format("{} tokens ({}{}; binding there: {}; {} plans in {:.1f} s)", x.max_context,
+      return fmt::format("{} tokens ({}{}; binding there: {}; {} plans in {:.1f} s{})", x.max_context,
                          plan::context_format(x.max_pow2), x.capped ? ", capped" : " as a power of two",
-                         category_name(x.at_max.binding), x.points, x.seconds);
+                         category_name(x.at_max.binding), x.points, x.seconds,
+                         lay.replicas() > 1 || o.grad_accum > 1
+                             ? fmt::format("; {} tokens per optimizer step", step_tokens(x.max_context))
+                             : std::string());
     };
     fmt::print("reach at {} per rank, host {}: baseline {}; flatpeak {}\n", bytes_format(in.device_mem),
                bytes_format(in.host_mem), line(rb), line(rf));
@@ -232,6 +283,11 @@ void plan_register(CLI::App& parent, Runner& run) {
   sub->add_flag("--strict", o.strict, "exit 3 when the plan is approximate (a model the engine does not run exactly)");
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
   sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");
+  sub->add_option("--mesh", o.mesh,
+                  "the layout dp=D,cp=C: D data-parallel replicas of C context-parallel ranks (D x C ranks; experts "
+                  "and dense shards over all of them)");
+  sub->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step (tokens per step; no memory)")
+      ->check(at_least(1));
   sub->add_option(
       "--docs", o.docs,
       "packed documents of this length mix, e.g. mean=16K,tail=1.5 (log-normal): how evenly ring attention's "

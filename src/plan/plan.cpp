@@ -36,7 +36,10 @@ namespace {
 std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const PlanOptions& opt) {
   const ModelConfig& cfg = in.model;
   const int W = static_cast<int>(in.settings.layout.ranks);
+  const int cp = static_cast<int>(in.settings.layout.context_ranks());
   const int64_t B = in.settings.layout.batch, T = in.context;
+  FP_CHECK(cp >= 1 && W % cp == 0, "--mesh dp=D,cp=C with D x C ranks", "{} context-parallel ranks do not divide {}",
+           cp, W);
   std::vector<RankPlan> out(static_cast<size_t>(W));
   ThreadWorld world(W);
   world.run([&](Comm& comm) {
@@ -50,6 +53,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
       be->host_ledger().events_limit_set(0);
     }
     fp::Model model(cfg, *be, in.settings.routing, sc, W > 1 ? &comm : nullptr);
+    if (W > 1) model.set_context_parallel(cp);
     RankPlan& rp = out[static_cast<size_t>(r)];
     // Elements, counted per tensor: not the params bytes over one dtype's size, which counts a parameter
     // kept in f32 among bf16 ones twice (Note [Parameters kept in f32] in model/params.h).
@@ -60,10 +64,10 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     // Data never reaches a meta backend; only the shapes and this rank's positions matter.
     Batch batch;
     batch.B = B;
-    batch.T = W > 1 ? T / W : T;
+    batch.T = cp > 1 ? T / cp : T;
     batch.tokens.assign(static_cast<size_t>(batch.B * batch.T), 0);
     batch.targets.assign(batch.tokens.size(), 0);
-    if (W > 1) batch.positions = context_positions(T, r, W);
+    if (cp > 1) batch.positions = context_positions(T, r % cp, cp);
     step_forward_backward(model, batch);
     optim->step(1, 1);
     be->synchronize();
@@ -160,10 +164,10 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
   FP_CHECK(lay.ranks == 1 || c.num_experts % lay.ranks == 0,
            "choose a rank count that divides the number of experts (the engine places E / W experts on each rank)",
            "{} experts cannot be spread over {} ranks", c.num_experts, lay.ranks);
-  FP_CHECK(lay.ranks == 1 || in.context % (2 * lay.ranks) == 0,
-           "choose a context divisible by 2 x the number of ranks (context parallelism cuts each sequence into 2W "
-           "zig-zag chunks)",
-           "context {} is not divisible by 2 x {} ranks", in.context, lay.ranks);
+  FP_CHECK(lay.context_ranks() == 1 || in.context % (2 * lay.context_ranks()) == 0,
+           "choose a context divisible by 2 x the context-parallel ranks (context parallelism cuts each sequence "
+           "into 2cp zig-zag chunks)",
+           "context {} is not divisible by 2 x {} context-parallel ranks", in.context, lay.context_ranks());
   std::vector<RankPlan> local;
   std::vector<RankPlan>& ranks = opt.ranks != nullptr ? *opt.ranks : local;
   ranks = world_run(in, sc, opt);
@@ -175,7 +179,7 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
   Sizes& z = r.sizes;
   z.ranks = lay.ranks;
   z.rank = pick;
-  z.tokens = lay.batch * in.context / lay.ranks;
+  z.tokens = lay.batch * in.context / lay.context_ranks();
   z.routes_sent = z.tokens * c.num_experts_per_tok;
   z.params_total = c.param_count();
   z.params_per_rank = rp.params_per_rank;
@@ -248,8 +252,8 @@ Result plan_step(const Input& in, const PlanOptions& opt) {
 // the engine's granularity g. The answer is exact at that granularity: max_context fits and
 // max_context + g does not (or the cap is reached).
 Reach plan_reach(Input in, int64_t cap, const ReachProgress& progress) {
-  // The engine's granularity: T a multiple of 2W on W > 1 ranks (the zig-zag split).
-  const int64_t W = in.settings.layout.ranks, g = W > 1 ? 2 * W : 1;
+  // The engine's granularity: T a multiple of 2cp on cp > 1 context-parallel ranks (the zig-zag split).
+  const int64_t cp = in.settings.layout.context_ranks(), g = cp > 1 ? 2 * cp : 1;
   auto fill = [&](const Result& r) {
     double dev = 0, host = 0;
     if (in.device_mem != kUnlimitedBytes)

@@ -45,7 +45,12 @@ inline constexpr int64_t kFlatpeakTokenChunk = 16384;
 
 struct Layout {
   int64_t ranks = 1;  // W
-  int64_t batch = 1;  // B, sequences per step (each split over the W ranks)
+  int64_t batch = 1;  // B, sequences per step of each replica (each split over its cp ranks)
+  // Note [A device mesh] (train/trainer.cpp): dp = W / cp replicas of cp context-parallel ranks (0: cp = W,
+  // one replica); experts, dense shards and the vocabulary ring stay over all W.
+  int64_t cp = 0;
+  int64_t context_ranks() const { return cp > 0 ? cp : ranks; }  // cp
+  int64_t replicas() const { return ranks / context_ranks(); }   // dp
   int64_t rank = -1;  // the rank to describe; -1: the one with the largest step peak (ranks differ by
                       // the rows their experts receive and their vocabulary shard)
 };

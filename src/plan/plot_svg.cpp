@@ -180,10 +180,10 @@ std::vector<PlotPanel> peaks_plot_panels(const Input& in, int lo_log2, int hi_lo
       schedules_set_baseline(x.settings.sched);
     else
       schedules_set_flatpeak(x.settings.sched);
-    const int64_t W = x.settings.layout.ranks;
+    const int64_t cp = x.settings.layout.context_ranks();
     for (int l = lo_log2; l <= hi_log2; ++l) {
       x.context = int64_t{1} << l;
-      if (W > 1 && x.context % (2 * W) != 0) continue;  // the engine's zig-zag split needs 2W | T
+      if (cp > 1 && x.context % (2 * cp) != 0) continue;  // the engine's zig-zag split needs 2cp | T
       panels[p].contexts.push_back(x.context);
       panels[p].results.push_back(plan_step(x));
     }

@@ -111,7 +111,7 @@ def bad_inputs(a, tmp):
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--ranks", "3"],
          "cannot be spread over 3 ranks"),
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1000", "--ranks", "8"],
-         "not divisible by 2 x 8 ranks"),
+         "not divisible by 2 x 8 context-parallel ranks"),
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1K", "--set", "train.seq_len=5"],
          "only precision.* keys apply"),
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1K", "--set", "precision.recipe=fp8"],

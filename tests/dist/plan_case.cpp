@@ -47,6 +47,7 @@ struct Case {
   std::vector<std::string> items;  // plan --schedule items (schedules, routing, precision)
   bool events = false;             // compare the timelines event for event
   uint64_t host_mem = kUnlimitedBytes;
+  bool dp2 = false;  // 2 data-parallel replicas of W / 2 context-parallel ranks (Note [A device mesh]); W even
 };
 
 
@@ -73,10 +74,12 @@ void case_run(Comm& comm, const Case& c) {
   in.context = c.shape.T;
   in.host_mem = c.host_mem;
   in.settings.layout.ranks = W;
+  const int cp = c.dp2 ? W / 2 : W;
+  in.settings.layout.cp = cp;
   plan::settings_apply(in.settings, fmt::format("batch={}", c.shape.B));
   plan::settings_apply(in.settings, "optim=device");
   for (const std::string& it : c.items) plan::settings_apply(in.settings, it);
-  std::string label = c.shape.name;
+  std::string label = std::string(c.shape.name) + (c.dp2 ? " dp2" : "");
   for (const std::string& it : c.items) label += " " + it;
 
   std::vector<plan::RankPlan> ranks;
@@ -91,6 +94,7 @@ void case_run(Comm& comm, const Case& c) {
   be->host_ledger().overcommit_set(true);
   // Alive until the ledgers are read (the plan reads them before its model goes).
   Model model(in.model, *be, in.settings.routing, p.sched, W > 1 ? &comm : nullptr);
+  if (W > 1) model.set_context_parallel(cp);
   std::unique_ptr<Optimizer> optim;
   {
     model.init_weights(in.model.seed);
@@ -98,10 +102,10 @@ void case_run(Comm& comm, const Case& c) {
     model.zero_grads();
     Batch batch;
     batch.B = c.shape.B;
-    batch.T = c.shape.T / W;
+    batch.T = c.shape.T / cp;
     batch.tokens.assign(static_cast<size_t>(batch.B * batch.T), 0);
     batch.targets.assign(batch.tokens.size(), 0);
-    if (W > 1) batch.positions = context_positions(c.shape.T, r, W);
+    if (cp > 1) batch.positions = context_positions(c.shape.T, r % cp, cp);
     step_forward_backward(model, batch);
     optim->step(1, 1);
     be->synchronize();
@@ -165,6 +169,10 @@ int main() {
       add(tiny, {"optim=offload_serial"});
       add(tiny, {"optim=offload_stream", "bucket_params=5000", "slots=3"}, true);
       add(tiny, {"optim=offload_stream", "update_on=host", "bucket_params=4096"});
+    }
+    if (comm.size() % 2 == 0) {  // the mesh: 2 replicas, baseline and flatpeak, event for event
+      cases.push_back({tiny, {"precision.recipe=fp32", "baseline", "optim=device"}, true, kUnlimitedBytes, true});
+      cases.push_back({tiny, {"precision.recipe=bf16", "flatpeak", "chunk_cap=16"}, true, kUnlimitedBytes, true});
     }
     for (const Case& c : cases) case_run(comm, c);
     int bad = g_failures;
