@@ -19,8 +19,13 @@
 // has passed it (Tensor::record_stream, memory/arena.h).
 #pragma once
 
+#include <array>
+#include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "core/precision.h"
 #include "core/stream.h"
 #include "ops/adamw.h"
 #include "ops/attention.h"
@@ -81,10 +86,41 @@ using kernel_entry_t = typename KernelEntry<Op>::type;
 // shapes; the meta backend answers as the cpu backend, whose ledgers it must reproduce.
 #define FP_WORKSPACE_LIST(X) X(rmsnorm_backward_workspace)
 
+// Note [Kernel coverage]: a backend may implement a kernel for some storage dtypes only (the cuda
+// skeleton: a few kernels, f32), so each table says, per entry, the dtypes it takes its token operands in
+// (`dtypes`, a bit per DType). The cpu table is the contract: an entry with a Buf/CBuf operand takes f32
+// and bf16, any other f32 (its operands have one dtype whatever the recipe). A step of a precision needs,
+// of every entry, the cpu table's dtypes that the recipe stores tokens in (kernels_missing); a Model
+// checks its backend's table against it when it is made (model/model.cpp), so a backend's coverage is an
+// error naming the kernels before a run starts, never a failure in its middle. meta covers everything.
+enum class KernelId {
+#define FP_KERNEL_ID(name) KernelId_##name,
+  FP_KERNEL_LIST(FP_KERNEL_ID)
+#undef FP_KERNEL_ID
+};
+#define FP_KERNEL_COUNT(name) +1
+inline constexpr int kKernelCount = 0 FP_KERNEL_LIST(FP_KERNEL_COUNT);
+#undef FP_KERNEL_COUNT
+const char* kernel_name(KernelId k);
+
+constexpr uint32_t dtype_bit(DType t) { return 1u << static_cast<int>(t); }
+
+// Whether an entry type takes a dtype-carrying operand (Buf, CBuf): then f32 and bf16 on the cpu.
+template <class Entry>
+struct TakesBuf;
+template <class... A>
+struct TakesBuf<void (*)(A...)> {
+  static constexpr bool value =
+      ((std::is_same_v<std::decay_t<A>, Buf> || std::is_same_v<std::decay_t<A>, CBuf>) || ...);
+};
+
 struct Kernels {
 #define FP_KERNEL_MEMBER(name) kernel_entry_t<decltype(&::fp::ops::cpu::name)> name = nullptr;
   FP_KERNEL_LIST(FP_KERNEL_MEMBER)
 #undef FP_KERNEL_MEMBER
+  // Note [Kernel coverage]: the dtypes each entry takes (KernelId order).
+  std::array<uint32_t, kKernelCount> dtypes{};
+  bool supports(KernelId k, DType t) const { return (dtypes[static_cast<int>(k)] & dtype_bit(t)) != 0; }
 #define FP_WORKSPACE_MEMBER(name) decltype(&::fp::ops::cpu::name) name = nullptr;
   FP_WORKSPACE_LIST(FP_WORKSPACE_MEMBER)
 #undef FP_WORKSPACE_MEMBER
@@ -120,6 +156,11 @@ class KernelLauncher {
 // The cpu kernels (ops/cpu) and the do-nothing table of the meta backend.
 const Kernels& kernels_cpu();
 const Kernels& kernels_meta();
+
+// The dtypes the cpu table takes for each entry (Note [Kernel coverage]): the contract.
+uint32_t kernel_contract_dtypes(KernelId k);
+// "name (bf16)" for every entry that `table` lacks in a dtype a step of precision p needs; empty: covered.
+std::vector<std::string> kernels_missing(const Kernels& table, const Precision& p);
 
 }  // namespace ops
 }  // namespace fp

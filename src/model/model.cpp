@@ -46,6 +46,12 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
       comm_(comm),
       cp_(comm != nullptr ? comm->size() : 1),
       params_(cfg, be, comm, precision_checked(be, sched_)) {
+  // Note [Kernel coverage] (backend/kernels.h): every kernel the step calls, in the recipe's dtypes.
+  const std::vector<std::string> missing = ops::kernels_missing(be.kernels().table(), sched_.precision);
+  FP_CHECK(missing.empty(),
+           "use --device cpu (or meta for peaks), or precision.recipe = \"fp32\" where bf16 is missing",
+           "the {} backend lacks {} kernel(s) this model's step calls in precision {}: {}", be.name(), missing.size(),
+           precision_describe(sched_.precision), fmt::join(missing, ", "));
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");

@@ -344,6 +344,11 @@ const ops::Kernels& kernels_cuda() {
     t.copy = &copy_device;
     t.add_inplace = &add_device;
     t.scale_inplace = &scale_device;
+    // Note [Kernel coverage]: those five, f32 only.
+    for (const ops::KernelId k :
+         {ops::KernelId::KernelId_gemm, ops::KernelId::KernelId_fill, ops::KernelId::KernelId_copy,
+          ops::KernelId::KernelId_add_inplace, ops::KernelId::KernelId_scale_inplace})
+      t.dtypes[static_cast<int>(k)] = ops::dtype_bit(DType::DType_F32);
     return t;
   }();
   return k;

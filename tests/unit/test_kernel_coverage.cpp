@@ -1,0 +1,47 @@
+// Note [Kernel coverage] (backend/kernels.h): each table says which dtypes each kernel takes; the cpu table
+// is the contract (a Buf/CBuf operand: f32 and bf16, else f32), meta covers everything, and a table that
+// lacks kernels is named, kernel by kernel, before a Model runs anything.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "backend/kernels.h"
+#include "core/precision.h"
+#if FLATPEAK_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace fp {
+
+TEST(KernelCoverage, CpuIsTheContractAndMetaCoversIt) {
+  for (const char* recipe : {"fp32", "bf16"}) {
+    EXPECT_TRUE(ops::kernels_missing(ops::kernels_cpu(), precision_recipe(recipe)).empty()) << recipe;
+    EXPECT_TRUE(ops::kernels_missing(ops::kernels_meta(), precision_recipe(recipe)).empty()) << recipe;
+  }
+  const uint32_t f32 = ops::dtype_bit(DType::DType_F32), bf16 = ops::dtype_bit(DType::DType_BF16);
+  EXPECT_EQ(ops::kernel_contract_dtypes(ops::KernelId::KernelId_attention_forward), f32 | bf16);
+  EXPECT_EQ(ops::kernel_contract_dtypes(ops::KernelId::KernelId_online_lse_init), f32);  // float* operands only
+  EXPECT_TRUE(ops::kernels_cpu().supports(ops::KernelId::KernelId_gemm, DType::DType_BF16));
+  EXPECT_STREQ(ops::kernel_name(ops::KernelId::KernelId_adamw_update), "adamw_update");
+}
+
+TEST(KernelCoverage, ATableWithoutAKernelIsNamed) {
+  ops::Kernels t = ops::kernels_cpu();
+  t.dtypes[static_cast<int>(ops::KernelId::KernelId_rope_forward)] = ops::dtype_bit(DType::DType_F32);
+  EXPECT_TRUE(ops::kernels_missing(t, precision_recipe("fp32")).empty());
+  EXPECT_EQ(ops::kernels_missing(t, precision_recipe("bf16")), std::vector<std::string>{"rope_forward (bf16)"});
+}
+
+#if FLATPEAK_HAVE_CUDA
+// The cuda skeleton's table (built without a GPU: it is a static table): five f32 kernels.
+TEST(KernelCoverage, CudaSkeletonNamesWhatItLacks) {
+  const std::vector<std::string> fp32 = ops::kernels_missing(kernels_cuda(), precision_recipe("fp32"));
+  EXPECT_EQ(static_cast<int>(fp32.size()), ops::kKernelCount - 5);
+  EXPECT_NE(std::find(fp32.begin(), fp32.end(), "attention_forward (f32)"), fp32.end());
+  EXPECT_EQ(std::find(fp32.begin(), fp32.end(), "gemm (f32)"), fp32.end());
+  const std::vector<std::string> bf16 = ops::kernels_missing(kernels_cuda(), precision_recipe("bf16"));
+  EXPECT_NE(std::find(bf16.begin(), bf16.end(), "gemm (bf16)"), bf16.end());
+}
+#endif
+
+}  // namespace fp
