@@ -42,7 +42,12 @@ struct StepContext {
   // The model's RoPE frequencies (Note [RoPE scaling as transformers computes it]), once per step
   // (dynamic RoPE: recomputed by the step for its sequence length).
   RopeTable rope;
-  ops::RopeFreqs rope_freqs() const { return {rope.inv_freq.data(), static_cast<float>(rope.attention_factor)}; }
+  // The table's inv_freq on the device (the step uploads it: kernels read device buffers only, Note
+  // [Kernel execution context]), with its factor.
+  Tensor rope_inv_freq;  // (head_dim / 2) f64
+  ops::RopeFreqs rope_freqs() const {
+    return {static_cast<const double*>(rope_inv_freq.data()), static_cast<float>(rope.attention_factor)};
+  }
   RoutingProfile profile;
   // The ranks (context-parallel, experts sharded over them; size 1: one process): the control channel
   // for host data (counts, plans, totals) and the backend's data channel for device buffers, whose

@@ -19,7 +19,8 @@
 
 namespace fp::ops {
 
-// The frequencies of one model: inv_freq (hd/2 values, owned by the caller) and the factor s.
+// The frequencies of one model: inv_freq (hd/2 f64 values, a device buffer: the step uploads the table,
+// model/blocks.h StepContext::rope_inv_freq) and the factor s.
 struct RopeFreqs {
   const double* inv_freq = nullptr;
   float scale = 1.0f;

@@ -171,6 +171,8 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     s.ring_pos = be.alloc(Category::Category_activations, {s.cp, batch.T}, DType::DType_I32, "input.ring_pos");
   }
   if (documents) s.doc_start = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.doc_start");
+  const int64_t n_freq = static_cast<int64_t>(s.rope.inv_freq.size());
+  s.rope_inv_freq = be.alloc(Category::Category_activations, {n_freq}, DType::DType_F64, "input.rope_inv_freq");
   {
     std::vector<int32_t> pos(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) pos[i] = seq_pos[i % batch.T] - (documents ? batch.doc_start[i] : 0);
@@ -179,6 +181,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
     if (s.ring_pos.defined()) be.copy_from_host(s.ring_pos.data(), ring_pos.data(), s.ring_pos.bytes());
     if (documents) be.copy_from_host(s.doc_start.data(), batch.doc_start.data(), s.doc_start.bytes());
+    be.copy_from_host(s.rope_inv_freq.data(), s.rope.inv_freq.data(), s.rope_inv_freq.bytes());
   }
 
   // Forward: keep only the layer boundaries (Note [Per-layer checkpointing]), in the store of the

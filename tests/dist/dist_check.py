@@ -271,7 +271,8 @@ def case_train_mesh(tmp):
     global batch of 4 sequences against dp4 (4 ranks), dp2 x cp2 (4 ranks) and dp2 x cp1 (2 ranks) with 2
     micro-batches, each with batch_size sequences per replica so that the global batch is the same: every
     loss within 1e-5 (without the load-balancing loss, a statistic of each micro-batch), the global tokens
-    per step reported; a bad layout refused by name; a checkpoint of dp2 x cp2 resumes on one process."""
+    per step reported; a bad layout refused by name; a checkpoint of dp2 x cp2 resumes on one process, on
+    cp4 and on dp4."""
     common = ["--set", "model.router_aux_loss_coef=0"]
     single = os.path.join(tmp, "w1")
     ok(mpirun(1, train_args(single, 5, common + ["--set", "train.batch_size=4"])), "one process, batch 4")
@@ -286,15 +287,19 @@ def case_train_mesh(tmp):
         tokens = [json.loads(l)["tokens"] for l in open(os.path.join(d, "metrics.jsonl")) if l.strip()]
         print(f"W={w} {' '.join(extra)}: 5 losses track one process on batch 4 within {rel:.2e}, tokens {tokens[0]}")
         assert len(got) == 5 and rel <= 1e-5 and tokens == [4 * 128] * 5, (got, ref, tokens)
-    # dp2 x cp2, stopped after 3 steps, resumed on one process with batch 4 (the same global batch).
-    d = os.path.join(tmp, "resume")
-    ok(mpirun(4, train_args(d, 5, common + ["--set", "parallel.dp=2", "--set", "train.batch_size=2", "--stop-after",
-                                            "3"])), "dp2 x cp2, 3 steps")
-    p = ok(mpirun(1, train_args(d, 5, common + ["--set", "train.batch_size=4", "--resume", d])), "resumed on one")
-    got = losses(d)
-    rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
-    print(f"dp2 x cp2 resumed on one process: 5 losses within {rel:.2e} of one process")
-    assert rel <= 1e-5 and "parallel.dp" in p.stderr, (got, ref, p.stderr[-2000:])
+    # dp2 x cp2, stopped after 3 steps, resumed on one process (batch 4), on cp4 (4 ranks, one replica of 4
+    # sequences) and on dp4 (4 replicas of 1): the same global batch each time.
+    for w, layout in ((1, ["train.batch_size=4"]), (4, ["train.batch_size=4"]),
+                      (4, ["parallel.dp=4", "train.batch_size=1"])):
+        d = os.path.join(tmp, f"resume_{w}_{'_'.join(layout)}")
+        ok(mpirun(4, train_args(d, 5, common + ["--set", "parallel.dp=2", "--set", "train.batch_size=2",
+                                                "--stop-after", "3"])), "dp2 x cp2, 3 steps")
+        sets = [x for e in layout for x in ("--set", e)]
+        p = ok(mpirun(w, train_args(d, 5, common + sets + ["--resume", d])), f"resumed on {w} with {layout}")
+        got = losses(d)
+        rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+        print(f"dp2 x cp2 resumed on {w} rank(s) with {' '.join(layout)}: 5 losses within {rel:.2e} of one process")
+        assert rel <= 1e-5 and "parallel.dp" in p.stderr, (got, ref, p.stderr[-2000:])
     bad = mpirun(4, train_args(os.path.join(tmp, "bad"), 1, ["--set", "parallel.dp=3"]))
     assert bad.returncode != 0 and "parallel.dp = 3" in bad.stderr, bad.stderr[-2000:]
     bad = mpirun(2, train_args(os.path.join(tmp, "bad2"), 1, ["--set", "parallel.ep=1"]))

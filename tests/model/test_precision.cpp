@@ -253,9 +253,10 @@ StepRun run_step(const Case& c, const Precision& p, Comm* comm) {
 // The tags of the step's activations that stay f32 (or i32) in the bf16 recipe: statistics, ids and
 // the router's tensors (Note [Which dtype each allocation gets] in core/precision.h).
 const std::set<std::string> kActivationsKeptWide = {
-    "input.tokens", "input.targets", "input.positions", "attn.rstd1", "attn.rstd_q", "attn.rstd_k", "attn.lse",
-    "moe.rstd2", "moe.router_logits", "moe.probs", "moe.topk_idx", "moe.topk_w", "moe.rows", "moe.slot_pos",
-    "moe.dw", "moe.drouter_logits", "head.rstd"};
+    "input.tokens",   "input.targets",     "input.positions", "input.rope_inv_freq", "input.doc_start",
+    "input.ring_pos", "attn.rstd1",        "attn.rstd_q",     "attn.rstd_k",         "attn.lse",
+    "moe.rstd2",      "moe.router_logits", "moe.probs",       "moe.topk_idx",        "moe.topk_w",
+    "moe.rows",       "moe.slot_pos",      "moe.dw",          "moe.drouter_logits",  "head.rstd"};
 
 TEST(Precision, Bf16HalvesActivationsAndCheckpointsExactly) {
   const Case c = {"simple", 3, 64, 4, 2, 16, 8, 2, 64, 256, 2, 128};
