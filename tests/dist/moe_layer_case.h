@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common/norm_rel.h"
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "core/rng.h"
@@ -64,21 +65,6 @@ inline double max_rel(const std::vector<float>& got, const std::vector<float>& r
     mag = std::max(mag, std::fabs(static_cast<double>(ref[i])));
   }
   return mag > 0 ? diff / mag : diff;
-}
-
-// |got - ref| / |ref| (2-norms); infinite when anything is not finite. For weight gradients: sums over
-// up to W n k rows whose order differs from the reference's, so one element may carry a relative
-// rounding error several times larger than the tensor's.
-inline double norm_rel(const std::vector<float>& got, const std::vector<float>& ref) {
-  if (got.size() != ref.size()) return INFINITY;
-  double diff = 0, mag = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) return INFINITY;
-    const double d = static_cast<double>(got[i]) - ref[i];
-    diff += d * d;
-    mag += static_cast<double>(ref[i]) * ref[i];
-  }
-  return mag > 0 ? std::sqrt(diff / mag) : std::sqrt(diff);
 }
 
 // Expert weights 10x the initial scale: the experts' part of x2 then is of the order of x1, so that

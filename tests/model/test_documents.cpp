@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "../common/deepseek_config.h"
+#include "../common/norm_rel.h"
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "core/units.h"
@@ -94,15 +95,6 @@ StepRun step(const ModelConfig& m, const Batch& b, const Precision& precision = 
     r.grads.push_back(std::move(g));
   }
   return r;
-}
-
-double norm_rel(const float* a, const float* b, size_t n) {
-  double d = 0, s = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    s += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d) / std::max(std::sqrt(s), 1e-30);
 }
 
 // The packed step against every document alone; returns the worst logits and gradient differences.

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "../common/deepseek_config.h"
+#include "../common/norm_rel.h"
 #include "backend/backend.h"
 #include "core/units.h"
 #include "data/random_batch.h"
@@ -81,15 +82,6 @@ Result run(const ModelConfig& m, const Batch& g, int64_t M) {
     r.grads.push_back(std::move(h));
   }
   return r;
-}
-
-double norm_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
 }
 
 }  // namespace

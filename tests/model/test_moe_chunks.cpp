@@ -9,11 +9,12 @@
 
 #include <cmath>
 
+#include "../common/deepseek_config.h"
+#include "../common/norm_rel.h"
 #include "backend/backend.h"
 #include "core/units.h"
 #include "data/random_batch.h"
 #include "step/step.h"
-#include "../common/deepseek_config.h"
 
 namespace fp {
 
@@ -59,14 +60,6 @@ StepRun run(const ModelConfig& m, const std::string& device, int64_t token_chunk
   return r;
 }
 
-double norm_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
-}
 }  // namespace
 
 TEST(MoeChunks, ChunkedStepMatchesTheWholeTokenSide) {

@@ -26,6 +26,7 @@
 #include "core/buf.h"
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "data/context_split.h"
 #include "op_test.h"
 #include "ops/attention.h"
 #include "ops/attention_block.h"
@@ -263,15 +264,6 @@ TEST(AttentionDocuments, BlockPairsMatchReference) {
 
 namespace {
 
-// The global positions rank r of W holds (data/context_split.h's zig-zag).
-std::vector<int32_t> zigzag(int64_t T, int W, int r) {
-  const int64_t C = T / (2 * W);
-  std::vector<int32_t> pos;
-  for (const int64_t chunk : {int64_t{r}, int64_t{2 * W - 1 - r}})
-    for (int64_t t = 0; t < C; ++t) pos.push_back(static_cast<int32_t>(chunk * C + t));
-  return pos;
-}
-
 // x (B, T, width) rows pos: (B, n, width).
 std::vector<float> gather(const std::vector<float>& x, const std::vector<int32_t>& pos, int64_t B, int64_t T,
                           int64_t width) {
@@ -295,7 +287,7 @@ TEST(AttentionDocuments, RingEqualsWholeSequence) {
     Outputs ring{std::vector<float>(in.dout.size()), std::vector<float>(B * nh * T), std::vector<float>(in.q.size()),
                  std::vector<float>(in.k.size()), std::vector<float>(in.v.size())};
     std::vector<std::vector<int32_t>> pos(W);
-    for (int r = 0; r < W; ++r) pos[r] = zigzag(T, W, r);
+    for (int r = 0; r < W; ++r) pos[r] = context_positions(T, r, W);
     const int64_t N = T / W;
     std::vector<std::vector<float>> dk(W, std::vector<float>(B * N * nkv * hd)), dv = dk;
     for (int r = 0; r < W; ++r) {
