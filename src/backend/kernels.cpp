@@ -42,7 +42,7 @@ const char* kernel_name(KernelId k) {
 uint32_t kernel_contract_dtypes(KernelId k) {
   static constexpr uint32_t kF32 = dtype_bit(DType::DType_F32), kBoth = kF32 | dtype_bit(DType::DType_BF16);
   static constexpr uint32_t kDtypes[] = {
-#define FP_KERNEL_DTYPES(name) TakesBuf<decltype(&::fp::ops::cpu::name)>::value ? kBoth : kF32,
+#define FP_KERNEL_DTYPES(name) TakesBuf<::fp::ops::name##_fn*>::value ? kBoth : kF32,
       FP_KERNEL_LIST(FP_KERNEL_DTYPES)
 #undef FP_KERNEL_DTYPES
   };

@@ -2,7 +2,8 @@
 // only through a backend's table, so a backend (cpu, meta, cuda) is added without touching them.
 //
 // Each op's contract (what it computes, shapes, what must hold bit for bit) is in its op header
-// (ops/*.h), declared there as the cpu implementation (ops/cpu); its scalar reference is ops/ref.
+// (ops/*.h): a signature type in namespace ops (ops::gemm_fn, ...), which ops::cpu implements (gemm_fn
+// gemm;) and a table entry takes with an ExecContext first; its scalar reference is ops/ref.
 // A table entry has the op's parameters preceded by an ExecContext, the stream the kernel is
 // enqueued on (Note [Kernel execution context]). Backends fill the table:
 //   cpu   ops/cpu, run on the calling thread when the stream is inline (the compute stream), else
@@ -71,7 +72,7 @@ namespace ops {
   X(bias_add) X(bias_backward) X(column_sums_f64) X(copy_2d) X(add_2d)                              \
   X(adamw_update)
 
-// The type of a table entry: the op's signature (its declaration in ops/*.h) with the context first.
+// The type of a table entry: the op's signature (ops::name_fn in ops/*.h) with the context first.
 template <class Op>
 struct KernelEntry;
 template <class... A>
@@ -115,13 +116,13 @@ struct TakesBuf<void (*)(A...)> {
 };
 
 struct Kernels {
-#define FP_KERNEL_MEMBER(name) kernel_entry_t<decltype(&::fp::ops::cpu::name)> name = nullptr;
+#define FP_KERNEL_MEMBER(name) kernel_entry_t<::fp::ops::name##_fn*> name = nullptr;
   FP_KERNEL_LIST(FP_KERNEL_MEMBER)
 #undef FP_KERNEL_MEMBER
   // Note [Kernel coverage]: the dtypes each entry takes (KernelId order).
   std::array<uint32_t, kKernelCount> dtypes{};
   bool supports(KernelId k, DType t) const { return (dtypes[static_cast<int>(k)] & dtype_bit(t)) != 0; }
-#define FP_WORKSPACE_MEMBER(name) decltype(&::fp::ops::cpu::name) name = nullptr;
+#define FP_WORKSPACE_MEMBER(name) ::fp::ops::name##_fn* name = nullptr;
   FP_WORKSPACE_LIST(FP_WORKSPACE_MEMBER)
 #undef FP_WORKSPACE_MEMBER
 };

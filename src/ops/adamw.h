@@ -6,7 +6,10 @@
 
 #include "core/buf.h"
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // One AdamW step over n elements, in place:
 //   g      = grad * grad_scale                     (grad_scale carries global-norm clipping)
@@ -34,7 +37,13 @@ namespace fp::ops::cpu {
 //
 // param_copy has no default: the kernel table (backend/kernels.h) holds function pointers, through
 // which a default argument would not apply, so every caller passes it (nullptr when there is none).
-void adamw_update(float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
-                  float weight_decay, float grad_scale, int64_t step, Buf param_copy);
+using adamw_update_fn = void(float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                             float eps, float weight_decay, float grad_scale, int64_t step, Buf param_copy);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+adamw_update_fn adamw_update;
 
 }  // namespace fp::ops::cpu

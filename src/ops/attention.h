@@ -69,22 +69,33 @@ inline AttentionSpec attention_spec(int64_t B, int64_t T, int64_t nh, int64_t nk
 
 }  // namespace fp::ops
 
-namespace fp::ops::cpu {
+namespace fp::ops {
 
-// Tile sizes (queries x keys) of the cpu kernel; exposed so tests can pick T across several tiles.
-inline constexpr int64_t kAttentionTileQ = 64;
-inline constexpr int64_t kAttentionTileK = 64;
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // q (B, T, nh, hd), k (B, T, nkv, hd), v (B, T, nkv, hdv) -> o (B, T, nh, hdv), lse (B, nh, T) the
 // log-sum-exp of each query's scaled scores over its visible keys (kept for backward). a: Tq = Tk = T,
 // no positions.
 // q, k, v, o (and in backward dout, dq, dk, dv) all f32 or all bf16, lse f32: ops/attention_block.h's
 // storage rule (each output element rounded once).
-void attention_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, AttentionSpec a);
+using attention_forward_fn = void(CBuf q, CBuf k, CBuf v, Buf o, float* lse, AttentionSpec a);
+
 // Recomputes the probabilities tile by tile from q, k and lse. o, dout (B, T, nh, hdv); dq (B, T, nh, hd),
 // dk (B, T, nkv, hd), dv (B, T, nkv, hdv) are overwritten. a: the forward's. Deterministic.
-void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
-                        AttentionSpec a);
+using attention_backward_fn = void(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
+                                   AttentionSpec a);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+attention_forward_fn attention_forward;
+attention_backward_fn attention_backward;
+
+// Tile sizes (queries x keys) of the cpu kernel; exposed so tests can pick T across several tiles.
+inline constexpr int64_t kAttentionTileQ = 64;
+inline constexpr int64_t kAttentionTileK = 64;
 
 // The copy of the tile kernels this process runs, "sse2", "avx2" or "avx2+fma" (Note [Tile products with
 // FMA] in ops/cpu/attention_tile.h; FLATPEAK_SIMD lowers it): benchmarks print it beside the GEMM kernels.

@@ -52,7 +52,10 @@ inline AttentionSpec attention_block_spec(const int32_t* q_pos, const int32_t* k
 
 }  // namespace fp::ops
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // Folds the block (k, v) into the running state of the queries q.
 // q (B, Tq, nh, hd); k (B, Tk, nkv, hd); v (B, Tk, nkv, hdv); a.q_pos (Tq), a.k_pos (Tk) ascending.
@@ -65,7 +68,7 @@ namespace fp::ops::cpu {
 // a.window >= 0 (0: none). With first = true and q_pos = k_pos = 0 .. T-1 this is attention_forward of
 // ops/attention.h with the same window and documents, bit for bit.
 // Deterministic: each query row is computed by one thread in a fixed order.
-void attention_block_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, bool first, AttentionSpec a);
+using attention_block_forward_fn = void(CBuf q, CBuf k, CBuf v, Buf o, float* lse, bool first, AttentionSpec a);
 
 // The block pair's share of the gradient, ADDED to dq, dk, dv. o, lse are the FINAL forward state of the
 // queries (after every key block was merged), dout (B, Tq, nh, hdv) the gradient of o (B, Tq, nh, hdv). The
@@ -75,8 +78,15 @@ void attention_block_forward(CBuf q, CBuf k, CBuf v, Buf o, float* lse, bool fir
 // dq (B, Tq, nh, hd) += scale dS K;  dk (B, Tk, nkv, hd) += scale dS^T Q;  dv (B, Tk, nkv, hdv) += P^T dout,
 // with dS = P (dO V^T - D), P and dS zero on masked pairs. a: the forward's. Deterministic: the
 // same bits for any thread count.
-void attention_block_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
-                              AttentionSpec a);
+using attention_block_backward_fn = void(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk,
+                                         Buf dv, AttentionSpec a);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+attention_block_forward_fn attention_block_forward;
+attention_block_backward_fn attention_block_backward;
 
 // The tile pairs attention_block_forward computes for each (sequence, query head) of spec a, summed over
 // the sequences: the work measure of a block pair (ring balance studies, plan/ring_balance.h). A host

@@ -4,16 +4,29 @@
 
 #include <cstdint>
 
-namespace fp::ops::cpu {
+namespace fp::ops {
 
-inline constexpr int32_t kIgnoreIndex = -100;
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // logits (n, V) -> logp (n, V), max-subtracted log-softmax per row.
-void log_softmax_forward(const float* logits, float* logp, int64_t n, int64_t V);
+using log_softmax_forward_fn = void(const float* logits, float* logp, int64_t n, int64_t V);
+
 // loss (n) = -logp[t, target[t]], 0 where the target is ignored.
-void nll_forward(const float* logp, const int32_t* targets, float* loss, int64_t n, int64_t V);
+using nll_forward_fn = void(const float* logp, const int32_t* targets, float* loss, int64_t n, int64_t V);
+
 // dlogits (n, V), overwritten: scale * (exp(logp) - onehot(target)); rows of ignored targets are 0.
-void cross_entropy_backward(const float* logp, const int32_t* targets, float scale, float* dlogits, int64_t n,
-                            int64_t V);
+using cross_entropy_backward_fn = void(const float* logp, const int32_t* targets, float scale, float* dlogits,
+                                       int64_t n, int64_t V);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+log_softmax_forward_fn log_softmax_forward;
+nll_forward_fn nll_forward;
+cross_entropy_backward_fn cross_entropy_backward;
+
+inline constexpr int32_t kIgnoreIndex = -100;
 
 }  // namespace fp::ops::cpu

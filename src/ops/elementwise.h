@@ -12,33 +12,62 @@
 
 #include "core/buf.h"
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // y (n) += x (n)
-void add_inplace(Buf y, CBuf x, int64_t n);
+using add_inplace_fn = void(Buf y, CBuf x, int64_t n);
+
 // y (n) *= a
-void scale_inplace(Buf y, float a, int64_t n);
+using scale_inplace_fn = void(Buf y, float a, int64_t n);
+
 // y (n) = v (rounded once to y's dtype)
-void fill(Buf y, float v, int64_t n);
+using fill_fn = void(Buf y, float v, int64_t n);
+
 // dst (n) = src (n) in dst's dtype: a copy when the dtypes agree, else a conversion (ops/cpu/convert.h:
 // widening exact, narrowing to nearest even, NaN kept a quiet NaN). The ranges do not overlap.
-void copy(Buf dst, CBuf src, int64_t n);
+using copy_fn = void(Buf dst, CBuf src, int64_t n);
+
 // out (1) = sum of x (n), accumulated in double in a fixed order (independent of the thread count).
-void reduce_sum(CBuf x, int64_t n, float* out);
+using reduce_sum_fn = void(CBuf x, int64_t n, float* out);
+
 // out (1) = sum of x (n)^2 in double, as float.
-void reduce_sumsq(CBuf x, int64_t n, float* out);
+using reduce_sumsq_fn = void(CBuf x, int64_t n, float* out);
+
 // A linear layer's bias: y (rows, d) += b (d) on every row.
-void bias_add(Buf y, CBuf b, int64_t rows, int64_t d);
+using bias_add_fn = void(Buf y, CBuf b, int64_t rows, int64_t d);
+
 // Its gradient: db (d) += sum over rows of dy (rows, d), each column summed in double in row order
 // (the same bits for any thread count), added to db in f32.
-void bias_backward(CBuf dy, Buf db, int64_t rows, int64_t d);
+using bias_backward_fn = void(CBuf dy, Buf db, int64_t rows, int64_t d);
+
 // out (d) = the column sums of x (rows, d) in double, each in row order (the router's probability sums
 // of the load-balancing loss; the same bits for any thread count).
-void column_sums_f64(CBuf x, int64_t rows, int64_t d, double* out);
+using column_sums_f64_fn = void(CBuf x, int64_t rows, int64_t d, double* out);
+
 // Strided blocks (MLA's head splits and the shared RoPE key): dst[r * ldd + c] = src[r * lds + c] (copy_2d,
 // converting as copy does) or += it (add_2d), for r < rows, c < cols (cols <= lds, ldd; the blocks do not
 // overlap). Strides are in elements of each operand's own dtype.
-void copy_2d(Buf dst, int64_t ldd, CBuf src, int64_t lds, int64_t rows, int64_t cols);
-void add_2d(Buf dst, int64_t ldd, CBuf src, int64_t lds, int64_t rows, int64_t cols);
+using copy_2d_fn = void(Buf dst, int64_t ldd, CBuf src, int64_t lds, int64_t rows, int64_t cols);
+
+using add_2d_fn = void(Buf dst, int64_t ldd, CBuf src, int64_t lds, int64_t rows, int64_t cols);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+add_inplace_fn add_inplace;
+scale_inplace_fn scale_inplace;
+fill_fn fill;
+copy_fn copy;
+reduce_sum_fn reduce_sum;
+reduce_sumsq_fn reduce_sumsq;
+bias_add_fn bias_add;
+bias_backward_fn bias_backward;
+column_sums_f64_fn column_sums_f64;
+copy_2d_fn copy_2d;
+add_2d_fn add_2d;
 
 }  // namespace fp::ops::cpu

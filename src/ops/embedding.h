@@ -11,11 +11,22 @@
 
 #include "core/buf.h"
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // out (n, H) = table (V, H) [tokens (n)]. Ids are validated before (data loader); asserts 0 <= id.
-void embedding_forward(const int32_t* tokens, CBuf table, Buf out, int64_t n, int64_t H);
+using embedding_forward_fn = void(const int32_t* tokens, CBuf table, Buf out, int64_t n, int64_t H);
+
 // dtable (V, H) += scatter of dout (n, H) by tokens; deterministic (same bits for any thread count).
-void embedding_backward(const int32_t* tokens, CBuf dout, Buf dtable, int64_t n, int64_t H);
+using embedding_backward_fn = void(const int32_t* tokens, CBuf dout, Buf dtable, int64_t n, int64_t H);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+embedding_forward_fn embedding_forward;
+embedding_backward_fn embedding_backward;
 
 }  // namespace fp::ops::cpu

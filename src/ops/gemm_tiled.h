@@ -15,17 +15,26 @@
 
 #include "core/buf.h"
 
-namespace fp::ops::cpu {
+namespace fp::ops {
 
-inline constexpr int64_t kGemmTileRows = 256;
-inline constexpr int64_t kGemmTileCols = 512;
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C, as ops::cpu::gemm (row-major, leading
 // dimensions in elements, op(X) = X^T when trans_x, beta == 0 does not read C), bitwise
 // reproducible across thread counts. bf16 operands are widened tile by tile (the tile's rows of
 // op(A), its columns of op(B)) and a bf16 C rounded once per tile: the bits are those of the f32
 // tiled GEMM of the widened operands.
-void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, CBuf A, int64_t lda, CBuf B,
-                int64_t ldb, float beta, Buf C, int64_t ldc);
+using gemm_tiled_fn = void(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, CBuf A,
+                           int64_t lda, CBuf B, int64_t ldb, float beta, Buf C, int64_t ldc);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+gemm_tiled_fn gemm_tiled;
+
+inline constexpr int64_t kGemmTileRows = 256;
+inline constexpr int64_t kGemmTileCols = 512;
 
 }  // namespace fp::ops::cpu

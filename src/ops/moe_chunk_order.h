@@ -13,7 +13,10 @@
 
 #include <cstdint>
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // rows (m) the token of each copy in expert order, pieces (P, 5) as above ->
 //   order (m): the row indices sorted by group g = chunk * W + dest, within a group by row (stable);
@@ -23,9 +26,15 @@ namespace fp::ops::cpu {
 // Every output is overwritten. Asserts that the pieces tile [0, m), that every dest, counter and chunk is
 // in range. Deterministic; needs no workspace (Note [Counting sort in the offsets array] in
 // ops/cpu/moe_routing.cpp).
-void moe_chunk_order(const int32_t* rows, int64_t m, const int64_t* pieces, int64_t P, int64_t K, int64_t c_eff,
-                     bool strided, int64_t W, int64_t B, int32_t* order, int32_t* tokens, int64_t* group_offsets,
-                     int64_t* block_counts);
+using moe_chunk_order_fn = void(const int32_t* rows, int64_t m, const int64_t* pieces, int64_t P, int64_t K,
+                                int64_t c_eff, bool strided, int64_t W, int64_t B, int32_t* order, int32_t* tokens,
+                                int64_t* group_offsets, int64_t* block_counts);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+moe_chunk_order_fn moe_chunk_order;
 
 }  // namespace fp::ops::cpu
 

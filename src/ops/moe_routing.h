@@ -6,14 +6,23 @@
 
 #include <cstdint>
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // topk_idx (n, k) -> rows (m): token of each copy in expert order (within an expert, tokens in order,
 // then slots in order); slot_pos (n, k): the row of token t's slot j; expert_offsets (E + 1): rows of
 // expert e are [offsets[e], offsets[e+1]). Every output is overwritten. Asserts every index lies in
 // [0, E). Needs no workspace (Note [Counting sort in the offsets array]).
-void moe_routing_build(const int32_t* topk_idx, int64_t n, int64_t k, int64_t E, int32_t* rows, int32_t* slot_pos,
-                       int64_t* expert_offsets);
+using moe_routing_build_fn = void(const int32_t* topk_idx, int64_t n, int64_t k, int64_t E, int32_t* rows,
+                                  int32_t* slot_pos, int64_t* expert_offsets);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+moe_routing_build_fn moe_routing_build;
 
 }  // namespace fp::ops::cpu
 

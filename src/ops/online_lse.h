@@ -22,21 +22,36 @@
 
 #include <cstdint>
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // The empty state: m (rows) = -inf, z (rows) = 0, y (rows) = 0.
-void online_lse_init(float* m, double* z, float* y, int64_t rows);
+using online_lse_init_fn = void(float* m, double* z, float* y, int64_t rows);
+
 // Folds the strip (rows, ld) holding vocabulary ids [v0, v1) into the state m, z, y (rows) of its rows;
 // targets (rows). Each row in one fixed order whatever the thread count.
-void online_lse_fold(const float* strip, int64_t ld, const int32_t* targets, int64_t rows, int64_t v0, int64_t v1,
-                     float* m, double* z, float* y);
+using online_lse_fold_fn = void(const float* strip, int64_t ld, const int32_t* targets, int64_t rows, int64_t v0,
+                                int64_t v1, float* m, double* z, float* y);
+
 // *loss_sum (a double on the device) = sum over rows whose target is not ignored of (m + log z - y),
 // in row order. The state must have folded all of [0, V).
-void online_lse_loss(const float* m, const double* z, const float* y, const int32_t* targets, int64_t rows,
-                     double* loss_sum);
+using online_lse_loss_fn = void(const float* m, const double* z, const float* y, const int32_t* targets, int64_t rows,
+                                double* loss_sum);
+
 // The strip (rows, ld) of ids [v0, v1), in place: x_j -> scale (exp(x_j - lse) - [v0 + j == target]),
 // lse = m + log z from the final state; rows whose target is ignored become 0 (their logits not read).
-void online_lse_backward(float* strip, int64_t ld, const int32_t* targets, int64_t rows, int64_t v0, int64_t v1,
-                         const float* m, const double* z, float scale);
+using online_lse_backward_fn = void(float* strip, int64_t ld, const int32_t* targets, int64_t rows, int64_t v0,
+                                    int64_t v1, const float* m, const double* z, float scale);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+online_lse_init_fn online_lse_init;
+online_lse_fold_fn online_lse_fold;
+online_lse_loss_fn online_lse_loss;
+online_lse_backward_fn online_lse_backward;
 
 }  // namespace fp::ops::cpu

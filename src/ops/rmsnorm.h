@@ -12,19 +12,32 @@
 
 #include "core/buf.h"
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // x (rows, d), w (d) -> y (rows, d); rstd (rows) is written when not null. y may alias x (then both
 // have the same dtype).
-void rmsnorm_forward(CBuf x, CBuf w, Buf y, float* rstd, int64_t rows, int64_t d, float eps);
+using rmsnorm_forward_fn = void(CBuf x, CBuf w, Buf y, float* rstd, int64_t rows, int64_t d, float eps);
+
 // Given x, w, rstd from forward and dy (rows, d): dx (rows, d) is overwritten, dw (d) accumulated (+=).
 // dw's reduction order is fixed (independent of the thread count), so results are bitwise reproducible.
 // workspace: rmsnorm_backward_workspace(rows, d) floats of scratch (the dw partials), which the caller
 // allocates through the ledger (category workspace), so that no op holds memory the ledger cannot see.
-void rmsnorm_backward(CBuf x, CBuf w, const float* rstd, CBuf dy, Buf dx, Buf dw, int64_t rows, int64_t d,
-                      float* workspace);
+using rmsnorm_backward_fn = void(CBuf x, CBuf w, const float* rstd, CBuf dy, Buf dx, Buf dw, int64_t rows, int64_t d,
+                                 float* workspace);
+
 // The floats rmsnorm_backward needs for (rows, d): B x d, B = ceil(rows / block) <= 256 row blocks
 // (Note [Deterministic rmsnorm dw] in rmsnorm.cpp), so at most 256 d whatever the rows.
-int64_t rmsnorm_backward_workspace(int64_t rows, int64_t d);
+using rmsnorm_backward_workspace_fn = int64_t(int64_t rows, int64_t d);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+rmsnorm_forward_fn rmsnorm_forward;
+rmsnorm_backward_fn rmsnorm_backward;
+rmsnorm_backward_workspace_fn rmsnorm_backward_workspace;
 
 }  // namespace fp::ops::cpu

@@ -35,12 +35,16 @@ inline std::vector<double> rope_default_inv_freq(double theta, int64_t hd) {
 
 }  // namespace fp::ops
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // x (n, heads, hd) rotated in place; pos (n) the position of each token in its sequence.
-void rope_forward(Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
+using rope_forward_fn = void(Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
+
 // dx (n, heads, hd) in place: the transpose rotation (times s).
-void rope_backward(Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
+using rope_backward_fn = void(Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
 
 // The same rotation on the first hd numbers of rows that lie head_stride apart: token t's head h starts at
 // x + (t * heads + h) * head_stride (head_stride >= hd), so RoPE can rotate the last qk_rope_head_dim
@@ -48,9 +52,19 @@ void rope_backward(Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t
 // interleaved the pairs are adjacent, (2i, 2i + 1) rotated by angle i (DeepSeek's rope_interleave):
 // transformers rotates the same pairs and writes them de-interleaved, a permutation applied alike to queries
 // and keys, which leaves every score q.k unchanged. interleaved = false, head_stride = hd is rope_forward.
-void rope_strided_forward(Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
-                          bool interleaved, RopeFreqs f);
-void rope_strided_backward(Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, int64_t head_stride,
-                           bool interleaved, RopeFreqs f);
+using rope_strided_forward_fn = void(Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd,
+                                     int64_t head_stride, bool interleaved, RopeFreqs f);
+
+using rope_strided_backward_fn = void(Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd,
+                                      int64_t head_stride, bool interleaved, RopeFreqs f);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+rope_forward_fn rope_forward;
+rope_backward_fn rope_backward;
+rope_strided_forward_fn rope_strided_forward;
+rope_strided_backward_fn rope_strided_backward;
 
 }  // namespace fp::ops::cpu

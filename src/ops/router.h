@@ -16,33 +16,51 @@
 
 #include <cstdint>
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // logits (n, E) -> probs (n, E) (softmax, max-subtracted), topk_idx (n, k) by descending probability
 // (ties: lower expert id first), topk_w (n, k) = probs at topk_idx, divided by their sum when norm.
-void router_forward(const float* logits, float* probs, int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
-                    int64_t k, bool norm);
+using router_forward_fn = void(const float* logits, float* probs, int32_t* topk_idx, float* topk_w, int64_t n,
+                               int64_t E, int64_t k, bool norm);
+
 // Weights for a given choice (a routing profile that overrides the router): topk_w (n, k) = probs at
 // topk_idx (n, k), renormalised when norm.
-void router_gather(const float* probs, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E, int64_t k,
-                   bool norm);
+using router_gather_fn = void(const float* probs, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
+                              int64_t k, bool norm);
+
 // dlogits (n, E), overwritten, from d_topk_w (n, k) through the (renormalised) gather and the softmax.
 // dprobs_bias (E), may be null: added to d probs of every row (the load-balancing loss's gradient,
 // which is the same for every token of a step).
-void router_backward(const float* probs, const int32_t* topk_idx, const float* d_topk_w, const float* dprobs_bias,
-                     float* dlogits, int64_t n, int64_t E, int64_t k, bool norm);
+using router_backward_fn = void(const float* probs, const int32_t* topk_idx, const float* d_topk_w,
+                                const float* dprobs_bias, float* dlogits, int64_t n, int64_t E, int64_t k, bool norm);
 
 // Note [Sigmoid routing]: logits (n, E), bias (E) -> scores (n, E), topk_idx (n, k) by descending
 // s + b, topk_w (n, k). n_group divides E with at least two experts per group, 1 <= topk_group <= n_group,
 // topk_group groups hold at least k experts.
-void router_sigmoid_forward(const float* logits, const float* bias, float* scores, int32_t* topk_idx, float* topk_w,
-                            int64_t n, int64_t E, int64_t k, int64_t n_group, int64_t topk_group, bool norm,
-                            float scaling);
+using router_sigmoid_forward_fn = void(const float* logits, const float* bias, float* scores, int32_t* topk_idx,
+                                       float* topk_w, int64_t n, int64_t E, int64_t k, int64_t n_group,
+                                       int64_t topk_group, bool norm, float scaling);
+
 // The weights of a given choice (a routing profile): topk_w (n, k) from scores at topk_idx.
-void router_sigmoid_gather(const float* scores, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
-                           int64_t k, bool norm, float scaling);
+using router_sigmoid_gather_fn = void(const float* scores, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
+                                      int64_t k, bool norm, float scaling);
+
 // dlogits (n, E), overwritten, from d_topk_w (n, k) through the weights and the sigmoid.
-void router_sigmoid_backward(const float* scores, const int32_t* topk_idx, const float* d_topk_w, float* dlogits,
-                             int64_t n, int64_t E, int64_t k, bool norm, float scaling);
+using router_sigmoid_backward_fn = void(const float* scores, const int32_t* topk_idx, const float* d_topk_w,
+                                        float* dlogits, int64_t n, int64_t E, int64_t k, bool norm, float scaling);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+router_forward_fn router_forward;
+router_gather_fn router_gather;
+router_backward_fn router_backward;
+router_sigmoid_forward_fn router_sigmoid_forward;
+router_sigmoid_gather_fn router_sigmoid_gather;
+router_sigmoid_backward_fn router_sigmoid_backward;
 
 }  // namespace fp::ops::cpu

@@ -9,11 +9,22 @@
 
 #include "core/buf.h"
 
-namespace fp::ops::cpu {
+namespace fp::ops {
+
+// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
+// backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
 // g, u (n) -> a (n).
-void swiglu_forward(CBuf g, CBuf u, Buf a, int64_t n);
+using swiglu_forward_fn = void(CBuf g, CBuf u, Buf a, int64_t n);
+
 // da (n) -> dg, du (n), overwritten.
-void swiglu_backward(CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n);
+using swiglu_backward_fn = void(CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n);
+
+}  // namespace fp::ops
+
+namespace fp::ops::cpu {
+
+swiglu_forward_fn swiglu_forward;
+swiglu_backward_fn swiglu_backward;
 
 }  // namespace fp::ops::cpu
