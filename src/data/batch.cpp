@@ -4,6 +4,12 @@
 
 namespace fp {
 
+int64_t batch_targets(const Batch& b) {
+  int64_t n = 0;
+  for (const int32_t t : b.targets) n += t != -100;
+  return n;
+}
+
 Batch batch_rows(const Batch& b, int64_t first, int64_t count) {
   FP_ASSERT(first >= 0 && count >= 0 && first + count <= b.B, "rows [{}, {}) of a batch of {}", first, first + count,
             b.B);

@@ -23,6 +23,9 @@ struct Batch {
   std::vector<int64_t> offsets;
 };
 
+// The targets of b that take a loss (not -100).
+int64_t batch_targets(const Batch& b);
+
 // Sequences [first, first + count) of b (tokens, targets, document starts, offsets), positions kept.
 Batch batch_rows(const Batch& b, int64_t first, int64_t count);
 

@@ -21,14 +21,10 @@ double max_over_mean(const std::vector<int64_t>& v) {
   return mean > 0 ? static_cast<double>(*std::max_element(v.begin(), v.end())) / mean : 1.0;
 }
 
-// Every rank's work in window b of g under the assignment `ranks`: its queries against every rank's keys.
-void window_work(const Batch& g, int64_t b, const std::vector<std::vector<int32_t>>& ranks, int64_t window,
-                 SplitWork& out) {
+// Every rank's work in the window `one` (B = 1) under the assignment `ranks`: its queries against every
+// rank's keys.
+void window_work(const Batch& one, const std::vector<std::vector<int32_t>>& ranks, int64_t window, SplitWork& out) {
   const int W = static_cast<int>(ranks.size());
-  Batch one;
-  one.B = 1;
-  one.T = g.T;
-  one.doc_start.assign(g.doc_start.begin() + b * g.T, g.doc_start.begin() + (b + 1) * g.T);
   std::vector<int64_t> tiles(static_cast<size_t>(W)), pairs(static_cast<size_t>(W));
   for (int r = 0; r < W; ++r) {
     const std::vector<int32_t>& q = ranks[r];
@@ -124,12 +120,10 @@ RingBalance ring_balance(const DocMix& mix, int64_t T, int W, int64_t windows, i
   const Batch g = doc_mix_windows(mix, T, windows);
   int64_t documents = 0;
   for (int64_t b = 0; b < windows; ++b) {
-    Batch one;
-    one.B = 1, one.T = T;
-    one.doc_start.assign(g.doc_start.begin() + b * T, g.doc_start.begin() + (b + 1) * T);
+    const Batch one = batch_rows(g, b, 1);
     for (int64_t t = 0; t < T; ++t) documents += one.doc_start[t] == t;
-    window_work(g, b, context_assignment(one, W, ContextSplit::ContextSplit_zigzag, window), window, r.zigzag);
-    window_work(g, b, context_assignment(one, W, ContextSplit::ContextSplit_balanced, window), window, r.balanced);
+    window_work(one, context_assignment(one, W, ContextSplit::ContextSplit_zigzag, window), window, r.zigzag);
+    window_work(one, context_assignment(one, W, ContextSplit::ContextSplit_balanced, window), window, r.balanced);
   }
   r.documents_per_window = static_cast<double>(documents) / static_cast<double>(windows);
   return r;

@@ -136,8 +136,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const ops::KernelLauncher K = be.kernels();
 
   // Targets of the whole (global) batch: the loss is their mean on every rank.
-  int64_t target_tokens = 0;
-  for (int32_t t : batch.targets) target_tokens += (t != -100);
+  int64_t target_tokens = batch_targets(batch);
   comm.all_reduce_sum(&target_tokens, 1, DType::DType_I64);
   FP_CHECK(target_tokens > 0 || weights.targets > 0, "give at least one target that is not -100",
            "the batch has no target token");

@@ -80,6 +80,12 @@ Mesh mesh_resolve(const ParallelConfig& p, const Comm& comm, int64_t seq_len) {
   return m;
 }
 
+// This rank's piece of a global batch of dp x B sequences: its replica's B rows, then its cp piece of each.
+Batch mesh_slice(const Mesh& mesh, const Batch& global, ContextSplit split, int64_t window) {
+  const int64_t rows = global.B / mesh.dp;
+  return context_slice(batch_rows(global, mesh.replica * rows, rows), mesh.cp_rank, mesh.cp, split, window);
+}
+
 // Where batches come from: the built-in recall task or a token file. position() is what a
 // checkpoint stores; seek() restores it.
 class DataSource {
@@ -172,19 +178,16 @@ class HeldOut {
   }
   struct Result {
     double loss = 0;
-    int64_t targets = 0, sequences = 0;
+    int64_t targets = 0;
   };
   // Collective: every rank evaluates its piece of each batch.
   Result run(Model& model, Comm& comm) const {
     Result r;
     double sum = 0;
     for (const Batch& g : batches_) {
-      const int64_t rows = g.B / mesh_.dp;  // this replica's
-      const StepOutputs out = step_forward(
-          model, context_slice(batch_rows(g, mesh_.replica * rows, rows), mesh_.cp_rank, mesh_.cp, split_, window_));
+      const StepOutputs out = step_forward(model, mesh_slice(mesh_, g, split_, window_));
       sum += out.ce_loss * static_cast<double>(out.target_tokens);
       r.targets += out.target_tokens;
-      r.sequences += g.B;
     }
     r.loss = sum / static_cast<double>(r.targets);
     return r;
@@ -713,7 +716,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     int64_t step_targets = 0;
     for (int64_t mb = 0; mb < M; ++mb) {
       micro[mb] = data.next(data.is_recall() ? &answer_masks[mb] : nullptr);
-      for (const int32_t t : micro[mb].targets) step_targets += t != -100;
+      step_targets += batch_targets(micro[mb]);
     }
     be->device_ledger().peaks_reset();
     const Clock::time_point t0 = Clock::now();
@@ -724,9 +727,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     double answers[2] = {0, 0};  // recall: answers predicted exactly, answers (this rank's)
     for (int64_t mb = 0; mb < M; ++mb) {
       const Batch& global = micro[mb];
-      const int64_t rows = global.B / mesh.dp;  // this replica's sequences, then its cp piece of each
-      const Batch batch =
-          context_slice(batch_rows(global, mesh.replica * rows, rows), mesh.cp_rank, mesh.cp, split, m.sliding_window);
+      const Batch batch = mesh_slice(mesh, global, split, m.sliding_window);
+      const int64_t first_row = mesh.replica * batch.B;  // this replica's first sequence in `global`
       const StepOutputs o = step_forward_backward(model, batch, want_logits ? &logits : nullptr,
                                                   StepWeights{M > 1 ? step_targets : 0, 1.0 / static_cast<double>(M)});
       out.loss += o.loss;
@@ -740,7 +742,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
         std::vector<uint8_t> mask;
         for (int64_t sq = 0; sq < batch.B; ++sq)
           for (int64_t t = 0; t < batch.T; ++t)
-            mask.push_back(answer_masks[mb][(mesh.replica * rows + sq) * global.T +
+            mask.push_back(answer_masks[mb][(first_row + sq) * global.T +
                                             (batch.positions.empty() ? t : batch.positions[t])]);
         double a = 0;
         for (uint8_t x : mask) a += x;
