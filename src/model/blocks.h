@@ -71,6 +71,10 @@ struct StepContext {
   // once), read by the MoE block only: each dispatch call is given its window explicitly (MoeChunk in
   // model/expert_dispatch.h; Note [The MoE token side in chunks] in model/moe_block.cpp).
   int64_t moe_token_chunk = 0;
+  // Each layer's token-wise work in equal tiles of at most this many of the rank's tokens (ckpt.layer_tile;
+  // 0: whole layers): layer_forward_tiled / layer_backward_tiled (Note [Sequence-tiled layers] in
+  // model/layer_tiles.cpp).
+  int64_t layer_tile = 0;
   // The step's positions, on the device (data/batch.h). pos: each token's RoPE position, its position in
   // its document (in its sequence without documents). ring_pos: with cp > 1, every rank's positions of this
   // rank's context-parallel group (data/context_split.h: group rank r's T at row r), which ring attention
@@ -79,6 +83,7 @@ struct StepContext {
   Tensor pos;        // (n) i32
   Tensor ring_pos;   // (cp, T) i32
   Tensor doc_start;  // (n) i32
+  Tensor tile_pos;   // (T) i32 0 .. T-1: a tile's query and key positions with cp = 1 (layer_tile > 0 only)
   // The attention spec of this step's sequences: this rank's T queries and keys, with its documents.
   ops::AttentionSpec attention_spec(int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale,
                                     int64_t window) const {
@@ -163,6 +168,16 @@ Tensor mlp_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
                          const std::string& out_name);
 // dx (n, H): in d x2, out d x1. Frees `a`.
 void mlp_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, MlpActs& a, Tensor& dx);
+
+// ---- a whole decoder layer in tiles of s.layer_tile tokens (Note [Sequence-tiled layers] in
+// model/layer_tiles.cpp): the attention block, then the MoE block (sparse) or the dense MLP.
+// x (n, H) -> the layer's output (n, H), allocated in out_cat named out_name; stats as moe_block_forward's
+// (a dense layer leaves it alone).
+Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x, bool sparse, RouterStats* stats,
+                           Category out_cat, const std::string& out_name);
+// The recompute from the boundary x and the backward: dx (n, H) in d (the layer's output), out d x.
+void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x, bool sparse, const Tensor& aux_bias,
+                          Tensor& dx);
 
 // ---- head, plain ("full") vocabulary schedule: final RMSNorm, logits, log-softmax and their gradient
 // each (n, V) fp32. Returns the sum of the token losses (NaN on meta); writes dxL (n, H) and accumulates

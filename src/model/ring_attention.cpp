@@ -40,33 +40,34 @@ void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& 
 
 // The spec of the block pair (this rank's queries, the block of `source`'s keys): the positions of both
 // from the step's ring_pos (StepContext).
-ops::AttentionSpec block_spec(const StepContext& s, ops::AttentionSpec a, int source) {
+// q0: the first of the queries' rows among the rank's T (a tile's, ring_attention.h).
+ops::AttentionSpec block_spec(const StepContext& s, ops::AttentionSpec a, int source, int64_t q0) {
   const int32_t* all = s.ring_pos.i32();
-  a.q_pos = all == nullptr ? nullptr : all + s.cp_rank() * a.Tq;
-  a.k_pos = all == nullptr ? nullptr : all + source * a.Tk;
+  a.q_pos = all == nullptr ? nullptr : all + s.cp_rank() * s.T + q0;
+  a.k_pos = all == nullptr ? nullptr : all + source * s.T;
   return a;
 }
 
 // The ring's tensors hold the sizes their contract states (q (B, N, nh, hd), k (B, N, nkv, hd), v and the
 // others of hdv columns): the blocks that travel are allocated from k's and v's shapes.
 void ring_sizes_check(const StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                      const ops::AttentionSpec& a) {
-  const int64_t rows = s.B * s.T, nh = a.nh, nkv = a.nkv, hd = a.hd, hdv = a.hdv;
-  FP_ASSERT(a.B == s.B && a.Tq == s.T && a.Tk == s.T, "ring attention spec B={} T={} keys {} for B={} N={}", a.B, a.Tq,
-            a.Tk, s.B, s.T);
-  FP_ASSERT(hd > 0 && hdv > 0 && q.numel() == rows * nh * hd && k.numel() == rows * nkv * hd &&
-                v.numel() == rows * nkv * hdv && o.numel() == rows * nh * hdv,
-            "ring attention sizes: q {} k {} v {} o {} elements for B={} N={} nh={} nkv={} hd={} hdv={}", q.numel(),
-            k.numel(), v.numel(), o.numel(), s.B, s.T, nh, nkv, hd, hdv);
+                      const ops::AttentionSpec& a, int64_t q0) {
+  const int64_t rows = a.B * a.Tq, keys = a.B * a.Tk, nh = a.nh, nkv = a.nkv, hd = a.hd, hdv = a.hdv;
+  FP_ASSERT(a.B <= s.B && a.Tk == s.T && q0 >= 0 && q0 + a.Tq <= s.T,
+            "ring attention spec B={} queries {} from {} keys {} for B={} N={}", a.B, a.Tq, q0, a.Tk, s.B, s.T);
+  FP_ASSERT(hd > 0 && hdv > 0 && q.numel() == rows * nh * hd && k.numel() == keys * nkv * hd &&
+                v.numel() == keys * nkv * hdv && o.numel() == rows * nh * hdv,
+            "ring attention sizes: q {} k {} v {} o {} elements for B={} Nq={} N={} nh={} nkv={} hd={} hdv={}",
+            q.numel(), k.numel(), v.numel(), o.numel(), a.B, a.Tq, a.Tk, nh, nkv, hd, hdv);
 }
 
 }  // namespace
 
 void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse,
-                            ops::AttentionSpec a) {
+                            ops::AttentionSpec a, int64_t q0) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
-  ring_sizes_check(s, q, k, v, o, a);
+  ring_sizes_check(s, q, k, v, o, a, q0);
   const RingGeometry g = ring_geometry(s);
   const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
   const DType act = s.precision.activations;             // K/V blocks travel in the activations dtype
@@ -84,7 +85,7 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
     // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp), as
     // it skips the pairs across documents. It still travels: the ranks after this one may need it.
     K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), step == 0,
-                              block_spec(s, a, g.source(step)));
+                              block_spec(s, a, g.source(step), q0));
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
@@ -95,10 +96,10 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
 
 void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                             ops::AttentionSpec a) {
+                             ops::AttentionSpec a, int64_t q0, bool accumulate) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
-  ring_sizes_check(s, q, k, v, o, a);
+  ring_sizes_check(s, q, k, v, o, a, q0);
   FP_ASSERT(dout.numel() == o.numel() && dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),
             "ring attention gradients: dout {} dq {} dk {} dv {} elements for o {} q {} k {} v {}", dout.numel(),
             dq.numel(), dk.numel(), dv.numel(), o.numel(), q.numel(), k.numel(), v.numel());
@@ -124,7 +125,7 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
     K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), dq_out,
-                               dkb[cur].buf(), dvb[cur].buf(), block_spec(s, a, g.source(step)));
+                               dkb[cur].buf(), dvb[cur].buf(), block_spec(s, a, g.source(step), q0));
     if (step + 1 < g.world) {
       ring_shift(s, g, kb[cur], kb[1 - cur]);
       ring_shift(s, g, vb[cur], vb[1 - cur]);
@@ -133,8 +134,14 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
     ring_shift(s, g, dvb[cur], dvb[1 - cur]);
   }
   const int home = g.world % 2;  // the buffer that received the last hop
-  K.copy(dk.buf(), dkb[home].buf(), dk.numel());
-  K.copy(dv.buf(), dvb[home].buf(), dv.numel());
+  if (accumulate) {
+    FP_ASSERT(dk.dtype() == DType::DType_F32 && dv.dtype() == DType::DType_F32, "a tile's dK/dV add into f32");
+    K.add_inplace(dk.buf(), dkb[home].buf(), dk.numel());
+    K.add_inplace(dv.buf(), dvb[home].buf(), dv.numel());
+  } else {
+    K.copy(dk.buf(), dkb[home].buf(), dk.numel());
+    K.copy(dv.buf(), dvb[home].buf(), dv.numel());
+  }
   if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());  // rounded once
 }
 

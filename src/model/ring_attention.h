@@ -23,12 +23,15 @@ namespace fp {
 // rank's spec as whole-sequence attention would take it (StepContext::attention_spec: sizes, scale,
 // window, documents); the ring adds the global positions of its queries and of each block's keys. The
 // tensors may have any shape of these sizes (the model's are 2-D).
+// A tile of queries (Note [Sequence-tiled layers] in model/layer_tiles.cpp): a.Tq = Nq < N queries of each
+// of a.B sequences, the rank's positions q0 .. q0 + Nq - 1 (q (B, Nq, nh, hd), o, lse of Nq), against all
+// N keys of those sequences (a.Tk = N): the blocks that travel are those B sequences' K/V.
 void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse,
-                            ops::AttentionSpec a);
-// dout (B, N, nh, hdv) -> dq (B, N, nh, hd), dk (B, N, nkv, hd), dv (B, N, nkv, hdv), overwritten. a: the
-// forward's.
+                            ops::AttentionSpec a, int64_t q0 = 0);
+// dout (B, N, nh, hdv) -> dq (B, N, nh, hd), dk (B, N, nkv, hd), dv (B, N, nkv, hdv), overwritten (with
+// accumulate, dk and dv f32 and added to instead: a tile's share). a, q0: the forward's.
 void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                              const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                             ops::AttentionSpec a);
+                             ops::AttentionSpec a, int64_t q0 = 0, bool accumulate = false);
 
 }  // namespace fp

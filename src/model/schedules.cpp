@@ -94,6 +94,8 @@ bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::
       throw Error(fmt::format("{}: {}: {}", source, key, e.what()), e.hint());
     }
   } else if (key == "ckpt.recompute") s.ckpt.recompute = bool_parse(source, key, v);
+  else if (key == "ckpt.layer_tile")
+    s.ckpt.layer_tile = number_parse<int64_t>(source, key, v);
   else if (key == "moe.dispatch") d.kind = enum_parse(source, key, v, kDispatch);
   else if (key == "moe.token_chunk") d.token_chunk = number_parse<int64_t>(source, key, v);
   else if (key == "llep.lambda") d.lambda = number_parse<double>(source, key, v);
@@ -150,6 +152,13 @@ void schedules_validate(const Schedules& s, std::string_view source, bool auto_o
            "set moe.token_chunk = 0 (the kept layers are whole), or ckpt.recompute = true (the chunks bound the "
            "layer being recomputed)",
            "{}: moe.token_chunk = {} needs ckpt.recompute = true", source, d.token_chunk);
+  FP_CHECK(s.ckpt.layer_tile >= 0, "tokens of a rank per tile of a layer's token-wise work; 0: whole layers",
+           "{}: ckpt.layer_tile = {} must be >= 0", source, s.ckpt.layer_tile);
+  // The tiles bound the one layer being recomputed (Note [Sequence-tiled layers]); kept layers are whole.
+  FP_CHECK(s.ckpt.recompute || s.ckpt.layer_tile == 0,
+           "set ckpt.layer_tile = 0 (the kept layers are whole), or ckpt.recompute = true (the tiles bound the layer "
+           "being recomputed)",
+           "{}: ckpt.layer_tile = {} needs ckpt.recompute = true", source, s.ckpt.layer_tile);
   FP_CHECK(d.max_chunks >= 1, kSchedulesHint, "{}: pipelined.max_chunks = {} must be >= 1", source, d.max_chunks);
 }
 

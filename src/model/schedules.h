@@ -34,6 +34,10 @@ struct CkptSchedule {
   // checkpointing] in step/step.h); false, the forward keeps every layer's activations for the backward
   // and no layer runs twice (Note [No recompute]): L layers' activations for one forward less.
   bool recompute = true;
+  // ckpt.layer_tile: > 0, each layer's token-wise work runs in tiles of at most this many of a rank's
+  // tokens in the forward, the recompute and the backward (Note [Sequence-tiled layers] in
+  // model/layer_tiles.cpp); 0, whole layers.
+  int64_t layer_tile = 0;
 };
 
 // Expert dispatch (sched/dispatch/dispatch.h): how routed copies reach their experts when W > 1.

@@ -94,6 +94,13 @@ void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, c
     LayerActs local;
     LayerActs& a = kept != nullptr ? (*kept)[l] : local;
     const Tensor& xl = store.get(l);
+    if (s.layer_tile > 0) {  // Note [Sequence-tiled layers] in model/layer_tiles.cpp
+      layer_backward_tiled(s, lp, xl, cfg.layer_is_sparse(l), aux_bias, dx);
+      store.release(l);
+      params.unit_grad_reduce(params.unit_layer(l));
+      params.unit_release(params.unit_layer(l));
+      continue;
+    }
     if (kept == nullptr) a.x1 = attn_block_forward(s, lp, xl, &a.attn);
     if (cfg.layer_is_sparse(l)) {
       if (kept == nullptr)
@@ -126,6 +133,8 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   StepContext s(be, cfg, model.routing_profile(), comm);
   s.precision = sched.precision;
   s.moe_token_chunk = sched.dispatch.token_chunk;
+  // A tile of every token is the whole layer, bit for bit (Note [Sequence-tiled layers]).
+  s.layer_tile = sched.ckpt.layer_tile < n ? sched.ckpt.layer_tile : 0;
   s.B = batch.B;
   s.T = batch.T;
   s.cp = model.context_parallel();
@@ -170,6 +179,8 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     s.ring_pos = be.alloc(Category::Category_activations, {s.cp, batch.T}, DType::DType_I32, "input.ring_pos");
   }
   if (documents) s.doc_start = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.doc_start");
+  if (s.layer_tile > 0 && s.cp == 1)
+    s.tile_pos = be.alloc(Category::Category_activations, {batch.T}, DType::DType_I32, "input.tile_pos");
   const int64_t n_freq = static_cast<int64_t>(s.rope.inv_freq.size());
   s.rope_inv_freq = be.alloc(Category::Category_activations, {n_freq}, DType::DType_F64, "input.rope_inv_freq");
   {
@@ -180,6 +191,11 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
     if (s.ring_pos.defined()) be.copy_from_host(s.ring_pos.data(), ring_pos.data(), s.ring_pos.bytes());
     if (documents) be.copy_from_host(s.doc_start.data(), batch.doc_start.data(), s.doc_start.bytes());
+    if (s.tile_pos.defined()) {
+      std::vector<int32_t> iota(static_cast<size_t>(batch.T));
+      for (int64_t t = 0; t < batch.T; ++t) iota[t] = static_cast<int32_t>(t);
+      be.copy_from_host(s.tile_pos.data(), iota.data(), s.tile_pos.bytes());
+    }
     be.copy_from_host(s.rope_inv_freq.data(), s.rope.inv_freq.data(), s.rope_inv_freq.bytes());
   }
 
@@ -199,15 +215,22 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   for (int64_t l = 0; l < L; ++l) {
     const LayerParams& lp = params.layers[l];
     params.unit_gather(params.unit_layer(l));
+    const bool last = l + 1 == L;
+    const Category out_cat = last ? Category::Category_activations : Category::Category_checkpoints;
+    const std::string out_name = last ? "final.x" : fmt::format("ckpt.layer{}", l + 1);
+    if (s.layer_tile > 0) {  // Note [Sequence-tiled layers]: the boundary stays until the layer's last tile
+      Tensor next = layer_forward_tiled(s, lp, x, cfg.layer_is_sparse(l), &stats[l], out_cat, out_name);
+      if (backward) store->put(l, std::move(x));
+      x = std::move(next);
+      params.unit_release(params.unit_layer(l));
+      continue;
+    }
     Tensor x1 = attn_block_forward(s, lp, x, keep ? &kept[l].attn : nullptr);
     if (backward) {
       store->put(l, std::move(x));
     } else {
       x.reset();  // evaluation keeps no boundary
     }
-    const bool last = l + 1 == L;
-    const Category out_cat = last ? Category::Category_activations : Category::Category_checkpoints;
-    const std::string out_name = last ? "final.x" : fmt::format("ckpt.layer{}", l + 1);
     if (cfg.layer_is_sparse(l))
       x = moe_block_forward(s, lp, x1, keep ? &kept[l].moe : nullptr, &stats[l], out_cat, out_name);
     else

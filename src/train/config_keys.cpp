@@ -451,6 +451,10 @@ std::vector<ConfigKey> registry_build() {
   keys.push_back(schedule_key("ckpt.recompute", K::KeyType_bool, kSched, kTrainPlan,
                               "the backward recomputes each layer (false: keep every layer's activations)", "recompute",
                               [](const Schedules& s) { return json(s.ckpt.recompute); }));
+  keys.push_back(
+      schedule_key("ckpt.layer_tile", K::KeyType_int, kSched, kTrainPlan,
+                   "each layer's token-wise work in tiles of at most this many of a rank's tokens (0: whole)",
+                   "layer_tile", [](const Schedules& s) { return json(s.ckpt.layer_tile); }));
 
   // [precision]: the recipe, then the fields (applied after it).
   keys.push_back(schedule_key("precision.recipe", K::KeyType_string, kArith, kTrainPlan,

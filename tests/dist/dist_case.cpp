@@ -21,6 +21,8 @@
 // the boundaries on every rank of the ring. _balanced deals the window to the ranks by attention work
 // (Note [Balanced rings], data/context_split.h) instead of zig-zag. _dp2 runs 2 data-parallel replicas of W/2
 // context-parallel ranks (Note [A device mesh] in train/trainer.cpp), each replica one sequence of the batch.
+// _tiled (last) runs every layer in tiles of 25 of a rank's tokens (Note [Sequence-tiled layers] in
+// model/layer_tiles.cpp): each tile's queries run their own ring.
 #include <cstdio>
 
 #include "../common/gathered_grads.h"
@@ -43,6 +45,7 @@ int main(int argc, char** argv) {
     if (has) variant.resize(variant.size() - x.size());
     return has;
   };
+  const bool tiled = suffix("_tiled");
   const bool dp2 = suffix("_dp2");
   const bool balanced = suffix("_balanced");
   const bool docs = suffix("_docs");
@@ -53,7 +56,7 @@ int main(int argc, char** argv) {
       (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek)) {
     std::fprintf(stderr,
                  "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]"
-                 "[_llep][_chunked][_bf16][_docs][_balanced][_dp2]\n");
+                 "[_llep][_chunked][_bf16][_docs][_balanced][_dp2][_tiled]\n");
     return 2;
   }
   Comm& comm = comm_world();
@@ -80,6 +83,8 @@ int main(int argc, char** argv) {
       sched.dispatch.min_tokens_per_gemm = 8;
     }
     if (chunked) sched.dispatch.token_chunk = 37;
+    // Tiles of 25 tokens: pieces of each rank's 200 / W tokens per sequence (8, 4 and 2 tiles per sequence).
+    if (tiled) sched.ckpt.layer_tile = 25;
     if (bf16) sched.precision = precision_recipe("bf16");
     if (deepseek) {
       m.model_type = ModelType::ModelType_deepseek_v3;

@@ -131,6 +131,18 @@ def case_grads_mesh(tmp):
         grads_variant(tmp, variant, reference=reference)
 
 
+def case_grads_tiled(tmp):
+    """Note [Sequence-tiled layers]: every layer in tiles of 25 of a rank's tokens, each tile's queries on their own
+    ring, against the whole layers on one process: the plain layer, the switched model (a sliding window, biases, a
+    dense layer) alone and with the four flattened schedules and the MoE token side in chunks, packed documents,
+    and dp2 x cp."""
+    for variant, reference in (("plain_tiled", "plain"), ("hf_layers_tiled", "hf_layers"),
+                               ("hf_layers_flat_chunked_tiled", "hf_layers"), ("plain_docs_tiled", "plain_docs"),
+                               ("plain_dp2_tiled", "plain")):
+        print(f"-- {variant} against {reference} on one process")
+        grads_variant(tmp, variant, reference=reference)
+
+
 def case_grads_bf16(tmp):
     """The bf16 recipe on W ranks (Note [Summing bf16 over ranks], Note [Ring attention accumulates in
     f32]): the forward differs from one process only in f32 summation order (losses within 5e-6,

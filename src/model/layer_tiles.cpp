@@ -1,0 +1,382 @@
+// A decoder layer in tiles of the rank's tokens (Note [Sequence-tiled layers]): the attention block's
+// token-wise work and the MoE block or dense MLP, one tile at a time, forward, recompute and backward.
+// Legend: n tokens (B sequences of T), H hidden, nh/nkv heads, hd head_dim, r rows of a tile.
+#include <cmath>
+
+#include "model/blocks.h"
+#include "model/ring_attention.h"
+
+namespace fp {
+
+// Note [Sequence-tiled layers]
+// With ckpt.layer_tile = N (0 < N < n), a layer runs its token-wise work in equal tiles of at most N of the
+// rank's tokens. Attention is the one op that mixes tokens, and it needs every key of a query's sequence:
+// so each layer first computes K and V for all n tokens, tile by tile (keys_values: the input norm, the k
+// and v projections, k_norm and RoPE), and then, per tile, the queries, their attention over the keys of
+// their sequences (the block kernel of ops/attention_block.h with explicit positions, or the ring with a
+// tile of queries, model/ring_attention.h), o_proj and the residual, and the MoE block or dense MLP on the
+// tile's rows (which see the tile as the step's tokens: s.n = r while it runs, so a routing profile routes
+// each tile alike, and the MoE token chunks split the tile).
+// The backward recomputes K and V, then per tile the tile's forward (keeping its activations), the MoE or
+// MLP recompute and backward on the tile's rows of the residual gradient, o_proj's backward, the tile's
+// attention backward (dQ of its queries, dK and dV ADDED into f32 accumulators of all n tokens), and the
+// query side down to d h1; once every tile has added its share, a last pass per tile takes dK and dV
+// (rounded once into the activations dtype, as the whole-sequence kernel writes them) through RoPE,
+// k_norm and the k/v projections into d h1, and the input norm's backward into the residual gradient.
+// What stays full-length: the boundary x and the residual gradient dx (as without tiles), K and V, their
+// f32 gradient accumulators, and d h1 (the sum of the q, k and v paths, in the whole layer's order, so
+// each element rounds as without tiles). Everything else, the norms' outputs, q, the attention output
+// and its statistics, the projections, the router's and the combine's tensors, the MLP's intermediates,
+// lives for one tile. With cp > 1 each tile runs its own ring: its sequences' K/V travel once per tile
+// (whole-sequence tiles: the untiled traffic; tiles of a piece of a sequence: T / len times its share).
+// Exact: every token's output and every input gradient are the same function; the weight gradients
+// accumulate tile by tile, and dK/dV over the tiles' queries, so sums run in another order (within 1e-6
+// relative, tests/model/test_layer_tiles.cpp). N >= n is the whole layer, bit for bit (the untiled code).
+// Tiles are equal, so every rank makes the same dispatch calls and a profile's choice is the same per
+// tile: N >= T takes the most whole sequences not above N that divide B; N < T the longest piece not
+// above N that divides T (refused when that is below N / 2: the tile would be smaller than asked).
+// deepseek_v3's multi-head latent attention is not tiled yet (refused by name).
+
+namespace {
+constexpr Category kAct = Category::Category_activations;
+
+// The step's tiles: `count` tiles of `rows` tokens, each `seqs` whole sequences (len = T) or a piece of
+// `len` < T consecutive tokens of one sequence.
+struct Tiles {
+  int64_t count = 0, rows = 0, seqs = 0, len = 0, T = 0;
+  int64_t row0(int64_t i) const { return i * rows; }
+  int64_t t0(int64_t i) const { return len == T ? 0 : (i % (T / len)) * len; }  // its first position in T
+  int64_t key_row0(int64_t i) const { return row0(i) / T * T; }                 // its first sequence's row
+};
+
+Tiles tiles_of(const StepContext& s) {
+  const int64_t N = s.layer_tile, B = s.B, T = s.T;
+  Tiles t;
+  t.T = T;
+  if (N >= T) {
+    int64_t g = std::min(B, N / T);
+    while (B % g != 0) --g;
+    t.seqs = g;
+    t.len = T;
+  } else {
+    int64_t len = N;
+    while (T % len != 0) --len;
+    FP_CHECK(2 * len > N, fmt::format("choose a divisor of {} (e.g. {}), or a multiple of it", T, len),
+             "ckpt.layer_tile = {}: the longest piece of the rank's {} tokens per sequence that divides them and is "
+             "not above {} has {} tokens",
+             N, T, N, len);
+    t.seqs = 1;
+    t.len = len;
+  }
+  t.rows = t.seqs * t.len;
+  t.count = B * T / t.rows;
+  return t;
+}
+
+// The MoE block and the dense MLP see a tile as the step's tokens while they run on it.
+class TileTokens {
+ public:
+  TileTokens(StepContext& s, int64_t rows) : s_(s), n_(s.n) { s.n = rows; }
+  ~TileTokens() { s_.n = n_; }
+  TileTokens(const TileTokens&) = delete;
+  TileTokens& operator=(const TileTokens&) = delete;
+
+ private:
+  StepContext& s_;
+  int64_t n_;
+};
+
+const Param* bias_of(const StepContext& s, const Param* b) { return s.cfg.attention_bias ? b : nullptr; }
+
+// h1 = input_layernorm(x) of r rows.
+void norm_in(StepContext& s, const LayerParams& lp, CBuf x, int64_t r, Tensor& h1, Tensor& rstd1) {
+  const int64_t H = s.cfg.hidden_size;
+  h1 = s.be.alloc(kAct, {r, H}, s.precision.activations, "tile.h1");
+  rstd1 = s.be.alloc_f32(kAct, {r}, "tile.rstd1");
+  s.be.kernels().rmsnorm_forward(x, lp.input_layernorm->w.buf(), h1.buf(), rstd1.f32(), r, H,
+                                 static_cast<float>(s.cfg.rms_norm_eps));
+}
+
+// One head group of r rows from h1 (the attention block's q or k): raw = h1 W^T (+ bias), out = RoPE of
+// each head row's rmsnorm, rstd (r * heads); pos: the rows' RoPE positions.
+void head_forward(StepContext& s, CBuf h1, const Param& w, const Param* bias, const Param& norm, const int32_t* pos,
+                  int64_t r, int64_t heads, Tensor& raw, Buf out, Tensor& rstd) {
+  const ops::KernelLauncher K = s.be.kernels();
+  const int64_t H = s.cfg.hidden_size, hd = s.cfg.head_dim;
+  raw = s.be.alloc(kAct, {r, heads * hd}, s.precision.activations, "tile.head_raw");
+  linear_forward(s.be, h1, w.w.buf(), raw.buf(), r, H, heads * hd);
+  if (bias) K.bias_add(raw.buf(), bias->w.buf(), r, heads * hd);
+  rstd = s.be.alloc_f32(kAct, {r * heads}, "tile.head_rstd");
+  K.rmsnorm_forward(raw.buf(), norm.w.buf(), out, rstd.f32(), r * heads, hd, static_cast<float>(s.cfg.rms_norm_eps));
+  K.rope_forward(out, pos, r, heads, hd, s.rope_freqs());
+}
+
+// K and V (n, nkv hd) of every token, tile by tile.
+void keys_values(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& t, Tensor& k, Tensor& v) {
+  Backend& be = s.be;
+  const int64_t n = s.n, H = s.cfg.hidden_size, kv = s.cfg.num_key_value_heads * s.cfg.head_dim;
+  k = be.alloc(kAct, {n, kv}, s.precision.activations, "tile.k");
+  v = be.alloc(kAct, {n, kv}, s.precision.activations, "tile.v");
+  for (int64_t i = 0; i < t.count; ++i) {
+    const int64_t r0 = t.row0(i), r = t.rows;
+    Tensor h1, rstd1, k_raw, rstd_k;
+    norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
+    head_forward(s, h1.buf(), *lp.k_proj, bias_of(s, lp.k_bias), *lp.k_norm, ptr_at(s.pos.i32(), r0), r,
+                 s.cfg.num_key_value_heads, k_raw, ptr_at(k.buf(), r0 * kv), rstd_k);
+    linear_forward(be, h1.buf(), lp.v_proj->w.buf(), ptr_at(v.buf(), r0 * kv), r, H, kv);
+    if (s.cfg.attention_bias) be.kernels().bias_add(ptr_at(v.buf(), r0 * kv), lp.v_bias->w.buf(), r, kv);
+  }
+}
+
+// A tile's attention-side tensors (r rows), what its backward reads.
+struct TileActs {
+  Tensor h1, rstd1, q_raw, rstd_q, q, o, lse;
+};
+
+// Tile i's queries against the keys of its sequences. cp = 1: the block kernel's positions from
+// s.tile_pos, keys up to the tile's last query; the ring: all T keys, its positions from ring_pos.
+ops::AttentionSpec tile_spec(const StepContext& s, const Tiles& t, int64_t i) {
+  const ModelConfig& c = s.cfg;
+  const int64_t hd = c.head_dim, t0 = t.t0(i);
+  ops::AttentionSpec a = ops::attention_spec(t.seqs, t.len, c.num_attention_heads, c.num_key_value_heads, hd, hd,
+                                             1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window,
+                                             s.doc_start.defined() ? ptr_at(s.doc_start.i32(), t.row0(i)) : nullptr);
+  if (s.cp > 1) {
+    a.Tk = s.T;
+    return a;
+  }
+  a.Tk = t0 + t.len;
+  a.q_pos = ptr_at(s.tile_pos.i32(), t0);
+  a.k_pos = s.tile_pos.i32();
+  return a;
+}
+
+// Views of the keys (or their gradients) of tile i's sequences: (seqs T, width) from row key_row0.
+Tensor keys_view(const Tensor& all, const Tiles& t, int64_t i, int64_t width) {
+  return Tensor::view(all, t.key_row0(i) * width, {t.seqs * t.T, width}, all.name());
+}
+
+// Tile i of the attention block: its rows of x1 = x + o_proj(attention(q; K, V)) (r, H). keep: a holds
+// what the tile's backward reads; otherwise each intermediate goes once consumed.
+Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& t, int64_t i,
+                              const Tensor& k, const Tensor& v, TileActs& a, bool keep) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t r0 = t.row0(i), r = t.rows, H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t q_w = nh * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, a.h1, a.rstd1);
+  a.q = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.q");
+  head_forward(s, a.h1.buf(), *lp.q_proj, bias_of(s, lp.q_bias), *lp.q_norm, ptr_at(s.pos.i32(), r0), r, nh, a.q_raw,
+               a.q.buf(), a.rstd_q);
+  if (!keep) {
+    a.h1.reset();
+    a.rstd1.reset();
+    a.q_raw.reset();
+    a.rstd_q.reset();
+  }
+  a.o = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.o");
+  a.lse = be.alloc_f32(kAct, {t.seqs, nh, t.len}, "tile.lse");
+  const ops::AttentionSpec spec = tile_spec(s, t, i);
+  if (s.cp > 1) {
+    const Tensor kt = keys_view(k, t, i, kv), vt = keys_view(v, t, i, kv);
+    ring_attention_forward(s, a.q, kt, vt, a.o, a.lse, spec, t.t0(i));
+  } else {
+    K.attention_block_forward(a.q.buf(), ptr_at(k.cbuf(), t.key_row0(i) * kv), ptr_at(v.cbuf(), t.key_row0(i) * kv),
+                              a.o.buf(), a.lse.f32(), true, spec);
+  }
+  if (!keep) {
+    a.q.reset();
+    a.lse.reset();
+  }
+  Tensor x1 = be.alloc(kAct, {r, H}, s.precision.activations, "tile.x1");
+  K.copy(x1.buf(), ptr_at(x.cbuf(), r0 * H), r * H);
+  linear_forward(be, a.o.buf(), lp.o_proj->w.buf(), x1.buf(), r, q_w, H, /*beta=*/1.0f);
+  if (c.attention_bias) K.bias_add(x1.buf(), lp.o_bias->w.buf(), r, H);
+  if (!keep) a.o.reset();
+  return x1;
+}
+
+// Tile i's attention backward from d x1 (its rows of dx): o_proj, the attention (dK, dV added into the
+// f32 accumulators dk, dv of every token), RoPE and q_norm, into its rows of d h1 (dh1: r rows, written)
+// and the q-side weight gradients. Frees `a` but h1.
+void tile_attention_backward(StepContext& s, const LayerParams& lp, const Tiles& t, int64_t i, const Tensor& k,
+                             const Tensor& v, TileActs& a, const Tensor& dx, Tensor& dk, Tensor& dv, Buf dh1) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t r0 = t.row0(i), r = t.rows, H = c.hidden_size, nh = c.num_attention_heads, hd = c.head_dim;
+  const int64_t q_w = nh * hd, kv = c.num_key_value_heads * hd;
+  const CBuf dx1 = ptr_at(dx.cbuf(), r0 * H);
+  Tensor d_o = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.d_o");
+  linear_backward_input(be, dx1, lp.o_proj->w.buf(), d_o.buf(), r, q_w, H);
+  linear_backward_weight(be, dx1, a.o.buf(), lp.o_proj->g.buf(), r, q_w, H);
+  if (c.attention_bias) K.bias_backward(dx1, lp.o_bias->g.buf(), r, H);
+
+  Tensor dq = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.dq");
+  const ops::AttentionSpec spec = tile_spec(s, t, i);
+  if (s.cp > 1) {
+    const Tensor kt = keys_view(k, t, i, kv), vt = keys_view(v, t, i, kv);
+    Tensor dkt = keys_view(dk, t, i, kv), dvt = keys_view(dv, t, i, kv);
+    ring_attention_backward(s, a.q, kt, vt, a.o, a.lse, d_o, dq, dkt, dvt, spec, t.t0(i), /*accumulate=*/true);
+  } else {
+    // One dtype for the three outputs of a call: dK/dV's f32, so dQ in f32 too, rounded once after.
+    const int64_t k0 = t.key_row0(i) * kv;
+    const bool f32 = dq.dtype() == DType::DType_F32;
+    Tensor dq_acc = f32 ? Tensor() : be.alloc_f32(kAct, {r, q_w}, "tile.dq_acc");
+    const Buf dq_out = f32 ? dq.buf() : dq_acc.buf();
+    K.fill(dq_out, 0.0f, r * q_w);
+    K.attention_block_backward(a.q.buf(), ptr_at(k.cbuf(), k0), ptr_at(v.cbuf(), k0), a.o.buf(), a.lse.f32(), d_o.buf(),
+                               dq_out, ptr_at(dk.buf(), k0), ptr_at(dv.buf(), k0), spec);
+    if (!f32) K.copy(dq.buf(), dq_acc.buf(), r * q_w);
+  }
+  d_o.reset();
+  a.o.reset();
+  a.lse.reset();
+  a.q.reset();
+
+  K.rope_backward(dq.buf(), ptr_at(s.pos.i32(), r0), r, nh, hd, s.rope_freqs());
+  Tensor dq_raw = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.dq_raw");
+  rmsnorm_backward(be, a.q_raw.buf(), lp.q_norm->w.buf(), a.rstd_q.f32(), dq.buf(), dq_raw.buf(), lp.q_norm->g.buf(),
+                   r * nh, hd);
+  dq.reset();
+  a.q_raw.reset();
+  a.rstd_q.reset();
+  if (c.attention_bias) K.bias_backward(dq_raw.buf(), lp.q_bias->g.buf(), r, q_w);
+  linear_backward_input(be, dq_raw.buf(), lp.q_proj->w.buf(), dh1, r, H, q_w);
+  linear_backward_weight(be, dq_raw.buf(), a.h1.buf(), lp.q_proj->g.buf(), r, H, q_w);
+}
+
+// Tile i's key/value side once its rows of dk, dv are complete: RoPE and k_norm (k_raw recomputed), the
+// k/v projections into its rows of d h1 (dh1_t: r rows, added after the q path, as the whole layer sums
+// them), and the input norm's backward into its rows of dx.
+void tile_kv_backward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& t, int64_t i,
+                      const Tensor& dk, const Tensor& dv, Buf dh1_t, Tensor& dx) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t r0 = t.row0(i), r = t.rows, H = c.hidden_size, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t kv = nkv * hd;
+  Tensor h1, rstd1, k_raw, rstd_k;
+  norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
+  {
+    Tensor k_out = be.alloc(kAct, {r, kv}, s.precision.activations, "tile.k_recomputed");
+    head_forward(s, h1.buf(), *lp.k_proj, bias_of(s, lp.k_bias), *lp.k_norm, ptr_at(s.pos.i32(), r0), r, nkv, k_raw,
+                 k_out.buf(), rstd_k);
+  }
+  // dK, dV rounded once into the activations dtype, as the whole-sequence kernel writes them.
+  Tensor dkt = be.alloc(kAct, {r, kv}, s.precision.activations, "tile.dk");
+  Tensor dvt = be.alloc(kAct, {r, kv}, s.precision.activations, "tile.dv");
+  K.copy(dkt.buf(), ptr_at(dk.cbuf(), r0 * kv), r * kv);
+  K.copy(dvt.buf(), ptr_at(dv.cbuf(), r0 * kv), r * kv);
+  K.rope_backward(dkt.buf(), ptr_at(s.pos.i32(), r0), r, nkv, hd, s.rope_freqs());
+  Tensor dk_raw = be.alloc(kAct, {r, kv}, s.precision.activations, "tile.dk_raw");
+  rmsnorm_backward(be, k_raw.buf(), lp.k_norm->w.buf(), rstd_k.f32(), dkt.buf(), dk_raw.buf(), lp.k_norm->g.buf(),
+                   r * nkv, hd);
+  dkt.reset();
+  k_raw.reset();
+  rstd_k.reset();
+  if (c.attention_bias) {
+    K.bias_backward(dk_raw.buf(), lp.k_bias->g.buf(), r, kv);
+    K.bias_backward(dvt.buf(), lp.v_bias->g.buf(), r, kv);
+  }
+  linear_backward_input(be, dk_raw.buf(), lp.k_proj->w.buf(), dh1_t, r, H, kv, 1.0f);
+  linear_backward_input(be, dvt.buf(), lp.v_proj->w.buf(), dh1_t, r, H, kv, 1.0f);
+  linear_backward_weight(be, dk_raw.buf(), h1.buf(), lp.k_proj->g.buf(), r, H, kv);
+  linear_backward_weight(be, dvt.buf(), h1.buf(), lp.v_proj->g.buf(), r, H, kv);
+  dk_raw.reset();
+  dvt.reset();
+  h1.reset();
+
+  Tensor dnorm = be.alloc(kAct, {r, H}, s.precision.activations, "tile.dnorm");
+  rmsnorm_backward(be, ptr_at(x.cbuf(), r0 * H), lp.input_layernorm->w.buf(), rstd1.f32(), dh1_t, dnorm.buf(),
+                   lp.input_layernorm->g.buf(), r, H);
+  K.add_inplace(ptr_at(dx.buf(), r0 * H), dnorm.buf(), r * H);
+}
+
+void stats_add(RouterStats& into, const RouterStats& tile) {
+  if (into.counts.empty()) {
+    into = tile;
+    return;
+  }
+  for (size_t e = 0; e < tile.counts.size(); ++e) into.counts[e] += tile.counts[e];
+  for (size_t e = 0; e < tile.prob_sum.size(); ++e) into.prob_sum[e] += tile.prob_sum[e];
+}
+
+}  // namespace
+
+Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x, bool sparse, RouterStats* stats,
+                           Category out_cat, const std::string& out_name) {
+  Backend& be = s.be;
+  const int64_t n = s.n, H = s.cfg.hidden_size;
+  const Tiles t = tiles_of(s);
+  Tensor k, v;
+  keys_values(s, lp, x, t, k, v);
+  Tensor out = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
+  if (stats) *stats = RouterStats{};
+  for (int64_t i = 0; i < t.count; ++i) {
+    TileActs a;
+    Tensor x1 = tile_attention_forward(s, lp, x, t, i, k, v, a, false);
+    Tensor x2;
+    {
+      TileTokens window(s, t.rows);
+      if (sparse) {
+        RouterStats tile_stats;
+        x2 = moe_block_forward(s, lp, x1, nullptr, stats ? &tile_stats : nullptr, Category::Category_activations,
+                               "tile.x2");
+        if (stats) stats_add(*stats, tile_stats);
+      } else {
+        x2 = mlp_block_forward(s, lp, x1, nullptr, Category::Category_activations, "tile.x2");
+      }
+    }
+    x1.reset();
+    be.kernels().copy(ptr_at(out.buf(), t.row0(i) * H), x2.buf(), t.rows * H);
+  }
+  return out;
+}
+
+void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x, bool sparse, const Tensor& aux_bias,
+                          Tensor& dx) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const int64_t n = s.n, H = s.cfg.hidden_size, kv = s.cfg.num_key_value_heads * s.cfg.head_dim;
+  const Tiles t = tiles_of(s);
+  Tensor k, v;
+  keys_values(s, lp, x, t, k, v);
+  Tensor dk = be.alloc_f32(kAct, {n, kv}, "tile.dk_acc");
+  Tensor dv = be.alloc_f32(kAct, {n, kv}, "tile.dv_acc");
+  K.fill(dk.buf(), 0.0f, n * kv);
+  K.fill(dv.buf(), 0.0f, n * kv);
+  // Last tile first: with cp = 1 a tile's keys are then complete once its own queries are done (a key is
+  // seen only by the queries at or after it in its sequence), so its key side runs right after it, with d h1
+  // for its rows alone. The ring's keys are seen by every rank's tiles: d h1 of all n waits for the last.
+  const bool deferred = s.cp > 1;
+  Tensor dh1_all = deferred ? be.alloc(kAct, {n, H}, s.precision.activations, "tile.dh1") : Tensor();
+  for (int64_t i = t.count - 1; i >= 0; --i) {
+    TileActs a;
+    Tensor x1 = tile_attention_forward(s, lp, x, t, i, k, v, a, true);
+    Tensor dx_t = Tensor::view(dx, t.row0(i) * H, {t.rows, H}, "grad.x");
+    {
+      TileTokens window(s, t.rows);
+      if (sparse) {
+        moe_block_recompute_backward(s, lp, x1, aux_bias, dx_t);
+      } else {
+        MlpActs m;
+        mlp_block_forward(s, lp, x1, &m, Category::Category_activations, "tile.x2").reset();
+        mlp_block_backward(s, lp, x1, m, dx_t);
+      }
+    }
+    x1.reset();
+    Tensor dh1 = deferred ? Tensor() : be.alloc(kAct, {t.rows, H}, s.precision.activations, "tile.dh1");
+    const Buf dh1_t = deferred ? ptr_at(dh1_all.buf(), t.row0(i) * H) : dh1.buf();
+    tile_attention_backward(s, lp, t, i, k, v, a, dx, dk, dv, dh1_t);
+    a = TileActs{};
+    if (!deferred) tile_kv_backward(s, lp, x, t, i, dk, dv, dh1_t, dx);
+  }
+  k.reset();
+  v.reset();
+  for (int64_t i = 0; deferred && i < t.count; ++i)
+    tile_kv_backward(s, lp, x, t, i, dk, dv, ptr_at(dh1_all.buf(), t.row0(i) * H), dx);
+}
+
+}  // namespace fp

@@ -1,0 +1,209 @@
+// Note [Sequence-tiled layers] (model/layer_tiles.cpp): ckpt.layer_tile < n runs each layer's token-wise work
+// in tiles. Against the whole layers on the same weights and batch: the loss and the logits (to float
+// rounding of the GEMMs' rows), every gradient within 1e-6 norm-relative (the weight gradients and dK/dV
+// accumulate tile by tile), for tiles that cut sequences into pieces and tiles of whole sequences; with a
+// sliding window shorter than a tile, attention biases and a dense MLP layer; with the MoE token side in
+// chunks inside the tiles; with packed documents. A tile of n or more is the whole step bit for bit; the
+// activations peak falls with the tile; meta allocates as cpu event for event; what is not tiled is refused
+// by name. Ring attention over W ranks with tiles: tests/dist (dist_check.py grads_tiled).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../common/deepseek_config.h"
+#include "../common/norm_rel.h"
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/units.h"
+#include "data/documents.h"
+#include "data/random_batch.h"
+#include "step/step.h"
+
+namespace fp {
+
+namespace {
+ModelConfig qwen_config() {
+  ModelConfig m;
+  m.hidden_size = 24, m.num_hidden_layers = 2, m.num_attention_heads = 4, m.num_key_value_heads = 2, m.head_dim = 8;
+  m.num_experts = 6, m.num_experts_per_tok = 2, m.moe_intermediate_size = 20, m.vocab_size = 50;
+  m.norm_topk_prob = true, m.router_aux_loss_coef = 0.05, m.seed = 5;
+  return m;
+}
+
+// Every switch of the Hugging Face layer that touches the tiled attention: a sliding window shorter than a
+// tile, q/k/v/o biases, and a dense MLP layer between two MoE layers.
+ModelConfig switched_config() {
+  ModelConfig m = qwen_config();
+  m.num_hidden_layers = 3, m.mlp_only_layers = {1}, m.intermediate_size = 28;
+  m.attention_bias = true, m.sliding_window = 11;
+  return m;
+}
+
+struct Options {
+  int64_t layer_tile = 0;
+  int64_t token_chunk = 0;
+  std::string device = "cpu";
+  RoutingProfile profile;
+  Precision precision;
+};
+
+struct StepRun {
+  StepOutputs out;
+  std::vector<float> logits;
+  std::vector<std::vector<float>> grads;
+  uint64_t act_peak = 0;
+  std::vector<LedgerEvent> events;
+};
+
+StepRun run(const ModelConfig& m, const Batch& batch, const Options& o) {
+  auto be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
+  Schedules sched;
+  sched.ckpt.layer_tile = o.layer_tile;
+  sched.dispatch.token_chunk = o.token_chunk;
+  sched.precision = o.precision;
+  Model model(m, *be, o.profile, sched);
+  model.init_weights(m.seed);
+  // Larger q/k weights: attention far from uniform, so a tile that saw the wrong keys would show.
+  for (Param& p : model.params().all())
+    if (p.name.find("q_proj.weight") != std::string::npos || p.name.find("k_proj.weight") != std::string::npos)
+      be->kernels().scale_inplace(p.w.buf(), 6.0f, p.w.numel());
+  StepRun r;
+  const bool cpu = o.device == "cpu";
+  r.out = step_forward_backward(model, batch, cpu ? &r.logits : nullptr);
+  if (cpu)
+    for (Param& q : model.params().all()) {
+      std::vector<float> g(static_cast<size_t>(q.g.numel()));
+      if (q.g.dtype() == DType::DType_BF16) {
+        std::vector<uint16_t> h(g.size());
+        be->copy_to_host(h.data(), q.g.data(), q.g.bytes());
+        for (size_t i = 0; i < g.size(); ++i) g[i] = bf16_to_float(h[i]);
+      } else {
+        be->copy_to_host(g.data(), q.g.data(), q.g.bytes());
+      }
+      r.grads.push_back(std::move(g));
+    }
+  r.act_peak = be->device_ledger().peak(Category::Category_activations);
+  r.events = be->device_ledger().events();
+  return r;
+}
+
+Options tiled(int64_t tile, int64_t chunk = 0) {
+  Options o;
+  o.layer_tile = tile;
+  o.token_chunk = chunk;
+  return o;
+}
+
+double worst_grad(const StepRun& a, const StepRun& b) {
+  EXPECT_EQ(a.grads.size(), b.grads.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.grads.size() && i < b.grads.size(); ++i)
+    worst = std::max(worst, norm_rel(a.grads[i], b.grads[i]));
+  return worst;
+}
+
+void expect_same_function(const StepRun& t, const StepRun& whole, double tol) {
+  EXPECT_NEAR(t.out.loss, whole.out.loss, tol * std::fabs(whole.out.loss));
+  EXPECT_NEAR(t.out.aux_loss, whole.out.aux_loss, tol * std::fabs(whole.out.aux_loss) + 1e-12);
+  EXPECT_EQ(t.out.expert_counts, whole.out.expert_counts);
+  EXPECT_LE(norm_rel(t.logits, whole.logits), tol);
+  EXPECT_LE(worst_grad(t, whole), tol);
+}
+
+}  // namespace
+
+TEST(LayerTiles, TiledStepMatchesWholeLayers) {
+  // 2 sequences of 48: tiles of 8 and 16 tokens cut each sequence into pieces (20 takes 16, the longest
+  // divisor of 48 not above it), 48 is one sequence a tile, 96 the whole step.
+  const Batch batch = batch_random(2, 48, 50, 8);
+  for (const ModelConfig& m : {qwen_config(), switched_config()}) {
+    SCOPED_TRACE(m.attention_bias ? "switched" : "qwen");
+    const StepRun whole = run(m, batch, {});
+    for (int64_t tile : {8, 16, 20, 48}) {
+      SCOPED_TRACE(tile);
+      const StepRun t = run(m, batch, tiled(tile));
+      expect_same_function(t, whole, 1e-6);
+      EXPECT_LT(t.act_peak, whole.act_peak) << "a layer's token-wise tensors are bounded by the tile";
+    }
+    // The MoE token side in chunks of 7 inside tiles of 16.
+    expect_same_function(run(m, batch, tiled(16, 7)), whole, 1e-6);
+    const StepRun one = run(m, batch, tiled(96));
+    EXPECT_EQ(one.out.loss, whole.out.loss);
+    EXPECT_EQ(one.logits, whole.logits);
+    EXPECT_EQ(one.grads, whole.grads);
+  }
+}
+
+TEST(LayerTiles, PackedDocumentsInTiles) {
+  // Documents end inside tiles and on their edges: a tile's queries see only their document's keys, which
+  // may lie in earlier tiles.
+  Batch batch = batch_random(2, 48, 50, 9);
+  constexpr int32_t kEos = 3;
+  for (int32_t& t : batch.tokens)
+    if (t == kEos) t = kEos + 1;
+  for (const auto& [b, t] : {std::pair{0, 5}, {0, 15}, {0, 16}, {0, 40}, {1, 23}}) {
+    batch.tokens[b * batch.T + t] = kEos;
+    batch.targets[b * batch.T + t - 1] = kEos;
+  }
+  batch_documents_from_eos(batch, kEos);
+  ModelConfig m = qwen_config();
+  m.router_aux_loss_coef = 0;
+  const StepRun whole = run(m, batch, {});
+  for (int64_t tile : {8, 16}) expect_same_function(run(m, batch, tiled(tile)), whole, 1e-6);
+}
+
+TEST(LayerTiles, Bf16TilesMatchWholeLayers) {
+  // bf16: the forward's arithmetic is the whole layer's, op for op (the GEMMs on a tile's rows), so the loss
+  // agrees to f32 rounding; the bf16 gradients of the weights accumulate per tile (one bf16 rounding per
+  // tile instead of one): within 4 x tiles x 2^-8 norm-relative.
+  const Batch batch = batch_random(2, 48, 50, 8);
+  Options o;
+  o.precision = precision_recipe("bf16");
+  const StepRun whole = run(qwen_config(), batch, o);
+  o.layer_tile = 16;
+  const StepRun t = run(qwen_config(), batch, o);
+  EXPECT_NEAR(t.out.loss, whole.out.loss, 1e-5 * std::fabs(whole.out.loss));
+  EXPECT_LE(worst_grad(t, whole), 4.0 * 6 / 256);
+  EXPECT_LE(norm_rel(t.logits, whole.logits), 1e-5);
+}
+
+TEST(LayerTiles, MetaAllocatesAsCpu) {
+  const Batch batch = batch_random(2, 48, 50, 8);
+  for (const char* prof : {"balanced", "hot:0.9:2"}) {
+    SCOPED_TRACE(prof);
+    Options o = tiled(16, 7);
+    o.profile = routing_profile_parse(prof);
+    const StepRun cpu = run(switched_config(), batch, o);
+    o.device = "meta";
+    const StepRun meta = run(switched_config(), batch, o);
+    ASSERT_EQ(cpu.events.size(), meta.events.size());
+    for (size_t j = 0; j < cpu.events.size(); ++j) {
+      ASSERT_EQ(cpu.events[j].tag, meta.events[j].tag) << "event " << j;
+      ASSERT_EQ(cpu.events[j].bytes, meta.events[j].bytes) << "event " << j << " " << cpu.events[j].tag;
+    }
+    EXPECT_EQ(cpu.out.expert_counts, meta.out.expert_counts);
+  }
+}
+
+TEST(LayerTiles, WhatIsNotTiledIsRefusedByName) {
+  auto refused = [](auto&& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; expected an error naming " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // Multi-head latent attention has no tiled layer yet.
+  ModelConfig ds = deepseek_small_config(2, 0, 0);
+  refused([&] { run(ds, batch_random(1, 32, ds.vocab_size, 1), tiled(8)); }, "ckpt.layer_tile");
+  // No divisor of 47 tokens between 5 and 10: the tile would be 1 token.
+  refused([&] { run(qwen_config(), batch_random(1, 47, 50, 1), tiled(10)); }, "ckpt.layer_tile = 10");
+  // Kept layers are whole.
+  Schedules s;
+  s.ckpt.layer_tile = 8;
+  s.ckpt.recompute = false;
+  refused([&] { schedules_validate(s, "test"); }, "ckpt.layer_tile = 8 needs ckpt.recompute = true");
+}
+
+}  // namespace fp
