@@ -58,9 +58,9 @@ void compare_run(const PlanOptions& o, const plan::Model& m, const plan::Input& 
   for (int family = 0; family < 2; ++family) {
     plan::Input x = in;
     if (family == 0)
-      plan::schedules_set_baseline(x.settings.sched);
+      plan::settings_set_baseline(x.settings);
     else
-      plan::schedules_set_flatpeak(x.settings.sched);
+      plan::settings_set_flatpeak(x.settings);
     std::vector<plan::RankPlan> ranks;
     plan::PlanOptions opt;
     opt.events = !o.timeline.empty();
@@ -193,8 +193,8 @@ int plan_run(const PlanOptions& o) {
   nlohmann::ordered_json reach = nullptr;
   if (in.device_mem != kUnlimitedBytes && !o.no_reach) {
     plan::Input base = in, flat = in;
-    plan::schedules_set_baseline(base.settings.sched);
-    plan::schedules_set_flatpeak(flat.settings.sched);
+    plan::settings_set_baseline(base.settings);
+    plan::settings_set_flatpeak(flat.settings);
     // A point at the paper's scale takes seconds: say what the searches are doing (stderr).
     auto progress = [](const char* which) {
       return [which](int64_t T, bool fits, double s) {

@@ -101,6 +101,9 @@ struct StepContext {
   std::vector<int64_t> profile_offsets;  // (E + 1) once the step's profile is routed; empty before
   // The same per chunk of the MoE token side, on meta (Note [The MoE token side in chunks]).
   std::vector<std::vector<int64_t>> profile_chunk_offsets;
+  // The n those were built for: a block of another n (the last, shorter tile of Note [Sequence-tiled
+  // layers]) routes afresh (moe_block.cpp, profile_cache_for_n).
+  int64_t profile_n = -1;
 };
 
 // ---- attention block: x1 = x + o_proj(attention(rope(norm_q(q)), rope(norm_k(k)), v)), q,k,v from rmsnorm(x)

@@ -32,44 +32,57 @@ namespace fp {
 // Exact: every token's output and every input gradient are the same function; the weight gradients
 // accumulate tile by tile, and dK/dV over the tiles' queries, so sums run in another order (within 1e-6
 // relative, tests/model/test_layer_tiles.cpp). N >= n is the whole layer, bit for bit (the untiled code).
-// Tiles are equal, so every rank makes the same dispatch calls and a profile's choice is the same per
-// tile: N >= T takes the most whole sequences not above N that divide B; N < T the longest piece not
-// above N that divides T (refused when that is below N / 2: the tile would be smaller than asked).
+// Tiles: N >= T, groups of min(B, N / T) whole sequences; N < T, pieces of N tokens of each sequence; the
+// last group or piece may be shorter. Every rank has the same B and T, so the same tiles: the dispatch
+// calls stay matched. A routing profile routes each tile as the step's tokens (a shorter tile afresh:
+// StepContext::profile_n).
 // deepseek_v3's multi-head latent attention is not tiled yet (refused by name).
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
 
-// The step's tiles: `count` tiles of `rows` tokens, each `seqs` whole sequences (len = T) or a piece of
-// `len` < T consecutive tokens of one sequence.
+// One tile: `rows` tokens from row0, `seqs` whole sequences (len = T, t0 = 0) or a piece of len < T
+// consecutive tokens of one sequence from its position t0.
+struct Tile {
+  int64_t row0 = 0, rows = 0, seqs = 0, len = 0, t0 = 0, T = 0;
+  int64_t key_row0() const { return row0 / T * T; }  // its first sequence's first row
+};
+
+// The step's tiles: N >= T, groups of min(B, N / T) whole sequences; N < T, pieces of N tokens of each
+// sequence. The last group (the last piece of each sequence) may be shorter.
 struct Tiles {
-  int64_t count = 0, rows = 0, seqs = 0, len = 0, T = 0;
-  int64_t row0(int64_t i) const { return i * rows; }
-  int64_t t0(int64_t i) const { return len == T ? 0 : (i % (T / len)) * len; }  // its first position in T
-  int64_t key_row0(int64_t i) const { return row0(i) / T * T; }                 // its first sequence's row
+  int64_t B = 0, T = 0, group = 0, piece = 0, per_seq = 0, count = 0;
+  Tile at(int64_t i) const {
+    Tile t;
+    t.T = T;
+    if (group > 0) {
+      t.seqs = std::min(group, B - i * group);
+      t.len = T;
+      t.row0 = i * group * T;
+    } else {
+      t.seqs = 1;
+      t.t0 = (i % per_seq) * piece;
+      t.len = std::min(piece, T - t.t0);
+      t.row0 = (i / per_seq) * T + t.t0;
+    }
+    t.rows = t.seqs * t.len;
+    return t;
+  }
 };
 
 Tiles tiles_of(const StepContext& s) {
-  const int64_t N = s.layer_tile, B = s.B, T = s.T;
+  const int64_t N = s.layer_tile;
   Tiles t;
-  t.T = T;
-  if (N >= T) {
-    int64_t g = std::min(B, N / T);
-    while (B % g != 0) --g;
-    t.seqs = g;
-    t.len = T;
+  t.B = s.B;
+  t.T = s.T;
+  if (N >= s.T) {
+    t.group = std::min(s.B, N / s.T);
+    t.count = (s.B + t.group - 1) / t.group;
   } else {
-    int64_t len = N;
-    while (T % len != 0) --len;
-    FP_CHECK(2 * len > N, fmt::format("choose a divisor of {} (e.g. {}), or a multiple of it", T, len),
-             "ckpt.layer_tile = {}: the longest piece of the rank's {} tokens per sequence that divides them and is "
-             "not above {} has {} tokens",
-             N, T, N, len);
-    t.seqs = 1;
-    t.len = len;
+    t.piece = N;
+    t.per_seq = (s.T + N - 1) / N;
+    t.count = s.B * t.per_seq;
   }
-  t.rows = t.seqs * t.len;
-  t.count = B * T / t.rows;
   return t;
 }
 
@@ -112,13 +125,14 @@ void head_forward(StepContext& s, CBuf h1, const Param& w, const Param* bias, co
 }
 
 // K and V (n, nkv hd) of every token, tile by tile.
-void keys_values(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& t, Tensor& k, Tensor& v) {
+void keys_values(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& tiles, Tensor& k, Tensor& v) {
   Backend& be = s.be;
   const int64_t n = s.n, H = s.cfg.hidden_size, kv = s.cfg.num_key_value_heads * s.cfg.head_dim;
   k = be.alloc(kAct, {n, kv}, s.precision.activations, "tile.k");
   v = be.alloc(kAct, {n, kv}, s.precision.activations, "tile.v");
-  for (int64_t i = 0; i < t.count; ++i) {
-    const int64_t r0 = t.row0(i), r = t.rows;
+  for (int64_t i = 0; i < tiles.count; ++i) {
+    const Tile t = tiles.at(i);
+    const int64_t r0 = t.row0, r = t.rows;
     Tensor h1, rstd1, k_raw, rstd_k;
     norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
     head_forward(s, h1.buf(), *lp.k_proj, bias_of(s, lp.k_bias), *lp.k_norm, ptr_at(s.pos.i32(), r0), r,
@@ -135,12 +149,12 @@ struct TileActs {
 
 // Tile i's queries against the keys of its sequences. cp = 1: the block kernel's positions from
 // s.tile_pos, keys up to the tile's last query; the ring: all T keys, its positions from ring_pos.
-ops::AttentionSpec tile_spec(const StepContext& s, const Tiles& t, int64_t i) {
+ops::AttentionSpec tile_spec(const StepContext& s, const Tile& t) {
   const ModelConfig& c = s.cfg;
-  const int64_t hd = c.head_dim, t0 = t.t0(i);
+  const int64_t hd = c.head_dim, t0 = t.t0;
   ops::AttentionSpec a = ops::attention_spec(t.seqs, t.len, c.num_attention_heads, c.num_key_value_heads, hd, hd,
                                              1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window,
-                                             s.doc_start.defined() ? ptr_at(s.doc_start.i32(), t.row0(i)) : nullptr);
+                                             s.doc_start.defined() ? ptr_at(s.doc_start.i32(), t.row0) : nullptr);
   if (s.cp > 1) {
     a.Tk = s.T;
     return a;
@@ -152,18 +166,18 @@ ops::AttentionSpec tile_spec(const StepContext& s, const Tiles& t, int64_t i) {
 }
 
 // Views of the keys (or their gradients) of tile i's sequences: (seqs T, width) from row key_row0.
-Tensor keys_view(const Tensor& all, const Tiles& t, int64_t i, int64_t width) {
-  return Tensor::view(all, t.key_row0(i) * width, {t.seqs * t.T, width}, all.name());
+Tensor keys_view(const Tensor& all, const Tile& t, int64_t width) {
+  return Tensor::view(all, t.key_row0() * width, {t.seqs * t.T, width}, all.name());
 }
 
 // Tile i of the attention block: its rows of x1 = x + o_proj(attention(q; K, V)) (r, H). keep: a holds
 // what the tile's backward reads; otherwise each intermediate goes once consumed.
-Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& t, int64_t i,
-                              const Tensor& k, const Tensor& v, TileActs& a, bool keep) {
+Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tile& t, const Tensor& k,
+                              const Tensor& v, TileActs& a, bool keep) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t r0 = t.row0(i), r = t.rows, H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t r0 = t.row0, r = t.rows, H = c.hidden_size, nh = c.num_attention_heads;
   const int64_t q_w = nh * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
   norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, a.h1, a.rstd1);
   a.q = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.q");
@@ -177,12 +191,12 @@ Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tenso
   }
   a.o = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.o");
   a.lse = be.alloc_f32(kAct, {t.seqs, nh, t.len}, "tile.lse");
-  const ops::AttentionSpec spec = tile_spec(s, t, i);
+  const ops::AttentionSpec spec = tile_spec(s, t);
   if (s.cp > 1) {
-    const Tensor kt = keys_view(k, t, i, kv), vt = keys_view(v, t, i, kv);
-    ring_attention_forward(s, a.q, kt, vt, a.o, a.lse, spec, t.t0(i));
+    const Tensor kt = keys_view(k, t, kv), vt = keys_view(v, t, kv);
+    ring_attention_forward(s, a.q, kt, vt, a.o, a.lse, spec, t.t0);
   } else {
-    K.attention_block_forward(a.q.buf(), ptr_at(k.cbuf(), t.key_row0(i) * kv), ptr_at(v.cbuf(), t.key_row0(i) * kv),
+    K.attention_block_forward(a.q.buf(), ptr_at(k.cbuf(), t.key_row0() * kv), ptr_at(v.cbuf(), t.key_row0() * kv),
                               a.o.buf(), a.lse.f32(), true, spec);
   }
   if (!keep) {
@@ -200,12 +214,12 @@ Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tenso
 // Tile i's attention backward from d x1 (its rows of dx): o_proj, the attention (dK, dV added into the
 // f32 accumulators dk, dv of every token), RoPE and q_norm, into its rows of d h1 (dh1: r rows, written)
 // and the q-side weight gradients. Frees `a` but h1.
-void tile_attention_backward(StepContext& s, const LayerParams& lp, const Tiles& t, int64_t i, const Tensor& k,
-                             const Tensor& v, TileActs& a, const Tensor& dx, Tensor& dk, Tensor& dv, Buf dh1) {
+void tile_attention_backward(StepContext& s, const LayerParams& lp, const Tile& t, const Tensor& k, const Tensor& v,
+                             TileActs& a, const Tensor& dx, Tensor& dk, Tensor& dv, Buf dh1) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t r0 = t.row0(i), r = t.rows, H = c.hidden_size, nh = c.num_attention_heads, hd = c.head_dim;
+  const int64_t r0 = t.row0, r = t.rows, H = c.hidden_size, nh = c.num_attention_heads, hd = c.head_dim;
   const int64_t q_w = nh * hd, kv = c.num_key_value_heads * hd;
   const CBuf dx1 = ptr_at(dx.cbuf(), r0 * H);
   Tensor d_o = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.d_o");
@@ -214,14 +228,14 @@ void tile_attention_backward(StepContext& s, const LayerParams& lp, const Tiles&
   if (c.attention_bias) K.bias_backward(dx1, lp.o_bias->g.buf(), r, H);
 
   Tensor dq = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.dq");
-  const ops::AttentionSpec spec = tile_spec(s, t, i);
+  const ops::AttentionSpec spec = tile_spec(s, t);
   if (s.cp > 1) {
-    const Tensor kt = keys_view(k, t, i, kv), vt = keys_view(v, t, i, kv);
-    Tensor dkt = keys_view(dk, t, i, kv), dvt = keys_view(dv, t, i, kv);
-    ring_attention_backward(s, a.q, kt, vt, a.o, a.lse, d_o, dq, dkt, dvt, spec, t.t0(i), /*accumulate=*/true);
+    const Tensor kt = keys_view(k, t, kv), vt = keys_view(v, t, kv);
+    Tensor dkt = keys_view(dk, t, kv), dvt = keys_view(dv, t, kv);
+    ring_attention_backward(s, a.q, kt, vt, a.o, a.lse, d_o, dq, dkt, dvt, spec, t.t0, /*accumulate=*/true);
   } else {
     // One dtype for the three outputs of a call: dK/dV's f32, so dQ in f32 too, rounded once after.
-    const int64_t k0 = t.key_row0(i) * kv;
+    const int64_t k0 = t.key_row0() * kv;
     const bool f32 = dq.dtype() == DType::DType_F32;
     Tensor dq_acc = f32 ? Tensor() : be.alloc_f32(kAct, {r, q_w}, "tile.dq_acc");
     const Buf dq_out = f32 ? dq.buf() : dq_acc.buf();
@@ -250,12 +264,12 @@ void tile_attention_backward(StepContext& s, const LayerParams& lp, const Tiles&
 // Tile i's key/value side once its rows of dk, dv are complete: RoPE and k_norm (k_raw recomputed), the
 // k/v projections into its rows of d h1 (dh1_t: r rows, added after the q path, as the whole layer sums
 // them), and the input norm's backward into its rows of dx.
-void tile_kv_backward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& t, int64_t i,
-                      const Tensor& dk, const Tensor& dv, Buf dh1_t, Tensor& dx) {
+void tile_kv_backward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tile& t, const Tensor& dk,
+                      const Tensor& dv, Buf dh1_t, Tensor& dx) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t r0 = t.row0(i), r = t.rows, H = c.hidden_size, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t r0 = t.row0, r = t.rows, H = c.hidden_size, nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t kv = nkv * hd;
   Tensor h1, rstd1, k_raw, rstd_k;
   norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
@@ -309,14 +323,15 @@ Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& 
                            Category out_cat, const std::string& out_name) {
   Backend& be = s.be;
   const int64_t n = s.n, H = s.cfg.hidden_size;
-  const Tiles t = tiles_of(s);
+  const Tiles tiles = tiles_of(s);
   Tensor k, v;
-  keys_values(s, lp, x, t, k, v);
+  keys_values(s, lp, x, tiles, k, v);
   Tensor out = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
   if (stats) *stats = RouterStats{};
-  for (int64_t i = 0; i < t.count; ++i) {
+  for (int64_t i = 0; i < tiles.count; ++i) {
+    const Tile t = tiles.at(i);
     TileActs a;
-    Tensor x1 = tile_attention_forward(s, lp, x, t, i, k, v, a, false);
+    Tensor x1 = tile_attention_forward(s, lp, x, t, k, v, a, false);
     Tensor x2;
     {
       TileTokens window(s, t.rows);
@@ -330,7 +345,7 @@ Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& 
       }
     }
     x1.reset();
-    be.kernels().copy(ptr_at(out.buf(), t.row0(i) * H), x2.buf(), t.rows * H);
+    be.kernels().copy(ptr_at(out.buf(), t.row0 * H), x2.buf(), t.rows * H);
   }
   return out;
 }
@@ -340,9 +355,9 @@ void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, kv = s.cfg.num_key_value_heads * s.cfg.head_dim;
-  const Tiles t = tiles_of(s);
+  const Tiles tiles = tiles_of(s);
   Tensor k, v;
-  keys_values(s, lp, x, t, k, v);
+  keys_values(s, lp, x, tiles, k, v);
   Tensor dk = be.alloc_f32(kAct, {n, kv}, "tile.dk_acc");
   Tensor dv = be.alloc_f32(kAct, {n, kv}, "tile.dv_acc");
   K.fill(dk.buf(), 0.0f, n * kv);
@@ -352,10 +367,11 @@ void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x
   // for its rows alone. The ring's keys are seen by every rank's tiles: d h1 of all n waits for the last.
   const bool deferred = s.cp > 1;
   Tensor dh1_all = deferred ? be.alloc(kAct, {n, H}, s.precision.activations, "tile.dh1") : Tensor();
-  for (int64_t i = t.count - 1; i >= 0; --i) {
+  for (int64_t i = tiles.count - 1; i >= 0; --i) {
+    const Tile t = tiles.at(i);
     TileActs a;
-    Tensor x1 = tile_attention_forward(s, lp, x, t, i, k, v, a, true);
-    Tensor dx_t = Tensor::view(dx, t.row0(i) * H, {t.rows, H}, "grad.x");
+    Tensor x1 = tile_attention_forward(s, lp, x, t, k, v, a, true);
+    Tensor dx_t = Tensor::view(dx, t.row0 * H, {t.rows, H}, "grad.x");
     {
       TileTokens window(s, t.rows);
       if (sparse) {
@@ -368,15 +384,17 @@ void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x
     }
     x1.reset();
     Tensor dh1 = deferred ? Tensor() : be.alloc(kAct, {t.rows, H}, s.precision.activations, "tile.dh1");
-    const Buf dh1_t = deferred ? ptr_at(dh1_all.buf(), t.row0(i) * H) : dh1.buf();
-    tile_attention_backward(s, lp, t, i, k, v, a, dx, dk, dv, dh1_t);
+    const Buf dh1_t = deferred ? ptr_at(dh1_all.buf(), t.row0 * H) : dh1.buf();
+    tile_attention_backward(s, lp, t, k, v, a, dx, dk, dv, dh1_t);
     a = TileActs{};
-    if (!deferred) tile_kv_backward(s, lp, x, t, i, dk, dv, dh1_t, dx);
+    if (!deferred) tile_kv_backward(s, lp, x, t, dk, dv, dh1_t, dx);
   }
   k.reset();
   v.reset();
-  for (int64_t i = 0; deferred && i < t.count; ++i)
-    tile_kv_backward(s, lp, x, t, i, dk, dv, ptr_at(dh1_all.buf(), t.row0(i) * H), dx);
+  for (int64_t i = 0; deferred && i < tiles.count; ++i) {
+    const Tile t = tiles.at(i);
+    tile_kv_backward(s, lp, x, t, dk, dv, ptr_at(dh1_all.buf(), t.row0 * H), dx);
+  }
 }
 
 }  // namespace fp

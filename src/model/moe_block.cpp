@@ -42,6 +42,18 @@ ExpertDispatch& expert_dispatch(StepContext& s) {
   return *local;
 }
 
+// Note [A routing profile is routed once per step] holds for one n: a block of another n (the last,
+// shorter tile of Note [Sequence-tiled layers]) drops what was routed for the previous one, here and in
+// the dispatch. Every rank sees the same n in the same order, so all rebuild alike.
+void profile_cache_for_n(StepContext& s) {
+  if (s.profile_n == s.n) return;
+  s.profile_n = s.n;
+  s.profile_offsets.clear();
+  s.profile_chunk_offsets.clear();
+  s.host_topk.clear();
+  if (s.dispatch != nullptr) s.dispatch->profile_reset();
+}
+
 // h2 = rmsnorm(x1), the router (probs, topk_idx, topk_w into a) and a routing profile's choice over the
 // router's, uploaded into a.topk_idx from s.host_topk (n, k). assign_profile: s.host_topk receives the
 // profile's choice first; otherwise it holds it already (a profile routed earlier in the step) or nothing
@@ -288,6 +300,7 @@ Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Te
 
 Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats,
                          Category out_cat, const std::string& out_name) {
+  profile_cache_for_n(s);
   if (!keep && moe_chunked(s)) return moe_block_forward_chunked(s, lp, x1, stats, out_cat, out_name);
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
@@ -390,6 +403,7 @@ void moe_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
 
 void moe_block_recompute_backward(StepContext& s, const LayerParams& lp, const Tensor& x1, const Tensor& aux_bias,
                                   Tensor& dx) {
+  profile_cache_for_n(s);
   if (!moe_chunked(s)) {
     MoeActs a;
     moe_block_forward(s, lp, x1, &a, nullptr).reset();

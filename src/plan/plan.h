@@ -42,6 +42,10 @@ using CategoryBytes = std::array<uint64_t, kNumCategories>;
 // The flatpeak preset's moe.token_chunk: at paper-7L's former reach on 16 ranks (4.74M tokens) it takes the
 // step peak from 131.3 to 77.2 GiB (docs/benchmarks.md); smaller chunks gain little more.
 inline constexpr int64_t kFlatpeakTokenChunk = 16384;
+// The flatpeak preset's ckpt.layer_tile (Note [Sequence-tiled layers] in model/layer_tiles.cpp): tiles of
+// 8192 tokens bound a layer's token-wise tensors at that many tokens; smaller ones move the reach little
+// (docs/benchmarks.md, "Sequence-tiled layers").
+inline constexpr int64_t kFlatpeakLayerTile = 8192;
 
 struct Layout {
   int64_t ranks = 1;  // W
@@ -64,14 +68,17 @@ struct Settings {
   Schedules sched = planner_schedules();
   Layout layout;
   RoutingProfile routing = routing_profile_parse("balanced");
+  // The layer tile came from the flatpeak preset (not from ckpt.layer_tile=N): a model without a tiled layer
+  // (deepseek_v3's MLA, Note [Sequence-tiled layers]) plans with whole layers, and the plan says so.
+  bool preset_tile = false;
 };
 
 // The schedule families of the baseline (FSDP2-like: standard EP, full logits, boundaries on the
 // device, optimizer on the device or offloaded serially, whichever fits) and of flatpeak (all four
 // flattened: pipelined_llep, ring, sco, offload_stream). Only the families change; sizes, layout,
 // dtypes and routing are kept.
-void schedules_set_baseline(Schedules& s);
-void schedules_set_flatpeak(Schedules& s);
+void settings_set_baseline(Settings& s);
+void settings_set_flatpeak(Settings& s);
 
 // Applies one --schedule item: "baseline", "flatpeak", or key=value where key is a schedule setting's
 // run-config name (schedules_set in model/schedules.h: vocab.schedule=ring, pipelined.chunk_cap=512,

@@ -31,6 +31,7 @@ nlohmann::ordered_json schedule_json(const Schedules& s) {
     j["min_tokens_per_gemm"] = d.min_tokens_per_gemm;
   }
   j["token_chunk"] = d.token_chunk;
+  j["layer_tile"] = s.ckpt.layer_tile;
   if (d.kind == DispatchSchedule::Kind::Kind_pipelined_llep) {
     j["chunk_cap"] = d.chunk_cap;
     j["max_chunks"] = d.max_chunks;
@@ -155,8 +156,13 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
   out += fmt::format("precision: params {}, grads {}, activations {}, master {}, moments {}, logits {}, router {}\n",
                      dtype_name(d.params), dtype_name(d.grads), dtype_name(d.activations), dtype_name(d.master),
                      dtype_name(d.moments), dtype_name(d.logits), dtype_name(d.router));
-  out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}{}, optim {}{}\n", schedule_name(r.sched.dispatch.kind),
-                     schedule_name(r.sched.vocab.kind), schedule_name(r.sched.ckpt.kind),
+  const int64_t tile = r.sched.ckpt.layer_tile;
+  const std::string tiles = tile > 0 ? fmt::format(" (layers in tiles of {} tokens)", tile)
+                            : in.settings.preset_tile && in.model.is_deepseek()
+                                ? " (whole layers: MLA has no tiled layer yet)"
+                                : "";
+  out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}{}{}, optim {}{}\n", schedule_name(r.sched.dispatch.kind),
+                     schedule_name(r.sched.vocab.kind), schedule_name(r.sched.ckpt.kind), tiles,
                      r.sched.ckpt.recompute ? "" : " (no recompute: every layer's activations kept)",
                      schedule_name(r.sched.optim.kind),
                      in.settings.sched.optim.kind == OptimSchedule::Kind::Kind_auto

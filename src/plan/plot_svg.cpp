@@ -177,9 +177,9 @@ std::vector<PlotPanel> peaks_plot_panels(const Input& in, int lo_log2, int hi_lo
   for (size_t p = 0; p < panels.size(); ++p) {
     Input x = in;
     if (p == 0)
-      schedules_set_baseline(x.settings.sched);
+      settings_set_baseline(x.settings);
     else
-      schedules_set_flatpeak(x.settings.sched);
+      settings_set_flatpeak(x.settings);
     const int64_t cp = x.settings.layout.context_ranks();
     for (int l = lo_log2; l <= hi_log2; ++l) {
       x.context = int64_t{1} << l;

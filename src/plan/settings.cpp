@@ -45,25 +45,31 @@ Schedules planner_schedules() {
   return s;
 }
 
-void schedules_set_baseline(Schedules& s) {
+void settings_set_baseline(Settings& settings) {
+  Schedules& s = settings.sched;
+  settings.preset_tile = false;
   s.dispatch.kind = DispatchSchedule::Kind::Kind_standard;
   s.dispatch.token_chunk = 0;
+  s.ckpt.layer_tile = 0;
   s.vocab.kind = VocabSchedule::Kind::Kind_full;
   s.ckpt.kind = CkptSchedule::Kind::Kind_device;
   s.optim.kind = OptimSchedule::Kind::Kind_auto;
 }
 
-void schedules_set_flatpeak(Schedules& s) {
+void settings_set_flatpeak(Settings& settings) {
+  Schedules& s = settings.sched;
+  settings.preset_tile = true;
   s.dispatch.kind = DispatchSchedule::Kind::Kind_pipelined_llep;
   s.dispatch.token_chunk = kFlatpeakTokenChunk;
+  s.ckpt.layer_tile = kFlatpeakLayerTile;
   s.vocab.kind = VocabSchedule::Kind::Kind_ring;
   s.ckpt.kind = CkptSchedule::Kind::Kind_sco;
   s.optim.kind = OptimSchedule::Kind::Kind_offload_stream;
 }
 
 void settings_apply(Settings& s, std::string_view item) {
-  if (item == "baseline") return schedules_set_baseline(s.sched);
-  if (item == "flatpeak") return schedules_set_flatpeak(s.sched);
+  if (item == "baseline") return settings_set_baseline(s);
+  if (item == "flatpeak") return settings_set_flatpeak(s);
   const size_t eq = item.find('=');
   FP_CHECK(eq != std::string_view::npos && eq > 0, keys_hint(),
            "--schedule {}: expected baseline, flatpeak or key=value", item);
@@ -106,6 +112,7 @@ void settings_apply(Settings& s, std::string_view item) {
   FP_CHECK(next.moe.routing_profile.kind != RoutingProfile::Kind::Kind_router,
            "use routing=balanced or routing=hot:R:H",
            "--schedule {}: the planner needs a routing profile (the router is data dependent)", item);
+  if (k->name == "ckpt.layer_tile") s.preset_tile = false;  // asked for by name: refused where not tiled
   s.sched = std::move(next.schedules);
   s.routing = next.moe.routing_profile;
 }

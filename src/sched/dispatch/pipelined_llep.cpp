@@ -93,6 +93,10 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   }
   std::string_view name() const override { return "pipelined_llep"; }
   bool reads_rows() const override { return true; }  // chunk membership is by token (moe_chunk_order)
+  void profile_reset() override {
+    profile_layers_.clear();
+    profile_chunks_.clear();
+  }
 
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
                  const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
