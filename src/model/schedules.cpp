@@ -96,6 +96,8 @@ bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::
   } else if (key == "ckpt.recompute") s.ckpt.recompute = bool_parse(source, key, v);
   else if (key == "ckpt.layer_tile")
     s.ckpt.layer_tile = number_parse<int64_t>(source, key, v);
+  else if (key == "ckpt.every")
+    s.ckpt.every = number_parse<int64_t>(source, key, v);
   else if (key == "moe.dispatch") d.kind = enum_parse(source, key, v, kDispatch);
   else if (key == "moe.token_chunk") d.token_chunk = number_parse<int64_t>(source, key, v);
   else if (key == "llep.lambda") d.lambda = number_parse<double>(source, key, v);
@@ -159,6 +161,11 @@ void schedules_validate(const Schedules& s, std::string_view source, bool auto_o
            "set ckpt.layer_tile = 0 (the kept layers are whole), or ckpt.recompute = true (the tiles bound the layer "
            "being recomputed)",
            "{}: ckpt.layer_tile = {} needs ckpt.recompute = true", source, s.ckpt.layer_tile);
+  FP_CHECK(s.ckpt.every >= 1, "1 keeps every layer's boundary; k keeps one every k layers",
+           "{}: ckpt.every = {} must be >= 1", source, s.ckpt.every);
+  FP_CHECK(s.ckpt.recompute || s.ckpt.every == 1,
+           "set ckpt.every = 1 (without recompute every layer's activations are kept), or ckpt.recompute = true",
+           "{}: ckpt.every = {} needs ckpt.recompute = true", source, s.ckpt.every);
   FP_CHECK(d.max_chunks >= 1, kSchedulesHint, "{}: pipelined.max_chunks = {} must be >= 1", source, d.max_chunks);
 }
 

@@ -38,6 +38,10 @@ struct CkptSchedule {
   // tokens in the forward, the recompute and the backward (Note [Sequence-tiled layers] in
   // model/layer_tiles.cpp); 0, whole layers.
   int64_t layer_tile = 0;
+  // ckpt.every = k: a boundary every k layers (layers 0, k, 2k, ...); the backward recomputes a group's
+  // other k - 1 boundaries from its first, then runs its layers last first (Note [Boundaries every k
+  // layers] in step/step.cpp): L / k boundaries kept for k - 1 more layer forwards in each group.
+  int64_t every = 1;
 };
 
 // Expert dispatch (sched/dispatch/dispatch.h): how routed copies reach their experts when W > 1.

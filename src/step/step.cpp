@@ -81,26 +81,43 @@ struct LayerActs {
   MlpActs mlp;
 };
 
-// Backward, last layer first: dx (n, H) in d x_L, out d x_0. Each layer is recomputed from its boundary
-// (Note [Per-layer checkpointing]), or with `kept` its backward reads what the forward kept (Note [No
-// recompute]). Each layer's boundary leaves the store once used.
-void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, const Tensor& aux_bias, Tensor& dx,
-                     std::vector<LayerActs>* kept) {
+// Note [Boundaries every k layers]
+// With ckpt.every = k the forward puts only the boundaries of layers 0, k, 2k, ... into the store (as
+// group g = l / k: the store sees L / k boundaries, rounded up, and SCO offloads and prefetches them as
+// it would L), and frees the others once their layer has run. The backward takes the groups last first:
+// from the group's boundary it runs the forward of the group's layers but its last again (no statistics,
+// nothing kept), keeping each output as the next layer's boundary on the device (category checkpoints),
+// then runs the group's layers backward last first as with every boundary, each freeing its recomputed
+// boundary. The kernels are deterministic, so a recomputed boundary is the forward's bit for bit, and so
+// is every gradient (tests/model/test_recompute.cpp). Cost: k - 1 more layer forwards per group, and up
+// to k - 1 recomputed boundaries on the device beside the store's; saved: all but L / k boundaries in the
+// store (on the host under SCO, where a host-bound plan needs it).
+
+// A layer's forward without keeping anything for its backward, its output in category checkpoints (a
+// group's recomputed boundary, Note [Boundaries every k layers]).
+Tensor layer_forward_plain(StepContext& s, const LayerParams& lp, const Tensor& x, bool sparse, int64_t out_layer) {
+  const std::string name = fmt::format("ckpt.recomputed{}", out_layer);
+  const Category out_cat = Category::Category_checkpoints;
+  if (s.layer_tile > 0) return layer_forward_tiled(s, lp, x, sparse, nullptr, out_cat, name);
+  Tensor x1 = attn_block_forward(s, lp, x, nullptr);
+  return sparse ? moe_block_forward(s, lp, x1, nullptr, nullptr, out_cat, name)
+                : mlp_block_forward(s, lp, x1, nullptr, out_cat, name);
+}
+
+// One layer's backward from its boundary xl: dx (n, H) in d x_{l+1}, out d x_l. Recomputed from xl (Note
+// [Per-layer checkpointing]), in tiles (Note [Sequence-tiled layers] in model/layer_tiles.cpp), or with
+// `kept` reading what the forward kept (Note [No recompute]).
+void layer_backward(StepContext& s, ParamStore& params, int64_t l, const Tensor& xl, const Tensor& aux_bias, Tensor& dx,
+                    std::vector<LayerActs>* kept) {
   const ModelConfig& cfg = s.cfg;
-  for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
-    const LayerParams& lp = params.layers[l];
-    params.unit_gather(params.unit_layer(l));
-    params.unit_grad_begin(params.unit_layer(l));
+  const LayerParams& lp = params.layers[l];
+  params.unit_gather(params.unit_layer(l));
+  params.unit_grad_begin(params.unit_layer(l));
+  if (s.layer_tile > 0) {
+    layer_backward_tiled(s, lp, xl, cfg.layer_is_sparse(l), aux_bias, dx);
+  } else {
     LayerActs local;
     LayerActs& a = kept != nullptr ? (*kept)[l] : local;
-    const Tensor& xl = store.get(l);
-    if (s.layer_tile > 0) {  // Note [Sequence-tiled layers] in model/layer_tiles.cpp
-      layer_backward_tiled(s, lp, xl, cfg.layer_is_sparse(l), aux_bias, dx);
-      store.release(l);
-      params.unit_grad_reduce(params.unit_layer(l));
-      params.unit_release(params.unit_layer(l));
-      continue;
-    }
     if (kept == nullptr) a.x1 = attn_block_forward(s, lp, xl, &a.attn);
     if (cfg.layer_is_sparse(l)) {
       if (kept == nullptr)
@@ -113,10 +130,33 @@ void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, c
     }
     a.x1.reset();
     attn_block_backward(s, lp, xl, a.attn, dx);
-    store.release(l);
-    // Each rank's gradient is that of its tokens' share of the loss; the shards get the sum.
-    params.unit_grad_reduce(params.unit_layer(l));
-    params.unit_release(params.unit_layer(l));
+  }
+  // Each rank's gradient is that of its tokens' share of the loss; the shards get the sum.
+  params.unit_grad_reduce(params.unit_layer(l));
+  params.unit_release(params.unit_layer(l));
+}
+
+// Backward, last layer first: dx (n, H) in d x_L, out d x_0. The store holds a boundary every `every`
+// layers (Note [Boundaries every k layers]); each leaves the store once its group is done.
+void layers_backward(StepContext& s, ParamStore& params, BoundaryStore& store, int64_t every, const Tensor& aux_bias,
+                     Tensor& dx, std::vector<LayerActs>* kept) {
+  const ModelConfig& cfg = s.cfg;
+  const int64_t L = cfg.num_hidden_layers, groups = (L + every - 1) / every;
+  for (int64_t g = groups - 1; g >= 0; --g) {
+    const int64_t l0 = g * every, l1 = std::min(L, l0 + every);
+    const Tensor& x0 = store.get(g);
+    std::vector<Tensor> inner(static_cast<size_t>(l1 - l0 - 1));  // x_{l0+1} .. x_{l1-1}, recomputed
+    for (int64_t l = l0; l + 1 < l1; ++l) {
+      params.unit_gather(params.unit_layer(l));
+      inner[l - l0] =
+          layer_forward_plain(s, params.layers[l], l == l0 ? x0 : inner[l - l0 - 1], cfg.layer_is_sparse(l), l + 1);
+      params.unit_release(params.unit_layer(l));
+    }
+    for (int64_t l = l1 - 1; l >= l0; --l) {
+      layer_backward(s, params, l, l == l0 ? x0 : inner[l - l0 - 1], aux_bias, dx, kept);
+      if (l > l0) inner[l - l0 - 1].reset();
+    }
+    store.release(g);
   }
 }
 
@@ -203,7 +243,9 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   // checkpoint schedule (device, or SCO's host offload). With W ranks each unit of dense weights is
   // gathered right before its use and freed right after (Note [FSDP layout] in model/params.h); on one
   // rank the unit calls do nothing.
-  std::unique_ptr<BoundaryStore> store = boundary_store_create(sched.ckpt, be, L);
+  // Note [Boundaries every k layers]: the store holds the boundaries of layers 0, k, 2k, ... as groups.
+  const int64_t every = sched.ckpt.every;
+  std::unique_ptr<BoundaryStore> store = boundary_store_create(sched.ckpt, be, (L + every - 1) / every);
   std::vector<RouterStats> stats(static_cast<size_t>(L));
   // Note [No recompute]: every layer's activations, kept by the forward for the backward.
   const bool keep = backward && !sched.ckpt.recompute;
@@ -220,16 +262,16 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     const std::string out_name = last ? "final.x" : fmt::format("ckpt.layer{}", l + 1);
     if (s.layer_tile > 0) {  // Note [Sequence-tiled layers]: the boundary stays until the layer's last tile
       Tensor next = layer_forward_tiled(s, lp, x, cfg.layer_is_sparse(l), &stats[l], out_cat, out_name);
-      if (backward) store->put(l, std::move(x));
+      if (backward && l % every == 0) store->put(l / every, std::move(x));
       x = std::move(next);
       params.unit_release(params.unit_layer(l));
       continue;
     }
     Tensor x1 = attn_block_forward(s, lp, x, keep ? &kept[l].attn : nullptr);
-    if (backward) {
-      store->put(l, std::move(x));
+    if (backward && l % every == 0) {
+      store->put(l / every, std::move(x));
     } else {
-      x.reset();  // evaluation keeps no boundary
+      x.reset();  // evaluation keeps no boundary, nor a layer between two kept ones
     }
     if (cfg.layer_is_sparse(l))
       x = moe_block_forward(s, lp, x1, keep ? &kept[l].moe : nullptr, &stats[l], out_cat, out_name);
@@ -266,7 +308,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     return out;
   }
 
-  layers_backward(s, params, *store, aux_bias, dx, keep ? &kept : nullptr);
+  layers_backward(s, params, *store, every, aux_bias, dx, keep ? &kept : nullptr);
   store->clear();
   params.unit_grad_begin(params.unit_embed());
   K.embedding_backward(tokens.i32(), dx.cbuf(), params.embed_tokens->g.buf(), n, H);

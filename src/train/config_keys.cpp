@@ -455,6 +455,9 @@ std::vector<ConfigKey> registry_build() {
       schedule_key("ckpt.layer_tile", K::KeyType_int, kSched, kTrainPlan,
                    "each layer's token-wise work in tiles of at most this many of a rank's tokens (0: whole)",
                    "layer_tile", [](const Schedules& s) { return json(s.ckpt.layer_tile); }));
+  keys.push_back(schedule_key("ckpt.every", K::KeyType_int, kSched, kTrainPlan,
+                              "a boundary every k layers, the other k - 1 of a group recomputed in the backward",
+                              "every", [](const Schedules& s) { return json(s.ckpt.every); }));
 
   // [precision]: the recipe, then the fields (applied after it).
   keys.push_back(schedule_key("precision.recipe", K::KeyType_string, kArith, kTrainPlan,

@@ -185,3 +185,77 @@ TEST(NoRecompute, MetaAllocatesAsCpu) {
 }
 
 }  // namespace fp
+
+namespace fp {
+
+// Note [Boundaries every k layers] (step/step.cpp): ckpt.every = k keeps the boundaries of layers 0, k, 2k,
+// ... and recomputes the others of a group in the backward. The kernels are deterministic, so the loss
+// and every gradient are those of every boundary kept, bit for bit: on every case above (one and two ranks,
+// every dispatch, SCO, DeepSeek-V3), k = 2 (a last group of one layer) and 3 (one group), and with layer
+// tiles; the recomputed boundaries cost k - 1 more attention forwards per group; the store holds L / k
+// boundaries (fewer checkpoints bytes at the peak, on meta for 12 layers).
+TEST(CkptEvery, SameStepBitForBit) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    Schedules plain = schedules("fp32", true);
+    plain.dispatch.kind = c.dispatch;
+    plain.dispatch.lambda = 1.0;
+    plain.ckpt.kind = c.ckpt;
+    const StepResult a = step_run(c.model, plain, c.profile, c.W);
+    const int64_t L = c.model.num_hidden_layers;
+    for (int64_t k : {2, 3}) {
+      SCOPED_TRACE(k);
+      Schedules s = plain;
+      s.ckpt.every = k;
+      const StepResult b = step_run(c.model, s, c.profile, c.W);
+      expect_bitwise_equal(a, b);
+      const int64_t groups = (L + k - 1) / k;
+      EXPECT_EQ(b.attention_forwards, 2 * L + (L - groups)) << "each group's layers but its last run once more";
+    }
+  }
+  // With layer tiles (Note [Sequence-tiled layers]) the recomputed boundaries come from the tiled forward.
+  Schedules tiled = schedules("fp32", true);
+  tiled.ckpt.layer_tile = 16;
+  const StepResult a = step_run(qwen_config(3), tiled, "router", 1);
+  tiled.ckpt.every = 2;
+  expect_bitwise_equal(a, step_run(qwen_config(3), tiled, "router", 1));
+}
+
+TEST(CkptEvery, FewerBoundariesAndMetaAllocatesAsCpu) {
+  Schedules s = schedules("fp32", true);
+  const uint64_t all = step_run(qwen_config(12), s, "balanced", 1, "meta").events.size();
+  EXPECT_GT(all, 0u);
+  auto ckpt_peak = [&](int64_t k) {
+    Schedules e = s;
+    e.ckpt.every = k;
+    const StepResult r = step_run(qwen_config(12), e, "balanced", 1, "meta");
+    uint64_t cur = 0, peak = 0;
+    for (const LedgerEvent& ev : r.events)
+      if (ev.category == Category::Category_checkpoints) {
+        cur = ev.alloc ? cur + ev.bytes : cur - ev.bytes;
+        peak = std::max(peak, cur);
+      }
+    return peak;
+  };
+  const uint64_t one = ckpt_peak(1), four = ckpt_peak(4);
+  const uint64_t boundary = 2 * 64 * static_cast<uint64_t>(qwen_config(12).hidden_size) * 4;  // (n, H) f32
+  EXPECT_EQ(one, 12 * boundary) << "every layer's boundary (the last layer's output goes to the head)";
+  // 3 kept, plus 3 recomputed while the last group runs backward.
+  EXPECT_EQ(four, 6 * boundary);
+  Schedules e = s;
+  e.ckpt.every = 4;
+  e.ckpt.kind = CkptSchedule::Kind::Kind_sco;
+  const StepResult cpu = step_run(qwen_config(12), e, "hot:0.7:2", 1, "cpu");
+  const StepResult meta = step_run(qwen_config(12), e, "hot:0.7:2", 1, "meta");
+  ASSERT_EQ(cpu.events.size(), meta.events.size());
+  for (size_t i = 0; i < cpu.events.size(); ++i) {
+    ASSERT_EQ(cpu.events[i].tag, meta.events[i].tag) << "event " << i;
+    ASSERT_EQ(cpu.events[i].bytes, meta.events[i].bytes) << "event " << i;
+  }
+  Schedules bad = s;
+  bad.ckpt.every = 2;
+  bad.ckpt.recompute = false;
+  EXPECT_THROW(schedules_validate(bad, "test"), Error);
+}
+
+}  // namespace fp

@@ -129,6 +129,7 @@ const std::map<std::string, Other> kOther = {
     {"ckpt.host_budget", {"1GiB"}},
     {"ckpt.recompute", {"false"}},
     {"ckpt.layer_tile", {"64"}},
+    {"ckpt.every", {"2"}},
     {"precision.recipe", {"bf16"}},
     {"precision.params", {"bf16"}},
     {"precision.grads", {"bf16"}},
@@ -172,7 +173,8 @@ const std::set<std::string> kMayChangeOnResume = {"model.seed",
                                                   "ckpt.schedule",
                                                   "ckpt.host_budget",
                                                   "ckpt.recompute",
-                                                  "ckpt.layer_tile"};
+                                                  "ckpt.layer_tile",
+                                                  "ckpt.every"};
 
 // Extra --set items a key's other value needs to stay valid (a second key that must agree).
 std::vector<std::string> companions(const std::string& key) {
@@ -210,7 +212,7 @@ TEST(ConfigKeys, EveryKeyRoundTripsThroughTomlAndTheSavedConfig) {
     std::vector<std::string> more;
     for (const auto& [name, other] : kOther)
       if (name.rfind("model.", 0) != 0 && name != "moe.bias_update_rate" && name != "moe.token_chunk" &&
-          name != "ckpt.layer_tile")
+          name != "ckpt.layer_tile" && name != "ckpt.every")
         more.push_back(name + "=" + other.value);
     const RunConfig c = base(deepseek, more);
     const nlohmann::json saved = config_json(c);
