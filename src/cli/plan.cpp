@@ -48,7 +48,43 @@ struct PlanOptions {
   int64_t grad_accum = 1;  // micro-batches per optimizer step: tokens per step, no memory
   std::string docs;  // a document-length mix: the ring's balance (plan/ring_balance.h)
   int64_t docs_windows = 8;
+  bool choose_every = false;  // ckpt.every's trade at this context, and the k chosen (Note [Boundaries every k layers])
 };
+
+// ckpt.every = k trades recompute for boundary memory (Note [Boundaries every k layers] in step/step.cpp):
+// the step at this context with the given schedules for several k, each plan's device peak and host need,
+// and the smallest k whose step fits both (the least recompute that fits).
+void every_choose(const plan::Model& m, const plan::Input& in) {
+  const int64_t L = m.cfg.num_hidden_layers;
+  fmt::print("\nckpt.every at {} tokens on {} rank(s): boundaries kept every k layers, the rest recomputed\n",
+             plan::context_format(in.context), in.settings.layout.ranks);
+  fmt::print("  {:>3} {:>10} {:>15} {:>14} {:>14} {:>14}  {}\n", "k", "kept", "extra forwards", "step cost",
+             "device peak", "host needed", "fits");
+  int64_t chosen = 0;
+  for (int64_t k : {1, 2, 3, 4, 6, 8, 12, 16}) {
+    if (k > L && k != 1) break;
+    plan::Input x = in;
+    x.settings.sched.ckpt.every = k;
+    const plan::Result r = plan::plan_step(x);
+    const int64_t kept = (L + k - 1) / k, extra = L - kept;
+    const bool fits = r.fits_device && r.fits_host;
+    if (fits && chosen == 0) chosen = k;
+    // A layer's step: its forward, its recompute and its backward (about two forwards): 4 forwards.
+    fmt::print("  {:>3} {:>10} {:>15} {:>13.1f}% {:>14} {:>14}  {}\n", k, kept, extra,
+               100.0 * static_cast<double>(extra) / static_cast<double>(4 * L), bytes_format(r.step_peak),
+               bytes_format(r.host_needed),
+               fits             ? "yes"
+               : !r.fits_device ? "no (device)"
+                                : "no (host)");
+  }
+  if (chosen > 0)
+    fmt::print(
+        "chosen: ckpt.every = {} (the smallest k that fits; step cost: extra layer forwards over a step's "
+        "4 L, a backward counted as two forwards)\n",
+        chosen);
+  else
+    fmt::print("no k fits: the boundaries are not what binds (see the plan above)\n");
+}
 
 // The memory story of one step at this context: baseline and flatpeak side by side, per category
 // (--compare), and one rank's device memory over the step for both (--timeline SVG).
@@ -236,6 +272,7 @@ int plan_run(const PlanOptions& o) {
     fmt::print("wrote {}\n", o.plot);
   }
   if (o.compare || !o.timeline.empty()) compare_run(o, m, in);
+  if (o.choose_every) every_choose(m, in);
   if (!o.docs.empty()) {
     // Note [Balanced rings] (data/context_split.h): zig-zag against the balanced split on this mix.
     const plan::DocMix mix = plan::doc_mix_parse(o.docs);
@@ -293,6 +330,9 @@ void plan_register(CLI::App& parent, Runner& run) {
       "packed documents of this length mix, e.g. mean=16K,tail=1.5 (log-normal): how evenly ring attention's "
       "work falls on the ranks under the zigzag and the balanced data.context_split");
   sub->add_option("--docs-windows", o.docs_windows, "windows drawn for --docs (default 8)")->check(at_least(1));
+  sub->add_flag("--choose-every", o.choose_every,
+                "plan ckpt.every = 1, 2, 3, 4, ... at this context: device peak, host need and recompute of each, and "
+                "the smallest k that fits");
   sub->add_flag("--compare", o.compare, "also print baseline and flatpeak side by side, per category, at this context");
   sub->add_option("--timeline", o.timeline,
                   "write an SVG of the device memory per category over one step, baseline and flatpeak (implies "

@@ -213,9 +213,12 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   // Ring attention masks by every rank's positions, whatever split dealt them (data/context_split.h).
   std::vector<int32_t> ring_pos;
   if (s.cp > 1) {  // gathered over every rank, the group's rows kept (Note [A device mesh] in train/trainer.cpp)
-    std::vector<int32_t> all(static_cast<size_t>(comm.size() * batch.T));
-    comm.all_gather(seq_pos.data(), all.data(), batch.T, DType::DType_I32);
-    ring_pos.assign(all.begin() + s.cp_first() * batch.T, all.begin() + (s.cp_first() + s.cp) * batch.T);
+    // Meta reads no positions: no W x T host gather (64 ranks at 32M tokens: 17 GB over the planner's threads).
+    if (be.computes()) {
+      std::vector<int32_t> all(static_cast<size_t>(comm.size() * batch.T));
+      comm.all_gather(seq_pos.data(), all.data(), batch.T, DType::DType_I32);
+      ring_pos.assign(all.begin() + s.cp_first() * batch.T, all.begin() + (s.cp_first() + s.cp) * batch.T);
+    }
     s.ring_pos = be.alloc(Category::Category_activations, {s.cp, batch.T}, DType::DType_I32, "input.ring_pos");
   }
   if (documents) s.doc_start = be.alloc(Category::Category_activations, {n}, DType::DType_I32, "input.doc_start");
@@ -229,7 +232,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     be.copy_from_host(tokens.data(), batch.tokens.data(), tokens.bytes());
     be.copy_from_host(targets.data(), batch.targets.data(), targets.bytes());
     be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
-    if (s.ring_pos.defined()) be.copy_from_host(s.ring_pos.data(), ring_pos.data(), s.ring_pos.bytes());
+    if (!ring_pos.empty()) be.copy_from_host(s.ring_pos.data(), ring_pos.data(), s.ring_pos.bytes());
     if (documents) be.copy_from_host(s.doc_start.data(), batch.doc_start.data(), s.doc_start.bytes());
     if (s.tile_pos.defined()) {
       std::vector<int32_t> iota(static_cast<size_t>(batch.T));

@@ -2,7 +2,7 @@
 """End-to-end tests of `flatpeak plan` (no torch needed).
 
 usage: test_plan.py --bin build/flatpeak --configs configs CASE
-cases: presets_json_plot  matches_meta_step  bad_inputs  compare_timeline  from_run_config
+cases: presets_json_plot  matches_meta_step  bad_inputs  compare_timeline  from_run_config  choose_every
 """
 import argparse
 import json
@@ -196,6 +196,55 @@ def from_run_config(a, tmp):
     for args, want in cases:
         p = run([a.bin, "plan"] + args, check=False)
         assert p.returncode == 1 and want in p.stderr, (args, p.returncode, p.stderr)
+
+
+def choose_every(a, tmp):
+    """--choose-every (Note [Boundaries every k layers]): the flatpeak step of a 6-layer model planned for
+    ckpt.every = 1, 2, 3, 4, 6: the boundaries kept and the layer forwards added follow from k, SCO's host
+    need falls with the boundaries kept (checked against each k's own --json plan), and the chosen k is the
+    smallest whose row fits: with nothing limited k = 1; under a device limit below k = 1's peak, the first
+    k under it; under a limit below every k's, none."""
+    model = os.path.join(tmp, "tiny6.toml")
+    open(model, "w").write(open(os.path.join(a.configs, "tiny.toml")).read()
+                           .replace("num_hidden_layers = 2", "num_hidden_layers = 6"))
+    base = [a.bin, "plan", "--model", model, "--context", "32K", "--no-reach", "--schedule", "flatpeak",
+            "--schedule", "precision.recipe=fp32"]
+    mib = lambda f, i: float(f[i]) * {"MiB": 2**20, "KiB": 2**10, "GiB": 2**30, "B": 1}[f[i + 1]]
+
+    def table(extra):
+        out = run(base + extra + ["--choose-every"]).stdout
+        rows = {}
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) >= 9 and f[0].isdigit() and f[3].endswith("%"):
+                rows[int(f[0])] = {"kept": int(f[1]), "extra": int(f[2]), "device": mib(f, 4), "host": mib(f, 6),
+                                   "fits": f[8] == "yes"}
+        return out, rows
+
+    out, rows = table([])
+    assert sorted(rows) == [1, 2, 3, 4, 6], out
+    assert [rows[k]["kept"] for k in (1, 2, 3, 4, 6)] == [6, 3, 2, 2, 1], out
+    assert [rows[k]["extra"] for k in (1, 2, 3, 4, 6)] == [0, 3, 4, 4, 5], out
+    assert all(r["fits"] for r in rows.values()) and "chosen: ckpt.every = 1 " in out, out
+    for k in (1, 6):
+        pj = os.path.join(tmp, f"every{k}.json")
+        run(base + ["--schedule", f"ckpt.every={k}", "--json", pj])
+        need = json.load(open(pj))["host"]["needed"]
+        assert abs(need - rows[k]["host"]) <= 0.01 * 2**20, (k, need, rows[k])
+    assert rows[6]["host"] < rows[1]["host"], out
+    # A host-bound plan: a host limit between k = 1's need and k = 6's keeps some of k = 1's boundaries on the
+    # device (SCO), so its device peak rises; under a device limit below it, a larger k is chosen.
+    host = str(int((rows[1]["host"] + rows[6]["host"]) / 2))
+    out, bound = table(["--host-mem", host])
+    assert bound[1]["device"] > rows[1]["device"], out
+    low = min(r["device"] for k, r in bound.items() if k > 1)
+    assert low < bound[1]["device"], out
+    limit = int((low + bound[1]["device"]) / 2)
+    out, limited = table(["--host-mem", host, "--device-mem", str(limit)])
+    want = min(k for k, r in bound.items() if r["device"] <= limit)
+    assert want > 1 and not limited[1]["fits"] and f"chosen: ckpt.every = {want} " in out, (limit, out)
+    out, _ = table(["--host-mem", host, "--device-mem", str(int(low) - 2**20)])
+    assert "no k fits" in out, out
 
 
 def main():
