@@ -9,26 +9,29 @@
 namespace fp {
 
 // Note [Sequence-tiled layers]
-// With ckpt.layer_tile = N (0 < N < n), a layer runs its token-wise work in equal tiles of at most N of the
-// rank's tokens. Attention is the one op that mixes tokens, and it needs every key of a query's sequence:
-// so each layer first computes K and V for all n tokens, tile by tile (keys_values: the input norm, the k
-// and v projections, k_norm and RoPE), and then, per tile, the queries, their attention over the keys of
-// their sequences (the block kernel of ops/attention_block.h with explicit positions, or the ring with a
-// tile of queries, model/ring_attention.h), o_proj and the residual, and the MoE block or dense MLP on the
-// tile's rows (which see the tile as the step's tokens: s.n = r while it runs, so a routing profile routes
-// each tile alike, and the MoE token chunks split the tile).
-// The backward recomputes K and V, then per tile the tile's forward (keeping its activations), the MoE or
-// MLP recompute and backward on the tile's rows of the residual gradient, o_proj's backward, the tile's
-// attention backward (dQ of its queries, dK and dV ADDED into f32 accumulators of all n tokens), and the
-// query side down to d h1; once every tile has added its share, a last pass per tile takes dK and dV
-// (rounded once into the activations dtype, as the whole-sequence kernel writes them) through RoPE,
-// k_norm and the k/v projections into d h1, and the input norm's backward into the residual gradient.
+// With ckpt.layer_tile = N (0 < N < n), a layer runs its token-wise work in tiles of at most N of the rank's
+// tokens. Attention is the one op that mixes tokens, and it needs every key of a query's sequence: so each
+// layer first computes K and V for all n tokens, tile by tile (keys_values: the input norm, the k and v
+// projections, k_norm and RoPE), and then, per tile, the queries, their attention over the keys of their
+// sequences (the block kernel of ops/attention_block.h with explicit positions, or the ring with a tile of
+// queries, model/ring_attention.h), o_proj and the residual, and the MoE block or dense MLP on the tile's
+// rows (which see the tile as the step's tokens: s.n = r while it runs, so the MoE token chunks split the
+// tile).
+// The backward recomputes K and V, then takes the tiles last first: the tile's forward (keeping its
+// activations), the MoE or MLP recompute and backward on the tile's rows of the residual gradient, o_proj's
+// backward, the tile's attention backward (dQ of its queries; dK and dV ADDED into f32 accumulators of all
+// n tokens), and the query side down to d h1. With cp = 1 a key is seen only by the queries at or after it
+// in its sequence, so once a tile's own queries are done its keys' dK and dV are complete, and its key
+// side follows at once: dK and dV rounded once into the activations dtype (as the whole-sequence kernel
+// writes them) through RoPE, k_norm (k_raw recomputed) and the k/v projections into d h1 (after the q path,
+// the whole layer's order of that sum), and the input norm's backward into the residual gradient. The
+// ring's keys are seen by every rank's tiles, so with cp > 1 the key sides wait for the last tile, and d h1
+// is kept for all n.
 // What stays full-length: the boundary x and the residual gradient dx (as without tiles), K and V, their
-// f32 gradient accumulators, and d h1 (the sum of the q, k and v paths, in the whole layer's order, so
-// each element rounds as without tiles). Everything else, the norms' outputs, q, the attention output
-// and its statistics, the projections, the router's and the combine's tensors, the MLP's intermediates,
-// lives for one tile. With cp > 1 each tile runs its own ring: its sequences' K/V travel once per tile
-// (whole-sequence tiles: the untiled traffic; tiles of a piece of a sequence: T / len times its share).
+// f32 gradient accumulators, and with cp > 1 d h1. Everything else, the norms' outputs, q, the attention
+// output and its statistics, the projections, the router's and the combine's tensors, the MLP's
+// intermediates, lives for one tile. With cp > 1 each tile runs its own ring: its sequences' K/V travel
+// once per tile (whole-sequence tiles: the untiled traffic; pieces of a sequence: T / N times its share).
 // Exact: every token's output and every input gradient are the same function; the weight gradients
 // accumulate tile by tile, and dK/dV over the tiles' queries, so sums run in another order (within 1e-6
 // relative, tests/model/test_layer_tiles.cpp). N >= n is the whole layer, bit for bit (the untiled code).
@@ -36,7 +39,7 @@ namespace fp {
 // last group or piece may be shorter. Every rank has the same B and T, so the same tiles: the dispatch
 // calls stay matched. A routing profile routes each tile as the step's tokens (a shorter tile afresh:
 // StepContext::profile_n).
-// deepseek_v3's multi-head latent attention is not tiled yet (refused by name).
+// deepseek_v3's multi-head latent attention is not tiled yet (refused by name, model/model.cpp).
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
