@@ -116,6 +116,7 @@ struct AttnActs {
   // MLA (Note [Multi-head latent attention] in model/mla_block.cpp; rstd_q, rstd_k: the latents' norms).
   Tensor q_a, q_a_n;    // (n, ql) the query latent before and after q_a_layernorm
   Tensor kv_a, kv_a_n;  // (n, kl) the key/value latent before and after kv_a_layernorm
+  Tensor latent;        // (n, kl + dr) [kv_a_n | RoPE'd k_pe]: what MLA's ring sends (cp > 1; ring_attention.h)
 };
 // x (n, H) -> x1 (n, H), allocated here (category activations). keep: when not null, everything
 // backward needs is left in it; otherwise intermediates are freed as soon as they are consumed.

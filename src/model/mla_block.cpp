@@ -37,6 +37,46 @@ float mla_softmax_scale(const ModelConfig& c) {
   }
   return static_cast<float>(scale);
 }
+// x1 = x + o_proj(a.o); frees a.o without keep.
+Tensor mla_output(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, bool keep) {
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, H = c.hidden_size, nd = c.num_attention_heads * c.v_head_dim;
+  Tensor x1 = s.be.alloc(kAct, {n, H}, s.precision.activations, "attn.x1");
+  s.be.kernels().copy(x1.buf(), x.buf(), n * H);
+  linear_forward(s.be, a.o.buf(), lp.o_proj->w.buf(), x1.buf(), n, nd, H, /*beta=*/1.0f);
+  if (!keep) a.o.reset();
+  return x1;
+}
+
+// cp > 1 (Note [MLA's ring on the latent] in model/ring_attention.h): the ring sends the latent rows
+// [kv_a_n | k_pe] and expands them hop by hop; kv_a_n itself is not kept (the backward's kv_b_proj
+// gradient comes from the ring).
+Tensor mla_ring_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& k_pe, bool keep) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t n = s.n, nh = c.num_attention_heads, dr = c.qk_rope_head_dim, dqk = c.qk_head_dim(), dv = c.v_head_dim,
+                kl = c.kv_lora_rank;
+  const ops::RopeFreqs freqs = s.rope_freqs();
+  const DType dt = s.precision.activations;
+  K.rope_strided_forward(ptr_at(a.q.buf(), c.qk_nope_head_dim), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
+  K.rope_strided_forward(k_pe.buf(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
+  a.latent = be.alloc(kAct, {n, kl + dr}, dt, "attn.latent");
+  K.copy_2d(a.latent.buf(), kl + dr, a.kv_a_n.cbuf(), kl, n, kl);
+  K.copy_2d(ptr_at(a.latent.buf(), kl), kl + dr, k_pe.cbuf(), dr, n, dr);
+  k_pe.reset();
+  a.kv_a_n.reset();
+  a.o = be.alloc(kAct, {n, nh * dv}, dt, "attn.o");
+  a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
+  ring_attention_mla_forward(s, lp, a.q, a.latent, a.o, a.lse,
+                             s.attention_spec(nh, nh, dqk, dv, mla_softmax_scale(c), /*window=*/0));
+  if (!keep) {
+    a.q.reset();
+    a.latent.reset();
+    a.lse.reset();
+  }
+  return mla_output(s, lp, x, a, keep);
+}
 }  // namespace
 
 Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep) {
@@ -90,6 +130,8 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
     a.rstd_k.reset();
   }
 
+  if (s.cp > 1) return mla_ring_forward(s, lp, x, a, k_pe, keep != nullptr);
+
   // Per head [k_nope | v] from the normed latent, split into k (n, nh, dqk) and v (n, nh, dv).
   a.k = be.alloc(kAct, {n, nh * dqk}, dt, "attn.k");
   a.v = be.alloc(kAct, {n, nh * dv}, dt, "attn.v");
@@ -110,23 +152,14 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.o = be.alloc(kAct, {n, nh * dv}, dt, "attn.o");
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
   const ops::AttentionSpec spec = s.attention_spec(nh, nh, dqk, dv, mla_softmax_scale(c), /*window=*/0);
-  if (s.cp > 1) {
-    ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, spec);
-  } else {
-    K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), spec);
-  }
+  K.attention_forward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), spec);
   if (!keep) {
     a.q.reset();
     a.k.reset();
     a.v.reset();
     a.lse.reset();
   }
-
-  Tensor x1 = be.alloc(kAct, {n, H}, dt, "attn.x1");
-  K.copy(x1.buf(), x.buf(), n * H);
-  linear_forward(be, a.o.buf(), lp.o_proj->w.buf(), x1.buf(), n, nh * dv, H, /*beta=*/1.0f);
-  if (!keep) a.o.reset();
-  return x1;
+  return mla_output(s, lp, x, a, keep != nullptr);
 }
 
 void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx) {
@@ -144,15 +177,24 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
   linear_backward_weight(be, dx.buf(), a.o.buf(), lp.o_proj->g.buf(), n, nh * dv, H);
 
   Tensor dq = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dq");
-  Tensor dk = be.alloc(kAct, {n, nh * dqk}, dt, "attn.dk");
-  Tensor dvv = be.alloc(kAct, {n, nh * dv}, dt, "attn.dv");
   const ops::AttentionSpec spec = s.attention_spec(nh, nh, dqk, dv, mla_softmax_scale(c), /*window=*/0);
+  Tensor dk_pe, dkv_a_n;
   if (s.cp > 1) {
-    ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dvv, spec);
-  } else {
+    // Note [MLA's ring on the latent]: d kv_a_n and d k_pe come home with the latent rows (kv_b_proj's
+    // gradient added on the way).
+    Tensor dlat = be.alloc_f32(kAct, {n, kl + dr}, "attn.dlatent");
+    ring_attention_mla_backward(s, lp, a.q, a.latent, a.o, a.lse, d_o, dq, dlat, spec);
+    dk_pe = be.alloc(kAct, {n, dr}, dt, "attn.dk_pe");
+    dkv_a_n = be.alloc(kAct, {n, kl}, dt, "attn.dkv_a_normed");
+    K.copy_2d(dkv_a_n.buf(), kl, dlat.cbuf(), kl + dr, n, kl);
+    K.copy_2d(dk_pe.buf(), dr, ptr_at(dlat.cbuf(), kl), kl + dr, n, dr);
+    a.latent.reset();
+  }
+  Tensor dk = s.cp > 1 ? Tensor() : be.alloc(kAct, {n, nh * dqk}, dt, "attn.dk");
+  Tensor dvv = s.cp > 1 ? Tensor() : be.alloc(kAct, {n, nh * dv}, dt, "attn.dv");
+  if (s.cp == 1)
     K.attention_backward(a.q.buf(), a.k.buf(), a.v.buf(), a.o.buf(), a.lse.f32(), d_o.buf(), dq.buf(), dk.buf(),
                          dvv.buf(), spec);
-  }
   d_o.reset();
   a.o.reset();
   a.lse.reset();
@@ -161,14 +203,16 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
   a.v.reset();
 
   // The shared RoPE key: the sum over heads of the keys' RoPE parts, rotated back.
-  Tensor dk_pe = be.alloc(kAct, {n, dr}, dt, "attn.dk_pe");
-  K.fill(dk_pe.buf(), 0.0f, n * dr);
-  for (int64_t h = 0; h < nh; ++h) K.add_2d(dk_pe.buf(), dr, ptr_at(dk.buf(), h * dqk + dn), nh * dqk, n, dr);
+  if (s.cp == 1) {
+    dk_pe = be.alloc(kAct, {n, dr}, dt, "attn.dk_pe");
+    K.fill(dk_pe.buf(), 0.0f, n * dr);
+    for (int64_t h = 0; h < nh; ++h) K.add_2d(dk_pe.buf(), dr, ptr_at(dk.buf(), h * dqk + dn), nh * dqk, n, dr);
+  }
   K.rope_strided_backward(dk_pe.buf(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
 
   // kv_b_proj: its output gradient per head [d k_nope | d v].
-  Tensor dkv_a_n = be.alloc(kAct, {n, kl}, dt, "attn.dkv_a_normed");
-  {
+  if (s.cp == 1) {
+    dkv_a_n = be.alloc(kAct, {n, kl}, dt, "attn.dkv_a_normed");
     Tensor dkv = be.alloc(kAct, {n, nh * (dn + dv)}, dt, "attn.dkv_b");
     K.copy_2d(dkv.buf(), dn + dv, dk.buf(), dqk, n * nh, dn);
     K.copy_2d(ptr_at(dkv.buf(), dn), dn + dv, dvv.buf(), dv, n * nh, dv);

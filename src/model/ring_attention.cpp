@@ -145,4 +145,124 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());  // rounded once
 }
 
+namespace {
+
+// MLA's sizes (Note [MLA's ring on the latent]).
+struct MlaDims {
+  int64_t nh, dn, dr, dqk, dv, kl, lat, kv;  // lat = kl + dr, kv = nh (dn + dv)
+};
+MlaDims mla_dims(const ModelConfig& c) {
+  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+  return {nh, dn, dr, dn + dr, dv, c.kv_lora_rank, c.kv_lora_rank + dr, nh * (dn + dv)};
+}
+
+// The keys k (rows, nh, dqk) and values v (rows, nh, dv) of latent rows [c | k_pe] (rows, kl + dr): k_nope and v
+// per head from kv_b_proj(c), every head's key ending with k_pe (model/mla_block.cpp's expansion).
+void mla_expand(StepContext& s, const LayerParams& lp, const MlaDims& d, CBuf lat, int64_t rows, Buf k, Buf v) {
+  const ops::KernelLauncher K = s.be.kernels();
+  Tensor kv = s.be.alloc(Category::Category_activations, {rows, d.kv}, s.precision.activations, "ring.mla_kv_b");
+  K.gemm(false, true, rows, d.kv, d.kl, 1.0f, lat, d.lat, lp.kv_b_proj->w.cbuf(), d.kl, 0.0f, kv.buf(), d.kv);
+  K.copy_2d(k, d.dqk, kv.cbuf(), d.dn + d.dv, rows * d.nh, d.dn);
+  K.copy_2d(v, d.dv, ptr_at(kv.cbuf(), d.dn), d.dn + d.dv, rows * d.nh, d.dv);
+  for (int64_t h = 0; h < d.nh; ++h)
+    K.copy_2d(ptr_at(k, h * d.dqk + d.dn), d.nh * d.dqk, ptr_at(lat, d.kl), d.lat, rows, d.dr);
+}
+
+}  // namespace
+
+void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent, Tensor& o,
+                                Tensor& lse, ops::AttentionSpec a) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const MlaDims d = mla_dims(s.cfg);
+  const RingGeometry g = ring_geometry(s);
+  const int64_t rows = a.B * a.Tk;
+  FP_ASSERT(a.Tq == s.T && a.Tk == s.T && latent.numel() == rows * d.lat && q.numel() == rows * d.nh * d.dqk,
+            "MLA ring: q {} latent {} elements for {} rows", q.numel(), latent.numel(), rows);
+  const DType act = s.precision.activations;
+  Tensor lb[2] = {be.alloc(kComm, latent.shape(), act, "ring.latent0"),
+                  be.alloc(kComm, latent.shape(), act, "ring.latent1")};
+  const bool f32_o = o.dtype() == DType::DType_F32;  // Note [Ring attention accumulates in f32]
+  Tensor o_acc = f32_o ? Tensor() : be.alloc_f32(kComm, o.shape(), "ring.o_acc");
+  const Buf out = f32_o ? o.buf() : o_acc.buf();
+  K.copy(lb[0].buf(), latent.buf(), latent.numel());
+  for (int step = 0; step < g.world; ++step) {
+    const int cur = step % 2;
+    {
+      Tensor kb = be.alloc(Category::Category_activations, {rows, d.nh * d.dqk}, act, "ring.mla_k");
+      Tensor vb = be.alloc(Category::Category_activations, {rows, d.nh * d.dv}, act, "ring.mla_v");
+      mla_expand(s, lp, d, lb[cur].cbuf(), rows, kb.buf(), vb.buf());
+      K.attention_block_forward(q.buf(), kb.buf(), vb.buf(), out, lse.f32(), step == 0,
+                                block_spec(s, a, g.source(step), 0));
+    }
+    if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur]);
+  }
+  if (!f32_o) K.copy(o.buf(), o_acc.buf(), o.numel());
+}
+
+void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent,
+                                 const Tensor& o, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dlatent,
+                                 ops::AttentionSpec a) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const MlaDims d = mla_dims(s.cfg);
+  const RingGeometry g = ring_geometry(s);
+  const int64_t rows = a.B * a.Tk;
+  FP_ASSERT(dlatent.dtype() == DType::DType_F32 && dlatent.numel() == rows * d.lat,
+            "MLA ring: dlatent (rows, kl + dr) f32");
+  const DType act = s.precision.activations;
+  constexpr Category kAct = Category::Category_activations;
+  Tensor lb[2] = {be.alloc(kComm, latent.shape(), act, "ring.latent0"),
+                  be.alloc(kComm, latent.shape(), act, "ring.latent1")};
+  Tensor dlb[2] = {be.alloc_f32(kComm, latent.shape(), "ring.dlatent0"),
+                   be.alloc_f32(kComm, latent.shape(), "ring.dlatent1")};
+  // One dtype for a call's dq, dk, dv: the hop's dK, dV are f32, so dQ accumulates in f32 (rounded once).
+  const bool f32_dq = dq.dtype() == DType::DType_F32;
+  Tensor dq_acc = f32_dq ? Tensor() : be.alloc_f32(kComm, dq.shape(), "ring.dq_acc");
+  const Buf dq_out = f32_dq ? dq.buf() : dq_acc.buf();
+  // kv_b_proj's gradient over the hops, in f32 when the parameter's is not (one rounding at the end).
+  Param& kvb = *lp.kv_b_proj;
+  const bool f32_g = kvb.g.dtype() == DType::DType_F32;
+  Tensor dw = f32_g ? Tensor() : be.alloc_f32(Category::Category_workspace, {d.kv, d.kl}, "ring.mla_dkv_b");
+  if (!f32_g) K.fill(dw.buf(), 0.0f, d.kv * d.kl);
+  const Buf dw_out = f32_g ? kvb.g.buf() : dw.buf();
+  K.copy(lb[0].buf(), latent.buf(), latent.numel());
+  K.fill(dlb[0].buf(), 0.0f, dlatent.numel());
+  K.fill(dq_out, 0.0f, dq.numel());
+  for (int step = 0; step < g.world; ++step) {
+    const int cur = step % 2;
+    {
+      Tensor kb = be.alloc(kAct, {rows, d.nh * d.dqk}, act, "ring.mla_k");
+      Tensor vb = be.alloc(kAct, {rows, d.nh * d.dv}, act, "ring.mla_v");
+      mla_expand(s, lp, d, lb[cur].cbuf(), rows, kb.buf(), vb.buf());
+      Tensor dkb = be.alloc_f32(kAct, {rows, d.nh * d.dqk}, "ring.mla_dk");
+      Tensor dvb = be.alloc_f32(kAct, {rows, d.nh * d.dv}, "ring.mla_dv");
+      K.fill(dkb.buf(), 0.0f, dkb.numel());
+      K.fill(dvb.buf(), 0.0f, dvb.numel());
+      K.attention_block_backward(q.buf(), kb.buf(), vb.buf(), o.buf(), lse.f32(), dout.buf(), dq_out, dkb.buf(),
+                                 dvb.buf(), block_spec(s, a, g.source(step), 0));
+      kb.reset();
+      vb.reset();
+      // d k_pe: the heads' RoPE parts, summed in head order, into the block's traveling gradient.
+      const Buf dl = dlb[cur].buf();
+      for (int64_t h = 0; h < d.nh; ++h)
+        K.add_2d(ptr_at(dl, d.kl), d.lat, ptr_at(dkb.cbuf(), h * d.dqk + d.dn), d.nh * d.dqk, rows, d.dr);
+      // [dK_nope | dV] per head through kv_b_proj: into d c and kv_b_proj's gradient.
+      Tensor dkv = be.alloc_f32(kAct, {rows, d.kv}, "ring.mla_dkv_b_out");
+      K.copy_2d(dkv.buf(), d.dn + d.dv, dkb.cbuf(), d.dqk, rows * d.nh, d.dn);
+      K.copy_2d(ptr_at(dkv.buf(), d.dn), d.dn + d.dv, dvb.cbuf(), d.dv, rows * d.nh, d.dv);
+      dkb.reset();
+      dvb.reset();
+      K.gemm(false, false, rows, d.kl, d.kv, 1.0f, dkv.cbuf(), d.kv, kvb.w.cbuf(), d.kl, 1.0f, dl, d.lat);
+      K.gemm(true, false, d.kv, d.kl, rows, 1.0f, dkv.cbuf(), d.kv, lb[cur].cbuf(), d.lat, 1.0f, dw_out, d.kl);
+    }
+    if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur]);
+    ring_shift(s, g, dlb[cur], dlb[1 - cur]);
+  }
+  const int home = g.world % 2;
+  K.copy(dlatent.buf(), dlb[home].buf(), dlatent.numel());
+  if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());
+  if (!f32_g) K.add_inplace(kvb.g.buf(), dw.cbuf(), d.kv * d.kl);
+}
+
 }  // namespace fp

@@ -34,4 +34,27 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
                              const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                              ops::AttentionSpec a, int64_t q0 = 0, bool accumulate = false);
 
+// Note [MLA's ring on the latent]
+// Multi-head latent attention (model/mla_block.cpp) expands every token's keys and values from its normed
+// latent c (kl numbers) and one RoPE'd key k_pe (dr) shared by the heads: nh x (dn + dr) key and nh x dv value
+// numbers per token, 64 x (192 + 128) = 20480 for Kimi-K2 against 512 + 64 = 576. So the MLA ring sends the
+// latent rows [c | k_pe] (n, kl + dr) and each rank expands the block it holds, hop by hop, with the layer's
+// kv_b_proj (the same weights and GEMM on every rank: the keys and values the owner would have sent, bit
+// for bit). The backward sends the latent rows again with their gradient, f32 (n, kl + dr): at each hop
+// the rank's queries' dK and dV of the block (f32) go back through the expansion, into the traveling d c
+// (dK_nope and dV through kv_b_proj) and d k_pe (the heads' RoPE parts summed, fixed head order), and into
+// kv_b_proj's weight gradient (f32, added to the parameter's once at the end). Against the expanded ring
+// the sums over hops run before the kv_b_proj GEMMs instead of after: the same function to rounding.
+// Comm buffers: two latent blocks and two f32 latent gradients instead of two K, V blocks and two f32 dK,
+// dV; the expanded K and V (and dK, dV) of one block exist for one hop (category activations).
+// q (B, N, nh, dqk) -> o (B, N, nh, dv), lse (B, nh, N); latent (B N, kl + dr). a: as for
+// ring_attention_forward (hd = dqk, hdv = dv).
+void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent, Tensor& o,
+                                Tensor& lse, ops::AttentionSpec a);
+// dout (B, N, nh, dv) -> dq (B, N, nh, dqk) and dlatent (B N, kl + dr) f32, both overwritten; kv_b_proj's
+// gradient accumulated.
+void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent,
+                                 const Tensor& o, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dlatent,
+                                 ops::AttentionSpec a);
+
 }  // namespace fp

@@ -259,3 +259,31 @@ TEST(CkptEvery, FewerBoundariesAndMetaAllocatesAsCpu) {
 }
 
 }  // namespace fp
+
+namespace fp {
+
+// Note [MLA's ring on the latent] (model/ring_attention.h): on two ranks DeepSeek-V3's ring sends the latent
+// rows, so its comm buffers are two latent blocks and two f32 latent gradients, (n / W) x (kl + dr) each,
+// nothing of the expanded keys and values; meta allocates as cpu event for event on the two ranks. (The
+// gradients against one process: tests/dist, dist_check.py grads, deepseek.)
+TEST(MlaRing, CommHoldsTheLatentAndMetaAllocatesAsCpu) {
+  const ModelConfig m = deepseek_small_config(3, 12, 1);
+  const Schedules s = schedules("fp32", true);
+  const StepResult cpu = step_run(m, s, "balanced", 2, "cpu");
+  const StepResult meta = step_run(m, s, "balanced", 2, "meta");
+  ASSERT_EQ(cpu.events.size(), meta.events.size());
+  for (size_t i = 0; i < cpu.events.size(); ++i) {
+    ASSERT_EQ(cpu.events[i].tag, meta.events[i].tag) << "event " << i;
+    ASSERT_EQ(cpu.events[i].bytes, meta.events[i].bytes) << "event " << i << " " << cpu.events[i].tag;
+  }
+  uint64_t cur = 0, peak = 0;
+  for (const LedgerEvent& e : cpu.events)
+    if (e.category == Category::Category_comm) {
+      cur = e.alloc ? cur + e.bytes : cur - e.bytes;
+      peak = std::max(peak, cur);
+    }
+  const uint64_t rows = 2 * 64 / 2, latent = static_cast<uint64_t>(m.kv_lora_rank + m.qk_rope_head_dim);
+  EXPECT_EQ(peak, 4 * rows * latent * 4) << "two latent blocks and two f32 latent gradients";
+}
+
+}  // namespace fp
