@@ -31,6 +31,15 @@ void rmsnorm_backward(Backend& be, CBuf x, CBuf w, const float* rstd, CBuf dy, B
   be.kernels().rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, d, ws.f32());
 }
 
+Tensor attn_output(StepContext& s, const LayerParams& lp, CBuf x, CBuf o, int64_t rows, int64_t width) {
+  const int64_t H = s.cfg.hidden_size;
+  Tensor x1 = s.be.alloc(kAct, {rows, H}, s.precision.activations, "attn.x1");
+  s.be.kernels().copy(x1.buf(), x, rows * H);
+  linear_forward(s.be, o, lp.o_proj->w.buf(), x1.buf(), rows, width, H, /*beta=*/1.0f);
+  if (s.cfg.attention_bias) s.be.kernels().bias_add(x1.buf(), lp.o_bias->w.buf(), rows, H);
+  return x1;
+}
+
 Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep) {
   if (s.cfg.is_deepseek()) return mla_block_forward(s, lp, x, keep);
   Backend& be = s.be;
@@ -93,10 +102,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
     a.lse.reset();
   }
 
-  Tensor x1 = be.alloc(kAct, {n, H}, s.precision.activations, "attn.x1");
-  K.copy(x1.buf(), x.buf(), n * H);
-  linear_forward(be, a.o.buf(), lp.o_proj->w.buf(), x1.buf(), n, nh * hd, H, /*beta=*/1.0f);
-  if (c.attention_bias) K.bias_add(x1.buf(), lp.o_bias->w.buf(), n, H);
+  Tensor x1 = attn_output(s, lp, x.cbuf(), a.o.cbuf(), n, nh * hd);
   if (!keep) a.o.reset();
   return x1;
 }

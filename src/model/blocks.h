@@ -83,7 +83,8 @@ struct StepContext {
   Tensor pos;        // (n) i32
   Tensor ring_pos;   // (cp, T) i32
   Tensor doc_start;  // (n) i32
-  Tensor tile_pos;   // (T) i32 0 .. T-1: a tile's query and key positions with cp = 1 (layer_tile > 0 only)
+  Tensor tile_pos;   // (T) i32 the sequence's positions (0 .. T-1): a tile's query and key positions with cp = 1
+                     // (layer_tile > 0 only)
   // The attention spec of this step's sequences: this rank's T queries and keys, with its documents.
   ops::AttentionSpec attention_spec(int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, float scale,
                                     int64_t window) const {
@@ -121,6 +122,9 @@ struct AttnActs {
 // x (n, H) -> x1 (n, H), allocated here (category activations). keep: when not null, everything
 // backward needs is left in it; otherwise intermediates are freed as soon as they are consumed.
 Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep);
+// The attention block's output for `rows` rows: x1 = x + o W_o^T (+ o_proj's bias), a new tensor (category
+// activations) named attn.x1; o (rows, width). Shared by the whole block, MLA's and a layer tile's.
+Tensor attn_output(StepContext& s, const LayerParams& lp, CBuf x, CBuf o, int64_t rows, int64_t width);
 // dx (n, H): in d x1, out d x (the residual path plus the block's input gradient). Frees `a`.
 void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx);
 // The same contract for deepseek_v3's multi-head latent attention (model/mla_block.cpp); attn_block_forward

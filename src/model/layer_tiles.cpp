@@ -206,10 +206,7 @@ Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tenso
     a.q.reset();
     a.lse.reset();
   }
-  Tensor x1 = be.alloc(kAct, {r, H}, s.precision.activations, "tile.x1");
-  K.copy(x1.buf(), ptr_at(x.cbuf(), r0 * H), r * H);
-  linear_forward(be, a.o.buf(), lp.o_proj->w.buf(), x1.buf(), r, q_w, H, /*beta=*/1.0f);
-  if (c.attention_bias) K.bias_add(x1.buf(), lp.o_bias->w.buf(), r, H);
+  Tensor x1 = attn_output(s, lp, ptr_at(x.cbuf(), r0 * H), a.o.cbuf(), r, q_w);
   if (!keep) a.o.reset();
   return x1;
 }

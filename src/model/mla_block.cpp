@@ -39,11 +39,7 @@ float mla_softmax_scale(const ModelConfig& c) {
 }
 // x1 = x + o_proj(a.o); frees a.o without keep.
 Tensor mla_output(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, bool keep) {
-  const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, nd = c.num_attention_heads * c.v_head_dim;
-  Tensor x1 = s.be.alloc(kAct, {n, H}, s.precision.activations, "attn.x1");
-  s.be.kernels().copy(x1.buf(), x.buf(), n * H);
-  linear_forward(s.be, a.o.buf(), lp.o_proj->w.buf(), x1.buf(), n, nd, H, /*beta=*/1.0f);
+  Tensor x1 = attn_output(s, lp, x.cbuf(), a.o.cbuf(), s.n, s.cfg.num_attention_heads * s.cfg.v_head_dim);
   if (!keep) a.o.reset();
   return x1;
 }

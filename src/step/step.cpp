@@ -234,11 +234,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());
     if (!ring_pos.empty()) be.copy_from_host(s.ring_pos.data(), ring_pos.data(), s.ring_pos.bytes());
     if (documents) be.copy_from_host(s.doc_start.data(), batch.doc_start.data(), s.doc_start.bytes());
-    if (s.tile_pos.defined()) {
-      std::vector<int32_t> iota(static_cast<size_t>(batch.T));
-      for (int64_t t = 0; t < batch.T; ++t) iota[t] = static_cast<int32_t>(t);
-      be.copy_from_host(s.tile_pos.data(), iota.data(), s.tile_pos.bytes());
-    }
+    if (s.tile_pos.defined()) be.copy_from_host(s.tile_pos.data(), seq_pos.data(), s.tile_pos.bytes());
     be.copy_from_host(s.rope_inv_freq.data(), s.rope.inv_freq.data(), s.rope_inv_freq.bytes());
   }
 

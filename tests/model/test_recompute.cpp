@@ -38,6 +38,7 @@ struct StepResult {
   double loss = 0;
   std::vector<std::vector<float>> grads;  // every parameter's whole gradient, widened, in layout() order
   uint64_t activations_peak = 0;          // rank 0's device ledger
+  uint64_t checkpoints_peak = 0, comm_peak = 0;
   int64_t attention_forwards = 0;         // rank 0's allocations of attn.h1: one per attention forward
   std::vector<LedgerEvent> events;        // rank 0's device ledger
 };
@@ -61,6 +62,8 @@ StepResult step_run(const ModelConfig& m, const Schedules& sched, const char* pr
     r.grads = std::move(grads);
     r.loss = out.loss;
     r.activations_peak = be->device_ledger().peak(Category::Category_activations);
+    r.checkpoints_peak = be->device_ledger().peak(Category::Category_checkpoints);
+    r.comm_peak = be->device_ledger().peak(Category::Category_comm);
     r.events = be->device_ledger().events();
     for (const LedgerEvent& e : r.events) r.attention_forwards += e.alloc && e.tag == "attn.h1";
   };
@@ -93,6 +96,19 @@ void expect_bitwise_equal(const StepResult& a, const StepResult& b) {
         ADD_FAILURE() << "parameter " << p << " element " << i << ": " << a.grads[p][i] << " vs " << b.grads[p][i];
         break;
       }
+  }
+}
+
+// Meta allocates as cpu (the planner's promise): the same device ledger events, field for field.
+void expect_same_events(const StepResult& cpu, const StepResult& meta) {
+  ASSERT_EQ(cpu.events.size(), meta.events.size());
+  for (size_t i = 0; i < cpu.events.size(); ++i) {
+    const LedgerEvent &x = cpu.events[i], &y = meta.events[i];
+    ASSERT_EQ(x.alloc, y.alloc) << "event " << i << " " << x.tag;
+    ASSERT_EQ(x.tag, y.tag) << "event " << i;
+    ASSERT_EQ(x.category, y.category) << "event " << i << " " << x.tag;
+    ASSERT_EQ(x.bytes, y.bytes) << "event " << i << " " << x.tag;
+    ASSERT_EQ(x.total_after, y.total_after) << "event " << i << " " << x.tag;
   }
 }
 
@@ -169,17 +185,7 @@ TEST(NoRecompute, MetaAllocatesAsCpu) {
       Schedules s = schedules(recipe, false);
       s.ckpt.kind = c.ckpt;
       const char* profile = std::string(c.profile) == "router" ? "hot:0.7:2" : c.profile;  // meta needs one
-      const StepResult cpu = step_run(c.model, s, profile, 1, "cpu");
-      const StepResult meta = step_run(c.model, s, profile, 1, "meta");
-      ASSERT_EQ(cpu.events.size(), meta.events.size());
-      for (size_t i = 0; i < cpu.events.size(); ++i) {
-        const LedgerEvent &x = cpu.events[i], &y = meta.events[i];
-        ASSERT_EQ(x.alloc, y.alloc) << "event " << i << " " << x.tag;
-        ASSERT_EQ(x.tag, y.tag) << "event " << i;
-        ASSERT_EQ(x.category, y.category) << "event " << i << " " << x.tag;
-        ASSERT_EQ(x.bytes, y.bytes) << "event " << i << " " << x.tag;
-        ASSERT_EQ(x.total_after, y.total_after) << "event " << i << " " << x.tag;
-      }
+      expect_same_events(step_run(c.model, s, profile, 1, "cpu"), step_run(c.model, s, profile, 1, "meta"));
     }
   }
 }
@@ -228,14 +234,7 @@ TEST(CkptEvery, FewerBoundariesAndMetaAllocatesAsCpu) {
   auto ckpt_peak = [&](int64_t k) {
     Schedules e = s;
     e.ckpt.every = k;
-    const StepResult r = step_run(qwen_config(12), e, "balanced", 1, "meta");
-    uint64_t cur = 0, peak = 0;
-    for (const LedgerEvent& ev : r.events)
-      if (ev.category == Category::Category_checkpoints) {
-        cur = ev.alloc ? cur + ev.bytes : cur - ev.bytes;
-        peak = std::max(peak, cur);
-      }
-    return peak;
+    return step_run(qwen_config(12), e, "balanced", 1, "meta").checkpoints_peak;
   };
   const uint64_t one = ckpt_peak(1), four = ckpt_peak(4);
   const uint64_t boundary = 2 * 64 * static_cast<uint64_t>(qwen_config(12).hidden_size) * 4;  // (n, H) f32
@@ -245,13 +244,8 @@ TEST(CkptEvery, FewerBoundariesAndMetaAllocatesAsCpu) {
   Schedules e = s;
   e.ckpt.every = 4;
   e.ckpt.kind = CkptSchedule::Kind::Kind_sco;
-  const StepResult cpu = step_run(qwen_config(12), e, "hot:0.7:2", 1, "cpu");
-  const StepResult meta = step_run(qwen_config(12), e, "hot:0.7:2", 1, "meta");
-  ASSERT_EQ(cpu.events.size(), meta.events.size());
-  for (size_t i = 0; i < cpu.events.size(); ++i) {
-    ASSERT_EQ(cpu.events[i].tag, meta.events[i].tag) << "event " << i;
-    ASSERT_EQ(cpu.events[i].bytes, meta.events[i].bytes) << "event " << i;
-  }
+  expect_same_events(step_run(qwen_config(12), e, "hot:0.7:2", 1, "cpu"),
+                     step_run(qwen_config(12), e, "hot:0.7:2", 1, "meta"));
   Schedules bad = s;
   bad.ckpt.every = 2;
   bad.ckpt.recompute = false;
@@ -270,18 +264,8 @@ TEST(MlaRing, CommHoldsTheLatentAndMetaAllocatesAsCpu) {
   const ModelConfig m = deepseek_small_config(3, 12, 1);
   const Schedules s = schedules("fp32", true);
   const StepResult cpu = step_run(m, s, "balanced", 2, "cpu");
-  const StepResult meta = step_run(m, s, "balanced", 2, "meta");
-  ASSERT_EQ(cpu.events.size(), meta.events.size());
-  for (size_t i = 0; i < cpu.events.size(); ++i) {
-    ASSERT_EQ(cpu.events[i].tag, meta.events[i].tag) << "event " << i;
-    ASSERT_EQ(cpu.events[i].bytes, meta.events[i].bytes) << "event " << i << " " << cpu.events[i].tag;
-  }
-  uint64_t cur = 0, peak = 0;
-  for (const LedgerEvent& e : cpu.events)
-    if (e.category == Category::Category_comm) {
-      cur = e.alloc ? cur + e.bytes : cur - e.bytes;
-      peak = std::max(peak, cur);
-    }
+  expect_same_events(cpu, step_run(m, s, "balanced", 2, "meta"));
+  const uint64_t peak = cpu.comm_peak;
   const uint64_t rows = 2 * 64 / 2, latent = static_cast<uint64_t>(m.kv_lora_rank + m.qk_rope_head_dim);
   EXPECT_EQ(peak, 4 * rows * latent * 4) << "two latent blocks and two f32 latent gradients";
 }
