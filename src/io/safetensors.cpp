@@ -42,9 +42,9 @@ bool dtype_from_safetensors(const std::string& s, DType* out) {
   return false;
 }
 
-// Bytes of a tensor, or false when the product overflows 64 bits.
-bool tensor_bytes(const Shape& shape, DType t, uint64_t* out) {
-  uint64_t n = dtype_size(t);
+// Bytes of a tensor of elements of elem_size bytes, or false when the product overflows 64 bits.
+bool tensor_bytes(const Shape& shape, uint64_t elem_size, uint64_t* out) {
+  uint64_t n = elem_size;
   for (int i = 0; i < shape.rank; ++i) {
     const uint64_t d = static_cast<uint64_t>(shape[i]);
     if (d != 0 && n > std::numeric_limits<uint64_t>::max() / d) return false;
@@ -60,6 +60,18 @@ T load(const unsigned char* p, int64_t i) {
   std::memcpy(&v, p + i * static_cast<int64_t>(sizeof(T)), sizeof(T));  // any alignment
   return v;
 }
+
+// A tensor to write, either kind of view: dtype is its safetensors string, elem its element size.
+struct TensorOut {
+  const std::string* name;
+  const char* dtype;
+  uint64_t elem;
+  Shape shape;
+  const void* data;
+};
+
+void safetensors_write_all(const std::string& path, const std::vector<TensorOut>& tensors,
+                           const std::map<std::string, std::string>& metadata);
 
 }  // namespace
 
@@ -80,34 +92,50 @@ const char* safetensors_dtype_name(DType t) {
 
 void safetensors_write(const std::string& path, const std::vector<SafetensorsView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  safetensors_write(path, tensors, {}, metadata);
+}
+
+void safetensors_write(const std::string& path, const std::vector<SafetensorsView>& tensors,
+                       const std::vector<SafetensorsU8View>& u8_tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorOut> all;
+  all.reserve(tensors.size() + u8_tensors.size());
+  for (const SafetensorsView& v : tensors)
+    all.push_back({&v.name, safetensors_dtype_name(v.dtype), dtype_size(v.dtype), v.shape, v.data});
+  for (const SafetensorsU8View& v : u8_tensors) all.push_back({&v.name, "U8", 1, v.shape, v.data});
+  safetensors_write_all(path, all, metadata);
+}
+
+namespace {
+
+void safetensors_write_all(const std::string& path, const std::vector<TensorOut>& tensors,
+                           const std::map<std::string, std::string>& metadata) {
   const char* hint = "this is a bug in the caller; tensor names must be unique and shapes valid";
   std::vector<size_t> by_name(tensors.size());
   std::iota(by_name.begin(), by_name.end(), size_t{0});
-  std::sort(by_name.begin(), by_name.end(),
-            [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
+  std::sort(by_name.begin(), by_name.end(), [&](size_t a, size_t b) { return *tensors[a].name < *tensors[b].name; });
   std::vector<uint64_t> bytes(tensors.size());
   for (size_t k = 0; k < by_name.size(); ++k) {
-    const SafetensorsView& v = tensors[by_name[k]];
-    FP_CHECK(!v.name.empty() && v.name != "__metadata__", hint, "cannot write '{}': invalid tensor name '{}'",
-             path, v.name);
-    FP_CHECK(k == 0 || tensors[by_name[k - 1]].name != v.name, hint, "cannot write '{}': tensor '{}' appears twice",
-             path, v.name);
-    FP_CHECK(v.shape.rank >= 0 && v.shape.rank <= Shape::kMaxRank, hint,
-             "cannot write '{}': tensor '{}' has rank {}", path, v.name, v.shape.rank);
+    const TensorOut& v = tensors[by_name[k]];
+    const std::string& name = *v.name;
+    FP_CHECK(!name.empty() && name != "__metadata__", hint, "cannot write '{}': invalid tensor name '{}'", path, name);
+    FP_CHECK(k == 0 || *tensors[by_name[k - 1]].name != name, hint, "cannot write '{}': tensor '{}' appears twice",
+             path, name);
+    FP_CHECK(v.shape.rank >= 0 && v.shape.rank <= Shape::kMaxRank, hint, "cannot write '{}': tensor '{}' has rank {}",
+             path, name, v.shape.rank);
     for (int i = 0; i < v.shape.rank; ++i)
-      FP_CHECK(v.shape[i] >= 0, hint, "cannot write '{}': tensor '{}' has shape {}", path, v.name, v.shape.str());
-    FP_CHECK(tensor_bytes(v.shape, v.dtype, &bytes[by_name[k]]), hint,
-             "cannot write '{}': tensor '{}' of shape {} is too large", path, v.name, v.shape.str());
+      FP_CHECK(v.shape[i] >= 0, hint, "cannot write '{}': tensor '{}' has shape {}", path, name, v.shape.str());
+    FP_CHECK(tensor_bytes(v.shape, v.elem, &bytes[by_name[k]]), hint,
+             "cannot write '{}': tensor '{}' of shape {} is too large", path, name, v.shape.str());
     FP_CHECK(v.data != nullptr || bytes[by_name[k]] == 0, hint, "cannot write '{}': tensor '{}' has no data", path,
-             v.name);
+             name);
   }
 
   // Data order: widest element first, then name, so each tensor starts at a multiple of its element
   // size (the header and its padding end on a multiple of 8).
   std::vector<size_t> by_layout = by_name;
-  std::stable_sort(by_layout.begin(), by_layout.end(), [&](size_t a, size_t b) {
-    return dtype_size(tensors[a].dtype) > dtype_size(tensors[b].dtype);
-  });
+  std::stable_sort(by_layout.begin(), by_layout.end(),
+                   [&](size_t a, size_t b) { return tensors[a].elem > tensors[b].elem; });
   std::vector<uint64_t> begin(tensors.size());
   uint64_t total = 0;
   for (size_t i : by_layout) {
@@ -122,12 +150,11 @@ void safetensors_write(const std::string& path, const std::vector<SafetensorsVie
     header["__metadata__"] = std::move(meta);
   }
   for (size_t i : by_name) {
-    const SafetensorsView& v = tensors[i];
+    const TensorOut& v = tensors[i];
     nlohmann::ordered_json shape = nlohmann::ordered_json::array();
     for (int d = 0; d < v.shape.rank; ++d) shape.push_back(v.shape[d]);
-    header[v.name] = {{"dtype", safetensors_dtype_name(v.dtype)},
-                      {"shape", std::move(shape)},
-                      {"data_offsets", {begin[i], begin[i] + bytes[i]}}};
+    header[*v.name] = {
+        {"dtype", v.dtype}, {"shape", std::move(shape)}, {"data_offsets", {begin[i], begin[i] + bytes[i]}}};
   }
   std::string text;
   try {
@@ -148,6 +175,8 @@ void safetensors_write(const std::string& path, const std::vector<SafetensorsVie
     if (bytes[i] > 0) std::memcpy(data + begin[i], tensors[i].data, bytes[i]);
   file_write_atomic(path, buf.data(), buf.size());
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 // Reading
@@ -207,10 +236,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     Entry e;
     const auto dt = v.find("dtype");
     if (dt == v.end() || !dt->is_string()) throw damaged(where + " has no \"dtype\" string");
-    if (!dtype_from_safetensors(dt->get<std::string>(), &e.dtype))
-      throw Error(fmt::format("safetensors file '{}': {} has dtype \"{}\", which flatpeak does not read", path,
-                              where, dt->get<std::string>()),
-                  "flatpeak reads F32, F64, BF16, F16, I32 and I64; convert the file (e.g. with torch) first");
+    e.u8 = dt->get<std::string>() == "U8";
+    if (!e.u8 && !dtype_from_safetensors(dt->get<std::string>(), &e.dtype))
+      throw Error(fmt::format("safetensors file '{}': {} has dtype \"{}\", which flatpeak does not read", path, where,
+                              dt->get<std::string>()),
+                  "flatpeak reads F32, F64, BF16, F16, I32, I64 and U8; convert the file (e.g. with torch) first");
     const auto sh = v.find("shape");
     if (sh == v.end() || !sh->is_array()) throw damaged(where + " has no \"shape\" array");
     if (sh->size() > static_cast<size_t>(Shape::kMaxRank))
@@ -232,7 +262,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       throw damaged(fmt::format("{} has data_offsets [{}, {}] outside the {}-byte data section{}", where, e.begin,
                                 e.end, data_bytes, e.end > data_bytes ? " (truncated file?)" : ""));
     uint64_t want = 0;
-    if (!tensor_bytes(e.shape, e.dtype, &want))
+    if (!tensor_bytes(e.shape, e.u8 ? 1 : dtype_size(e.dtype), &want))
       throw damaged(fmt::format("{} has shape {}, too large to address", where, e.shape.str()));
     if (want != e.end - e.begin)
       throw damaged(fmt::format("{} has shape {} of {} ({} bytes) but data_offsets [{}, {}] span {} bytes", where,
@@ -278,7 +308,13 @@ const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) co
   return it->second;
 }
 
-DType SafetensorsFile::dtype(const std::string& name) const { return entry(name).dtype; }
+DType SafetensorsFile::dtype(const std::string& name) const {
+  const Entry& e = entry(name);
+  FP_CHECK(!e.u8, "a U8 tensor holds raw bytes (e.g. MXFP4 blocks or scales); read it with read_u8",
+           "safetensors file '{}': tensor '{}' has dtype U8, which is no DType", path_, name);
+  return e.dtype;
+}
+bool SafetensorsFile::is_u8(const std::string& name) const { return entry(name).u8; }
 Shape SafetensorsFile::shape(const std::string& name) const { return entry(name).shape; }
 const void* SafetensorsFile::data(const std::string& name) const { return bytes(entry(name)); }
 
@@ -289,33 +325,45 @@ void shape_check(const std::string& path, const std::string& name, const Shape& 
            "safetensors file '{}': tensor '{}' has shape {}, expected {}", path, name, found.str(), expect.str());
 }
 
+// The n elements at p of tensor `name`, stored as dtype (or U8), into dst as floats (F64/BF16/F16
+// converted); throws for an integer or U8 tensor.
+void f32_convert(const std::string& path, const std::string& name, bool u8, DType dtype, const unsigned char* p,
+                 int64_t n, float* dst) {
+  if (!u8) {
+    switch (dtype) {
+      case DType::DType_F32:
+        if (n > 0) std::memcpy(dst, p, static_cast<size_t>(n) * 4);
+        return;
+      case DType::DType_F64:
+        for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load<double>(p, i));
+        return;
+      case DType::DType_BF16:
+        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(load<uint16_t>(p, i));
+        return;
+      case DType::DType_F16:
+        for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(load<uint16_t>(p, i));
+        return;
+      case DType::DType_I32:
+      case DType::DType_I64:
+        break;
+    }
+  }
+  throw Error(fmt::format("safetensors file '{}': tensor '{}' has dtype {}, expected a floating-point dtype", path,
+                          name, u8 ? "U8" : safetensors_dtype_name(dtype)),
+              "the file was written for another purpose; check which file is passed");
+}
+
+void u8_check(const std::string& path, const std::string& name, bool u8, DType dtype) {
+  FP_CHECK(u8, "the file was written for another purpose; check which file is passed",
+           "safetensors file '{}': tensor '{}' has dtype {}, expected U8", path, name, safetensors_dtype_name(dtype));
+}
+
 }  // namespace
 
 void SafetensorsFile::read_f32(const std::string& name, const Shape& expect, float* dst) const {
   const Entry& e = entry(name);
   shape_check(path_, name, e.shape, expect);
-  const unsigned char* p = bytes(e);
-  const int64_t n = e.shape.numel();
-  switch (e.dtype) {
-    case DType::DType_F32:
-      if (n > 0) std::memcpy(dst, p, static_cast<size_t>(n) * 4);
-      return;
-    case DType::DType_F64:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load<double>(p, i));
-      return;
-    case DType::DType_BF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(load<uint16_t>(p, i));
-      return;
-    case DType::DType_F16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(load<uint16_t>(p, i));
-      return;
-    case DType::DType_I32:
-    case DType::DType_I64:
-      break;
-  }
-  throw Error(fmt::format("safetensors file '{}': tensor '{}' has dtype {}, expected a floating-point dtype", path_,
-                          name, safetensors_dtype_name(e.dtype)),
-              "the file was written for another purpose; check which file is passed");
+  f32_convert(path_, name, e.u8, e.dtype, bytes(e), e.shape.numel(), dst);
 }
 
 void SafetensorsFile::read_i32(const std::string& name, const Shape& expect, int32_t* dst) const {
@@ -323,11 +371,11 @@ void SafetensorsFile::read_i32(const std::string& name, const Shape& expect, int
   shape_check(path_, name, e.shape, expect);
   const unsigned char* p = bytes(e);
   const int64_t n = e.shape.numel();
-  if (e.dtype == DType::DType_I32) {
+  if (!e.u8 && e.dtype == DType::DType_I32) {
     if (n > 0) std::memcpy(dst, p, static_cast<size_t>(n) * 4);
     return;
   }
-  if (e.dtype == DType::DType_I64) {
+  if (!e.u8 && e.dtype == DType::DType_I64) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t v = load<int64_t>(p, i);
       FP_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
@@ -338,8 +386,43 @@ void SafetensorsFile::read_i32(const std::string& name, const Shape& expect, int
     return;
   }
   throw Error(fmt::format("safetensors file '{}': tensor '{}' has dtype {}, expected I32 or I64", path_, name,
-                          safetensors_dtype_name(e.dtype)),
+                          e.u8 ? "U8" : safetensors_dtype_name(e.dtype)),
               "the file was written for another purpose; check which file is passed");
+}
+
+void SafetensorsFile::read_u8(const std::string& name, const Shape& expect, uint8_t* dst) const {
+  const Entry& e = entry(name);
+  shape_check(path_, name, e.shape, expect);
+  u8_check(path_, name, e.u8, e.dtype);
+  const int64_t n = e.shape.numel();
+  if (n > 0) std::memcpy(dst, bytes(e), static_cast<size_t>(n));
+}
+
+const unsigned char* SafetensorsFile::rows_bytes(const std::string& name, const Entry& e, const Shape& full,
+                                                 int64_t row0, int64_t rows, int64_t* n) const {
+  shape_check(path_, name, e.shape, full);
+  FP_ASSERT(full.rank >= 1 && row0 >= 0 && rows >= 0 && row0 + rows <= full[0], "rows [{}, {}) of '{}' of shape {}",
+            row0, row0 + rows, name, full.str());
+  const int64_t per_row = full[0] > 0 ? full.numel() / full[0] : 0;
+  *n = rows * per_row;
+  return bytes(e) + row0 * per_row * static_cast<int64_t>(e.u8 ? 1 : dtype_size(e.dtype));
+}
+
+void SafetensorsFile::read_f32_rows(const std::string& name, const Shape& full, int64_t row0, int64_t rows,
+                                    float* dst) const {
+  const Entry& e = entry(name);
+  int64_t n = 0;
+  const unsigned char* p = rows_bytes(name, e, full, row0, rows, &n);
+  f32_convert(path_, name, e.u8, e.dtype, p, n, dst);
+}
+
+void SafetensorsFile::read_u8_rows(const std::string& name, const Shape& full, int64_t row0, int64_t rows,
+                                   uint8_t* dst) const {
+  const Entry& e = entry(name);
+  int64_t n = 0;
+  const unsigned char* p = rows_bytes(name, e, full, row0, rows, &n);
+  u8_check(path_, name, e.u8, e.dtype);
+  if (n > 0) std::memcpy(dst, p, static_cast<size_t>(n));
 }
 
 }  // namespace fp

@@ -78,15 +78,38 @@ const SafetensorsFile& SafetensorsSet::shard(const std::string& file) {
   return *open_;
 }
 
-void SafetensorsSet::read_f32(const std::string& name, const Shape& expect, float* dst) {
+const SafetensorsFile& SafetensorsSet::holder(const std::string& name) {
   auto it = file_of_.find(name);
   FP_CHECK(it != file_of_.end(), "the checkpoint was written for another model", "checkpoint '{}' has no tensor '{}'",
            path_, name);
   const SafetensorsFile& f = shard(it->second);
   FP_CHECK(f.has(name), kIndexHint, "index '{}' maps '{}' to '{}', which does not hold it", path_, name, it->second);
+  return f;
+}
+
+void SafetensorsSet::read_f32(const std::string& name, const Shape& expect, float* dst) {
+  const SafetensorsFile& f = holder(name);
   f.read_f32(name, expect, dst);
   read_.insert(name);
   dtypes_.insert(f.dtype(name));
+}
+
+void SafetensorsSet::read_u8(const std::string& name, const Shape& expect, uint8_t* dst) {
+  holder(name).read_u8(name, expect, dst);
+  read_.insert(name);
+}
+
+void SafetensorsSet::read_f32_rows(const std::string& name, const Shape& full, int64_t row0, int64_t rows, float* dst) {
+  const SafetensorsFile& f = holder(name);
+  f.read_f32_rows(name, full, row0, rows, dst);
+  read_.insert(name);
+  dtypes_.insert(f.dtype(name));
+}
+
+void SafetensorsSet::read_u8_rows(const std::string& name, const Shape& full, int64_t row0, int64_t rows,
+                                  uint8_t* dst) {
+  holder(name).read_u8_rows(name, full, row0, rows, dst);
+  read_.insert(name);
 }
 
 std::vector<std::string> SafetensorsSet::unread() const {

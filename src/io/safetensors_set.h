@@ -36,6 +36,14 @@ class SafetensorsSet {
   // As SafetensorsFile::read_f32 (F32, F64, BF16 and F16 converted to float); records the read and
   // the tensor's stored dtype.
   void read_f32(const std::string& name, const Shape& expect, float* dst);
+  // As SafetensorsFile::read_u8 (raw bytes: MXFP4 blocks and scales); records the read (U8 is no DType,
+  // so dtypes_read() does not list it).
+  void read_u8(const std::string& name, const Shape& expect, uint8_t* dst);
+  // As SafetensorsFile::read_f32_rows / read_u8_rows: rows [row0, row0 + rows) along dim 0 of a tensor
+  // of shape full (expert e of an (E, ...) tensor), recorded as read_f32 / read_u8 record theirs. Any
+  // range counts as reading the tensor: a caller going expert by expert reads every one.
+  void read_f32_rows(const std::string& name, const Shape& full, int64_t row0, int64_t rows, float* dst);
+  void read_u8_rows(const std::string& name, const Shape& full, int64_t row0, int64_t rows, uint8_t* dst);
 
   // Tensors never read, sorted.
   std::vector<std::string> unread() const;
@@ -44,6 +52,8 @@ class SafetensorsSet {
 
  private:
   const SafetensorsFile& shard(const std::string& file);
+  // The shard holding tensor `name` (opened if need be); throws when the set has no such tensor.
+  const SafetensorsFile& holder(const std::string& name);
 
   std::string dir_, path_;
   bool sharded_ = false;

@@ -40,6 +40,15 @@ Tensor attn_output(StepContext& s, const LayerParams& lp, CBuf x, CBuf o, int64_
   return x1;
 }
 
+ops::AttentionSpec layer_attention_spec(const StepContext& s, const LayerParams& lp) {
+  const ModelConfig& c = s.cfg;
+  const int64_t hd = c.head_dim;
+  ops::AttentionSpec a = s.attention_spec(c.num_attention_heads, c.num_key_value_heads, hd, hd,
+                                          1.0f / std::sqrt(static_cast<float>(hd)), c.layer_window(lp.index));
+  if (c.attention_sinks()) a.sinks = lp.sinks->w.buf();
+  return a;
+}
+
 Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep) {
   if (s.cfg.is_deepseek()) return mla_block_forward(s, lp, x, keep);
   Backend& be = s.be;
@@ -71,12 +80,17 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
     a.rstd1.reset();
   }
 
-  a.q = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.q");
-  a.k = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.k");
-  a.rstd_q = be.alloc_f32(kAct, {n * nh}, "attn.rstd_q");
-  a.rstd_k = be.alloc_f32(kAct, {n * nkv}, "attn.rstd_k");
-  K.rmsnorm_forward(a.q_raw.buf(), lp.q_norm->w.buf(), a.q.buf(), a.rstd_q.f32(), n * nh, hd, eps);
-  K.rmsnorm_forward(a.k_raw.buf(), lp.k_norm->w.buf(), a.k.buf(), a.rstd_k.f32(), n * nkv, hd, eps);
+  if (c.qk_norm()) {
+    a.q = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.q");
+    a.k = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.k");
+    a.rstd_q = be.alloc_f32(kAct, {n * nh}, "attn.rstd_q");
+    a.rstd_k = be.alloc_f32(kAct, {n * nkv}, "attn.rstd_k");
+    K.rmsnorm_forward(a.q_raw.buf(), lp.q_norm->w.buf(), a.q.buf(), a.rstd_q.f32(), n * nh, hd, eps);
+    K.rmsnorm_forward(a.k_raw.buf(), lp.k_norm->w.buf(), a.k.buf(), a.rstd_k.f32(), n * nkv, hd, eps);
+  } else {  // RoPE in place on the projections (gpt_oss): q and k are q_raw and k_raw
+    a.q = std::move(a.q_raw);
+    a.k = std::move(a.k_raw);
+  }
   K.rope_forward(a.q.buf(), s.pos.i32(), n, nh, hd, freqs);
   K.rope_forward(a.k.buf(), s.pos.i32(), n, nkv, hd, freqs);
   if (!keep) {
@@ -88,8 +102,7 @@ Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x
 
   a.o = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.o");
   a.lse = be.alloc_f32(kAct, {s.B, nh, s.T}, "attn.lse");
-  const ops::AttentionSpec spec =
-      s.attention_spec(nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
+  const ops::AttentionSpec spec = layer_attention_spec(s, lp);
   if (s.cp > 1) {
     ring_attention_forward(s, a.q, a.k, a.v, a.o, a.lse, spec);
   } else {
@@ -124,8 +137,9 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
   Tensor dq = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq");
   Tensor dk = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk");
   Tensor dv = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dv");
-  const ops::AttentionSpec spec =
-      s.attention_spec(nh, nkv, hd, hd, 1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window);
+  const ops::AttentionSpec spec = layer_attention_spec(s, lp);
+  // Note [Attention sinks]: the sinks' gradient from this rank's query rows (o, lse final).
+  if (c.attention_sinks()) K.attention_sink_backward(a.o.buf(), d_o.buf(), a.lse.f32(), lp.sinks->g.buf(), spec);
   if (s.cp > 1) {
     ring_attention_backward(s, a.q, a.k, a.v, a.o, a.lse, d_o, dq, dk, dv, spec);
   } else {
@@ -140,12 +154,18 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
 
   K.rope_backward(dq.buf(), s.pos.i32(), n, nh, hd, freqs);
   K.rope_backward(dk.buf(), s.pos.i32(), n, nkv, hd, freqs);
-  Tensor dq_raw = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq_raw");
-  Tensor dk_raw = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk_raw");
-  rmsnorm_backward(be, a.q_raw.buf(), lp.q_norm->w.buf(), a.rstd_q.f32(), dq.buf(), dq_raw.buf(), lp.q_norm->g.buf(),
-                   n * nh, hd);
-  rmsnorm_backward(be, a.k_raw.buf(), lp.k_norm->w.buf(), a.rstd_k.f32(), dk.buf(), dk_raw.buf(), lp.k_norm->g.buf(),
-                   n * nkv, hd);
+  Tensor dq_raw, dk_raw;
+  if (c.qk_norm()) {
+    dq_raw = be.alloc(kAct, {n, nh * hd}, s.precision.activations, "attn.dq_raw");
+    dk_raw = be.alloc(kAct, {n, nkv * hd}, s.precision.activations, "attn.dk_raw");
+    rmsnorm_backward(be, a.q_raw.buf(), lp.q_norm->w.buf(), a.rstd_q.f32(), dq.buf(), dq_raw.buf(), lp.q_norm->g.buf(),
+                     n * nh, hd);
+    rmsnorm_backward(be, a.k_raw.buf(), lp.k_norm->w.buf(), a.rstd_k.f32(), dk.buf(), dk_raw.buf(), lp.k_norm->g.buf(),
+                     n * nkv, hd);
+  } else {  // no q/k norm: the projections' gradients are RoPE's
+    dq_raw = std::move(dq);
+    dk_raw = std::move(dk);
+  }
   dq.reset();
   dk.reset();
   a.q_raw.reset();

@@ -119,6 +119,9 @@ struct AttnActs {
   Tensor kv_a, kv_a_n;  // (n, kl) the key/value latent before and after kv_a_layernorm
   Tensor latent;        // (n, kl + dr) [kv_a_n | RoPE'd k_pe]: what MLA's ring sends (cp > 1; ring_attention.h)
 };
+// The attention spec of a layer's GQA attention on the step's sequences: its window (layer_window), its
+// sinks (gpt_oss, Note [Attention sinks] in ops/attention.h), scale head_dim^-0.5.
+ops::AttentionSpec layer_attention_spec(const StepContext& s, const LayerParams& lp);
 // x (n, H) -> x1 (n, H), allocated here (category activations). keep: when not null, everything
 // backward needs is left in it; otherwise intermediates are freed as soon as they are consumed.
 Tensor attn_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep);

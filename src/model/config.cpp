@@ -15,15 +15,24 @@ constexpr const char* kConfigHint = "see configs/tiny.toml for a complete, comme
 
 
 const char* model_type_name(ModelType t) {
-  return t == ModelType::ModelType_deepseek_v3 ? "deepseek_v3" : "qwen3_moe";
+  switch (t) {
+    case ModelType::ModelType_deepseek_v3:
+      return "deepseek_v3";
+    case ModelType::ModelType_gpt_oss:
+      return "gpt_oss";
+    case ModelType::ModelType_qwen3_moe:
+      break;
+  }
+  return "qwen3_moe";
 }
 
 ModelType model_type_parse(const std::string& s, const std::string& key) {
   if (s == "qwen3_moe") return ModelType::ModelType_qwen3_moe;
   if (s == "deepseek_v3") return ModelType::ModelType_deepseek_v3;
+  if (s == "gpt_oss") return ModelType::ModelType_gpt_oss;
   throw Error(fmt::format("{} = \"{}\" is not implemented", key, s),
-              "flatpeak computes \"qwen3_moe\" (Qwen3MoeForCausalLM) and \"deepseek_v3\" (DeepseekV3ForCausalLM: "
-              "DeepSeek-V3, R1, Kimi-K2)");
+              "flatpeak computes \"qwen3_moe\" (Qwen3MoeForCausalLM), \"deepseek_v3\" (DeepseekV3ForCausalLM: "
+              "DeepSeek-V3, R1, Kimi-K2) and \"gpt_oss\" (GptOssForCausalLM)");
 }
 
 bool ModelConfig::layer_is_sparse(int64_t l) const {
@@ -50,12 +59,15 @@ int64_t ModelConfig::param_count() const {
     attn += H * nh * v_head_dim;                                    // o_proj
   } else {
     attn += nh * hd * H * 2 + num_key_value_heads * hd * H * 2;  // q, o, k, v
-    attn += 2 * hd;                                              // q_norm, k_norm
+    if (qk_norm()) attn += 2 * hd;                               // q_norm, k_norm
     if (attention_bias) attn += (nh + 2 * num_key_value_heads) * hd + H;  // q, k, v, o biases
+    if (attention_sinks()) attn += nh;                                    // sinks
   }
   const int64_t sparse = sparse_layer_count();
   int64_t moe = num_experts * H + num_experts * 3 * moe_intermediate_size * H;  // router, experts
   if (router_sigmoid()) moe += num_experts;                                       // e_score_correction_bias
+  if (router_bias()) moe += num_experts;                                          // mlp.router.bias
+  if (expert_bias()) moe += num_experts * (2 * moe_intermediate_size + H);        // gate, up, down biases
   moe += 3 * n_shared_experts * moe_intermediate_size * H;                        // shared experts
   const int64_t dense = 3 * intermediate_size * H;                                 // one SwiGLU MLP
   return (tie_word_embeddings ? 1 : 2) * vocab_size * H + H + num_hidden_layers * attn + sparse * moe +
@@ -101,6 +113,41 @@ RoutingProfile routing_profile_parse(const std::string& s, const std::string& ke
 }
 
 namespace {
+// gpt_oss's own relations: its router is the renormalised softmax top-k, every layer is a MoE layer, and
+// each layer's attention is named by layer_types.
+void gpt_oss_validate(const ModelConfig& m, const std::string& src) {
+  auto unused = [&](const char* key, bool at_default) {
+    FP_CHECK(at_default, "gpt_oss: every layer is a MoE layer of num_experts experts of moe_intermediate_size",
+             "{}: model.{} is set, but model_type \"gpt_oss\" does not read it", src, key);
+  };
+  unused("mlp_only_layers", m.mlp_only_layers.empty());
+  unused("decoder_sparse_step", m.decoder_sparse_step == 1);
+  unused("intermediate_size", m.intermediate_size == 0);
+  FP_CHECK(m.norm_topk_prob,
+           "gpt-oss's router takes the softmax over the k chosen logits: the softmax top-k renormalised",
+           "{}: model.norm_topk_prob = false is not gpt_oss's router", src);
+  constexpr const char* kClamp =
+      "gpt-oss's experts: out = (clamp(up, -limit, limit) + 1) * g sigmoid(alpha g), g = "
+      "min(gate, limit); transformers' defaults alpha 1.702, limit 7.0";
+  FP_CHECK(std::isfinite(m.swiglu_alpha) && m.swiglu_alpha > 0, kClamp, "{}: model.swiglu_alpha = {} must be > 0", src,
+           m.swiglu_alpha);
+  FP_CHECK(std::isfinite(m.swiglu_limit) && m.swiglu_limit > 0, kClamp, "{}: model.swiglu_limit = {} must be > 0", src,
+           m.swiglu_limit);
+  constexpr const char* kTypes =
+      "layer_types names each layer's attention: \"sliding_attention\" (the last "
+      "sliding_window positions) or \"full_attention\"";
+  FP_CHECK(m.layer_types.empty() || static_cast<int64_t>(m.layer_types.size()) == m.num_hidden_layers, kTypes,
+           "{}: model.layer_types has {} entries for num_hidden_layers = {}", src, m.layer_types.size(),
+           m.num_hidden_layers);
+  bool sliding = false;
+  for (const std::string& t : m.layer_types) {
+    FP_CHECK(t == "sliding_attention" || t == "full_attention", kTypes, "{}: model.layer_types holds \"{}\"", src, t);
+    sliding = sliding || t == "sliding_attention";
+  }
+  FP_CHECK(!sliding || m.sliding_window >= 1, kTypes, "{}: a sliding_attention layer needs model.sliding_window >= 1",
+           src);
+}
+
 // The keys of one architecture (Note [Two architectures, one layer]): those of the other are refused by
 // name, and DeepSeek-V3's relations are checked.
 void model_config_validate_architecture(const ModelConfig& m, const std::string& src) {
@@ -110,6 +157,11 @@ void model_config_validate_architecture(const ModelConfig& m, const std::string&
     FP_CHECK(at_default, fmt::format("{} is a key of model_type \"{}\" (Note [Two architectures, one layer])", key, owner),
              "{}: model.{} is set, but model_type \"{}\" does not read it", src, key, type);
   };
+  if (!m.is_gpt_oss()) {
+    unused("swiglu_alpha", m.swiglu_alpha == 0, "gpt_oss");
+    unused("swiglu_limit", m.swiglu_limit == 0, "gpt_oss");
+    unused("layer_types", m.layer_types.empty(), "gpt_oss");
+  }
   if (!m.is_deepseek()) {
     unused("q_lora_rank", m.q_lora_rank == 0, "deepseek_v3");
     unused("kv_lora_rank", m.kv_lora_rank == 0, "deepseek_v3");
@@ -122,6 +174,7 @@ void model_config_validate_architecture(const ModelConfig& m, const std::string&
     unused("topk_group", m.topk_group == 1, "deepseek_v3");
     unused("routed_scaling_factor", m.routed_scaling_factor == 1.0, "deepseek_v3");
     unused("first_k_dense_replace", m.first_k_dense_replace == 0, "deepseek_v3");
+    if (m.is_gpt_oss()) gpt_oss_validate(m, src);
     return;
   }
   unused("mlp_only_layers", m.mlp_only_layers.empty(), "qwen3_moe");
@@ -250,16 +303,57 @@ nlohmann::ordered_json deepseek_hf_json(const ModelConfig& m) {
   });
   return j;
 }
+
+// GptOssForCausalLM's config.json as transformers 5 writes it: num_local_experts, intermediate_size the
+// expert width, layer_types, rope_parameters, the clamped SwiGLU's two numbers. output_router_logits true: flatpeak
+// always adds the load-balancing loss (docs/models.md), and so does transformers then.
+nlohmann::ordered_json gpt_oss_hf_json(const ModelConfig& m) {
+  nlohmann::ordered_json j = {{"architectures", {"GptOssForCausalLM"}}, {"model_type", "gpt_oss"}};
+  // transformers 5's rope_parameters, default RoPE spelled out: GptOssConfig reads a missing or null one
+  // as its YaRN default.
+  nlohmann::ordered_json rope = {{"rope_type", "default"}};
+  if (m.rope_scaling.kind != RopeScaling::Kind::Kind_default)
+    rope = nlohmann::ordered_json::parse(rope_scaling_json(m.rope_scaling).dump());
+  rope["rope_theta"] = m.rope_theta;
+  std::vector<std::string> types = m.layer_types;
+  if (types.empty()) types.assign(static_cast<size_t>(m.num_hidden_layers), "sliding_attention");
+  j.update(nlohmann::ordered_json{
+      {"vocab_size", m.vocab_size},
+      {"hidden_size", m.hidden_size},
+      {"intermediate_size", m.moe_intermediate_size},
+      {"num_hidden_layers", m.num_hidden_layers},
+      {"num_attention_heads", m.num_attention_heads},
+      {"num_key_value_heads", m.num_key_value_heads},
+      {"head_dim", m.head_dim},
+      {"num_local_experts", m.num_experts},
+      {"num_experts_per_tok", m.num_experts_per_tok},
+      {"sliding_window", m.sliding_window > 0 ? nlohmann::ordered_json(m.sliding_window) : nlohmann::ordered_json()},
+      {"layer_types", types},
+      {"rms_norm_eps", m.rms_norm_eps},
+      {"rope_parameters", rope},
+      {"router_aux_loss_coef", m.router_aux_loss_coef},
+      {"output_router_logits", true},
+      {"swiglu_alpha", m.swiglu_alpha},
+      {"swiglu_limit", m.swiglu_limit},
+      {"attention_bias", m.attention_bias},
+      {"tie_word_embeddings", m.tie_word_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_dropout", 0.0},
+  });
+  return j;
+}
 }  // namespace
 
 std::string model_config_hf_json(const ModelConfig& m) {
   nlohmann::ordered_json j;
   if (m.is_deepseek()) {
     j = deepseek_hf_json(m);
+  } else if (m.is_gpt_oss()) {
+    j = gpt_oss_hf_json(m);
   } else {
     j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}};
-    model_keys_visit(m, [&](const char* key, const auto& v) {  // the architecture, without the other's keys
-      if (!model_key_deepseek_only(key)) j[key] = v;
+    model_keys_visit(m, [&](const char* key, const auto& v) {  // the architecture, without the others' keys
+      if (!model_key_deepseek_only(key) && !model_key_gpt_oss_only(key)) j[key] = v;
     });
     // In Hugging Face's spelling: intermediate_size is inert when every layer is sparse, and the window is
     // use_sliding_window + sliding_window (max_window_layers 0: every layer, as transformers 5.x computes

@@ -1,18 +1,26 @@
-// Model configuration: the Qwen3-MoE and DeepSeek-V3 architectures with Hugging Face key names ([model]
-// of a run config, see train/run_config.h), and routing profiles.
+// Model configuration: the Qwen3-MoE, DeepSeek-V3 and gpt-oss architectures with Hugging Face key names
+// ([model] of a run config, see train/run_config.h), and routing profiles.
 //
-// Note [Two architectures, one layer]: model_type "qwen3_moe" (Qwen3MoeForCausalLM) and "deepseek_v3"
-// (DeepseekV3ForCausalLM; DeepSeek-V3, R1 and Kimi-K2) share the decoder layer's frame (two RMSNorms,
-// attention, a MoE or dense MLP, the residuals) and differ in three places, each chosen by model_type:
+// Note [Two architectures, one layer]: model_type "qwen3_moe" (Qwen3MoeForCausalLM), "deepseek_v3"
+// (DeepseekV3ForCausalLM; DeepSeek-V3, R1 and Kimi-K2) and "gpt_oss" (GptOssForCausalLM) share the
+// decoder layer's frame (two RMSNorms, attention, a MoE or dense MLP, the residuals) and differ in three
+// places, each chosen by model_type:
 //   attention  qwen3_moe: GQA with per-head q/k RMSNorm; deepseek_v3: multi-head latent attention (MLA:
-//              q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head widths, one RoPE key shared by the heads)
+//              q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head widths, one RoPE key shared by the heads);
+//              gpt_oss: GQA without q/k norms, with biases, a learned sink logit per head in every softmax
+//              (Note [Attention sinks] in ops/attention.h), and per layer a sliding window or full
+//              attention (layer_types)
 //   router     qwen3_moe: softmax top-k; deepseek_v3: sigmoid scores, experts chosen on scores +
 //              e_score_correction_bias within the topk_group best of n_group groups, weights the scores
-//              (renormalised with norm_topk_prob) times routed_scaling_factor (Note [Sigmoid routing])
+//              (renormalised with norm_topk_prob) times routed_scaling_factor (Note [Sigmoid routing]);
+//              gpt_oss: a linear layer with a bias, top-k of the logits, softmax over the k chosen (the
+//              softmax top-k renormalised, norm_topk_prob = true)
 //   MLP        deepseek_v3 adds n_shared_experts shared experts (one SwiGLU of width n_shared_experts x
 //              moe_intermediate_size on every token, never dispatched); its dense layers are the first
-//              first_k_dense_replace ones (qwen3_moe: mlp_only_layers and decoder_sparse_step)
-// A key of one architecture in the other's config is refused by name (model_config_validate).
+//              first_k_dense_replace ones (qwen3_moe: mlp_only_layers and decoder_sparse_step); gpt_oss's
+//              experts have biases and the clamped SwiGLU (Note [The clamped SwiGLU] in ops/swiglu.h), and
+//              every layer is a MoE layer
+// A key of one architecture in another's config is refused by name (model_config_validate).
 #pragma once
 
 #include <cstdint>
@@ -41,8 +49,8 @@ struct RopeScaling {
 // "default", "linear", "yarn", "llama3", "dynamic".
 const char* rope_kind_name(RopeScaling::Kind k);
 
-enum class ModelType { ModelType_qwen3_moe, ModelType_deepseek_v3 };
-// "qwen3_moe", "deepseek_v3".
+enum class ModelType { ModelType_qwen3_moe, ModelType_deepseek_v3, ModelType_gpt_oss };
+// "qwen3_moe", "deepseek_v3", "gpt_oss".
 const char* model_type_name(ModelType t);
 
 struct ModelConfig {
@@ -84,9 +92,30 @@ struct ModelConfig {
   int64_t topk_group = 1;          // groups a token may pick its experts from
   double routed_scaling_factor = 1.0;  // the routed experts' weights are multiplied by it
   int64_t first_k_dense_replace = 0;   // layers 0 .. first_k_dense_replace - 1 are dense
+  // gpt_oss (Note [Two architectures, one layer]); empty / zero under the others.
+  // Per layer "sliding_attention" (window sliding_window) or "full_attention"; empty: sliding_window on
+  // every layer (qwen3_moe's use_sliding_window).
+  std::vector<std::string> layer_types;
+  double swiglu_alpha = 0;  // the clamped SwiGLU's sigmoid gain (1.702); 0: the plain SwiGLU
+  double swiglu_limit = 0;  // its clamp (7.0)
   uint64_t seed = 0;
 
   bool is_deepseek() const { return model_type == ModelType::ModelType_deepseek_v3; }
+  bool is_gpt_oss() const { return model_type == ModelType::ModelType_gpt_oss; }
+  // Per-head q/k RMSNorm (qwen3_moe).
+  bool qk_norm() const { return model_type == ModelType::ModelType_qwen3_moe; }
+  // gpt_oss: a learned sink logit per head (self_attn.sinks), a bias on the router (mlp.router.bias) and on
+  // every expert projection.
+  bool attention_sinks() const { return is_gpt_oss(); }
+  bool router_bias() const { return is_gpt_oss(); }
+  bool expert_bias() const { return is_gpt_oss(); }
+  // Whether layer_tiles.cpp tiles this model's layer (Note [Sequence-tiled layers]): GQA with q/k norms.
+  bool has_tiled_layer() const { return model_type == ModelType::ModelType_qwen3_moe; }
+  // The attention window of layer l (0: full causal attention).
+  int64_t layer_window(int64_t l) const {
+    if (layer_types.empty()) return sliding_window;
+    return layer_types[static_cast<size_t>(l)] == "sliding_attention" ? sliding_window : 0;
+  }
   // Whether the router is DeepSeek's sigmoid router with e_score_correction_bias (Note [Sigmoid routing]).
   bool router_sigmoid() const { return is_deepseek(); }
   // Query/key and value head widths of the attention kernels (MLA: nope + rope, v_head_dim; GQA: head_dim).
@@ -141,16 +170,21 @@ void model_keys_visit(M& m, F&& f) {
   f("topk_group", m.topk_group);
   f("routed_scaling_factor", m.routed_scaling_factor);
   f("first_k_dense_replace", m.first_k_dense_replace);
+  // gpt_oss.
+  f("swiglu_alpha", m.swiglu_alpha);
+  f("swiglu_limit", m.swiglu_limit);
 }
 // Keys of model_keys_visit a run config may leave out (and mlp_only_layers, which is a list).
 inline bool model_key_optional(std::string_view key) {
   for (const char* k : {"attention_bias", "tie_word_embeddings", "sliding_window", "decoder_sparse_step",
                         "intermediate_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                         "v_head_dim", "rope_interleave", "n_shared_experts", "n_group", "topk_group",
-                        "routed_scaling_factor", "first_k_dense_replace"})
+                        "routed_scaling_factor", "first_k_dense_replace", "swiglu_alpha", "swiglu_limit"})
     if (key == k) return true;
   return false;
 }
+// The keys of model_keys_visit only model_type "gpt_oss" reads (and layer_types, a list).
+inline bool model_key_gpt_oss_only(std::string_view key) { return key == "swiglu_alpha" || key == "swiglu_limit"; }
 // The keys of model_keys_visit only model_type "deepseek_v3" reads (Note [Two architectures, one layer]).
 inline bool model_key_deepseek_only(std::string_view key) {
   for (const char* k : {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
@@ -159,7 +193,7 @@ inline bool model_key_deepseek_only(std::string_view key) {
     if (key == k) return true;
   return false;
 }
-// Parses "qwen3_moe" or "deepseek_v3"; throws fp::Error naming `key`.
+// Parses "qwen3_moe", "deepseek_v3" or "gpt_oss"; throws fp::Error naming `key`.
 ModelType model_type_parse(const std::string& s, const std::string& key = "model.model_type");
 
 // Which experts the tokens go to. "router": the model's own router (cpu only); "balanced" and
@@ -178,7 +212,8 @@ RoutingProfile routing_profile_parse(const std::string& s, const std::string& ke
 // Checks the relations between model keys (also used for configs built in code).
 void model_config_validate(const ModelConfig& m, const std::string& source);
 
-// Hugging Face config.json for Qwen3MoeForCausalLM (model_type qwen3_moe) or DeepseekV3ForCausalLM.
+// Hugging Face config.json for Qwen3MoeForCausalLM (model_type qwen3_moe), DeepseekV3ForCausalLM or
+// GptOssForCausalLM.
 std::string model_config_hf_json(const ModelConfig& m);
 
 }  // namespace fp

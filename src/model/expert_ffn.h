@@ -17,7 +17,8 @@
 
 namespace fp {
 
-// One expert's weights (nn.Linear layout) and where its gradients accumulate (+=).
+// One expert's weights (nn.Linear layout) and where its gradients accumulate (+=). The biases (gpt_oss)
+// are null where the model has none.
 struct ExpertWeights {
   CBuf gate;    // (I, H)
   CBuf up;      // (I, H)
@@ -25,18 +26,41 @@ struct ExpertWeights {
   Buf d_gate;   // (I, H)
   Buf d_up;     // (I, H)
   Buf d_down;   // (H, I)
+  CBuf gate_b, up_b, down_b;       // (I), (I), (H)
+  Buf d_gate_b, d_up_b, d_down_b;  // (I), (I), (H)
 };
 // The weights and gradients of expert e of a layer's parameters (the caller owns e).
 ExpertWeights expert_weights(const LayerParams& lp, int64_t e);
 
 // The FFN's widths and the prefix of its intermediates' ledger names ("moe": the experts, I =
 // moe_intermediate_size; "mlp": a dense layer's MLP, one group, I = intermediate_size).
+// bias: the projections add biases (gpt_oss's experts); swiglu_alpha > 0: the clamped SwiGLU (Note [The
+// clamped SwiGLU] in ops/swiglu.h) instead of silu(g) u.
 struct FfnDims {
   int64_t H = 0, I = 0;
   const char* tag = "moe";
+  bool bias = false;
+  float swiglu_alpha = 0, swiglu_limit = 0;
 };
 // The experts' FFN of a config.
-inline FfnDims expert_ffn_dims(const ModelConfig& c) { return {c.hidden_size, c.moe_intermediate_size, "moe"}; }
+inline FfnDims expert_ffn_dims(const ModelConfig& c) {
+  return {c.hidden_size,
+          c.moe_intermediate_size,
+          "moe",
+          c.expert_bias(),
+          static_cast<float>(c.swiglu_alpha),
+          static_cast<float>(c.swiglu_limit)};
+}
+
+// One expert packed into one row of a buffer (LLEP's weight and gradient transfers): gate (I H), up (I H),
+// down (H I), then with d.bias gate_b (I), up_b (I), down_b (H). The row's length in elements:
+int64_t expert_packed_size(const FfnDims& d);
+// w's weights into the row dst.
+void expert_pack(const ops::KernelLauncher& K, const FfnDims& d, const ExpertWeights& w, Buf dst);
+// The weights of a packed row w, their gradients in the packed row g (null: none).
+ExpertWeights expert_packed(const FfnDims& d, CBuf w, Buf g);
+// Adds the packed gradient row g into w's gradients.
+void expert_grads_add(const ops::KernelLauncher& K, const FfnDims& d, const ExpertWeights& w, CBuf g);
 
 struct ExpertActs {
   Tensor x;          // (r, H) input rows, grouped (set by the caller: received rows in category dispatch,

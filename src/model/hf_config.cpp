@@ -1,4 +1,5 @@
-// Strict reading of a Hugging Face Qwen3-MoE config.json (Note [Every config key is read or refused]).
+// Strict reading of a Hugging Face Qwen3-MoE, DeepSeek-V3 or gpt-oss config.json (Note [Every config key is read or
+// refused]).
 #include "model/hf_config.h"
 
 #include <algorithm>
@@ -18,7 +19,9 @@ namespace {
 constexpr const char* kSupported =
     "flatpeak computes Qwen3MoeForCausalLM with SiLU experts (attention with or without biases and a sliding window, "
     "tied or untied embeddings, MoE and dense layers) and DeepseekV3ForCausalLM (MLA, sigmoid group-limited routing, "
-    "shared experts, dense first layers), with default/linear/yarn/llama3/dynamic RoPE (docs/models.md)";
+    "shared experts, dense first layers) and GptOssForCausalLM (sinks, alternating sliding/full layers, biased "
+    "router and experts, the clamped SwiGLU, MXFP4 experts read), with default/linear/yarn/llama3/dynamic RoPE "
+    "(docs/models.md)";
 
 // Keys that do not change the function the model computes (PretrainedConfig's bookkeeping, token ids,
 // generation defaults that older transformers wrote into config.json, and Qwen3-MoE keys that only
@@ -172,6 +175,119 @@ void deepseek_parse(Reader& r, ModelConfig& m) {
     r.mark(k);
 }
 
+// GptOssForCausalLM's config.json (transformers 5's GptOssConfig; the published openai/gpt-oss files
+// add experts_per_token and initial_context_length, which transformers does not read). A key left out
+// takes GptOssConfig's default: rope_theta 150000 and, with neither rope_scaling nor rope_parameters,
+// YaRN of factor 32 over 4096 positions with truncate = false; sliding_window 128; layer_types sliding
+// on even layers, full on odd; attention_bias true; rms_norm_eps 1e-5; swiglu_alpha 1.702, swiglu_limit
+// 7.0; router_aux_loss_coef 0.001. quantization_config is read for MXFP4 experts only (HfConfig::mxfp4).
+void gpt_oss_parse(Reader& r, HfConfig& out) {
+  ModelConfig& m = out.model;
+  const std::string& source = r.source();
+  if (r.has("architectures")) {
+    const auto& a = r.at("architectures");
+    FP_CHECK(a.is_array() && a.size() == 1 && a[0] == "GptOssForCausalLM",
+             "flatpeak computes the causal language model head (lm_head) only",
+             "{}: architectures = {} is not implemented; flatpeak reads [\"GptOssForCausalLM\"]", source, a.dump());
+  }
+  m.hidden_size = r.integer("hidden_size");
+  m.num_hidden_layers = r.integer("num_hidden_layers");
+  m.num_attention_heads = r.integer("num_attention_heads");
+  m.num_key_value_heads = r.has("num_key_value_heads") ? r.integer("num_key_value_heads") : m.num_attention_heads;
+  r.mark("num_key_value_heads");
+  FP_CHECK(m.num_attention_heads >= 1, kSupported, "{}: num_attention_heads = {} must be at least 1", source,
+           m.num_attention_heads);
+  m.head_dim = r.has("head_dim") ? r.integer("head_dim") : m.hidden_size / m.num_attention_heads;
+  r.mark("head_dim");
+  m.num_experts = r.integer("num_local_experts", "num_experts");
+  if (r.has("num_local_experts") && r.has("num_experts"))
+    FP_CHECK(r.at("num_local_experts") == r.at("num_experts"), kSupported,
+             "{}: num_local_experts = {} and num_experts = {} disagree", source, r.at("num_local_experts").dump(),
+             r.at("num_experts").dump());
+  r.mark("num_experts");
+  m.num_experts_per_tok = r.integer("num_experts_per_tok", "experts_per_token");
+  if (r.has("experts_per_token"))
+    FP_CHECK(r.integer("experts_per_token") == m.num_experts_per_tok, kSupported,
+             "{}: experts_per_token = {} and num_experts_per_tok = {} disagree", source,
+             r.at("experts_per_token").dump(), m.num_experts_per_tok);
+  r.mark("experts_per_token");
+  m.moe_intermediate_size = r.integer("intermediate_size");  // gpt-oss's expert width
+  m.vocab_size = r.integer("vocab_size");
+  m.norm_topk_prob = true;  // Note [Two architectures, one layer]: softmax over the k chosen logits
+  m.rms_norm_eps = r.number("rms_norm_eps", 1e-5);
+  m.router_aux_loss_coef = r.number("router_aux_loss_coef", 0.001);
+  m.swiglu_alpha = r.number("swiglu_alpha", 1.702);
+  m.swiglu_limit = r.number("swiglu_limit", 7.0);
+  m.attention_bias = r.boolean("attention_bias", true);
+  m.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  // RoPE: rope_theta and rope_scaling (as the published files write them), or rope_parameters.
+  std::optional<double> theta_scaling, theta_params;
+  int64_t max_positions = 0;
+  if (r.has("max_position_embeddings") && r.at("max_position_embeddings").is_number_integer())
+    max_positions = r.at("max_position_embeddings").get<int64_t>();
+  const bool given = r.has("rope_scaling") || r.has("rope_parameters");
+  const RopeScaling scaling = rope_dictionary(r, "rope_scaling", &theta_scaling, max_positions);
+  const RopeScaling params = rope_dictionary(r, "rope_parameters", &theta_params, max_positions);
+  FP_CHECK(scaling.kind == RopeScaling::Kind::Kind_default || params.kind == RopeScaling::Kind::Kind_default ||
+               scaling == params,
+           kSupported, "{}: rope_scaling and rope_parameters disagree", source);
+  m.rope_scaling = scaling.kind != RopeScaling::Kind::Kind_default ? scaling : params;
+  if (!given) {  // GptOssConfig.__post_init__'s default
+    m.rope_scaling.kind = RopeScaling::Kind::Kind_yarn;
+    m.rope_scaling.factor = 32.0;
+    m.rope_scaling.beta_fast = 32.0;
+    m.rope_scaling.beta_slow = 1.0;
+    m.rope_scaling.truncate = false;
+    m.rope_scaling.original_max_position_embeddings = 4096;
+  }
+  m.rope_theta = theta_params ? *theta_params : theta_scaling ? *theta_scaling : 150000.0;
+  if (r.has("rope_theta")) {
+    const double t = r.number("rope_theta", 0);
+    FP_CHECK(!(theta_params || theta_scaling) || t == m.rope_theta, kSupported,
+             "{}: rope_theta = {} disagrees with the rope_theta of rope_parameters ({})", source, t, m.rope_theta);
+    m.rope_theta = t;
+  }
+  r.mark("rope_theta");
+  // Attention per layer.
+  if (!r.j_contains("sliding_window")) {
+    m.sliding_window = 128;
+  } else if (r.has("sliding_window")) {
+    m.sliding_window = r.integer("sliding_window");
+  }
+  r.mark("sliding_window");
+  if (r.has("layer_types")) {
+    const auto& t = r.at("layer_types");
+    FP_CHECK(t.is_array(), kSupported, "{}: layer_types = {} is not a list", source, t.dump());
+    for (const auto& e : t) {
+      FP_CHECK(e == "sliding_attention" || e == "full_attention", kSupported,
+               "{}: layer_types holds {}; gpt_oss's layers are \"sliding_attention\" or \"full_attention\"", source,
+               e.dump());
+      m.layer_types.push_back(e.get<std::string>());
+    }
+  } else {
+    for (int64_t l = 0; l < m.num_hidden_layers; ++l)
+      m.layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  }
+  r.mark("layer_types");
+  r.only("hidden_act", "silu",
+         "gpt-oss's experts compute the clamped SwiGLU whatever hidden_act says; transformers "
+         "writes \"silu\"");
+  r.only("attention_dropout", 0, "dropout on the attention probabilities");
+  r.mark("initial_context_length");  // the original implementation's, read by no transformers code
+  if (r.has("quantization_config")) {
+    const auto& q = r.at("quantization_config");
+    FP_CHECK(q.is_object() && q.contains("quant_method") && q["quant_method"] == "mxfp4",
+             "flatpeak dequantizes gpt-oss's MXFP4 experts on load; other quantized weights are not implemented",
+             "{}: quantization_config = {} is not implemented", source, q.dump());
+    for (auto it = q.begin(); it != q.end(); ++it)
+      FP_CHECK(it.key() == "quant_method" || it.key() == "modules_to_not_convert", kSupported,
+               "{}: quantization_config.{} = {} is not implemented", source, it.key(), it.value().dump());
+    out.mxfp4 = true;
+  }
+  r.mark("quantization_config");
+  m.seed = 0;
+}
+
 constexpr const char* kHfHint =
     "a Hugging Face config.json needs hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the "
     "number of experts (num_experts, num_local_experts or n_routed_experts), num_experts_per_tok and the expert "
@@ -261,9 +377,8 @@ void hf_config_plan(const nlohmann::ordered_json& raw, const std::string& source
                                   window));
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
     c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
-  const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
-  if (type == "gpt_oss")
-    m.approximate.push_back("attention sinks, biases and the clamped SwiGLU of gpt-oss not modeled (a few parameters)");
+  const std::string type =
+      j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
   if (!type.empty() && type != "qwen3_moe")
     m.approximate.push_back(fmt::format("{} planned with the engine's Qwen3-MoE layer (per-head q/k RMSNorm, softmax "
                                   "top-k router, SwiGLU experts)",
@@ -283,7 +398,7 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source, HfM
   FP_CHECK(out.raw.is_object(), "a config.json is one JSON object", "{}: not a JSON object", source);
   if (mode == HfMode::HfMode_plan) {
     const auto& t = out.raw.contains("model_type") ? out.raw["model_type"] : nlohmann::ordered_json();
-    if (!(t == "qwen3_moe" || t == "deepseek_v3" || t == "kimi_k2")) {
+    if (!(t == "qwen3_moe" || t == "deepseek_v3" || t == "kimi_k2" || t == "gpt_oss")) {
       hf_config_plan(out.raw, source, out);
       return out;
     }
@@ -301,6 +416,14 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source, HfM
   const bool kimi = type == "kimi_k2";
   m.model_type = kimi ? ModelType::ModelType_deepseek_v3
                       : model_type_parse(type.get<std::string>(), fmt::format("{}: model_type", source));
+  if (m.is_gpt_oss()) {
+    gpt_oss_parse(r, out);
+    r.refuse_unknown();
+    for (const char* k : {"torch_dtype", "dtype"})
+      if (out.raw.contains(k) && out.raw[k].is_string()) out.dtype = out.raw[k].get<std::string>();
+    model_config_validate(m, source);
+    return out;
+  }
   const bool deepseek = m.is_deepseek();
   if (r.has("architectures")) {
     const char* arch = deepseek ? "DeepseekV3ForCausalLM" : "Qwen3MoeForCausalLM";

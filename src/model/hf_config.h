@@ -33,12 +33,15 @@ struct HfConfig {
   std::string dtype;          // torch_dtype (4.x) or dtype (5.x): "float32", "bfloat16", ...; "" if absent
   // HfMode_plan, a type flatpeak does not compute: what of the file the engine's layer does not model.
   std::vector<std::string> approximate;
+  // gpt_oss with quantization_config.quant_method "mxfp4": the experts are stored as MXFP4 blocks and
+  // scales (dequantized to bf16 on load, train/checkpoint.cpp).
+  bool mxfp4 = false;
 };
 
 // How config.json is read: the one reader, in two modes.
-//   strict  (train, eval, convert, --init-from): Qwen3-MoE and DeepSeek-V3 (Kimi-K2), every key read,
+//   strict  (train, eval, convert, --init-from): Qwen3-MoE, DeepSeek-V3 (Kimi-K2) and gpt-oss, every key read,
 //           checked or listed inert, anything else refused (Note [Every config key is read or refused]).
-//   plan    (flatpeak plan --model): those types exactly as strict; any other MoE type (Mixtral, gpt-oss,
+//   plan    (flatpeak plan --model): those types exactly as strict; any other MoE type (Mixtral,
 //           ...) leniently, for the dimensions a memory plan needs, with what the engine's layer does not
 //           model listed in HfConfig::approximate (Note [config.json in plan mode] in hf_config.cpp):
 //           hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: heads),

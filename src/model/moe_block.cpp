@@ -73,6 +73,7 @@ void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, Moe
   {
     Tensor logits = be.alloc(kAct, {n, E}, s.precision.router, "moe.router_logits");
     linear_forward(be, a.h2.buf(), lp.gate->w.buf(), logits.f32(), n, H, E);
+    if (c.router_bias()) K.bias_add(logits.f32(), lp.router_bias->w.buf(), n, E);  // gpt_oss
     a.probs = be.alloc(kAct, {n, E}, s.precision.router, "moe.probs");
     a.topk_idx = be.alloc(kAct, {n, k}, DType::DType_I32, "moe.topk_idx");
     a.topk_w = be.alloc(kAct, {n, k}, s.precision.router, "moe.topk_w");
@@ -255,6 +256,7 @@ void router_norm_backward(StepContext& s, const LayerParams& lp, const Tensor& x
     }
     linear_backward_input(be, dlogits.f32(), lp.gate->w.buf(), dh2.buf(), n, H, E, 1.0f);
     linear_backward_weight(be, dlogits.f32(), a.h2.buf(), lp.gate->g.buf(), n, H, E);
+    if (c.router_bias()) K.bias_backward(dlogits.f32(), lp.router_bias->g.buf(), n, E);
   }
   dw.reset();
   a.probs.reset();

@@ -109,8 +109,11 @@ void ParamStore::walk(Fn&& fn) {
       if (bias) fn(Entry{i, -1, "self_attn.v_proj.bias", {kv}, dense, rows, &l.v_bias});
       fn(Entry{i, -1, "self_attn.o_proj.weight", {H, q}, dense, rows, &l.o_proj});
       if (bias) fn(Entry{i, -1, "self_attn.o_proj.bias", {H}, dense, rows, &l.o_bias});
-      fn(Entry{i, -1, "self_attn.q_norm.weight", {hd}, dense, rows, &l.q_norm});
-      fn(Entry{i, -1, "self_attn.k_norm.weight", {hd}, dense, rows, &l.k_norm});
+      if (cfg.qk_norm()) {
+        fn(Entry{i, -1, "self_attn.q_norm.weight", {hd}, dense, rows, &l.q_norm});
+        fn(Entry{i, -1, "self_attn.k_norm.weight", {hd}, dense, rows, &l.k_norm});
+      }
+      if (cfg.attention_sinks()) fn(Entry{i, -1, "self_attn.sinks", {cfg.num_attention_heads}, dense, rows, &l.sinks});
     }
     fn(Entry{i, -1, "post_attention_layernorm.weight", {H}, dense, rows, &l.post_attention_layernorm});
     if (!cfg.layer_is_sparse(i)) {
@@ -119,7 +122,12 @@ void ParamStore::walk(Fn&& fn) {
       fn(Entry{i, -1, "mlp.down_proj.weight", {H, Id}, dense, rows, &l.mlp_down_proj});
       continue;
     }
-    fn(Entry{i, -1, "mlp.gate.weight", {cfg.num_experts, H}, dense, rows, &l.gate});
+    if (cfg.router_bias()) {  // gpt_oss's names
+      fn(Entry{i, -1, "mlp.router.weight", {cfg.num_experts, H}, dense, rows, &l.gate});
+      fn(Entry{i, -1, "mlp.router.bias", {cfg.num_experts}, dense, rows, &l.router_bias});
+    } else {
+      fn(Entry{i, -1, "mlp.gate.weight", {cfg.num_experts, H}, dense, rows, &l.gate});
+    }
     if (cfg.router_sigmoid())  // Note [Parameters kept in f32]
       fn(Entry{i, -1, "mlp.gate.e_score_correction_bias", {cfg.num_experts}, dense, rows, &l.gate_bias, true});
     if (cfg.n_shared_experts > 0) {
@@ -131,9 +139,13 @@ void ParamStore::walk(Fn&& fn) {
     for (int64_t e = 0; e < cfg.num_experts; ++e) {
       const int owner = expert_owner(e, W, cfg.num_experts);
       const Placement whole = Placement::Placement_whole;
+      const bool eb = cfg.expert_bias();
       fn(Entry{i, e, "gate_proj.weight", {I, H}, whole, owner, &l.gate_proj[e]});
+      if (eb) fn(Entry{i, e, "gate_proj.bias", {I}, whole, owner, &l.gate_proj_bias[e]});
       fn(Entry{i, e, "up_proj.weight", {I, H}, whole, owner, &l.up_proj[e]});
+      if (eb) fn(Entry{i, e, "up_proj.bias", {I}, whole, owner, &l.up_proj_bias[e]});
       fn(Entry{i, e, "down_proj.weight", {H, I}, whole, owner, &l.down_proj[e]});
+      if (eb) fn(Entry{i, e, "down_proj.bias", {H}, whole, owner, &l.down_proj_bias[e]});
     }
   }
   fn(Entry{-1, -1, "model.norm.weight", {H}, dense, rows, &norm});
@@ -156,9 +168,15 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   experts_ = expert_layout(comm_->rank(), W, cfg.num_experts);  // a user error unless W divides E
   layers.resize(cfg.num_hidden_layers);
   for (LayerParams& l : layers) {
+    l.index = &l - layers.data();
     l.gate_proj.assign(static_cast<size_t>(cfg.num_experts), nullptr);
     l.up_proj.assign(static_cast<size_t>(cfg.num_experts), nullptr);
     l.down_proj.assign(static_cast<size_t>(cfg.num_experts), nullptr);
+    if (cfg.expert_bias()) {
+      l.gate_proj_bias.assign(static_cast<size_t>(cfg.num_experts), nullptr);
+      l.up_proj_bias.assign(static_cast<size_t>(cfg.num_experts), nullptr);
+      l.down_proj_bias.assign(static_cast<size_t>(cfg.num_experts), nullptr);
+    }
   }
   // Only what this rank holds is named and allocated: another rank's experts cost nothing here (at
   // 384 experts, 39 layers and 64 ranks, 45K names per rank that the planner's meta steps never read).
@@ -173,10 +191,33 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   if (W == 1) return;
   unit_add("fsdp.embed_tokens", {embed_tokens});
   for (const LayerParams& l : layers)
-    unit_add("fsdp.layer", {l.input_layernorm, l.q_proj, l.q_bias, l.q_a_proj, l.q_a_layernorm, l.q_b_proj, l.k_proj,
-                            l.k_bias, l.v_proj, l.v_bias, l.kv_a_proj_with_mqa, l.kv_a_layernorm, l.kv_b_proj, l.o_proj,
-                            l.o_bias, l.q_norm, l.k_norm, l.post_attention_layernorm, l.gate, l.gate_bias,
-                            l.shared_gate_proj, l.shared_up_proj, l.shared_down_proj, l.mlp_gate_proj, l.mlp_up_proj,
+    unit_add("fsdp.layer", {l.input_layernorm,
+                            l.q_proj,
+                            l.q_bias,
+                            l.q_a_proj,
+                            l.q_a_layernorm,
+                            l.q_b_proj,
+                            l.k_proj,
+                            l.k_bias,
+                            l.v_proj,
+                            l.v_bias,
+                            l.kv_a_proj_with_mqa,
+                            l.kv_a_layernorm,
+                            l.kv_b_proj,
+                            l.o_proj,
+                            l.o_bias,
+                            l.q_norm,
+                            l.k_norm,
+                            l.sinks,
+                            l.post_attention_layernorm,
+                            l.gate,
+                            l.router_bias,
+                            l.gate_bias,
+                            l.shared_gate_proj,
+                            l.shared_up_proj,
+                            l.shared_down_proj,
+                            l.mlp_gate_proj,
+                            l.mlp_up_proj,
                             l.mlp_down_proj});
   unit_add("fsdp.lm_head", {norm, lm_head});
   unit_add("fsdp.norm", {norm});
@@ -250,9 +291,11 @@ void ParamStore::init(uint64_t seed) {
   std::vector<float> host;
   for (const ParamInfo& p : layout()) {
     host.resize(static_cast<size_t>(p.shape.numel()));
-    // Zero, as transformers starts them: biases and DeepSeek-V3's routing bias.
-    const bool is_bias = p.name.ends_with(".bias") || p.name.ends_with(".e_score_correction_bias");
-    const bool is_norm = p.shape.rank == 1 && !is_bias;
+    // As transformers starts them: biases and DeepSeek-V3's routing bias zero, norms one, the rest (and
+    // gpt-oss's sinks and router bias) ~ N(0, 0.02).
+    const bool drawn = p.name.ends_with(".sinks") || p.name.ends_with("mlp.router.bias");
+    const bool is_bias = !drawn && (p.name.ends_with(".bias") || p.name.ends_with(".e_score_correction_bias"));
+    const bool is_norm = p.shape.rank == 1 && !is_bias && !drawn;
     for (float& v : host) v = is_bias ? 0.0f : is_norm ? 1.0f : static_cast<float>(0.02 * rng.normal());
     full_scatter(p, host.data(), p.local ? &p.local->local_w() : nullptr);
   }

@@ -102,6 +102,7 @@ struct ParamInfo {
 // A dense layer (ModelConfig::layer_is_sparse false) has mlp_* instead of the router and experts; the
 // biases exist with attention_bias only. What a layer does not have is null.
 struct LayerParams {
+  int64_t index = 0;                          // the layer's number (its attention window: layer_window)
   Param* input_layernorm = nullptr;           // (H)
   Param* q_proj = nullptr;                    // (nh*hd, H)
   Param* q_bias = nullptr;                    // (nh*hd) self_attn.q_proj.bias
@@ -111,8 +112,9 @@ struct LayerParams {
   Param* v_bias = nullptr;                    // (nkv*hd)
   Param* o_proj = nullptr;                    // (H, nh*hd)
   Param* o_bias = nullptr;                    // (H)
-  Param* q_norm = nullptr;                    // (hd)
-  Param* k_norm = nullptr;                    // (hd)
+  Param* q_norm = nullptr;                    // (hd)   qwen3_moe
+  Param* k_norm = nullptr;                    // (hd)   qwen3_moe
+  Param* sinks = nullptr;                     // (nh)   gpt_oss: self_attn.sinks (Note [Attention sinks])
   // deepseek_v3's multi-head latent attention (dqk = qk_nope + qk_rope, dn = qk_nope, dr = qk_rope, dv =
   // v_head_dim, ql = q_lora_rank, kl = kv_lora_rank): q_proj (nh*dqk, H) when ql = 0, else these three.
   Param* q_a_proj = nullptr;                  // (ql, H)
@@ -122,13 +124,19 @@ struct LayerParams {
   Param* kv_a_layernorm = nullptr;            // (kl)
   Param* kv_b_proj = nullptr;                 // (nh*(dn + dv), kl); o_proj is (H, nh*dv)
   Param* post_attention_layernorm = nullptr;  // (H)
-  Param* gate = nullptr;                      // (E, H) the router
+  Param* gate = nullptr;                      // (E, H) the router (gpt_oss: mlp.router.weight)
+  Param* router_bias = nullptr;               // (E)    gpt_oss: mlp.router.bias, added to the logits
   // deepseek_v3: the router's selection bias (E) (Note [Sigmoid routing]): a parameter without gradient
   // (its gradient stays zero, so AdamW leaves it; moe.bias_update_rate moves it after each step).
   Param* gate_bias = nullptr;                 // (E) mlp.gate.e_score_correction_bias
   std::vector<Param*> gate_proj;              // E x (I, H)
   std::vector<Param*> up_proj;                // E x (I, H)
   std::vector<Param*> down_proj;              // E x (H, I)
+  // gpt_oss: the experts' biases, per expert (train/checkpoint.cpp reads and writes transformers' fused
+  // mlp.experts.gate_up_proj_bias and down_proj_bias); empty otherwise.
+  std::vector<Param*> gate_proj_bias;         // E x (I)
+  std::vector<Param*> up_proj_bias;           // E x (I)
+  std::vector<Param*> down_proj_bias;         // E x (H)
   Param* mlp_gate_proj = nullptr;             // (Id, H) a dense layer's MLP, Id = intermediate_size
   Param* mlp_up_proj = nullptr;               // (Id, H)
   Param* mlp_down_proj = nullptr;             // (H, Id)

@@ -25,7 +25,17 @@
 // of keys per query whose ends ascend with i (doc_start ascends along a sequence, and it is never past
 // the query itself), so the tiled kernels skip the tile pairs across documents as they skip those
 // outside a window. Null: one document per sequence (doc_start = 0).
-#pragma once
+//
+// Note [Attention sinks]: gpt-oss gives each query head h a learned logit sink_h that joins every query
+// row's softmax as one more entry with no value: p_j = exp(s_j - lse'), lse' = log(sum_j exp(s_j) +
+// exp(sink_h)), o = sum_j p_j v_j, and the sink's own share exp(sink_h - lse') goes nowhere. In the online
+// softmax it is one more term of the row's running sum, joined once: a call with first = true
+// (ops/attention_block.h; whole-sequence attention is one) starts each row's state (m, l) at (sink_h, 1)
+// instead of (-inf, 0), so a row with no visible key gets o = 0 and lse = sink_h, and the ring's later
+// blocks merge into that state as into any other. The backward needs nothing new: with lse' and the
+// final o, P = exp(s - lse') and D = rowsum(dO * o) are already those of the sink softmax (the sink's
+// entry has dP = 0, so dS_sink = -p_sink D), and attention_sink_backward adds the sink's gradient,
+// d sink_h = -sum over the head's rows of exp(sink_h - lse') D.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +59,9 @@ struct AttentionSpec {
   const int32_t* k_pos = nullptr;
   // (B, Tq) where each query's document begins, or null (Note [Documents in attention]).
   const int32_t* doc_start = nullptr;
+  // (nh) each head's sink logit, f32 or bf16, or null: none (Note [Attention sinks]). Joined by the
+  // forward kernels' first call only.
+  CBuf sinks;
 };
 
 // Whole-sequence attention: a spec of T queries and T keys with no positions.
@@ -86,12 +99,19 @@ using attention_forward_fn = void(CBuf q, CBuf k, CBuf v, Buf o, float* lse, Att
 using attention_backward_fn = void(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk, Buf dv,
                                    AttentionSpec a);
 
+// The sinks' gradient (Note [Attention sinks]), ADDED to dsinks (nh): dsinks[h] += -sum over b, i of
+// exp(sinks[h] - lse[b, h, i]) D[b, h, i], D = rowsum(dout * o) over hdv, for the a.B x a.Tq query rows of
+// o, dout (B, Tq, nh, hdv) and lse (B, nh, Tq), the FINAL forward state (after every key block). Each head
+// sums its rows in order in double and adds once: deterministic. a.sinks must be set.
+using attention_sink_backward_fn = void(CBuf o, CBuf dout, const float* lse, Buf dsinks, AttentionSpec a);
+
 }  // namespace fp::ops
 
 namespace fp::ops::cpu {
 
 attention_forward_fn attention_forward;
 attention_backward_fn attention_backward;
+attention_sink_backward_fn attention_sink_backward;
 
 // Tile sizes (queries x keys) of the cpu kernel; exposed so tests can pick T across several tiles.
 inline constexpr int64_t kAttentionTileQ = 64;

@@ -61,6 +61,8 @@ namespace fp::ops {
 // q (B, Tq, nh, hd); k (B, Tk, nkv, hd); v (B, Tk, nkv, hdv); a.q_pos (Tq), a.k_pos (Tk) ascending.
 // first = true: o (B, Tq, nh, hdv), lse (B, nh, Tq) := this block's attention and log-sum-exp; a query
 //   with no visible key gets o = 0, lse = -inf. Their previous contents are not read.
+// With a.sinks (Note [Attention sinks] in ops/attention.h) a first call joins each row's sink logit: a
+//   query with no visible key then gets o = 0, lse = sink; a later call never reads a.sinks.
 // first = false: merged with the previous state by the log-sum-exp rule
 //   lse' = log(exp(lse) + exp(lse_b)),  o' = o exp(lse - lse') + o_b exp(lse_b - lse'),
 //   where (o_b, lse_b) are this block's; a query with no visible key here keeps (o, lse) bit for bit,

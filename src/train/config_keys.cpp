@@ -57,6 +57,9 @@ const char* model_key_doc(std::string_view key) {
       {"routed_scaling_factor", "deepseek_v3: the routed experts' weights are multiplied by it"},
       {"first_k_dense_replace", "deepseek_v3: the first this many layers are dense"},
       {"mlp_only_layers", "qwen3_moe: dense layers by index, e.g. [0, 1]"},
+      {"layer_types", "gpt_oss: each layer's attention, \"sliding_attention\" or \"full_attention\""},
+      {"swiglu_alpha", "gpt_oss: the clamped SwiGLU's sigmoid gain (1.702)"},
+      {"swiglu_limit", "gpt_oss: the clamped SwiGLU's limit on gate and up (7.0)"},
       {"rope_scaling", "Hugging Face's rope_scaling as an inline table, e.g. { rope_type = \"yarn\", factor = 4.0 }"},
       {"seed", "seeds the fresh weights"},
   };
@@ -68,8 +71,13 @@ const char* model_key_doc(std::string_view key) {
 // Whether model key `key` belongs to the other architecture of m (then it stays at its default and is
 // neither written nor compared).
 bool model_key_foreign(const ModelConfig& m, std::string_view key) {
-  if (m.is_deepseek()) return key == "mlp_only_layers" || key == "decoder_sparse_step" || key == "sliding_window";
-  return model_key_deepseek_only(key);
+  const bool gpt_oss_key = model_key_gpt_oss_only(key) || key == "layer_types";
+  if (m.is_deepseek())
+    return key == "mlp_only_layers" || key == "decoder_sparse_step" || key == "sliding_window" || gpt_oss_key;
+  if (m.is_gpt_oss())
+    return key == "mlp_only_layers" || key == "decoder_sparse_step" || key == "intermediate_size" ||
+           model_key_deepseek_only(key);
+  return model_key_deepseek_only(key) || gpt_oss_key;
 }
 
 // The text a schedule setting takes (schedules_set parses it): strings raw, numbers and booleans as TOML.
@@ -164,6 +172,19 @@ std::vector<ConfigKey> registry_build() {
     };
     k.get = [](const RunConfig& c) {
       return model_key_foreign(c.model, "mlp_only_layers") ? json() : json(c.model.mlp_only_layers);
+    };
+    keys.push_back(std::move(k));
+  }
+  {
+    ConfigKey k;
+    k.name = "model.layer_types";
+    k.type = K::KeyType_string_list;
+    k.doc = model_key_doc("layer_types");
+    k.set = [](RunConfig& c, const json& v, const std::string&) {
+      c.model.layer_types = v.get<std::vector<std::string>>();
+    };
+    k.get = [](const RunConfig& c) {
+      return model_key_foreign(c.model, "layer_types") ? json() : json(c.model.layer_types);
     };
     keys.push_back(std::move(k));
   }
@@ -535,6 +556,8 @@ const char* key_type_text(KeyType t) {
       return "an inline table { key = value, ... }";
     case KeyType::KeyType_int_list:
       return "a list of integers, e.g. [0, 1]";
+    case KeyType::KeyType_string_list:
+      return "a list of strings, e.g. [\"a\", \"b\"]";
   }
   return "?";
 }
@@ -597,6 +620,12 @@ bool key_value_fits(KeyType t, const json& v) {
       if (!v.is_array()) return false;
       for (const json& e : v)
         if (!e.is_number_integer()) return false;
+      return true;
+    }
+    case KeyType::KeyType_string_list: {
+      if (!v.is_array()) return false;
+      for (const json& e : v)
+        if (!e.is_string()) return false;
       return true;
     }
   }

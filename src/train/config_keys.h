@@ -33,7 +33,15 @@
 
 namespace fp {
 
-enum class KeyType { KeyType_int, KeyType_float, KeyType_bool, KeyType_string, KeyType_table, KeyType_int_list };
+enum class KeyType {
+  KeyType_int,
+  KeyType_float,
+  KeyType_bool,
+  KeyType_string,
+  KeyType_table,
+  KeyType_int_list,
+  KeyType_string_list
+};
 // "an integer", "a number", ...: what a value of this type is written as.
 const char* key_type_text(KeyType t);
 

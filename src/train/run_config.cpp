@@ -66,6 +66,11 @@ void model_fill(toml::table& doc, const ModelConfig& m) {
     for (int64_t l : m.mlp_only_layers) a.push_back(l);
     t->insert("mlp_only_layers", a);
   }
+  if (!m.layer_types.empty() && !t->contains("layer_types")) {
+    toml::array a;
+    for (const std::string& l : m.layer_types) a.push_back(l);
+    t->insert("layer_types", a);
+  }
   if (m.rope_scaling.kind != RopeScaling::Kind::Kind_default && !t->contains("rope_scaling")) {
     toml::table r;
     const nlohmann::json j = rope_scaling_json(m.rope_scaling);  // outlives the loop (items() is a view)

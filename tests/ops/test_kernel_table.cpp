@@ -511,6 +511,37 @@ void case_attention_forward(KernelRun& r) {
   r.expect("lse", {s.B, s.nh, s.T}, dlse, lse, op_test::tol_near_rms(2e-5, lse));
 }
 
+// Attention sinks (gpt-oss): the forward with sinks against the reference's (2e-5 of the magnitude, as
+// above), then the sinks' gradient from the reference's o and lse: a sum over B T rows of O(1) terms,
+// accumulated in double by the kernel from f32 D: 1e-5 of the terms' magnitude.
+void case_attention_sink_backward(KernelRun& r) {
+  const AttentionShape s;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  const std::vector<float> q = random_vector(s.B * s.T * s.nh * s.hd, r.rng, 2.0);
+  const std::vector<float> k = random_vector(s.B * s.T * s.nkv * s.hd, r.rng);
+  const std::vector<float> v = random_vector(s.B * s.T * s.nkv * s.hdv, r.rng);
+  const std::vector<float> sinks = random_vector(s.nh, r.rng, 2.0),
+                           dout = random_vector(s.B * s.T * s.nh * s.hdv, r.rng);
+  std::vector<float> o(s.B * s.T * s.nh * s.hdv), lse(s.B * s.nh * s.T), ds(s.nh);
+  ops::ref::attention_forward<float>(q.data(), k.data(), v.data(), o.data(), lse.data(), s.B, s.T, s.nh, s.nkv, s.hd,
+                                     s.hdv, scale, 30, sinks.data());
+  ops::ref::attention_sink_backward<float>(o.data(), dout.data(), lse.data(), sinks.data(), ds.data(), s.B, s.T, s.nh,
+                                           s.hdv);
+  const float *dq = r.up(q, "q"), *dk = r.up(k, "k"), *dv = r.up(v, "v"), *dsk = r.up(sinks, "sinks");
+  float *d_o = r.up(filled(o.size(), kNaN), "o"), *dlse = r.up(filled(lse.size(), kNaN), "lse");
+  ops::AttentionSpec a = ops::attention_spec(s.B, s.T, s.nh, s.nkv, s.hd, s.hdv, scale, 30);
+  a.sinks = dsk;
+  r.K.attention_forward(dq, dk, dv, d_o, dlse, a);
+  // The sinks' gradient from the reference's forward state (the kernel adds to dsinks: start at zero).
+  const float *ro = r.up(o, "o ref"), *rlse = r.up(lse, "lse ref"), *ddout = r.up(dout, "dout");
+  float* dds = r.up(filled(s.nh, 0.0f), "dsinks");
+  r.K.attention_sink_backward(ro, ddout, rlse, dds, a);
+  r.sync();
+  r.expect("o", {s.B, s.T, s.nh, s.hdv}, d_o, o, op_test::tol_near_rms(2e-5, o));
+  r.expect("lse", {s.B, s.nh, s.T}, dlse, lse, op_test::tol_near_rms(2e-5, lse));
+  r.expect("dsinks", {s.nh}, dds, ds, op_test::tol_near_rms(1e-5, ds));
+}
+
 void case_attention_backward(KernelRun& r) {
   const AttentionShape s;
   const int64_t window = 50;
@@ -656,6 +687,48 @@ void case_swiglu_backward(KernelRun& r) {
   r.sync();
   r.expect("dg", {n}, d_dg, dg, op_test::tol_each(tol_dg));
   r.expect("du", {n}, d_du, du, op_test::tol_ulps(4, 1e-40));
+}
+
+// The clamped SwiGLU (gpt-oss): the same products as the plain SwiGLU's, so the same ulp bounds where a
+// clamp is not active, and exact zeros where one is; g and u ~ 3 N(0, 1) against limit 2: about half the
+// elements clamped, a few on a bound exactly (the gradient passes there).
+constexpr float kClampAlpha = 1.702f, kClampLimit = 2.0f;
+
+void case_swiglu_clamped_forward(KernelRun& r) {
+  const int64_t n = 67;
+  std::vector<float> g = random_vector(n, r.rng, 3.0), u = random_vector(n, r.rng, 3.0);
+  g[0] = kClampLimit, u[1] = -kClampLimit, u[2] = kClampLimit;
+  std::vector<double> gd(g.begin(), g.end()), ud(u.begin(), u.end()), ad(n);
+  ops::ref::swiglu_clamped_forward<double>(gd.data(), ud.data(), ad.data(), n, kClampAlpha, kClampLimit);
+  const std::vector<float> a(ad.begin(), ad.end());
+  const float *dg = r.up(g, "g"), *du = r.up(u, "u");
+  float* da = r.up(filled(n, kNaN), "a");
+  r.K.swiglu_clamped_forward(dg, du, da, n, kClampAlpha, kClampLimit);
+  r.sync();
+  r.expect("a", {n}, da, a, op_test::tol_ulps(8, 1e-40));
+}
+
+void case_swiglu_clamped_backward(KernelRun& r) {
+  const int64_t n = 67;
+  std::vector<float> g = random_vector(n, r.rng, 3.0), u = random_vector(n, r.rng, 3.0), da = random_vector(n, r.rng);
+  g[0] = kClampLimit, u[1] = -kClampLimit, u[2] = kClampLimit;
+  std::vector<double> gd(g.begin(), g.end()), ud(u.begin(), u.end()), dad(da.begin(), da.end()), dgd(n), dud(n);
+  ops::ref::swiglu_clamped_backward<double>(gd.data(), ud.data(), dad.data(), dgd.data(), dud.data(), n, kClampAlpha,
+                                            kClampLimit);
+  const std::vector<float> dg(dgd.begin(), dgd.end()), du(dud.begin(), dud.end());
+  std::vector<double> tol_dg(n);
+  for (int64_t i = 0; i < n; ++i) {  // 1 + alpha g_c (1 - s) cancels near alpha g_c = -1.28, as silu' does
+    const double gc = std::min<double>(g[i], kClampLimit), s = 1.0 / (1.0 + std::exp(-kClampAlpha * gc));
+    tol_dg[i] = 8 * FLT_EPSILON * std::abs(static_cast<double>(da[i]) * (1.0 + std::clamp<double>(u[i], -2, 2))) * s *
+                    (1.0 + std::abs(kClampAlpha * gc * (1.0 - s))) +
+                1e-40;
+  }
+  const float *d_g = r.up(g, "g"), *d_u = r.up(u, "u"), *d_da = r.up(da, "da");
+  float *d_dg = r.up(filled(n, kNaN), "dg"), *d_du = r.up(filled(n, kNaN), "du");
+  r.K.swiglu_clamped_backward(d_g, d_u, d_da, d_dg, d_du, n, kClampAlpha, kClampLimit);
+  r.sync();
+  r.expect("dg", {n}, d_dg, dg, op_test::tol_each(tol_dg));
+  r.expect("du", {n}, d_du, du, op_test::tol_ulps(8, 1e-40));
 }
 
 // The router (test_router.cpp): every value compared is O(1) and a handful of float roundings from the
@@ -1264,6 +1337,9 @@ const std::map<std::string, CaseFn>& cases() {
       {"attention_block_backward", case_attention_block_backward},
       {"swiglu_forward", case_swiglu_forward},
       {"swiglu_backward", case_swiglu_backward},
+      {"swiglu_clamped_forward", case_swiglu_clamped_forward},
+      {"swiglu_clamped_backward", case_swiglu_clamped_backward},
+      {"attention_sink_backward", case_attention_sink_backward},
       {"router_forward", case_router_forward},
       {"router_gather", case_router_gather},
       {"router_backward", case_router_backward},

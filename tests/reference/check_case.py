@@ -6,7 +6,10 @@
 
 The case file holds every parameter under its Hugging Face name (F32), "input_ids" and "targets"
 (B, T) I32, flatpeak's outputs "out.logits" (B, T, V), "out.loss", "out.ce_loss", "out.aux_loss"
-(1), "grad.<param>" for every parameter, and metadata "config" (the Hugging Face config JSON).
+(1), "grad.<param>" for every parameter, and metadata "config" (the Hugging Face config JSON). The
+parameter names are the twin's param_shapes(cfg) for the config's model_type (qwen3_moe, deepseek_v3,
+gpt_oss); gpt_oss's experts go by per-expert names (mlp.experts.{e}.{gate,up,down}_proj.{weight,bias},
+qwen3_moe_twin.gptoss_hf_to_flat), beside self_attn.sinks and mlp.router.{weight,bias}.
 
 The twin runs in float64 on the same (float32) parameter values. Per tensor, the error is
 max|cpp - ref| / max(max|ref|, tiny); every tensor must be within --rtol. Exit status: 0 when all
@@ -183,10 +186,19 @@ def main(argv=None):
         print(f"FAIL: {args.case} has no 'config' metadata")
         return 1
     try:
-        cfg = twin.Config.from_dict(json.loads(meta["config"]))
+        raw = json.loads(meta["config"])
+        cfg = twin.Config.from_dict(raw)
     except (ValueError, KeyError) as e:
         print(f"FAIL: the 'config' metadata of {args.case} is unusable: {e}")
         return 1
+    if cfg.gptoss() and not raw.get("rope_scaling") and raw.get("rope_parameters") is None:
+        print("note: this gpt_oss config.json has neither a rope_scaling dict nor rope_parameters: transformers' "
+              "GptOssConfig, and the twin with it, then take its YaRN default (factor 32, "
+              "original_max_position_embeddings 4096); the default RoPE is rope_parameters {\"rope_type\": "
+              "\"default\", \"rope_theta\": ...}")
+    if cfg.gptoss() and raw.get("sliding_window") is None:
+        print("note: sliding_window is null: transformers' GptOssModel refuses to build its masks (the twin "
+              "computes full causal attention on every layer)")
     shapes = twin.param_shapes(cfg)
     problems = []
     for name in ["input_ids", "targets", "out.logits", "out.loss", "out.ce_loss", "out.aux_loss"]:
@@ -216,12 +228,16 @@ def main(argv=None):
     docs = twin.document_spans(tensors["doc_start"]) if "doc_start" in tensors else None
     if docs is not None:
         print(f"documents per sequence: {[len(s) for s in docs]} (spans {docs})")
+    # gpt_oss: a window per layer (layer_types), sinks, the clamped SwiGLU.
+    windows = [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)] if cfg.gptoss() else cfg.window()
+    arch = (f" swiglu_alpha={cfg.swiglu_alpha} swiglu_limit={cfg.swiglu_limit} rope_theta={cfg.rope_theta} "
+            f"rope={cfg.rope_scaling}") if cfg.gptoss() else ""
     print(f"case {args.case} ({'bf16' if bf16 else 'fp32'}): B={B} T={T} H={cfg.hidden_size} L={cfg.num_hidden_layers} "
           f"heads={cfg.num_attention_heads}/{cfg.num_key_value_heads} hd={cfg.head_dim} "
           f"E={cfg.num_experts} k={cfg.num_experts_per_tok} I={cfg.moe_intermediate_size} V={cfg.vocab_size} "
           f"norm_topk_prob={cfg.norm_topk_prob} aux_coef={cfg.router_aux_loss_coef} bias={cfg.attention_bias} "
-          f"tied={cfg.tie_word_embeddings} window={cfg.window()} "
-          f"dense={[i for i in range(cfg.num_hidden_layers) if not cfg.is_sparse(i)]} type={cfg.model_type}")
+          f"tied={cfg.tie_word_embeddings} window={windows} "
+          f"dense={[i for i in range(cfg.num_hidden_layers) if not cfg.is_sparse(i)]} type={cfg.model_type}{arch}")
     if bf16:
         # DeepSeek-V3's routing bias may stay f32 (transformers keeps it so): it only moves the choice.
         unrounded = [n for n in shapes if not n.endswith("e_score_correction_bias")
@@ -240,8 +256,9 @@ def main(argv=None):
         counts = ref["expert_counts"][i]
         empty = sum(1 for c in counts if c == 0)
         empty_total += empty
-        # The scores the top-k chose on: softmax probabilities, or DeepSeek's sigmoid + bias within the
-        # chosen groups (-inf elsewhere: an excluded expert is never near a tie).
+        # The scores the top-k chose on: softmax probabilities, DeepSeek's sigmoid + bias within the
+        # chosen groups (-inf elsewhere: an excluded expert is never near a tie), or gpt_oss's router
+        # logits (bias included).
         probs = choice.sort(dim=-1, descending=True).values
         k = cfg.num_experts_per_tok
         margin = (probs[:, k - 1] - probs[:, k]).min().item() if k < cfg.num_experts else float("inf")

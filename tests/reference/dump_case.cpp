@@ -2,6 +2,7 @@
 // flatpeak computes for it (logits, losses, every parameter gradient), as one safetensors file.
 //
 //   dump_case OUT.safetensors CASE [bf16]   CASE: "gqa_norm" | "mha_nonorm" | "hf_layers" | "yarn" | "mla" | "mla_yarn"
+//                                           | "gptoss" | "gptoss_yarn"
 //
 // bf16: the model in precision_recipe("bf16") (bf16 weights, activations and gradients). The weights are
 // the fp32 case's, each rounded once to bf16 (built from an fp32 model's init: a bf16 model's own init is
@@ -21,6 +22,9 @@
 // interleaved RoPE, the sigmoid router with a nonzero e_score_correction_bias choosing within 2 of 4 expert
 // groups, routed_scaling_factor, a shared expert and a dense first layer. mla_yarn: no query latent,
 // rotate-half RoPE, one group, no renormalisation, YaRN with mscale_all_dim (the softmax scale's mscale^2).
+// gptoss is GptOssForCausalLM (model_type gpt_oss): attention sinks, layer_types mixing a sliding window
+// with full attention, biases everywhere, the router's bias and the clamped SwiGLU with its clamps
+// reached; gptoss_yarn adds gpt-oss's YaRN (truncate = false).
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -106,8 +110,33 @@ Case case_make(std::string name) {
       m.rope_scaling.mscale = 1.0, m.rope_scaling.mscale_all_dim = 1.0;
     }
     c.B = 2, c.T = 150;
+  } else if (name == "gptoss" || name == "gptoss_yarn") {
+    // GptOssForCausalLM: sinks, a sliding layer between full ones (window 20 < T, not a multiple of the
+    // attention tile), q/k/v/o biases, the router's bias, expert biases and the clamped SwiGLU with a
+    // limit the case's activations cross (gate and up both clamped on a share of the rows).
+    m.model_type = ModelType::ModelType_gpt_oss;
+    m.hidden_size = 32, m.num_hidden_layers = 3, m.num_attention_heads = 4, m.num_key_value_heads = 2;
+    m.head_dim = 8, m.num_experts = 6, m.num_experts_per_tok = 2, m.moe_intermediate_size = 24;
+    m.vocab_size = 40, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.05, m.rms_norm_eps = 1e-5;
+    m.attention_bias = true, m.sliding_window = 20;
+    m.layer_types = {"full_attention", "sliding_attention", "full_attention"};
+    m.swiglu_alpha = 1.702, m.swiglu_limit = 0.15;
+    if (name == "gptoss_yarn") {  // gpt-oss's own RoPE: YaRN without truncation, past its original context
+      m.rope_scaling.kind = RopeScaling::Kind::Kind_yarn;
+      m.rope_scaling.factor = 4.0, m.rope_scaling.original_max_position_embeddings = 64;
+      m.rope_scaling.beta_fast = 32, m.rope_scaling.beta_slow = 1, m.rope_scaling.truncate = false;
+      m.rope_theta = 150000;
+      // The last layer full: a sliding layer's key bias moves its scores only through the rotations of
+      // RoPE across the window's 20 keys (softmax is shift-invariant), so its gradient is a cancelling sum,
+      // ~1e-6 of the others at the YaRN frequencies, whose float error no relative bound of 1e-5 holds. The
+      // gptoss case keeps a sliding middle layer at default RoPE.
+      m.layer_types = {"sliding_attention", "full_attention", "full_attention"};
+    }
+    c.B = 2, c.T = 150;
   } else {
-    throw Error("unknown case '" + name + "'", "cases: gqa_norm, gqa_window, mha_nonorm, hf_layers, yarn, mla, mla_yarn, each with _docs");
+    throw Error("unknown case '" + name + "'",
+                "cases: gqa_norm, gqa_window, mha_nonorm, hf_layers, yarn, mla, mla_yarn, gptoss, gptoss_yarn, each "
+                "with _docs");
   }
   return c;
 }
@@ -166,8 +195,10 @@ int main(int argc, char** argv) {
                                                     // every query alike (the q/k gradients cancel)
       // DeepSeek's routing bias ~ N(0, 0.1): it moves the choice (the sigmoid scores lie in (0, 1)).
       const bool route_bias = p.name.ends_with("e_score_correction_bias");
-      const bool norm = p.w.shape().rank == 1 && !bias && !route_bias;
-      const bool router = p.name.find("mlp.gate.weight") != std::string::npos;
+      const bool sinks = p.name.ends_with(".sinks");  // gpt_oss: ~ N(0, 1.5), some rows' sink dominates
+      const bool norm = p.w.shape().rank == 1 && !bias && !route_bias && !sinks;
+      const bool router =
+          p.name.find("mlp.gate.weight") != std::string::npos || p.name.find("mlp.router.weight") != std::string::npos;
       const bool qk = p.name.find("q_proj") != std::string::npos || p.name.find("k_proj") != std::string::npos ||
                       p.name.find("q_b_proj") != std::string::npos || p.name.find("kv_b_proj") != std::string::npos ||
                       p.name.find("kv_a_proj") != std::string::npos;
@@ -185,6 +216,7 @@ int main(int argc, char** argv) {
         if (bias) x = static_cast<float>(0.3 * rng.normal());
         if (router) x = static_cast<float>(0.5 * rng.normal()) * router_scale;
         if (route_bias) x = static_cast<float>(0.1 * rng.normal());
+        if (sinks) x = static_cast<float>(1.5 * rng.normal());
         if (qk) x *= 10.0f;
         if (embed) x *= 50.0f;
       }
@@ -192,6 +224,7 @@ int main(int argc, char** argv) {
         for (int64_t r = 0; r < c.m.vocab_size; ++r) w[r * c.m.hidden_size] += 3.0f;
       if (router) w[(c.m.num_experts - 1) * c.m.hidden_size] = -8.0f;
       if (route_bias) w[c.m.num_experts - 1] = -1.0f;  // the last expert's sigmoid score ~0 stays last
+      if (p.name.ends_with("mlp.router.bias")) w[c.m.num_experts - 1] = -2.0f;  // gpt_oss: the last stays last
       if (p.name.ends_with("o_proj.bias")) w[0] = 0.5f;  // adds to dimension 0 of the residual: keeps it positive
       from_host(*be, p.w, w);
     }

@@ -14,7 +14,8 @@ set_tests_properties(twin_selfcheck PROPERTIES LABELS "reference;slow" TIMEOUT 3
 add_executable(dump_case ${CMAKE_CURRENT_SOURCE_DIR}/reference/dump_case.cpp)
 target_compile_options(dump_case PRIVATE ${FLATPEAK_WARNINGS})
 target_link_libraries(dump_case PRIVATE flatpeak_engine fp_bench)
-foreach(case gqa_norm mha_nonorm hf_layers yarn mla mla_yarn gqa_norm_docs gqa_window_docs mla_docs)
+foreach(case gqa_norm mha_nonorm hf_layers yarn mla mla_yarn gqa_norm_docs gqa_window_docs mla_docs gptoss gptoss_yarn
+             gptoss_docs)
   add_test(NAME model_vs_twin_${case}
            COMMAND sh -c "$<TARGET_FILE:dump_case> ${CMAKE_CURRENT_BINARY_DIR}/case_${case}.safetensors ${case} && /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/check_case.py ${CMAKE_CURRENT_BINARY_DIR}/case_${case}.safetensors --rtol 1e-5")
   set_tests_properties(model_vs_twin_${case} PROPERTIES LABELS "reference;quick" TIMEOUT 600)
@@ -26,7 +27,7 @@ endforeach()
 # off by more than 5e-3 relative, logits by 5e-3 or any gradient by 3e-2 norm-relative. The DeepSeek-V3
 # cases keep the routing bias f32 (Note [Parameters kept in f32] in model/params.h) and take a larger
 # router (Note [A bf16 DeepSeek case away from ties] in dump_case.cpp).
-foreach(case gqa_norm mha_nonorm hf_layers yarn mla mla_yarn gqa_norm_docs)
+foreach(case gqa_norm mha_nonorm hf_layers yarn mla mla_yarn gqa_norm_docs gptoss gptoss_yarn)
   add_test(NAME model_vs_twin_bf16_${case}
            COMMAND sh -c "$<TARGET_FILE:dump_case> ${CMAKE_CURRENT_BINARY_DIR}/case_${case}_bf16.safetensors ${case} bf16 && /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/reference/check_case.py ${CMAKE_CURRENT_BINARY_DIR}/case_${case}_bf16.safetensors")
   set_tests_properties(model_vs_twin_bf16_${case} PROPERTIES LABELS "reference;quick" TIMEOUT 600)

@@ -38,11 +38,18 @@ const std::vector<std::string> kDeepseek = {
     "model.topk_group=2",           "model.routed_scaling_factor=2.5", "model.first_k_dense_replace=1",
     "model.intermediate_size=96",   "model.router_aux_loss_coef=0",    "moe.bias_update_rate=0.01"};
 
-// For every key: another valid value (as typed after --set) and whether it needs the DeepSeek base. A key
-// missing here fails RegistryKeysAreAllClassified: a new key must be given one, and so placed.
+// gpt-oss's layer on tiny.toml (two layers: one sliding, one full): the base for its own keys.
+const std::vector<std::string> kGptOss = {"model.model_type=gpt_oss", "model.swiglu_alpha=1.702",
+                                          "model.swiglu_limit=7.0", "model.sliding_window=32",
+                                          "model.layer_types=[\"sliding_attention\", \"full_attention\"]"};
+
+// For every key: another valid value (as typed after --set) and whether it needs the DeepSeek base or the
+// gpt-oss one. A key missing here fails RegistryKeysAreAllClassified: a new key must be given one, and so
+// placed.
 struct Other {
   const char* value;
   bool deepseek = false;
+  bool gpt_oss = false;
 };
 const std::map<std::string, Other> kOther = {
     {"model.model_type", {"deepseek_v3"}},  // with DeepSeek's keys: ModelTypeChangesTheArchitecture
@@ -76,6 +83,9 @@ const std::map<std::string, Other> kOther = {
     {"model.routed_scaling_factor", {"1.5", true}},
     {"model.first_k_dense_replace", {"0", true}},
     {"model.mlp_only_layers", {"[0]"}},
+    {"model.layer_types", {"[\"full_attention\", \"sliding_attention\"]", false, true}},
+    {"model.swiglu_alpha", {"1.5", false, true}},
+    {"model.swiglu_limit", {"3.0", false, true}},
     {"model.rope_scaling", {"{ rope_type = \"linear\", factor = 2.0 }"}},
     {"model.seed", {"99"}},
     {"train.batch_size", {"2"}},
@@ -183,8 +193,8 @@ std::vector<std::string> companions(const std::string& key) {
   return {};
 }
 
-RunConfig base(bool deepseek, std::vector<std::string> more = {}) {
-  std::vector<std::string> sets = deepseek ? kDeepseek : std::vector<std::string>{};
+RunConfig base(bool deepseek, std::vector<std::string> more = {}, bool gpt_oss = false) {
+  std::vector<std::string> sets = deepseek ? kDeepseek : gpt_oss ? kGptOss : std::vector<std::string>{};
   sets.insert(sets.end(), more.begin(), more.end());
   return config_load(kTiny, sets);
 }
@@ -208,13 +218,14 @@ TEST(ConfigKeys, RegistryKeysAreAllClassified) {
 // TOML and the saved config: config_toml of a config parses back to the same config, key for key; on the
 // Qwen3-MoE base and on the DeepSeek-V3 one, each with every non-model key at another value.
 TEST(ConfigKeys, EveryKeyRoundTripsThroughTomlAndTheSavedConfig) {
-  for (const bool deepseek : {false, true}) {
+  for (const int arch : {0, 1, 2}) {  // qwen3_moe, deepseek_v3, gpt_oss
+    const bool deepseek = arch == 1;
     std::vector<std::string> more;
     for (const auto& [name, other] : kOther)
       if (name.rfind("model.", 0) != 0 && name != "moe.bias_update_rate" && name != "moe.token_chunk" &&
           name != "ckpt.layer_tile" && name != "ckpt.every")
         more.push_back(name + "=" + other.value);
-    const RunConfig c = base(deepseek, more);
+    const RunConfig c = base(deepseek, more, arch == 2);
     const nlohmann::json saved = config_json(c);
     const RunConfig back = config_parse(config_toml(c), "round trip");
     EXPECT_EQ(config_json(back), saved) << config_toml(c);
@@ -240,7 +251,7 @@ TEST(ConfigKeys, EveryKeyTakesItsOtherValueThroughSet) {
     more.push_back(k.name + "=" + o.value);
     RunConfig c;
     try {
-      c = base(o.deepseek, more);
+      c = base(o.deepseek, more, o.gpt_oss);
     } catch (const Error& e) {
       ADD_FAILURE() << k.name << "=" << o.value << ": " << e.what();
       continue;
@@ -249,7 +260,7 @@ TEST(ConfigKeys, EveryKeyTakesItsOtherValueThroughSet) {
     probe.model.model_type = c.model.model_type;
     config_key_set_text(probe, k, o.value, "probe");
     EXPECT_EQ(k.get(c), k.get(probe)) << k.name;
-    EXPECT_NE(k.get(c), k.get(base(o.deepseek))) << k.name << ": the other value is the base's";
+    EXPECT_NE(k.get(c), k.get(base(o.deepseek, {}, o.gpt_oss))) << k.name << ": the other value is the base's";
     EXPECT_EQ(config_json(config_parse(config_toml(c), "round trip")), config_json(c)) << k.name;
   }
 }
@@ -260,10 +271,10 @@ TEST(ConfigKeys, ResumeRefusesArithmeticKeysAndAllowsScheduleKeys) {
   for (const ConfigKey& k : config_keys()) {
     if (k.name == "model.model_type") continue;  // ModelTypeChangesTheArchitecture
     const Other& o = kOther.at(k.name);
-    const RunConfig then = base(o.deepseek);
+    const RunConfig then = base(o.deepseek, {}, o.gpt_oss);
     std::vector<std::string> more = companions(k.name);
     more.push_back(k.name + "=" + o.value);
-    const RunConfig now = base(o.deepseek, more);
+    const RunConfig now = base(o.deepseek, more, o.gpt_oss);
     const ResumeCheck r = config_resume_check(config_json(then), now, false);
     auto names = [&](const std::vector<std::string>& v) {
       for (const std::string& line : v)
@@ -292,6 +303,15 @@ TEST(ConfigKeys, ModelTypeChangesTheArchitecture) {
   const ResumeCheck r = config_resume_check(config_json(qwen), deepseek, false);
   EXPECT_TRUE(std::any_of(r.refused.begin(), r.refused.end(),
                           [](const std::string& l) { return l.rfind("model.model_type:", 0) == 0; }));
+  const RunConfig gpt_oss = base(false, {}, true);
+  EXPECT_EQ(config_key_find("model.model_type")->get(gpt_oss), "gpt_oss");
+  EXPECT_EQ(config_json(config_parse(config_toml(gpt_oss), "round trip")), config_json(gpt_oss));
+  const ResumeCheck g = config_resume_check(config_json(qwen), gpt_oss, false);
+  EXPECT_TRUE(std::any_of(g.refused.begin(), g.refused.end(),
+                          [](const std::string& l) { return l.rfind("model.model_type:", 0) == 0; }));
+  // A key of another architecture is refused by name.
+  EXPECT_THROW(base(false, {"model.swiglu_limit=3.0"}), Error);
+  EXPECT_THROW(base(false, {"model.q_lora_rank=8"}, true), Error);
 }
 
 // An older flatpeak's saved config (a subset; precision as one string): what it holds is compared, what it

@@ -310,8 +310,8 @@ TEST(Safetensors, DamagedFiles) {
   // Unknown and malformed dtypes.
   raw_write(p, R"({"t": {"dtype": "F99", "shape": [4], "data_offsets": [0, 16]}})", data);
   expect_error(open, {p, "'t'", "F99"});
-  raw_write(p, R"({"t": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]}})", data);
-  expect_error(open, {p, "'t'", "U8"});
+  raw_write(p, R"({"t": {"dtype": "I8", "shape": [16], "data_offsets": [0, 16]}})", data);
+  expect_error(open, {p, "'t'", "I8"});
   raw_write(p, R"({"t": {"shape": [4], "data_offsets": [0, 16]}})", data);
   expect_error(open, {p, "'t'", "dtype"});
   // Shapes: missing, negative, fractional, rank 5.

@@ -18,6 +18,7 @@
 #include "ops/attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -77,6 +78,37 @@ void attention_backward(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf d
   fill_negative_zero(dk, rows * a.nkv * a.hd);
   fill_negative_zero(dv, rows * a.nkv * a.hdv);
   attention_block_backward(q, k, v, o, lse, dout, dq, dk, dv, block_spec(a, pos));
+}
+
+void attention_sink_backward(CBuf o, CBuf dout, const float* lse, Buf dsinks, AttentionSpec a) {
+  FP_ASSERT(!a.sinks.null() || a.B * a.Tq == 0, "attention_sink_backward: the spec has no sinks");
+  FP_ASSERT(o.dtype == dout.dtype, "attention_sink_backward: o in {}, dout in {}", dtype_name(o.dtype),
+            dtype_name(dout.dtype));
+  const int64_t B = a.B, Tq = a.Tq, nh = a.nh, hdv = a.hdv;
+  if (B == 0 || Tq == 0) return;
+  visit_float(o.dtype, "attention_sink_backward", [&]<class E>() {
+    visit_float(a.sinks.dtype, "attention_sink_backward (sinks)", [&]<class S>() {
+      visit_float(dsinks.dtype, "attention_sink_backward (dsinks)", [&]<class G>() {
+        const E* po = o.as<E>();
+        const E* pd = dout.as<E>();
+        const S* ps = a.sinks.as<S>();
+        G* pg = dsinks.as<G>();
+#pragma omp parallel for schedule(static) if (nh > 1 && B * Tq * hdv > 4096)
+        for (int64_t h = 0; h < nh; ++h) {
+          const float sink = to_f32(ps[h]);
+          double sum = 0;
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0; i < Tq; ++i) {
+              const int64_t row = ((b * Tq + i) * nh + h) * hdv;  // (hdv) of o and dout
+              float D = 0.0f;                                     // rowsum(dO * o) in f32, as the block kernels form it
+              for (int64_t c = 0; c < hdv; ++c) D += to_f32(pd[row + c]) * to_f32(po[row + c]);
+              sum += static_cast<double>(std::exp(sink - lse[(b * nh + h) * Tq + i])) * D;
+            }
+          pg[h] = from_f32<G>(to_f32(pg[h]) - static_cast<float>(sum));
+        }
+      });
+    });
+  });
 }
 
 }  // namespace fp::ops::cpu

@@ -230,6 +230,12 @@ void block_forward(const E* q, const E* k, const E* v, O* o, float* lse, bool fi
   const int64_t w = a.window >= kWindowMasksNothing ? 0 : a.window;
   const int64_t group = nh / nkv, hdp = hd_padded(hd), hdvp = hd_padded(hdv), nqt = tiles(Tq, TQ);
   const int64_t items = B * nh * nqt;
+  // Note [Attention sinks]: a first call starts each row at (m, l) = (sink, 1).
+  std::vector<float> sink(first && !a.sinks.null() ? static_cast<size_t>(nh) : 0);
+  if (!sink.empty())
+    visit_float(a.sinks.dtype, "attention sinks", [&]<class S>() {
+      for (int64_t h = 0; h < nh; ++h) sink[h] = to_f32(a.sinks.as<S>()[h]);
+    });
 #pragma omp parallel if (items > 1)
   {
     std::vector<float> scratch(TQ * hdp + TQ * hdvp + hdp * TK + TK * hdvp + TQ * TK + 2 * TQ);
@@ -253,8 +259,8 @@ void block_forward(const E* q, const E* k, const E* v, O* o, float* lse, bool fi
       if (!first && kt_lo >= kt_hi) continue;  // the whole tile is masked: the state stays as it is
       rows_load(qs, q + qrow * hd, nh * hd, nq, TQ, hd, hdp);
       std::fill(acc, acc + TQ * hdvp, 0.0f);
-      std::fill(m, m + TQ, kNegInf);
-      std::fill(l, l + TQ, 0.0f);
+      std::fill(m, m + TQ, sink.empty() ? kNegInf : sink[h]);
+      std::fill(l, l + TQ, sink.empty() ? 0.0f : 1.0f);
       int64_t visited = 0;
       for (int64_t kt_i = kt_lo; kt_i < kt_hi; ++kt_i) {
         const int64_t j0 = kt_i * TK, nk = std::min(TK, Tk - j0);
@@ -277,7 +283,7 @@ void block_forward(const E* q, const E* k, const E* v, O* o, float* lse, bool fi
         O* orow = o + (qrow + r * nh) * hdv;         // (hdv)
         float& L = lse[(b * nh + h) * Tq + i0 + r];  // the row's running log-sum-exp
         const float* arow = acc + r * hdvp;          // (hdvp)
-        if (l[r] == 0.0f) {                          // no visible key in this block (l >= 1 as soon as one is)
+        if (l[r] == 0.0f) {  // no visible key in this block (l >= 1 as soon as one is, or a sink joined)
           if (first) {
             std::fill(orow, orow + hdv, from_f32<O>(0.0f));
             L = kNegInf;

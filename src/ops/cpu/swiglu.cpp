@@ -149,7 +149,74 @@ void backward_range(const float* g, const float* u, const float* da, float* dg, 
 
 #endif
 
+// Note [The clamped SwiGLU] (ops/swiglu.h), one element at a time in f32 with the stable sigmoid (Note
+// [Stable sigmoid]); the clamps' gradient passes where torch.clamp's does (bounds included).
+inline void sigmoid_stable(float x, float& s, float& sc) {
+  const float e = std::exp(-std::abs(x));
+  const float inv = 1.0f / (1.0f + e);
+  s = x >= 0.0f ? inv : e * inv;
+  sc = x >= 0.0f ? e * inv : inv;
+}
+
+void clamped_forward_range(const float* g, const float* u, float* a, int64_t n, float alpha, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gc = std::min(g[i], limit), uc = std::clamp(u[i], -limit, limit);
+    float s, sc;
+    sigmoid_stable(alpha * gc, s, sc);
+    a[i] = (uc + 1.0f) * (gc * s);
+  }
+}
+
+void clamped_backward_range(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
+                            float alpha, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gc = std::min(g[i], limit), uc = std::clamp(u[i], -limit, limit);
+    float s, sc;
+    sigmoid_stable(alpha * gc, s, sc);
+    const float glu = gc * s;                         // g_c sigmoid(alpha g_c)
+    const float dglu = s * (1.0f + alpha * gc * sc);  // its derivative in g_c
+    du[i] = u[i] >= -limit && u[i] <= limit ? da[i] * glu : 0.0f;
+    dg[i] = g[i] <= limit ? (da[i] * (uc + 1.0f)) * dglu : 0.0f;
+  }
+}
+
 }  // namespace
+
+void swiglu_clamped_forward(CBuf g, CBuf u, Buf a, int64_t n, float alpha, float limit) {
+  chunked::dtypes_check("swiglu_clamped_forward", {{"g", g.dtype}, {"u", u.dtype}, {"a", a.dtype}});
+  const int64_t nblocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+    for (int64_t c = i; c < i + len; c += kChunk) {  // Note [bf16 SwiGLU by f32 chunks]
+      const int64_t m = std::min(kChunk, i + len - c);
+      float gt[kChunk], ut[kChunk], at[kChunk];
+      float* af = stage(a.at(c), at);
+      clamped_forward_range(load(g.at(c), gt, m), load(u.at(c), ut, m), af, m, alpha, limit);
+      store(a.at(c), af, m);
+    }
+  }
+}
+
+void swiglu_clamped_backward(CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n, float alpha, float limit) {
+  chunked::dtypes_check("swiglu_clamped_backward",
+                        {{"g", g.dtype}, {"u", u.dtype}, {"da", da.dtype}, {"dg", dg.dtype}, {"du", du.dtype}});
+  const int64_t nblocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+    for (int64_t c = i; c < i + len; c += kChunk) {
+      const int64_t m = std::min(kChunk, i + len - c);
+      float gt[kChunk], ut[kChunk], dat[kChunk], dgt[kChunk], dut[kChunk];
+      float* dgf = stage(dg.at(c), dgt);
+      float* duf = stage(du.at(c), dut);
+      clamped_backward_range(load(g.at(c), gt, m), load(u.at(c), ut, m), load(da.at(c), dat, m), dgf, duf, m, alpha,
+                             limit);
+      store(dg.at(c), dgf, m);
+      store(du.at(c), duf, m);
+    }
+  }
+}
 
 void swiglu_forward(CBuf g, CBuf u, Buf a, int64_t n) {
   const bool all_f32 = f32(g.dtype) && f32(u.dtype) && f32(a.dtype);

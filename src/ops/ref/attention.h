@@ -21,9 +21,11 @@ inline int64_t attention_first_key(int64_t i, int64_t window) {
 // q (B, seq, nh, hd), k (B, seq, nkv, hd), v (B, seq, nkv, hdv) -> o (B, seq, nh, hdv), lse (B, nh, seq).
 // o_i = sum_{visible j} p_ij v_j with p_ij = exp(scale q_i.k_j - lse_i), lse_i = log sum_{visible j}
 // exp(scale q_i.k_j), the visible j being attention_first_key(i, window) <= j <= i.
+// sinks (nh) or null: head h's sink logit joins every row's sum (Note [Attention sinks] in ops/attention.h),
+// lse_i = log(sum_{visible j} exp(scale q_i.k_j) + exp(sinks[h])).
 template <class T>
 void attention_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t seq, int64_t nh,
-                       int64_t nkv, int64_t hd, int64_t hdv, T scale, int64_t window) {
+                       int64_t nkv, int64_t hd, int64_t hdv, T scale, int64_t window, const T* sinks = nullptr) {
   const int64_t group = nh / nkv;
   std::vector<T> s(seq);  // (seq) scaled scores of one query
   for (int64_t b = 0; b < B; ++b) {
@@ -40,7 +42,8 @@ void attention_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t
           s[j] = scale * dot;
           if (s[j] > m) m = s[j];
         }
-        T l = 0;
+        if (sinks != nullptr && sinks[h] > m) m = sinks[h];
+        T l = sinks != nullptr ? std::exp(sinks[h] - m) : T(0);
         for (int64_t j = j0; j <= i; ++j) l += std::exp(s[j] - m);
         const T lse_i = m + std::log(l);
         lse[(b * nh + h) * seq + i] = lse_i;
@@ -114,6 +117,24 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
         }
       }
     }
+  }
+}
+
+// The sinks' gradient (ops/attention.h's attention_sink_backward), overwriting dsinks (nh): dsinks[h] =
+// -sum over b, i of exp(sinks[h] - lse) (dO_i . O_i), from the forward's o and lse.
+template <class T>
+void attention_sink_backward(const T* o, const T* dout, const T* lse, const T* sinks, T* dsinks, int64_t B, int64_t seq,
+                             int64_t nh, int64_t hdv) {
+  for (int64_t h = 0; h < nh; ++h) {
+    T sum = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < seq; ++i) {
+        const int64_t r = ((b * seq + i) * nh + h) * hdv;
+        T D = 0;
+        for (int64_t d = 0; d < hdv; ++d) D += dout[r + d] * o[r + d];
+        sum += std::exp(sinks[h] - lse[(b * nh + h) * seq + i]) * D;
+      }
+    dsinks[h] = -sum;
   }
 }
 

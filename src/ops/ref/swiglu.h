@@ -2,6 +2,7 @@
 // silu(g) = g sigmoid(g). Dimensions: n elements.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -35,6 +36,31 @@ void swiglu_backward(const T* g, const T* u, const T* da, T* dg, T* du, int64_t 
     sigmoid_pair(g[i], s, sc);
     du[i] = da[i] * (g[i] * s);
     dg[i] = (da[i] * u[i]) * (s * (T(1) + g[i] * sc));
+  }
+}
+
+// The clamped SwiGLU (Note [The clamped SwiGLU] in ops/swiglu.h): a = (u_c + 1) g_c sigmoid(alpha g_c),
+// g_c = min(g, limit), u_c = clamp(u, -limit, limit).
+template <class T>
+void swiglu_clamped_forward(const T* g, const T* u, T* a, int64_t n, T alpha, T limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T gc = std::min(g[i], limit), uc = std::max(-limit, std::min(u[i], limit));
+    T s, sc;
+    sigmoid_pair(alpha * gc, s, sc);
+    a[i] = (uc + T(1)) * (gc * s);
+  }
+}
+
+// da (n) -> dg, du (n): du = da g_c s where -limit <= u <= limit, else 0; dg = da (u_c + 1) s (1 + alpha g_c
+// (1 - s)) where g <= limit, else 0 (s = sigmoid(alpha g_c)).
+template <class T>
+void swiglu_clamped_backward(const T* g, const T* u, const T* da, T* dg, T* du, int64_t n, T alpha, T limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T gc = std::min(g[i], limit), uc = std::max(-limit, std::min(u[i], limit));
+    T s, sc;
+    sigmoid_pair(alpha * gc, s, sc);
+    du[i] = u[i] >= -limit && u[i] <= limit ? da[i] * (gc * s) : T(0);
+    dg[i] = g[i] <= limit ? (da[i] * (uc + T(1))) * (s * (T(1) + alpha * gc * sc)) : T(0);
   }
 }
 

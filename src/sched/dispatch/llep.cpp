@@ -108,17 +108,14 @@ void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const Ll
   const int W = s.comm.size(), me = s.comm.rank();
   H_ = s.cfg.hidden_size;
   I_ = s.cfg.moe_intermediate_size;
-  P_ = 3 * I_ * H_;
+  dims_ = expert_ffn_dims(s.cfg);
+  P_ = expert_packed_size(dims_);
   rounds_build(s, L);
   const int64_t G = count(), S = static_cast<int64_t>(out_.size());
   w_ = be.alloc(kComm, {G, P_}, s.precision.params, "llep.guest_w");      // (G, P)
   staging_ = be.alloc(kComm, {S, P_}, s.precision.params, "llep.w_out");  // (S, P)
   for (int64_t j = 0; j < S; ++j) {
-    const ExpertWeights w = expert_weights(lp, out_[j]);
-    const Buf dst = ptr_at(staging_.buf(), j * P_);
-    K.copy(dst, w.gate, I_ * H_);
-    K.copy(ptr_at(dst, I_ * H_), w.up, I_ * H_);
-    K.copy(ptr_at(dst, 2 * I_ * H_), w.down, H_ * I_);
+    expert_pack(K, dims_, expert_weights(lp, out_[j]), ptr_at(staging_.buf(), j * P_));
   }
   reqs_.clear();
   for (int r = 1; r < W; ++r)
@@ -135,9 +132,7 @@ void GuestExperts::weights_wait(StepContext& s) {
 }
 
 ExpertWeights GuestExperts::weights(int64_t j) const {
-  const CBuf w = ptr_at(w_.buf(), j * P_);
-  const Buf g = g_.defined() ? ptr_at(g_.buf(), j * P_) : Buf{};
-  return {w, ptr_at(w, I_ * H_), ptr_at(w, 2 * I_ * H_), g, ptr_at(g, I_ * H_), ptr_at(g, 2 * I_ * H_)};
+  return expert_packed(dims_, ptr_at(w_.buf(), j * P_), g_.defined() ? ptr_at(g_.buf(), j * P_) : Buf{});
 }
 
 void GuestExperts::grads_zero(StepContext& s) {
@@ -173,11 +168,7 @@ void GuestExperts::grads_finish(StepContext& s, const LayerParams& lp) {
     for (int64_t j = out_first_[r]; j < out_first_[r + 1]; ++j) adds.push_back({out_[j], (me + r) % W, j});
   std::sort(adds.begin(), adds.end());
   for (const auto& [e, guest, j] : adds) {
-    const ExpertWeights w = expert_weights(lp, e);
-    const CBuf g = ptr_at(staging_.buf(), j * P_);
-    K.add_inplace(w.d_gate, g, I_ * H_);
-    K.add_inplace(w.d_up, ptr_at(g, I_ * H_), I_ * H_);
-    K.add_inplace(w.d_down, ptr_at(g, 2 * I_ * H_), H_ * I_);
+    expert_grads_add(K, dims_, expert_weights(lp, e), ptr_at(staging_.buf(), j * P_));
   }
   staging_.reset();
   g_.reset();

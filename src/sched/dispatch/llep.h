@@ -70,7 +70,8 @@ class GuestExperts {
   std::vector<int64_t> out_;     // (S) this rank's experts in the order they are packed: round, then expert
   std::vector<int64_t> out_first_;  // (W + 1) out_ of round r: [first[r], first[r+1]) (round 0 empty)
   std::vector<int64_t> in_start_, in_n_;  // (W) guests_ received in round r: in_n_[r] from in_start_[r]
-  int64_t P_ = 0;                // floats of one expert's weights
+  FfnDims dims_;                          // the experts' FFN (expert_packed_size: P_)
+  int64_t P_ = 0;                         // elements of one expert's packed weights (model/expert_ffn.h)
   int64_t H_ = 0, I_ = 0;
   Tensor w_;                     // (G, P) received weights
   Tensor g_;                     // (G, P) guest gradients
