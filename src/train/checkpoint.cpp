@@ -8,15 +8,17 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <unordered_map>
-#include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "io/safetensors_set.h"
 #include "model/hf_config.h"
+#include "train/fused_experts.h"
 
 namespace fp {
 
@@ -37,10 +39,14 @@ void fsync_dir(const fs::path& dir) {
 // One tensor of a checkpoint file: its name, the parameter whose layout it shares, and this rank's
 // storage of it (the parameter's local_w, or an optimizer moment shaped like it; null when another
 // rank holds the parameter).
+// A gpt-oss file tensor that fuses a layer's experts (Note [gpt-oss's experts in files]) has no parameter of
+// its own: fused names it, and the experts' parameters fill it.
 struct Item {
   std::string name;
   const ParamInfo* param;
   const Tensor* local;
+  std::optional<FusedTensor> fused = std::nullopt;
+  const Shape& shape() const { return fused ? fused->shape : param->shape; }
 };
 
 std::vector<Item> weight_items(ParamStore& params) {
@@ -48,6 +54,44 @@ std::vector<Item> weight_items(ParamStore& params) {
   for (const ParamInfo& p : params.layout())
     out.push_back({p.name, &p, p.local != nullptr ? &p.local->local_w() : nullptr});
   return out;
+}
+
+// The tensors of model.safetensors as transformers names them: the parameters, but gpt-oss's experts as
+// each layer's four fused tensors (Note [gpt-oss's experts in files]).
+std::vector<Item> file_weight_items(ParamStore& params, const ModelConfig& cfg) {
+  if (!cfg.is_gpt_oss()) return weight_items(params);
+  std::vector<Item> out;
+  for (const ParamInfo& p : params.layout()) {
+    ExpertParamName e;
+    if (!expert_param_parse(p.name, e)) {
+      out.push_back({p.name, &p, p.local != nullptr ? &p.local->local_w() : nullptr});
+      continue;
+    }
+    if (e.expert == 0 && e.leaf == "gate_proj.weight")
+      for (FusedTensor& t : fused_expert_tensors(cfg, e.layer)) out.push_back({t.name, nullptr, nullptr, t});
+  }
+  return out;
+}
+
+// Fused tensor t's full host copy (rank 0; others pass null), gathering every expert's parameters in
+// expert order (collective, the same calls on every rank).
+void fused_gather(ParamStore& params, const ModelConfig& cfg, const FusedTensor& t, float* host) {
+  std::unordered_map<std::string, const ParamInfo*> by_name;
+  for (const ParamInfo& p : params.layout()) by_name[p.name] = &p;
+  const bool gate_up = t.kind.rfind("gate_up", 0) == 0, bias = t.kind.ends_with("_bias");
+  const char* leaf = bias ? ".bias" : ".weight";
+  std::vector<float> a, b;
+  for (int64_t e = 0; e < cfg.num_experts; ++e) {
+    const std::string pre = fmt::format("model.layers.{}.mlp.experts.{}.", t.layer, e);
+    auto gather = [&](const std::string& name, std::vector<float>& dst) {
+      const ParamInfo& p = *by_name.at(name);
+      dst.resize(static_cast<size_t>(p.shape.numel()));
+      params.full_gather(p, p.local != nullptr ? &p.local->local_w() : nullptr, host != nullptr ? dst.data() : nullptr);
+    };
+    gather(pre + (gate_up ? "gate_proj" : "down_proj") + leaf, a);
+    if (gate_up) gather(pre + "up_proj" + leaf, b);
+    if (host != nullptr) fused_expert_fill(cfg, t, e, a.data(), b.data(), host);
+  }
 }
 
 // "<param>.exp_avg", "<param>.exp_avg_sq" of every parameter of the model, in layout order; with
@@ -134,7 +178,7 @@ void tensors_write(const fs::path& dir, const std::string& stem, const std::stri
   std::vector<size_t> starts{0};
   uint64_t in_shard = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    const uint64_t b = static_cast<uint64_t>(items[i].param->shape.numel()) * dtype_size(dtype_of(items[i]));
+    const uint64_t b = static_cast<uint64_t>(items[i].shape().numel()) * dtype_size(dtype_of(items[i]));
     if (in_shard > 0 && in_shard + b > shard_bytes) {
       starts.push_back(i);
       in_shard = 0;
@@ -152,11 +196,14 @@ void tensors_write(const fs::path& dir, const std::string& stem, const std::stri
     std::vector<std::vector<unsigned char>> host;  // rank 0: each tensor in its dtype
     std::vector<SafetensorsView> views;
     for (size_t i = starts[s]; i < starts[s + 1]; ++i) {
-      const ParamInfo& p = *items[i].param;
-      const int64_t n = p.shape.numel();
+      const Shape& shape = items[i].shape();
+      const int64_t n = shape.numel();
       const DType dt = dtype_of(items[i]);
       if (lead) f32.resize(static_cast<size_t>(n));
-      params.full_gather(p, items[i].local, lead ? f32.data() : nullptr);
+      if (items[i].fused)
+        fused_gather(params, *model, *items[i].fused, lead ? f32.data() : nullptr);
+      else
+        params.full_gather(*items[i].param, items[i].local, lead ? f32.data() : nullptr);
       if (!lead) continue;
       finite_check(items[i].name, f32.data(), n, (fs::path(shown) / file).string(), true);
       host.emplace_back(static_cast<size_t>(n) * dtype_size(dt));
@@ -168,7 +215,7 @@ void tensors_write(const fs::path& dir, const std::string& stem, const std::stri
         for (int64_t k = 0; k < n; ++k)
           h[k] = dt == DType::DType_BF16 ? bf16_from_float(f32[k]) : f16_from_float(f32[k]);
       }
-      views.push_back({items[i].name, dt, p.shape, dst});
+      views.push_back({items[i].name, dt, shape, dst});
       weight_map[items[i].name] = file;
       total += host.back().size();
     }
@@ -185,6 +232,9 @@ std::string config_text(const ModelConfig& cfg, const CheckpointFormat& format) 
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(
       format.base_config.empty() ? model_config_hf_json(cfg) : format.base_config);
   j["use_cache"] = true;
+  // The weights are written dequantized (Note [gpt-oss's experts in files]): a quantization_config read from
+  // an MXFP4 checkpoint no longer describes them.
+  j.erase("quantization_config");
   const char* name = format.weights == DType::DType_BF16 ? "bfloat16"
                      : format.weights == DType::DType_F16 ? "float16"
                                                           : "float32";
@@ -197,8 +247,8 @@ std::string tensor_hint(const std::string& name) {
   if (name.find(".bias") != std::string::npos)
     return "the file holds attention biases but config.json has attention_bias = false";
   if (name.find("mlp.experts.gate_up_proj") != std::string::npos || name.find("mlp.experts.down_proj") != std::string::npos)
-    return "fused expert tensors (transformers 5's in-memory layout) are not read: save the model with per-expert "
-           "names (mlp.experts.<e>.gate_proj.weight, ...)";
+    return "fused expert tensors (transformers 5's in-memory layout) are read for gpt_oss only: save this model with "
+           "per-expert names (mlp.experts.<e>.gate_proj.weight, ...)";
   if (name.find("shared_expert") != std::string::npos)
     return "the file holds shared experts but config.json has none (n_shared_experts = 0, or a model_type without them)";
   if (name.find("e_score_correction_bias") != std::string::npos)
@@ -261,10 +311,20 @@ std::string implied_by(const std::string& name, const ModelConfig& cfg) {
 
 // Reads items; with check_unread, then refuses any tensor of f left unread (Note [No weight is dropped
 // silently]).
+// model_file: f is model.safetensors, whose gpt-oss experts are fused (Note [gpt-oss's experts in files]).
 void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore& params, const ModelConfig& cfg,
-                  bool check_unread = true) {
+                  bool check_unread, bool model_file) {
   std::vector<float> host;  // (numel of the full shape)
+  FusedExpertReader fused(f, cfg);
   for (const Item& it : items) {
+    ExpertParamName e;
+    if (model_file && cfg.is_gpt_oss() && expert_param_parse(it.name, e)) {
+      host.resize(static_cast<size_t>(it.param->shape.numel()));
+      fused.read(e, host.data());
+      finite_check(it.name, host.data(), it.param->shape.numel(), f.path(), false);
+      params.full_scatter(*it.param, host.data(), const_cast<Tensor*>(it.local));
+      continue;
+    }
     FP_CHECK(f.has(it.name),
              "check that config.json describes the model the weights were saved from; " + tensor_hint(it.name),
              "checkpoint '{}' has no tensor '{}', which config.json's {} implies", f.path(), it.name,
@@ -306,8 +366,8 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
   try {
     FP_ASSERT(format.weights == DType::DType_F32 || format.weights == DType::DType_BF16 ||
               format.weights == DType::DType_F16);
-    tensors_write(tmp, "model", final_dir.string(), weight_items(params), params, format.weights, format.shard_bytes,
-                  &cfg);
+    tensors_write(tmp, "model", final_dir.string(), file_weight_items(params, cfg), params, format.weights,
+                  format.shard_bytes, &cfg);
     if (optim != nullptr)
       tensors_write(tmp, "optimizer", final_dir.string(),
                     state_items(params, *optim,
@@ -369,8 +429,8 @@ void checkpoint_export(const std::string& out, const ModelConfig& cfg, ParamStor
     fs::create_directories(tmp);
   }
   try {
-    tensors_write(tmp, "model", final_dir.string(), weight_items(params), params, format.weights, format.shard_bytes,
-                  &cfg);
+    tensors_write(tmp, "model", final_dir.string(), file_weight_items(params, cfg), params, format.weights,
+                  format.shard_bytes, &cfg);
     if (!lead) return;
     file_write_atomic((tmp / "config.json").string(), config_text(cfg, format));
     fsync_dir(tmp);
@@ -413,9 +473,9 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
     std::vector<Item> items = weight_items(params);
     const auto kept = std::stable_partition(items.begin(), items.end(),
                                             [&](const Item& it) { return !kept_in_f32(cfg, it.name); });
-    tensors_read(f, std::vector<Item>(items.begin(), kept), params, cfg, /*check_unread=*/false);
+    tensors_read(f, std::vector<Item>(items.begin(), kept), params, cfg, /*check_unread=*/false, /*model_file=*/true);
     const std::set<DType> dtypes = f.dtypes_read();
-    tensors_read(f, std::vector<Item>(kept, items.end()), params, cfg);
+    tensors_read(f, std::vector<Item>(kept, items.end()), params, cfg, /*check_unread=*/true, /*model_file=*/true);
     state.weights_dtype = dtypes.size() == 1 ? *dtypes.begin() : DType::DType_F32;
     if (state.weights_dtype == DType::DType_F64) state.weights_dtype = DType::DType_F32;
   }
@@ -443,7 +503,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
     // The f32 master weights, when model.safetensors holds them rounded (Note [Checkpoint dtype and
     // shards]), replace what was read from it.
     const bool master = !params.layout().empty() && f.has(params.layout().front().name + ".master");
-    tensors_read(f, state_items(params, *optim, master), params, cfg);
+    tensors_read(f, state_items(params, *optim, master), params, cfg, /*check_unread=*/true, /*model_file=*/false);
     if (master) optim->master_loaded();
     optim->set_steps_taken(state.step);
   }

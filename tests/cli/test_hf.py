@@ -580,6 +580,119 @@ def deepseek_f32_routers(a, tmp):
           f"{len(stored) - len(f32)} BF16 tensors kept by convert (bit for bit) and train --init-from")
 
 
+# config.json as transformers 5.25's save_pretrained writes a GptOssForCausalLM (bf16): layer_types, YaRN with
+# truncate = false in rope_parameters, the clamped SwiGLU's numbers; a window shorter than the sequence.
+GPTOSS = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "bos_token_id": None,
+    "dtype": "bfloat16", "eos_token_id": None, "head_dim": 8, "hidden_act": "silu", "hidden_size": 32,
+    "initializer_range": 0.02, "intermediate_size": 64, "layer_types": ["sliding_attention", "full_attention"],
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 4, "num_experts_per_tok": 2,
+    "num_hidden_layers": 2, "num_key_value_heads": 2, "num_local_experts": 4, "output_router_logits": False,
+    "pad_token_id": None, "rms_norm_eps": 1e-05,
+    "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                        "rope_theta": 10000.0, "rope_type": "yarn", "truncate": False},
+    "router_aux_loss_coef": 0.001, "sliding_window": 8, "swiglu_alpha": 1.702, "swiglu_limit": 0.3,
+    "tie_word_embeddings": False, "transformers_version": "5.25.0", "use_cache": True, "vocab_size": 64}
+MXFP4 = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                                    "lm_head"], "quant_method": "mxfp4"}
+FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4_dequantize(blocks, scales):
+    """MXFP4 as the gpt-oss files hold it, written out here: blocks (E, R, G, 16) uint8, scales (E, R, G) uint8
+    -> (E, G * 32, R) float64; byte b of group g holds values 2b (low nibble) and 2b + 1 (high), each
+    FP4[nibble] * 2^(scale - 127)."""
+    E, R, G, _ = blocks.shape
+    lut = torch.tensor(FP4, dtype=torch.float64)
+    b = blocks.long()
+    vals = torch.stack([lut[b & 15], lut[b >> 4]], dim=-1).reshape(E, R, G, 32)
+    vals = vals * torch.pow(2.0, scales.double() - 127)[..., None]
+    return vals.reshape(E, R, G * 32).transpose(1, 2).contiguous()
+
+
+def gpt_oss_checkpoints(a, tmp):
+    """A gpt-oss directory as transformers writes it (each layer's experts fused, gate and up interleaved:
+    Note [gpt-oss's experts in files] in src/train/fused_experts.h), in BF16 and with MXFP4 experts as the
+    published files hold them, evaluates to the twin's logits on the values flatpeak loaded; convert writes
+    the BF16 directory back bit for bit (the MXFP4 one as BF16, its values the dequantized ones exactly, no
+    quantization_config), and train --init-from runs from it."""
+    T, B = 32, 2
+    cfg = twin.Config.from_dict(GPTOSS)
+    g = torch.Generator().manual_seed(21)
+    flat = {}
+    for name, shape in twin.param_shapes(cfg).items():
+        w = 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        if name.endswith(".sinks"):
+            w = torch.randn(shape, generator=g, dtype=torch.float64)
+        flat[name] = 1.0 + w if len(shape) == 1 and name.endswith("norm.weight") else w
+    hf = twin.gptoss_flat_to_hf(flat, cfg)
+    stored = {n: t.detach().to(torch.bfloat16) for n, t in hf.items()}
+    tokens = random_tokens(B * T + 1, GPTOSS["vocab_size"], seed=22)
+    data = os.path.join(tmp, "gptoss_tokens.bin")
+    write_tokens(data, tokens)
+
+    def write(d, tensors, config):
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        safetensors_io.save(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
+
+    def eval_vs_twin(d, hf_values, tag):
+        args, _, out_logits = eval_args(d, data, tmp, T, B, tag)
+        run(a, args)
+        dump, _ = safetensors_io.load(out_logits)
+        loaded = {n: t.to(torch.float64) for n, t in twin.gptoss_hf_to_flat(hf_values, cfg).items()}
+        with torch.no_grad():
+            ref = twin.forward(loaded, cfg, dump["input_ids"].long(), dump["targets"].long())["logits"]
+        rel = ((dump["logits"].to(torch.float64) - ref).abs().max() / ref.abs().max()).item()
+        assert rel < 1e-4, f"{tag}: max |logits - twin| / max |twin| = {rel:.3e} (>= 1e-4)"
+        return rel
+
+    d = os.path.join(tmp, "gptoss")
+    write(d, stored, GPTOSS)
+    rel = eval_vs_twin(d, {n: t.to(torch.float64) for n, t in stored.items()}, "gptoss")
+    back = os.path.join(tmp, "gptoss_back")
+    run(a, ["convert", "--checkpoint", d, "--out", back])
+    got, _ = load_dir(back)
+    assert set(got) == set(stored), sorted(set(got) ^ set(stored))
+    diff = [n for n in stored if got[n].dtype != torch.bfloat16 or not torch.equal(got[n], stored[n])]
+    assert not diff, f"convert changed {diff[:4]}"
+    assert json.load(open(os.path.join(back, "config.json"))) == GPTOSS
+
+    # MXFP4 experts: scales 2^-8 .. 2^-3 (values up to 6 x that), the rest BF16 as published.
+    quant = {n: t for n, t in stored.items() if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    deq = dict(quant)
+    E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    for l in range(cfg.num_hidden_layers):
+        for kind, R, C in (("gate_up_proj", 2 * I, H), ("down_proj", H, I)):
+            name = f"model.layers.{l}.mlp.experts.{kind}"
+            blocks = torch.randint(0, 256, (E, R, C // 32, 16), generator=g, dtype=torch.uint8)
+            scales = torch.randint(119, 125, (E, R, C // 32), generator=g, dtype=torch.uint8)
+            quant[name + "_blocks"], quant[name + "_scales"] = blocks, scales
+            deq[name] = mxfp4_dequantize(blocks, scales).to(torch.bfloat16)  # exact: FP4 x 2^k is a bf16 value
+    dq = os.path.join(tmp, "gptoss_mxfp4")
+    write(dq, quant, dict(GPTOSS, quantization_config=MXFP4))
+    rel_q = eval_vs_twin(dq, {n: t.to(torch.float64) for n, t in deq.items()}, "gptoss_mxfp4")
+    back_q = os.path.join(tmp, "gptoss_mxfp4_back")
+    run(a, ["convert", "--checkpoint", dq, "--out", back_q])
+    got, _ = load_dir(back_q)
+    assert set(got) == set(deq), sorted(set(got) ^ set(deq))
+    diff = [n for n in deq if not torch.equal(got[n], deq[n])]
+    assert not diff, f"convert of the MXFP4 directory: {diff[:4]} differ from the dequantized values"
+    assert "quantization_config" not in json.load(open(os.path.join(back_q, "config.json")))
+
+    run_toml = os.path.join(tmp, "gptoss_run.toml")
+    with open(run_toml, "w") as f:
+        f.write(re.sub(r"(?ms)^\[model\]\n.*?(?=^\[)", "", open(os.path.join(a.configs, "tiny.toml")).read()))
+    out = os.path.join(tmp, "gptoss_run")
+    run(a, ["train", "--config", run_toml, "--init-from", dq, "--out", out, "--steps", "2", "--quiet",
+            "--set", f"train.seq_len={T}", "--set", "train.batch_size=2"])
+    trained, _ = safetensors_io.load(os.path.join(out, "checkpoint", "model.safetensors"))
+    assert set(trained) == set(deq), sorted(set(trained) ^ set(deq))
+    print(f"gpt_oss_checkpoints: logits rel diff {rel:.2e} (bf16) and {rel_q:.2e} (MXFP4) vs twin; convert bit for "
+          f"bit; train --init-from the MXFP4 directory wrote {len(trained)} fused tensors")
+
+
 def load_dir(d):
     """All tensors of a model directory (one file or shards) and the sorted weight file names."""
     files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
@@ -590,7 +703,7 @@ def load_dir(d):
     return out, files
 
 
-CASES = {f.__name__: f for f in (eval_matches_twin, refusals, init_from, convert_round_trip)}
+CASES = {f.__name__: f for f in (eval_matches_twin, refusals, init_from, convert_round_trip, gpt_oss_checkpoints)}
 
 
 def main():

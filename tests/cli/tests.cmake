@@ -24,8 +24,8 @@ foreach(case train_resume_offload train_emulated_link bench_smoke)
 endforeach()
 # Hugging Face checkpoint directories (tests/cli/test_hf.py, needs torch): eval vs the PyTorch twin on F32, sharded
 # BF16 and F16 weights in both config.json spellings and every RoPE scaling, refused keys and tensors, train
-# --init-from, convert without loss.
-foreach(case eval_matches_twin refusals init_from convert_round_trip)
+# --init-from, convert without loss; gpt-oss directories with fused and MXFP4 experts.
+foreach(case eval_matches_twin refusals init_from convert_round_trip gpt_oss_checkpoints)
   add_test(NAME cli_hf_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_hf.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
   set_tests_properties(cli_hf_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 300)

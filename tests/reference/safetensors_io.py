@@ -16,6 +16,7 @@ DTYPES = {
     "F16": torch.float16,
     "I32": torch.int32,
     "I64": torch.int64,
+    "U8": torch.uint8,
 }
 NAMES = {v: k for k, v in DTYPES.items()}
 

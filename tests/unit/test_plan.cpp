@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/units.h"
+#include "model/hf_config.h"
 #include "model/params.h"
 #include "model/routing.h"
 #include "plan/model_file.h"
@@ -384,17 +385,22 @@ TEST(PlanModelFile, PresetsLoad) {
     double params_b;  // published total, billions
     double tol;       // relative
   };
-  // Paper: about 120 / 241 / 667 B (its models also in Kimi-K2's shape, -mla). gpt-oss-120b 116.8 B, Qwen3-235B
-  // 235 B, Mixtral-8x22B 141 B; DeepSeek-V3 671 B (without its multi-token prediction module), now the engine's
-  // own layer (MLA, shared experts, dense first layers): within 0.5%. Kimi-K2: the Hub counts 1.03T parameters in
-  // its files (the model card rounds to 1T).
-  for (const Want& w : {Want{"configs/models/paper-7l.toml", 120, 0.03}, Want{"configs/models/paper-14l.toml", 241, 0.02},
-                        Want{"configs/models/paper-39l.toml", 667, 0.02}, Want{"configs/models/paper-7l-mla.toml", 120, 0.03},
-                        Want{"configs/models/paper-14l-mla.toml", 241, 0.02},
-                        Want{"configs/models/paper-39l-mla.toml", 667, 0.02}, Want{"configs/models/gpt-oss-120b.json", 116.8, 0.02},
-                        Want{"configs/models/qwen3-235b-a22b.json", 235, 0.02},
-                        Want{"configs/models/mixtral-8x22b.json", 141, 0.02},
-                        Want{"configs/models/deepseek-v3.json", 671, 0.005}, Want{"configs/models/kimi-k2.json", 1030, 0.005}}) {
+  // Paper: about 120 / 241 / 667 B (its models also in Kimi-K2's shape, -mla). gpt-oss-20b and -120b: transformers'
+  // count (GptOssForCausalLM from the published config.json on the meta device, the MXFP4 quantization_config
+  // dropped; sum of numel) is 20,914,757,184 and 116,829,156,672, within 0.1% for the config.json and the run-config
+  // preset alike (the engine's count is exact). Qwen3-235B 235 B, Mixtral-8x22B 141 B; DeepSeek-V3 671 B (without
+  // its multi-token prediction module), now the engine's own layer (MLA, shared experts, dense first layers): within
+  // 0.5%. Kimi-K2: the Hub counts 1.03T parameters in its files (the model card rounds to 1T).
+  for (const Want& w :
+       {Want{"configs/models/paper-7l.toml", 120, 0.03}, Want{"configs/models/paper-14l.toml", 241, 0.02},
+        Want{"configs/models/paper-39l.toml", 667, 0.02}, Want{"configs/models/paper-7l-mla.toml", 120, 0.03},
+        Want{"configs/models/paper-14l-mla.toml", 241, 0.02}, Want{"configs/models/paper-39l-mla.toml", 667, 0.02},
+        Want{"configs/models/gpt-oss-20b.json", 20.914757184, 0.001},
+        Want{"configs/models/gpt-oss-20b.toml", 20.914757184, 0.001},
+        Want{"configs/models/gpt-oss-120b.json", 116.829156672, 0.001},
+        Want{"configs/models/gpt-oss-120b.toml", 116.829156672, 0.001},
+        Want{"configs/models/qwen3-235b-a22b.json", 235, 0.02}, Want{"configs/models/mixtral-8x22b.json", 141, 0.02},
+        Want{"configs/models/deepseek-v3.json", 671, 0.005}, Want{"configs/models/kimi-k2.json", 1030, 0.005}}) {
     const Model m = model_load(source_path(w.file));
     const double p = static_cast<double>(m.cfg.param_count()) / 1e9;
     EXPECT_NEAR(p / w.params_b, 1.0, w.tol) << w.file << ": " << p << " B";
@@ -408,6 +414,25 @@ TEST(PlanModelFile, PresetsLoad) {
     EXPECT_EQ(ds.cfg.value_head_dim(), 128) << f;
   }
   EXPECT_EQ(model_load(source_path("configs/models/deepseek-v3.json")).cfg.sparse_layer_count(), 58);
+  // gpt-oss: the published config.json is read strictly (the engine's own gpt_oss layer, nothing approximated),
+  // and the run-config preset beside it is the same model.
+  for (const char* n : {"gpt-oss-20b", "gpt-oss-120b"}) {
+    const Model j = model_load(source_path(std::string("configs/models/") + n + ".json"));
+    const Model t = model_load(source_path(std::string("configs/models/") + n + ".toml"));
+    EXPECT_TRUE(j.cfg.is_gpt_oss()) << n;
+    EXPECT_TRUE(j.approximate.empty()) << n << ": " << (j.approximate.empty() ? "" : j.approximate[0]);
+    EXPECT_TRUE(t.approximate.empty()) << n;
+    const std::vector<std::string> d = model_config_differences(j.cfg, t.cfg);
+    EXPECT_TRUE(d.empty()) << n << ": " << (d.empty() ? "" : d[0]);
+    EXPECT_EQ(j.cfg.layer_types, t.cfg.layer_types) << n;
+    EXPECT_EQ(j.cfg.param_count(), t.cfg.param_count()) << n;
+    EXPECT_EQ(t.default_ranks, 8) << n;
+    ASSERT_EQ(j.cfg.layer_types.size(), static_cast<size_t>(j.cfg.num_hidden_layers)) << n;
+    EXPECT_EQ(j.cfg.layer_window(0), 128) << n;  // sliding first, then full
+    EXPECT_EQ(j.cfg.layer_window(1), 0) << n;
+  }
+  EXPECT_EQ(model_load(source_path("configs/models/gpt-oss-20b.json")).cfg.param_count(), 20914757184);
+  EXPECT_EQ(model_load(source_path("configs/models/gpt-oss-120b.json")).cfg.param_count(), 116829156672);
   // a run config's [model] table works too
   EXPECT_EQ(model_load(source_path("configs/tiny.toml")).cfg.hidden_size, 64);
   EXPECT_THROW(model_from_toml("[model]\nhidden_size = 8\n", "partial.toml"), Error);
