@@ -21,6 +21,8 @@
 // the boundaries on every rank of the ring. _balanced deals the window to the ranks by attention work
 // (Note [Balanced rings], data/context_split.h) instead of zig-zag. _dp2 runs 2 data-parallel replicas of W/2
 // context-parallel ranks (Note [A device mesh] in train/trainer.cpp), each replica one sequence of the batch.
+// gptoss is gpt-oss's layer (sinks, alternating sliding and full attention, biases everywhere, the clamped
+// SwiGLU); gptoss_flat runs it with the flattened schedules.
 // _tiled (last) runs every layer in tiles of 25 of a rank's tokens (Note [Sequence-tiled layers] in
 // model/layer_tiles.cpp): each tile's queries run their own ring.
 #include <cstdio>
@@ -52,10 +54,12 @@ int main(int argc, char** argv) {
   const bool bf16 = suffix("_bf16");
   const bool chunked = suffix("_chunked"), llep = suffix("_llep");
   const bool deepseek = variant == "deepseek" || variant == "deepseek_flat";
+  const bool gpt_oss = variant == "gptoss" || variant == "gptoss_flat";
   if ((argc != 2 && argc != 3) ||
-      (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek)) {
+      (variant != "plain" && variant != "hf_layers" && variant != "hf_layers_flat" && !deepseek && !gpt_oss)) {
     std::fprintf(stderr,
-                 "usage: dist_case OUT.safetensors [plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat]"
+                 "usage: dist_case OUT.safetensors "
+                 "[plain|hf_layers|hf_layers_flat|deepseek|deepseek_flat|gptoss|gptoss_flat]"
                  "[_llep][_chunked][_bf16][_docs][_balanced][_dp2][_tiled]\n");
     return 2;
   }
@@ -68,7 +72,7 @@ int main(int argc, char** argv) {
     m.vocab_size = 66, m.norm_topk_prob = true, m.router_aux_loss_coef = 0.02, m.rope_theta = 10000;
     m.rms_norm_eps = 1e-6, m.seed = 3;
     Schedules sched;
-    if (variant == "hf_layers_flat" || variant == "deepseek_flat") {
+    if (variant == "hf_layers_flat" || variant == "deepseek_flat" || variant == "gptoss_flat") {
       sched.vocab.kind = VocabSchedule::Kind::Kind_ring;
       sched.vocab.block_tokens = 64;
       sched.ckpt.kind = CkptSchedule::Kind::Kind_sco;
@@ -92,6 +96,14 @@ int main(int argc, char** argv) {
       m.qk_nope_head_dim = 8, m.qk_rope_head_dim = 8, m.v_head_dim = 6, m.head_dim = 8, m.rope_interleave = true;
       m.first_k_dense_replace = 1, m.intermediate_size = 20, m.n_shared_experts = 1;
       m.n_group = 4, m.topk_group = 2, m.routed_scaling_factor = 2.5, m.router_aux_loss_coef = 0;
+    } else if (gpt_oss) {
+      // gpt-oss's layer: sinks (on every rank's queries of the ring, their gradient summed by the FSDP
+      // reduce), a sliding layer between full ones, biases on q/k/v/o, the router and every expert (moving
+      // with LLEP's weights), the clamped SwiGLU with a limit the activations cross.
+      m.model_type = ModelType::ModelType_gpt_oss;
+      m.num_hidden_layers = 3, m.attention_bias = true, m.sliding_window = 45, m.rms_norm_eps = 1e-5;
+      m.layer_types = {"sliding_attention", "full_attention", "sliding_attention"};
+      m.swiglu_alpha = 1.702, m.swiglu_limit = 0.02;
     } else if (variant != "plain") {
       m.num_hidden_layers = 3, m.mlp_only_layers = {1}, m.intermediate_size = 20;
       m.attention_bias = true, m.tie_word_embeddings = true, m.sliding_window = 45;

@@ -143,6 +143,19 @@ def case_grads_tiled(tmp):
         grads_variant(tmp, variant, reference=reference)
 
 
+def case_grads_gptoss(tmp):
+    """gpt-oss's layer (sinks in every rank's ring softmax, a sliding layer, biases on the router and the experts,
+    the clamped SwiGLU) on 2 and 4 ranks against one process: plain; with Ring-DTP, SCO and PipelinedLLEP; with
+    LLEP (the experts' biases travel with their weights); and the bf16 recipe."""
+    print("-- gptoss")
+    grads_variant(tmp, "gptoss")
+    for variant in ("gptoss_flat", "gptoss_llep", "gptoss_flat_chunked"):
+        print(f"-- {variant} against gptoss on one process")
+        grads_variant(tmp, variant, reference="gptoss")
+    print("-- gptoss_bf16")
+    grads_variant(tmp, "gptoss_bf16", loss_rtol=5e-6, grad_rtol=3e-2)
+
+
 def case_grads_bf16(tmp):
     """The bf16 recipe on W ranks (Note [Summing bf16 over ranks], Note [Ring attention accumulates in
     f32]): the forward differs from one process only in f32 summation order (losses within 5e-6,
