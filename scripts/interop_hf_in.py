@@ -16,7 +16,8 @@ sequence, and all of those at once; dynamic NTK RoPE past max_position_embedding
 a shared expert, a dense first layer): "deepseek" with a query latent (q_lora_rank), interleaved RoPE and
 4 groups of which 2 are kept; "deepseek_noq_yarn" with q_proj (q_lora_rank null), rotate-half RoPE, one
 group, unnormalized top-k weights and YaRN with DeepSeek's mscale / mscale_all_dim past the original
-context. transformers keeps their routers (mlp.gate.weight, e_score_correction_bias) in float32 in a bf16
+context. gpt-oss (GptOssForCausalLM: sinks, sliding and full layers, biases everywhere, the clamped SwiGLU, each
+layer's experts fused in the files): "gpt_oss" and "gpt_oss_yarn" (YaRN with truncate = false). transformers keeps their routers (mlp.gate.weight, e_score_correction_bias) in float32 in a bf16
 model (_keep_in_fp32_modules_strict), so those files mix F32 and BF16, and flatpeak writes them back the same
 way (Note [Tensors transformers keeps in f32] in src/train/checkpoint.cpp). Last, one thing flatpeak does
 not compute (LongRoPE) must be refused by name.
@@ -34,12 +35,13 @@ import sys
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GptOssConfig, GptOssForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 BIN, WORK, RUN_TOML = sys.argv[1:4]
 ONLY = set(sys.argv[4:])  # case names to run (none: all)
 T, B, V = 64, 2, 128
-CLASSES = {"qwen3_moe": Qwen3MoeForCausalLM, "deepseek_v3": DeepseekV3ForCausalLM}
+CLASSES = {"qwen3_moe": Qwen3MoeForCausalLM, "deepseek_v3": DeepseekV3ForCausalLM, "gpt_oss": GptOssForCausalLM}
 
 
 def flatpeak(*args):
@@ -106,6 +108,25 @@ def deepseek_model(d, rope, extra):
                 biases += 1
     assert biases == cfg.num_hidden_layers - cfg.first_k_dense_replace, biases
     model.save_pretrained(d, max_shard_size="100KB")
+
+
+def gpt_oss_model(d, rope, extra):
+    """A random bf16 GptOssForCausalLM: sinks, sliding and full layers (window 24 < T), biases on q/k/v/o, the
+    router and the fused experts (all random: transformers starts the expert biases at zero), a swiglu_limit
+    the activations cross, YaRN without truncation when rope is given."""
+    cfg = GptOssConfig(**dict(dict(vocab_size=V, hidden_size=64, intermediate_size=32, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
+                                   num_experts_per_tok=2, sliding_window=24, swiglu_limit=0.2,
+                                   max_position_embeddings=256,
+                                   rope_parameters=dict(rope or {"rope_type": "default"}, rope_theta=10000.0)),
+                              **extra))
+    torch.manual_seed(0)
+    model = GptOssForCausalLM(cfg)
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if name.endswith(("bias", "sinks")):
+                t.normal_(0.0, 0.5)
+    model.to(torch.bfloat16).save_pretrained(d, max_shard_size="100KB")
 
 
 def file_dtypes(d):
@@ -199,6 +220,10 @@ results = [
     case("deepseek_noq_yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                "mscale": 1.0, "mscale_all_dim": 1.0}, T=96, make=deepseek_model, q_lora_rank=None,
          rope_interleave=False, n_group=1, topk_group=1, norm_topk_prob=False),
+    # gpt-oss: sinks, alternating sliding/full layers, biases, the clamped SwiGLU; fused experts in the files.
+    case("gpt_oss", None, make=gpt_oss_model),
+    case("gpt_oss_yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}, make=gpt_oss_model),
     refused("longrope_refused", {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
                                  "original_max_position_embeddings": 32}, "longrope"),
 ]
