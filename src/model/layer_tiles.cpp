@@ -39,7 +39,9 @@ namespace fp {
 // last group or piece may be shorter. Every rank has the same B and T, so the same tiles: the dispatch
 // calls stay matched. A routing profile routes each tile as the step's tokens (a shorter tile afresh:
 // StepContext::profile_n).
-// deepseek_v3's multi-head latent attention is not tiled yet (refused by name, model/model.cpp).
+// gpt_oss's layer has no q/k norms (the projections go straight through RoPE) and its sinks join every tile's
+// rows (Note [Attention sinks]); deepseek_v3's multi-head latent attention is not tiled yet (refused by name,
+// model/model.cpp).
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
@@ -114,16 +116,23 @@ void norm_in(StepContext& s, const LayerParams& lp, CBuf x, int64_t r, Tensor& h
 }
 
 // One head group of r rows from h1 (the attention block's q or k): raw = h1 W^T (+ bias), out = RoPE of
-// each head row's rmsnorm, rstd (r * heads); pos: the rows' RoPE positions.
-void head_forward(StepContext& s, CBuf h1, const Param& w, const Param* bias, const Param& norm, const int32_t* pos,
+// each head row's rmsnorm, rstd (r * heads); pos: the rows' RoPE positions. Without a norm (gpt_oss) the
+// projection goes straight into out and RoPE turns it there; raw and rstd stay empty.
+void head_forward(StepContext& s, CBuf h1, const Param& w, const Param* bias, const Param* norm, const int32_t* pos,
                   int64_t r, int64_t heads, Tensor& raw, Buf out, Tensor& rstd) {
   const ops::KernelLauncher K = s.be.kernels();
   const int64_t H = s.cfg.hidden_size, hd = s.cfg.head_dim;
+  if (norm == nullptr) {
+    linear_forward(s.be, h1, w.w.buf(), out, r, H, heads * hd);
+    if (bias) K.bias_add(out, bias->w.buf(), r, heads * hd);
+    K.rope_forward(out, pos, r, heads, hd, s.rope_freqs());
+    return;
+  }
   raw = s.be.alloc(kAct, {r, heads * hd}, s.precision.activations, "tile.head_raw");
   linear_forward(s.be, h1, w.w.buf(), raw.buf(), r, H, heads * hd);
   if (bias) K.bias_add(raw.buf(), bias->w.buf(), r, heads * hd);
   rstd = s.be.alloc_f32(kAct, {r * heads}, "tile.head_rstd");
-  K.rmsnorm_forward(raw.buf(), norm.w.buf(), out, rstd.f32(), r * heads, hd, static_cast<float>(s.cfg.rms_norm_eps));
+  K.rmsnorm_forward(raw.buf(), norm->w.buf(), out, rstd.f32(), r * heads, hd, static_cast<float>(s.cfg.rms_norm_eps));
   K.rope_forward(out, pos, r, heads, hd, s.rope_freqs());
 }
 
@@ -138,7 +147,7 @@ void keys_values(StepContext& s, const LayerParams& lp, const Tensor& x, const T
     const int64_t r0 = t.row0, r = t.rows;
     Tensor h1, rstd1, k_raw, rstd_k;
     norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
-    head_forward(s, h1.buf(), *lp.k_proj, bias_of(s, lp.k_bias), *lp.k_norm, ptr_at(s.pos.i32(), r0), r,
+    head_forward(s, h1.buf(), *lp.k_proj, bias_of(s, lp.k_bias), lp.k_norm, ptr_at(s.pos.i32(), r0), r,
                  s.cfg.num_key_value_heads, k_raw, ptr_at(k.buf(), r0 * kv), rstd_k);
     linear_forward(be, h1.buf(), lp.v_proj->w.buf(), ptr_at(v.buf(), r0 * kv), r, H, kv);
     if (s.cfg.attention_bias) be.kernels().bias_add(ptr_at(v.buf(), r0 * kv), lp.v_bias->w.buf(), r, kv);
@@ -152,12 +161,13 @@ struct TileActs {
 
 // Tile i's queries against the keys of its sequences. cp = 1: the block kernel's positions from
 // s.tile_pos, keys up to the tile's last query; the ring: all T keys, its positions from ring_pos.
-ops::AttentionSpec tile_spec(const StepContext& s, const Tile& t) {
+ops::AttentionSpec tile_spec(const StepContext& s, const LayerParams& lp, const Tile& t) {
   const ModelConfig& c = s.cfg;
   const int64_t hd = c.head_dim, t0 = t.t0;
   ops::AttentionSpec a = ops::attention_spec(t.seqs, t.len, c.num_attention_heads, c.num_key_value_heads, hd, hd,
-                                             1.0f / std::sqrt(static_cast<float>(hd)), c.sliding_window,
+                                             1.0f / std::sqrt(static_cast<float>(hd)), c.layer_window(lp.index),
                                              s.doc_start.defined() ? ptr_at(s.doc_start.i32(), t.row0) : nullptr);
+  if (c.attention_sinks()) a.sinks = lp.sinks->w.buf();  // Note [Attention sinks]: every tile's rows join them
   if (s.cp > 1) {
     a.Tk = s.T;
     return a;
@@ -184,7 +194,7 @@ Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tenso
   const int64_t q_w = nh * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
   norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, a.h1, a.rstd1);
   a.q = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.q");
-  head_forward(s, a.h1.buf(), *lp.q_proj, bias_of(s, lp.q_bias), *lp.q_norm, ptr_at(s.pos.i32(), r0), r, nh, a.q_raw,
+  head_forward(s, a.h1.buf(), *lp.q_proj, bias_of(s, lp.q_bias), lp.q_norm, ptr_at(s.pos.i32(), r0), r, nh, a.q_raw,
                a.q.buf(), a.rstd_q);
   if (!keep) {
     a.h1.reset();
@@ -194,7 +204,7 @@ Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tenso
   }
   a.o = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.o");
   a.lse = be.alloc_f32(kAct, {t.seqs, nh, t.len}, "tile.lse");
-  const ops::AttentionSpec spec = tile_spec(s, t);
+  const ops::AttentionSpec spec = tile_spec(s, lp, t);
   if (s.cp > 1) {
     const Tensor kt = keys_view(k, t, kv), vt = keys_view(v, t, kv);
     ring_attention_forward(s, a.q, kt, vt, a.o, a.lse, spec, t.t0);
@@ -228,7 +238,8 @@ void tile_attention_backward(StepContext& s, const LayerParams& lp, const Tile& 
   if (c.attention_bias) K.bias_backward(dx1, lp.o_bias->g.buf(), r, H);
 
   Tensor dq = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.dq");
-  const ops::AttentionSpec spec = tile_spec(s, t);
+  const ops::AttentionSpec spec = tile_spec(s, lp, t);
+  if (c.attention_sinks()) K.attention_sink_backward(a.o.buf(), d_o.buf(), a.lse.f32(), lp.sinks->g.buf(), spec);
   if (s.cp > 1) {
     const Tensor kt = keys_view(k, t, kv), vt = keys_view(v, t, kv);
     Tensor dkt = keys_view(dk, t, kv), dvt = keys_view(dv, t, kv);
@@ -250,9 +261,14 @@ void tile_attention_backward(StepContext& s, const LayerParams& lp, const Tile& 
   a.q.reset();
 
   K.rope_backward(dq.buf(), ptr_at(s.pos.i32(), r0), r, nh, hd, s.rope_freqs());
-  Tensor dq_raw = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.dq_raw");
-  rmsnorm_backward(be, a.q_raw.buf(), lp.q_norm->w.buf(), a.rstd_q.f32(), dq.buf(), dq_raw.buf(), lp.q_norm->g.buf(),
-                   r * nh, hd);
+  Tensor dq_raw;
+  if (c.qk_norm()) {
+    dq_raw = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.dq_raw");
+    rmsnorm_backward(be, a.q_raw.buf(), lp.q_norm->w.buf(), a.rstd_q.f32(), dq.buf(), dq_raw.buf(), lp.q_norm->g.buf(),
+                     r * nh, hd);
+  } else {
+    dq_raw = std::move(dq);
+  }
   dq.reset();
   a.q_raw.reset();
   a.rstd_q.reset();
@@ -273,9 +289,9 @@ void tile_kv_backward(StepContext& s, const LayerParams& lp, const Tensor& x, co
   const int64_t kv = nkv * hd;
   Tensor h1, rstd1, k_raw, rstd_k;
   norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
-  {
+  if (c.qk_norm()) {  // k_norm's backward reads k_raw and its statistics
     Tensor k_out = be.alloc(kAct, {r, kv}, s.precision.activations, "tile.k_recomputed");
-    head_forward(s, h1.buf(), *lp.k_proj, bias_of(s, lp.k_bias), *lp.k_norm, ptr_at(s.pos.i32(), r0), r, nkv, k_raw,
+    head_forward(s, h1.buf(), *lp.k_proj, bias_of(s, lp.k_bias), lp.k_norm, ptr_at(s.pos.i32(), r0), r, nkv, k_raw,
                  k_out.buf(), rstd_k);
   }
   // dK, dV rounded once into the activations dtype, as the whole-sequence kernel writes them.
@@ -284,9 +300,14 @@ void tile_kv_backward(StepContext& s, const LayerParams& lp, const Tensor& x, co
   K.copy(dkt.buf(), ptr_at(dk.cbuf(), r0 * kv), r * kv);
   K.copy(dvt.buf(), ptr_at(dv.cbuf(), r0 * kv), r * kv);
   K.rope_backward(dkt.buf(), ptr_at(s.pos.i32(), r0), r, nkv, hd, s.rope_freqs());
-  Tensor dk_raw = be.alloc(kAct, {r, kv}, s.precision.activations, "tile.dk_raw");
-  rmsnorm_backward(be, k_raw.buf(), lp.k_norm->w.buf(), rstd_k.f32(), dkt.buf(), dk_raw.buf(), lp.k_norm->g.buf(),
-                   r * nkv, hd);
+  Tensor dk_raw;
+  if (c.qk_norm()) {
+    dk_raw = be.alloc(kAct, {r, kv}, s.precision.activations, "tile.dk_raw");
+    rmsnorm_backward(be, k_raw.buf(), lp.k_norm->w.buf(), rstd_k.f32(), dkt.buf(), dk_raw.buf(), lp.k_norm->g.buf(),
+                     r * nkv, hd);
+  } else {
+    dk_raw = std::move(dkt);
+  }
   dkt.reset();
   k_raw.reset();
   rstd_k.reset();

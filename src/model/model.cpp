@@ -54,9 +54,9 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
            precision_describe(sched_.precision), fmt::join(missing, ", "));
   FP_CHECK(sched_.ckpt.layer_tile == 0 || cfg.has_tiled_layer(),
            fmt::format("set ckpt.layer_tile = 0 for {} models", model_type_name(cfg.model_type)),
-           "ckpt.layer_tile = {}: {} has no tiled layer yet (Note [Sequence-tiled layers] in model/layer_tiles.cpp)",
-           sched_.ckpt.layer_tile,
-           cfg.is_deepseek() ? "deepseek_v3's multi-head latent attention" : "gpt_oss (sinks, no q/k norms)");
+           "ckpt.layer_tile = {}: deepseek_v3's multi-head latent attention has no tiled layer yet (Note "
+           "[Sequence-tiled layers] in model/layer_tiles.cpp)",
+           sched_.ckpt.layer_tile);
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");

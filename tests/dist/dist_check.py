@@ -146,10 +146,11 @@ def case_grads_tiled(tmp):
 def case_grads_gptoss(tmp):
     """gpt-oss's layer (sinks in every rank's ring softmax, a sliding layer, biases on the router and the experts,
     the clamped SwiGLU) on 2 and 4 ranks against one process: plain; with Ring-DTP, SCO and PipelinedLLEP; with
-    LLEP (the experts' biases travel with their weights); and the bf16 recipe."""
+    LLEP (the experts' biases travel with their weights); in tiles of 25 tokens (each tile's ring joins the sinks);
+    and the bf16 recipe."""
     print("-- gptoss")
     grads_variant(tmp, "gptoss")
-    for variant in ("gptoss_flat", "gptoss_llep", "gptoss_flat_chunked"):
+    for variant in ("gptoss_flat", "gptoss_llep", "gptoss_flat_chunked", "gptoss_tiled"):
         print(f"-- {variant} against gptoss on one process")
         grads_variant(tmp, variant, reference="gptoss")
     print("-- gptoss_bf16")

@@ -2,10 +2,11 @@
 // in tiles. Against the whole layers on the same weights and batch: the loss and the logits within 1e-6 (to
 // float rounding of the GEMMs' rows), every gradient within max(1e-6, 2 gamma(n heads)) norm-relative (the
 // weight gradients and dK/dV accumulate tile by tile: grad_tolerance), for tiles that cut sequences into pieces and
-// tiles of whole sequences; with a sliding window shorter than a tile, attention biases and a dense MLP layer; with the
-// MoE token side in chunks inside the tiles; with packed documents; with shorter last tiles. A tile of n or more is the
-// whole step bit for bit; the activations peak falls with the tile; meta allocates as cpu event for event; what is not
-// tiled is refused by name. Ring attention over W ranks with tiles: tests/dist (dist_check.py grads_tiled).
+// tiles of whole sequences; with a sliding window shorter than a tile, attention biases and a dense MLP layer;
+// gpt-oss's layer (sinks, sliding and full layers, no q/k norms, biases, the clamped SwiGLU); with the MoE token side
+// in chunks inside the tiles; with packed documents; with shorter last tiles. A tile of n or more is the whole step bit
+// for bit; the activations peak falls with the tile; meta allocates as cpu event for event; what is not tiled is
+// refused by name. Ring attention over W ranks with tiles: tests/dist (dist_check.py grads_tiled).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -39,6 +40,17 @@ ModelConfig switched_config() {
   return m;
 }
 
+// gpt-oss's layer (Note [Attention sinks]): sinks, a sliding layer (window 11) between full ones, biases on
+// q/k/v/o, the router and the experts, no q/k norms, the clamped SwiGLU with a limit the activations cross.
+ModelConfig gpt_oss_config() {
+  ModelConfig m = qwen_config();
+  m.model_type = ModelType::ModelType_gpt_oss;
+  m.num_hidden_layers = 3, m.attention_bias = true, m.sliding_window = 11, m.rms_norm_eps = 1e-5;
+  m.layer_types = {"sliding_attention", "full_attention", "sliding_attention"};
+  m.swiglu_alpha = 1.702, m.swiglu_limit = 0.05;
+  return m;
+}
+
 struct Options {
   int64_t layer_tile = 0;
   int64_t token_chunk = 0;
@@ -64,9 +76,22 @@ StepRun run(const ModelConfig& m, const Batch& batch, const Options& o) {
   Model model(m, *be, o.profile, sched);
   model.init_weights(m.seed);
   // Larger q/k weights: attention far from uniform, so a tile that saw the wrong keys would show.
-  for (Param& p : model.params().all())
+  for (Param& p : model.params().all()) {
     if (p.name.find("q_proj.weight") != std::string::npos || p.name.find("k_proj.weight") != std::string::npos)
       be->kernels().scale_inplace(p.w.buf(), 6.0f, p.w.numel());
+    // gpt-oss: biases (transformers starts them at zero) and sinks away from zero, by index.
+    if (m.is_gpt_oss() && be->computes() && (p.name.ends_with(".bias") || p.name.ends_with(".sinks"))) {
+      std::vector<float> b(static_cast<size_t>(p.w.numel()));
+      for (size_t i = 0; i < b.size(); ++i) b[i] = 0.05f * static_cast<float>(static_cast<int64_t>(i * 37 % 11) - 5);
+      if (p.w.dtype() == DType::DType_BF16) {
+        std::vector<uint16_t> h(b.size());
+        for (size_t i = 0; i < b.size(); ++i) h[i] = bf16_from_float(b[i]);
+        be->copy_from_host(p.w.data(), h.data(), p.w.bytes());
+      } else {
+        be->copy_from_host(p.w.data(), b.data(), p.w.bytes());
+      }
+    }
+  }
   StepRun r;
   const bool cpu = o.device == "cpu";
   r.out = step_forward_backward(model, batch, cpu ? &r.logits : nullptr);
@@ -124,8 +149,8 @@ TEST(LayerTiles, TiledStepMatchesWholeLayers) {
   // 2 sequences of 48: tiles of 8 and 16 tokens cut each sequence into pieces (20 takes 16, the longest
   // divisor of 48 not above it), 48 is one sequence a tile, 96 the whole step.
   const Batch batch = batch_random(2, 48, 50, 8);
-  for (const ModelConfig& m : {qwen_config(), switched_config()}) {
-    SCOPED_TRACE(m.attention_bias ? "switched" : "qwen");
+  for (const ModelConfig& m : {qwen_config(), switched_config(), gpt_oss_config()}) {
+    SCOPED_TRACE(m.is_gpt_oss() ? "gpt_oss" : m.attention_bias ? "switched" : "qwen");
     const StepRun whole = run(m, batch, {});
     for (int64_t tile : {8, 16, 20, 48}) {
       SCOPED_TRACE(tile);
@@ -178,25 +203,30 @@ TEST(LayerTiles, Bf16TilesMatchWholeLayers) {
   const Batch batch = batch_random(2, 48, 50, 8);
   Options o;
   o.precision = precision_recipe("bf16");
-  const StepRun whole = run(qwen_config(), batch, o);
-  o.layer_tile = 16;
-  const StepRun t = run(qwen_config(), batch, o);
-  EXPECT_NEAR(t.out.loss, whole.out.loss, 1e-5 * std::fabs(whole.out.loss));
-  EXPECT_LE(worst_grad(t, whole), 4.0 * 6 / 256);
-  EXPECT_LE(norm_rel(t.logits, whole.logits), 1e-5);
+  for (const ModelConfig& m : {qwen_config(), gpt_oss_config()}) {
+    SCOPED_TRACE(model_type_name(m.model_type));
+    o.layer_tile = 0;
+    const StepRun whole = run(m, batch, o);
+    o.layer_tile = 16;
+    const StepRun t = run(m, batch, o);
+    EXPECT_NEAR(t.out.loss, whole.out.loss, 1e-5 * std::fabs(whole.out.loss));
+    EXPECT_LE(worst_grad(t, whole), 4.0 * 6 / 256);
+    EXPECT_LE(norm_rel(t.logits, whole.logits), 1e-5);
+  }
 }
 
 TEST(LayerTiles, MetaAllocatesAsCpu) {
   // Under a profile each tile is routed as the step's tokens; a shorter last tile (47 = 4 x 10 + 7) afresh
   // (StepContext::profile_n), on meta in closed form.
   const Batch batch = batch_random(2, 47, 50, 8);
-  for (const char* prof : {"balanced", "hot:0.9:2"}) {
-    SCOPED_TRACE(prof);
+  for (const auto& [prof, m] :
+       {std::pair{"balanced", switched_config()}, {"hot:0.9:2", switched_config()}, {"balanced", gpt_oss_config()}}) {
+    SCOPED_TRACE(::testing::Message() << prof << " " << model_type_name(m.model_type));
     Options o = tiled(10, 6);
     o.profile = routing_profile_parse(prof);
-    const StepRun cpu = run(switched_config(), batch, o);
+    const StepRun cpu = run(m, batch, o);
     o.device = "meta";
-    const StepRun meta = run(switched_config(), batch, o);
+    const StepRun meta = run(m, batch, o);
     ASSERT_EQ(cpu.events.size(), meta.events.size());
     for (size_t j = 0; j < cpu.events.size(); ++j) {
       ASSERT_EQ(cpu.events[j].tag, meta.events[j].tag) << "event " << j;
