@@ -1,4 +1,5 @@
-"""What a user would run instead of flatpeak: transformers' Qwen3MoeForCausalLM on PyTorch 2.x (CPU), on
+"""What a user would run instead of flatpeak: transformers' Qwen3MoeForCausalLM (or GptOssForCausalLM, whose attention
+has no sdpa path in transformers: take the eager modes) on PyTorch 2.x (CPU), on
 the weights and batch of a flatpeak bench case (flatpeak bench step --case FILE), one training step
 (forward, backward, torch.optim.AdamW) per repeat, in the modes a user would pick:
   fp32-eager   float32, attn_implementation="eager"
@@ -24,12 +25,17 @@ import statistics
 import tempfile
 import time
 
+import sys
+
 import torch
 import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, safe_open, save_file
-from transformers import Qwen3MoeForCausalLM
+from transformers import GptOssForCausalLM, Qwen3MoeForCausalLM
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qwen3_moe_twin as twin  # noqa: E402  # the gpt-oss case's per-expert tensors into transformers' fused layout
 
 
 def main():
@@ -45,9 +51,14 @@ def main():
     with safe_open(a.case, framework="pt") as f:
         cfg = json.loads(f.metadata()["config"])
     ids, tgt = tensors["input_ids"].long(), tensors["targets"].long()
+    weights = {n: t for n, t in tensors.items() if n not in ("input_ids", "targets")}
+    gpt_oss = cfg.get("model_type") == "gpt_oss"
+    if gpt_oss:  # Note [gpt-oss's experts in files] (src/train/fused_experts.h): transformers' fused experts
+        weights = {n: t.detach() for n, t in twin.gptoss_flat_to_hf(weights, twin.Config.from_dict(cfg)).items()}
+    cls = GptOssForCausalLM if gpt_oss else Qwen3MoeForCausalLM
     model_dir = tempfile.mkdtemp(prefix="flatpeak_bench_tf_")
-    save_file({n: t.contiguous() for n, t in tensors.items() if n not in ("input_ids", "targets")},
-              os.path.join(model_dir, "model.safetensors"), metadata={"format": "pt"})
+    save_file({n: t.contiguous() for n, t in weights.items()}, os.path.join(model_dir, "model.safetensors"),
+              metadata={"format": "pt"})
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(cfg, f)
     results = {}
@@ -57,7 +68,7 @@ def main():
             raise SystemExit(f"bench_transformers: unknown mode {mode!r} (DTYPE-ATTN[-ckpt], e.g. fp32-sdpa-ckpt)")
         # Loaded as a user would: from a Hugging Face directory (transformers maps the per-expert
         # tensors onto its own in-memory layout).
-        model = Qwen3MoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+        model = cls.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
         config = model.config
         if rest == ["ckpt"]:
             model.gradient_checkpointing_enable()
@@ -71,7 +82,8 @@ def main():
                 out = model(input_ids=ids, output_router_logits=True)
             logits = out.logits.float()
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100)
-            aux = load_balancing_loss_func(out.router_logits, config.num_experts, config.num_experts_per_tok)
+            aux = load_balancing_loss_func(out.router_logits, config.num_local_experts if gpt_oss else config.num_experts,
+                                           config.num_experts_per_tok)
             (loss + config.router_aux_loss_coef * aux).backward()
             opt.step()
             t = time.perf_counter() - t0

@@ -149,8 +149,63 @@ void backward_range(const float* g, const float* u, const float* da, float* dg, 
 
 #endif
 
-// Note [The clamped SwiGLU] (ops/swiglu.h), one element at a time in f32 with the stable sigmoid (Note
-// [Stable sigmoid]); the clamps' gradient passes where torch.clamp's does (bounds included).
+// Note [The clamped SwiGLU] (ops/swiglu.h) in f32 with the stable sigmoid (Note [Stable sigmoid]) of alpha g_c;
+// the clamps' gradient passes where torch.clamp's does (bounds included). With SSE2, 4 lanes at a time with
+// the same exp as the plain SwiGLU (Note [Why SwiGLU has its own exp]), the tail padded; else one element at
+// a time with std::exp.
+#if defined(__SSE2__)
+inline void clamped_forward4(const float* g, const float* u, float* a, __m128 alpha, __m128 lim) {
+  const __m128 gc = _mm_min_ps(_mm_loadu_ps(g), lim);
+  const __m128 uc = _mm_max_ps(_mm_min_ps(_mm_loadu_ps(u), lim), _mm_sub_ps(_mm_setzero_ps(), lim));
+  __m128 s, sc;
+  sigmoid4(_mm_mul_ps(alpha, gc), s, sc);
+  _mm_storeu_ps(a, _mm_mul_ps(_mm_add_ps(uc, _mm_set1_ps(1.0f)), _mm_mul_ps(gc, s)));
+}
+
+inline void clamped_backward4(const float* g, const float* u, const float* da, float* dg, float* du, __m128 alpha,
+                              __m128 lim) {
+  const __m128 gv = _mm_loadu_ps(g), uv = _mm_loadu_ps(u), dav = _mm_loadu_ps(da);
+  const __m128 neg = _mm_sub_ps(_mm_setzero_ps(), lim);
+  const __m128 gc = _mm_min_ps(gv, lim), uc = _mm_max_ps(_mm_min_ps(uv, lim), neg);
+  __m128 s, sc;
+  sigmoid4(_mm_mul_ps(alpha, gc), s, sc);
+  const __m128 glu = _mm_mul_ps(gc, s);                                                                     // g_c s
+  const __m128 dglu = _mm_mul_ps(s, _mm_add_ps(_mm_set1_ps(1.0f), _mm_mul_ps(_mm_mul_ps(alpha, gc), sc)));  // d/dg_c
+  const __m128 u_in = _mm_and_ps(_mm_cmpge_ps(uv, neg), _mm_cmple_ps(uv, lim));
+  _mm_storeu_ps(du, _mm_and_ps(u_in, _mm_mul_ps(dav, glu)));
+  const __m128 dgv = _mm_mul_ps(_mm_mul_ps(dav, _mm_add_ps(uc, _mm_set1_ps(1.0f))), dglu);
+  _mm_storeu_ps(dg, _mm_and_ps(_mm_cmple_ps(gv, lim), dgv));
+}
+
+void clamped_forward_range(const float* g, const float* u, float* a, int64_t n, float alpha, float limit) {
+  const __m128 al = _mm_set1_ps(alpha), lim = _mm_set1_ps(limit);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) clamped_forward4(g + i, u + i, a + i, al, lim);
+  if (i < n) {
+    float gp[4] = {}, up[4] = {}, ap[4];  // the tail, padded to 4 lanes
+    std::copy(g + i, g + n, gp);
+    std::copy(u + i, u + n, up);
+    clamped_forward4(gp, up, ap, al, lim);
+    std::copy(ap, ap + (n - i), a + i);
+  }
+}
+
+void clamped_backward_range(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
+                            float alpha, float limit) {
+  const __m128 al = _mm_set1_ps(alpha), lim = _mm_set1_ps(limit);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) clamped_backward4(g + i, u + i, da + i, dg + i, du + i, al, lim);
+  if (i < n) {
+    float gp[4] = {}, up[4] = {}, dap[4] = {}, dgp[4], dup[4];  // the tail, padded to 4 lanes
+    std::copy(g + i, g + n, gp);
+    std::copy(u + i, u + n, up);
+    std::copy(da + i, da + n, dap);
+    clamped_backward4(gp, up, dap, dgp, dup, al, lim);
+    std::copy(dgp, dgp + (n - i), dg + i);
+    std::copy(dup, dup + (n - i), du + i);
+  }
+}
+#else
 inline void sigmoid_stable(float x, float& s, float& sc) {
   const float e = std::exp(-std::abs(x));
   const float inv = 1.0f / (1.0f + e);
@@ -179,6 +234,7 @@ void clamped_backward_range(const float* g, const float* u, const float* da, flo
     dg[i] = g[i] <= limit ? (da[i] * (uc + 1.0f)) * dglu : 0.0f;
   }
 }
+#endif
 
 }  // namespace
 
