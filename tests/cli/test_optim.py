@@ -59,6 +59,20 @@ def case_train_resume_offload(tmp):
         else:
             assert opt_peak == 0, f"{name}: device optimizer peak {opt_peak}, expected none"
     print(f"offload variants equal the device AdamW's losses over 6 steps with a resume at 3: {want[-1]}")
+    # gpt-oss's parameters (sinks, the router's and every expert's biases: 1-D tensors of their own buckets'
+    # edges) through OffloadStreamAdamW on the host, with a resume, against the device AdamW.
+    gpt_oss = [a for kv in ("model.model_type=gpt_oss", "model.swiglu_alpha=1.702", "model.swiglu_limit=7.0",
+                            "model.sliding_window=32", 'model.layer_types=["sliding_attention","full_attention"]',
+                            "model.attention_bias=true", "model.rms_norm_eps=1e-5") for a in ("--set", kv)]
+    ref = os.path.join(tmp, "gpt_oss_device")
+    run(common + gpt_oss + ["--out", ref])
+    want = [m["loss"] for m in metrics(ref)]
+    d = os.path.join(tmp, "gpt_oss_stream_host")
+    run(common + gpt_oss + variants["stream_host"] + ["--out", d, "--stop-after", "3"])
+    run(common + gpt_oss + variants["stream_host"] + ["--out", d, "--resume", d])
+    got = [x["loss"] for x in metrics(d)]
+    assert got == want, f"gpt_oss stream_host: losses {got} differ from the device AdamW's {want}"
+    print(f"gpt-oss: offload_stream on the host equals the device AdamW over 6 steps with a resume: {want[-1]}")
 
 
 def case_train_emulated_link(tmp):
