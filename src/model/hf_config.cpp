@@ -175,6 +175,36 @@ void deepseek_parse(Reader& r, ModelConfig& m) {
     r.mark(k);
 }
 
+// RoPE from rope_theta (4.x) and rope_scaling, or rope_parameters (5.x), which must agree where both are given;
+// default_theta where none names a theta. max_position_embeddings is read only as YaRN's default original
+// context (otherwise inert). Returns whether either dictionary was given (not null).
+bool rope_read(Reader& r, ModelConfig& m, double default_theta) {
+  const std::string& source = r.source();
+  std::optional<double> theta_scaling, theta_params;
+  int64_t max_positions = 0;
+  if (r.has("max_position_embeddings") && r.at("max_position_embeddings").is_number_integer())
+    max_positions = r.at("max_position_embeddings").get<int64_t>();
+  const bool given = r.has("rope_scaling") || r.has("rope_parameters");
+  const RopeScaling scaling = rope_dictionary(r, "rope_scaling", &theta_scaling, max_positions);
+  const RopeScaling params = rope_dictionary(r, "rope_parameters", &theta_params, max_positions);
+  FP_CHECK(scaling.kind == RopeScaling::Kind::Kind_default || params.kind == RopeScaling::Kind::Kind_default ||
+               scaling == params,
+           kSupported, "{}: rope_scaling and rope_parameters disagree", source);
+  m.rope_scaling = scaling.kind != RopeScaling::Kind::Kind_default ? scaling : params;
+  m.rope_theta = default_theta;
+  int theta_sources = 0;
+  for (const std::optional<double>& t : {theta_params, theta_scaling})
+    if (t) m.rope_theta = *t, ++theta_sources;
+  if (r.has("rope_theta")) {
+    const double t = r.number("rope_theta", 0);
+    FP_CHECK(theta_sources == 0 || t == m.rope_theta, kSupported,
+             "{}: rope_theta = {} disagrees with the rope_theta of rope_parameters ({})", source, t, m.rope_theta);
+    m.rope_theta = t;
+  }
+  r.mark("rope_theta");
+  return given;
+}
+
 // GptOssForCausalLM's config.json (transformers 5's GptOssConfig; the published openai/gpt-oss files
 // add experts_per_token and initial_context_length, which transformers does not read). A key left out
 // takes GptOssConfig's default: rope_theta 150000 and, with neither rope_scaling nor rope_parameters,
@@ -221,18 +251,7 @@ void gpt_oss_parse(Reader& r, HfConfig& out) {
   m.attention_bias = r.boolean("attention_bias", true);
   m.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
   // RoPE: rope_theta and rope_scaling (as the published files write them), or rope_parameters.
-  std::optional<double> theta_scaling, theta_params;
-  int64_t max_positions = 0;
-  if (r.has("max_position_embeddings") && r.at("max_position_embeddings").is_number_integer())
-    max_positions = r.at("max_position_embeddings").get<int64_t>();
-  const bool given = r.has("rope_scaling") || r.has("rope_parameters");
-  const RopeScaling scaling = rope_dictionary(r, "rope_scaling", &theta_scaling, max_positions);
-  const RopeScaling params = rope_dictionary(r, "rope_parameters", &theta_params, max_positions);
-  FP_CHECK(scaling.kind == RopeScaling::Kind::Kind_default || params.kind == RopeScaling::Kind::Kind_default ||
-               scaling == params,
-           kSupported, "{}: rope_scaling and rope_parameters disagree", source);
-  m.rope_scaling = scaling.kind != RopeScaling::Kind::Kind_default ? scaling : params;
-  if (!given) {  // GptOssConfig.__post_init__'s default
+  if (!rope_read(r, m, 150000.0)) {  // GptOssConfig.__post_init__'s default
     m.rope_scaling.kind = RopeScaling::Kind::Kind_yarn;
     m.rope_scaling.factor = 32.0;
     m.rope_scaling.beta_fast = 32.0;
@@ -240,14 +259,6 @@ void gpt_oss_parse(Reader& r, HfConfig& out) {
     m.rope_scaling.truncate = false;
     m.rope_scaling.original_max_position_embeddings = 4096;
   }
-  m.rope_theta = theta_params ? *theta_params : theta_scaling ? *theta_scaling : 150000.0;
-  if (r.has("rope_theta")) {
-    const double t = r.number("rope_theta", 0);
-    FP_CHECK(!(theta_params || theta_scaling) || t == m.rope_theta, kSupported,
-             "{}: rope_theta = {} disagrees with the rope_theta of rope_parameters ({})", source, t, m.rope_theta);
-    m.rope_theta = t;
-  }
-  r.mark("rope_theta");
   // Attention per layer.
   if (!r.j_contains("sliding_window")) {
     m.sliding_window = 128;
@@ -462,27 +473,7 @@ HfConfig hf_config_parse(const std::string& text, const std::string& source, HfM
   m.norm_topk_prob = r.boolean("norm_topk_prob", deepseek);  // transformers' defaults
   m.router_aux_loss_coef = deepseek ? 0.0 : r.number("router_aux_loss_coef", 0.001);
   // RoPE: rope_theta (4.x) and rope_scaling, or rope_parameters (5.x).
-  std::optional<double> theta_scaling, theta_params;
-  int64_t max_positions = 0;  // read only as YaRN's default original context (otherwise inert)
-  if (r.has("max_position_embeddings") && r.at("max_position_embeddings").is_number_integer())
-    max_positions = r.at("max_position_embeddings").get<int64_t>();
-  const RopeScaling scaling = rope_dictionary(r, "rope_scaling", &theta_scaling, max_positions);
-  const RopeScaling params = rope_dictionary(r, "rope_parameters", &theta_params, max_positions);
-  FP_CHECK(scaling.kind == RopeScaling::Kind::Kind_default || params.kind == RopeScaling::Kind::Kind_default ||
-               scaling == params,
-           kSupported, "{}: rope_scaling and rope_parameters disagree", source);
-  m.rope_scaling = scaling.kind != RopeScaling::Kind::Kind_default ? scaling : params;
-  m.rope_theta = 10000.0;
-  int theta_sources = 0;
-  for (const std::optional<double>& t : {theta_params, theta_scaling})
-    if (t) m.rope_theta = *t, ++theta_sources;
-  if (r.has("rope_theta")) {
-    const double t = r.number("rope_theta", 0);
-    FP_CHECK(theta_sources == 0 || t == m.rope_theta, kSupported,
-             "{}: rope_theta = {} disagrees with the rope_theta of rope_parameters ({})", source, t, m.rope_theta);
-    m.rope_theta = t;
-  }
-  r.mark("rope_theta");
+  rope_read(r, m, 10000.0);
   m.seed = 0;
 
   // The layer's switches (Note [Sliding window] for the window).

@@ -566,13 +566,7 @@ def deepseek_f32_routers(a, tmp):
     diff = same_dtypes_and_bits(got, "convert")
     assert not diff, f"convert changed {diff[:4]}"
     assert json.load(open(os.path.join(back, "config.json"))) == DEEPSEEK
-    run_toml = os.path.join(tmp, "deepseek_run.toml")
-    with open(run_toml, "w") as f:
-        f.write(re.sub(r"(?ms)^\[model\]\n.*?(?=^\[)", "", open(os.path.join(a.configs, "tiny.toml")).read()))
-    out = os.path.join(tmp, "deepseek_run")
-    run(a, ["train", "--config", run_toml, "--init-from", d, "--out", out, "--steps", "2", "--quiet",
-            "--set", f"train.seq_len={T}", "--set", "train.batch_size=2"])
-    ck = os.path.join(out, "checkpoint")
+    ck = train_init_from(a, tmp, d, "deepseek", T)
     trained, _ = safetensors_io.load(os.path.join(ck, "model.safetensors"))
     same_dtypes_and_bits(trained, "train --init-from")
     assert json.load(open(os.path.join(ck, "config.json")))["dtype"] == "bfloat16"
@@ -681,16 +675,22 @@ def gpt_oss_checkpoints(a, tmp):
     assert not diff, f"convert of the MXFP4 directory: {diff[:4]} differ from the dequantized values"
     assert "quantization_config" not in json.load(open(os.path.join(back_q, "config.json")))
 
-    run_toml = os.path.join(tmp, "gptoss_run.toml")
-    with open(run_toml, "w") as f:
-        f.write(re.sub(r"(?ms)^\[model\]\n.*?(?=^\[)", "", open(os.path.join(a.configs, "tiny.toml")).read()))
-    out = os.path.join(tmp, "gptoss_run")
-    run(a, ["train", "--config", run_toml, "--init-from", dq, "--out", out, "--steps", "2", "--quiet",
-            "--set", f"train.seq_len={T}", "--set", "train.batch_size=2"])
-    trained, _ = safetensors_io.load(os.path.join(out, "checkpoint", "model.safetensors"))
+    trained, _ = safetensors_io.load(os.path.join(train_init_from(a, tmp, dq, "gptoss", T), "model.safetensors"))
     assert set(trained) == set(deq), sorted(set(trained) ^ set(deq))
     print(f"gpt_oss_checkpoints: logits rel diff {rel:.2e} (bf16) and {rel_q:.2e} (MXFP4) vs twin; convert bit for "
           f"bit; train --init-from the MXFP4 directory wrote {len(trained)} fused tensors")
+
+
+def train_init_from(a, tmp, d, tag, T):
+    """flatpeak train --init-from d for 2 steps with tiny.toml's run settings (its [model] left out: the model
+    comes from d); returns the run's checkpoint directory."""
+    run_toml = os.path.join(tmp, f"{tag}_run.toml")
+    with open(run_toml, "w") as f:
+        f.write(re.sub(r"(?ms)^\[model\]\n.*?(?=^\[)", "", open(os.path.join(a.configs, "tiny.toml")).read()))
+    out = os.path.join(tmp, f"{tag}_run")
+    run(a, ["train", "--config", run_toml, "--init-from", d, "--out", out, "--steps", "2", "--quiet",
+            "--set", f"train.seq_len={T}", "--set", "train.batch_size=2"])
+    return os.path.join(out, "checkpoint")
 
 
 def load_dir(d):

@@ -16,6 +16,7 @@
 #include <set>
 #include <vector>
 
+#include "../common/temp_dir.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/mxfp4.h"
@@ -195,36 +196,11 @@ TEST(Mxfp4, RandomSlabsAroundTheRowTile) {
 // ---------------------------------------------------------------------------------------------------
 // U8 tensors and row ranges in safetensors
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() / fmt::format("fp_mxfp4_{}_{}", ::getpid(), counter++);
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
+using test_files::expect_error;
+// A fresh directory under /tmp, removed with everything in it at the end of the test.
+struct TempDir : test_files::TempDir {
+  TempDir() : test_files::TempDir("fp_mxfp4") {}
 };
-
-// Runs f, which must throw fp::Error whose message contains every one of `parts` and has a hint.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    EXPECT_FALSE(e.hint().empty()) << "no hint for: " << msg;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected fp::Error, got another exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected fp::Error mentioning '" << (parts.empty() ? "" : parts[0]) << "', nothing thrown";
-}
 
 // A gpt-oss-like file: one projection's blocks (E, R, G, 16) and scales (E, R, G) in U8, its bias
 // (E, R) in F32 and a BF16 (E, 2, 3) tensor, written by safetensors_write.

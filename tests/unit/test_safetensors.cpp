@@ -11,6 +11,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "../common/temp_dir.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/atomic_file.h"
@@ -21,37 +22,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using test_files::expect_error;
 // A fresh directory under /tmp, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() / fmt::format("fp_safetensors_{}_{}", ::getpid(), counter++);
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
+struct TempDir : test_files::TempDir {
+  TempDir() : test_files::TempDir("fp_safetensors") {}
 };
-
-// Runs f, which must throw fp::Error whose message contains every one of `parts` and has a hint.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    EXPECT_FALSE(e.hint().empty()) << "no hint for: " << msg;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected fp::Error, got another exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected fp::Error mentioning '" << (parts.empty() ? "" : parts[0]) << "', nothing thrown";
-}
 
 // A file made by hand: 8-byte length (header.size() unless given), header text, data bytes.
 void raw_write(const std::string& path, const std::string& header, const std::string& data,
