@@ -27,6 +27,9 @@ namespace fp {
 // the whole layer's order of that sum), and the input norm's backward into the residual gradient. The
 // ring's keys are seen by every rank's tiles, so with cp > 1 the key sides wait for the last tile, and d h1
 // is kept for all n.
+// Under SCO a tiled layer holds three boundaries on the device while it runs, where a whole layer holds two:
+// its input (read by every tile), its output (allocated before the first tile) and the previous boundary
+// until its offload completes (store->put after the layer, step/step.cpp); the planner's ledger counts it.
 // What stays full-length: the boundary x and the residual gradient dx (as without tiles), K and V, their
 // f32 gradient accumulators, and with cp > 1 d h1. Everything else, the norms' outputs, q, the attention
 // output and its statistics, the projections, the router's and the combine's tensors, the MLP's
