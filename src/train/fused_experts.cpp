@@ -26,15 +26,17 @@ bool expert_param_parse(const std::string& name, ExpertParamName& out) {
 const std::vector<float>& FusedExpertReader::slab(int64_t l, int64_t e, const std::string& kind) {
   const std::string name = layer_prefix(l) + kind;
   const std::string key = fmt::format("{}#{}", name, e);
-  if (key == key_) return slab_;
   const int64_t E = cfg_.num_experts, H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   const bool gate_up = kind.rfind("gate_up_proj", 0) == 0, bias = kind.ends_with("_bias");
+  Slab& cache = bias ? biases_ : weights_;
+  if (key == cache.key) return cache.values;
+  std::vector<float>& slab = cache.values;
   const Shape full = bias ? Shape{E, gate_up ? 2 * I : H} : gate_up ? Shape{E, H, 2 * I} : Shape{E, I, H};
-  slab_.resize(static_cast<size_t>(full.numel() / E));
+  slab.resize(static_cast<size_t>(full.numel() / E));
   if (bias || f_.has(name)) {
     FP_CHECK(f_.has(name), "a gpt-oss checkpoint holds each layer's fused experts (transformers' GptOssExperts)",
              "checkpoint '{}' has no tensor '{}'", f_.path(), name);
-    f_.read_f32_rows(name, full, e, 1, slab_.data());
+    f_.read_f32_rows(name, full, e, 1, slab.data());
   } else {
     // MXFP4 (io/mxfp4.h): blocks (E, R, G, 16) and scales (E, R, G) of the (E, R, C) transposed matrix,
     // C = G * 32, dequantized to (C, R): gate_up_proj's (H, 2I) from R = 2I, C = H; down_proj's (I, H).
@@ -49,10 +51,10 @@ const std::vector<float>& FusedExpertReader::slab(int64_t l, int64_t e, const st
     scales_.resize(static_cast<size_t>(R * G));
     f_.read_u8_rows(name + "_blocks", {E, R, G, kMxfp4BlockBytes}, e, 1, blocks_.data());
     f_.read_u8_rows(name + "_scales", {E, R, G}, e, 1, scales_.data());
-    mxfp4_dequantize_f32(blocks_.data(), scales_.data(), R, G, slab_.data());
+    mxfp4_dequantize_f32(blocks_.data(), scales_.data(), R, G, slab.data());
   }
-  key_ = key;
-  return slab_;
+  cache.key = key;
+  return slab;
 }
 
 void FusedExpertReader::read(const ExpertParamName& p, float* host) {

@@ -47,10 +47,15 @@ class FusedExpertReader {
   // biases (2I), (H)), dequantized when the file holds MXFP4.
   const std::vector<float>& slab(int64_t l, int64_t e, const std::string& kind);
 
+  // The last slab read of each kind, weights and biases apart: an expert's items alternate between them
+  // (gate_proj.weight, gate_proj.bias, up_proj.weight, ...), and the weight slab serves both gate and up.
+  struct Slab {
+    std::string key;  // tensor name and expert
+    std::vector<float> values;
+  };
   SafetensorsSet& f_;
   const ModelConfig& cfg_;
-  std::string key_;  // the cached slab: tensor name and expert
-  std::vector<float> slab_;
+  Slab weights_, biases_;
   std::vector<uint8_t> blocks_, scales_;
 };
 
