@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -184,8 +185,11 @@ void mlp_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x1,
 // model/layer_tiles.cpp): the attention block, then the MoE block (sparse) or the dense MLP.
 // x (n, H) -> the layer's output (n, H), allocated in out_cat named out_name; stats as moe_block_forward's
 // (a dense layer leaves it alone).
+// before_output, when set, runs once K and V are computed, right before the output is allocated (the
+// checkpoint store's settle: the previous boundary leaves the device first).
 Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x, bool sparse, RouterStats* stats,
-                           Category out_cat, const std::string& out_name);
+                           Category out_cat, const std::string& out_name,
+                           const std::function<void()>& before_output = {});
 // The recompute from the boundary x and the backward: dx (n, H) in d (the layer's output), out d x.
 void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x, bool sparse, const Tensor& aux_bias,
                           Tensor& dx);

@@ -27,9 +27,10 @@ namespace fp {
 // the whole layer's order of that sum), and the input norm's backward into the residual gradient. The
 // ring's keys are seen by every rank's tiles, so with cp > 1 the key sides wait for the last tile, and d h1
 // is kept for all n.
-// Under SCO a tiled layer holds three boundaries on the device while it runs, where a whole layer holds two:
-// its input (read by every tile), its output (allocated before the first tile) and the previous boundary
-// until its offload completes (store->put after the layer, step/step.cpp); the planner's ledger counts it.
+// Under SCO a tiled layer keeps its input (read by every tile) and allocates its output before the first
+// tile, so the previous boundary must leave the device before that: the step settles the store once K and V
+// are computed (their projections give the previous boundary's offload time to finish), and the device holds
+// two boundaries, as with whole layers.
 // What stays full-length: the boundary x and the residual gradient dx (as without tiles), K and V, their
 // f32 gradient accumulators, and with cp > 1 d h1. Everything else, the norms' outputs, q, the attention
 // output and its statistics, the projections, the router's and the combine's tensors, the MLP's
@@ -344,12 +345,13 @@ void stats_add(RouterStats& into, const RouterStats& tile) {
 }  // namespace
 
 Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x, bool sparse, RouterStats* stats,
-                           Category out_cat, const std::string& out_name) {
+                           Category out_cat, const std::string& out_name, const std::function<void()>& before_output) {
   Backend& be = s.be;
   const int64_t n = s.n, H = s.cfg.hidden_size;
   const Tiles tiles = tiles_of(s);
   Tensor k, v;
   keys_values(s, lp, x, tiles, k, v);
+  if (before_output) before_output();
   Tensor out = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
   if (stats) *stats = RouterStats{};
   for (int64_t i = 0; i < tiles.count; ++i) {

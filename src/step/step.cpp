@@ -260,7 +260,8 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
     const Category out_cat = last ? Category::Category_activations : Category::Category_checkpoints;
     const std::string out_name = last ? "final.x" : fmt::format("ckpt.layer{}", l + 1);
     if (s.layer_tile > 0) {  // Note [Sequence-tiled layers]: the boundary stays until the layer's last tile
-      Tensor next = layer_forward_tiled(s, lp, x, cfg.layer_is_sparse(l), &stats[l], out_cat, out_name);
+      Tensor next = layer_forward_tiled(s, lp, x, cfg.layer_is_sparse(l), &stats[l], out_cat, out_name,
+                                        [&] { store->settle(); });
       if (backward && l % every == 0) store->put(l / every, std::move(x));
       x = std::move(next);
       params.unit_release(params.unit_layer(l));

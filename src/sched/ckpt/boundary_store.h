@@ -26,6 +26,10 @@ class BoundaryStore {
   virtual const Tensor& get(int64_t l) = 0;
   // Layer l's backward is done with its boundary.
   virtual void release(int64_t l) = 0;
+  // Forward: the boundary put last leaves the device once its offload completed (SCO), before the next put
+  // would free it; a store that keeps its boundaries on the device has nothing to do. A sequence-tiled layer
+  // calls it before it allocates its output (Note [Sequence-tiled layers] in model/layer_tiles.cpp).
+  virtual void settle() {}
   // End of step: everything still held is freed (host buffers go back to their pool).
   virtual void clear() = 0;
 };

@@ -75,6 +75,7 @@ class ScoBoundaryStore final : public BoundaryStore {
   ~ScoBoundaryStore() override;
 
   void put(int64_t l, Tensor x) override;
+  void settle() override { pending_offload_finish(); }
   const Tensor& get(int64_t l) override;
   void release(int64_t l) override;
   void clear() override;
