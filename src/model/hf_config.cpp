@@ -680,4 +680,10 @@ std::vector<std::string> model_config_differences(const ModelConfig& a, const Mo
   return d;
 }
 
+std::vector<std::string> model_function_differences(const ModelConfig& a, const ModelConfig& b) {
+  std::vector<std::string> d = model_config_differences(a, b);
+  std::erase_if(d, [](const std::string& line) { return line.rfind("router_aux_loss_coef:", 0) == 0; });
+  return d;
+}
+
 }  // namespace fp

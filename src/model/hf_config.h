@@ -70,5 +70,9 @@ nlohmann::json rope_scaling_json(const RopeScaling& r);
 // The architecture keys (Hugging Face names) where a and b differ, as "key: A vs B" (seed is not
 // compared: it only seeds fresh weights).
 std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b);
+// The same, but for router_aux_loss_coef: the weight of the training loss's load-balancing term, not part of
+// the function the model computes. A run may train a checkpoint with its own (gpt-oss's published files
+// say 0.9), and the checkpoints it writes say what it trained with (train/checkpoint.cpp).
+std::vector<std::string> model_function_differences(const ModelConfig& a, const ModelConfig& b);
 
 }  // namespace fp

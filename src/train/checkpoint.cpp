@@ -232,6 +232,9 @@ std::string config_text(const ModelConfig& cfg, const CheckpointFormat& format) 
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(
       format.base_config.empty() ? model_config_hf_json(cfg) : format.base_config);
   j["use_cache"] = true;
+  // The load-balancing weight the run trained with, where the file has the key (a run may choose its own:
+  // model_function_differences in model/hf_config.h); DeepSeek-V3 has none.
+  if (j.contains("router_aux_loss_coef") && !cfg.is_deepseek()) j["router_aux_loss_coef"] = cfg.router_aux_loss_coef;
   // The weights are written dequantized (Note [gpt-oss's experts in files]): a quantization_config read from
   // an MXFP4 checkpoint no longer describes them.
   j.erase("quantization_config");
@@ -461,7 +464,7 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   {
     const HfConfig saved = hf_config_read(ck);
     state.config_json = saved.raw.dump(2);  // its keys in their order, written back on save
-    const std::vector<std::string> diff = model_config_differences(saved.model, cfg);
+    const std::vector<std::string> diff = model_function_differences(saved.model, cfg);
     FP_CHECK(diff.empty(), "use the model config the checkpoint was written with",
              "checkpoint '{}' holds another model than the config: {} (checkpoint vs config)", ck,
              fmt::join(diff, "; "));

@@ -51,7 +51,8 @@ void override_apply(toml::table& doc, const std::string& ov, const std::string& 
 // Note [A model from a checkpoint]: with `train --init-from DIR` the architecture is DIR's config.json;
 // the run config's [model] table is optional, and each key it does give must agree (checked after the
 // build). Every [model] key it leaves out is filled in here from the checkpoint, so the run's own config
-// (metrics, trainer_state.json, resume checks) names the whole model as before.
+// (metrics, trainer_state.json, resume checks) names the whole model as before. router_aux_loss_coef is the
+// exception: a training choice, not the model's function, it may differ (model_function_differences).
 void model_fill(toml::table& doc, const ModelConfig& m) {
   if (!doc.contains("model")) doc.insert("model", toml::table{});
   toml::table* t = doc["model"].as_table();
@@ -151,8 +152,9 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
   try {
     RunConfig c = config_build(doc, source);
     if (model_from != nullptr) {
-      // Note [A model from a checkpoint]: the keys the config gives must be the checkpoint's.
-      const std::vector<std::string> diff = model_config_differences(c.model, *model_from);
+      // Note [A model from a checkpoint]: the keys the config gives must be the checkpoint's, but the
+      // load-balancing loss's weight, which the run may choose (model_function_differences).
+      const std::vector<std::string> diff = model_function_differences(c.model, *model_from);
       FP_CHECK(diff.empty(),
                "leave [model] out of the run config (the checkpoint's config.json describes the model), or make "
                "it agree",

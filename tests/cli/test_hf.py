@@ -675,21 +675,26 @@ def gpt_oss_checkpoints(a, tmp):
     assert not diff, f"convert of the MXFP4 directory: {diff[:4]} differ from the dequantized values"
     assert "quantization_config" not in json.load(open(os.path.join(back_q, "config.json")))
 
-    trained, _ = safetensors_io.load(os.path.join(train_init_from(a, tmp, dq, "gptoss", T), "model.safetensors"))
+    # The load-balancing weight is the run's to choose (the published gpt-oss files say 0.9): the checkpoint
+    # says what it trained with; any other [model] key must agree (init_from).
+    ck = train_init_from(a, tmp, dq, "gptoss", T, ["--set", "model.router_aux_loss_coef=0.0"])
+    trained, _ = safetensors_io.load(os.path.join(ck, "model.safetensors"))
     assert set(trained) == set(deq), sorted(set(trained) ^ set(deq))
+    assert GPTOSS["router_aux_loss_coef"] != 0.0
+    assert json.load(open(os.path.join(ck, "config.json")))["router_aux_loss_coef"] == 0.0
     print(f"gpt_oss_checkpoints: logits rel diff {rel:.2e} (bf16) and {rel_q:.2e} (MXFP4) vs twin; convert bit for "
           f"bit; train --init-from the MXFP4 directory wrote {len(trained)} fused tensors")
 
 
-def train_init_from(a, tmp, d, tag, T):
+def train_init_from(a, tmp, d, tag, T, extra=()):
     """flatpeak train --init-from d for 2 steps with tiny.toml's run settings (its [model] left out: the model
-    comes from d); returns the run's checkpoint directory."""
+    comes from d), extra arguments added; returns the run's checkpoint directory."""
     run_toml = os.path.join(tmp, f"{tag}_run.toml")
     with open(run_toml, "w") as f:
         f.write(re.sub(r"(?ms)^\[model\]\n.*?(?=^\[)", "", open(os.path.join(a.configs, "tiny.toml")).read()))
     out = os.path.join(tmp, f"{tag}_run")
     run(a, ["train", "--config", run_toml, "--init-from", d, "--out", out, "--steps", "2", "--quiet",
-            "--set", f"train.seq_len={T}", "--set", "train.batch_size=2"])
+            "--set", f"train.seq_len={T}", "--set", "train.batch_size=2", *extra])
     return os.path.join(out, "checkpoint")
 
 
