@@ -53,7 +53,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
            "the {} backend lacks {} kernel(s) this model's step calls in precision {}: {}", be.name(), missing.size(),
            precision_describe(sched_.precision), fmt::join(missing, ", "));
   FP_CHECK(sched_.ckpt.layer_tile == 0 || cfg.has_tiled_layer(),
-           fmt::format("set ckpt.layer_tile = 0 for {} models", model_type_name(cfg.model_type)),
+           "set ckpt.layer_tile = 0 for deepseek_v3 models",
            "ckpt.layer_tile = {}: deepseek_v3's multi-head latent attention has no tiled layer yet (Note "
            "[Sequence-tiled layers] in model/layer_tiles.cpp)",
            sched_.ckpt.layer_tile);

@@ -159,8 +159,7 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
   const int64_t tile = r.sched.ckpt.layer_tile;
   const std::string tiles = tile > 0 ? fmt::format(" (layers in tiles of {} tokens)", tile)
                             : in.settings.preset_tile && !in.model.has_tiled_layer()
-                                ? fmt::format(" (whole layers: {} has no tiled layer yet)",
-                                              in.model.is_deepseek() ? "MLA" : model_type_name(in.model.model_type))
+                                ? " (whole layers: MLA has no tiled layer yet)"
                                 : "";
   out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}{}{}, optim {}{}\n", schedule_name(r.sched.dispatch.kind),
                      schedule_name(r.sched.vocab.kind), schedule_name(r.sched.ckpt.kind), tiles,

@@ -74,10 +74,9 @@ std::vector<Item> file_weight_items(ParamStore& params, const ModelConfig& cfg) 
 }
 
 // Fused tensor t's full host copy (rank 0; others pass null), gathering every expert's parameters in
-// expert order (collective, the same calls on every rank).
-void fused_gather(ParamStore& params, const ModelConfig& cfg, const FusedTensor& t, float* host) {
-  std::unordered_map<std::string, const ParamInfo*> by_name;
-  for (const ParamInfo& p : params.layout()) by_name[p.name] = &p;
+// expert order (collective, the same calls on every rank); by_name: params.layout() by name.
+void fused_gather(ParamStore& params, const std::unordered_map<std::string, const ParamInfo*>& by_name,
+                  const ModelConfig& cfg, const FusedTensor& t, float* host) {
   const bool gate_up = t.kind.rfind("gate_up", 0) == 0, bias = t.kind.ends_with("_bias");
   const char* leaf = bias ? ".bias" : ".weight";
   std::vector<float> a, b;
@@ -190,6 +189,7 @@ void tensors_write(const fs::path& dir, const std::string& stem, const std::stri
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   uint64_t total = 0;
   std::vector<float> f32;  // (numel of the full shape) one tensor gathered
+  std::unordered_map<std::string, const ParamInfo*> by_name;  // the layout by name, for fused tensors
   for (size_t s = 0; s < n_shards; ++s) {
     const std::string file = n_shards == 1 ? stem + ".safetensors"
                                            : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, s + 1, n_shards);
@@ -200,10 +200,13 @@ void tensors_write(const fs::path& dir, const std::string& stem, const std::stri
       const int64_t n = shape.numel();
       const DType dt = dtype_of(items[i]);
       if (lead) f32.resize(static_cast<size_t>(n));
-      if (items[i].fused)
-        fused_gather(params, *model, *items[i].fused, lead ? f32.data() : nullptr);
-      else
+      if (items[i].fused) {
+        if (by_name.empty())
+          for (const ParamInfo& p : params.layout()) by_name[p.name] = &p;
+        fused_gather(params, by_name, *model, *items[i].fused, lead ? f32.data() : nullptr);
+      } else {
         params.full_gather(*items[i].param, items[i].local, lead ? f32.data() : nullptr);
+      }
       if (!lead) continue;
       finite_check(items[i].name, f32.data(), n, (fs::path(shown) / file).string(), true);
       host.emplace_back(static_cast<size_t>(n) * dtype_size(dt));

@@ -206,18 +206,11 @@ void clamped_backward_range(const float* g, const float* u, const float* da, flo
   }
 }
 #else
-inline void sigmoid_stable(float x, float& s, float& sc) {
-  const float e = std::exp(-std::abs(x));
-  const float inv = 1.0f / (1.0f + e);
-  s = x >= 0.0f ? inv : e * inv;
-  sc = x >= 0.0f ? e * inv : inv;
-}
-
 void clamped_forward_range(const float* g, const float* u, float* a, int64_t n, float alpha, float limit) {
   for (int64_t i = 0; i < n; ++i) {
     const float gc = std::min(g[i], limit), uc = std::clamp(u[i], -limit, limit);
     float s, sc;
-    sigmoid_stable(alpha * gc, s, sc);
+    sigmoid_pair(alpha * gc, s, sc);
     a[i] = (uc + 1.0f) * (gc * s);
   }
 }
@@ -227,7 +220,7 @@ void clamped_backward_range(const float* g, const float* u, const float* da, flo
   for (int64_t i = 0; i < n; ++i) {
     const float gc = std::min(g[i], limit), uc = std::clamp(u[i], -limit, limit);
     float s, sc;
-    sigmoid_stable(alpha * gc, s, sc);
+    sigmoid_pair(alpha * gc, s, sc);
     const float glu = gc * s;                         // g_c sigmoid(alpha g_c)
     const float dglu = s * (1.0f + alpha * gc * sc);  // its derivative in g_c
     du[i] = u[i] >= -limit && u[i] <= limit ? da[i] * glu : 0.0f;
@@ -236,91 +229,78 @@ void clamped_backward_range(const float* g, const float* u, const float* da, flo
 }
 #endif
 
-}  // namespace
-
-void swiglu_clamped_forward(CBuf g, CBuf u, Buf a, int64_t n, float alpha, float limit) {
-  chunked::dtypes_check("swiglu_clamped_forward", {{"g", g.dtype}, {"u", u.dtype}, {"a", a.dtype}});
+// Runs range(g, u, a, len) over the n elements in blocks across threads: on the operands in place when all
+// are f32, else by f32 chunks (Note [bf16 SwiGLU by f32 chunks]). An element's bits do not depend on where
+// its range starts, so both ways give the same bits.
+template <class Range>
+void forward_blocks(const char* kernel, CBuf g, CBuf u, Buf a, int64_t n, Range range) {
+  const bool all_f32 = f32(g.dtype) && f32(u.dtype) && f32(a.dtype);
+  if (!all_f32) chunked::dtypes_check(kernel, {{"g", g.dtype}, {"u", u.dtype}, {"a", a.dtype}});
   const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-    for (int64_t c = i; c < i + len; c += kChunk) {  // Note [bf16 SwiGLU by f32 chunks]
+    if (all_f32) {
+      range(static_cast<const float*>(g.p) + i, static_cast<const float*>(u.p) + i, static_cast<float*>(a.p) + i,
+            len);
+      continue;
+    }
+    for (int64_t c = i; c < i + len; c += kChunk) {
       const int64_t m = std::min(kChunk, i + len - c);
       float gt[kChunk], ut[kChunk], at[kChunk];
       float* af = stage(a.at(c), at);
-      clamped_forward_range(load(g.at(c), gt, m), load(u.at(c), ut, m), af, m, alpha, limit);
+      range(load(g.at(c), gt, m), load(u.at(c), ut, m), af, m);
       store(a.at(c), af, m);
     }
   }
 }
 
-void swiglu_clamped_backward(CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n, float alpha, float limit) {
-  chunked::dtypes_check("swiglu_clamped_backward",
-                        {{"g", g.dtype}, {"u", u.dtype}, {"da", da.dtype}, {"dg", dg.dtype}, {"du", du.dtype}});
+// The same for the backward's range(g, u, da, dg, du, len).
+template <class Range>
+void backward_blocks(const char* kernel, CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n, Range range) {
+  const bool all_f32 = f32(g.dtype) && f32(u.dtype) && f32(da.dtype) && f32(dg.dtype) && f32(du.dtype);
+  if (!all_f32)
+    chunked::dtypes_check(kernel, {{"g", g.dtype}, {"u", u.dtype}, {"da", da.dtype}, {"dg", dg.dtype}, {"du", du.dtype}});
   const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+    if (all_f32) {
+      range(static_cast<const float*>(g.p) + i, static_cast<const float*>(u.p) + i, static_cast<const float*>(da.p) + i,
+            static_cast<float*>(dg.p) + i, static_cast<float*>(du.p) + i, len);
+      continue;
+    }
     for (int64_t c = i; c < i + len; c += kChunk) {
       const int64_t m = std::min(kChunk, i + len - c);
       float gt[kChunk], ut[kChunk], dat[kChunk], dgt[kChunk], dut[kChunk];
       float* dgf = stage(dg.at(c), dgt);
       float* duf = stage(du.at(c), dut);
-      clamped_backward_range(load(g.at(c), gt, m), load(u.at(c), ut, m), load(da.at(c), dat, m), dgf, duf, m, alpha,
-                             limit);
+      range(load(g.at(c), gt, m), load(u.at(c), ut, m), load(da.at(c), dat, m), dgf, duf, m);
       store(dg.at(c), dgf, m);
       store(du.at(c), duf, m);
     }
   }
 }
 
-void swiglu_forward(CBuf g, CBuf u, Buf a, int64_t n) {
-  const bool all_f32 = f32(g.dtype) && f32(u.dtype) && f32(a.dtype);
-  if (!all_f32) chunked::dtypes_check("swiglu_forward", {{"g", g.dtype}, {"u", u.dtype}, {"a", a.dtype}});
-  const int64_t nblocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-    if (all_f32) {
-      forward_range(static_cast<const float*>(g.p) + i, static_cast<const float*>(u.p) + i,
-                    static_cast<float*>(a.p) + i, len);
-      continue;
-    }
-    for (int64_t c = i; c < i + len; c += kChunk) {  // Note [bf16 SwiGLU by f32 chunks]
-      const int64_t m = std::min(kChunk, i + len - c);
-      float gt[kChunk], ut[kChunk], at[kChunk];
-      float* af = stage(a.at(c), at);
-      forward_range(load(g.at(c), gt, m), load(u.at(c), ut, m), af, m);
-      store(a.at(c), af, m);
-    }
-  }
-}
+}  // namespace
+
+void swiglu_forward(CBuf g, CBuf u, Buf a, int64_t n) { forward_blocks("swiglu_forward", g, u, a, n, forward_range); }
 
 void swiglu_backward(CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n) {
-  const bool all_f32 = f32(g.dtype) && f32(u.dtype) && f32(da.dtype) && f32(dg.dtype) && f32(du.dtype);
-  if (!all_f32)
-    chunked::dtypes_check("swiglu_backward",
-                 {{"g", g.dtype}, {"u", u.dtype}, {"da", da.dtype}, {"dg", dg.dtype}, {"du", du.dtype}});
-  const int64_t nblocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-    if (all_f32) {
-      backward_range(static_cast<const float*>(g.p) + i, static_cast<const float*>(u.p) + i,
-                     static_cast<const float*>(da.p) + i, static_cast<float*>(dg.p) + i, static_cast<float*>(du.p) + i,
-                     len);
-      continue;
-    }
-    for (int64_t c = i; c < i + len; c += kChunk) {  // Note [bf16 SwiGLU by f32 chunks]
-      const int64_t m = std::min(kChunk, i + len - c);
-      float gt[kChunk], ut[kChunk], dat[kChunk], dgt[kChunk], dut[kChunk];
-      float* dgf = stage(dg.at(c), dgt);
-      float* duf = stage(du.at(c), dut);
-      backward_range(load(g.at(c), gt, m), load(u.at(c), ut, m), load(da.at(c), dat, m), dgf, duf, m);
-      store(dg.at(c), dgf, m);
-      store(du.at(c), duf, m);
-    }
-  }
+  backward_blocks("swiglu_backward", g, u, da, dg, du, n, backward_range);
+}
+
+void swiglu_clamped_forward(CBuf g, CBuf u, Buf a, int64_t n, float alpha, float limit) {
+  forward_blocks("swiglu_clamped_forward", g, u, a, n, [=](const float* gp, const float* up, float* ap, int64_t m) {
+    clamped_forward_range(gp, up, ap, m, alpha, limit);
+  });
+}
+
+void swiglu_clamped_backward(CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n, float alpha, float limit) {
+  backward_blocks("swiglu_clamped_backward", g, u, da, dg, du, n,
+                  [=](const float* gp, const float* up, const float* dap, float* dgp, float* dup, int64_t m) {
+                    clamped_backward_range(gp, up, dap, dgp, dup, m, alpha, limit);
+                  });
 }
 
 }  // namespace fp::ops::cpu
