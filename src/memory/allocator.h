@@ -23,7 +23,8 @@ class Allocator {
   virtual std::string_view name() const = 0;
 };
 
-// 64-byte aligned host memory (std::aligned_alloc); one instance for the process.
+// 64-byte aligned host memory (std::aligned_alloc; a mapping of its own from 256 KiB, Note [Large host
+// blocks are mapped] in memory/arena.cpp); one instance for the process.
 Allocator& allocator_host_aligned();
 // No memory: every allocation is accounted and its data pointer is null (the meta backend).
 Allocator& allocator_null();

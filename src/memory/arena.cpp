@@ -5,6 +5,8 @@
 #include <cstring>
 #include <new>
 
+#include <sys/mman.h>
+
 #include "core/units.h"
 
 namespace fp {
@@ -65,10 +67,30 @@ void Arena::pending_collect(bool wait) {
 
 namespace {
 
+// Note [Large host blocks are mapped]: a block of kMapFrom bytes or more is its own anonymous mapping
+// (mmap), given back to the system when freed (munmap); smaller ones come from malloc. glibc would map
+// large blocks too, but its threshold rises to the size of every mapped block freed (up to 32 MiB), so
+// after the first steps a training step's tensors came from its heap, where a freed block in the middle
+// keeps its pages: the resident set then grew with every new mix of sizes though the bytes in use did
+// not (Note [Caching allocator] in memory/caching_allocator.h). Mapped, the resident set follows the
+// blocks held (tensors and the cache).
 class HostAlignedAllocator final : public Allocator {
  public:
-  void* allocate(uint64_t bytes) override { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
-  void deallocate(void* p, uint64_t) override { std::free(p); }
+  static constexpr uint64_t kMapFrom = uint64_t{256} << 10;
+  void* allocate(uint64_t bytes) override {
+    const uint64_t size = (bytes + 63) / 64 * 64;
+    if (size < kMapFrom) return std::aligned_alloc(64, size);
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  void deallocate(void* p, uint64_t bytes) override {
+    const uint64_t size = (bytes + 63) / 64 * 64;
+    if (size < kMapFrom) {
+      std::free(p);
+    } else {
+      FP_ASSERT(munmap(p, size) == 0, "munmap of a {}-byte host block failed", size);
+    }
+  }
   std::string_view name() const override { return "host"; }
 };
 

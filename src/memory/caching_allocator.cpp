@@ -1,6 +1,7 @@
 #include "memory/caching_allocator.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 
@@ -18,14 +19,23 @@ Allocator& allocator_cached(Allocator& raw, std::vector<std::unique_ptr<Allocato
   return *owned.back();
 }
 
+uint64_t block_size_class(uint64_t bytes) {
+  const uint64_t r = (bytes + 63) / 64 * 64;
+  if (r < (uint64_t{64} << 10)) return r;
+  const uint64_t step = std::bit_floor(r) / 8;
+  return (r + step - 1) / step * step;
+}
+
 void* CachingAllocator::allocate(uint64_t bytes) {
-  const uint64_t size = rounded(bytes);
+  const uint64_t size = block_size_class(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   void* p = nullptr;
   auto it = free_.find(size);
   if (it != free_.end() && !it->second.empty()) {
-    p = it->second.back();
+    const auto newest = it->second.back();
+    p = newest->p;
     it->second.pop_back();
+    lru_.erase(newest);
     stats_.cached_bytes -= size;
     ++stats_.hits;
   } else {
@@ -44,14 +54,27 @@ void* CachingAllocator::allocate(uint64_t bytes) {
 }
 
 void CachingAllocator::deallocate(void* p, uint64_t bytes) {
-  const uint64_t size = rounded(bytes);
+  const uint64_t size = block_size_class(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.live_bytes -= size;
-  if (stats_.cached_bytes + size > limit_now()) {
+  const uint64_t limit = limit_now();
+  if (size > limit) {
     base_.deallocate(p, size);
     return;
   }
-  free_[size].push_back(p);
+  // Room under the limit: the blocks freed longest ago go first (a size no step asks for any more,
+  // or the oldest of a class, which its newer blocks serve as well).
+  while (stats_.cached_bytes + size > limit) {
+    const Cached old = lru_.front();
+    std::deque<std::list<Cached>::iterator>& cls = free_[old.size];
+    cls.pop_front();  // a class's oldest block is the oldest of all when it is lru_'s front
+    if (cls.empty()) free_.erase(old.size);
+    lru_.pop_front();
+    base_.deallocate(old.p, old.size);
+    stats_.cached_bytes -= old.size;
+    ++stats_.evicted;
+  }
+  free_[size].push_back(lru_.insert(lru_.end(), Cached{size, p}));
   stats_.cached_bytes += size;
 }
 
@@ -61,10 +84,8 @@ void CachingAllocator::empty_cache() {
 }
 
 void CachingAllocator::empty_cache_locked() {
-  for (auto& [size, blocks] : free_) {
-    for (void* p : blocks) base_.deallocate(p, size);
-    blocks.clear();
-  }
+  for (const Cached& c : lru_) base_.deallocate(c.p, c.size);
+  lru_.clear();
   free_.clear();
   stats_.cached_bytes = 0;
 }

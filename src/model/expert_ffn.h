@@ -26,8 +26,8 @@ struct ExpertWeights {
   Buf d_gate;   // (I, H)
   Buf d_up;     // (I, H)
   Buf d_down;   // (H, I)
-  CBuf gate_b, up_b, down_b;       // (I), (I), (H)
-  Buf d_gate_b, d_up_b, d_down_b;  // (I), (I), (H)
+  CBuf gate_b{}, up_b{}, down_b{};       // (I), (I), (H)
+  Buf d_gate_b{}, d_up_b{}, d_down_b{};  // (I), (I), (H)
 };
 // The weights and gradients of expert e of a layer's parameters (the caller owns e).
 ExpertWeights expert_weights(const LayerParams& lp, int64_t e);

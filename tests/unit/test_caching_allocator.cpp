@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <memory>
 #include <set>
@@ -12,6 +15,7 @@
 
 #include "backend/cpu/cpu_stream.h"
 #include "core/error.h"
+#include "core/process.h"
 #include "memory/arena.h"
 #include "memory/caching_allocator.h"
 
@@ -94,7 +98,7 @@ TEST(CachingAllocator, ReusesAFreedBlockOfTheSameRoundedSize) {
   EXPECT_TRUE(raw.blocks.empty());
 }
 
-TEST(CachingAllocator, CachesAtMostTheLimit) {
+TEST(CachingAllocator, CachesAtMostTheLimitGivingBackTheOldestFirst) {
   CountingAllocator raw;
   CachingAllocator cache(raw, /*limit=*/2048);
   void* a = cache.allocate(1024);
@@ -102,10 +106,61 @@ TEST(CachingAllocator, CachesAtMostTheLimit) {
   void* c = cache.allocate(1024);
   cache.deallocate(a, 1024);
   cache.deallocate(b, 1024);
-  cache.deallocate(c, 1024);  // past the limit: straight back
+  cache.deallocate(c, 1024);  // past the limit: a, freed longest ago, makes room
   EXPECT_EQ(cache.stats().cached_bytes, 2048u);
+  EXPECT_EQ(cache.stats().evicted, 1u);
   EXPECT_EQ(raw.blocks.size(), 2u);
-  EXPECT_EQ(raw.blocks.count(c), 0u);
+  EXPECT_EQ(raw.blocks.count(a), 0u);
+  EXPECT_EQ(cache.allocate(1024), c);  // a class's newest block first
+  void* big = cache.allocate(4096);
+  cache.deallocate(big, 4096);  // larger than the limit itself: straight back, the cache untouched
+  EXPECT_EQ(raw.blocks.count(big), 0u);
+  EXPECT_EQ(cache.stats().cached_bytes, 1024u);
+  cache.deallocate(c, 1024);
+}
+
+TEST(CachingAllocator, AStaleSizeMakesRoomForTheSizesInUse) {
+  // A step that once asked for 3000-byte blocks and now asks for 2000-byte ones: the old blocks leave
+  // the cache as the new ones come back, so the new size hits from then on.
+  CountingAllocator raw;
+  CachingAllocator cache(raw, /*limit=*/6144);
+  std::vector<void*> old;
+  for (int i = 0; i < 2; ++i) old.push_back(cache.allocate(3000));
+  for (void* p : old) cache.deallocate(p, 3000);  // 2 x 3008 cached
+  for (int round = 0; round < 3; ++round) {
+    std::vector<void*> now;
+    for (int i = 0; i < 3; ++i) now.push_back(cache.allocate(2000));
+    for (void* p : now) cache.deallocate(p, 2000);
+  }
+  const CacheStats st = cache.stats();
+  EXPECT_EQ(st.misses, 2u + 3u);  // the 3000s once, the 2000s in the first round only
+  EXPECT_EQ(st.hits, 6u);
+  EXPECT_EQ(st.evicted, 2u);
+  EXPECT_EQ(st.cached_bytes, 3u * 2048u);
+  for (void* p : old) EXPECT_EQ(raw.blocks.count(p), 0u);
+}
+
+TEST(CachingAllocator, SizeClassesFromSixtyFourKiB) {
+  EXPECT_EQ(block_size_class(1), 64u);
+  EXPECT_EQ(block_size_class(65535), 65536u);  // below 64 KiB: 64-byte multiples
+  EXPECT_EQ(block_size_class(65536), 65536u);
+  EXPECT_EQ(block_size_class(65537), 65536u + 8192u);  // eighths of 64 KiB
+  EXPECT_EQ(block_size_class(102400), 106496u);
+  EXPECT_EQ(block_size_class((1u << 20) + 1), (1u << 20) + (1u << 17));
+  for (uint64_t b = 1; b < (uint64_t{1} << 30); b = b * 3 / 2 + 7) {
+    const uint64_t c = block_size_class(b);
+    EXPECT_GE(c, b);
+    EXPECT_LE(c, std::max<uint64_t>(b + 63, b + b / 8 + 64)) << b;
+    EXPECT_EQ(block_size_class(c), c) << b;  // a class is its own class
+  }
+  // Two requests of one class share a block: a dispatch buffer a little larger this step than the last.
+  CountingAllocator raw;
+  CachingAllocator cache(raw);
+  void* a = cache.allocate(1000000);
+  cache.deallocate(a, 1000000);
+  EXPECT_EQ(cache.allocate(1040000), a);  // both in the class of 1 MiB
+  EXPECT_EQ(raw.calls, 1);
+  cache.deallocate(a, 1040000);
 }
 
 TEST(CachingAllocator, DefaultLimitIsThePeakOfLiveBytes) {
@@ -119,7 +174,8 @@ TEST(CachingAllocator, DefaultLimitIsThePeakOfLiveBytes) {
   const CacheStats st = cache.stats();
   EXPECT_EQ(st.peak_live_bytes, 6144u);
   EXPECT_LE(st.cached_bytes, st.peak_live_bytes);
-  EXPECT_EQ(st.cached_bytes, 4096u + 2048u);  // the third 2048 block went back
+  EXPECT_EQ(st.cached_bytes, 3u * 2048u);  // the second 2048 block made room by giving back the 4096 one
+  EXPECT_EQ(raw.blocks.count(a), 0u);
   EXPECT_EQ(raw.live_bytes, st.cached_bytes);
 }
 
@@ -159,6 +215,30 @@ TEST(CachingAllocator, EnvironmentTurnsTheCacheOffOrIsRefused) {
 }
 
 // Note [Stream-ordered frees]: the ledger frees at once, the block waits for the copy stream.
+TEST(HostAllocator, ALargeBlockFreedLeavesTheResidentSet) {
+  // Note [Large host blocks are mapped]: glibc's own threshold would have risen past 8 MiB after the
+  // 16 MiB block below, and the 8 MiB block's pages would then stay resident once freed.
+  Allocator& host = allocator_host_aligned();
+  const uint64_t big = uint64_t{16} << 20, block = uint64_t{8} << 20;
+  void* warm = host.allocate(big);
+  ASSERT_NE(warm, nullptr);
+  std::memset(warm, 1, big);
+  host.deallocate(warm, big);
+  const uint64_t before = resident_bytes();
+  if (before == 0) GTEST_SKIP() << "no resident set to read here";
+  void* p = host.allocate(block);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  std::memset(p, 1, block);
+  EXPECT_GE(resident_bytes(), before + block * 3 / 4);
+  host.deallocate(p, block);
+  EXPECT_LE(resident_bytes(), before + block / 4) << "the freed block's pages are still resident";
+  void* q = host.allocate(1000);  // small blocks: malloc's
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % 64, 0u);
+  host.deallocate(q, 1000);
+}
+
 TEST(StreamOrderedFree, BlockWaitsForTheStreamThatUsedIt) {
   CountingAllocator raw;
   Gate gate;
