@@ -149,7 +149,8 @@ plan::Model config_apply(const PlanOptions& o, plan::Input& in) {
   return m;
 }
 
-// --mesh dp=D,cp=C[,ep=E] (Note [A device mesh] in train/trainer.cpp): D x C ranks, experts over all of them.
+// --mesh dp=D,cp=C[,ep=E] (Note [A device mesh] in train/trainer.cpp): D x C ranks, experts in groups of E of
+// them (Note [Experts in groups] in model/params.h; default all).
 void mesh_apply(const PlanOptions& o, plan::Layout& lay) {
   const char* hint = "write --mesh dp=D,cp=C (D x C ranks), e.g. --mesh dp=8,cp=8";
   int64_t dp = 1, cp = 0, ep = 0;
@@ -179,10 +180,11 @@ void mesh_apply(const PlanOptions& o, plan::Layout& lay) {
   if (cp == 0) cp = o.ranks > 0 ? o.ranks / dp : 1;
   FP_CHECK(o.ranks == 0 || o.ranks == dp * cp, hint, "--mesh {} makes {} ranks, --ranks says {}", o.mesh, dp * cp,
            o.ranks);
-  FP_CHECK(ep == 0 || ep == dp * cp, "leave ep out (every rank)",
-           "--mesh {}: experts over {} of the {} ranks is not implemented yet", o.mesh, ep, dp * cp);
+  FP_CHECK(ep == 0 || (dp * cp) % ep == 0, "choose ep dividing dp x cp (or leave it out: every rank)",
+           "--mesh {}: ep = {} does not divide the {} ranks", o.mesh, ep, dp * cp);
   lay.ranks = dp * cp;
   lay.cp = cp;
+  lay.ep = ep;
 }
 
 int plan_run(const PlanOptions& o) {
@@ -220,10 +222,10 @@ int plan_run(const PlanOptions& o) {
   auto step_tokens = [&](int64_t T) { return lay.replicas() * o.grad_accum * lay.batch * T; };
   if (!o.mesh.empty() || o.grad_accum > 1)
     fmt::print(
-        "mesh: {} replicas x {} context-parallel ranks = {} ranks; {} micro-batch(es) of {} sequence(s) per "
-        "replica: {} tokens per optimizer step at {}\n",
-        lay.replicas(), lay.context_ranks(), lay.ranks, o.grad_accum, lay.batch, step_tokens(in.context),
-        plan::context_format(in.context));
+        "mesh: {} replicas x {} context-parallel ranks = {} ranks, experts in {} group(s) of {}; {} micro-batch(es) "
+        "of {} sequence(s) per replica: {} tokens per optimizer step at {}\n",
+        lay.replicas(), lay.context_ranks(), lay.ranks, lay.ranks / lay.expert_ranks(), lay.expert_ranks(),
+        o.grad_accum, lay.batch, step_tokens(in.context), plan::context_format(in.context));
 
   // Reach: the same sizes, layout and dtypes with the baseline's and flatpeak's schedule families.
   nlohmann::ordered_json reach = nullptr;
@@ -321,8 +323,8 @@ void plan_register(CLI::App& parent, Runner& run) {
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
   sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");
   sub->add_option("--mesh", o.mesh,
-                  "the layout dp=D,cp=C: D data-parallel replicas of C context-parallel ranks (D x C ranks; experts "
-                  "and dense shards over all of them)");
+                  "the layout dp=D,cp=C[,ep=E]: D data-parallel replicas of C context-parallel ranks (D x C ranks; "
+                  "experts in groups of E ranks, default all; dense shards over all of them)");
   sub->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step (tokens per step; no memory)")
       ->check(at_least(1));
   sub->add_option(

@@ -76,6 +76,11 @@ class Comm {
   virtual bool test(CommRequest& r) { return !r.active(); }
   virtual void wait(CommRequest& r) { r.slot = -1; }
   virtual void barrier() = 0;
+  // The ranks of this comm with the same color, as a comm of their own, in this comm's rank order
+  // (MPI_Comm_split). Collective: every rank calls it, in the same order as its other calls. The
+  // result may be used alongside this comm (Note [A device mesh] in train/trainer.cpp: the experts'
+  // groups) and must be destroyed before it.
+  virtual std::unique_ptr<Comm> split(int color) = 0;
   // Ends every rank of the run with this exit code (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
 };

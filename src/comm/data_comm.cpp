@@ -10,6 +10,10 @@ class HostDataComm final : public DataComm {
   explicit HostDataComm(Comm& engine) : e_(engine) {}
   int rank() const override { return e_.rank(); }
   int size() const override { return e_.size(); }
+  void all_reduce_sum(Stream& s, void* data, int64_t n, DType t) override {
+    s.synchronize();
+    e_.all_reduce_sum(data, n, t);
+  }
   void all_gather(Stream& s, const void* send, void* recv, int64_t n, DType t) override {
     s.synchronize();
     e_.all_gather(send, recv, n, t);
@@ -45,6 +49,7 @@ class MetaDataComm final : public DataComm {
   MetaDataComm(int rank, int size) : rank_(rank), size_(size) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  void all_reduce_sum(Stream&, void*, int64_t, DType) override {}
   void all_gather(Stream&, const void*, void*, int64_t, DType) override {}
   void reduce_scatter_sum(Stream&, const void*, void*, int64_t, DType) override {}
   void all_to_all_v(Stream&, const void*, const int64_t*, void*, const int64_t*, DType) override {}

@@ -28,6 +28,8 @@ class DataComm {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
+  // In place: data (n) = the sum of every rank's data (n).
+  virtual void all_reduce_sum(Stream& s, void* data, int64_t n, DType t) = 0;
   // recv (size * n) = every rank's send (n), in rank order.
   virtual void all_gather(Stream& s, const void* send, void* recv, int64_t n, DType t) = 0;
   // recv (n) = sum over ranks of their send[rank() * n, (rank() + 1) * n); send is (size * n).

@@ -9,6 +9,7 @@
 #include <array>
 #include <climits>
 #include <cstdlib>
+#include <memory>
 #include <vector>
 
 // Every MPI call goes through this macro: on failure it names the call, file and line and the MPI
@@ -62,8 +63,15 @@ class MpiComm final : public Comm {
     FP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     FP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
+  // A sub-communicator (split): owns comm, leaves MPI running when it goes.
+  explicit MpiComm(MPI_Comm comm) : comm_(comm), world_(false) {
+    FP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    FP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    FP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  }
   ~MpiComm() override {
     MPI_Comm_free(&comm_);
+    if (!world_) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
@@ -158,6 +166,11 @@ class MpiComm final : public Comm {
     slot_release(r);
   }
   void barrier() override { FP_MPI_CHECK(MPI_Barrier(comm_)); }
+  std::unique_ptr<Comm> split(int color) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    FP_MPI_CHECK(MPI_Comm_split(comm_, color, rank_, &sub));
+    return std::make_unique<MpiComm>(sub);
+  }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
@@ -183,6 +196,7 @@ class MpiComm final : public Comm {
     FP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), mpi_type(t), op, comm_));
   }
   MPI_Comm comm_ = MPI_COMM_NULL;
+  bool world_ = true;  // the world's dup: MPI ends with it
   int rank_ = 0, size_ = 1;
   std::vector<std::array<MPI_Request, 2>> slots_;  // (receive, send) of each transfer started
   std::vector<int64_t> free_slots_;

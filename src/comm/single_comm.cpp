@@ -1,6 +1,7 @@
 // The one-process world: every collective over one rank is a copy or nothing.
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "comm/comm.h"
 #include "core/error.h"
@@ -28,6 +29,7 @@ class SingleComm final : public Comm {
     copy(recv, send, n, t);
   }
   void barrier() override {}
+  std::unique_ptr<Comm> split(int) override { return std::make_unique<SingleComm>(); }
   [[noreturn]] void abort(int code) override { std::exit(code); }
 
  private:

@@ -11,7 +11,7 @@
 namespace fp {
 
 ThreadWorld::ThreadWorld(int world)
-    : world_(world), posts_(static_cast<size_t>(std::max(world, 1))) {
+    : world_(world), made_(static_cast<size_t>(std::max(world, 1))), posts_(static_cast<size_t>(std::max(world, 1))) {
   FP_CHECK(world >= 1, "give at least one rank", "a thread world of {} ranks", world);
 }
 
@@ -40,6 +40,15 @@ void ThreadWorld::breaks() {
   broken_.store(true, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
+  std::lock_guard<std::mutex> lock(children_mu_);
+  for (auto& c : children_) c->breaks();
+}
+
+ThreadWorld* ThreadWorld::child(int n) {
+  std::lock_guard<std::mutex> lock(children_mu_);
+  children_.push_back(std::make_unique<ThreadWorld>(n));
+  if (broken_.load(std::memory_order_acquire)) children_.back()->breaks();
+  return children_.back().get();
 }
 
 class ThreadWorld::RankComm final : public Comm {
@@ -114,6 +123,21 @@ class ThreadWorld::RankComm final : public Comm {
   }
 
   void barrier() override { w_.wait(); }
+  std::unique_ptr<Comm> split(int color) override {
+    meet({nullptr, nullptr, color, -1});
+    int first = -1, index = 0, count = 0;  // this rank's group: the ranks of its color, in rank order
+    for (int r = 0; r < size(); ++r) {
+      if (w_.posts_[r].n != color) continue;
+      if (first < 0) first = r;
+      index += r < rank_ ? 1 : 0;
+      ++count;
+    }
+    if (rank_ == first) w_.made_[first] = w_.child(count);
+    w_.wait();  // every group's world is made
+    ThreadWorld* sub = w_.made_[first];
+    w_.wait();  // every rank has its world before another split reuses made_
+    return std::make_unique<RankComm>(*sub, index);
+  }
   [[noreturn]] void abort(int code) override {
     throw Error(fmt::format("rank {} aborted the thread world with code {}", rank_, code), "");
   }
@@ -172,6 +196,7 @@ class ThreadWorld::RankComm final : public Comm {
 };
 
 void ThreadWorld::run(const std::function<void(Comm&)>& body) {
+  children_.clear();  // the last run's splits: their comms went with its bodies
   arrived_.store(0);
   broken_.store(false);
   meetings_ = 0;

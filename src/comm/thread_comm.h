@@ -12,11 +12,14 @@
 // Every call is a collective of all W threads, send_recv included (each rank posts what it sends to
 // whom and takes what its source posted for it): the engine's ring hops and LLEP's weight rounds are
 // called by every rank in the same order. A rank that throws breaks the world: the others throw from
-// their next meeting, so run() never hangs, and it rethrows the first error.
+// their next meeting, so run() never hangs, and it rethrows the first error. split() makes a world of
+// each color's ranks (the first of them builds it, the parent keeps it until its next run()); a world
+// broken breaks the worlds split from it.
 #pragma once
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -53,8 +56,13 @@ class ThreadWorld {
   // A barrier of all W threads that throws once any rank has failed.
   void wait();
   void breaks();
+  // A world of n ranks split from this one (RankComm::split), kept until the next run().
+  ThreadWorld* child(int n);
 
   int world_;
+  std::mutex children_mu_;
+  std::vector<std::unique_ptr<ThreadWorld>> children_;
+  std::vector<ThreadWorld*> made_;  // split(): made_[r], the world whose first rank is r
   std::vector<Post> posts_;
   std::atomic<int> arrived_{0};
   std::atomic<uint64_t> generation_{0};

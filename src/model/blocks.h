@@ -30,14 +30,18 @@ struct DispatchActs {
 
 // What every block of one step shares.
 struct StepContext {
-  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm)
+  // ep_comm: the expert group (ParamStore::expert_comm); null: cm.
+  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm, Comm* ep_comm = nullptr)
       : be(b),
         cfg(c),
         rope(rope_table(c)),
         profile(p),
         comm(cm),
         data_channel(b.data_channel(cm)),
-        data(*data_channel) {}
+        data(*data_channel),
+        ep(ep_comm != nullptr ? *ep_comm : cm),
+        ep_channel(ep_comm != nullptr && ep_comm != &cm ? b.data_channel(*ep_comm) : nullptr),
+        ep_data(ep_channel != nullptr ? *ep_channel : data) {}
   Backend& be;
   const ModelConfig& cfg;
   // The model's RoPE frequencies (Note [RoPE scaling as transformers computes it]), once per step
@@ -56,6 +60,11 @@ struct StepContext {
   Comm& comm;
   std::unique_ptr<DataComm> data_channel;
   DataComm& data;
+  // The ranks the experts are split over and the expert dispatch runs among (Note [Experts in groups] in
+  // model/params.h): comm itself unless parallel.ep < W; the dispatch moves its rows on ep_data.
+  Comm& ep;
+  std::unique_ptr<DataComm> ep_channel;
+  DataComm& ep_data;
   // The dtype of each kind of tensor (Note [Which dtype each allocation gets] in core/precision.h):
   // every block allocates in it; all f32 unless the model's schedules say otherwise.
   Precision precision;

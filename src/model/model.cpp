@@ -38,14 +38,14 @@ const Precision& precision_checked(const Backend& be, const Schedules& sched) {
 }
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedules sched, Comm* comm)
+Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedules sched, Comm* comm, int ep)
     : cfg_(cfg),
       be_(be),
       profile_(profile),
       sched_(sched),
       comm_(comm),
       cp_(comm != nullptr ? comm->size() : 1),
-      params_(cfg, be, comm, precision_checked(be, sched_)) {
+      params_(cfg, be, comm, precision_checked(be, sched_), ep) {
   // Note [Kernel coverage] (backend/kernels.h): every kernel the step calls, in the recipe's dtypes.
   const std::vector<std::string> missing = ops::kernels_missing(be.kernels().table(), sched_.precision);
   FP_CHECK(missing.empty(),

@@ -37,7 +37,7 @@ bool routing_closed_form(const StepContext& s) {
 // The step's dispatch; without one (a StepContext built by hand, one rank) the local one.
 ExpertDispatch& expert_dispatch(StepContext& s) {
   if (s.dispatch != nullptr) return *s.dispatch;
-  FP_ASSERT(s.comm.size() == 1, "a multi-rank step needs s.dispatch (expert_dispatch_create)");
+  FP_ASSERT(s.ep.size() == 1, "an expert group of several ranks needs s.dispatch (expert_dispatch_create)");
   thread_local std::unique_ptr<ExpertDispatch> local = dispatch_local_create();
   return *local;
 }

@@ -137,7 +137,7 @@ void ParamStore::walk(Fn&& fn) {
       fn(Entry{i, -1, "mlp.shared_experts.down_proj.weight", {H, Is}, dense, rows, &l.shared_down_proj});
     }
     for (int64_t e = 0; e < cfg.num_experts; ++e) {
-      const int owner = expert_owner(e, W, cfg.num_experts);
+      const int owner = expert_owner(e, ep_, cfg.num_experts);  // a rank of the first expert group
       const Placement whole = Placement::Placement_whole;
       const bool eb = cfg.expert_bias();
       fn(Entry{i, e, "gate_proj.weight", {I, H}, whole, owner, &l.gate_proj[e]});
@@ -157,7 +157,7 @@ void ParamStore::walk(Fn&& fn) {
   if (!cfg.tie_word_embeddings) fn(Entry{-1, -1, "lm_head.weight", {cfg.vocab_size, H}, dense, rows, &lm_head});
 }
 
-ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Precision& precision)
+ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Precision& precision, int ep)
     : be_(be), cfg_(cfg), comm_(comm), precision_(precision) {
   if (comm_ == nullptr) {
     single_ = comm_single();
@@ -165,7 +165,17 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   }
   data_ = be.data_channel(*comm_);
   const int W = comm_->size();
-  experts_ = expert_layout(comm_->rank(), W, cfg.num_experts);  // a user error unless W divides E
+  // Note [Experts in groups]: ep consecutive ranks share the experts; the groups are replicas.
+  ep_ = ep > 0 ? ep : W;
+  FP_CHECK(ep_ <= W && W % ep_ == 0, "choose parallel.ep dividing the number of ranks (0: all of them)",
+           "parallel.ep = {} does not divide the {} ranks", ep_, W);
+  experts_ = expert_layout(comm_->rank() % ep_, ep_, cfg.num_experts);  // a user error unless ep divides E
+  if (ep_ < W) {
+    ep_comm_ = comm_->split(comm_->rank() / ep_);       // this rank's group
+    replica_comm_ = comm_->split(comm_->rank() % ep_);  // the ranks holding the same experts
+    ep_data_ = be.data_channel(*ep_comm_);
+    replica_data_ = be.data_channel(*replica_comm_);
+  }
   layers.resize(cfg.num_hidden_layers);
   for (LayerParams& l : layers) {
     l.index = &l - layers.data();
@@ -181,7 +191,7 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   // Only what this rank holds is named and allocated: another rank's experts cost nothing here (at
   // 384 experts, 39 layers and 64 ranks, 45K names per rank that the planner's meta steps never read).
   walk([&](const Entry& p) {
-    if (p.placement == Placement::Placement_whole && p.owner != comm_->rank()) return;
+    if (p.placement == Placement::Placement_whole && p.owner != comm_->rank() % ep_) return;
     const DType f = DType::DType_F32;
     *p.slot = add(entry_name(p.layer, p.expert, p.leaf), p.shape, p.placement, p.keep_f32 ? f : precision_.params,
                   p.keep_f32 ? f : precision_.grads);
@@ -300,6 +310,15 @@ void ParamStore::init(uint64_t seed) {
     full_scatter(p, host.data(), p.local ? &p.local->local_w() : nullptr);
   }
   zero_grads();
+}
+
+void ParamStore::expert_grads_reduce() {
+  if (replica_comm_ == nullptr) return;
+  for (Param& p : params_) {
+    if (p.placement != Placement::Placement_whole) continue;  // with W > 1 only the experts are whole
+    Tensor& g = p.local_g();
+    replica_data_->all_reduce_sum(be_.compute_stream(), g.data(), g.numel(), g.dtype());
+  }
 }
 
 void ParamStore::zero_grads() {

@@ -28,7 +28,20 @@
 // Experts are not sharded by rows: expert parallelism gives rank r experts [r E/W, (r + 1) E/W) whole
 // (model/layout.h); the others are not allocated on r at all (their LayerParams entries are null), and
 // the owner's gradient already sums every rank's tokens (the dispatch brings them), so an expert's
-// gradient needs no reduction.
+// gradient needs no reduction. That is ep = W; in general:
+//
+// Note [Experts in groups]: parallel.ep = ep splits the W ranks into W / ep expert groups of ep
+// consecutive ranks; rank r is rank r % ep of group r / ep. Each group holds every expert once, laid out
+// over its ep ranks as above (rank r holds the experts of rank r % ep of a group of ep), so the W / ep
+// groups are replicas of the experts. A step's expert dispatch runs within the group (expert_comm(),
+// StepContext::ep): each rank's routed copies reach their experts on the ranks of its own group, which
+// is why ep must divide W and E. An expert's gradient on rank r then sums only its group's tokens, so
+// before an update the optimizer sums it over the replicas (expert_grads_reduce: one all-reduce per
+// expert tensor over the W / ep ranks that hold it, in the comm's fixed order, the same bits on every
+// replica), and the gradient norm counts an expert once, on the first group. Every replica then takes
+// the same update and stays equal. Checkpoints read an expert on every replica and write it from the
+// first group (layout()'s owner is a rank of group 0). ep = 1: every rank holds every expert and no
+// routed copy leaves its rank.
 #pragma once
 
 #include <deque>
@@ -162,7 +175,8 @@ class ParamStore {
   // outlive the store. Weights (and gathered units) are allocated in precision.params, gradients in
   // precision.grads, but for the parameters kept in f32 (Note [Parameters kept in f32]); the
   // optimizers read master and moments from precision() too.
-  ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm = nullptr, const Precision& precision = {});
+  // ep: the ranks the experts are split over (Note [Experts in groups]); 0: every rank of comm.
+  ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm = nullptr, const Precision& precision = {}, int ep = 0);
 
   // cpu: linear weights and embeddings ~ N(0, 0.02) (HF initializer_range), norms = 1; deterministic
   // in seed and the same numbers for any W (every rank draws the full tensors, keeps its rows).
@@ -182,6 +196,16 @@ class ParamStore {
   const ExpertLayout& experts() const { return experts_; }
 
   Comm& comm() const { return *comm_; }
+  // Note [Experts in groups]: the ranks of this rank's expert group (the expert dispatch runs among
+  // them; comm itself when the experts are split over every rank), and the groups: this rank's is
+  // expert_replica() of expert_replicas(), each a replica of the experts.
+  Comm& expert_comm() const { return ep_comm_ != nullptr ? *ep_comm_ : *comm_; }
+  int expert_replicas() const { return comm_->size() / ep_; }
+  int expert_replica() const { return comm_->rank() / ep_; }
+  // Sums each expert's gradient over its replicas (collective over comm; nothing with one group), so
+  // that every replica takes the same update: once per optimizer step, after the last backward
+  // (Note [Experts in groups]).
+  void expert_grads_reduce();
   // The run's dtypes (core/precision.h): params and grads here, master and moments for the optimizers.
   const Precision& precision() const { return precision_; }
   int rank() const { return comm_->rank(); }
@@ -253,6 +277,9 @@ class ParamStore {
   std::unique_ptr<Comm> single_;  // the one-process world when no comm is given
   Comm* comm_;                      // the control channel (host data)
   std::unique_ptr<DataComm> data_;  // the backend's data channel over it (device shards)
+  int ep_ = 1;                      // ranks per expert group (Note [Experts in groups])
+  std::unique_ptr<Comm> ep_comm_, replica_comm_;  // with ep < W: this rank's group, its replicas
+  std::unique_ptr<DataComm> ep_data_, replica_data_;
   std::deque<Param> params_;  // a deque: Param* stay valid as it grows
   std::vector<ParamInfo> layout_;  // empty until layout() is first called
   ExpertLayout experts_;

@@ -52,7 +52,8 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
       be->device_ledger().events_limit_set(0);
       be->host_ledger().events_limit_set(0);
     }
-    fp::Model model(cfg, *be, in.settings.routing, sc, W > 1 ? &comm : nullptr);
+    fp::Model model(cfg, *be, in.settings.routing, sc, W > 1 ? &comm : nullptr,
+                    static_cast<int>(in.settings.layout.expert_ranks()));
     if (W > 1) model.set_context_parallel(cp);
     RankPlan& rp = out[static_cast<size_t>(r)];
     // Elements, counted per tensor: not the params bytes over one dtype's size, which counts a parameter
@@ -161,9 +162,12 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
   FP_CHECK(lay.ranks >= 1 && lay.batch >= 1, "ranks and batch are at least 1", "ranks {} batch {}", lay.ranks,
            lay.batch);
   FP_CHECK(lay.rank < lay.ranks, "rank= names a rank below --ranks", "rank={} with {} ranks", lay.rank, lay.ranks);
-  FP_CHECK(lay.ranks == 1 || c.num_experts % lay.ranks == 0,
-           "choose a rank count that divides the number of experts (the engine places E / W experts on each rank)",
-           "{} experts cannot be spread over {} ranks", c.num_experts, lay.ranks);
+  FP_CHECK(lay.expert_ranks() == 1 || c.num_experts % lay.expert_ranks() == 0,
+           "choose a rank count (or --mesh ep=) that divides the number of experts (the engine places E / ep experts "
+           "on each rank)",
+           "{} experts cannot be spread over {} ranks", c.num_experts, lay.expert_ranks());
+  FP_CHECK(lay.ranks % lay.expert_ranks() == 0, "choose --mesh ep= dividing the ranks",
+           "ep = {} does not divide the {} ranks", lay.expert_ranks(), lay.ranks);
   FP_CHECK(lay.context_ranks() == 1 || in.context % (2 * lay.context_ranks()) == 0,
            "choose a context divisible by 2 x the context-parallel ranks (context parallelism cuts each sequence "
            "into 2cp zig-zag chunks)",

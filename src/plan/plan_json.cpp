@@ -77,6 +77,7 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
   const Sizes& z = r.sizes;
   j["layout"] = {{"ranks", z.ranks},
                  {"batch", in.settings.layout.batch},
+                 {"expert_ranks", in.settings.layout.expert_ranks()},
                  {"tokens_per_rank", z.tokens},
                  {"params_per_rank", z.params_per_rank},
                  {"routing", in.settings.routing.str()},

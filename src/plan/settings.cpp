@@ -82,11 +82,10 @@ void settings_apply(Settings& s, std::string_view item) {
     return;
   }
   if (key == "cp" || key == "ep" || key == "fsdp")
-    throw Error(fmt::format("--schedule {}: the engine runs one layout, cp = ep = fsdp = W (context parallel over "
-                            "every rank, every dense parameter sharded over W, E / W experts per rank), and a plan "
-                            "is a run of the engine",
+    throw Error(fmt::format("--schedule {}: the layout is not a schedule; --mesh sets dp, cp and ep (every dense "
+                            "parameter is sharded over all W ranks)",
                             item),
-                "give the rank count with --ranks; other layouts are not implemented");
+                "give the layout with --mesh dp=D,cp=C,ep=E (or the rank count with --ranks)");
   if (key == "batch") {
     s.layout.batch = int_parse(key, v, 1);
     return;

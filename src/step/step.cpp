@@ -170,7 +170,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const int64_t n = batch.B * batch.T, H = cfg.hidden_size, L = cfg.num_hidden_layers;
   static std::unique_ptr<Comm> single = comm_single();
   Comm& comm = model.comm() != nullptr ? *model.comm() : *single;
-  StepContext s(be, cfg, model.routing_profile(), comm);
+  StepContext s(be, cfg, model.routing_profile(), comm, &params.expert_comm());
   s.precision = sched.precision;
   s.moe_token_chunk = sched.dispatch.token_chunk;
   // A tile of every token is the whole layer, bit for bit (Note [Sequence-tiled layers]).

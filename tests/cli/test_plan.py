@@ -107,7 +107,9 @@ def bad_inputs(a, tmp):
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--schedule", "vocab=rings"],
          "not one of full|ring"),
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--ranks", "4", "--schedule", "ep=2"],
-         "the engine runs one layout"),
+         "the layout is not a schedule"),
+        (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--mesh", "dp=2,cp=2,ep=3"],
+         "ep = 3 does not divide the 4 ranks"),
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1M", "--ranks", "3"],
          "cannot be spread over 3 ranks"),
         (["--model", os.path.join(a.configs, "tiny.toml"), "--context", "1000", "--ranks", "8"],
@@ -245,6 +247,28 @@ def choose_every(a, tmp):
     assert want > 1 and not limited[1]["fits"] and f"chosen: ckpt.every = {want} " in out, (limit, out)
     out, _ = table(["--host-mem", host, "--device-mem", str(int(low) - 2**20)])
     assert "no k fits" in out, out
+
+
+def mesh_experts(a, tmp):
+    """--mesh dp=2,cp=2,ep=E (Note [Experts in groups]): the planned rank holds E_total / ep experts whole, so its
+    parameters grow by exactly the experts it gains against ep = 4 (every dense parameter still sharded over all
+    4 ranks), and the plan says the groups."""
+    cfg = os.path.join(a.configs, "tiny.toml")
+    per_rank, said = {}, {}
+    for ep in (4, 2, 1):
+        pj = os.path.join(tmp, f"ep{ep}.json")
+        p = run([a.bin, "plan", "--model", cfg, "--context", "1K", "--mesh", f"dp=2,cp=2,ep={ep}", "--no-reach",
+                 "--json", pj])
+        j = json.load(open(pj))
+        assert j["layout"]["expert_ranks"] == ep, j["layout"]
+        per_rank[ep] = j["layout"]["params_per_rank"]
+        said[ep] = f"experts in {4 // ep} group(s) of {ep}" in p.stdout
+    expert = 3 * 64 * 64  # gate, up and down of one expert: moe_intermediate_size 64, hidden 64
+    layers, experts = 2, 8
+    for ep in (2, 1):
+        gained = layers * (experts // ep - experts // 4) * expert
+        assert per_rank[ep] - per_rank[4] == gained, (ep, per_rank, gained)
+    assert all(said.values()), said
 
 
 def main():

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -189,6 +190,64 @@ TEST(DataComm, NullBufferWithCountIsRefused) {
     ADD_FAILURE() << "a null buffer with 4 elements was accepted";
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("null buffer"), std::string::npos) << e.what();
+  }
+}
+
+// Comm::split (Note [Experts in groups] in model/params.h): 6 ranks by rank / 2 (groups of 2) and by
+// rank % 2 (groups of 3, the replicas), used alongside the parent; each group's calls meet only its own ranks,
+// so the groups may make different numbers of calls. The device data channel over a group sums in place.
+TEST(CommSplit, GroupsInRankOrderMeetOnlyTheirOwn) {
+  static constexpr int W = 6;
+  ThreadWorld world(W);
+  world.run([](Comm& comm) {
+    const int r = comm.rank();
+    std::unique_ptr<Comm> group = comm.split(r / 2);
+    std::unique_ptr<Comm> replicas = comm.split(r % 2);
+    ASSERT_EQ(group->size(), 2);
+    ASSERT_EQ(group->rank(), r % 2);
+    ASSERT_EQ(replicas->size(), 3);
+    ASSERT_EQ(replicas->rank(), r / 2);
+    std::vector<int64_t> members(2);
+    const int64_t me = r;
+    group->all_gather(&me, members.data(), 1, DType::DType_I64);
+    EXPECT_EQ(members, (std::vector<int64_t>{r / 2 * 2, r / 2 * 2 + 1}));
+    for (int i = 0; i <= r / 2; ++i) {  // group g meets g + 1 times: no other group waits for it
+      double x = 1.0;
+      group->all_reduce_sum(&x, 1, DType::DType_F64);
+      EXPECT_EQ(x, 2.0);
+    }
+    auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
+    std::unique_ptr<DataComm> data = be->data_channel(*replicas);
+    Tensor t = upload(*be, {value(r, 0), value(r, 1)}, "t");
+    data->all_reduce_sum(be->compute_stream(), t.data(), 2, DType::DType_F32);
+    const std::vector<float> got = download(*be, t);
+    for (int64_t i = 0; i < 2; ++i)
+      EXPECT_EQ(got[i], value(r % 2, i) + value(r % 2 + 2, i) + value(r % 2 + 4, i));
+    double total = 1.0;
+    comm.all_reduce_sum(&total, 1, DType::DType_F64);  // the parent still meets all six
+    EXPECT_EQ(total, 6.0);
+  });
+  const std::unique_ptr<Comm> one = comm_single();
+  const std::unique_ptr<Comm> sub = one->split(7);
+  EXPECT_EQ(sub->size(), 1);
+  EXPECT_EQ(sub->rank(), 0);
+}
+
+// A rank that fails while the others wait inside their groups ends the run: the parent's failure breaks
+// the worlds split from it, so nobody hangs, and the failing rank's own error is the one reported.
+TEST(CommSplit, AFailedRankBreaksTheGroups) {
+  ThreadWorld world(4);
+  try {
+    world.run([](Comm& comm) {
+      std::unique_ptr<Comm> group = comm.split(comm.rank() / 2);
+      if (comm.rank() == 3) throw Error("rank 3 gives up", "");
+      double x = 1.0;
+      group->all_reduce_sum(&x, 1, DType::DType_F64);  // rank 2 waits here for rank 3
+      comm.barrier();
+    });
+    ADD_FAILURE() << "the run did not fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3 gives up"), std::string::npos) << e.what();
   }
 }
 

@@ -244,6 +244,7 @@ class CudaNoDataComm final : public DataComm {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
+  void all_reduce_sum(Stream&, void*, int64_t, DType) override { refuse("all_reduce_sum"); }
   void all_gather(Stream&, const void*, void*, int64_t, DType) override { refuse("all_gather"); }
   void reduce_scatter_sum(Stream&, const void*, void*, int64_t, DType) override { refuse("reduce_scatter_sum"); }
   void all_to_all_v(Stream&, const void*, const int64_t*, void*, const int64_t*, DType) override {

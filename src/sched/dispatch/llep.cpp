@@ -36,7 +36,7 @@ LlepParams llep_params(const DispatchSchedule& d) { return {d.lambda, d.alpha, d
 
 void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64_t> offsets, int64_t tokens,
                       LlepLayer& out) {
-  const int W = s.comm.size(), me = s.comm.rank();
+  const int W = s.ep.size(), me = s.ep.rank();
   const int64_t E = s.cfg.num_experts;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == E + 1);
   // One all-gather of (E + 1) numbers per rank: its copies per expert, then its token count.
@@ -44,7 +44,7 @@ void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64
   for (int64_t e = 0; e < E; ++e) mine[e] = offsets[e + 1] - offsets[e];
   mine[E] = tokens;
   std::vector<int64_t> all(static_cast<size_t>(W * (E + 1)));  // (W, E + 1)
-  s.comm.all_gather(mine.data(), all.data(), E + 1, DType::DType_I64);
+  s.ep.all_gather(mine.data(), all.data(), E + 1, DType::DType_I64);
   out.counts.resize(static_cast<size_t>(W * E));
   out.n_max = 0;
   std::vector<int64_t> load(static_cast<size_t>(E), 0);  // (E) global copies per expert
@@ -75,7 +75,7 @@ void* comm_row(const Tensor& t, int64_t row, int64_t P) { return ptr_at(t.buf(),
 }  // namespace
 
 void GuestExperts::rounds_build(const StepContext& s, const LlepLayer& L) {
-  const int W = s.comm.size(), me = s.comm.rank();
+  const int W = s.ep.size(), me = s.ep.rank();
   const LlepPlan& p = L.plan;
   guests_ = L.guests;
   out_.clear();
@@ -105,7 +105,7 @@ void GuestExperts::rounds_build(const StepContext& s, const LlepLayer& L) {
 void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const LlepLayer& L) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
-  const int W = s.comm.size(), me = s.comm.rank();
+  const int W = s.ep.size(), me = s.ep.rank();
   H_ = s.cfg.hidden_size;
   I_ = s.cfg.moe_intermediate_size;
   dims_ = expert_ffn_dims(s.cfg);
@@ -119,14 +119,14 @@ void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const Ll
   }
   reqs_.clear();
   for (int r = 1; r < W; ++r)
-    reqs_.push_back(s.data.send_recv_start(be.compute_stream(), comm_row(staging_, out_first_[r], P_),
+    reqs_.push_back(s.ep_data.send_recv_start(be.compute_stream(), comm_row(staging_, out_first_[r], P_),
                                            (out_first_[r + 1] - out_first_[r]) * P_, (me + r) % W,
                                            comm_row(w_, in_start_[r], P_), in_n_[r] * P_, (me - r + W) % W,
                                            staging_.dtype()));
 }
 
 void GuestExperts::weights_wait(StepContext& s) {
-  for (CommRequest& q : reqs_) s.data.wait(q);
+  for (CommRequest& q : reqs_) s.ep_data.wait(q);
   reqs_.clear();
   staging_.reset();
 }
@@ -142,7 +142,7 @@ void GuestExperts::grads_zero(StepContext& s) {
 
 void GuestExperts::grads_start(StepContext& s) {
   Backend& be = s.be;
-  const int W = s.comm.size(), me = s.comm.rank();
+  const int W = s.ep.size(), me = s.ep.rank();
   const int64_t S = static_cast<int64_t>(out_.size());
   staging_ = be.alloc(kComm, {S, P_}, s.precision.grads, "llep.g_in");  // (S, P) gradients of this rank's experts
   reqs_.clear();
@@ -150,7 +150,7 @@ void GuestExperts::grads_start(StepContext& s) {
   // in weight round W - r) and receives from rank - r what was sent there in weight round W - r.
   for (int r = 1; r < W; ++r) {
     const int rb = W - r;
-    reqs_.push_back(s.data.send_recv_start(be.compute_stream(), comm_row(g_, in_start_[rb], P_), in_n_[rb] * P_, (me + r) % W,
+    reqs_.push_back(s.ep_data.send_recv_start(be.compute_stream(), comm_row(g_, in_start_[rb], P_), in_n_[rb] * P_, (me + r) % W,
                                            comm_row(staging_, out_first_[rb], P_),
                                            (out_first_[rb + 1] - out_first_[rb]) * P_, (me - r + W) % W,
                                            g_.dtype()));
@@ -159,10 +159,10 @@ void GuestExperts::grads_start(StepContext& s) {
 
 void GuestExperts::grads_finish(StepContext& s, const LayerParams& lp) {
   const ops::KernelLauncher K = s.be.kernels();
-  for (CommRequest& q : reqs_) s.data.wait(q);
+  for (CommRequest& q : reqs_) s.ep_data.wait(q);
   reqs_.clear();
   // Fixed order: ascending expert, then ascending guest rank (the guest of weight round r is rank + r).
-  const int W = s.comm.size(), me = s.comm.rank();
+  const int W = s.ep.size(), me = s.ep.rank();
   std::vector<std::array<int64_t, 3>> adds;  // (expert, guest rank, staging row)
   for (int r = 1; r < W; ++r)
     for (int64_t j = out_first_[r]; j < out_first_[r + 1]; ++j) adds.push_back({out_[j], (me + r) % W, j});
@@ -222,7 +222,7 @@ class LlepDispatch : public LlepDispatchBase {
       return ys;
     }
     const int64_t R = host_plan(s, offsets, *a);
-    last_ = {m - a->send_elems[s.comm.rank()] / H, R};
+    last_ = {m - a->send_elems[s.ep.rank()] / H, R};
 
     a->guests.weights_start(s, lp, a->layer);  // overlaps the token all-to-all below
     a->send_rows = be.alloc(kDispatch, {m}, DType::DType_I32, "llep.send_rows");  // (m)
@@ -233,7 +233,7 @@ class LlepDispatch : public LlepDispatchBase {
     K.moe_gather(xs.buf(), a->send_rows.i32(), send.buf(), m, H);
     xs.reset();
     Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.recv");  // (R, H) source-major
-    s.data.all_to_all_v(be.compute_stream(), send.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
+    s.ep_data.all_to_all_v(be.compute_stream(), send.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
                         send.dtype());
     send.reset();
     a->guests.weights_wait(s);
@@ -258,7 +258,7 @@ class LlepDispatch : public LlepDispatchBase {
       a->guests.release();
     }
     Tensor back = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.back");  // (m, H) by destination
-    s.data.all_to_all_v(be.compute_stream(), y_send.data(), a->recv_elems.data(), back.data(), a->send_elems.data(),
+    s.ep_data.all_to_all_v(be.compute_stream(), y_send.data(), a->recv_elems.data(), back.data(), a->send_elems.data(),
                         y_send.dtype());
     y_send.reset();
     Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order
@@ -284,7 +284,7 @@ class LlepDispatch : public LlepDispatchBase {
     dys.reset();
     a->send_rows.reset();
     Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy_recv");  // (R, H) source-major
-    s.data.all_to_all_v(be.compute_stream(), dsend.data(), a->send_elems.data(), dy_recv.data(), a->recv_elems.data(),
+    s.ep_data.all_to_all_v(be.compute_stream(), dsend.data(), a->send_elems.data(), dy_recv.data(), a->recv_elems.data(),
                         dsend.dtype());
     dsend.reset();
     Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy");  // (R, H) grouped
@@ -302,7 +302,7 @@ class LlepDispatch : public LlepDispatchBase {
     dx.reset();
     a->unperm.reset();
     Tensor dback = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.dback");  // (m, H) by destination
-    s.data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dback.data(), a->send_elems.data(),
+    s.ep_data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dback.data(), a->send_elems.data(),
                         dx_send.dtype());
     dx_send.reset();
     a->guests.grads_finish(s, lp);
@@ -317,7 +317,7 @@ class LlepDispatch : public LlepDispatchBase {
   // Host side of the forward: send order and sizes, the receive blocks, the grouping of the rows
   // computed here (host_perm_, host_unperm_, group offsets). Returns R.
   int64_t host_plan(const StepContext& s, std::span<const int64_t> offsets, LlepActs& a) {
-    const int W = s.comm.size(), me = s.comm.rank();
+    const int W = s.ep.size(), me = s.ep.rank();
     const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size;
     const LlepLayer& L = a.layer;
     const int64_t m = offsets[E];
@@ -388,7 +388,7 @@ class LlepDispatch : public LlepDispatchBase {
 
   // The weights of every expert computed here: owned ones from lp, guests from what was received.
   void weights_fill(const StepContext& s, const LayerParams& lp, LlepActs& a) {
-    const int me = s.comm.rank();
+    const int me = s.ep.rank();
     const std::vector<int64_t>& guests = a.layer.guests;
     weights_.resize(a.group_experts.size());
     for (size_t i = 0; i < a.group_experts.size(); ++i) {

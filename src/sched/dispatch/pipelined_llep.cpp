@@ -244,17 +244,17 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 
   // Chunk i's rows: to the experts (back = false: send by destination -> recv by source) or back.
   void exchange(StepContext& s, const Tensor& from, Tensor& to, const ChunkLayout& C, int64_t i, bool back) {
-    const int W = s.comm.size();
+    const int W = s.ep.size();
     const int64_t* sc = (back ? C.recv_elems.data() : C.send_elems.data()) + i * W;
     const int64_t* rc = (back ? C.send_elems.data() : C.recv_elems.data()) + i * W;
-    s.data.all_to_all_v(s.be.compute_stream(), from.data(), sc, to.data(), rc, from.dtype());
+    s.ep_data.all_to_all_v(s.be.compute_stream(), from.data(), sc, to.data(), rc, from.dtype());
   }
 
   // The chunk layout of this layer, before the chunk order: membership, the experts each rank computes,
   // and the plan's pieces as the table moe_chunk_order reads.
   void chunks_prepare(StepContext& s, std::span<const int64_t> offsets, const MoeChunk& chunk, const LlepLayer& layer,
                       ChunkLayout& C) {
-    const int W = s.comm.size();
+    const int W = s.ep.size();
     const int64_t E = s.cfg.num_experts;
     // n_max, not n: K and c_eff must be the same on every rank (every chunk is one collective).
     C.cp = chunk_plan_build(std::max<int64_t>(layer.n_max, 1), sched_.chunk_cap,
@@ -326,7 +326,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   // all-to-all of counts) what every chunk brings from every source.
   void chunks_finish(StepContext& s, std::span<const int64_t> offsets, const MoeChunk& chunk, const LlepLayer& layer,
                      ChunkLayout& C) {
-    const int W = s.comm.size();
+    const int W = s.ep.size();
     const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size, k = s.cfg.num_experts_per_tok;
     const int64_t m = offsets[E], Kc = C.cp.K;
 
@@ -351,13 +351,13 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     for (int64_t i = 0; i <= Kc; ++i) C.first[i] = cnt[i * W];
     FP_ASSERT(C.first[Kc] == m, "pipelined_llep: the chunks hold {} rows, xs {}", C.first[Kc], m);
 
-    const int me = s.comm.rank();
+    const int me = s.ep.rank();
     const int64_t Xme = comp_first_[me + 1] - comp_first_[me];
     recv_blocks_.assign(static_cast<size_t>(W * Kc * Xme), 0);  // (W sources, K, |X_me|)
     pair_counts_.resize(static_cast<size_t>(W));
     recv_counts_.assign(static_cast<size_t>(W), Kc * Xme);
     for (int d = 0; d < W; ++d) pair_counts_[d] = Kc * (comp_first_[d + 1] - comp_first_[d]);
-    s.comm.all_to_all_v(send_blocks_.data(), pair_counts_.data(), recv_blocks_.data(), recv_counts_.data(),
+    s.ep.all_to_all_v(send_blocks_.data(), pair_counts_.data(), recv_blocks_.data(), recv_counts_.data(),
                         DType::DType_I64);
     // X_me in ascending expert order, as the blocks were merged before.
     comp_experts_.clear();
@@ -414,7 +414,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     int64_t sent_away = 0, R = 0;
     for (int64_t i = 0; i < Kc; ++i)
       for (int d = 0; d < W; ++d) {
-        if (d != s.comm.rank()) sent_away += C.send_elems[i * W + d] / H;
+        if (d != s.ep.rank()) sent_away += C.send_elems[i * W + d] / H;
         R += C.recv_elems[i * W + d] / H;
       }
     last_ = {sent_away, R};
@@ -425,7 +425,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   // its row begin's to its row end - 1's, and a chunk is a token range (contiguous) or a residue class
   // mod K (strided). O(pieces x K x k), nothing per row.
   void counts_from_profile(const StepContext& s, const MoeChunk& chunk, const LlepLayer& layer, const ChunkPlan& cp) {
-    const int W = s.comm.size();
+    const int W = s.ep.size();
     const int64_t E = s.cfg.num_experts, k = s.cfg.num_experts_per_tok, Kc = cp.K;
     const bool strided = cp.membership == ChunkMembership::ChunkMembership_strided;
     std::optional<ProfileTokens> tokens;
@@ -465,7 +465,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   // The FFN groups of chunk i (offsets_, weights_): one per arriving block.
   void groups_fill(const StepContext& s, const LayerParams& lp, PipelinedActs& a, int64_t i) {
     const ChunkLayout& C = *a.chunks;
-    const int me = s.comm.rank();
+    const int me = s.ep.rank();
     const std::vector<int64_t>& guests = a.layer->guests;
     offsets_.assign(1, 0);
     weights_.clear();
@@ -507,7 +507,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
 }  // namespace
 
 std::unique_ptr<ExpertDispatch> dispatch_pipelined_llep_create(const DispatchSchedule& sched, const StepContext& s) {
-  const int64_t W = s.comm.size(), k = s.cfg.num_experts_per_tok, H = s.cfg.hidden_size;
+  const int64_t W = s.ep.size(), k = s.cfg.num_experts_per_tok, H = s.cfg.hidden_size;
   // The launch bound is the largest window's (Note [The MoE token side in chunks] in model/moe_block.cpp).
   const int64_t window = sched.token_chunk > 0 ? std::min(s.n, sched.token_chunk) : s.n;
   const ChunkPlan cp = chunk_plan_build(std::max<int64_t>(window, 1), sched.chunk_cap,

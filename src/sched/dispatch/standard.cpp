@@ -60,10 +60,10 @@ class StandardDispatch : public ExpertDispatch {
       *keep = std::move(acts);
     }
     const int64_t R = plan(s, offsets, *a);
-    last_ = {m - a->send_elems[s.comm.rank()] / H, R};
+    last_ = {m - a->send_elems[s.ep.rank()] / H, R};
 
     Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.recv");  // (R, H) source-major
-    s.data.all_to_all_v(be.compute_stream(), xs.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
+    s.ep_data.all_to_all_v(be.compute_stream(), xs.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
                         xs.dtype());
     xs.reset();
 
@@ -85,7 +85,7 @@ class StandardDispatch : public ExpertDispatch {
     if (!keep) a->unperm.reset();
 
     Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order, this rank's routes
-    s.data.all_to_all_v(be.compute_stream(), y_send.data(), a->recv_elems.data(), ys.data(), a->send_elems.data(),
+    s.ep_data.all_to_all_v(be.compute_stream(), y_send.data(), a->recv_elems.data(), ys.data(), a->send_elems.data(),
                         y_send.dtype());
     return ys;
   }
@@ -99,7 +99,7 @@ class StandardDispatch : public ExpertDispatch {
     const int64_t H = s.cfg.hidden_size, m = dys.dim(0), R = a->group_offsets.back();
 
     Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy_recv");  // (R, H) source-major
-    s.data.all_to_all_v(be.compute_stream(), dys.data(), a->send_elems.data(), dy_recv.data(), a->recv_elems.data(),
+    s.ep_data.all_to_all_v(be.compute_stream(), dys.data(), a->send_elems.data(), dy_recv.data(), a->recv_elems.data(),
                         dys.dtype());
     dys.reset();
     Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy");  // (R, H) grouped
@@ -116,7 +116,7 @@ class StandardDispatch : public ExpertDispatch {
     a->unperm.reset();
 
     Tensor dxs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.dxs");  // (m, H) expert order
-    s.data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dxs.data(), a->send_elems.data(),
+    s.ep_data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dxs.data(), a->send_elems.data(),
                         dx_send.dtype());
     return dxs;
   }
@@ -125,7 +125,7 @@ class StandardDispatch : public ExpertDispatch {
   // The count exchange and everything that follows from it (host): send/receive sizes per rank, the
   // grouped offsets of the local experts, and the permutations (host_perm_, host_unperm_). Returns R.
   int64_t plan(StepContext& s, std::span<const int64_t> offsets, StandardActs& a) {
-    const int W = s.comm.size(), rank = s.comm.rank();
+    const int W = s.ep.size(), rank = s.ep.rank();
     const int64_t E = s.cfg.num_experts, H = s.cfg.hidden_size;
     const ExpertLayout mine = expert_layout(rank, W, E);
     const int64_t Ep = mine.count;
@@ -138,7 +138,7 @@ class StandardDispatch : public ExpertDispatch {
     // (a test double) leaves a defined plan.
     recv_counts_.assign(static_cast<size_t>(W * Ep), 0);
     ep_sizes_.assign(static_cast<size_t>(W), Ep);
-    s.comm.all_to_all_v(send_counts_.data(), ep_sizes_.data(), recv_counts_.data(), ep_sizes_.data(),
+    s.ep.all_to_all_v(send_counts_.data(), ep_sizes_.data(), recv_counts_.data(), ep_sizes_.data(),
                         DType::DType_I64);
 
     a.send_elems.assign(static_cast<size_t>(W), 0);
@@ -178,7 +178,7 @@ class StandardDispatch : public ExpertDispatch {
 
   // The owned experts' weights (never a foreign expert's: they may not be allocated).
   void weights_fill(const StepContext& s, const LayerParams& lp) {
-    const ExpertLayout mine = expert_layout(s.comm.rank(), s.comm.size(), s.cfg.num_experts);
+    const ExpertLayout mine = expert_layout(s.ep.rank(), s.ep.size(), s.cfg.num_experts);
     weights_.resize(static_cast<size_t>(mine.count));
     for (int64_t j = 0; j < mine.count; ++j) weights_[j] = expert_weights(lp, mine.first + j);
   }

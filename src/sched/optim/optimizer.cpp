@@ -35,12 +35,19 @@ double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq) {
   const int64_t P = static_cast<int64_t>(params.all().size());
   FP_ASSERT(sumsq.numel() == P, "grad_norm_global: sumsq holds {} slots for {} params", sumsq.numel(), P);
   int64_t i = 0;
-  for (const Param& p : params.all())  // each element of the model's gradient is on one rank only
+  for (const Param& p : params.all())
     k.reduce_sumsq(p.local_g().cbuf(), p.local_g().numel(), sumsq.f32() + i++);  // computes: data exists
   std::vector<float> s(static_cast<size_t>(P));
   be.copy_to_host(s.data(), sumsq.data(), sumsq.bytes());
+  // Each element of the model's gradient counts once: a dense row on the rank whose shard holds it, an
+  // expert on its first group only (the other groups hold the same sums, Note [Experts in groups]).
+  const bool replica = params.expert_replica() > 0;
   double total = 0.0;
-  for (float v : s) total += static_cast<double>(v);
+  i = 0;
+  for (const Param& p : params.all()) {
+    const float v = s[static_cast<size_t>(i++)];
+    if (!(replica && p.placement == Placement::Placement_whole)) total += static_cast<double>(v);
+  }
   params.comm().all_reduce_sum(&total, 1, DType::DType_F64);
   return std::sqrt(total);
 }
