@@ -22,8 +22,8 @@ class Model {
   // comm: the ranks this model is spread over (context parallel over the tokens; dense parameters
   // sharded FSDP-style, Note [FSDP layout] in model/params.h); null: one process. ep: the ranks per
   // expert group (Note [Experts in groups] in model/params.h); 0: every rank.
-  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, Schedules sched = {},
-        Comm* comm = nullptr, int ep = 0);
+  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, Schedules sched = {}, Comm* comm = nullptr,
+        int ep = 0);
 
   // Deterministic initial weights (cpu); see ParamStore::init.
   void init_weights(uint64_t seed) { params_.init(seed); }

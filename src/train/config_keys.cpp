@@ -366,9 +366,10 @@ std::vector<ConfigKey> registry_build() {
   keys.push_back(plain_key("parallel.cp", K::KeyType_int, kRun,
                            "context-parallel ranks per replica, sharing each sequence by ring attention (0: W / dp)",
                            &RunConfig::parallel, &ParallelConfig::cp, at_least("parallel.cp", 0)));
-  keys.push_back(plain_key("parallel.ep", K::KeyType_int, kRun,
-                           "ranks per expert group, each group a replica of every expert (divides W and the experts; 0: W)",
-                           &RunConfig::parallel, &ParallelConfig::ep, at_least("parallel.ep", 0)));
+  keys.push_back(
+      plain_key("parallel.ep", K::KeyType_int, kRun,
+                "ranks per expert group, each group a replica of every expert (divides W and the experts; 0: W)",
+                &RunConfig::parallel, &ParallelConfig::ep, at_least("parallel.ep", 0)));
   keys.push_back(plain_key("parallel.fsdp", K::KeyType_int, kRun,
                            "ranks the dense parameters are sharded over (0: W; HSDP groups are not implemented yet)",
                            &RunConfig::parallel, &ParallelConfig::fsdp, at_least("parallel.fsdp", 0)));

@@ -641,9 +641,10 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
                                           from.empty() ? std::string() : checkpoint_resolve(from), m.vocab_size);
   const Mesh mesh = mesh_resolve(cfg.parallel, comm, cfg.train.seq_len);  // Note [A device mesh]
   if (lead && (mesh.dp > 1 || mesh.ep < comm.size()))
-    log_info("mesh: {} data-parallel replica(s) x {} context-parallel ranks; experts over {} group(s) of {} rank(s), "
-             "dense shards over all {}",
-             mesh.dp, mesh.cp, comm.size() / mesh.ep, mesh.ep, comm.size());
+    log_info(
+        "mesh: {} data-parallel replica(s) x {} context-parallel ranks; experts over {} group(s) of {} rank(s), "
+        "dense shards over all {}",
+        mesh.dp, mesh.cp, comm.size() / mesh.ep, mesh.ep, comm.size());
   DataSource data(cfg, eos_id, mesh.dp * cfg.train.batch_size);
   if (lead && data.documents().kind != Documents::Documents_none) log_info("{}", data.documents().describe());
   const ContextSplit split = context_split_parse(cfg.data.context_split);

@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <memory>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -221,8 +221,7 @@ TEST(CommSplit, GroupsInRankOrderMeetOnlyTheirOwn) {
     Tensor t = upload(*be, {value(r, 0), value(r, 1)}, "t");
     data->all_reduce_sum(be->compute_stream(), t.data(), 2, DType::DType_F32);
     const std::vector<float> got = download(*be, t);
-    for (int64_t i = 0; i < 2; ++i)
-      EXPECT_EQ(got[i], value(r % 2, i) + value(r % 2 + 2, i) + value(r % 2 + 4, i));
+    for (int64_t i = 0; i < 2; ++i) EXPECT_EQ(got[i], value(r % 2, i) + value(r % 2 + 2, i) + value(r % 2 + 4, i));
     double total = 1.0;
     comm.all_reduce_sum(&total, 1, DType::DType_F64);  // the parent still meets all six
     EXPECT_EQ(total, 6.0);

@@ -119,10 +119,9 @@ void GuestExperts::weights_start(StepContext& s, const LayerParams& lp, const Ll
   }
   reqs_.clear();
   for (int r = 1; r < W; ++r)
-    reqs_.push_back(s.ep_data.send_recv_start(be.compute_stream(), comm_row(staging_, out_first_[r], P_),
-                                           (out_first_[r + 1] - out_first_[r]) * P_, (me + r) % W,
-                                           comm_row(w_, in_start_[r], P_), in_n_[r] * P_, (me - r + W) % W,
-                                           staging_.dtype()));
+    reqs_.push_back(s.ep_data.send_recv_start(
+        be.compute_stream(), comm_row(staging_, out_first_[r], P_), (out_first_[r + 1] - out_first_[r]) * P_,
+        (me + r) % W, comm_row(w_, in_start_[r], P_), in_n_[r] * P_, (me - r + W) % W, staging_.dtype()));
 }
 
 void GuestExperts::weights_wait(StepContext& s) {
@@ -150,10 +149,10 @@ void GuestExperts::grads_start(StepContext& s) {
   // in weight round W - r) and receives from rank - r what was sent there in weight round W - r.
   for (int r = 1; r < W; ++r) {
     const int rb = W - r;
-    reqs_.push_back(s.ep_data.send_recv_start(be.compute_stream(), comm_row(g_, in_start_[rb], P_), in_n_[rb] * P_, (me + r) % W,
-                                           comm_row(staging_, out_first_[rb], P_),
-                                           (out_first_[rb + 1] - out_first_[rb]) * P_, (me - r + W) % W,
-                                           g_.dtype()));
+    reqs_.push_back(s.ep_data.send_recv_start(be.compute_stream(), comm_row(g_, in_start_[rb], P_), in_n_[rb] * P_,
+                                              (me + r) % W, comm_row(staging_, out_first_[rb], P_),
+                                              (out_first_[rb + 1] - out_first_[rb]) * P_, (me - r + W) % W,
+                                              g_.dtype()));
   }
 }
 
@@ -234,7 +233,7 @@ class LlepDispatch : public LlepDispatchBase {
     xs.reset();
     Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.recv");  // (R, H) source-major
     s.ep_data.all_to_all_v(be.compute_stream(), send.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
-                        send.dtype());
+                           send.dtype());
     send.reset();
     a->guests.weights_wait(s);
 
@@ -259,7 +258,7 @@ class LlepDispatch : public LlepDispatchBase {
     }
     Tensor back = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.back");  // (m, H) by destination
     s.ep_data.all_to_all_v(be.compute_stream(), y_send.data(), a->recv_elems.data(), back.data(), a->send_elems.data(),
-                        y_send.dtype());
+                           y_send.dtype());
     y_send.reset();
     Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order
     K.moe_gather(back.buf(), a->send_pos.i32(), ys.buf(), m, H);
@@ -284,8 +283,8 @@ class LlepDispatch : public LlepDispatchBase {
     dys.reset();
     a->send_rows.reset();
     Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy_recv");  // (R, H) source-major
-    s.ep_data.all_to_all_v(be.compute_stream(), dsend.data(), a->send_elems.data(), dy_recv.data(), a->recv_elems.data(),
-                        dsend.dtype());
+    s.ep_data.all_to_all_v(be.compute_stream(), dsend.data(), a->send_elems.data(), dy_recv.data(),
+                           a->recv_elems.data(), dsend.dtype());
     dsend.reset();
     Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "llep.dy");  // (R, H) grouped
     K.moe_gather(dy_recv.buf(), a->perm.i32(), dy.buf(), R, H);
@@ -302,8 +301,8 @@ class LlepDispatch : public LlepDispatchBase {
     dx.reset();
     a->unperm.reset();
     Tensor dback = be.alloc(kDispatch, {m, H}, s.precision.activations, "llep.dback");  // (m, H) by destination
-    s.ep_data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dback.data(), a->send_elems.data(),
-                        dx_send.dtype());
+    s.ep_data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dback.data(),
+                           a->send_elems.data(), dx_send.dtype());
     dx_send.reset();
     a->guests.grads_finish(s, lp);
     a->guests.release();

@@ -358,7 +358,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     recv_counts_.assign(static_cast<size_t>(W), Kc * Xme);
     for (int d = 0; d < W; ++d) pair_counts_[d] = Kc * (comp_first_[d + 1] - comp_first_[d]);
     s.ep.all_to_all_v(send_blocks_.data(), pair_counts_.data(), recv_blocks_.data(), recv_counts_.data(),
-                        DType::DType_I64);
+                      DType::DType_I64);
     // X_me in ascending expert order, as the blocks were merged before.
     comp_experts_.clear();
     for (int64_t e = 0; e < E; ++e)

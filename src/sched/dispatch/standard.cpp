@@ -64,7 +64,7 @@ class StandardDispatch : public ExpertDispatch {
 
     Tensor recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.recv");  // (R, H) source-major
     s.ep_data.all_to_all_v(be.compute_stream(), xs.data(), a->send_elems.data(), recv.data(), a->recv_elems.data(),
-                        xs.dtype());
+                           xs.dtype());
     xs.reset();
 
     a->perm = be.alloc(kDispatch, {R}, DType::DType_I32, "ep.perm");      // (R)
@@ -86,7 +86,7 @@ class StandardDispatch : public ExpertDispatch {
 
     Tensor ys = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");  // (m, H) expert order, this rank's routes
     s.ep_data.all_to_all_v(be.compute_stream(), y_send.data(), a->recv_elems.data(), ys.data(), a->send_elems.data(),
-                        y_send.dtype());
+                           y_send.dtype());
     return ys;
   }
 
@@ -100,7 +100,7 @@ class StandardDispatch : public ExpertDispatch {
 
     Tensor dy_recv = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy_recv");  // (R, H) source-major
     s.ep_data.all_to_all_v(be.compute_stream(), dys.data(), a->send_elems.data(), dy_recv.data(), a->recv_elems.data(),
-                        dys.dtype());
+                           dys.dtype());
     dys.reset();
     Tensor dy = be.alloc(kDispatch, {R, H}, s.precision.activations, "ep.dy");  // (R, H) grouped
     K.moe_gather(dy_recv.buf(), a->perm.i32(), dy.buf(), R, H);
@@ -117,7 +117,7 @@ class StandardDispatch : public ExpertDispatch {
 
     Tensor dxs = be.alloc(kAct, {m, H}, s.precision.activations, "moe.dxs");  // (m, H) expert order
     s.ep_data.all_to_all_v(be.compute_stream(), dx_send.data(), a->recv_elems.data(), dxs.data(), a->send_elems.data(),
-                        dx_send.dtype());
+                           dx_send.dtype());
     return dxs;
   }
 
@@ -138,8 +138,7 @@ class StandardDispatch : public ExpertDispatch {
     // (a test double) leaves a defined plan.
     recv_counts_.assign(static_cast<size_t>(W * Ep), 0);
     ep_sizes_.assign(static_cast<size_t>(W), Ep);
-    s.ep.all_to_all_v(send_counts_.data(), ep_sizes_.data(), recv_counts_.data(), ep_sizes_.data(),
-                        DType::DType_I64);
+    s.ep.all_to_all_v(send_counts_.data(), ep_sizes_.data(), recv_counts_.data(), ep_sizes_.data(), DType::DType_I64);
 
     a.send_elems.assign(static_cast<size_t>(W), 0);
     a.recv_elems.assign(static_cast<size_t>(W), 0);
