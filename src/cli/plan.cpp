@@ -149,11 +149,11 @@ plan::Model config_apply(const PlanOptions& o, plan::Input& in) {
   return m;
 }
 
-// --mesh dp=D,cp=C[,ep=E] (Note [A device mesh] in train/trainer.cpp): D x C ranks, experts in groups of E of
-// them (Note [Experts in groups] in model/params.h; default all).
+// --mesh dp=D,cp=C[,ep=E][,fsdp=F] (Note [A device mesh] in train/trainer.cpp): D x C ranks, experts in groups
+// of E of them and dense shards in groups of F (Note [Experts in groups] in model/params.h; default all).
 void mesh_apply(const PlanOptions& o, plan::Layout& lay) {
   const char* hint = "write --mesh dp=D,cp=C (D x C ranks), e.g. --mesh dp=8,cp=8";
-  int64_t dp = 1, cp = 0, ep = 0;
+  int64_t dp = 1, cp = 0, ep = 0, fsdp = 0;
   size_t at = 0;
   while (at < o.mesh.size()) {
     const size_t end = std::min(o.mesh.find(',', at), o.mesh.size()), eq = o.mesh.find('=', at);
@@ -173,8 +173,10 @@ void mesh_apply(const PlanOptions& o, plan::Layout& lay) {
       cp = v;
     else if (key == "ep")
       ep = v;
+    else if (key == "fsdp")
+      fsdp = v;
     else
-      throw Error(fmt::format("--mesh {}: unknown axis '{}' (dp, cp, ep)", o.mesh, key), hint);
+      throw Error(fmt::format("--mesh {}: unknown axis '{}' (dp, cp, ep, fsdp)", o.mesh, key), hint);
     at = end + 1;
   }
   if (cp == 0) cp = o.ranks > 0 ? o.ranks / dp : 1;
@@ -185,6 +187,9 @@ void mesh_apply(const PlanOptions& o, plan::Layout& lay) {
   lay.ranks = dp * cp;
   lay.cp = cp;
   lay.ep = ep;
+  FP_CHECK(fsdp == 0 || (dp * cp) % fsdp == 0, "choose fsdp dividing dp x cp (or leave it out: every rank)",
+           "--mesh {}: fsdp = {} does not divide the {} ranks", o.mesh, fsdp, dp * cp);
+  lay.fsdp = fsdp;
 }
 
 int plan_run(const PlanOptions& o) {
@@ -222,10 +227,11 @@ int plan_run(const PlanOptions& o) {
   auto step_tokens = [&](int64_t T) { return lay.replicas() * o.grad_accum * lay.batch * T; };
   if (!o.mesh.empty() || o.grad_accum > 1)
     fmt::print(
-        "mesh: {} replicas x {} context-parallel ranks = {} ranks, experts in {} group(s) of {}; {} micro-batch(es) "
-        "of {} sequence(s) per replica: {} tokens per optimizer step at {}\n",
+        "mesh: {} replicas x {} context-parallel ranks = {} ranks, experts in {} group(s) of {}, dense shards in {} "
+        "group(s) of {}; {} micro-batch(es) of {} sequence(s) per replica: {} tokens per optimizer step at {}\n",
         lay.replicas(), lay.context_ranks(), lay.ranks, lay.ranks / lay.expert_ranks(), lay.expert_ranks(),
-        o.grad_accum, lay.batch, step_tokens(in.context), plan::context_format(in.context));
+        lay.ranks / (lay.fsdp > 0 ? lay.fsdp : lay.ranks), lay.fsdp > 0 ? lay.fsdp : lay.ranks, o.grad_accum, lay.batch,
+        step_tokens(in.context), plan::context_format(in.context));
 
   // Reach: the same sizes, layout and dtypes with the baseline's and flatpeak's schedule families.
   nlohmann::ordered_json reach = nullptr;
@@ -323,8 +329,8 @@ void plan_register(CLI::App& parent, Runner& run) {
   sub->add_option("--json", o.json, "write the plan, its statuses and the reach as JSON");
   sub->add_option("--plot", o.plot, "write an SVG of the peak per category against the context length");
   sub->add_option("--mesh", o.mesh,
-                  "the layout dp=D,cp=C[,ep=E]: D data-parallel replicas of C context-parallel ranks (D x C ranks; "
-                  "experts in groups of E ranks, default all; dense shards over all of them)");
+                  "the layout dp=D,cp=C[,ep=E][,fsdp=F]: D data-parallel replicas of C context-parallel ranks (D x C "
+                  "ranks; experts in groups of E ranks and dense shards in groups of F, default all of them)");
   sub->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step (tokens per step; no memory)")
       ->check(at_least(1));
   sub->add_option(

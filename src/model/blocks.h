@@ -30,8 +30,10 @@ struct DispatchActs {
 
 // What every block of one step shares.
 struct StepContext {
-  // ep_comm: the expert group (ParamStore::expert_comm); null: cm.
-  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm, Comm* ep_comm = nullptr)
+  // ep_comm: the expert group (ParamStore::expert_comm); vocab_comm: the dense-shard group
+  // (ParamStore::shard_comm); null: cm.
+  StepContext(Backend& b, const ModelConfig& c, RoutingProfile p, Comm& cm, Comm* ep_comm = nullptr,
+              Comm* vocab_comm = nullptr)
       : be(b),
         cfg(c),
         rope(rope_table(c)),
@@ -41,7 +43,10 @@ struct StepContext {
         data(*data_channel),
         ep(ep_comm != nullptr ? *ep_comm : cm),
         ep_channel(ep_comm != nullptr && ep_comm != &cm ? b.data_channel(*ep_comm) : nullptr),
-        ep_data(ep_channel != nullptr ? *ep_channel : data) {}
+        ep_data(ep_channel != nullptr ? *ep_channel : data),
+        vocab(vocab_comm != nullptr ? *vocab_comm : cm),
+        vocab_channel(vocab_comm != nullptr && vocab_comm != &cm ? b.data_channel(*vocab_comm) : nullptr),
+        vocab_data(vocab_channel != nullptr ? *vocab_channel : data) {}
   Backend& be;
   const ModelConfig& cfg;
   // The model's RoPE frequencies (Note [RoPE scaling as transformers computes it]), once per step
@@ -65,6 +70,11 @@ struct StepContext {
   Comm& ep;
   std::unique_ptr<DataComm> ep_channel;
   DataComm& ep_data;
+  // The ranks Ring-DTP's vocabulary ring spans: those lm_head's rows are sharded over (Note [Dense shards
+  // in groups] in model/params.h): comm itself unless parallel.fsdp < W.
+  Comm& vocab;
+  std::unique_ptr<DataComm> vocab_channel;
+  DataComm& vocab_data;
   // The dtype of each kind of tensor (Note [Which dtype each allocation gets] in core/precision.h):
   // every block allocates in it; all f32 unless the model's schedules say otherwise.
   Precision precision;

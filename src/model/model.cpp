@@ -38,14 +38,15 @@ const Precision& precision_checked(const Backend& be, const Schedules& sched) {
 }
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedules sched, Comm* comm, int ep)
+Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedules sched, Comm* comm,
+             RankGroups groups)
     : cfg_(cfg),
       be_(be),
       profile_(profile),
       sched_(sched),
       comm_(comm),
       cp_(comm != nullptr ? comm->size() : 1),
-      params_(cfg, be, comm, precision_checked(be, sched_), ep) {
+      params_(cfg, be, comm, precision_checked(be, sched_), groups) {
   // Note [Kernel coverage] (backend/kernels.h): every kernel the step calls, in the recipe's dtypes.
   const std::vector<std::string> missing = ops::kernels_missing(be.kernels().table(), sched_.precision);
   FP_CHECK(missing.empty(),

@@ -20,10 +20,10 @@ class Model {
   // the router computes nothing: "router" is an error there).
   // sched: the schedule of each flattenable peak (plain variants by default).
   // comm: the ranks this model is spread over (context parallel over the tokens; dense parameters
-  // sharded FSDP-style, Note [FSDP layout] in model/params.h); null: one process. ep: the ranks per
-  // expert group (Note [Experts in groups] in model/params.h); 0: every rank.
+  // sharded FSDP-style, Note [FSDP layout] in model/params.h); null: one process. groups: the ranks per
+  // expert group and per dense-shard group (Note [Experts in groups] in model/params.h); 0: every rank.
   Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, Schedules sched = {}, Comm* comm = nullptr,
-        int ep = 0);
+        RankGroups groups = {});
 
   // Deterministic initial weights (cpu); see ParamStore::init.
   void init_weights(uint64_t seed) { params_.init(seed); }

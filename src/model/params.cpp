@@ -137,7 +137,7 @@ void ParamStore::walk(Fn&& fn) {
       fn(Entry{i, -1, "mlp.shared_experts.down_proj.weight", {H, Is}, dense, rows, &l.shared_down_proj});
     }
     for (int64_t e = 0; e < cfg.num_experts; ++e) {
-      const int owner = expert_owner(e, ep_, cfg.num_experts);  // a rank of the first expert group
+      const int owner = expert_owner(e, ep_.size, cfg.num_experts);  // a rank of the first expert group
       const Placement whole = Placement::Placement_whole;
       const bool eb = cfg.expert_bias();
       fn(Entry{i, e, "gate_proj.weight", {I, H}, whole, owner, &l.gate_proj[e]});
@@ -157,7 +157,19 @@ void ParamStore::walk(Fn&& fn) {
   if (!cfg.tie_word_embeddings) fn(Entry{-1, -1, "lm_head.weight", {cfg.vocab_size, H}, dense, rows, &lm_head});
 }
 
-ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Precision& precision, int ep)
+void ParamStore::group_make(int size, const char* key, Group& g) {
+  const int W = comm_->size();
+  g.size = size > 0 ? size : W;
+  FP_CHECK(g.size <= W && W % g.size == 0, fmt::format("choose {} dividing the number of ranks (0: all of them)", key),
+           "{} = {} does not divide the {} ranks", key, size, W);
+  if (g.size == W) return;
+  g.comm = comm_->split(comm_->rank() / g.size);      // this rank's group
+  g.replicas = comm_->split(comm_->rank() % g.size);  // the ranks at its place in the other groups
+  g.data = be_.data_channel(*g.comm);
+  g.replica_data = be_.data_channel(*g.replicas);
+}
+
+ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Precision& precision, RankGroups groups)
     : be_(be), cfg_(cfg), comm_(comm), precision_(precision) {
   if (comm_ == nullptr) {
     single_ = comm_single();
@@ -165,17 +177,11 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   }
   data_ = be.data_channel(*comm_);
   const int W = comm_->size();
-  // Note [Experts in groups]: ep consecutive ranks share the experts; the groups are replicas.
-  ep_ = ep > 0 ? ep : W;
-  FP_CHECK(ep_ <= W && W % ep_ == 0, "choose parallel.ep dividing the number of ranks (0: all of them)",
-           "parallel.ep = {} does not divide the {} ranks", ep_, W);
-  experts_ = expert_layout(comm_->rank() % ep_, ep_, cfg.num_experts);  // a user error unless ep divides E
-  if (ep_ < W) {
-    ep_comm_ = comm_->split(comm_->rank() / ep_);       // this rank's group
-    replica_comm_ = comm_->split(comm_->rank() % ep_);  // the ranks holding the same experts
-    ep_data_ = be.data_channel(*ep_comm_);
-    replica_data_ = be.data_channel(*replica_comm_);
-  }
+  // Note [Experts in groups], Note [Dense shards in groups]: ep (fsdp) consecutive ranks share the experts
+  // (the dense rows); the groups are replicas.
+  group_make(groups.ep, "parallel.ep", ep_);
+  group_make(groups.fsdp, "parallel.fsdp", shard_);
+  experts_ = expert_layout(comm_->rank() % ep_.size, ep_.size, cfg.num_experts);  // a user error unless ep divides E
   layers.resize(cfg.num_hidden_layers);
   for (LayerParams& l : layers) {
     l.index = &l - layers.data();
@@ -191,7 +197,7 @@ ParamStore::ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm, const Pr
   // Only what this rank holds is named and allocated: another rank's experts cost nothing here (at
   // 384 experts, 39 layers and 64 ranks, 45K names per rank that the planner's meta steps never read).
   walk([&](const Entry& p) {
-    if (p.placement == Placement::Placement_whole && p.owner != comm_->rank() % ep_) return;
+    if (p.placement == Placement::Placement_whole && p.owner != comm_->rank() % ep_.size) return;
     const DType f = DType::DType_F32;
     *p.slot = add(entry_name(p.layer, p.expert, p.leaf), p.shape, p.placement, p.keep_f32 ? f : precision_.params,
                   p.keep_f32 ? f : precision_.grads);
@@ -248,7 +254,7 @@ Param* ParamStore::add(const std::string& name, const Shape& shape, Placement pl
   p.shape = shape;
   p.placement = placement;
   if (placement == Placement::Placement_rows) {
-    p.block = row_block(shape[0], comm_->rank(), comm_->size());
+    p.block = row_block(shape[0], shard_rank(), shard_.size);
     const Shape local = with_rows(shape, p.block.rows_padded);
     p.w_shard = be_.alloc(Category::Category_params, local, w_dtype, name);
     p.g_shard = be_.alloc(Category::Category_grads, local, g_dtype, name + ".grad");
@@ -283,7 +289,7 @@ void ParamStore::unit_add(const std::string& name, std::vector<Param*> params) {
     }
     u.part.push_back(k);
     u.offset.push_back(u.parts[k].numel);
-    u.parts[k].numel += comm_->size() * p->block.rows_padded * row_length(p->shape);
+    u.parts[k].numel += shard_.size * p->block.rows_padded * row_length(p->shape);
   }
   u.params = std::move(params);
 }
@@ -312,12 +318,13 @@ void ParamStore::init(uint64_t seed) {
   zero_grads();
 }
 
-void ParamStore::expert_grads_reduce() {
-  if (replica_comm_ == nullptr) return;
+void ParamStore::replica_grads_reduce() {
   for (Param& p : params_) {
-    if (p.placement != Placement::Placement_whole) continue;  // with W > 1 only the experts are whole
-    Tensor& g = p.local_g();
-    replica_data_->all_reduce_sum(be_.compute_stream(), g.data(), g.numel(), g.dtype());
+    // With W > 1 only the experts are whole; the rest are dense rows.
+    const Group& g = p.placement == Placement::Placement_whole ? ep_ : shard_;
+    if (g.replica_data == nullptr) continue;
+    Tensor& grad = p.local_g();
+    g.replica_data->all_reduce_sum(be_.compute_stream(), grad.data(), grad.numel(), grad.dtype());
   }
 }
 
@@ -338,8 +345,8 @@ void ParamStore::unit_gather(int64_t ui) {
     Param& p = *u.params[i];
     const Tensor& w = u.parts[u.part[i]].w;
     // Rank r's Rp rows land at rows [r Rp, (r + 1) Rp): the first R rows are the tensor in order.
-    data_->all_gather(be_.compute_stream(), p.w_shard.data(), ptr_at_elems(w, u.offset[i]), p.w_shard.numel(),
-                      p.w_shard.dtype());
+    shard_data().all_gather(be_.compute_stream(), p.w_shard.data(), ptr_at_elems(w, u.offset[i]), p.w_shard.numel(),
+                            p.w_shard.dtype());
     p.w = Tensor::view(w, u.offset[i], p.shape, p.name);
   }
 }
@@ -364,7 +371,7 @@ void ParamStore::unit_grad_begin(int64_t ui) {
     Param& p = *u.params[i];
     const Tensor& g = u.parts[u.part[i]].g;
     const int64_t n = p.g_shard.numel();  // Rp C
-    K.copy(g.buf().at(u.offset[i] + comm_->rank() * n), p.g_shard.cbuf(), n);
+    K.copy(g.buf().at(u.offset[i] + shard_rank() * n), p.g_shard.cbuf(), n);
     p.g = Tensor::view(g, u.offset[i], p.shape, p.name + ".grad");
   }
 }
@@ -378,8 +385,8 @@ void ParamStore::unit_grad_reduce(int64_t ui) {
     Param& p = *u.params[i];
     // Padding rows of the unsharded gradient are zero (nothing writes past row R), so the shard's
     // padding stays zero.
-    data_->reduce_scatter_sum(be_.compute_stream(), ptr_at_elems(u.parts[u.part[i]].g, u.offset[i]),
-                              p.g_shard.data(), p.g_shard.numel(), p.g_shard.dtype());
+    shard_data().reduce_scatter_sum(be_.compute_stream(), ptr_at_elems(u.parts[u.part[i]].g, u.offset[i]),
+                                    p.g_shard.data(), p.g_shard.numel(), p.g_shard.dtype());
     p.g.reset();
   }
   for (UnitPart& part : u.parts) part.g.reset();
@@ -415,9 +422,11 @@ void ParamStore::full_gather(const ParamInfo& p, const Tensor* local, float* hos
   }
   // Every rank's padded rows, in rank order: the first R rows are the tensor.
   const int64_t n = local->numel();  // Rp C
-  std::vector<float> mine(static_cast<size_t>(n)), all(static_cast<size_t>(n * comm_->size()));
+  // Within this rank's dense-shard group (Note [Dense shards in groups]); world rank 0 is the first group's first.
+  Comm& group = shard_comm();
+  std::vector<float> mine(static_cast<size_t>(n)), all(static_cast<size_t>(n * group.size()));
   local_to_host(be_, *local, n, mine.data());
-  comm_->all_gather(mine.data(), all.data(), n, DType::DType_F32);
+  group.all_gather(mine.data(), all.data(), n, DType::DType_F32);
   if (me == 0) std::copy(all.begin(), all.begin() + numel, host);
 }
 
@@ -428,7 +437,7 @@ void ParamStore::full_scatter(const ParamInfo& p, const float* host, Tensor* loc
     return;
   }
   const int64_t C = row_length(p.shape);
-  const RowBlock b = row_block(p.shape[0], comm_->rank(), comm_->size());
+  const RowBlock b = row_block(p.shape[0], shard_rank(), shard_.size);
   std::vector<float> mine(static_cast<size_t>(local->numel()), 0.0f);  // (Rp, C), padding zero
   std::copy(host + b.row0 * C, host + (b.row0 + b.rows) * C, mine.begin());
   host_to_local(be_, mine.data(), local->numel(), *local);

@@ -42,6 +42,15 @@
 // the same update and stays equal. Checkpoints read an expert on every replica and write it from the
 // first group (layout()'s owner is a rank of group 0). ep = 1: every rank holds every expert and no
 // routed copy leaves its rank.
+//
+// Note [Dense shards in groups] (HSDP): parallel.fsdp = f shards the dense parameters within groups of f
+// consecutive ranks (rank r holds the rows of rank r % f of a world of f, Note [FSDP layout] with W = f)
+// and replicates them across the W / f groups, as PyTorch's HYBRID_SHARD: a unit is gathered and its
+// gradient reduce-scattered within the group (shard_comm()), and before an update the optimizer sums each
+// shard's gradient over the groups holding the same rows (replica_grads_reduce, as the experts'). The
+// gradient norm counts a dense row on the first group only. Ring-DTP's vocabulary ring reads the lm_head
+// rows of this layout, so it runs within the group (StepContext::vocab); the loss and its token count
+// stay global. f = W (the default) is plain FSDP.
 #pragma once
 
 #include <deque>
@@ -57,6 +66,13 @@
 #include "model/layout.h"
 
 namespace fp {
+
+// The ranks per expert group (parallel.ep) and per dense-shard group (parallel.fsdp); 0: every rank
+// (Note [Experts in groups], Note [Dense shards in groups]).
+struct RankGroups {
+  int ep = 0;
+  int fsdp = 0;
+};
 
 // How one parameter is laid out over the ranks (Note [FSDP layout]).
 enum class Placement {
@@ -175,8 +191,10 @@ class ParamStore {
   // outlive the store. Weights (and gathered units) are allocated in precision.params, gradients in
   // precision.grads, but for the parameters kept in f32 (Note [Parameters kept in f32]); the
   // optimizers read master and moments from precision() too.
-  // ep: the ranks the experts are split over (Note [Experts in groups]); 0: every rank of comm.
-  ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm = nullptr, const Precision& precision = {}, int ep = 0);
+  // groups: the ranks per expert group and per dense-shard group (Note [Experts in groups], Note [Dense
+  // shards in groups]); 0: every rank of comm.
+  ParamStore(const ModelConfig& cfg, Backend& be, Comm* comm = nullptr, const Precision& precision = {},
+             RankGroups groups = {});
 
   // cpu: linear weights and embeddings ~ N(0, 0.02) (HF initializer_range), norms = 1; deterministic
   // in seed and the same numbers for any W (every rank draws the full tensors, keeps its rows).
@@ -199,13 +217,22 @@ class ParamStore {
   // Note [Experts in groups]: the ranks of this rank's expert group (the expert dispatch runs among
   // them; comm itself when the experts are split over every rank), and the groups: this rank's is
   // expert_replica() of expert_replicas(), each a replica of the experts.
-  Comm& expert_comm() const { return ep_comm_ != nullptr ? *ep_comm_ : *comm_; }
-  int expert_replicas() const { return comm_->size() / ep_; }
-  int expert_replica() const { return comm_->rank() / ep_; }
-  // Sums each expert's gradient over its replicas (collective over comm; nothing with one group), so
-  // that every replica takes the same update: once per optimizer step, after the last backward
-  // (Note [Experts in groups]).
-  void expert_grads_reduce();
+  Comm& expert_comm() const { return ep_.comm != nullptr ? *ep_.comm : *comm_; }
+  int expert_replicas() const { return comm_->size() / ep_.size; }
+  int expert_replica() const { return comm_->rank() / ep_.size; }
+  // Note [Dense shards in groups]: the ranks the dense parameters are sharded over (comm itself unless
+  // parallel.fsdp < W), and this rank's group among the W / fsdp.
+  Comm& shard_comm() const { return shard_.comm != nullptr ? *shard_.comm : *comm_; }
+  int shard_replica() const { return comm_->rank() / shard_.size; }
+  // Sums each expert's gradient over its replicas and each dense shard's over the groups holding the same
+  // rows (collective over comm; nothing with one group of each), so that every replica takes the same
+  // update: once per optimizer step, after the last backward (Note [Experts in groups]).
+  void replica_grads_reduce();
+  // True when p's gradient is summed on another group too, so that a global sum over ranks (the gradient
+  // norm) counts p on the first group only.
+  bool replicated_elsewhere(const Param& p) const {
+    return p.placement == Placement::Placement_whole ? expert_replica() > 0 : shard_replica() > 0;
+  }
   // The run's dtypes (core/precision.h): params and grads here, master and moments for the optimizers.
   const Precision& precision() const { return precision_; }
   int rank() const { return comm_->rank(); }
@@ -277,9 +304,17 @@ class ParamStore {
   std::unique_ptr<Comm> single_;  // the one-process world when no comm is given
   Comm* comm_;                      // the control channel (host data)
   std::unique_ptr<DataComm> data_;  // the backend's data channel over it (device shards)
-  int ep_ = 1;                      // ranks per expert group (Note [Experts in groups])
-  std::unique_ptr<Comm> ep_comm_, replica_comm_;  // with ep < W: this rank's group, its replicas
-  std::unique_ptr<DataComm> ep_data_, replica_data_;
+  // A group of ranks (the experts', the dense shards') and its replicas: with size < W, this rank's
+  // group and the ranks at its place in the other groups (null when size = W).
+  struct Group {
+    int size = 1;
+    std::unique_ptr<Comm> comm, replicas;
+    std::unique_ptr<DataComm> data, replica_data;
+  };
+  void group_make(int size, const char* key, Group& g);
+  DataComm& shard_data() { return shard_.data != nullptr ? *shard_.data : *data_; }
+  int shard_rank() const { return comm_->rank() % shard_.size; }
+  Group ep_, shard_;
   std::deque<Param> params_;  // a deque: Param* stay valid as it grows
   std::vector<ParamInfo> layout_;  // empty until layout() is first called
   ExpertLayout experts_;

@@ -53,7 +53,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
       be->host_ledger().events_limit_set(0);
     }
     fp::Model model(cfg, *be, in.settings.routing, sc, W > 1 ? &comm : nullptr,
-                    static_cast<int>(in.settings.layout.expert_ranks()));
+                    RankGroups{static_cast<int>(in.settings.layout.ep), static_cast<int>(in.settings.layout.fsdp)});
     if (W > 1) model.set_context_parallel(cp);
     RankPlan& rp = out[static_cast<size_t>(r)];
     // Elements, counted per tensor: not the params bytes over one dtype's size, which counts a parameter
@@ -168,6 +168,8 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
            "{} experts cannot be spread over {} ranks", c.num_experts, lay.expert_ranks());
   FP_CHECK(lay.ranks % lay.expert_ranks() == 0, "choose --mesh ep= dividing the ranks",
            "ep = {} does not divide the {} ranks", lay.expert_ranks(), lay.ranks);
+  FP_CHECK(lay.fsdp == 0 || lay.ranks % lay.fsdp == 0, "choose --mesh fsdp= dividing the ranks",
+           "fsdp = {} does not divide the {} ranks", lay.fsdp, lay.ranks);
   FP_CHECK(lay.context_ranks() == 1 || in.context % (2 * lay.context_ranks()) == 0,
            "choose a context divisible by 2 x the context-parallel ranks (context parallelism cuts each sequence "
            "into 2cp zig-zag chunks)",

@@ -55,6 +55,7 @@ struct Layout {
   // of ep ranks (Note [Experts in groups] in model/params.h; 0: one group of all W).
   int64_t cp = 0;
   int64_t ep = 0;
+  int64_t fsdp = 0;  // ranks per dense-shard group (Note [Dense shards in groups]; 0: all W)
   int64_t context_ranks() const { return cp > 0 ? cp : ranks; }  // cp
   int64_t replicas() const { return ranks / context_ranks(); }   // dp
   int64_t expert_ranks() const { return ep > 0 ? ep : ranks; }   // ep

@@ -170,7 +170,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const int64_t n = batch.B * batch.T, H = cfg.hidden_size, L = cfg.num_hidden_layers;
   static std::unique_ptr<Comm> single = comm_single();
   Comm& comm = model.comm() != nullptr ? *model.comm() : *single;
-  StepContext s(be, cfg, model.routing_profile(), comm, &params.expert_comm());
+  StepContext s(be, cfg, model.routing_profile(), comm, &params.expert_comm(), &params.shard_comm());
   s.precision = sched.precision;
   s.moe_token_chunk = sched.dispatch.token_chunk;
   // A tile of every token is the whole layer, bit for bit (Note [Sequence-tiled layers]).
@@ -291,7 +291,9 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   // multi-rank path does, and then only model.norm is gathered.
   Tensor dx;
   if (backward) dx = be.alloc(Category::Category_activations, {n, H}, s.precision.activations, "grad.x");
-  const bool head_reads_shard = sched.vocab.kind == VocabSchedule::Kind::Kind_ring && kRingReadsLmHeadShard;
+  // A ring of one rank (parallel.fsdp = 1: every rank holds all of lm_head) reads the gathered head.
+  const bool head_reads_shard =
+      sched.vocab.kind == VocabSchedule::Kind::Kind_ring && kRingReadsLmHeadShard && s.vocab.size() > 1;
   const int64_t head_unit = head_reads_shard ? params.unit_norm() : params.unit_head();
   params.unit_gather(head_unit);
   if (backward) params.unit_grad_begin(head_unit);

@@ -371,7 +371,7 @@ std::vector<ConfigKey> registry_build() {
                 "ranks per expert group, each group a replica of every expert (divides W and the experts; 0: W)",
                 &RunConfig::parallel, &ParallelConfig::ep, at_least("parallel.ep", 0)));
   keys.push_back(plain_key("parallel.fsdp", K::KeyType_int, kRun,
-                           "ranks the dense parameters are sharded over (0: W; HSDP groups are not implemented yet)",
+                           "ranks per dense-shard group, replicated across groups (HSDP; divides W; 0: W, plain FSDP)",
                            &RunConfig::parallel, &ParallelConfig::fsdp, at_least("parallel.fsdp", 0)));
 
   // [eval]

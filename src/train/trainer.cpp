@@ -44,18 +44,21 @@ namespace {
 // ring attention (StepContext::cp), and the dp replicas read different sequences. Every rank reads the
 // whole global micro-batch, dp x train.batch_size sequences, and takes its replica's rows, so the loss's
 // target count (the global token mean over every replica and micro-batch, Note [Gradient accumulation])
-// is known on every rank. The dense shards stay spread over every rank (fsdp = W): the FSDP
-// reduce-scatter over all W ranks sums the replicas' gradients with the cp shards'. The experts are split
+// is known on every rank. The dense parameters are sharded over every rank (parallel.fsdp = W, the
+// default: the FSDP reduce-scatter over all W ranks sums the replicas' gradients with the cp shards') or
+// within groups of parallel.fsdp consecutive ranks, replicated across them (HSDP, Note [Dense shards in
+// groups] in model/params.h: the optimizer then sums a shard's gradient over the groups). The experts are split
 // over groups of parallel.ep consecutive ranks (default: one group of all W), each group a replica of
 // every expert (Note [Experts in groups] in model/params.h): the expert dispatch serves the tokens of
 // its group's ranks, whatever their dp replica or cp rank, and the optimizer sums each expert's gradient
 // over the groups first. The schedules keep their groups: Ring-DTP's vocabulary ring, SCO and the
-// optimizer's shards span all W ranks; LLEP and PipelinedLLEP plan and move within an expert group;
-// ring attention spans the cp ranks of a replica. HSDP (parallel.fsdp < W) is refused by name, not yet
-// implemented.
+// optimizer's shards span the dense-shard group (all W by default), as does Ring-DTP's vocabulary ring;
+// LLEP and PipelinedLLEP plan and move within an expert group; ring attention spans the cp ranks of a
+// replica.
 struct Mesh {
   int dp = 1, cp = 1;
   int ep = 1;       // ranks per expert group
+  int fsdp = 1;     // ranks per dense-shard group
   int replica = 0;  // this rank's, rank / cp
   int cp_rank = 0;  // rank % cp
 };
@@ -72,10 +75,10 @@ Mesh mesh_resolve(const ParallelConfig& p, const Comm& comm, int64_t seq_len) {
   m.ep = p.ep > 0 ? static_cast<int>(p.ep) : W;
   FP_CHECK(m.ep <= W && W % m.ep == 0, "choose parallel.ep dividing dp x cp, the number of ranks (0: all of them)",
            "parallel.ep = {} does not divide the {} ranks (dp x cp = {} x {})", p.ep, W, m.dp, m.cp);
-  FP_CHECK(p.fsdp == 0 || p.fsdp == W, "leave parallel.fsdp unset (0: every rank)",
-           "parallel.fsdp = {}: dense parameters sharded within groups of fewer than the {} ranks (HSDP) is not "
-           "implemented yet",
-           p.fsdp, W);
+  m.fsdp = p.fsdp > 0 ? static_cast<int>(p.fsdp) : W;
+  FP_CHECK(m.fsdp <= W && W % m.fsdp == 0,
+           "choose parallel.fsdp dividing dp x cp, the number of ranks (0: all of them)",
+           "parallel.fsdp = {} does not divide the {} ranks (dp x cp = {} x {})", p.fsdp, W, m.dp, m.cp);
   FP_CHECK(m.cp == 1 || seq_len % (2 * m.cp) == 0, "choose train.seq_len divisible by 2 x parallel.cp",
            "train.seq_len = {} is not divisible by 2 x {} context-parallel ranks (2cp zig-zag pieces)", seq_len, m.cp);
   m.replica = comm.rank() / m.cp;
@@ -640,11 +643,11 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const int32_t eos_id = documents_eos_id(cfg.data.documents, cfg.data.eos_id,
                                           from.empty() ? std::string() : checkpoint_resolve(from), m.vocab_size);
   const Mesh mesh = mesh_resolve(cfg.parallel, comm, cfg.train.seq_len);  // Note [A device mesh]
-  if (lead && (mesh.dp > 1 || mesh.ep < comm.size()))
+  if (lead && (mesh.dp > 1 || mesh.ep < comm.size() || mesh.fsdp < comm.size()))
     log_info(
         "mesh: {} data-parallel replica(s) x {} context-parallel ranks; experts over {} group(s) of {} rank(s), "
-        "dense shards over all {}",
-        mesh.dp, mesh.cp, comm.size() / mesh.ep, mesh.ep, comm.size());
+        "dense shards over {} group(s) of {}",
+        mesh.dp, mesh.cp, comm.size() / mesh.ep, mesh.ep, comm.size() / mesh.fsdp, mesh.fsdp);
   DataSource data(cfg, eos_id, mesh.dp * cfg.train.batch_size);
   if (lead && data.documents().kind != Documents::Documents_none) log_info("{}", data.documents().describe());
   const ContextSplit split = context_split_parse(cfg.data.context_split);
@@ -658,7 +661,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   stop_signals_install();                                // Note [Stopping on a signal]
   const std::string run_json = config_json(cfg).dump();  // every key (Note [One key registry])
 
-  Model model(m, *be, profile, cfg.schedules, &comm, mesh.ep);
+  Model model(m, *be, profile, cfg.schedules, &comm, RankGroups{mesh.ep, mesh.fsdp});
   model.set_context_parallel(mesh.cp);
   model.init_weights(m.seed);
   std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, cfg.schedules.optim, model.params(), *be);

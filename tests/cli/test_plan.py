@@ -252,7 +252,8 @@ def choose_every(a, tmp):
 def mesh_experts(a, tmp):
     """--mesh dp=2,cp=2,ep=E (Note [Experts in groups]): the planned rank holds E_total / ep experts whole, so its
     parameters grow by exactly the experts it gains against ep = 4 (every dense parameter still sharded over all
-    4 ranks), and the plan says the groups."""
+    4 ranks), and the plan says the groups; --mesh ...,fsdp=F (Note [Dense shards in groups]): with ep = fsdp = 1
+    the planned rank holds the whole model, with fsdp = 2 half its dense rows."""
     cfg = os.path.join(a.configs, "tiny.toml")
     per_rank, said = {}, {}
     for ep in (4, 2, 1):
@@ -269,6 +270,20 @@ def mesh_experts(a, tmp):
         gained = layers * (experts // ep - experts // 4) * expert
         assert per_rank[ep] - per_rank[4] == gained, (ep, per_rank, gained)
     assert all(said.values()), said
+    # fsdp = 1 and ep = 1 (Note [Dense shards in groups]): every rank holds the whole model; fsdp = 2 about half
+    # the dense rows of fsdp = 1 (padding rows aside).
+    held = {}
+    for fsdp in (1, 2):
+        pj = os.path.join(tmp, f"fsdp{fsdp}.json")
+        run([a.bin, "plan", "--model", cfg, "--context", "1K", "--mesh", f"dp=2,cp=2,ep=1,fsdp={fsdp}", "--no-reach",
+             "--json", pj])
+        j = json.load(open(pj))
+        assert j["layout"]["shard_ranks"] == fsdp, j["layout"]
+        held[fsdp] = j["layout"]["params_per_rank"]
+        total = j["model"]["params"]
+    dense = total - layers * experts * expert
+    assert held[1] == total, (held, total)
+    assert dense / 2 <= held[1] - held[2] <= dense / 2 + 4096, (held, dense)
 
 
 def main():

@@ -20,7 +20,8 @@ usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
   train_chunked_meta  the MoE token side in chunks through PipelinedLLEP under a profile: meta allocates as cpu
   train_mesh  dp4, dp2 x cp2 and dp2 with 2 micro-batches against one process on the same global batch
   train_ep    experts in groups of parallel.ep ranks (ep = 1, 2 of 2 and 4 ranks, LLEP, the flattened schedules)
-              against one process: losses and final weights
+              against one process: losses, gradient norms and final weights
+  train_hsdp  dense shards in groups of parallel.fsdp ranks (HSDP; Ring-DTP within a group), the same way
   ckpt       checkpoints written by 2 or 4 ranks equal one process's and resume on 1 or 2 ranks, and vice
              versa, with the same losses within 1e-5
   failure    a failing rank ends every rank non-zero within 30 s, the error printed once
@@ -330,8 +331,8 @@ def case_train_mesh(tmp):
         assert rel <= 1e-5 and "parallel.dp" in p.stderr, (got, ref, p.stderr[-2000:])
     bad = mpirun(4, train_args(os.path.join(tmp, "bad"), 1, ["--set", "parallel.dp=3"]))
     assert bad.returncode != 0 and "parallel.dp = 3" in bad.stderr, bad.stderr[-2000:]
-    bad = mpirun(2, train_args(os.path.join(tmp, "bad2"), 1, ["--set", "parallel.fsdp=1"]))
-    assert bad.returncode != 0 and "parallel.fsdp = 1" in bad.stderr, bad.stderr[-2000:]
+    bad = mpirun(2, train_args(os.path.join(tmp, "bad2"), 1, ["--set", "parallel.fsdp=3"]))
+    assert bad.returncode != 0 and "parallel.fsdp = 3 does not divide the 2 ranks" in bad.stderr, bad.stderr[-2000:]
 
 
 def grad_norms(out):
@@ -351,39 +352,29 @@ def weights_rel(got, want):
     return worst
 
 
-def case_train_ep(tmp):
-    """Note [Experts in groups]: 5 steps of one process on a global batch of 4 sequences against experts in
-    groups of parallel.ep ranks: ep = 2 on dp2 x cp2 (a group per replica) and on cp4 (two groups inside one
-    replica), ep = 1 (every rank holds every expert, nothing dispatched), LLEP within groups of 2, and the four
-    flattened schedules together on dp2 x cp2 with ep = 2. Every loss within 1e-5 and the final weights within
-    1e-5 (norm-relative, written by the first group); bad values of parallel.ep refused by name."""
+def layouts_against_one_process(tmp, layouts, resumes, bad):
+    """5 steps of one process on a global batch of 4 sequences against each (name, W, --set items) layout:
+    every loss and gradient norm within 1e-5 relative, the final weights within 1e-5 (norm-relative); the
+    first layout also on meta (params, grads and optimizer peaks as cpu); a checkpoint of the first layout
+    after 3 steps resumed on each of `resumes`; each (W, --set item, message) of `bad` refused by name."""
     steps = 5
     base = ["--set", "train.checkpoint_every=5"]
     single = os.path.join(tmp, "w1")
     ok(mpirun(1, train_args(single, steps, base + ["--set", "train.batch_size=4"])), "one process, batch 4")
     ref, ref_w, ref_norm = losses(single), final_weights(single, steps), grad_norms(single)
-    flat = ["vocab.schedule=ring", "ckpt.schedule=sco", "moe.dispatch=pipelined_llep", "optim.schedule=offload_stream",
-            "llep.lambda=1.0", "llep.min_tokens_per_gemm=4", "pipelined.chunk_cap=16"]
-    layouts = (("dp2_cp2_ep2", 4, ["parallel.dp=2", "train.batch_size=2", "parallel.ep=2"]),
-               ("cp4_ep2", 4, ["train.batch_size=4", "parallel.ep=2"]),
-               ("dp2_cp2_ep1", 4, ["parallel.dp=2", "train.batch_size=2", "parallel.ep=1"]),
-               ("dp2_ep1", 2, ["parallel.dp=2", "train.batch_size=2", "parallel.ep=1"]),
-               ("cp4_ep2_llep", 4, ["train.batch_size=4", "parallel.ep=2", "moe.dispatch=llep", "llep.lambda=1.0",
-                                    "llep.min_tokens_per_gemm=4"]),
-               ("dp2_cp2_ep2_flat", 4, ["parallel.dp=2", "train.batch_size=2", "parallel.ep=2"] + flat))
-    for name, w, extra in layouts:
+    for i, (name, w, extra) in enumerate(layouts):
         d = os.path.join(tmp, name)
         sets = [x for e in extra for x in ("--set", e)]
         p = ok(mpirun(w, train_args(d, steps, base + sets)), f"{name} on {w} ranks")
         got = losses(d)
         rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
         wrel = weights_rel(final_weights(d, steps), ref_w)
-        nrel = max(abs(a - b) / b for a, b in zip(grad_norms(d), ref_norm))  # each expert counted once
+        nrel = max(abs(a - b) / b for a, b in zip(grad_norms(d), ref_norm))  # each element counted once
         print(f"{name} ({w} ranks): {steps} losses within {rel:.2e} of one process, gradient norms within {nrel:.2e}, "
               f"final weights within {wrel:.2e}")
         assert len(got) == steps and rel <= 1e-5 and nrel <= 1e-5 and wrel <= 1e-5, (name, got, ref, nrel, wrel)
-        assert "experts over" in p.stderr, p.stderr[-2000:]
-        if name == "dp2_cp2_ep2":  # meta allocates what cpu does in the categories the routing does not move
+        assert "mesh: " in p.stderr, p.stderr[-2000:]
+        if i == 0:  # meta allocates what cpu does in the categories the routing does not move
             dm = os.path.join(tmp, name + "_meta")
             ok(mpirun(w, train_args(dm, steps, base + sets + ["--device", "meta", "--stop-after", "2"])), "meta")
             peak = lambda out: [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()][1][
@@ -391,24 +382,67 @@ def case_train_ep(tmp):
             got_meta, got_cpu = peak(dm), peak(d)
             for cat in ("params", "grads", "optimizer"):
                 assert got_meta[cat] == got_cpu[cat], f"{name} {cat}: meta {got_meta[cat]} B, cpu {got_cpu[cat]} B"
-    # Saved with ep = 2 on dp2 x cp2 after 3 steps, resumed by one process and by 4 ranks with ep = 1.
-    for w, layout in ((1, ["train.batch_size=4"]), (4, ["parallel.dp=2", "train.batch_size=2", "parallel.ep=1"])):
-        d = os.path.join(tmp, f"resume_{w}")
-        ok(mpirun(4, train_args(d, steps, base + ["--set", "parallel.dp=2", "--set", "train.batch_size=2", "--set",
-                                                  "parallel.ep=2", "--stop-after", "3"])), "ep = 2, 3 steps")
+    name, w0, first = layouts[0]
+    for w, layout in resumes:
+        d = os.path.join(tmp, f"resume_{w}_{'_'.join(layout)}")
+        sets0 = [x for e in first for x in ("--set", e)]
+        ok(mpirun(w0, train_args(d, steps, base + sets0 + ["--stop-after", "3"])), f"{name}, 3 steps")
         sets = [x for e in layout for x in ("--set", e)]
         ok(mpirun(w, train_args(d, steps, base + sets + ["--resume", d])), f"resumed on {w} with {layout}")
         rel = max(abs(a - b) / abs(b) for a, b in zip(losses(d), ref))
         wrel = weights_rel(final_weights(d, steps), ref_w)
-        print(f"ep = 2 resumed on {w} rank(s) with {' '.join(layout)}: losses within {rel:.2e}, weights {wrel:.2e}")
+        print(f"{name} resumed on {w} rank(s) with {' '.join(layout)}: losses within {rel:.2e}, weights {wrel:.2e}")
         assert rel <= 1e-5 and wrel <= 1e-5, (losses(d), ref, wrel)
-    for w, value, says in ((4, "3", "parallel.ep = 3 does not divide the 4 ranks"),
-                           (4, "8", "parallel.ep = 8 does not divide the 4 ranks")):
-        bad = mpirun(w, train_args(os.path.join(tmp, f"bad_{value}"), 1, ["--set", f"parallel.ep={value}"]))
-        assert bad.returncode != 0 and says in bad.stderr, bad.stderr[-2000:]
-    # tiny.toml has 8 experts: ep = 3 of 3 ranks would leave them uneven.
+    for w, item, says in bad:
+        p = mpirun(w, train_args(os.path.join(tmp, "bad_" + item.replace("=", "_")), 1, ["--set", item]))
+        assert p.returncode != 0 and says in p.stderr, (item, p.stderr[-2000:])
+
+
+FLAT = ["vocab.schedule=ring", "ckpt.schedule=sco", "moe.dispatch=pipelined_llep", "optim.schedule=offload_stream",
+        "llep.lambda=1.0", "llep.min_tokens_per_gemm=4", "pipelined.chunk_cap=16"]
+
+
+def case_train_ep(tmp):
+    """Note [Experts in groups]: experts in groups of parallel.ep ranks against one process: ep = 2 on dp2 x cp2 (a
+    group per replica) and on cp4 (two groups inside one replica), ep = 1 (every rank holds every expert, nothing
+    dispatched), LLEP within groups of 2, and the four flattened schedules together on dp2 x cp2 with ep = 2;
+    resumed across ep; bad values refused by name."""
+    dp2 = ["parallel.dp=2", "train.batch_size=2"]
+    layouts_against_one_process(
+        tmp,
+        (("dp2_cp2_ep2", 4, dp2 + ["parallel.ep=2"]),
+         ("cp4_ep2", 4, ["train.batch_size=4", "parallel.ep=2"]),
+         ("dp2_cp2_ep1", 4, dp2 + ["parallel.ep=1"]),
+         ("dp2_ep1", 2, dp2 + ["parallel.ep=1"]),
+         ("cp4_ep2_llep", 4, ["train.batch_size=4", "parallel.ep=2", "moe.dispatch=llep", "llep.lambda=1.0",
+                              "llep.min_tokens_per_gemm=4"]),
+         ("dp2_cp2_ep2_flat", 4, dp2 + ["parallel.ep=2"] + FLAT)),
+        resumes=((1, ["train.batch_size=4"]), (4, dp2 + ["parallel.ep=1"])),
+        bad=((4, "parallel.ep=3", "parallel.ep = 3 does not divide the 4 ranks"),
+             (4, "parallel.ep=8", "parallel.ep = 8 does not divide the 4 ranks")))
+    # tiny.toml has 8 experts: a group of 3 ranks would leave them uneven.
     bad = mpirun(3, train_args(os.path.join(tmp, "bad_e"), 1, ["--set", "train.seq_len=96"]))
     assert bad.returncode != 0 and "8 experts cannot be spread evenly over 3 ranks" in bad.stderr, bad.stderr[-2000:]
+
+
+def case_train_hsdp(tmp):
+    """Note [Dense shards in groups] (HSDP): dense parameters sharded within groups of parallel.fsdp ranks against
+    one process: fsdp = 2 on dp2 x cp2 and on cp4, fsdp = 1 (every rank holds every dense parameter; Ring-DTP then a
+    ring of one), Ring-DTP within groups of 2 (both ring modes), and the four flattened schedules with ep = 2 and
+    fsdp = 2; resumed across fsdp; a bad value refused by name."""
+    dp2 = ["parallel.dp=2", "train.batch_size=2"]
+    layouts_against_one_process(
+        tmp,
+        (("dp2_cp2_fsdp2", 4, dp2 + ["parallel.fsdp=2"]),
+         ("cp4_fsdp2", 4, ["train.batch_size=4", "parallel.fsdp=2"]),
+         ("dp2_fsdp1_ring", 2, dp2 + ["parallel.fsdp=1", "vocab.schedule=ring"]),
+         ("cp4_fsdp2_ring_weights", 4, ["train.batch_size=4", "parallel.fsdp=2", "vocab.schedule=ring",
+                                        "vocab.ring_mode=weights"]),
+         ("cp4_fsdp2_ring_activations", 4, ["train.batch_size=4", "parallel.fsdp=2", "vocab.schedule=ring",
+                                            "vocab.ring_mode=activations"]),
+         ("dp2_cp2_fsdp2_ep2_flat", 4, dp2 + ["parallel.fsdp=2", "parallel.ep=2"] + FLAT)),
+        resumes=((1, ["train.batch_size=4"]), (4, dp2)),
+        bad=((4, "parallel.fsdp=3", "parallel.fsdp = 3 does not divide the 4 ranks"),))
 
 
 DEEPSEEK = ["model.model_type=deepseek_v3", "model.num_key_value_heads=4", "model.q_lora_rank=24",

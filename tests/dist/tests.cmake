@@ -32,7 +32,7 @@ endfunction()
 add_executable(dist_case ${CMAKE_CURRENT_SOURCE_DIR}/dist/dist_case.cpp)
 target_compile_options(dist_case PRIVATE ${FLATPEAK_WARNINGS})
 target_link_libraries(dist_case PRIVATE flatpeak_engine fp_bench)
-foreach(case grads grads_flat grads_chunked grads_bf16 grads_documents grads_mesh grads_tiled grads_gptoss train train_mesh train_ep train_deepseek train_bf16 train_chunked_meta ckpt
+foreach(case grads grads_flat grads_chunked grads_bf16 grads_documents grads_mesh grads_tiled grads_gptoss train train_mesh train_ep train_hsdp train_deepseek train_bf16 train_chunked_meta ckpt
              failure)
   flatpeak_mpi_script(mpi_${case} dist_check.py 900 --configs ${PROJECT_SOURCE_DIR}/configs ${case})
 endforeach()

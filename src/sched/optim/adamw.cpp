@@ -39,7 +39,7 @@ AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
   StepStats st{};
   st.lr = lr_at(cfg_, step, total_steps);
   st.clip_scale = 1.0;
-  params_.expert_grads_reduce();  // the replicas' sums first (Note [Experts in groups] in model/params.h)
+  params_.replica_grads_reduce();  // the replicas' sums first (Note [Experts in groups] in model/params.h)
   if (be_.computes()) {
     st.grad_norm = grad_norm_compute();
     // Checked before any write: a non-finite gradient must not reach the weights or the moments.

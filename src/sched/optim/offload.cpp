@@ -173,7 +173,7 @@ OffloadAdamW::StepStats OffloadAdamW::step(int64_t step, int64_t total_steps) {
   st.clip_scale = 1.0;
   // The norm and clipping of AdamW::step (adamw.cpp), identically: the same guard, the same
   // coefficient. Global over every gradient, so it must finish before any bucket is updated.
-  params_.expert_grads_reduce();  // the replicas' sums first (Note [Experts in groups] in model/params.h)
+  params_.replica_grads_reduce();  // the replicas' sums first (Note [Experts in groups] in model/params.h)
   if (be_.computes()) {
     st.grad_norm = grad_norm_compute();
     FP_CHECK(std::isfinite(st.grad_norm), "lower optim.lr or check the data",

@@ -40,13 +40,13 @@ double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq) {
   std::vector<float> s(static_cast<size_t>(P));
   be.copy_to_host(s.data(), sumsq.data(), sumsq.bytes());
   // Each element of the model's gradient counts once: a dense row on the rank whose shard holds it, an
-  // expert on its first group only (the other groups hold the same sums, Note [Experts in groups]).
-  const bool replica = params.expert_replica() > 0;
+  // expert on its owner, each on its first group only (the other groups hold the same sums, Note [Experts
+  // in groups] in model/params.h).
   double total = 0.0;
   i = 0;
   for (const Param& p : params.all()) {
     const float v = s[static_cast<size_t>(i++)];
-    if (!(replica && p.placement == Placement::Placement_whole)) total += static_cast<double>(v);
+    if (!params.replicated_elsewhere(p)) total += static_cast<double>(v);
   }
   params.comm().all_reduce_sum(&total, 1, DType::DType_F64);
   return std::sqrt(total);

@@ -51,7 +51,7 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");
   K.rmsnorm_forward(xL.buf(), ps.norm->w.buf(), xn.buf(), rstd.f32(), n, H, static_cast<float>(s.cfg.rms_norm_eps));
 
-  if (s.comm.size() > 1) {
+  if (s.vocab.size() > 1) {
     Tensor dxn;
     if (backward) dxn = be.alloc(kAct, {n, H}, s.precision.activations, "head.dxn");  // (n, H)
     HeadResult r;

@@ -99,7 +99,7 @@ LocalShard local_shard(ParamStore& ps, int rank, int P, int64_t V, int64_t H) {
 class RingPass {
  public:
   RingPass(StepContext& s, const VocabSchedule& v, float scale, RingDtpStats* stats)
-      : be_(s.be), K_(s.be.kernels()), comm_(s.data), scale_(scale), stats_(stats) {
+      : be_(s.be), K_(s.be.kernels()), comm_(s.vocab_data), scale_(scale), stats_(stats) {
     P = comm_.size();
     r = comm_.rank();
     next = (r + 1) % P;
@@ -219,7 +219,7 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
 
   // Every rank's token count (host): buffers are sized by the largest, a hop carries the batch's own.
   std::vector<int64_t> ns(static_cast<size_t>(P), n);
-  s.comm.all_gather(&n, ns.data(), 1, DType::DType_I64);
+  s.vocab.all_gather(&n, ns.data(), 1, DType::DType_I64);
   const int64_t n_max = *std::max_element(ns.begin(), ns.end());
   std::vector<int64_t> row0(static_cast<size_t>(P) + 1, 0);  // first row of each batch in (sum ns, .)
   for (int b = 0; b < P; ++b) row0[b + 1] = row0[b] + ns[b];
