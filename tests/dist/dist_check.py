@@ -443,6 +443,17 @@ def case_train_hsdp(tmp):
          ("dp2_cp2_fsdp2_ep2_flat", 4, dp2 + ["parallel.fsdp=2", "parallel.ep=2"] + FLAT)),
         resumes=((1, ["train.batch_size=4"]), (4, dp2)),
         bad=((4, "parallel.fsdp=3", "parallel.fsdp = 3 does not divide the 4 ranks"),))
+    # The bf16 recipe: the replicas' gradients are bf16 sums (Note [Summing bf16 over ranks] in comm/comm.h); 10
+    # steps track one bf16 process within 1e-3, as case_train_bf16's W ranks do.
+    bf16 = ["--set", "precision.recipe=bf16"]
+    single = os.path.join(tmp, "bf16_w1")
+    ok(mpirun(1, train_args(single, 10, bf16 + ["--set", "train.batch_size=4"])), "one process, bf16")
+    d = os.path.join(tmp, "bf16_groups")
+    sets = [x for e in dp2 + ["parallel.fsdp=2", "parallel.ep=2"] for x in ("--set", e)]
+    ok(mpirun(4, train_args(d, 10, bf16 + sets)), "bf16, dp2 x cp2, ep = fsdp = 2")
+    rel = max(abs(a - b) / abs(b) for a, b in zip(losses(d), losses(single)))
+    print(f"bf16, dp2 x cp2 with ep = fsdp = 2: 10 losses track one process within {rel:.2e}")
+    assert len(losses(d)) == 10 and rel <= 1e-3, (losses(d), losses(single))
 
 
 DEEPSEEK = ["model.model_type=deepseek_v3", "model.num_key_value_heads=4", "model.q_lora_rank=24",
