@@ -680,8 +680,9 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
         total, be->name(), bytes_format(be->device_ledger().capacity()), precision_describe(cfg.schedules.precision),
         cfg.schedules.ckpt.recompute ? "" : "; every layer's activations kept (ckpt.recompute = false)", o.out);
   if (lead && comm.size() > 1)
-    log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence (context parallel, zig-zag pieces)",
-             comm.size(), comm.name(), cfg.train.seq_len / comm.size(), cfg.train.seq_len);
+    log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence of its replica (context parallel over {}, "
+             "zig-zag pieces)",
+             comm.size(), comm.name(), cfg.train.seq_len / mesh.cp, cfg.train.seq_len, mesh.cp);
   if (lead && o.link_gbps > 0)
     log_info("copy streams over an EMULATED {} GB/s host-device link: offload timings are emulated", o.link_gbps);
 
