@@ -184,11 +184,11 @@ void mesh_apply(const PlanOptions& o, plan::Layout& lay) {
            o.ranks);
   FP_CHECK(ep == 0 || (dp * cp) % ep == 0, "choose ep dividing dp x cp (or leave it out: every rank)",
            "--mesh {}: ep = {} does not divide the {} ranks", o.mesh, ep, dp * cp);
+  FP_CHECK(fsdp == 0 || (dp * cp) % fsdp == 0, "choose fsdp dividing dp x cp (or leave it out: every rank)",
+           "--mesh {}: fsdp = {} does not divide the {} ranks", o.mesh, fsdp, dp * cp);
   lay.ranks = dp * cp;
   lay.cp = cp;
   lay.ep = ep;
-  FP_CHECK(fsdp == 0 || (dp * cp) % fsdp == 0, "choose fsdp dividing dp x cp (or leave it out: every rank)",
-           "--mesh {}: fsdp = {} does not divide the {} ranks", o.mesh, fsdp, dp * cp);
   lay.fsdp = fsdp;
 }
 
@@ -230,8 +230,8 @@ int plan_run(const PlanOptions& o) {
         "mesh: {} replicas x {} context-parallel ranks = {} ranks, experts in {} group(s) of {}, dense shards in {} "
         "group(s) of {}; {} micro-batch(es) of {} sequence(s) per replica: {} tokens per optimizer step at {}\n",
         lay.replicas(), lay.context_ranks(), lay.ranks, lay.ranks / lay.expert_ranks(), lay.expert_ranks(),
-        lay.ranks / (lay.fsdp > 0 ? lay.fsdp : lay.ranks), lay.fsdp > 0 ? lay.fsdp : lay.ranks, o.grad_accum, lay.batch,
-        step_tokens(in.context), plan::context_format(in.context));
+        lay.ranks / lay.shard_ranks(), lay.shard_ranks(), o.grad_accum, lay.batch, step_tokens(in.context),
+        plan::context_format(in.context));
 
   // Reach: the same sizes, layout and dtypes with the baseline's and flatpeak's schedule families.
   nlohmann::ordered_json reach = nullptr;

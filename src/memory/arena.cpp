@@ -78,13 +78,13 @@ class HostAlignedAllocator final : public Allocator {
  public:
   static constexpr uint64_t kMapFrom = uint64_t{256} << 10;
   void* allocate(uint64_t bytes) override {
-    const uint64_t size = (bytes + 63) / 64 * 64;
+    const uint64_t size = rounded(bytes);
     if (size < kMapFrom) return std::aligned_alloc(64, size);
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? nullptr : p;
   }
   void deallocate(void* p, uint64_t bytes) override {
-    const uint64_t size = (bytes + 63) / 64 * 64;
+    const uint64_t size = rounded(bytes);
     if (size < kMapFrom) {
       std::free(p);
     } else {
@@ -92,6 +92,9 @@ class HostAlignedAllocator final : public Allocator {
     }
   }
   std::string_view name() const override { return "host"; }
+
+ private:
+  static uint64_t rounded(uint64_t bytes) { return (bytes + 63) / 64 * 64; }
 };
 
 class NullAllocator final : public Allocator {

@@ -36,7 +36,7 @@
 // groups are replicas of the experts. A step's expert dispatch runs within the group (expert_comm(),
 // StepContext::ep): each rank's routed copies reach their experts on the ranks of its own group, which
 // is why ep must divide W and E. An expert's gradient on rank r then sums only its group's tokens, so
-// before an update the optimizer sums it over the replicas (expert_grads_reduce: one all-reduce per
+// before an update the optimizer sums it over the replicas (replica_grads_reduce: one all-reduce per
 // expert tensor over the W / ep ranks that hold it, in the comm's fixed order, the same bits on every
 // replica), and the gradient norm counts an expert once, on the first group. Every replica then takes
 // the same update and stays equal. Checkpoints read an expert on every replica and write it from the

@@ -166,10 +166,6 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
            "choose a rank count (or --mesh ep=) that divides the number of experts (the engine places E / ep experts "
            "on each rank)",
            "{} experts cannot be spread over {} ranks", c.num_experts, lay.expert_ranks());
-  FP_CHECK(lay.ranks % lay.expert_ranks() == 0, "choose --mesh ep= dividing the ranks",
-           "ep = {} does not divide the {} ranks", lay.expert_ranks(), lay.ranks);
-  FP_CHECK(lay.fsdp == 0 || lay.ranks % lay.fsdp == 0, "choose --mesh fsdp= dividing the ranks",
-           "fsdp = {} does not divide the {} ranks", lay.fsdp, lay.ranks);
   FP_CHECK(lay.context_ranks() == 1 || in.context % (2 * lay.context_ranks()) == 0,
            "choose a context divisible by 2 x the context-parallel ranks (context parallelism cuts each sequence "
            "into 2cp zig-zag chunks)",

@@ -51,14 +51,16 @@ struct Layout {
   int64_t ranks = 1;  // W
   int64_t batch = 1;  // B, sequences per step of each replica (each split over its cp ranks)
   // Note [A device mesh] (train/trainer.cpp): dp = W / cp replicas of cp context-parallel ranks (0: cp = W,
-  // one replica); dense shards and the vocabulary ring stay over all W. The experts are split over groups
-  // of ep ranks (Note [Experts in groups] in model/params.h; 0: one group of all W).
+  // one replica). The experts are split over groups of ep ranks and the dense shards (with the
+  // vocabulary ring) over groups of fsdp ranks (Notes [Experts in groups], [Dense shards in groups] in
+  // model/params.h; 0: one group of all W).
   int64_t cp = 0;
   int64_t ep = 0;
-  int64_t fsdp = 0;  // ranks per dense-shard group (Note [Dense shards in groups]; 0: all W)
+  int64_t fsdp = 0;
   int64_t context_ranks() const { return cp > 0 ? cp : ranks; }  // cp
   int64_t replicas() const { return ranks / context_ranks(); }   // dp
   int64_t expert_ranks() const { return ep > 0 ? ep : ranks; }   // ep
+  int64_t shard_ranks() const { return fsdp > 0 ? fsdp : ranks; }  // fsdp
   int64_t rank = -1;  // the rank to describe; -1: the one with the largest step peak (ranks differ by
                       // the rows their experts receive and their vocabulary shard)
 };

@@ -78,7 +78,7 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
   j["layout"] = {{"ranks", z.ranks},
                  {"batch", in.settings.layout.batch},
                  {"expert_ranks", in.settings.layout.expert_ranks()},
-                 {"shard_ranks", in.settings.layout.fsdp > 0 ? in.settings.layout.fsdp : in.settings.layout.ranks},
+                 {"shard_ranks", in.settings.layout.shard_ranks()},
                  {"tokens_per_rank", z.tokens},
                  {"params_per_rank", z.params_per_rank},
                  {"routing", in.settings.routing.str()},

@@ -82,10 +82,8 @@ void settings_apply(Settings& s, std::string_view item) {
     return;
   }
   if (key == "cp" || key == "ep" || key == "fsdp")
-    throw Error(fmt::format("--schedule {}: the layout is not a schedule; --mesh sets dp, cp and ep (every dense "
-                            "parameter is sharded over all W ranks)",
-                            item),
-                "give the layout with --mesh dp=D,cp=C,ep=E (or the rank count with --ranks)");
+    throw Error(fmt::format("--schedule {}: the layout is not a schedule; --mesh sets dp, cp, ep and fsdp", item),
+                "give the layout with --mesh dp=D,cp=C,ep=E,fsdp=F (or the rank count with --ranks)");
   if (key == "batch") {
     s.layout.batch = int_parse(key, v, 1);
     return;

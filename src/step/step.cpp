@@ -168,8 +168,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   ParamStore& params = model.params();
   batch_validate(batch, cfg.vocab_size);
   const int64_t n = batch.B * batch.T, H = cfg.hidden_size, L = cfg.num_hidden_layers;
-  static std::unique_ptr<Comm> single = comm_single();
-  Comm& comm = model.comm() != nullptr ? *model.comm() : *single;
+  Comm& comm = params.comm();  // the model's ranks, or the store's one-process world
   StepContext s(be, cfg, model.routing_profile(), comm, &params.expert_comm(), &params.shard_comm());
   s.precision = sched.precision;
   s.moe_token_chunk = sched.dispatch.token_chunk;

@@ -51,10 +51,10 @@ namespace {
 // over groups of parallel.ep consecutive ranks (default: one group of all W), each group a replica of
 // every expert (Note [Experts in groups] in model/params.h): the expert dispatch serves the tokens of
 // its group's ranks, whatever their dp replica or cp rank, and the optimizer sums each expert's gradient
-// over the groups first. The schedules keep their groups: Ring-DTP's vocabulary ring, SCO and the
-// optimizer's shards span the dense-shard group (all W by default), as does Ring-DTP's vocabulary ring;
-// LLEP and PipelinedLLEP plan and move within an expert group; ring attention spans the cp ranks of a
-// replica.
+// over the groups first. The schedules keep their groups: Ring-DTP's vocabulary ring spans the
+// dense-shard group (all W by default), whose ranks hold lm_head's rows; SCO and the optimizer work on
+// each rank's own shards; LLEP and PipelinedLLEP plan and move within an expert group; ring attention
+// spans the cp ranks of a replica.
 struct Mesh {
   int dp = 1, cp = 1;
   int ep = 1;       // ranks per expert group

@@ -250,7 +250,9 @@ TEST(Documents, BalancedSplitDealsEveryPositionOnceAndEvensTheWork) {
       std::printf("W=%d %s: max/mean work zigzag %.3f, balanced %.3f\n", W, docs ? "documents" : "one sequence",
                   zz_max / mean, bal_max / mean);
       EXPECT_LE(bal_max / mean, 1.10);
-      if (docs) EXPECT_LT(bal_max, zz_max);
+      if (docs) {
+        EXPECT_LT(bal_max, zz_max);
+      }
     }
   }
 }
