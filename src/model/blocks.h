@@ -154,6 +154,17 @@ void attn_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x,
 // and attn_block_backward call these for that model type.
 Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs* keep);
 void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, Tensor& dx);
+// MLA's pieces that its tiles share (Note [Sequence-tiled layers] in model/layer_tiles.cpp): the softmax scale; the
+// queries of r rows from h1 (r, H) into a.q (r, nh dqk), RoPE'd on each head's last dr numbers at pos (r), with
+// a query latent (q_lora_rank > 0) through a.q_a, a.q_a_n, a.rstd_q (kept with keep); their backward from dq
+// (RoPE undone in place; freed) into dh1 (r, H, overwritten) and the query weights' gradients; and
+// kv_a_proj_with_mqa's backward from its two row blocks' output gradients, dh1 += dkv_a W_c + dk_pe W_pe.
+float mla_softmax_scale(const ModelConfig& c);
+void mla_queries_forward(StepContext& s, const LayerParams& lp, CBuf h1, int64_t r, const int32_t* pos, AttnActs& a,
+                         bool keep);
+void mla_queries_backward(StepContext& s, const LayerParams& lp, Tensor& dq, CBuf h1, int64_t r, const int32_t* pos,
+                          AttnActs& a, Buf dh1);
+void mla_kv_a_backward(StepContext& s, const LayerParams& lp, CBuf dkv_a, CBuf dk_pe, CBuf h1, int64_t r, Buf dh1);
 
 // ---- MoE block: x2 = x1 + sum_j w_j expert_{e_j}(rmsnorm(x1)) [+ shared(rmsnorm(x1))]
 // The routed copies go to their experts through s.dispatch (model/expert_dispatch.h): with W > 1

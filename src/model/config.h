@@ -109,8 +109,6 @@ struct ModelConfig {
   bool attention_sinks() const { return is_gpt_oss(); }
   bool router_bias() const { return is_gpt_oss(); }
   bool expert_bias() const { return is_gpt_oss(); }
-  // Whether layer_tiles.cpp tiles this model's layer (Note [Sequence-tiled layers]): GQA (not MLA).
-  bool has_tiled_layer() const { return !is_deepseek(); }
   // The attention window of layer l (0: full causal attention).
   int64_t layer_window(int64_t l) const {
     if (layer_types.empty()) return sliding_window;

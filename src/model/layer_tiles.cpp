@@ -44,8 +44,20 @@ namespace fp {
 // calls stay matched. A routing profile routes each tile as the step's tokens (a shorter tile afresh:
 // StepContext::profile_n).
 // gpt_oss's layer has no q/k norms (the projections go straight through RoPE) and its sinks join every tile's
-// rows (Note [Attention sinks]); deepseek_v3's multi-head latent attention is not tiled yet (refused by name,
-// model/model.cpp).
+// rows (Note [Attention sinks]).
+//
+// Note [MLA in tiles]
+// deepseek_v3's multi-head latent attention (Note [Multi-head latent attention] in model/mla_block.cpp) keeps its
+// latent full-length instead of K and V: each layer first computes every token's latent rows [kv_a_n | RoPE'd k_pe]
+// (kl + dr numbers, 576 for Kimi-K2 and DeepSeek-V3), tile by tile; the expanded keys and values (nh (dqk + dv)
+// numbers per key) exist only for a chunk of keys (Note [MLA's keys in chunks] in model/ring_attention.h). Per
+// tile: the queries (through the query latent), the attention over the latent's chunks of the tile's sequences
+// (cp > 1: the tile's own ring on the latent), o_proj and the residual, then the MoE block or MLP as above. The
+// backward adds each chunk's key gradient, through kv_b_proj, into the latent's f32 gradient of every token, and
+// kv_b_proj's weight gradient (in f32 across the tiles when the recipe's is not, rounded once); a tile's key side
+// (k_pe's RoPE, kv_a_layernorm with kv_a recomputed, kv_a_proj_with_mqa) follows once its latent gradient is
+// complete, under the same rule as K and V's. Full-length: the boundary, dx, the latent (act dtype) and its f32
+// gradient, and with cp > 1 d h1.
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
@@ -140,6 +152,16 @@ void head_forward(StepContext& s, CBuf h1, const Param& w, const Param* bias, co
   K.rope_forward(out, pos, r, heads, hd, s.rope_freqs());
 }
 
+// The input norm's backward of tile t: its rows of dx += rmsnorm_backward(dh1_t).
+void norm_in_backward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tile& t, const Tensor& rstd1,
+                      CBuf dh1_t, Tensor& dx) {
+  const int64_t r0 = t.row0, r = t.rows, H = s.cfg.hidden_size;
+  Tensor dnorm = s.be.alloc(kAct, {r, H}, s.precision.activations, "tile.dnorm");
+  rmsnorm_backward(s.be, ptr_at(x.cbuf(), r0 * H), lp.input_layernorm->w.buf(), rstd1.f32(), dh1_t, dnorm.buf(),
+                   lp.input_layernorm->g.buf(), r, H);
+  s.be.kernels().add_inplace(ptr_at(dx.buf(), r0 * H), dnorm.buf(), r * H);
+}
+
 // K and V (n, nkv hd) of every token, tile by tile.
 void keys_values(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& tiles, Tensor& k, Tensor& v) {
   Backend& be = s.be;
@@ -157,11 +179,6 @@ void keys_values(StepContext& s, const LayerParams& lp, const Tensor& x, const T
     if (s.cfg.attention_bias) be.kernels().bias_add(ptr_at(v.buf(), r0 * kv), lp.v_bias->w.buf(), r, kv);
   }
 }
-
-// A tile's attention-side tensors (r rows), what its backward reads.
-struct TileActs {
-  Tensor h1, rstd1, q_raw, rstd_q, q, o, lse;
-};
 
 // Tile i's queries against the keys of its sequences. cp = 1: the block kernel's positions from
 // s.tile_pos, keys up to the tile's last query; the ring: all T keys, its positions from ring_pos.
@@ -190,7 +207,7 @@ Tensor keys_view(const Tensor& all, const Tile& t, int64_t width) {
 // Tile i of the attention block: its rows of x1 = x + o_proj(attention(q; K, V)) (r, H). keep: a holds
 // what the tile's backward reads; otherwise each intermediate goes once consumed.
 Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tile& t, const Tensor& k,
-                              const Tensor& v, TileActs& a, bool keep) {
+                              const Tensor& v, AttnActs& a, bool keep) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
@@ -229,7 +246,7 @@ Tensor tile_attention_forward(StepContext& s, const LayerParams& lp, const Tenso
 // f32 accumulators dk, dv of every token), RoPE and q_norm, into its rows of d h1 (dh1: r rows, written)
 // and the q-side weight gradients. Frees `a` but h1.
 void tile_attention_backward(StepContext& s, const LayerParams& lp, const Tile& t, const Tensor& k, const Tensor& v,
-                             TileActs& a, const Tensor& dx, Tensor& dk, Tensor& dv, Buf dh1) {
+                             AttnActs& a, const Tensor& dx, Tensor& dk, Tensor& dv, Buf dh1) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
@@ -327,10 +344,173 @@ void tile_kv_backward(StepContext& s, const LayerParams& lp, const Tensor& x, co
   dvt.reset();
   h1.reset();
 
-  Tensor dnorm = be.alloc(kAct, {r, H}, s.precision.activations, "tile.dnorm");
-  rmsnorm_backward(be, ptr_at(x.cbuf(), r0 * H), lp.input_layernorm->w.buf(), rstd1.f32(), dh1_t, dnorm.buf(),
-                   lp.input_layernorm->g.buf(), r, H);
-  K.add_inplace(ptr_at(dx.buf(), r0 * H), dnorm.buf(), r * H);
+  norm_in_backward(s, lp, x, t, rstd1, dh1_t, dx);
+}
+
+// ---- MLA in tiles (Note [MLA in tiles])
+
+// Every token's latent rows [kv_a_n | RoPE'd k_pe] (n, kl + dr), tile by tile: what stays full-length.
+Tensor mla_latents(StepContext& s, const LayerParams& lp, const Tensor& x, const Tiles& tiles) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t H = c.hidden_size, kl = c.kv_lora_rank, dr = c.qk_rope_head_dim, lat = kl + dr;
+  const DType dt = s.precision.activations;
+  Tensor latent = be.alloc(kAct, {s.n, lat}, dt, "tile.latent");
+  for (int64_t i = 0; i < tiles.count; ++i) {
+    const Tile t = tiles.at(i);
+    const int64_t r0 = t.row0, r = t.rows;
+    Tensor h1, rstd1;
+    norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
+    Tensor kv_a = be.alloc(kAct, {r, kl}, dt, "tile.kv_a");
+    Tensor k_pe = be.alloc(kAct, {r, dr}, dt, "tile.k_pe");
+    linear_forward(be, h1.buf(), lp.kv_a_proj_with_mqa->w.buf(), kv_a.buf(), r, H, kl);
+    linear_forward(be, h1.buf(), ptr_at(lp.kv_a_proj_with_mqa->w.buf(), kl * H), k_pe.buf(), r, H, dr);
+    h1.reset();
+    rstd1.reset();
+    Tensor kv_a_n = be.alloc(kAct, {r, kl}, dt, "tile.kv_a_normed");
+    Tensor rstd_k = be.alloc_f32(kAct, {r}, "tile.rstd_kv_a");
+    K.rmsnorm_forward(kv_a.buf(), lp.kv_a_layernorm->w.buf(), kv_a_n.buf(), rstd_k.f32(), r, kl,
+                      static_cast<float>(c.rms_norm_eps));
+    K.rope_strided_forward(k_pe.buf(), ptr_at(s.pos.i32(), r0), r, 1, dr, dr, c.rope_interleave, s.rope_freqs());
+    K.copy_2d(ptr_at(latent.buf(), r0 * lat), lat, kv_a_n.cbuf(), kl, r, kl);
+    K.copy_2d(ptr_at(latent.buf(), r0 * lat + kl), lat, k_pe.cbuf(), dr, r, dr);
+  }
+  return latent;
+}
+
+// Tile t's MLA spec: its queries against the keys of its sequences (cp = 1: up to its last query, by s.tile_pos;
+// the ring: all T, positions from ring_pos).
+ops::AttentionSpec mla_tile_spec(const StepContext& s, const Tile& t) {
+  const ModelConfig& c = s.cfg;
+  const int64_t nh = c.num_attention_heads;
+  ops::AttentionSpec a =
+      ops::attention_spec(t.seqs, t.len, nh, nh, c.qk_head_dim(), c.v_head_dim, mla_softmax_scale(c), /*window=*/0,
+                          s.doc_start.defined() ? ptr_at(s.doc_start.i32(), t.row0) : nullptr);
+  if (s.cp > 1) {
+    a.Tk = s.T;
+    return a;
+  }
+  a.Tk = t.t0 + t.len;
+  a.q_pos = ptr_at(s.tile_pos.i32(), t.t0);
+  a.k_pos = s.tile_pos.i32();
+  return a;
+}
+
+// Tile t of MLA's attention block: its rows of x1, the keys expanded from the latent chunk by chunk (Note [MLA's keys
+// in chunks] in model/ring_attention.h). keep: a holds what the tile's backward reads.
+Tensor mla_tile_attention_forward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tile& t,
+                                  const Tensor& latent, AttnActs& a, bool keep) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t r0 = t.row0, r = t.rows, H = c.hidden_size, nh = c.num_attention_heads, dv = c.v_head_dim;
+  const int64_t lat = c.kv_lora_rank + c.qk_rope_head_dim;
+  norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, a.h1, a.rstd1);
+  mla_queries_forward(s, lp, a.h1.buf(), r, ptr_at(s.pos.i32(), r0), a, keep);
+  if (!keep) {
+    a.h1.reset();
+    a.rstd1.reset();
+  }
+  a.o = be.alloc(kAct, {r, nh * dv}, s.precision.activations, "tile.o");
+  a.lse = be.alloc_f32(kAct, {t.seqs, nh, t.len}, "tile.lse");
+  const ops::AttentionSpec spec = mla_tile_spec(s, t);
+  if (s.cp > 1) {
+    ring_attention_mla_forward(s, lp, a.q, keys_view(latent, t, lat), a.o, a.lse, spec, t.t0);
+  } else {
+    // The chunks merge into o: in f32 with bf16 activations, rounded once (Note [Ring attention accumulates in f32]).
+    const bool f32 = a.o.dtype() == DType::DType_F32;
+    Tensor o_acc = f32 ? Tensor() : be.alloc_f32(kAct, {r, nh * dv}, "tile.o_acc");
+    mla_attend_forward(s, lp, a.q.cbuf(), ptr_at(latent.cbuf(), t.key_row0() * lat), f32 ? a.o.buf() : o_acc.buf(),
+                       a.lse.f32(), true, spec, s.layer_tile);
+    if (!f32) K.copy(a.o.buf(), o_acc.cbuf(), r * nh * dv);
+  }
+  if (!keep) {
+    a.q.reset();
+    a.lse.reset();
+  }
+  Tensor x1 = attn_output(s, lp, ptr_at(x.cbuf(), r0 * H), a.o.cbuf(), r, nh * dv);
+  if (!keep) a.o.reset();
+  return x1;
+}
+
+// Tile t's MLA backward from d x1 (its rows of dx): o_proj, the attention (the keys' latent gradient added into the
+// f32 dlatent of every token, kv_b_proj's into dw_kvb: the parameter's gradient, or an f32 accumulator), the queries
+// into its rows of d h1 (dh1: r rows, written). Frees `a` but h1.
+void mla_tile_attention_backward(StepContext& s, const LayerParams& lp, const Tile& t, const Tensor& latent,
+                                 AttnActs& a, const Tensor& dx, Tensor& dlatent, Buf dw_kvb, Buf dh1) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t r0 = t.row0, r = t.rows, H = c.hidden_size, nh = c.num_attention_heads, dv = c.v_head_dim;
+  const int64_t q_w = nh * c.qk_head_dim(), lat = c.kv_lora_rank + c.qk_rope_head_dim;
+  const CBuf dx1 = ptr_at(dx.cbuf(), r0 * H);
+  Tensor d_o = be.alloc(kAct, {r, nh * dv}, s.precision.activations, "tile.d_o");
+  linear_backward_input(be, dx1, lp.o_proj->w.buf(), d_o.buf(), r, nh * dv, H);
+  linear_backward_weight(be, dx1, a.o.buf(), lp.o_proj->g.buf(), r, nh * dv, H);
+
+  Tensor dq = be.alloc(kAct, {r, q_w}, s.precision.activations, "tile.dq");
+  const ops::AttentionSpec spec = mla_tile_spec(s, t);
+  if (s.cp > 1) {
+    Tensor dlt = keys_view(dlatent, t, lat);
+    ring_attention_mla_backward(s, lp, a.q, keys_view(latent, t, lat), a.o, a.lse, d_o, dq, dlt, spec, t.t0,
+                                /*accumulate=*/true);
+  } else {
+    // One dtype for a call's dq, dk, dv: the chunks' dK, dV are f32, so dQ in f32 too, rounded once after.
+    const int64_t k0 = t.key_row0() * lat;
+    const bool f32 = dq.dtype() == DType::DType_F32;
+    Tensor dq_acc = f32 ? Tensor() : be.alloc_f32(kAct, {r, q_w}, "tile.dq_acc");
+    const Buf dq_out = f32 ? dq.buf() : dq_acc.buf();
+    K.fill(dq_out, 0.0f, r * q_w);
+    mla_attend_backward(s, lp, a.q.cbuf(), ptr_at(latent.cbuf(), k0), a.o.cbuf(), a.lse.f32(), d_o.cbuf(), dq_out,
+                        ptr_at(dlatent.buf(), k0), dw_kvb, spec, s.layer_tile);
+    if (!f32) K.copy(dq.buf(), dq_acc.buf(), r * q_w);
+  }
+  d_o.reset();
+  a.o.reset();
+  a.lse.reset();
+  a.q.reset();
+  mla_queries_backward(s, lp, dq, a.h1.buf(), r, ptr_at(s.pos.i32(), r0), a, dh1);
+}
+
+// Tile t's key side once its rows of dlatent are complete: k_pe's RoPE undone, kv_a_layernorm (kv_a recomputed),
+// kv_a_proj_with_mqa into its rows of d h1 (added after the query path, as the whole block sums them), and the input
+// norm's backward into its rows of dx.
+void mla_tile_kv_backward(StepContext& s, const LayerParams& lp, const Tensor& x, const Tile& t, const Tensor& dlatent,
+                          Buf dh1_t, Tensor& dx) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t r0 = t.row0, r = t.rows, H = c.hidden_size, kl = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+  const int64_t lat = kl + dr;
+  const DType dt = s.precision.activations;
+  Tensor h1, rstd1;
+  norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
+  Tensor kv_a = be.alloc(kAct, {r, kl}, dt, "tile.kv_a");
+  Tensor rstd_k = be.alloc_f32(kAct, {r}, "tile.rstd_kv_a");
+  linear_forward(be, h1.buf(), lp.kv_a_proj_with_mqa->w.buf(), kv_a.buf(), r, H, kl);
+  {
+    Tensor kv_a_n = be.alloc(kAct, {r, kl}, dt, "tile.kv_a_normed");
+    K.rmsnorm_forward(kv_a.buf(), lp.kv_a_layernorm->w.buf(), kv_a_n.buf(), rstd_k.f32(), r, kl,
+                      static_cast<float>(c.rms_norm_eps));
+  }
+  // The latent's gradient rounded once into the activations dtype: [d kv_a_n | d k_pe].
+  Tensor dkv_a_n = be.alloc(kAct, {r, kl}, dt, "tile.dkv_a_normed");
+  Tensor dk_pe = be.alloc(kAct, {r, dr}, dt, "tile.dk_pe");
+  K.copy_2d(dkv_a_n.buf(), kl, ptr_at(dlatent.cbuf(), r0 * lat), lat, r, kl);
+  K.copy_2d(dk_pe.buf(), dr, ptr_at(dlatent.cbuf(), r0 * lat + kl), lat, r, dr);
+  K.rope_strided_backward(dk_pe.buf(), ptr_at(s.pos.i32(), r0), r, 1, dr, dr, c.rope_interleave, s.rope_freqs());
+  Tensor dkv_a = be.alloc(kAct, {r, kl}, dt, "tile.dkv_a");
+  rmsnorm_backward(be, kv_a.buf(), lp.kv_a_layernorm->w.buf(), rstd_k.f32(), dkv_a_n.buf(), dkv_a.buf(),
+                   lp.kv_a_layernorm->g.buf(), r, kl);
+  dkv_a_n.reset();
+  kv_a.reset();
+  rstd_k.reset();
+  mla_kv_a_backward(s, lp, dkv_a.buf(), dk_pe.buf(), h1.buf(), r, dh1_t);
+  dkv_a.reset();
+  dk_pe.reset();
+  h1.reset();
+  norm_in_backward(s, lp, x, t, rstd1, dh1_t, dx);
 }
 
 void stats_add(RouterStats& into, const RouterStats& tile) {
@@ -349,15 +529,20 @@ Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& 
   Backend& be = s.be;
   const int64_t n = s.n, H = s.cfg.hidden_size;
   const Tiles tiles = tiles_of(s);
-  Tensor k, v;
-  keys_values(s, lp, x, tiles, k, v);
+  const bool mla = s.cfg.is_deepseek();
+  Tensor k, v, latent;
+  if (mla)
+    latent = mla_latents(s, lp, x, tiles);
+  else
+    keys_values(s, lp, x, tiles, k, v);
   if (before_output) before_output();
   Tensor out = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
   if (stats) *stats = RouterStats{};
   for (int64_t i = 0; i < tiles.count; ++i) {
     const Tile t = tiles.at(i);
-    TileActs a;
-    Tensor x1 = tile_attention_forward(s, lp, x, t, k, v, a, false);
+    AttnActs a;
+    Tensor x1 = mla ? mla_tile_attention_forward(s, lp, x, t, latent, a, false)
+                    : tile_attention_forward(s, lp, x, t, k, v, a, false);
     Tensor x2;
     {
       TileTokens window(s, t.rows);
@@ -382,12 +567,27 @@ void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x
   const ops::KernelLauncher K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, kv = s.cfg.num_key_value_heads * s.cfg.head_dim;
   const Tiles tiles = tiles_of(s);
-  Tensor k, v;
-  keys_values(s, lp, x, tiles, k, v);
-  Tensor dk = be.alloc_f32(kAct, {n, kv}, "tile.dk_acc");
-  Tensor dv = be.alloc_f32(kAct, {n, kv}, "tile.dv_acc");
-  K.fill(dk.buf(), 0.0f, n * kv);
-  K.fill(dv.buf(), 0.0f, n * kv);
+  const bool mla = s.cfg.is_deepseek();
+  // Full-length: K and V with their f32 gradients, or MLA's latent with its f32 gradient (and, with cp = 1 and a
+  // gradient that is not f32, kv_b_proj's in f32 over the tiles, rounded once: the ring keeps its own).
+  Tensor k, v, dk, dv, latent, dlatent, dw_kvb;
+  if (mla) {
+    latent = mla_latents(s, lp, x, tiles);
+    dlatent = be.alloc_f32(kAct, {n, latent.numel() / n}, "tile.dlatent_acc");
+    K.fill(dlatent.buf(), 0.0f, dlatent.numel());
+    const Tensor& g = lp.kv_b_proj->g;
+    if (s.cp == 1 && g.dtype() != DType::DType_F32) {
+      dw_kvb = be.alloc_f32(Category::Category_workspace, g.shape(), "tile.dkv_b_proj");
+      K.fill(dw_kvb.buf(), 0.0f, g.numel());
+    }
+  } else {
+    keys_values(s, lp, x, tiles, k, v);
+    dk = be.alloc_f32(kAct, {n, kv}, "tile.dk_acc");
+    dv = be.alloc_f32(kAct, {n, kv}, "tile.dv_acc");
+    K.fill(dk.buf(), 0.0f, n * kv);
+    K.fill(dv.buf(), 0.0f, n * kv);
+  }
+  const Buf dw_kvb_out = dw_kvb.defined() ? dw_kvb.buf() : mla ? lp.kv_b_proj->g.buf() : Buf();
   // Last tile first: with cp = 1 a tile's keys are then complete once its own queries are done (a key is
   // seen only by the queries at or after it in its sequence), so its key side runs right after it, with d h1
   // for its rows alone. The ring's keys are seen by every rank's tiles: d h1 of all n waits for the last.
@@ -395,8 +595,9 @@ void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x
   Tensor dh1_all = deferred ? be.alloc(kAct, {n, H}, s.precision.activations, "tile.dh1") : Tensor();
   for (int64_t i = tiles.count - 1; i >= 0; --i) {
     const Tile t = tiles.at(i);
-    TileActs a;
-    Tensor x1 = tile_attention_forward(s, lp, x, t, k, v, a, true);
+    AttnActs a;
+    Tensor x1 = mla ? mla_tile_attention_forward(s, lp, x, t, latent, a, true)
+                    : tile_attention_forward(s, lp, x, t, k, v, a, true);
     Tensor dx_t = Tensor::view(dx, t.row0 * H, {t.rows, H}, "grad.x");
     {
       TileTokens window(s, t.rows);
@@ -411,16 +612,29 @@ void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x
     x1.reset();
     Tensor dh1 = deferred ? Tensor() : be.alloc(kAct, {t.rows, H}, s.precision.activations, "tile.dh1");
     const Buf dh1_t = deferred ? ptr_at(dh1_all.buf(), t.row0 * H) : dh1.buf();
-    tile_attention_backward(s, lp, t, k, v, a, dx, dk, dv, dh1_t);
-    a = TileActs{};
-    if (!deferred) tile_kv_backward(s, lp, x, t, dk, dv, dh1_t, dx);
+    if (mla)
+      mla_tile_attention_backward(s, lp, t, latent, a, dx, dlatent, dw_kvb_out, dh1_t);
+    else
+      tile_attention_backward(s, lp, t, k, v, a, dx, dk, dv, dh1_t);
+    a = AttnActs{};
+    if (deferred) continue;
+    if (mla)
+      mla_tile_kv_backward(s, lp, x, t, dlatent, dh1_t, dx);
+    else
+      tile_kv_backward(s, lp, x, t, dk, dv, dh1_t, dx);
   }
   k.reset();
   v.reset();
+  latent.reset();
   for (int64_t i = 0; deferred && i < tiles.count; ++i) {
     const Tile t = tiles.at(i);
-    tile_kv_backward(s, lp, x, t, dk, dv, ptr_at(dh1_all.buf(), t.row0 * H), dx);
+    const Buf dh1_t = ptr_at(dh1_all.buf(), t.row0 * H);
+    if (mla)
+      mla_tile_kv_backward(s, lp, x, t, dlatent, dh1_t, dx);
+    else
+      tile_kv_backward(s, lp, x, t, dk, dv, dh1_t, dx);
   }
+  if (dw_kvb.defined()) K.add_inplace(lp.kv_b_proj->g.buf(), dw_kvb.cbuf(), dw_kvb.numel());
 }
 
 }  // namespace fp

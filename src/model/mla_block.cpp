@@ -26,6 +26,7 @@ namespace fp {
 
 namespace {
 constexpr Category kAct = Category::Category_activations;
+}  // namespace
 
 // transformers' DeepseekV3Attention.scaling: dqk^-0.5, times mscale^2 under YaRN with mscale_all_dim.
 float mla_softmax_scale(const ModelConfig& c) {
@@ -37,6 +38,75 @@ float mla_softmax_scale(const ModelConfig& c) {
   }
   return static_cast<float>(scale);
 }
+
+void mla_queries_forward(StepContext& s, const LayerParams& lp, CBuf h1, int64_t r, const int32_t* pos, AttnActs& a,
+                         bool keep) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, dqk = c.qk_head_dim(), ql = c.q_lora_rank;
+  const DType dt = s.precision.activations;
+  a.q = be.alloc(kAct, {r, nh * dqk}, dt, "attn.q");
+  if (ql > 0) {
+    a.q_a = be.alloc(kAct, {r, ql}, dt, "attn.q_a");
+    linear_forward(be, h1, lp.q_a_proj->w.buf(), a.q_a.buf(), r, H, ql);
+    a.q_a_n = be.alloc(kAct, {r, ql}, dt, "attn.q_a_normed");
+    a.rstd_q = be.alloc_f32(kAct, {r}, "attn.rstd_q_a");
+    K.rmsnorm_forward(a.q_a.buf(), lp.q_a_layernorm->w.buf(), a.q_a_n.buf(), a.rstd_q.f32(), r, ql,
+                      static_cast<float>(c.rms_norm_eps));
+    linear_forward(be, a.q_a_n.buf(), lp.q_b_proj->w.buf(), a.q.buf(), r, ql, nh * dqk);
+    if (!keep) {
+      a.q_a.reset();
+      a.q_a_n.reset();
+      a.rstd_q.reset();
+    }
+  } else {
+    linear_forward(be, h1, lp.q_proj->w.buf(), a.q.buf(), r, H, nh * dqk);
+  }
+  K.rope_strided_forward(ptr_at(a.q.buf(), c.qk_nope_head_dim), pos, r, nh, c.qk_rope_head_dim, dqk, c.rope_interleave,
+                         s.rope_freqs());
+}
+
+void mla_queries_backward(StepContext& s, const LayerParams& lp, Tensor& dq, CBuf h1, int64_t r, const int32_t* pos,
+                          AttnActs& a, Buf dh1) {
+  Backend& be = s.be;
+  const ops::KernelLauncher K = be.kernels();
+  const ModelConfig& c = s.cfg;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, dqk = c.qk_head_dim(), ql = c.q_lora_rank;
+  const DType dt = s.precision.activations;
+  K.rope_strided_backward(ptr_at(dq.buf(), c.qk_nope_head_dim), pos, r, nh, c.qk_rope_head_dim, dqk, c.rope_interleave,
+                          s.rope_freqs());
+  if (ql > 0) {
+    Tensor dq_a_n = be.alloc(kAct, {r, ql}, dt, "attn.dq_a_normed");
+    linear_backward_input(be, dq.buf(), lp.q_b_proj->w.buf(), dq_a_n.buf(), r, ql, nh * dqk);
+    linear_backward_weight(be, dq.buf(), a.q_a_n.buf(), lp.q_b_proj->g.buf(), r, ql, nh * dqk);
+    dq.reset();
+    a.q_a_n.reset();
+    Tensor dq_a = be.alloc(kAct, {r, ql}, dt, "attn.dq_a");
+    rmsnorm_backward(be, a.q_a.buf(), lp.q_a_layernorm->w.buf(), a.rstd_q.f32(), dq_a_n.buf(), dq_a.buf(),
+                     lp.q_a_layernorm->g.buf(), r, ql);
+    dq_a_n.reset();
+    a.q_a.reset();
+    a.rstd_q.reset();
+    linear_backward_input(be, dq_a.buf(), lp.q_a_proj->w.buf(), dh1, r, H, ql);
+    linear_backward_weight(be, dq_a.buf(), h1, lp.q_a_proj->g.buf(), r, H, ql);
+  } else {
+    linear_backward_input(be, dq.buf(), lp.q_proj->w.buf(), dh1, r, H, nh * dqk);
+    linear_backward_weight(be, dq.buf(), h1, lp.q_proj->g.buf(), r, H, nh * dqk);
+    dq.reset();
+  }
+}
+
+void mla_kv_a_backward(StepContext& s, const LayerParams& lp, CBuf dkv_a, CBuf dk_pe, CBuf h1, int64_t r, Buf dh1) {
+  const int64_t H = s.cfg.hidden_size, kl = s.cfg.kv_lora_rank, dr = s.cfg.qk_rope_head_dim;
+  Param& kva = *lp.kv_a_proj_with_mqa;
+  linear_backward_input(s.be, dkv_a, kva.w.buf(), dh1, r, H, kl, 1.0f);
+  linear_backward_weight(s.be, dkv_a, h1, kva.g.buf(), r, H, kl);
+  linear_backward_input(s.be, dk_pe, ptr_at(kva.w.buf(), kl * H), dh1, r, H, dr, 1.0f);
+  linear_backward_weight(s.be, dk_pe, h1, ptr_at(kva.g.buf(), kl * H), r, H, dr);
+}
+
+namespace {
 // x1 = x + o_proj(a.o); frees a.o without keep.
 Tensor mla_output(StepContext& s, const LayerParams& lp, const Tensor& x, AttnActs& a, bool keep) {
   Tensor x1 = attn_output(s, lp, x.cbuf(), a.o.cbuf(), s.n, s.cfg.num_attention_heads * s.cfg.v_head_dim);
@@ -53,10 +123,8 @@ Tensor mla_ring_forward(StepContext& s, const LayerParams& lp, const Tensor& x, 
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, nh = c.num_attention_heads, dr = c.qk_rope_head_dim, dqk = c.qk_head_dim(), dv = c.v_head_dim,
                 kl = c.kv_lora_rank;
-  const ops::RopeFreqs freqs = s.rope_freqs();
   const DType dt = s.precision.activations;
-  K.rope_strided_forward(ptr_at(a.q.buf(), c.qk_nope_head_dim), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
-  K.rope_strided_forward(k_pe.buf(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
+  K.rope_strided_forward(k_pe.buf(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, s.rope_freqs());
   a.latent = be.alloc(kAct, {n, kl + dr}, dt, "attn.latent");
   K.copy_2d(a.latent.buf(), kl + dr, a.kv_a_n.cbuf(), kl, n, kl);
   K.copy_2d(ptr_at(a.latent.buf(), kl), kl + dr, k_pe.cbuf(), dr, n, dr);
@@ -80,7 +148,7 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim,
-                dr = c.qk_rope_head_dim, dqk = dn + dr, dv = c.v_head_dim, kl = c.kv_lora_rank, ql = c.q_lora_rank;
+                dr = c.qk_rope_head_dim, dqk = dn + dr, dv = c.v_head_dim, kl = c.kv_lora_rank;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const ops::RopeFreqs freqs = s.rope_freqs();
   const DType dt = s.precision.activations;
@@ -91,23 +159,8 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
   a.rstd1 = be.alloc_f32(kAct, {n}, "attn.rstd1");
   K.rmsnorm_forward(x.buf(), lp.input_layernorm->w.buf(), a.h1.buf(), a.rstd1.f32(), n, H, eps);
 
-  // Queries (n, nh, dqk).
-  a.q = be.alloc(kAct, {n, nh * dqk}, dt, "attn.q");
-  if (ql > 0) {
-    a.q_a = be.alloc(kAct, {n, ql}, dt, "attn.q_a");
-    linear_forward(be, a.h1.buf(), lp.q_a_proj->w.buf(), a.q_a.buf(), n, H, ql);
-    a.q_a_n = be.alloc(kAct, {n, ql}, dt, "attn.q_a_normed");
-    a.rstd_q = be.alloc_f32(kAct, {n}, "attn.rstd_q_a");
-    K.rmsnorm_forward(a.q_a.buf(), lp.q_a_layernorm->w.buf(), a.q_a_n.buf(), a.rstd_q.f32(), n, ql, eps);
-    linear_forward(be, a.q_a_n.buf(), lp.q_b_proj->w.buf(), a.q.buf(), n, ql, nh * dqk);
-    if (!keep) {
-      a.q_a.reset();
-      a.q_a_n.reset();
-      a.rstd_q.reset();
-    }
-  } else {
-    linear_forward(be, a.h1.buf(), lp.q_proj->w.buf(), a.q.buf(), n, H, nh * dqk);
-  }
+  // Queries (n, nh, dqk), RoPE'd.
+  mla_queries_forward(s, lp, a.h1.buf(), n, s.pos.i32(), a, keep != nullptr);
 
   // The key/value latent and the shared RoPE key: the two row blocks of kv_a_proj_with_mqa.
   a.kv_a = be.alloc(kAct, {n, kl}, dt, "attn.kv_a");
@@ -139,8 +192,7 @@ Tensor mla_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x,
   }
   if (!keep) a.kv_a_n.reset();
 
-  // RoPE on the queries' last dr numbers and on the shared key, which every head's key then carries.
-  K.rope_strided_forward(ptr_at(a.q.buf(), dn), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
+  // RoPE on the shared key, which every head's key then carries.
   K.rope_strided_forward(k_pe.buf(), s.pos.i32(), n, 1, dr, dr, c.rope_interleave, freqs);
   for (int64_t h = 0; h < nh; ++h) K.copy_2d(ptr_at(a.k.buf(), h * dqk + dn), nh * dqk, k_pe.buf(), dr, n, dr);
   k_pe.reset();
@@ -163,7 +215,7 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
   const int64_t n = s.n, H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim,
-                dr = c.qk_rope_head_dim, dqk = dn + dr, dv = c.v_head_dim, kl = c.kv_lora_rank, ql = c.q_lora_rank;
+                dr = c.qk_rope_head_dim, dqk = dn + dr, dv = c.v_head_dim, kl = c.kv_lora_rank;
   const ops::RopeFreqs freqs = s.rope_freqs();
   const DType dt = s.precision.activations;
 
@@ -225,34 +277,10 @@ void mla_block_backward(StepContext& s, const LayerParams& lp, const Tensor& x, 
   a.kv_a.reset();
   a.rstd_k.reset();
 
-  // Queries: RoPE back on their last dr numbers, then the projections.
-  K.rope_strided_backward(ptr_at(dq.buf(), dn), s.pos.i32(), n, nh, dr, dqk, c.rope_interleave, freqs);
+  // Queries: RoPE back on their last dr numbers, then the projections; then kv_a_proj_with_mqa's two row blocks.
   Tensor dh1 = be.alloc(kAct, {n, H}, dt, "attn.dh1");
-  if (ql > 0) {
-    Tensor dq_a_n = be.alloc(kAct, {n, ql}, dt, "attn.dq_a_normed");
-    linear_backward_input(be, dq.buf(), lp.q_b_proj->w.buf(), dq_a_n.buf(), n, ql, nh * dqk);
-    linear_backward_weight(be, dq.buf(), a.q_a_n.buf(), lp.q_b_proj->g.buf(), n, ql, nh * dqk);
-    dq.reset();
-    a.q_a_n.reset();
-    Tensor dq_a = be.alloc(kAct, {n, ql}, dt, "attn.dq_a");
-    rmsnorm_backward(be, a.q_a.buf(), lp.q_a_layernorm->w.buf(), a.rstd_q.f32(), dq_a_n.buf(), dq_a.buf(),
-                     lp.q_a_layernorm->g.buf(), n, ql);
-    dq_a_n.reset();
-    a.q_a.reset();
-    a.rstd_q.reset();
-    linear_backward_input(be, dq_a.buf(), lp.q_a_proj->w.buf(), dh1.buf(), n, H, ql);
-    linear_backward_weight(be, dq_a.buf(), a.h1.buf(), lp.q_a_proj->g.buf(), n, H, ql);
-  } else {
-    linear_backward_input(be, dq.buf(), lp.q_proj->w.buf(), dh1.buf(), n, H, nh * dqk);
-    linear_backward_weight(be, dq.buf(), a.h1.buf(), lp.q_proj->g.buf(), n, H, nh * dqk);
-    dq.reset();
-  }
-  // kv_a_proj_with_mqa's two row blocks.
-  Param& kva = *lp.kv_a_proj_with_mqa;
-  linear_backward_input(be, dkv_a.buf(), kva.w.buf(), dh1.buf(), n, H, kl, 1.0f);
-  linear_backward_weight(be, dkv_a.buf(), a.h1.buf(), kva.g.buf(), n, H, kl);
-  linear_backward_input(be, dk_pe.buf(), ptr_at(kva.w.buf(), kl * H), dh1.buf(), n, H, dr, 1.0f);
-  linear_backward_weight(be, dk_pe.buf(), a.h1.buf(), ptr_at(kva.g.buf(), kl * H), n, H, dr);
+  mla_queries_backward(s, lp, dq, a.h1.buf(), n, s.pos.i32(), a, dh1.buf());
+  mla_kv_a_backward(s, lp, dkv_a.buf(), dk_pe.buf(), a.h1.buf(), n, dh1.buf());
   dkv_a.reset();
   dk_pe.reset();
   a.h1.reset();

@@ -53,11 +53,6 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
            "use --device cpu (or meta for peaks), or precision.recipe = \"fp32\" where bf16 is missing",
            "the {} backend lacks {} kernel(s) this model's step calls in precision {}: {}", be.name(), missing.size(),
            precision_describe(sched_.precision), fmt::join(missing, ", "));
-  FP_CHECK(sched_.ckpt.layer_tile == 0 || cfg.has_tiled_layer(),
-           "set ckpt.layer_tile = 0 for deepseek_v3 models",
-           "ckpt.layer_tile = {}: deepseek_v3's multi-head latent attention has no tiled layer yet (Note "
-           "[Sequence-tiled layers] in model/layer_tiles.cpp)",
-           sched_.ckpt.layer_tile);
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");

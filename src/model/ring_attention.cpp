@@ -170,15 +170,99 @@ void mla_expand(StepContext& s, const LayerParams& lp, const MlaDims& d, CBuf la
 
 }  // namespace
 
+namespace {
+
+// The latent rows of keys [j0, j0 + c) of each of B sequences of Tk rows: the rows themselves when they are
+// contiguous (one sequence, or every key), else gathered into `into` (B c, lat).
+CBuf latent_chunk(StepContext& s, const MlaDims& d, CBuf latent, int64_t B, int64_t Tk, int64_t j0, int64_t c,
+                  Tensor& into) {
+  if (B == 1 || c == Tk) return ptr_at(latent, j0 * d.lat);
+  into = s.be.alloc(Category::Category_activations, {B * c, d.lat}, s.precision.activations, "mla.latent_chunk");
+  for (int64_t b = 0; b < B; ++b)
+    s.be.kernels().copy(ptr_at(into.buf(), b * c * d.lat), ptr_at(latent, (b * Tk + j0) * d.lat), c * d.lat);
+  return into.cbuf();
+}
+
+// The chunk's spec: keys j0 .. j0 + c - 1 of the block's.
+ops::AttentionSpec chunk_spec(ops::AttentionSpec a, int64_t j0, int64_t c) {
+  a.Tk = c;
+  a.k_pos = a.k_pos == nullptr ? nullptr : a.k_pos + j0;
+  return a;
+}
+
+int64_t chunk_of(int64_t chunk, int64_t Tk) { return chunk > 0 && chunk < Tk ? chunk : Tk; }
+
+}  // namespace
+
+void mla_attend_forward(StepContext& s, const LayerParams& lp, CBuf q, CBuf latent, Buf o, float* lse, bool first,
+                        const ops::AttentionSpec& a, int64_t chunk) {
+  const ops::KernelLauncher K = s.be.kernels();
+  const MlaDims d = mla_dims(s.cfg);
+  const DType act = s.precision.activations;
+  const int64_t cmax = chunk_of(chunk, a.Tk);
+  for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
+    const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;
+    Tensor gathered;
+    const CBuf lat = latent_chunk(s, d, latent, a.B, a.Tk, j0, c, gathered);
+    Tensor kb = s.be.alloc(Category::Category_activations, {rows, d.nh * d.dqk}, act, "ring.mla_k");
+    Tensor vb = s.be.alloc(Category::Category_activations, {rows, d.nh * d.dv}, act, "ring.mla_v");
+    mla_expand(s, lp, d, lat, rows, kb.buf(), vb.buf());
+    gathered.reset();
+    K.attention_block_forward(q, kb.buf(), vb.buf(), o, lse, first && j0 == 0, chunk_spec(a, j0, c));
+  }
+}
+
+void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf latent, CBuf o, const float* lse,
+                         CBuf dout, Buf dq, Buf dlatent, Buf dw, const ops::AttentionSpec& a, int64_t chunk) {
+  const ops::KernelLauncher K = s.be.kernels();
+  const MlaDims d = mla_dims(s.cfg);
+  const DType act = s.precision.activations;
+  constexpr Category kAct = Category::Category_activations;
+  const int64_t cmax = chunk_of(chunk, a.Tk);
+  for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
+    const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;
+    Tensor gathered;
+    const CBuf lat = latent_chunk(s, d, latent, a.B, a.Tk, j0, c, gathered);
+    Tensor kb = s.be.alloc(kAct, {rows, d.nh * d.dqk}, act, "ring.mla_k");
+    Tensor vb = s.be.alloc(kAct, {rows, d.nh * d.dv}, act, "ring.mla_v");
+    mla_expand(s, lp, d, lat, rows, kb.buf(), vb.buf());
+    Tensor dkb = s.be.alloc_f32(kAct, {rows, d.nh * d.dqk}, "ring.mla_dk");
+    Tensor dvb = s.be.alloc_f32(kAct, {rows, d.nh * d.dv}, "ring.mla_dv");
+    K.fill(dkb.buf(), 0.0f, dkb.numel());
+    K.fill(dvb.buf(), 0.0f, dvb.numel());
+    K.attention_block_backward(q, kb.buf(), vb.buf(), o, lse, dout, dq, dkb.buf(), dvb.buf(), chunk_spec(a, j0, c));
+    kb.reset();
+    vb.reset();
+    // The chunk's latent gradient: dlatent's rows themselves when contiguous, else gathered and added after.
+    Tensor dl_chunk = gathered.defined() ? s.be.alloc_f32(kAct, {rows, d.lat}, "mla.dlatent_chunk") : Tensor();
+    if (dl_chunk.defined()) K.fill(dl_chunk.buf(), 0.0f, rows * d.lat);
+    const Buf dl = dl_chunk.defined() ? dl_chunk.buf() : ptr_at(dlatent, j0 * d.lat);
+    // d k_pe: the heads' RoPE parts, summed in head order.
+    for (int64_t h = 0; h < d.nh; ++h)
+      K.add_2d(ptr_at(dl, d.kl), d.lat, ptr_at(dkb.cbuf(), h * d.dqk + d.dn), d.nh * d.dqk, rows, d.dr);
+    // [dK_nope | dV] per head through kv_b_proj: into d c and kv_b_proj's gradient.
+    Tensor dkv = s.be.alloc_f32(kAct, {rows, d.kv}, "ring.mla_dkv_b_out");
+    K.copy_2d(dkv.buf(), d.dn + d.dv, dkb.cbuf(), d.dqk, rows * d.nh, d.dn);
+    K.copy_2d(ptr_at(dkv.buf(), d.dn), d.dn + d.dv, dvb.cbuf(), d.dv, rows * d.nh, d.dv);
+    dkb.reset();
+    dvb.reset();
+    K.gemm(false, false, rows, d.kl, d.kv, 1.0f, dkv.cbuf(), d.kv, lp.kv_b_proj->w.cbuf(), d.kl, 1.0f, dl, d.lat);
+    K.gemm(true, false, d.kv, d.kl, rows, 1.0f, dkv.cbuf(), d.kv, lat, d.lat, 1.0f, dw, d.kl);
+    for (int64_t b = 0; dl_chunk.defined() && b < a.B; ++b)
+      K.add_inplace(ptr_at(dlatent, (b * a.Tk + j0) * d.lat), ptr_at(dl_chunk.cbuf(), b * c * d.lat), c * d.lat);
+  }
+}
+
 void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent, Tensor& o,
-                                Tensor& lse, ops::AttentionSpec a) {
+                                Tensor& lse, ops::AttentionSpec a, int64_t q0) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const MlaDims d = mla_dims(s.cfg);
   const RingGeometry g = ring_geometry(s);
-  const int64_t rows = a.B * a.Tk;
-  FP_ASSERT(a.Tq == s.T && a.Tk == s.T && latent.numel() == rows * d.lat && q.numel() == rows * d.nh * d.dqk,
-            "MLA ring: q {} latent {} elements for {} rows", q.numel(), latent.numel(), rows);
+  FP_ASSERT(a.Tk == s.T && q0 >= 0 && q0 + a.Tq <= s.T && latent.numel() == a.B * a.Tk * d.lat &&
+                q.numel() == a.B * a.Tq * d.nh * d.dqk,
+            "MLA ring: q {} latent {} elements for B={} queries {} from {} of N={}", q.numel(), latent.numel(), a.B,
+            a.Tq, q0, s.T);
   const DType act = s.precision.activations;
   Tensor lb[2] = {be.alloc(kComm, latent.shape(), act, "ring.latent0"),
                   be.alloc(kComm, latent.shape(), act, "ring.latent1")};
@@ -188,13 +272,8 @@ void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Ten
   K.copy(lb[0].buf(), latent.buf(), latent.numel());
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
-    {
-      Tensor kb = be.alloc(Category::Category_activations, {rows, d.nh * d.dqk}, act, "ring.mla_k");
-      Tensor vb = be.alloc(Category::Category_activations, {rows, d.nh * d.dv}, act, "ring.mla_v");
-      mla_expand(s, lp, d, lb[cur].cbuf(), rows, kb.buf(), vb.buf());
-      K.attention_block_forward(q.buf(), kb.buf(), vb.buf(), out, lse.f32(), step == 0,
-                                block_spec(s, a, g.source(step), 0));
-    }
+    mla_attend_forward(s, lp, q.cbuf(), lb[cur].cbuf(), out, lse.f32(), step == 0, block_spec(s, a, g.source(step), q0),
+                       s.layer_tile);
     if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur]);
   }
   if (!f32_o) K.copy(o.buf(), o_acc.buf(), o.numel());
@@ -202,16 +281,14 @@ void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Ten
 
 void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent,
                                  const Tensor& o, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dlatent,
-                                 ops::AttentionSpec a) {
+                                 ops::AttentionSpec a, int64_t q0, bool accumulate) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const MlaDims d = mla_dims(s.cfg);
   const RingGeometry g = ring_geometry(s);
-  const int64_t rows = a.B * a.Tk;
-  FP_ASSERT(dlatent.dtype() == DType::DType_F32 && dlatent.numel() == rows * d.lat,
+  FP_ASSERT(dlatent.dtype() == DType::DType_F32 && dlatent.numel() == latent.numel(),
             "MLA ring: dlatent (rows, kl + dr) f32");
   const DType act = s.precision.activations;
-  constexpr Category kAct = Category::Category_activations;
   Tensor lb[2] = {be.alloc(kComm, latent.shape(), act, "ring.latent0"),
                   be.alloc(kComm, latent.shape(), act, "ring.latent1")};
   Tensor dlb[2] = {be.alloc_f32(kComm, latent.shape(), "ring.dlatent0"),
@@ -231,36 +308,16 @@ void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Te
   K.fill(dq_out, 0.0f, dq.numel());
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
-    {
-      Tensor kb = be.alloc(kAct, {rows, d.nh * d.dqk}, act, "ring.mla_k");
-      Tensor vb = be.alloc(kAct, {rows, d.nh * d.dv}, act, "ring.mla_v");
-      mla_expand(s, lp, d, lb[cur].cbuf(), rows, kb.buf(), vb.buf());
-      Tensor dkb = be.alloc_f32(kAct, {rows, d.nh * d.dqk}, "ring.mla_dk");
-      Tensor dvb = be.alloc_f32(kAct, {rows, d.nh * d.dv}, "ring.mla_dv");
-      K.fill(dkb.buf(), 0.0f, dkb.numel());
-      K.fill(dvb.buf(), 0.0f, dvb.numel());
-      K.attention_block_backward(q.buf(), kb.buf(), vb.buf(), o.buf(), lse.f32(), dout.buf(), dq_out, dkb.buf(),
-                                 dvb.buf(), block_spec(s, a, g.source(step), 0));
-      kb.reset();
-      vb.reset();
-      // d k_pe: the heads' RoPE parts, summed in head order, into the block's traveling gradient.
-      const Buf dl = dlb[cur].buf();
-      for (int64_t h = 0; h < d.nh; ++h)
-        K.add_2d(ptr_at(dl, d.kl), d.lat, ptr_at(dkb.cbuf(), h * d.dqk + d.dn), d.nh * d.dqk, rows, d.dr);
-      // [dK_nope | dV] per head through kv_b_proj: into d c and kv_b_proj's gradient.
-      Tensor dkv = be.alloc_f32(kAct, {rows, d.kv}, "ring.mla_dkv_b_out");
-      K.copy_2d(dkv.buf(), d.dn + d.dv, dkb.cbuf(), d.dqk, rows * d.nh, d.dn);
-      K.copy_2d(ptr_at(dkv.buf(), d.dn), d.dn + d.dv, dvb.cbuf(), d.dv, rows * d.nh, d.dv);
-      dkb.reset();
-      dvb.reset();
-      K.gemm(false, false, rows, d.kl, d.kv, 1.0f, dkv.cbuf(), d.kv, kvb.w.cbuf(), d.kl, 1.0f, dl, d.lat);
-      K.gemm(true, false, d.kv, d.kl, rows, 1.0f, dkv.cbuf(), d.kv, lb[cur].cbuf(), d.lat, 1.0f, dw_out, d.kl);
-    }
+    mla_attend_backward(s, lp, q.cbuf(), lb[cur].cbuf(), o.cbuf(), lse.f32(), dout.cbuf(), dq_out, dlb[cur].buf(),
+                        dw_out, block_spec(s, a, g.source(step), q0), s.layer_tile);
     if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur]);
     ring_shift(s, g, dlb[cur], dlb[1 - cur]);
   }
   const int home = g.world % 2;
-  K.copy(dlatent.buf(), dlb[home].buf(), dlatent.numel());
+  if (accumulate)
+    K.add_inplace(dlatent.buf(), dlb[home].cbuf(), dlatent.numel());
+  else
+    K.copy(dlatent.buf(), dlb[home].buf(), dlatent.numel());
   if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());
   if (!f32_g) K.add_inplace(kvb.g.buf(), dw.cbuf(), d.kv * d.kl);
 }

@@ -46,15 +46,36 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
 // kv_b_proj's weight gradient (f32, added to the parameter's once at the end). Against the expanded ring
 // the sums over hops run before the kv_b_proj GEMMs instead of after: the same function to rounding.
 // Comm buffers: two latent blocks and two f32 latent gradients instead of two K, V blocks and two f32 dK,
-// dV; the expanded K and V (and dK, dV) of one block exist for one hop (category activations).
+// dV; the expanded K and V (and dK, dV) of one block, or of a chunk of it (Note [MLA's keys in chunks]), exist
+// for one hop (category activations).
 // q (B, N, nh, dqk) -> o (B, N, nh, dv), lse (B, nh, N); latent (B N, kl + dr). a: as for
-// ring_attention_forward (hd = dqk, hdv = dv).
+// ring_attention_forward (hd = dqk, hdv = dv), and so is a tile of queries (a.Tq < N from q0; latent: the
+// tile's B sequences' rows).
 void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent, Tensor& o,
-                                Tensor& lse, ops::AttentionSpec a);
-// dout (B, N, nh, dv) -> dq (B, N, nh, dqk) and dlatent (B N, kl + dr) f32, both overwritten; kv_b_proj's
-// gradient accumulated.
+                                Tensor& lse, ops::AttentionSpec a, int64_t q0 = 0);
+// dout (B, N, nh, dv) -> dq (B, N, nh, dqk) overwritten, dlatent (B N, kl + dr) f32 overwritten (with accumulate:
+// added to, a tile's share); kv_b_proj's gradient accumulated.
 void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent,
                                  const Tensor& o, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dlatent,
-                                 ops::AttentionSpec a);
+                                 ops::AttentionSpec a, int64_t q0 = 0, bool accumulate = false);
+
+// Note [MLA's keys in chunks]
+// The keys and values MLA expands from its latent take nh (dqk + dv) numbers per key (20480 for Kimi-K2), and
+// their f32 gradients as many again: expanded for a whole block they bind the plan. With ckpt.layer_tile = N
+// (Note [Sequence-tiled layers] in model/layer_tiles.cpp) they exist for at most N keys of each sequence at a
+// time: mla_attend_forward expands a block's latent rows chunk by chunk and merges each chunk into (o, lse)
+// by the block kernel's log-sum-exp rule, as the ring merges its hops; mla_attend_backward folds each chunk's
+// dK, dV back through the expansion into the latent's f32 gradient and kv_b_proj's at once. In a ring hop the
+// chunks split the hop's block; in a tile with cp = 1 they cover the keys of the tile's sequences up to its
+// last query. A chunk of every key (N = 0 or N >= Tk) is one call, bit for bit the unchunked code; smaller
+// chunks merge in another order (to rounding). Cost: each chunk's expansion GEMM again per tile of queries.
+// q (B, Tq, nh, dqk) against the keys of latent rows (B, Tk, kl + dr): o (B, Tq, nh, dv) and lse (B, nh, Tq)
+// merged (first: the first chunk starts them). a: the block pair's spec (q_pos (Tq), k_pos (Tk)).
+void mla_attend_forward(StepContext& s, const LayerParams& lp, CBuf q, CBuf latent, Buf o, float* lse, bool first,
+                        const ops::AttentionSpec& a, int64_t chunk);
+// Their backward from the final (o, lse): dq (B, Tq, nh, dqk) += the queries' share; dlatent (B, Tk, kl + dr)
+// f32 += the keys' latent gradient; dw (nh (dn + dv), kl) += kv_b_proj's gradient.
+void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf latent, CBuf o, const float* lse,
+                         CBuf dout, Buf dq, Buf dlatent, Buf dw, const ops::AttentionSpec& a, int64_t chunk);
 
 }  // namespace fp

@@ -226,8 +226,6 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
 
 Result plan_step(const Input& in, const PlanOptions& opt) {
   Schedules sched = in.settings.sched;
-  // The preset's tile where the model has a tiled layer (Settings::preset_tile).
-  if (in.settings.preset_tile && !in.model.has_tiled_layer()) sched.ckpt.layer_tile = 0;
   schedules_validate(sched, "plan", /*auto_optim=*/true);
   if (sched.optim.kind != OptimSchedule::Kind::Kind_auto) return plan_resolved(in, sched, opt);
   // The baseline's rule: the optimizer on the device when the whole step fits, otherwise the serial

@@ -74,9 +74,6 @@ struct Settings {
   Schedules sched = planner_schedules();
   Layout layout;
   RoutingProfile routing = routing_profile_parse("balanced");
-  // The layer tile came from the flatpeak preset (not from ckpt.layer_tile=N): a model without a tiled layer
-  // (deepseek_v3's MLA, Note [Sequence-tiled layers]) plans with whole layers, and the plan says so.
-  bool preset_tile = false;
 };
 
 // The schedule families of the baseline (FSDP2-like: standard EP, full logits, boundaries on the

@@ -159,10 +159,7 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
                      dtype_name(d.params), dtype_name(d.grads), dtype_name(d.activations), dtype_name(d.master),
                      dtype_name(d.moments), dtype_name(d.logits), dtype_name(d.router));
   const int64_t tile = r.sched.ckpt.layer_tile;
-  const std::string tiles = tile > 0 ? fmt::format(" (layers in tiles of {} tokens)", tile)
-                            : in.settings.preset_tile && !in.model.has_tiled_layer()
-                                ? " (whole layers: MLA has no tiled layer yet)"
-                                : "";
+  const std::string tiles = tile > 0 ? fmt::format(" (layers in tiles of {} tokens)", tile) : "";
   out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}{}{}, optim {}{}\n", schedule_name(r.sched.dispatch.kind),
                      schedule_name(r.sched.vocab.kind), schedule_name(r.sched.ckpt.kind), tiles,
                      r.sched.ckpt.recompute ? "" : " (no recompute: every layer's activations kept)",

@@ -47,7 +47,6 @@ Schedules planner_schedules() {
 
 void settings_set_baseline(Settings& settings) {
   Schedules& s = settings.sched;
-  settings.preset_tile = false;
   s.dispatch.kind = DispatchSchedule::Kind::Kind_standard;
   s.dispatch.token_chunk = 0;
   s.ckpt.layer_tile = 0;
@@ -58,7 +57,6 @@ void settings_set_baseline(Settings& settings) {
 
 void settings_set_flatpeak(Settings& settings) {
   Schedules& s = settings.sched;
-  settings.preset_tile = true;
   s.dispatch.kind = DispatchSchedule::Kind::Kind_pipelined_llep;
   s.dispatch.token_chunk = kFlatpeakTokenChunk;
   s.ckpt.layer_tile = kFlatpeakLayerTile;
@@ -109,7 +107,6 @@ void settings_apply(Settings& s, std::string_view item) {
   FP_CHECK(next.moe.routing_profile.kind != RoutingProfile::Kind::Kind_router,
            "use routing=balanced or routing=hot:R:H",
            "--schedule {}: the planner needs a routing profile (the router is data dependent)", item);
-  if (k->name == "ckpt.layer_tile") s.preset_tile = false;  // asked for by name: refused where not tiled
   s.sched = std::move(next.schedules);
   s.routing = next.moe.routing_profile;
 }

@@ -475,7 +475,8 @@ std::vector<ConfigKey> registry_build() {
                               [](const Schedules& s) { return json(s.ckpt.recompute); }));
   keys.push_back(
       schedule_key("ckpt.layer_tile", K::KeyType_int, kSched, kTrainPlan,
-                   "each layer's token-wise work in tiles of at most this many of a rank's tokens (0: whole)",
+                   "each layer's token-wise work in tiles of at most this many of a rank's tokens, and MLA's "
+                   "expanded keys in chunks of as many (0: whole)",
                    "layer_tile", [](const Schedules& s) { return json(s.ckpt.layer_tile); }));
   keys.push_back(schedule_key("ckpt.every", K::KeyType_int, kSched, kTrainPlan,
                               "a boundary every k layers, the other k - 1 of a group recomputed in the backward",

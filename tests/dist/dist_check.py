@@ -138,10 +138,12 @@ def case_grads_tiled(tmp):
     """Note [Sequence-tiled layers]: every layer in tiles of 25 of a rank's tokens, each tile's queries on their own
     ring, against the whole layers on one process: the plain layer, the switched model (a sliding window, biases, a
     dense layer) alone and with the four flattened schedules and the MoE token side in chunks, packed documents,
-    and dp2 x cp."""
+    and dp2 x cp; DeepSeek-V3's MLA (Note [MLA in tiles]: each tile's ring on the latent, every hop's keys expanded
+    in chunks of the tile) alone, with the flattened schedules, and with documents."""
     for variant, reference in (("plain_tiled", "plain"), ("hf_layers_tiled", "hf_layers"),
                                ("hf_layers_flat_chunked_tiled", "hf_layers"), ("plain_docs_tiled", "plain_docs"),
-                               ("plain_dp2_tiled", "plain")):
+                               ("plain_dp2_tiled", "plain"), ("deepseek_tiled", "deepseek"),
+                               ("deepseek_flat_chunked_tiled", "deepseek"), ("deepseek_docs_tiled", "deepseek_docs")):
         print(f"-- {variant} against {reference} on one process")
         grads_variant(tmp, variant, reference=reference)
 

@@ -3,10 +3,12 @@
 // float rounding of the GEMMs' rows), every gradient within max(1e-6, 2 gamma(n heads)) norm-relative (the
 // weight gradients and dK/dV accumulate tile by tile: grad_tolerance), for tiles that cut sequences into pieces and
 // tiles of whole sequences; with a sliding window shorter than a tile, attention biases and a dense MLP layer;
-// gpt-oss's layer (sinks, sliding and full layers, no q/k norms, biases, the clamped SwiGLU); with the MoE token side
-// in chunks inside the tiles; with packed documents; with shorter last tiles. A tile of n or more is the whole step bit
-// for bit; the activations peak falls with the tile; meta allocates as cpu event for event; what is not tiled is
-// refused by name. Ring attention over W ranks with tiles: tests/dist (dist_check.py grads_tiled).
+// gpt-oss's layer (sinks, sliding and full layers, no q/k norms, biases, the clamped SwiGLU); deepseek_v3's MLA with
+// and without the query latent (Note [MLA in tiles]: its keys expanded from the latent in chunks of the tile); with
+// the MoE token side in chunks inside the tiles; with packed documents; with shorter last tiles. A tile of n or more
+// is the whole step bit for bit; the activations peak falls with the tile; meta allocates as cpu event for event;
+// kept layers in tiles are refused by name. Ring attention over W ranks with tiles: tests/dist (dist_check.py
+// grads_tiled).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,6 +53,18 @@ ModelConfig gpt_oss_config() {
   return m;
 }
 
+// deepseek_v3's MLA (Note [MLA in tiles]): with the query latent and a dense first layer, or without either.
+ModelConfig deepseek_config(bool q_latent) {
+  return q_latent ? deepseek_small_config(3, 6, 1) : deepseek_small_config(2, 0, 0);
+}
+
+const char* name_of(const ModelConfig& m) {
+  return m.is_gpt_oss()     ? "gpt_oss"
+         : m.is_deepseek()  ? (m.q_lora_rank > 0 ? "deepseek_q_latent" : "deepseek")
+         : m.attention_bias ? "switched"
+                            : "qwen";
+}
+
 struct Options {
   int64_t layer_tile = 0;
   int64_t token_chunk = 0;
@@ -77,7 +91,8 @@ StepRun run(const ModelConfig& m, const Batch& batch, const Options& o) {
   model.init_weights(m.seed);
   // Larger q/k weights: attention far from uniform, so a tile that saw the wrong keys would show.
   for (Param& p : model.params().all()) {
-    if (p.name.find("q_proj.weight") != std::string::npos || p.name.find("k_proj.weight") != std::string::npos)
+    if (p.name.find("q_proj.weight") != std::string::npos || p.name.find("k_proj.weight") != std::string::npos ||
+        p.name.find("q_b_proj.weight") != std::string::npos || p.name.find("kv_b_proj.weight") != std::string::npos)
       be->kernels().scale_inplace(p.w.buf(), 6.0f, p.w.numel());
     // gpt-oss: biases (transformers starts them at zero) and sinks away from zero, by index.
     if (m.is_gpt_oss() && be->computes() && (p.name.ends_with(".bias") || p.name.ends_with(".sinks"))) {
@@ -149,8 +164,9 @@ TEST(LayerTiles, TiledStepMatchesWholeLayers) {
   // 2 sequences of 48: tiles of 8 and 16 tokens cut each sequence into pieces (20 takes 16, the longest
   // divisor of 48 not above it), 48 is one sequence a tile, 96 the whole step.
   const Batch batch = batch_random(2, 48, 50, 8);
-  for (const ModelConfig& m : {qwen_config(), switched_config(), gpt_oss_config()}) {
-    SCOPED_TRACE(m.is_gpt_oss() ? "gpt_oss" : m.attention_bias ? "switched" : "qwen");
+  for (const ModelConfig& m :
+       {qwen_config(), switched_config(), gpt_oss_config(), deepseek_config(true), deepseek_config(false)}) {
+    SCOPED_TRACE(name_of(m));
     const StepRun whole = run(m, batch, {});
     for (int64_t tile : {8, 16, 20, 48}) {
       SCOPED_TRACE(tile);
@@ -170,11 +186,13 @@ TEST(LayerTiles, TiledStepMatchesWholeLayers) {
 TEST(LayerTiles, ShorterLastTiles) {
   // 3 sequences of 47: pieces of 10 end with one of 7; groups of 2 sequences end with one of 1.
   const Batch batch = batch_random(3, 47, 50, 4);
-  const StepRun whole = run(switched_config(), batch, {});
-  for (int64_t tile : {10, 94}) {
-    SCOPED_TRACE(tile);
-    expect_same_function(run(switched_config(), batch, tiled(tile, 6)), whole, 1e-6,
-                         grad_tolerance(switched_config(), batch));
+  for (const ModelConfig& m : {switched_config(), deepseek_config(true)}) {
+    SCOPED_TRACE(name_of(m));
+    const StepRun whole = run(m, batch, {});
+    for (int64_t tile : {10, 94}) {
+      SCOPED_TRACE(tile);
+      expect_same_function(run(m, batch, tiled(tile, 6)), whole, 1e-6, grad_tolerance(m, batch));
+    }
   }
 }
 
@@ -190,10 +208,13 @@ TEST(LayerTiles, PackedDocumentsInTiles) {
     batch.targets[b * batch.T + t - 1] = kEos;
   }
   batch_documents_from_eos(batch, kEos);
-  ModelConfig m = qwen_config();
-  m.router_aux_loss_coef = 0;
-  const StepRun whole = run(m, batch, {});
-  for (int64_t tile : {8, 16}) expect_same_function(run(m, batch, tiled(tile)), whole, 1e-6, grad_tolerance(m, batch));
+  for (ModelConfig m : {qwen_config(), deepseek_config(true)}) {
+    SCOPED_TRACE(name_of(m));
+    m.router_aux_loss_coef = 0;
+    const StepRun whole = run(m, batch, {});
+    for (int64_t tile : {8, 16})
+      expect_same_function(run(m, batch, tiled(tile)), whole, 1e-6, grad_tolerance(m, batch));
+  }
 }
 
 TEST(LayerTiles, Bf16TilesMatchWholeLayers) {
@@ -203,8 +224,8 @@ TEST(LayerTiles, Bf16TilesMatchWholeLayers) {
   const Batch batch = batch_random(2, 48, 50, 8);
   Options o;
   o.precision = precision_recipe("bf16");
-  for (const ModelConfig& m : {qwen_config(), gpt_oss_config()}) {
-    SCOPED_TRACE(model_type_name(m.model_type));
+  for (const ModelConfig& m : {qwen_config(), gpt_oss_config(), deepseek_config(true)}) {
+    SCOPED_TRACE(name_of(m));
     o.layer_tile = 0;
     const StepRun whole = run(m, batch, o);
     o.layer_tile = 16;
@@ -219,8 +240,10 @@ TEST(LayerTiles, MetaAllocatesAsCpu) {
   // Under a profile each tile is routed as the step's tokens; a shorter last tile (47 = 4 x 10 + 7) afresh
   // (StepContext::profile_n), on meta in closed form.
   const Batch batch = batch_random(2, 47, 50, 8);
-  for (const auto& [prof, m] :
-       {std::pair{"balanced", switched_config()}, {"hot:0.9:2", switched_config()}, {"balanced", gpt_oss_config()}}) {
+  for (const auto& [prof, m] : {std::pair{"balanced", switched_config()},
+                                {"hot:0.9:2", switched_config()},
+                                {"balanced", gpt_oss_config()},
+                                {"balanced", deepseek_config(true)}}) {
     SCOPED_TRACE(::testing::Message() << prof << " " << model_type_name(m.model_type));
     Options o = tiled(10, 6);
     o.profile = routing_profile_parse(prof);
@@ -236,7 +259,7 @@ TEST(LayerTiles, MetaAllocatesAsCpu) {
   }
 }
 
-TEST(LayerTiles, WhatIsNotTiledIsRefusedByName) {
+TEST(LayerTiles, KeptLayersInTilesAreRefusedByName) {
   auto refused = [](auto&& f, const std::string& needle) {
     try {
       f();
@@ -245,9 +268,6 @@ TEST(LayerTiles, WhatIsNotTiledIsRefusedByName) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  // Multi-head latent attention has no tiled layer yet.
-  ModelConfig ds = deepseek_small_config(2, 0, 0);
-  refused([&] { run(ds, batch_random(1, 32, ds.vocab_size, 1), tiled(8)); }, "ckpt.layer_tile");
   // Kept layers are whole.
   Schedules s;
   s.ckpt.layer_tile = 8;
