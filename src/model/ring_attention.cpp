@@ -32,10 +32,58 @@ struct RingGeometry {
 
 RingGeometry ring_geometry(const StepContext& s) { return {s.cp_rank(), s.cp, s.cp_first(), s.T * s.cp}; }
 
-// Sends `t` to the next rank and receives the previous rank's into `into` (same shape).
-void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into) {
-  s.data.send_recv(s.be.compute_stream(), t.data(), t.numel(), g.next(), into.data(), into.numel(), g.prev(),
-                   t.dtype());
+// Sends the first `count` elements of `t` to the next rank and receives the previous rank's into `into` (same
+// shape; count 0: all of them).
+void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into, int64_t count = 0) {
+  const int64_t m = count > 0 ? count : t.numel();
+  s.data.send_recv(s.be.compute_stream(), t.data(), m, g.next(), into.data(), m, g.prev(), t.dtype());
+}
+
+// Note [The ring's blocks in chunks]
+// With ckpt.layer_tile = N the ring's traveling blocks (and the backward's f32 gradients travelling with them)
+// hold N keys of each sequence, not every key: the ring goes round once per chunk of N keys, W hops each, and
+// each chunk's partial attention merges into (o, lse) by the log-sum-exp rule as the hops do (the backward adds
+// each chunk's share to dQ and takes the chunk's dK, dV home). Its buffers (category comm) are then bounded by
+// the tile like the rest of the layer: 2 chunks of K and V and 2 of their f32 gradients (MLA: of the latent),
+// for T / N rounds of W smaller messages. N >= T (or 0): one chunk, bit for bit the unchunked ring.
+struct RingChunks {
+  int64_t Tk = 0, size = 0, count = 0;
+  int64_t j0(int64_t j) const { return j * size; }
+  int64_t len(int64_t j) const { return std::min(size, Tk - j * size); }
+};
+RingChunks ring_chunks(const StepContext& s, int64_t Tk) {
+  const int64_t c = s.layer_tile > 0 && s.layer_tile < Tk ? s.layer_tile : Tk;
+  return {Tk, c, (Tk + c - 1) / c};
+}
+
+// The rows [j0, j0 + c) of each of B sequences of Tk rows of width w, to or from (B c, w).
+void rows_gather(const ops::KernelLauncher& K, Buf dst, CBuf src, int64_t B, int64_t Tk, int64_t j0, int64_t c,
+                 int64_t w) {
+  for (int64_t b = 0; b < B; ++b) K.copy(ptr_at(dst, b * c * w), ptr_at(src, (b * Tk + j0) * w), c * w);
+}
+void rows_scatter(const ops::KernelLauncher& K, Buf dst, CBuf src, int64_t B, int64_t Tk, int64_t j0, int64_t c,
+                  int64_t w, bool add) {
+  for (int64_t b = 0; b < B; ++b) {
+    const Buf to = ptr_at(dst, (b * Tk + j0) * w);
+    const CBuf from = ptr_at(src, b * c * w);
+    if (add)
+      K.add_inplace(to, from, c * w);
+    else
+      K.copy(to, from, c * w);
+  }
+}
+
+// A chunk's traveling block: (B c, w) rows, or with one chunk the tensor's own shape.
+Shape chunk_shape(const Tensor& t, int64_t B, const RingChunks& ch) {
+  if (ch.count == 1) return t.shape();
+  return {B * ch.size, t.numel() / (B * ch.Tk)};
+}
+
+// The chunk's spec: keys j0 .. j0 + c - 1 of the block's.
+ops::AttentionSpec chunk_spec(ops::AttentionSpec a, int64_t j0, int64_t c) {
+  a.Tk = c;
+  a.k_pos = a.k_pos == nullptr ? nullptr : a.k_pos + j0;
+  return a;
 }
 
 // The spec of the block pair (this rank's queries, the block of `source`'s keys): the positions of both
@@ -69,26 +117,31 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   const ops::KernelLauncher K = be.kernels();
   ring_sizes_check(s, q, k, v, o, a, q0);
   const RingGeometry g = ring_geometry(s);
-  const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
-  const DType act = s.precision.activations;             // K/V blocks travel in the activations dtype
+  const RingChunks ch = ring_chunks(s, a.Tk);  // Note [The ring's blocks in chunks]
+  const int64_t kw = a.nkv * a.hd, vw = a.nkv * a.hdv;
+  const Shape k_shape = chunk_shape(k, a.B, ch), v_shape = chunk_shape(v, a.B, ch);
+  const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
   Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
   Tensor vb[2] = {be.alloc(kComm, v_shape, act, "ring.v0"), be.alloc(kComm, v_shape, act, "ring.v1")};
   // Note [Ring attention accumulates in f32]: o itself when it is f32.
   const bool f32_o = o.dtype() == DType::DType_F32;
   Tensor o_acc = f32_o ? Tensor() : be.alloc_f32(kComm, o.shape(), "ring.o_acc");
   const Buf out = f32_o ? o.buf() : o_acc.buf();
-  K.copy(kb[0].buf(), k.buf(), k.numel());
-  K.copy(vb[0].buf(), v.buf(), v.numel());
-  for (int step = 0; step < g.world; ++step) {
-    const int cur = step % 2;
-    // With a sliding window, a block entirely before every local query's window computes nothing: the
-    // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp), as
-    // it skips the pairs across documents. It still travels: the ranks after this one may need it.
-    K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), step == 0,
-                              block_spec(s, a, g.source(step), q0));
-    if (step + 1 < g.world) {
-      ring_shift(s, g, kb[cur], kb[1 - cur]);
-      ring_shift(s, g, vb[cur], vb[1 - cur]);
+  for (int64_t j = 0; j < ch.count; ++j) {
+    const int64_t j0 = ch.j0(j), c = ch.len(j);
+    rows_gather(K, kb[0].buf(), k.cbuf(), a.B, a.Tk, j0, c, kw);
+    rows_gather(K, vb[0].buf(), v.cbuf(), a.B, a.Tk, j0, c, vw);
+    for (int step = 0; step < g.world; ++step) {
+      const int cur = step % 2;
+      // With a sliding window, a block entirely before every local query's window computes nothing: the
+      // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp), as
+      // it skips the pairs across documents. It still travels: the ranks after this one may need it.
+      K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), j == 0 && step == 0,
+                                chunk_spec(block_spec(s, a, g.source(step), q0), j0, c));
+      if (step + 1 < g.world) {
+        ring_shift(s, g, kb[cur], kb[1 - cur], a.B * c * kw);
+        ring_shift(s, g, vb[cur], vb[1 - cur], a.B * c * vw);
+      }
     }
   }
   if (!f32_o) K.copy(o.buf(), o_acc.buf(), o.numel());  // rounded once
@@ -103,9 +156,13 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   FP_ASSERT(dout.numel() == o.numel() && dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),
             "ring attention gradients: dout {} dq {} dk {} dv {} elements for o {} q {} k {} v {}", dout.numel(),
             dq.numel(), dk.numel(), dv.numel(), o.numel(), q.numel(), k.numel(), v.numel());
+  FP_ASSERT(!accumulate || (dk.dtype() == DType::DType_F32 && dv.dtype() == DType::DType_F32),
+            "a tile's dK/dV add into f32");
   const RingGeometry g = ring_geometry(s);
-  const Shape k_shape = k.shape(), v_shape = v.shape();  // (B, N, nkv, hd), (B, N, nkv, hdv) in elements
-  const DType act = s.precision.activations;             // K/V blocks travel in the activations dtype
+  const RingChunks ch = ring_chunks(s, a.Tk);  // Note [The ring's blocks in chunks]
+  const int64_t kw = a.nkv * a.hd, vw = a.nkv * a.hdv;
+  const Shape k_shape = chunk_shape(k, a.B, ch), v_shape = chunk_shape(v, a.B, ch);
+  const DType act = s.precision.activations;  // K/V blocks travel in the activations dtype
   Tensor kb[2] = {be.alloc(kComm, k_shape, act, "ring.k0"), be.alloc(kComm, k_shape, act, "ring.k1")};
   Tensor vb[2] = {be.alloc(kComm, v_shape, act, "ring.v0"), be.alloc(kComm, v_shape, act, "ring.v1")};
   // dK/dV accumulate in fp32 whatever the recipe (Note [Which dtype each allocation gets]).
@@ -115,32 +172,30 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   const bool f32_dq = dq.dtype() == DType::DType_F32;
   Tensor dq_acc = f32_dq ? Tensor() : be.alloc_f32(kComm, dq.shape(), "ring.dq_acc");
   const Buf dq_out = f32_dq ? dq.buf() : dq_acc.buf();
-  K.copy(kb[0].buf(), k.buf(), k.numel());
-  K.copy(vb[0].buf(), v.buf(), v.numel());
-  K.fill(dkb[0].buf(), 0.0f, dk.numel());
-  K.fill(dvb[0].buf(), 0.0f, dv.numel());
   K.fill(dq_out, 0.0f, dq.numel());
-  // W rounds of compute, each followed by a hop: after the last hop every block (with its complete
-  // dK/dV) is back at its home rank.
-  for (int step = 0; step < g.world; ++step) {
-    const int cur = step % 2;
-    K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), dq_out,
-                               dkb[cur].buf(), dvb[cur].buf(), block_spec(s, a, g.source(step), q0));
-    if (step + 1 < g.world) {
-      ring_shift(s, g, kb[cur], kb[1 - cur]);
-      ring_shift(s, g, vb[cur], vb[1 - cur]);
+  const int home = g.world % 2;  // the buffer that receives a chunk's last hop
+  for (int64_t j = 0; j < ch.count; ++j) {
+    const int64_t j0 = ch.j0(j), c = ch.len(j), nk = a.B * c * kw, nv = a.B * c * vw;
+    rows_gather(K, kb[0].buf(), k.cbuf(), a.B, a.Tk, j0, c, kw);
+    rows_gather(K, vb[0].buf(), v.cbuf(), a.B, a.Tk, j0, c, vw);
+    K.fill(dkb[0].buf(), 0.0f, nk);
+    K.fill(dvb[0].buf(), 0.0f, nv);
+    // W rounds of compute, each followed by a hop: after the last hop every block (with its complete
+    // dK/dV) is back at its home rank.
+    for (int step = 0; step < g.world; ++step) {
+      const int cur = step % 2;
+      K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), dq_out,
+                                 dkb[cur].buf(), dvb[cur].buf(),
+                                 chunk_spec(block_spec(s, a, g.source(step), q0), j0, c));
+      if (step + 1 < g.world) {
+        ring_shift(s, g, kb[cur], kb[1 - cur], nk);
+        ring_shift(s, g, vb[cur], vb[1 - cur], nv);
+      }
+      ring_shift(s, g, dkb[cur], dkb[1 - cur], nk);
+      ring_shift(s, g, dvb[cur], dvb[1 - cur], nv);
     }
-    ring_shift(s, g, dkb[cur], dkb[1 - cur]);
-    ring_shift(s, g, dvb[cur], dvb[1 - cur]);
-  }
-  const int home = g.world % 2;  // the buffer that received the last hop
-  if (accumulate) {
-    FP_ASSERT(dk.dtype() == DType::DType_F32 && dv.dtype() == DType::DType_F32, "a tile's dK/dV add into f32");
-    K.add_inplace(dk.buf(), dkb[home].buf(), dk.numel());
-    K.add_inplace(dv.buf(), dvb[home].buf(), dv.numel());
-  } else {
-    K.copy(dk.buf(), dkb[home].buf(), dk.numel());
-    K.copy(dv.buf(), dvb[home].buf(), dv.numel());
+    rows_scatter(K, dk.buf(), dkb[home].cbuf(), a.B, a.Tk, j0, c, kw, accumulate);
+    rows_scatter(K, dv.buf(), dvb[home].cbuf(), a.B, a.Tk, j0, c, vw, accumulate);
   }
   if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());  // rounded once
 }
@@ -178,16 +233,8 @@ CBuf latent_chunk(StepContext& s, const MlaDims& d, CBuf latent, int64_t B, int6
                   Tensor& into) {
   if (B == 1 || c == Tk) return ptr_at(latent, j0 * d.lat);
   into = s.be.alloc(Category::Category_activations, {B * c, d.lat}, s.precision.activations, "mla.latent_chunk");
-  for (int64_t b = 0; b < B; ++b)
-    s.be.kernels().copy(ptr_at(into.buf(), b * c * d.lat), ptr_at(latent, (b * Tk + j0) * d.lat), c * d.lat);
+  rows_gather(s.be.kernels(), into.buf(), latent, B, Tk, j0, c, d.lat);
   return into.cbuf();
-}
-
-// The chunk's spec: keys j0 .. j0 + c - 1 of the block's.
-ops::AttentionSpec chunk_spec(ops::AttentionSpec a, int64_t j0, int64_t c) {
-  a.Tk = c;
-  a.k_pos = a.k_pos == nullptr ? nullptr : a.k_pos + j0;
-  return a;
 }
 
 int64_t chunk_of(int64_t chunk, int64_t Tk) { return chunk > 0 && chunk < Tk ? chunk : Tk; }
@@ -248,8 +295,7 @@ void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf lat
     dvb.reset();
     K.gemm(false, false, rows, d.kl, d.kv, 1.0f, dkv.cbuf(), d.kv, lp.kv_b_proj->w.cbuf(), d.kl, 1.0f, dl, d.lat);
     K.gemm(true, false, d.kv, d.kl, rows, 1.0f, dkv.cbuf(), d.kv, lat, d.lat, 1.0f, dw, d.kl);
-    for (int64_t b = 0; dl_chunk.defined() && b < a.B; ++b)
-      K.add_inplace(ptr_at(dlatent, (b * a.Tk + j0) * d.lat), ptr_at(dl_chunk.cbuf(), b * c * d.lat), c * d.lat);
+    if (dl_chunk.defined()) rows_scatter(K, dlatent, dl_chunk.cbuf(), a.B, a.Tk, j0, c, d.lat, /*add=*/true);
   }
 }
 
@@ -263,18 +309,22 @@ void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Ten
                 q.numel() == a.B * a.Tq * d.nh * d.dqk,
             "MLA ring: q {} latent {} elements for B={} queries {} from {} of N={}", q.numel(), latent.numel(), a.B,
             a.Tq, q0, s.T);
+  const RingChunks ch = ring_chunks(s, a.Tk);  // Note [The ring's blocks in chunks]
+  const Shape l_shape = chunk_shape(latent, a.B, ch);
   const DType act = s.precision.activations;
-  Tensor lb[2] = {be.alloc(kComm, latent.shape(), act, "ring.latent0"),
-                  be.alloc(kComm, latent.shape(), act, "ring.latent1")};
+  Tensor lb[2] = {be.alloc(kComm, l_shape, act, "ring.latent0"), be.alloc(kComm, l_shape, act, "ring.latent1")};
   const bool f32_o = o.dtype() == DType::DType_F32;  // Note [Ring attention accumulates in f32]
   Tensor o_acc = f32_o ? Tensor() : be.alloc_f32(kComm, o.shape(), "ring.o_acc");
   const Buf out = f32_o ? o.buf() : o_acc.buf();
-  K.copy(lb[0].buf(), latent.buf(), latent.numel());
-  for (int step = 0; step < g.world; ++step) {
-    const int cur = step % 2;
-    mla_attend_forward(s, lp, q.cbuf(), lb[cur].cbuf(), out, lse.f32(), step == 0, block_spec(s, a, g.source(step), q0),
-                       s.layer_tile);
-    if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur]);
+  for (int64_t j = 0; j < ch.count; ++j) {
+    const int64_t j0 = ch.j0(j), c = ch.len(j);
+    rows_gather(K, lb[0].buf(), latent.cbuf(), a.B, a.Tk, j0, c, d.lat);
+    for (int step = 0; step < g.world; ++step) {
+      const int cur = step % 2;
+      mla_attend_forward(s, lp, q.cbuf(), lb[cur].cbuf(), out, lse.f32(), j == 0 && step == 0,
+                         chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), /*chunk=*/0);
+      if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur], a.B * c * d.lat);
+    }
   }
   if (!f32_o) K.copy(o.buf(), o_acc.buf(), o.numel());
 }
@@ -288,11 +338,11 @@ void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Te
   const RingGeometry g = ring_geometry(s);
   FP_ASSERT(dlatent.dtype() == DType::DType_F32 && dlatent.numel() == latent.numel(),
             "MLA ring: dlatent (rows, kl + dr) f32");
+  const RingChunks ch = ring_chunks(s, a.Tk);  // Note [The ring's blocks in chunks]
+  const Shape l_shape = chunk_shape(latent, a.B, ch);
   const DType act = s.precision.activations;
-  Tensor lb[2] = {be.alloc(kComm, latent.shape(), act, "ring.latent0"),
-                  be.alloc(kComm, latent.shape(), act, "ring.latent1")};
-  Tensor dlb[2] = {be.alloc_f32(kComm, latent.shape(), "ring.dlatent0"),
-                   be.alloc_f32(kComm, latent.shape(), "ring.dlatent1")};
+  Tensor lb[2] = {be.alloc(kComm, l_shape, act, "ring.latent0"), be.alloc(kComm, l_shape, act, "ring.latent1")};
+  Tensor dlb[2] = {be.alloc_f32(kComm, l_shape, "ring.dlatent0"), be.alloc_f32(kComm, l_shape, "ring.dlatent1")};
   // One dtype for a call's dq, dk, dv: the hop's dK, dV are f32, so dQ accumulates in f32 (rounded once).
   const bool f32_dq = dq.dtype() == DType::DType_F32;
   Tensor dq_acc = f32_dq ? Tensor() : be.alloc_f32(kComm, dq.shape(), "ring.dq_acc");
@@ -303,21 +353,21 @@ void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Te
   Tensor dw = f32_g ? Tensor() : be.alloc_f32(Category::Category_workspace, {d.kv, d.kl}, "ring.mla_dkv_b");
   if (!f32_g) K.fill(dw.buf(), 0.0f, d.kv * d.kl);
   const Buf dw_out = f32_g ? kvb.g.buf() : dw.buf();
-  K.copy(lb[0].buf(), latent.buf(), latent.numel());
-  K.fill(dlb[0].buf(), 0.0f, dlatent.numel());
   K.fill(dq_out, 0.0f, dq.numel());
-  for (int step = 0; step < g.world; ++step) {
-    const int cur = step % 2;
-    mla_attend_backward(s, lp, q.cbuf(), lb[cur].cbuf(), o.cbuf(), lse.f32(), dout.cbuf(), dq_out, dlb[cur].buf(),
-                        dw_out, block_spec(s, a, g.source(step), q0), s.layer_tile);
-    if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur]);
-    ring_shift(s, g, dlb[cur], dlb[1 - cur]);
-  }
   const int home = g.world % 2;
-  if (accumulate)
-    K.add_inplace(dlatent.buf(), dlb[home].cbuf(), dlatent.numel());
-  else
-    K.copy(dlatent.buf(), dlb[home].buf(), dlatent.numel());
+  for (int64_t j = 0; j < ch.count; ++j) {
+    const int64_t j0 = ch.j0(j), c = ch.len(j), nl = a.B * c * d.lat;
+    rows_gather(K, lb[0].buf(), latent.cbuf(), a.B, a.Tk, j0, c, d.lat);
+    K.fill(dlb[0].buf(), 0.0f, nl);
+    for (int step = 0; step < g.world; ++step) {
+      const int cur = step % 2;
+      mla_attend_backward(s, lp, q.cbuf(), lb[cur].cbuf(), o.cbuf(), lse.f32(), dout.cbuf(), dq_out, dlb[cur].buf(),
+                          dw_out, chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), /*chunk=*/0);
+      if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur], nl);
+      ring_shift(s, g, dlb[cur], dlb[1 - cur], nl);
+    }
+    rows_scatter(K, dlatent.buf(), dlb[home].cbuf(), a.B, a.Tk, j0, c, d.lat, accumulate);
+  }
   if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());
   if (!f32_g) K.add_inplace(kvb.g.buf(), dw.cbuf(), d.kv * d.kl);
 }

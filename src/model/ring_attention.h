@@ -12,7 +12,9 @@
 // complete dK/dV, and each rank's dQ has seen every block.
 // Transfers are blocking send_recv for now (the overlap with the block's compute comes with the
 // stream-ordered comm of the schedules). Buffers: category comm, two blocks of K (B, N, nkv, hd) and of
-// V (B, N, nkv, hdv) (and of dK, dV, the same shapes).
+// V (B, N, nkv, hdv) (and of dK, dV, the same shapes); with ckpt.layer_tile = N' < N, blocks of N' keys of
+// each sequence, the ring going round once per chunk (Note [The ring's blocks in chunks] in
+// model/ring_attention.cpp).
 #pragma once
 
 #include "model/blocks.h"
@@ -65,9 +67,10 @@ void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Te
 // (Note [Sequence-tiled layers] in model/layer_tiles.cpp) they exist for at most N keys of each sequence at a
 // time: mla_attend_forward expands a block's latent rows chunk by chunk and merges each chunk into (o, lse)
 // by the block kernel's log-sum-exp rule, as the ring merges its hops; mla_attend_backward folds each chunk's
-// dK, dV back through the expansion into the latent's f32 gradient and kv_b_proj's at once. In a ring hop the
-// chunks split the hop's block; in a tile with cp = 1 they cover the keys of the tile's sequences up to its
-// last query. A chunk of every key (N = 0 or N >= Tk) is one call, bit for bit the unchunked code; smaller
+// dK, dV back through the expansion into the latent's f32 gradient and kv_b_proj's at once. In a tile with
+// cp = 1 the chunks cover the keys of the tile's sequences up to its last query; the ring's blocks travel in
+// chunks of N keys already (Note [The ring's blocks in chunks] in model/ring_attention.cpp), so a hop expands
+// one chunk. A chunk of every key (N = 0 or N >= Tk) is one call, bit for bit the unchunked code; smaller
 // chunks merge in another order (to rounding). Cost: each chunk's expansion GEMM again per tile of queries.
 // q (B, Tq, nh, dqk) against the keys of latent rows (B, Tk, kl + dr): o (B, Tq, nh, dv) and lse (B, nh, Tq)
 // merged (first: the first chunk starts them). a: the block pair's spec (q_pos (Tq), k_pos (Tk)).

@@ -270,4 +270,23 @@ TEST(MlaRing, CommHoldsTheLatentAndMetaAllocatesAsCpu) {
   EXPECT_EQ(peak, 4 * rows * latent * 4) << "two latent blocks and two f32 latent gradients";
 }
 
+// Note [The ring's blocks in chunks] (model/ring_attention.cpp): with layer tiles of 8 tokens each rank's 32 tokens
+// of a sequence travel the ring in chunks of 8 keys, so the comm buffers hold two chunks of K and V and two of
+// their f32 gradients (MLA: of the latent), a quarter of the unchunked blocks of one sequence; meta allocates as
+// cpu. Tiles of a rank's 32 tokens run the unchunked ring bit for bit as in tiles of whole sequences.
+TEST(RingChunks, CommHoldsTwoChunksAndMetaAllocatesAsCpu) {
+  for (const ModelConfig& m : {qwen_config(2), deepseek_small_config(2, 12, 1)}) {
+    SCOPED_TRACE(model_type_name(m.model_type));
+    Schedules s = schedules("fp32", true);
+    s.ckpt.layer_tile = 8;
+    const StepResult cpu = step_run(m, s, "balanced", 2, "cpu");
+    expect_same_events(cpu, step_run(m, s, "balanced", 2, "meta"));
+    const uint64_t width = m.is_deepseek() ? static_cast<uint64_t>(m.kv_lora_rank + m.qk_rope_head_dim)
+                                           : static_cast<uint64_t>(2 * m.num_key_value_heads * m.head_dim);
+    EXPECT_EQ(cpu.comm_peak, 4 * 8 * width * 4) << "two chunks of 8 keys and two of their f32 gradients";
+    s.ckpt.layer_tile = 32;  // one tile per sequence: the ring's blocks are the sequence's 32 keys
+    EXPECT_EQ(step_run(m, s, "balanced", 2, "cpu").comm_peak, 4 * 32 * width * 4);
+  }
+}
+
 }  // namespace fp
