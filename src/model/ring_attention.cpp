@@ -41,7 +41,8 @@ void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& 
 
 // Note [The ring's blocks in chunks]
 // With ckpt.layer_tile = N the ring's traveling blocks (and the backward's f32 gradients travelling with them)
-// hold N keys of each sequence, not every key: the ring goes round once per chunk of N keys, W hops each, and
+// hold N keys of each sequence, not every key (at most 8 chunks of a block: chunk_of), and the ring goes round
+// once per chunk, W hops each, and
 // each chunk's partial attention merges into (o, lse) by the log-sum-exp rule as the hops do (the backward adds
 // each chunk's share to dQ and takes the chunk's dK, dV home). Its buffers (category comm) are then bounded by
 // the tile like the rest of the layer: 2 chunks of K and V and 2 of their f32 gradients (MLA: of the latent),
@@ -51,8 +52,14 @@ struct RingChunks {
   int64_t j0(int64_t j) const { return j * size; }
   int64_t len(int64_t j) const { return std::min(size, Tk - j * size); }
 };
+// Chunks of N keys of Tk, at most kMaxKeyChunks of them (then of ceil(Tk / kMaxKeyChunks)): the messages and
+// the planner's loops stay few while the buffers fall by that factor. N <= 0 or N >= Tk: one chunk of Tk.
+constexpr int64_t kMaxKeyChunks = 8;
+int64_t chunk_of(int64_t N, int64_t Tk) {
+  return N > 0 && N < Tk ? std::max(N, (Tk + kMaxKeyChunks - 1) / kMaxKeyChunks) : Tk;
+}
 RingChunks ring_chunks(const StepContext& s, int64_t Tk) {
-  const int64_t c = s.layer_tile > 0 && s.layer_tile < Tk ? s.layer_tile : Tk;
+  const int64_t c = chunk_of(s.layer_tile, Tk);
   return {Tk, c, (Tk + c - 1) / c};
 }
 
@@ -236,8 +243,6 @@ CBuf latent_chunk(StepContext& s, const MlaDims& d, CBuf latent, int64_t B, int6
   rows_gather(s.be.kernels(), into.buf(), latent, B, Tk, j0, c, d.lat);
   return into.cbuf();
 }
-
-int64_t chunk_of(int64_t chunk, int64_t Tk) { return chunk > 0 && chunk < Tk ? chunk : Tk; }
 
 }  // namespace
 

@@ -224,8 +224,9 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
 
 }  // namespace
 
-Result plan_step(const Input& in, const PlanOptions& opt) {
-  Schedules sched = in.settings.sched;
+namespace {
+
+Result plan_optim(const Input& in, Schedules sched, const PlanOptions& opt) {
   schedules_validate(sched, "plan", /*auto_optim=*/true);
   if (sched.optim.kind != OptimSchedule::Kind::Kind_auto) return plan_resolved(in, sched, opt);
   // The baseline's rule: the optimizer on the device when the whole step fits, otherwise the serial
@@ -237,6 +238,38 @@ Result plan_step(const Input& in, const PlanOptions& opt) {
   const double first = r.seconds;
   r = plan_resolved(in, sched, opt);
   r.seconds += first;
+  return r;
+}
+
+}  // namespace
+
+// Note [The planner shrinks what binds]
+// The flatpeak preset starts from layer tiles of kFlatpeakLayerTile tokens and Ring-DTP strips of 1024 (the
+// times measured in docs/benchmarks.md: larger tiles and strips cost less). When its step does not fit the
+// device, the planner halves what binds and plans again: the strip while the vocabulary binds (down to
+// kMinStrip tokens), the tile while activations or comm bind (down to kMinTile; the ring's blocks travel in
+// chunks of the tile, Note [The ring's blocks in chunks] in model/ring_attention.cpp), until the step fits or
+// neither can shrink. So each context gets the largest tile and strip that fit, and the reach search the reach
+// they give; the plan prints the tile and strip it chose. A key given by name is kept (Settings::shrink).
+Result plan_step(const Input& in, const PlanOptions& opt) {
+  Result r = plan_optim(in, in.settings.sched, opt);
+  if (!in.settings.shrink) return r;
+  constexpr int64_t kMinStrip = 128, kMinTile = 1024;
+  Schedules s = in.settings.sched;
+  double seconds = r.seconds;
+  while (!r.fits_device) {
+    const bool act = r.binding == Category::Category_activations || r.binding == Category::Category_comm;
+    if (r.binding == Category::Category_vocab && s.vocab.kind == VocabSchedule::Kind::Kind_ring &&
+        s.vocab.block_tokens > kMinStrip)
+      s.vocab.block_tokens /= 2;
+    else if (act && s.ckpt.layer_tile > kMinTile)
+      s.ckpt.layer_tile /= 2;
+    else
+      break;
+    r = plan_optim(in, s, opt);
+    seconds += r.seconds;
+  }
+  r.seconds = seconds;
   return r;
 }
 

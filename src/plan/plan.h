@@ -74,6 +74,10 @@ struct Settings {
   Schedules sched = planner_schedules();
   Layout layout;
   RoutingProfile routing = routing_profile_parse("balanced");
+  // The flatpeak preset's layer tile and Ring-DTP strip are the planner's to shrink where they bind (Note [The
+  // planner shrinks what binds] in plan/plan.cpp); a key given by name (ckpt.layer_tile=, vocab.block_tokens=)
+  // is kept as given.
+  bool shrink = false;
 };
 
 // The schedule families of the baseline (FSDP2-like: standard EP, full logits, boundaries on the

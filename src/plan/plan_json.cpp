@@ -160,8 +160,12 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
                      dtype_name(d.moments), dtype_name(d.logits), dtype_name(d.router));
   const int64_t tile = r.sched.ckpt.layer_tile;
   const std::string tiles = tile > 0 ? fmt::format(" (layers in tiles of {} tokens)", tile) : "";
-  out += fmt::format("schedule: dispatch {}, vocab {}, ckpt {}{}{}, optim {}{}\n", schedule_name(r.sched.dispatch.kind),
-                     schedule_name(r.sched.vocab.kind), schedule_name(r.sched.ckpt.kind), tiles,
+  const std::string strip = r.sched.vocab.kind == VocabSchedule::Kind::Kind_ring
+                                ? fmt::format(" (strips of {} tokens)", r.sched.vocab.block_tokens)
+                                : "";
+  out += fmt::format("schedule: dispatch {}, vocab {}{}, ckpt {}{}{}, optim {}{}\n",
+                     schedule_name(r.sched.dispatch.kind), schedule_name(r.sched.vocab.kind), strip,
+                     schedule_name(r.sched.ckpt.kind), tiles,
                      r.sched.ckpt.recompute ? "" : " (no recompute: every layer's activations kept)",
                      schedule_name(r.sched.optim.kind),
                      in.settings.sched.optim.kind == OptimSchedule::Kind::Kind_auto

@@ -47,6 +47,7 @@ Schedules planner_schedules() {
 
 void settings_set_baseline(Settings& settings) {
   Schedules& s = settings.sched;
+  settings.shrink = false;
   s.dispatch.kind = DispatchSchedule::Kind::Kind_standard;
   s.dispatch.token_chunk = 0;
   s.ckpt.layer_tile = 0;
@@ -57,6 +58,7 @@ void settings_set_baseline(Settings& settings) {
 
 void settings_set_flatpeak(Settings& settings) {
   Schedules& s = settings.sched;
+  settings.shrink = true;
   s.dispatch.kind = DispatchSchedule::Kind::Kind_pipelined_llep;
   s.dispatch.token_chunk = kFlatpeakTokenChunk;
   s.ckpt.layer_tile = kFlatpeakLayerTile;
@@ -107,6 +109,7 @@ void settings_apply(Settings& s, std::string_view item) {
   FP_CHECK(next.moe.routing_profile.kind != RoutingProfile::Kind::Kind_router,
            "use routing=balanced or routing=hot:R:H",
            "--schedule {}: the planner needs a routing profile (the router is data dependent)", item);
+  if (k->name == "ckpt.layer_tile" || k->name == "vocab.block_tokens") s.shrink = false;  // as given
   s.sched = std::move(next.schedules);
   s.routing = next.moe.routing_profile;
 }

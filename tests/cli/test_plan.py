@@ -7,6 +7,7 @@ cases: presets_json_plot  matches_meta_step  bad_inputs  compare_timeline  from_
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -209,8 +210,9 @@ def choose_every(a, tmp):
     model = os.path.join(tmp, "tiny6.toml")
     open(model, "w").write(open(os.path.join(a.configs, "tiny.toml")).read()
                            .replace("num_hidden_layers = 2", "num_hidden_layers = 6"))
+    # The tile given by name: the planner keeps it (Note [The planner shrinks what binds]), so only k moves.
     base = [a.bin, "plan", "--model", model, "--context", "32K", "--no-reach", "--schedule", "flatpeak",
-            "--schedule", "precision.recipe=fp32"]
+            "--schedule", "precision.recipe=fp32", "--schedule", "ckpt.layer_tile=8192"]
     mib = lambda f, i: float(f[i]) * {"MiB": 2**20, "KiB": 2**10, "GiB": 2**30, "B": 1}[f[i + 1]]
 
     def table(extra):
@@ -284,6 +286,29 @@ def mesh_experts(a, tmp):
     dense = total - layers * experts * expert
     assert held[1] == total, (held, total)
     assert dense / 2 <= held[1] - held[2] <= dense / 2 + 4096, (held, dense)
+
+
+def shrinks_what_binds(a, tmp):
+    """Note [The planner shrinks what binds] (src/plan/plan.cpp): the flatpeak preset's Ring-DTP strip and layer
+    tile are halved where they bind until the step fits. The tiny model with a 32768 vocabulary at 96K tokens in
+    256 MiB: the preset's 1024-token strip (128 MiB of f32 logits) does not fit, the planner's choice does and
+    says which strip it took; the strip given by name is kept and does not fit. A context that fits with the
+    preset keeps the preset's strip and tile."""
+    model = os.path.join(tmp, "tiny32k.toml")
+    open(model, "w").write(open(os.path.join(a.configs, "tiny.toml")).read()
+                           .replace("vocab_size = 256", "vocab_size = 32768"))
+    base = [a.bin, "plan", "--model", model, "--ranks", "1", "--device-mem", "256MiB", "--no-reach", "--schedule",
+            "flatpeak", "--schedule", "precision.recipe=fp32", "--schedule", "batch=1"]
+
+    def plan(context, extra=()):
+        return run(base + ["--context", context, *extra]).stdout
+    out = plan("96K")
+    strip = re.search(r"vocab ring \(strips of (\d+) tokens\)", out)
+    assert strip and int(strip.group(1)) < 1024 and "device 256.00 MiB: fits" in out, out
+    out = plan("96K", ["--schedule", "vocab.block_tokens=1024"])
+    assert "strips of 1024 tokens" in out and "device 256.00 MiB: fits" not in out, out
+    out = plan("16K")
+    assert "strips of 1024 tokens" in out and "tiles of 8192 tokens" in out and "256.00 MiB: fits" in out, out
 
 
 def main():

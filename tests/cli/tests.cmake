@@ -8,7 +8,7 @@ foreach(case resume_bit_exact resume_bit_exact_bf16 resume_bit_exact_bf16_deepse
 endforeach()
 # flatpeak plan (tests/cli/test_plan.py): presets with JSON and SVG, plan vs `step --device meta`, errors,
 # a run config's schedules (plan --config).
-foreach(case matches_meta_step bad_inputs compare_timeline from_run_config choose_every mesh_experts)
+foreach(case matches_meta_step bad_inputs compare_timeline from_run_config choose_every mesh_experts shrinks_what_binds)
   add_test(NAME cli_plan_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_plan.py
            --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
   set_tests_properties(cli_plan_${case} PROPERTIES LABELS "cli;quick" TIMEOUT 300)
