@@ -152,14 +152,13 @@ AdamwRates adamw_rates_measure(int64_t P, int repeats, bool bf16) {
   std::vector<double> loop;
   for (int r = 0; r < repeats + 1; ++r) {
     for (size_t k = 0; k < paths.size(); ++k) {
+      const ops::AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, r + 1};
       auto t0 = Clock::now();
-      ops::cpu::adamw_update_path(paths[k], w.data(), g.data(), m.data(), v.data(), P, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                                  1.0f, r + 1, nullptr);
+      ops::cpu::adamw_update_path(paths[k], w.data(), g.data(), m.data(), v.data(), P, h, nullptr);
       if (r > 0) rates[k].push_back(static_cast<double>(P) / seconds_since(t0));
       if (!bf16) continue;
       t0 = Clock::now();
-      ops::cpu::adamw_update_path(paths[k], w.data(), g16.data(), m.data(), v.data(), P, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                                  0.1f, 1.0f, r + 1, w16.data());
+      ops::cpu::adamw_update_path(paths[k], w.data(), g16.data(), m.data(), v.data(), P, h, w16.data());
       if (r > 0) rates16[k].push_back(static_cast<double>(P) / seconds_since(t0));
     }
     const auto t0 = Clock::now();

@@ -11,14 +11,23 @@ namespace fp::ops {
 // The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
 // backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
-// One AdamW step over n elements, in place:
-//   g      = grad * grad_scale                     (grad_scale carries global-norm clipping)
+// The scalars of one AdamW step (the update below).
+struct AdamWHyper {
+  float lr = 0.0f;                   // learning rate of this step
+  float beta1 = 0.0f, beta2 = 0.0f;  // decay rates of the first and second moments
+  float eps = 0.0f;                  // added to the denominator
+  float weight_decay = 0.0f;         // decoupled: param *= 1 - lr * weight_decay
+  float grad_scale = 1.0f;           // the gradient's factor: global-norm clipping
+  int64_t step = 1;                  // the step being taken, from 1 (PyTorch's state["step"] after its increment)
+};
+
+// One AdamW step over n elements with the scalars h, in place:
+//   g      = grad * grad_scale
 //   param *= 1 - lr * weight_decay
 //   m      = beta1 * m + (1 - beta1) * g
 //   v      = beta2 * v + (1 - beta2) * g * g
 //   param -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),   bc1 = 1 - beta1^step, bc2 = 1 - beta2^step
-// step counts from 1 (the step being taken, PyTorch's state["step"] after its increment). The bias
-// corrections are computed in double once per call, every per-element operation in float.
+// The bias corrections are computed in double once per call, every per-element operation in float.
 //
 // param      (n) f32 weights, updated: the master copy under a mixed-precision recipe
 // grad       (n) gradient, f32 or bf16, read only; a bf16 gradient is widened (exact), so the update
@@ -37,8 +46,7 @@ namespace fp::ops {
 //
 // param_copy has no default: the kernel table (backend/kernels.h) holds function pointers, through
 // which a default argument would not apply, so every caller passes it (nullptr when there is none).
-using adamw_update_fn = void(float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                             float eps, float weight_decay, float grad_scale, int64_t step, Buf param_copy);
+using adamw_update_fn = void(float* param, CBuf grad, float* m, float* v, int64_t n, AdamWHyper h, Buf param_copy);
 
 }  // namespace fp::ops
 

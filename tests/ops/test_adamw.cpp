@@ -58,11 +58,12 @@ void grad_refresh(State& s, uint64_t seed) {
 
 struct Hyper {
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_scale = 1.0f;
+  ops::AdamWHyper at(int64_t step) const { return {lr, beta1, beta2, eps, weight_decay, grad_scale, step}; }
 };
 
 void fast_step(State& s, const Hyper& h, int64_t step) {
   ops::cpu::adamw_update(s.param.data(), s.grad.data(), s.m.data(), s.v.data(), static_cast<int64_t>(s.param.size()),
-                         h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step, nullptr);
+                         h.at(step), nullptr);
 }
 void ref_step(State& s, const Hyper& h, int64_t step) {
   ops::ref::adamw_update<float>(s.param.data(), s.grad.data(), s.m.data(), s.v.data(),
@@ -159,7 +160,7 @@ TEST(AdamwUpdate, SubRangesAndThreadCountsGiveIdenticalBits) {
     for (size_t k = 0; k + 1 < edges.size(); ++k) {
       const int64_t a = edges[k], len = edges[k + 1] - edges[k];
       ops::cpu::adamw_update(split.param.data() + a, split.grad.data() + a, split.m.data() + a, split.v.data() + a, len,
-                             h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step, nullptr);
+                             h.at(step), nullptr);
     }
     omp_set_num_threads(1);
     fast_step(one_thread, h, step);
@@ -206,8 +207,7 @@ TEST(AdamwUpdate, EveryPathMatchesReferenceAndScalarBits) {
           }
           auto run = [&](State& s, AdamwPath p) {
             ops::cpu::adamw_update_path(p, s.param.data() + shift, s.grad.data() + shift, s.m.data() + shift,
-                                        s.v.data() + shift, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                                        h.grad_scale, step, nullptr);
+                                        s.v.data() + shift, n, h.at(step), nullptr);
           };
           run(fast, path);
           run(scalar, AdamwPath::AdamwPath_scalar);
@@ -303,15 +303,13 @@ TEST(AdamwUpdate, Bf16GradAndCopyAreTheF32UpdateOfTheWidenedGrad) {
             }
             const std::vector<bf16> grad_h = to_bf16(mixed.grad);
             ops::cpu::adamw_update_path(path, plain.param.data() + shift, plain.grad.data() + shift,
-                                        plain.m.data() + shift, plain.v.data() + shift, n, h.lr, h.beta1, h.beta2,
-                                        h.eps, h.weight_decay, h.grad_scale, step, nullptr);
+                                        plain.m.data() + shift, plain.v.data() + shift, n, h.at(step), nullptr);
             const CBuf g = mix.grad_bf16 ? CBuf(grad_h.data() + shift) : CBuf(mixed.grad.data() + shift);
             const Buf c = mix.copy == Copy::bf16  ? Buf(copy_h.data() + shift)
                           : mix.copy == Copy::f32 ? Buf(copy_f.data() + shift)
                                                   : Buf();
             ops::cpu::adamw_update_path(path, mixed.param.data() + shift, g, mixed.m.data() + shift,
-                                        mixed.v.data() + shift, n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                                        h.grad_scale, step, c);
+                                        mixed.v.data() + shift, n, h.at(step), c);
             SCOPED_TRACE(::testing::Message()
                          << "path " << ops::cpu::adamw_path_name(path) << " n " << n << " shift " << shift << " step "
                          << step << " grad " << (mix.grad_bf16 ? "bf16" : "f32") << " copy "
@@ -341,7 +339,7 @@ TEST(AdamwUpdate, Bf16CopyHoldsTheUpdatedWeights) {
   float param[9], m[9] = {}, v[9] = {};
   std::vector<bf16> grad(9, bf16{bf16_from_float(1.0f)}), copy(9, bf16{0});
   for (float& p : param) p = 1.0f;
-  ops::cpu::adamw_update(param, grad.data(), m, v, 9, 0.0625f, 0.9f, 0.95f, 1e-30f, 0.0f, 1.0f, 1, copy.data());
+  ops::cpu::adamw_update(param, grad.data(), m, v, 9, {0.0625f, 0.9f, 0.95f, 1e-30f, 0.0f, 1.0f, 1}, copy.data());
   for (int i = 0; i < 9; ++i) {
     EXPECT_NEAR(param[i], 0.9375f, 4 * FLT_EPSILON) << i;
     EXPECT_EQ(copy[i].bits, bf16_from_float(param[i])) << i;
@@ -363,17 +361,16 @@ TEST(AdamwUpdate, Bf16SubRangesAndThreadCountsGiveIdenticalBits) {
     if (step > 1) grad_refresh(whole, 950 + step);
     const std::vector<bf16> g = to_bf16(whole.grad);
     omp_set_num_threads(2);
-    ops::cpu::adamw_update(whole.param.data(), g.data(), whole.m.data(), whole.v.data(), n, h.lr, h.beta1, h.beta2,
-                           h.eps, h.weight_decay, h.grad_scale, step, cw.data());
+    ops::cpu::adamw_update(whole.param.data(), g.data(), whole.m.data(), whole.v.data(), n, h.at(step), cw.data());
     const std::vector<int64_t> edges = {0, 1, 8, 13, 77, 1024 + 5, 4096 + 3, 8192 + 5, 40001, 40002, 99999, n};
     for (size_t k = 0; k + 1 < edges.size(); ++k) {
       const int64_t a = edges[k], len = edges[k + 1] - edges[k];
-      ops::cpu::adamw_update(split.param.data() + a, g.data() + a, split.m.data() + a, split.v.data() + a, len, h.lr,
-                             h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step, cs.data() + a);
+      ops::cpu::adamw_update(split.param.data() + a, g.data() + a, split.m.data() + a, split.v.data() + a, len,
+                             h.at(step), cs.data() + a);
     }
     omp_set_num_threads(1);
-    ops::cpu::adamw_update(one_thread.param.data(), g.data(), one_thread.m.data(), one_thread.v.data(), n, h.lr,
-                           h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, step, c1.data());
+    ops::cpu::adamw_update(one_thread.param.data(), g.data(), one_thread.m.data(), one_thread.v.data(), n, h.at(step),
+                           c1.data());
     omp_set_num_threads(saved_threads);
     for (const State* o : {&split, &one_thread}) {
       ASSERT_TRUE(op_test::bits_equal(whole.param, o->param)) << "step " << step;
@@ -392,8 +389,7 @@ TEST(AdamwUpdate, F32CopyThatIsTheWeightsIsTheUpdate) {
   State a = state_random(n, 13), b = a;
   for (int64_t step = 1; step <= 2; ++step) {
     fast_step(a, h, step);
-    ops::cpu::adamw_update(b.param.data(), b.grad.data(), b.m.data(), b.v.data(), n, h.lr, h.beta1, h.beta2, h.eps,
-                           h.weight_decay, h.grad_scale, step, b.param.data());
+    ops::cpu::adamw_update(b.param.data(), b.grad.data(), b.m.data(), b.v.data(), n, h.at(step), b.param.data());
     ASSERT_TRUE(op_test::bits_equal(a.param, b.param)) << "step " << step;
     ASSERT_TRUE(op_test::bits_equal(a.m, b.m)) << "step " << step;
   }
@@ -406,10 +402,10 @@ TEST(AdamwUpdate, OtherDtypesAreAnError) {
   std::vector<uint16_t> half(16, 0x3c00);
   Hyper h;
   EXPECT_THROW(ops::cpu::adamw_update(s.param.data(), CBuf(half.data(), DType::DType_F16), s.m.data(), s.v.data(), 16,
-                                      h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale, 1, nullptr),
+                                      h.at(1), nullptr),
                Error);
-  EXPECT_THROW(ops::cpu::adamw_update(s.param.data(), s.grad.data(), s.m.data(), s.v.data(), 16, h.lr, h.beta1, h.beta2,
-                                      h.eps, h.weight_decay, h.grad_scale, 1, Buf(half.data(), DType::DType_F16)),
+  EXPECT_THROW(ops::cpu::adamw_update(s.param.data(), s.grad.data(), s.m.data(), s.v.data(), 16, h.at(1),
+                                      Buf(half.data(), DType::DType_F16)),
                Error);
   EXPECT_TRUE(op_test::bits_equal(s.param, before.param));
   EXPECT_TRUE(op_test::bits_equal(s.m, before.m));
@@ -485,8 +481,7 @@ TEST(AdamwUpdate, DISABLED_BenchTiming) {
     if (!ops::cpu::adamw_path_available(p)) continue;
     step = 0;
     const double t = median_seconds([&] {
-      ops::cpu::adamw_update_path(p, s.param.data(), s.grad.data(), s.m.data(), s.v.data(), n, h.lr, h.beta1, h.beta2,
-                                  h.eps, h.weight_decay, h.grad_scale, ++step, nullptr);
+      ops::cpu::adamw_update_path(p, s.param.data(), s.grad.data(), s.m.data(), s.v.data(), n, h.at(++step), nullptr);
     });
     std::printf("adamw_update path %s: %.3f ms (%.1f Mparams/s)\n", std::string(ops::cpu::adamw_path_name(p)).c_str(),
                 t * 1e3, n / t / 1e6);
@@ -498,8 +493,7 @@ TEST(AdamwUpdate, DISABLED_BenchTiming) {
     std::vector<bf16> copy(static_cast<size_t>(n));
     step = 0;
     const double t = median_seconds([&] {
-      ops::cpu::adamw_update(s.param.data(), g.data(), s.m.data(), s.v.data(), n, h.lr, h.beta1, h.beta2, h.eps,
-                             h.weight_decay, h.grad_scale, ++step, copy.data());
+      ops::cpu::adamw_update(s.param.data(), g.data(), s.m.data(), s.v.data(), n, h.at(++step), copy.data());
     });
     std::printf("adamw_update bf16 grad + bf16 copy: %.3f ms (%.1f Mparams/s, %.1f GB/s)\n", t * 1e3, n / t / 1e6,
                 28.0 * n / t / 1e9);

@@ -1290,8 +1290,8 @@ void strided_case(KernelRun& r, bool add) {
 // kernel, in float in the reference): 4 eps of the largest magnitude in play (the weight before or after)
 // for one step. Step 3 from a state with nonzero moments, weight decay, gradient scale 0.37.
 void case_adamw_update(KernelRun& r) {
-  const int64_t n = kN, step = 3;
-  const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, grad_scale = 0.37f;
+  const int64_t n = kN;
+  const ops::AdamWHyper h{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.37f, 3};
   std::vector<float> param(n), grad(n), m(n), v(n);
   for (int64_t i = 0; i < n; ++i) {
     param[i] = static_cast<float>(r.rng.normal());
@@ -1302,13 +1302,13 @@ void case_adamw_update(KernelRun& r) {
     v[i] = static_cast<float>(0.1 * g * g + 1e-12);
   }
   std::vector<float> wp = param, wm = m, wv = v;
-  ops::ref::adamw_update<float>(wp.data(), grad.data(), wm.data(), wv.data(), n, lr, beta1, beta2, eps, wd, grad_scale,
-                                step);
+  ops::ref::adamw_update<float>(wp.data(), grad.data(), wm.data(), wv.data(), n, h.lr, h.beta1, h.beta2, h.eps,
+                                h.weight_decay, h.grad_scale, h.step);
   std::vector<double> tol_p(n);
   for (int64_t i = 0; i < n; ++i) tol_p[i] = 4.0 * FLT_EPSILON * std::max(std::abs(param[i]), std::abs(wp[i]));
   float *dp = r.up(param, "param"), *dm = r.up(m, "m"), *dv = r.up(v, "v");
   const float* dg = r.up(grad, "grad");
-  r.K.adamw_update(dp, dg, dm, dv, n, lr, beta1, beta2, eps, wd, grad_scale, step, nullptr);
+  r.K.adamw_update(dp, dg, dm, dv, n, h, nullptr);
   r.sync();
   r.expect("param", {n}, dp, wp, op_test::tol_each(tol_p));
   r.expect("m", {n}, dm, wm, op_test::tol_ulps(2));

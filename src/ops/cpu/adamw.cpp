@@ -261,33 +261,31 @@ AdamwPath adamw_path_best() {  // Note [One instruction-set dispatch] (ops/cpu/c
   return best;
 }
 
-void adamw_update(float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
-                  float weight_decay, float grad_scale, int64_t step, Buf param_copy) {
-  adamw_update_path(adamw_path_best(), param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step,
-                    param_copy);
+void adamw_update(float* param, CBuf grad, float* m, float* v, int64_t n, AdamWHyper h, Buf param_copy) {
+  adamw_update_path(adamw_path_best(), param, grad, m, v, n, h, param_copy);
 }
 
-void adamw_update_path(AdamwPath path, float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1,
-                       float beta2, float eps, float weight_decay, float grad_scale, int64_t step, Buf param_copy) {
+void adamw_update_path(AdamwPath path, float* param, CBuf grad, float* m, float* v, int64_t n, AdamWHyper h,
+                       Buf param_copy) {
   FP_ASSERT(adamw_path_available(path), "adamw: path {} is not available on this cpu", adamw_path_name(path));
   const AdamwRangeFn range = adamw_range_fn(path);
-  FP_ASSERT(step >= 1, "adamw_update: step {} must count from 1", step);
+  FP_ASSERT(h.step >= 1, "adamw_update: step {} must count from 1", h.step);
   FP_ASSERT(n >= 0);
   visit_float(grad.dtype, "adamw_update (grad)", []<class T>() {});
   if (!param_copy.null()) visit_float(param_copy.dtype, "adamw_update (param_copy)", []<class T>() {});
   if (n == 0) return;
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
   AdamwScalars s;
-  s.decay = static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(weight_decay));
-  s.beta1 = beta1;
-  s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(beta1));
-  s.beta2 = beta2;
-  s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(beta2));
-  s.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
+  s.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
+  s.beta1 = h.beta1;
+  s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
+  s.beta2 = h.beta2;
+  s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
+  s.step_size = static_cast<float>(static_cast<double>(h.lr) / bc1);
   s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  s.eps = eps;
-  s.grad_scale = grad_scale;
+  s.eps = h.eps;
+  s.grad_scale = h.grad_scale;
 
   // The f32 case (f32 gradient, no copy) runs the body on the caller's arrays; any other goes through
   // Note [AdamW with bf16 operands]. Blocks only decide which thread touches which elements; no

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "core/buf.h"
+#include "ops/adamw.h"
 
 namespace fp::ops::cpu {
 
@@ -28,7 +29,7 @@ AdamwPath adamw_path_best();
 // same contract, same threading.
 // A bf16 grad or param_copy is converted with core/dtype.h's bits on every path (widening exact,
 // narrowing bf16_from_float), so the paths agree bit for bit for every dtype too.
-void adamw_update_path(AdamwPath path, float* param, CBuf grad, float* m, float* v, int64_t n, float lr, float beta1,
-                       float beta2, float eps, float weight_decay, float grad_scale, int64_t step, Buf param_copy);
+void adamw_update_path(AdamwPath path, float* param, CBuf grad, float* m, float* v, int64_t n, AdamWHyper h,
+                       Buf param_copy);
 
 }  // namespace fp::ops::cpu

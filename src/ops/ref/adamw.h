@@ -7,7 +7,7 @@
 
 namespace fp::ops::ref {
 
-// param, m, v (n) updated; grad (n). Same formula and argument order as ops::cpu::adamw_update.
+// param, m, v (n) updated; grad (n). Same formula as ops::cpu::adamw_update, its AdamWHyper spelled out in T.
 template <class T>
 void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps, T weight_decay,
                   T grad_scale, int64_t step) {

@@ -63,14 +63,11 @@ AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
   }
   size_t i = 0;
   for (Param& p : params_.all()) {
-    // No decay on 1-D parameters (RMSNorm weights), as in the usual GPT/Qwen training recipes.
-    const double wd = p.shape.rank >= 2 ? cfg_.weight_decay : 0.0;
     Tensor& w = p.local_w();
     // With a master the update runs on it and rounds the new weights into w; else on w itself.
     float* updated = master_.empty() ? w.f32() : master_[i].f32();
-    k.adamw_update(updated, p.local_g().cbuf(), m_[i].f32(), v_[i].f32(), w.numel(), static_cast<float>(st.lr),
-                   static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-                   static_cast<float>(wd), static_cast<float>(st.clip_scale), step, master_.empty() ? Buf{} : w.buf());
+    k.adamw_update(updated, p.local_g().cbuf(), m_[i].f32(), v_[i].f32(), w.numel(), adamw_hyper(cfg_, st, p, step),
+                   master_.empty() ? Buf{} : w.buf());
     ++i;
   }
   steps_taken_ = step;

@@ -205,21 +205,14 @@ OffloadAdamW::StepStats OffloadAdamW::step(int64_t step, int64_t total_steps) {
 
 void OffloadAdamW::update_range(bool host, int64_t i, float* master, CBuf grad, float* m, float* v, int64_t length,
                                 const StepStats& st, int64_t step, Buf weights) {
-  // No decay on 1-D parameters (RMSNorm weights), as AdamW::step.
-  const Param& p = params_.all()[static_cast<size_t>(i)];
-  const double wd = p.shape.rank >= 2 ? cfg_.weight_decay : 0.0;
+  const ops::AdamWHyper h = adamw_hyper(cfg_, st, params_.all()[static_cast<size_t>(i)], step);
   const auto t0 = Clock::now();
   if (host) {
     // Host operands: the cpu kernel itself (any backend's host memory is the cpu's), not the backend
     // table (a device kernel cannot read host memory). Nothing exists to update on meta.
-    if (be_.computes())
-      ops::cpu::adamw_update(master, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
-                             static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(wd),
-                             static_cast<float>(st.clip_scale), step, weights);
+    if (be_.computes()) ops::cpu::adamw_update(master, grad, m, v, length, h, weights);
   } else {
-    be_.kernels().adamw_update(master, grad, m, v, length, static_cast<float>(st.lr), static_cast<float>(cfg_.beta1),
-                               static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(wd),
-                               static_cast<float>(st.clip_scale), step, weights);
+    be_.kernels().adamw_update(master, grad, m, v, length, h, weights);
   }
   times_.update_s += seconds_since(t0);
 }

@@ -26,6 +26,12 @@ std::unique_ptr<Optimizer> optimizer_create(OptimConfig hyper, const OptimSchedu
   return optimizer_create(hyper, params, be);
 }
 
+ops::AdamWHyper adamw_hyper(const OptimConfig& cfg, const Optimizer::StepStats& st, const Param& p, int64_t step) {
+  const double wd = p.shape.rank >= 2 ? cfg.weight_decay : 0.0;
+  const auto f = [](double x) { return static_cast<float>(x); };
+  return {f(st.lr), f(cfg.beta1), f(cfg.beta2), f(cfg.eps), f(wd), f(st.clip_scale), step};
+}
+
 Tensor grad_sumsq_alloc(ParamStore& params, Backend& be) {
   return be.alloc_f32(Category::Category_workspace, {static_cast<int64_t>(params.all().size())}, "adamw.grad_sumsq");
 }

@@ -51,6 +51,10 @@ std::unique_ptr<Optimizer> optimizer_create(const OptimConfig& cfg, ParamStore& 
 std::unique_ptr<Optimizer> optimizer_create(OptimConfig hyper, const OptimSchedule& sched, ParamStore& params,
                                             Backend& be);
 
+// The kernel's scalars for parameter p at step `step` (1-based): cfg's, st's lr and clipping, and no
+// decay on 1-D parameters (RMSNorm weights), as in the usual GPT/Qwen training recipes.
+ops::AdamWHyper adamw_hyper(const OptimConfig& cfg, const Optimizer::StepStats& st, const Param& p, int64_t step);
+
 // The L2 norm of the whole model's gradient, the same bits on every rank and in every variant: per
 // parameter one device reduction of its local gradient into its slot of sumsq (one float per local
 // parameter, grad_sumsq_alloc), then one read of all of them (one synchronisation, not one per
