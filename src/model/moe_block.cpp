@@ -28,6 +28,12 @@ ExpertWeights shared_weights(const LayerParams& lp) {
           lp.shared_gate_proj->g.buf(), lp.shared_up_proj->g.buf(), lp.shared_down_proj->g.buf()};
 }
 
+// The router kernels' sizes and options for n tokens (ops/router.h).
+ops::RouterSpec router_spec(const ModelConfig& c, int64_t n) {
+  const auto r = static_cast<float>(c.routed_scaling_factor);
+  return {n, c.num_experts, c.num_experts_per_tok, c.norm_topk_prob, c.n_group, c.topk_group, r};
+}
+
 // Whether the step routes a profile in closed form (meta: Note [Meta routes a profile in closed form] in
 // model/routing.cpp), reading no expert order back.
 bool routing_closed_form(const StepContext& s) {
@@ -78,11 +84,10 @@ void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, Moe
     a.topk_idx = be.alloc(kAct, {n, k}, DType::DType_I32, "moe.topk_idx");
     a.topk_w = be.alloc(kAct, {n, k}, s.precision.router, "moe.topk_w");
     if (c.router_sigmoid())
-      K.router_sigmoid_forward(logits.f32(), lp.gate_bias->w.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n,
-                               E, k, c.n_group, c.topk_group, c.norm_topk_prob,
-                               static_cast<float>(c.routed_scaling_factor));
+      K.router_sigmoid_forward(logits.f32(), lp.gate_bias->w.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(),
+                               router_spec(c, n));
     else
-      K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
+      K.router_forward(logits.f32(), a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), router_spec(c, n));
   }
   const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
   if (assign_profile) {
@@ -93,10 +98,9 @@ void norm_and_route(StepContext& s, const LayerParams& lp, const Tensor& x1, Moe
   if (profiled) {
     be.copy_from_host(a.topk_idx.data(), s.host_topk.data(), a.topk_idx.bytes());
     if (c.router_sigmoid())
-      K.router_sigmoid_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob,
-                              static_cast<float>(c.routed_scaling_factor));
+      K.router_sigmoid_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), router_spec(c, n));
     else
-      K.router_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), n, E, k, c.norm_topk_prob);
+      K.router_gather(a.probs.f32(), a.topk_idx.i32(), a.topk_w.f32(), router_spec(c, n));
   }
 }
 
@@ -242,17 +246,16 @@ void router_norm_backward(StepContext& s, const LayerParams& lp, const Tensor& x
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const ModelConfig& c = s.cfg;
-  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
+  const int64_t n = s.n, H = c.hidden_size, E = c.num_experts;
   // router: through the top-k weights, the softmax (or sigmoid), and the load-balancing loss.
   {
     Tensor dlogits = be.alloc(kAct, {n, E}, s.precision.router, "moe.drouter_logits");
     if (c.router_sigmoid()) {
       FP_ASSERT(!aux_bias.defined(), "the sigmoid router has no load-balancing loss (router_aux_loss_coef = 0)");
-      K.router_sigmoid_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), dlogits.f32(), n, E, k, c.norm_topk_prob,
-                                static_cast<float>(c.routed_scaling_factor));
+      K.router_sigmoid_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), dlogits.f32(), router_spec(c, n));
     } else {
       K.router_backward(a.probs.f32(), a.topk_idx.i32(), dw.f32(), aux_bias.defined() ? aux_bias.f32() : nullptr,
-                        dlogits.f32(), n, E, k, c.norm_topk_prob);
+                        dlogits.f32(), router_spec(c, n));
     }
     linear_backward_input(be, dlogits.f32(), lp.gate->w.buf(), dh2.buf(), n, H, E, 1.0f);
     linear_backward_weight(be, dlogits.f32(), a.h2.buf(), lp.gate->g.buf(), n, H, E);

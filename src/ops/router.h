@@ -21,36 +21,43 @@ namespace fp::ops {
 // The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
 // backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
+// The sizes and options of every router kernel; the softmax router reads n, E, k and norm.
+struct RouterSpec {
+  int64_t n = 0;           // tokens
+  int64_t E = 0;           // experts
+  int64_t k = 0;           // experts per token
+  bool norm = false;       // renormalise the k weights (norm_topk_prob)
+  int64_t n_group = 1;     // sigmoid: groups of E / n_group consecutive experts
+  int64_t topk_group = 1;  // sigmoid: the groups a token may pick its experts from
+  float scaling = 1.0f;    // sigmoid: routed_scaling_factor r
+};
+
 // logits (n, E) -> probs (n, E) (softmax, max-subtracted), topk_idx (n, k) by descending probability
 // (ties: lower expert id first), topk_w (n, k) = probs at topk_idx, divided by their sum when norm.
-using router_forward_fn = void(const float* logits, float* probs, int32_t* topk_idx, float* topk_w, int64_t n,
-                               int64_t E, int64_t k, bool norm);
+using router_forward_fn = void(const float* logits, float* probs, int32_t* topk_idx, float* topk_w, RouterSpec spec);
 
 // Weights for a given choice (a routing profile that overrides the router): topk_w (n, k) = probs at
 // topk_idx (n, k), renormalised when norm.
-using router_gather_fn = void(const float* probs, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
-                              int64_t k, bool norm);
+using router_gather_fn = void(const float* probs, const int32_t* topk_idx, float* topk_w, RouterSpec spec);
 
 // dlogits (n, E), overwritten, from d_topk_w (n, k) through the (renormalised) gather and the softmax.
 // dprobs_bias (E), may be null: added to d probs of every row (the load-balancing loss's gradient,
 // which is the same for every token of a step).
 using router_backward_fn = void(const float* probs, const int32_t* topk_idx, const float* d_topk_w,
-                                const float* dprobs_bias, float* dlogits, int64_t n, int64_t E, int64_t k, bool norm);
+                                const float* dprobs_bias, float* dlogits, RouterSpec spec);
 
 // Note [Sigmoid routing]: logits (n, E), bias (E) -> scores (n, E), topk_idx (n, k) by descending
 // s + b, topk_w (n, k). n_group divides E with at least two experts per group, 1 <= topk_group <= n_group,
 // topk_group groups hold at least k experts.
 using router_sigmoid_forward_fn = void(const float* logits, const float* bias, float* scores, int32_t* topk_idx,
-                                       float* topk_w, int64_t n, int64_t E, int64_t k, int64_t n_group,
-                                       int64_t topk_group, bool norm, float scaling);
+                                       float* topk_w, RouterSpec spec);
 
 // The weights of a given choice (a routing profile): topk_w (n, k) from scores at topk_idx.
-using router_sigmoid_gather_fn = void(const float* scores, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
-                                      int64_t k, bool norm, float scaling);
+using router_sigmoid_gather_fn = void(const float* scores, const int32_t* topk_idx, float* topk_w, RouterSpec spec);
 
 // dlogits (n, E), overwritten, from d_topk_w (n, k) through the weights and the sigmoid.
 using router_sigmoid_backward_fn = void(const float* scores, const int32_t* topk_idx, const float* d_topk_w,
-                                        float* dlogits, int64_t n, int64_t E, int64_t k, bool norm, float scaling);
+                                        float* dlogits, RouterSpec spec);
 
 }  // namespace fp::ops
 

@@ -742,8 +742,9 @@ struct SoftmaxRouting {
   std::vector<float> logits, probs, w;
   std::vector<int32_t> idx;
   explicit SoftmaxRouting(Rng& rng) : logits(random_vector(n * E, rng, 2.0)), probs(n * E), w(n * k), idx(n * k) {
-    ops::ref::router_forward<float>(logits.data(), probs.data(), idx.data(), w.data(), n, E, k, norm);
+    ops::ref::router_forward<float>(logits.data(), probs.data(), idx.data(), w.data(), spec());
   }
+  ops::RouterSpec spec() const { return {n, E, k, norm}; }
 };
 
 void case_router_forward(KernelRun& r) {
@@ -751,7 +752,7 @@ void case_router_forward(KernelRun& r) {
   const float* dl = r.up(s.logits, "logits");
   float *dp = r.up(filled(s.n * s.E, kNaN), "probs"), *dw = r.up(filled(s.n * s.k, kNaN), "topk_w");
   int32_t* di = r.up(std::vector<int32_t>(s.n * s.k, -7), "topk_idx");
-  r.K.router_forward(dl, dp, di, dw, s.n, s.E, s.k, s.norm);
+  r.K.router_forward(dl, dp, di, dw, s.spec());
   r.sync();
   r.expect("probs", {s.n, s.E}, dp, s.probs, router_tol());
   r.expect_equal("topk_idx", di, s.idx);
@@ -764,11 +765,11 @@ void case_router_gather(KernelRun& r) {
   const int64_t k = 4;
   const std::vector<int32_t> idx = op_test::random_ids(s.n * k, s.E, r.rng);
   std::vector<float> w(s.n * k);
-  ops::ref::router_gather<float>(s.probs.data(), idx.data(), w.data(), s.n, s.E, k, true);
+  ops::ref::router_gather<float>(s.probs.data(), idx.data(), w.data(), {s.n, s.E, k, true});
   const float* dp = r.up(s.probs, "probs");
   const int32_t* di = r.up(idx, "topk_idx");
   float* dw = r.up(filled(s.n * k, kNaN), "topk_w");
-  r.K.router_gather(dp, di, dw, s.n, s.E, k, true);
+  r.K.router_gather(dp, di, dw, ops::RouterSpec{s.n, s.E, k, true});
   r.sync();
   r.expect("topk_w", {s.n, k}, dw, w, router_tol());
 }
@@ -778,12 +779,11 @@ void case_router_backward(KernelRun& r) {
   const SoftmaxRouting s(r.rng);
   const std::vector<float> dw = random_vector(s.n * s.k, r.rng), db = random_vector(s.E, r.rng);
   std::vector<float> dl(s.n * s.E);
-  ops::ref::router_backward<float>(s.probs.data(), s.idx.data(), dw.data(), db.data(), dl.data(), s.n, s.E, s.k,
-                                   s.norm);
+  ops::ref::router_backward<float>(s.probs.data(), s.idx.data(), dw.data(), db.data(), dl.data(), s.spec());
   const float *dp = r.up(s.probs, "probs"), *d_dw = r.up(dw, "d_topk_w"), *d_db = r.up(db, "dprobs_bias");
   const int32_t* di = r.up(s.idx, "topk_idx");
   float* d_dl = r.up(filled(s.n * s.E, kNaN), "dlogits");
-  r.K.router_backward(dp, di, d_dw, d_db, d_dl, s.n, s.E, s.k, s.norm);
+  r.K.router_backward(dp, di, d_dw, d_db, d_dl, s.spec());
   r.sync();
   r.expect("dlogits", {s.n, s.E}, d_dl, dl, router_tol());
 }
@@ -798,9 +798,9 @@ struct SigmoidRouting {
   std::vector<int32_t> idx;
   explicit SigmoidRouting(Rng& rng)
       : logits(random_vector(n * E, rng, 2.0)), bias(random_vector(E, rng, 0.3)), scores(n * E), w(n * k), idx(n * k) {
-    ops::ref::router_sigmoid_forward<float>(logits.data(), bias.data(), scores.data(), idx.data(), w.data(), n, E, k,
-                                            n_group, topk_group, norm, scaling);
+    ops::ref::router_sigmoid_forward<float>(logits.data(), bias.data(), scores.data(), idx.data(), w.data(), spec());
   }
+  ops::RouterSpec spec() const { return {n, E, k, norm, n_group, topk_group, scaling}; }
 };
 
 void case_router_sigmoid_forward(KernelRun& r) {
@@ -808,7 +808,7 @@ void case_router_sigmoid_forward(KernelRun& r) {
   const float *dl = r.up(s.logits, "logits"), *db = r.up(s.bias, "bias");
   float *ds = r.up(filled(s.n * s.E, kNaN), "scores"), *dw = r.up(filled(s.n * s.k, kNaN), "topk_w");
   int32_t* di = r.up(std::vector<int32_t>(s.n * s.k, -7), "topk_idx");
-  r.K.router_sigmoid_forward(dl, db, ds, di, dw, s.n, s.E, s.k, s.n_group, s.topk_group, s.norm, s.scaling);
+  r.K.router_sigmoid_forward(dl, db, ds, di, dw, s.spec());
   r.sync();
   r.expect("scores", {s.n, s.E}, ds, s.scores, router_tol());
   r.expect_equal("topk_idx", di, s.idx);
@@ -820,11 +820,11 @@ void case_router_sigmoid_gather(KernelRun& r) {
   const SigmoidRouting s(r.rng);
   const std::vector<int32_t> idx = op_test::random_ids(s.n * s.k, s.E, r.rng);
   std::vector<float> w(s.n * s.k);
-  ops::ref::router_sigmoid_gather<float>(s.scores.data(), idx.data(), w.data(), s.n, s.E, s.k, s.norm, s.scaling);
+  ops::ref::router_sigmoid_gather<float>(s.scores.data(), idx.data(), w.data(), s.spec());
   const float* ds = r.up(s.scores, "scores");
   const int32_t* di = r.up(idx, "topk_idx");
   float* dw = r.up(filled(s.n * s.k, kNaN), "topk_w");
-  r.K.router_sigmoid_gather(ds, di, dw, s.n, s.E, s.k, s.norm, s.scaling);
+  r.K.router_sigmoid_gather(ds, di, dw, s.spec());
   r.sync();
   r.expect("topk_w", {s.n, s.k}, dw, w, router_tol());
 }
@@ -833,12 +833,11 @@ void case_router_sigmoid_backward(KernelRun& r) {
   const SigmoidRouting s(r.rng);
   const std::vector<float> dw = random_vector(s.n * s.k, r.rng);
   std::vector<float> dl(s.n * s.E);
-  ops::ref::router_sigmoid_backward<float>(s.scores.data(), s.idx.data(), dw.data(), dl.data(), s.n, s.E, s.k, s.norm,
-                                           s.scaling);
+  ops::ref::router_sigmoid_backward<float>(s.scores.data(), s.idx.data(), dw.data(), dl.data(), s.spec());
   const float *ds = r.up(s.scores, "scores"), *d_dw = r.up(dw, "d_topk_w");
   const int32_t* di = r.up(s.idx, "topk_idx");
   float* d_dl = r.up(filled(s.n * s.E, kNaN), "dlogits");
-  r.K.router_sigmoid_backward(ds, di, d_dw, d_dl, s.n, s.E, s.k, s.norm, s.scaling);
+  r.K.router_sigmoid_backward(ds, di, d_dw, d_dl, s.spec());
   r.sync();
   r.expect("dlogits", {s.n, s.E}, d_dl, dl, router_tol());
 }

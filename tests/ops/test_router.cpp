@@ -71,8 +71,8 @@ TEST(Router, ForwardBackwardMatchRef) {
             const auto logits = fp::op_test::random_vector(n * E, rng, 2.0);
             std::vector<float> p_ref(n * E), p_cpu(n * E), w_ref(n * k), w_cpu(n * k);
             std::vector<int32_t> i_ref(n * k), i_cpu(n * k);
-            fp::ops::ref::router_forward(logits.data(), p_ref.data(), i_ref.data(), w_ref.data(), n, E, k, norm);
-            fp::ops::cpu::router_forward(logits.data(), p_cpu.data(), i_cpu.data(), w_cpu.data(), n, E, k, norm);
+            fp::ops::ref::router_forward(logits.data(), p_ref.data(), i_ref.data(), w_ref.data(), {n, E, k, norm});
+            fp::ops::cpu::router_forward(logits.data(), p_cpu.data(), i_cpu.data(), w_cpu.data(), {n, E, k, norm});
             EXPECT_TRUE(fp::op_test::near("router probs", {n, E}, p_cpu.data(), p_ref.data(), n * E, router_tol()));
             // The same arithmetic gives the same choice (Note [Router sums in double]).
             for (int64_t i = 0; i < n * k; ++i)
@@ -89,9 +89,9 @@ TEST(Router, ForwardBackwardMatchRef) {
             const auto db = fp::op_test::random_vector(E, rng, 1.0);
             std::vector<float> dl_ref(n * E), dl_cpu(n * E, NAN);  // NaN: every element must be overwritten
             fp::ops::ref::router_backward(p_ref.data(), i_ref.data(), dw.data(), bias ? db.data() : nullptr,
-                                          dl_ref.data(), n, E, k, norm);
+                                          dl_ref.data(), {n, E, k, norm});
             fp::ops::cpu::router_backward(p_cpu.data(), i_cpu.data(), dw.data(), bias ? db.data() : nullptr,
-                                          dl_cpu.data(), n, E, k, norm);
+                                          dl_cpu.data(), {n, E, k, norm});
             EXPECT_TRUE(fp::op_test::near("router dlogits", {n, E}, dl_cpu.data(), dl_ref.data(), n * E, router_tol()));
           }
 }
@@ -107,18 +107,18 @@ TEST(Router, GatherAndBackwardWithGivenChoiceMatchRef) {
         const auto logits = fp::op_test::random_vector(n * E, rng, 1.5);
         std::vector<float> probs(n * E), w0(n);
         std::vector<int32_t> i0(n);
-        fp::ops::ref::router_forward(logits.data(), probs.data(), i0.data(), w0.data(), n, E, 1, false);
+        fp::ops::ref::router_forward(logits.data(), probs.data(), i0.data(), w0.data(), {n, E, 1, false});
         std::vector<int32_t> idx(n * k);
         for (auto& x : idx) x = static_cast<int32_t>(rng.below(E));
         std::vector<float> w_ref(n * k), w_cpu(n * k, NAN);
-        fp::ops::ref::router_gather(probs.data(), idx.data(), w_ref.data(), n, E, k, norm);
-        fp::ops::cpu::router_gather(probs.data(), idx.data(), w_cpu.data(), n, E, k, norm);
+        fp::ops::ref::router_gather(probs.data(), idx.data(), w_ref.data(), {n, E, k, norm});
+        fp::ops::cpu::router_gather(probs.data(), idx.data(), w_cpu.data(), {n, E, k, norm});
         EXPECT_TRUE(fp::op_test::near("router topk_w", {n, k}, w_cpu.data(), w_ref.data(), n * k, router_tol()));
         const auto dw = fp::op_test::random_vector(n * k, rng, 1.0);
         const auto db = fp::op_test::random_vector(E, rng, 1.0);
         std::vector<float> dl_ref(n * E), dl_cpu(n * E, NAN);
-        fp::ops::ref::router_backward(probs.data(), idx.data(), dw.data(), db.data(), dl_ref.data(), n, E, k, norm);
-        fp::ops::cpu::router_backward(probs.data(), idx.data(), dw.data(), db.data(), dl_cpu.data(), n, E, k, norm);
+        fp::ops::ref::router_backward(probs.data(), idx.data(), dw.data(), db.data(), dl_ref.data(), {n, E, k, norm});
+        fp::ops::cpu::router_backward(probs.data(), idx.data(), dw.data(), db.data(), dl_cpu.data(), {n, E, k, norm});
         EXPECT_TRUE(fp::op_test::near("router dlogits", {n, E}, dl_cpu.data(), dl_ref.data(), n * E, router_tol()));
       }
 }
@@ -136,9 +136,9 @@ TEST(Router, TiesGoToTheLowerExpertId) {
     std::vector<float> probs(n * E), w(n * k);
     std::vector<int32_t> idx(n * k);
     if (impl == 0)
-      fp::ops::ref::router_forward(logits.data(), probs.data(), idx.data(), w.data(), n, E, k, true);
+      fp::ops::ref::router_forward(logits.data(), probs.data(), idx.data(), w.data(), {n, E, k, true});
     else
-      fp::ops::cpu::router_forward(logits.data(), probs.data(), idx.data(), w.data(), n, E, k, true);
+      fp::ops::cpu::router_forward(logits.data(), probs.data(), idx.data(), w.data(), {n, E, k, true});
     for (int64_t i = 0; i < n * k; ++i)
       EXPECT_EQ(idx[i], want[i]) << (impl ? "cpu" : "ref") << " token " << i / k << " slot " << i % k;
     // Renormalised weights of tied experts are equal and sum to 1.
@@ -158,7 +158,7 @@ TEST(Router, ChosenExpertsAreTheKLargest) {
       for (int64_t i = 0; i < n * E / 2; ++i) logits[i] = std::round(logits[i] * 2.0f) * 0.5f;
       std::vector<float> probs(n * E), w(n * k);
       std::vector<int32_t> idx(n * k);
-      fp::ops::cpu::router_forward(logits.data(), probs.data(), idx.data(), w.data(), n, E, k, false);
+      fp::ops::cpu::router_forward(logits.data(), probs.data(), idx.data(), w.data(), {n, E, k, false});
       expect_topk_contract(probs.data(), idx.data(), n, E, k);
       // Independently: the chosen set is the first k of a stable sort by descending probability.
       for (int64_t t = 0; t < n; ++t) {
@@ -180,10 +180,10 @@ double router_loss(const std::vector<double>& logits, const std::vector<double>&
   if (fixed_idx) {
     std::vector<double> w1(n);
     std::vector<int32_t> i1(n);
-    fp::ops::ref::router_forward(logits.data(), probs.data(), i1.data(), w1.data(), n, E, 1, false);
-    fp::ops::ref::router_gather(probs.data(), fixed_idx, w.data(), n, E, k, norm);
+    fp::ops::ref::router_forward(logits.data(), probs.data(), i1.data(), w1.data(), {n, E, 1, false});
+    fp::ops::ref::router_gather(probs.data(), fixed_idx, w.data(), {n, E, k, norm});
   } else {
-    fp::ops::ref::router_forward(logits.data(), probs.data(), idx.data(), w.data(), n, E, k, norm);
+    fp::ops::ref::router_forward(logits.data(), probs.data(), idx.data(), w.data(), {n, E, k, norm});
     if (idx_out) *idx_out = idx;
   }
   double L = 0;
@@ -223,13 +223,13 @@ void check_router_fd(int64_t E, int64_t k, bool norm, bool use_bias, bool fixed_
   if (fixed) {
     std::vector<double> w1(n);
     std::vector<int32_t> i1(n);
-    fp::ops::ref::router_forward(logits.data(), probs.data(), i1.data(), w1.data(), n, E, 1, false);
+    fp::ops::ref::router_forward(logits.data(), probs.data(), i1.data(), w1.data(), {n, E, 1, false});
     idx = given;
   } else {
-    fp::ops::ref::router_forward(logits.data(), probs.data(), idx.data(), w.data(), n, E, k, norm);
+    fp::ops::ref::router_forward(logits.data(), probs.data(), idx.data(), w.data(), {n, E, k, norm});
   }
-  fp::ops::ref::router_backward(probs.data(), idx.data(), r.data(), use_bias ? b.data() : nullptr, dl.data(), n, E, k,
-                                norm);
+  fp::ops::ref::router_backward(probs.data(), idx.data(), r.data(), use_bias ? b.data() : nullptr, dl.data(),
+                                {n, E, k, norm});
   const double eps = 1e-5;
   for (int64_t i = 0; i < n * E; ++i) {
     std::vector<double> lp = logits, lm = logits;
@@ -280,9 +280,9 @@ TEST(Router, BitwiseDeterministicAcrossThreadCounts) {
     omp_set_num_threads(threads);
     Out o{std::vector<float>(n * E), std::vector<float>(n * k), std::vector<float>(n * k), std::vector<float>(n * E),
           std::vector<int32_t>(n * k)};
-    fp::ops::cpu::router_forward(logits.data(), o.p.data(), o.idx.data(), o.w.data(), n, E, k, true);
-    fp::ops::cpu::router_gather(o.p.data(), o.idx.data(), o.wg.data(), n, E, k, true);
-    fp::ops::cpu::router_backward(o.p.data(), o.idx.data(), dw.data(), db.data(), o.dl.data(), n, E, k, true);
+    fp::ops::cpu::router_forward(logits.data(), o.p.data(), o.idx.data(), o.w.data(), {n, E, k, true});
+    fp::ops::cpu::router_gather(o.p.data(), o.idx.data(), o.wg.data(), {n, E, k, true});
+    fp::ops::cpu::router_backward(o.p.data(), o.idx.data(), dw.data(), db.data(), o.dl.data(), {n, E, k, true});
     return o;
   };
   const Out a = run(1), b = run(2), c = run(2);
@@ -314,14 +314,15 @@ TEST(RouterSigmoid, ForwardBackwardMatchRef) {
         for (float scaling : {1.0f, 2.5f}) {
           SCOPED_TRACE(testing::Message() << "E=" << g.E << " k=" << g.k << " groups=" << g.n_group << "/"
                                           << g.topk_group << " n=" << n << " norm=" << norm << " r=" << scaling);
+          const fp::ops::RouterSpec rs{n, g.E, g.k, norm, g.n_group, g.topk_group, scaling};
           const auto logits = fp::op_test::random_vector(n * g.E, rng, 2.0);
           const auto bias = fp::op_test::random_vector(g.E, rng, 0.3);
           std::vector<float> s_ref(n * g.E), s_cpu(n * g.E), w_ref(n * g.k), w_cpu(n * g.k);
           std::vector<int32_t> i_ref(n * g.k), i_cpu(n * g.k);
-          fp::ops::ref::router_sigmoid_forward(logits.data(), bias.data(), s_ref.data(), i_ref.data(), w_ref.data(), n,
-                                               g.E, g.k, g.n_group, g.topk_group, norm, scaling);
-          fp::ops::cpu::router_sigmoid_forward(logits.data(), bias.data(), s_cpu.data(), i_cpu.data(), w_cpu.data(), n,
-                                               g.E, g.k, g.n_group, g.topk_group, norm, scaling);
+          fp::ops::ref::router_sigmoid_forward(logits.data(), bias.data(), s_ref.data(), i_ref.data(), w_ref.data(),
+                                               rs);
+          fp::ops::cpu::router_sigmoid_forward(logits.data(), bias.data(), s_cpu.data(), i_cpu.data(), w_cpu.data(),
+                                               rs);
           EXPECT_TRUE(fp::op_test::near("router scores", {n, g.E}, s_cpu.data(), s_ref.data(), n * g.E, router_tol()));
           for (int64_t i = 0; i < n * g.k; ++i) ASSERT_EQ(i_cpu[i], i_ref[i]) << "topk_idx[" << i << "]";
           EXPECT_TRUE(fp::op_test::near("router topk_w", {n, g.k}, w_cpu.data(), w_ref.data(), n * g.k, router_tol()));
@@ -333,14 +334,12 @@ TEST(RouterSigmoid, ForwardBackwardMatchRef) {
           }
           const auto dw = fp::op_test::random_vector(n * g.k, rng, 1.0);
           std::vector<float> dl_ref(n * g.E), dl_cpu(n * g.E, NAN);
-          fp::ops::ref::router_sigmoid_backward(s_ref.data(), i_ref.data(), dw.data(), dl_ref.data(), n, g.E, g.k, norm,
-                                                scaling);
-          fp::ops::cpu::router_sigmoid_backward(s_cpu.data(), i_cpu.data(), dw.data(), dl_cpu.data(), n, g.E, g.k, norm,
-                                                scaling);
+          fp::ops::ref::router_sigmoid_backward(s_ref.data(), i_ref.data(), dw.data(), dl_ref.data(), rs);
+          fp::ops::cpu::router_sigmoid_backward(s_cpu.data(), i_cpu.data(), dw.data(), dl_cpu.data(), rs);
           EXPECT_TRUE(
               fp::op_test::near("router dlogits", {n, g.E}, dl_cpu.data(), dl_ref.data(), n * g.E, router_tol()));
           std::vector<float> wg(n * g.k, NAN);
-          fp::ops::cpu::router_sigmoid_gather(s_cpu.data(), i_cpu.data(), wg.data(), n, g.E, g.k, norm, scaling);
+          fp::ops::cpu::router_sigmoid_gather(s_cpu.data(), i_cpu.data(), wg.data(), rs);
           EXPECT_EQ(0, std::memcmp(wg.data(), w_cpu.data(), wg.size() * sizeof(float)))
               << "the gather of the chosen experts reproduces the forward's weights";
         }
@@ -356,21 +355,21 @@ TEST(RouterSigmoid, GroupsAndBiasChooseAsDeepSeekDoes) {
                           logit(0.6), logit(0.6), logit(0.3), logit(0.3)};
   std::vector<float> bias(E, 0.0f), s(E), w(k);
   std::vector<int32_t> idx(k);
-  fp::ops::cpu::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(), 1, E, k, n_group,
-                                       topk_group, false, 1.0f);
+  fp::ops::cpu::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(),
+                                       {1, E, k, false, n_group, topk_group, 1.0f});
   EXPECT_EQ(idx, (std::vector<int32_t>{4, 5})) << "the group of the two best together, not of the best one";
   EXPECT_NEAR(w[0], 0.6, 1e-6);
   // A bias on expert 1 lifts group {0,1} to 0.9 + 0.1 + 0.5 = 1.5: it wins, and the weights stay the scores.
   bias[1] = 0.5f;
-  fp::ops::cpu::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(), 1, E, k, n_group,
-                                       topk_group, false, 1.0f);
+  fp::ops::cpu::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(),
+                                       {1, E, k, false, n_group, topk_group, 1.0f});
   EXPECT_EQ(idx, (std::vector<int32_t>{0, 1}));
   EXPECT_NEAR(w[0], 0.9, 1e-6);
   EXPECT_NEAR(w[1], 0.1, 1e-6) << "the bias chooses; the weight is the unbiased score";
   // Equal logits everywhere: groups 0 and then experts 0, 1 (lower indices on ties).
   std::vector<float> flat(E, 0.25f), b0(E, 0.0f);
-  fp::ops::cpu::router_sigmoid_forward(flat.data(), b0.data(), s.data(), idx.data(), w.data(), 1, E, k, n_group, 2,
-                                       true, 2.5f);
+  fp::ops::cpu::router_sigmoid_forward(flat.data(), b0.data(), s.data(), idx.data(), w.data(),
+                                       {1, E, k, true, n_group, 2, 2.5f});
   EXPECT_EQ(idx, (std::vector<int32_t>{0, 1}));
   EXPECT_FLOAT_EQ(w[0], 1.25f) << "renormalised, times routed_scaling_factor";
 }
@@ -384,6 +383,7 @@ TEST(RouterSigmoid, BackwardMatchesFiniteDifferences) {
       if (g.E > 64) continue;
       SCOPED_TRACE(testing::Message() << "E=" << g.E << " k=" << g.k << " norm=" << norm);
       const int64_t n = 2, E = g.E, k = g.k;
+      const fp::ops::RouterSpec rs{n, E, k, norm, g.n_group, g.topk_group, 2.5f};
       std::vector<double> logits(n * E), bias(E), r(n * k);
       for (int64_t t = 0; t < n; ++t) {
         std::vector<int64_t> perm(E);
@@ -396,8 +396,7 @@ TEST(RouterSigmoid, BackwardMatchesFiniteDifferences) {
       auto loss = [&](const std::vector<double>& x, std::vector<int32_t>* idx_out) {
         std::vector<double> s(n * E), w(n * k);
         std::vector<int32_t> idx(n * k);
-        fp::ops::ref::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(), n, E, k, g.n_group,
-                                             g.topk_group, norm, 2.5f);
+        fp::ops::ref::router_sigmoid_forward(x.data(), bias.data(), s.data(), idx.data(), w.data(), rs);
         if (idx_out) *idx_out = idx;
         double L = 0;
         for (int64_t i = 0; i < n * k; ++i) L += r[i] * w[i];
@@ -405,9 +404,8 @@ TEST(RouterSigmoid, BackwardMatchesFiniteDifferences) {
       };
       std::vector<double> s(n * E), w(n * k), dl(n * E);
       std::vector<int32_t> idx(n * k);
-      fp::ops::ref::router_sigmoid_forward(logits.data(), bias.data(), s.data(), idx.data(), w.data(), n, E, k,
-                                           g.n_group, g.topk_group, norm, 2.5f);
-      fp::ops::ref::router_sigmoid_backward(s.data(), idx.data(), r.data(), dl.data(), n, E, k, norm, 2.5f);
+      fp::ops::ref::router_sigmoid_forward(logits.data(), bias.data(), s.data(), idx.data(), w.data(), rs);
+      fp::ops::ref::router_sigmoid_backward(s.data(), idx.data(), r.data(), dl.data(), rs);
       const double eps = 1e-6;
       for (int64_t i = 0; i < n * E; ++i) {
         std::vector<double> lp = logits, lm = logits;
@@ -428,14 +426,14 @@ TEST(RouterSigmoid, BitwiseDeterministicAcrossThreadCounts) {
   const auto logits = fp::op_test::random_vector(n * E, rng, 2.0);
   const auto bias = fp::op_test::random_vector(E, rng, 0.1);
   const auto dw = fp::op_test::random_vector(n * k, rng, 1.0);
+  const fp::ops::RouterSpec rs{n, E, k, true, 8, 4, 2.5f};
   const int saved = omp_get_max_threads();
   auto run = [&](int threads) {
     omp_set_num_threads(threads);
     std::vector<float> s(n * E), w(n * k), dl(n * E);
     std::vector<int32_t> idx(n * k);
-    fp::ops::cpu::router_sigmoid_forward(logits.data(), bias.data(), s.data(), idx.data(), w.data(), n, E, k, 8, 4,
-                                         true, 2.5f);
-    fp::ops::cpu::router_sigmoid_backward(s.data(), idx.data(), dw.data(), dl.data(), n, E, k, true, 2.5f);
+    fp::ops::cpu::router_sigmoid_forward(logits.data(), bias.data(), s.data(), idx.data(), w.data(), rs);
+    fp::ops::cpu::router_sigmoid_backward(s.data(), idx.data(), dw.data(), dl.data(), rs);
     std::vector<float> all = s;
     all.insert(all.end(), w.begin(), w.end());
     all.insert(all.end(), dl.begin(), dl.end());

@@ -22,8 +22,8 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 14;
 }  // namespace
 
-void router_gather(const float* probs, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E, int64_t k,
-                   bool norm) {
+void router_gather(const float* probs, const int32_t* topk_idx, float* topk_w, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
 #pragma omp parallel for schedule(static) if (n * k >= kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
     const float* p = probs + t * E;         // (E)
@@ -34,13 +34,13 @@ void router_gather(const float* probs, const int32_t* topk_idx, float* topk_w, i
       w[j] = p[idx[j]];
       s += static_cast<double>(w[j]);
     }
-    if (norm)
+    if (spec.norm)
       for (int64_t j = 0; j < k; ++j) w[j] = static_cast<float>(static_cast<double>(w[j]) / s);
   }
 }
 
-void router_forward(const float* logits, float* probs, int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
-                    int64_t k, bool norm) {
+void router_forward(const float* logits, float* probs, int32_t* topk_idx, float* topk_w, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
   FP_ASSERT(k >= 1 && k <= E, "router_forward: k={} E={}", k, E);  // once per call, outside the threads
 #pragma omp parallel for schedule(static) if (n * E >= kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
@@ -80,13 +80,14 @@ void router_forward(const float* logits, float* probs, int32_t* topk_idx, float*
 
     double s = 0;
     for (int64_t j = 0; j < k; ++j) s += static_cast<double>(w[j]);
-    if (norm)
+    if (spec.norm)
       for (int64_t j = 0; j < k; ++j) w[j] = static_cast<float>(static_cast<double>(w[j]) / s);
   }
 }
 
 void router_backward(const float* probs, const int32_t* topk_idx, const float* d_topk_w, const float* dprobs_bias,
-                     float* dlogits, int64_t n, int64_t E, int64_t k, bool norm) {
+                     float* dlogits, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
 #pragma omp parallel for schedule(static) if (n * E >= kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
     const float* p = probs + t * E;         // (E)
@@ -97,7 +98,7 @@ void router_backward(const float* probs, const int32_t* topk_idx, const float* d
       for (int64_t e = 0; e < E; ++e) dp[e] = dprobs_bias[e];
     else
       for (int64_t e = 0; e < E; ++e) dp[e] = 0.0f;
-    if (norm) {
+    if (spec.norm) {
       // w_j = p_{idx_j} / S: dp[idx_j] += dw_j / S - sum_i dw_i p_{idx_i} / S^2, per slot (a repeated
       // expert gets the S term once per copy, as the chain rule says).
       double s = 0, dot = 0;
@@ -147,8 +148,8 @@ void insert_top(float v, Id id, float* vals, Id* ids, int64_t& cnt, int64_t cap)
 }  // namespace
 
 void router_sigmoid_forward(const float* logits, const float* bias, float* scores, int32_t* topk_idx, float* topk_w,
-                            int64_t n, int64_t E, int64_t k, int64_t n_group, int64_t topk_group, bool norm,
-                            float scaling) {
+                            RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k, n_group = spec.n_group, topk_group = spec.topk_group;
   FP_ASSERT(n_group >= 1 && E % n_group == 0 && E / n_group >= 2 && topk_group >= 1 && topk_group <= n_group &&
                 topk_group * (E / n_group) >= k && k >= 1,
             "router_sigmoid_forward: E={} k={} n_group={} topk_group={}", E, k, n_group, topk_group);
@@ -185,19 +186,21 @@ void router_sigmoid_forward(const float* logits, const float* bias, float* score
       for (int64_t i = 0; i < ng; ++i)
         for (int64_t e = gid[i] * per; e < (gid[i] + 1) * per; ++e)
           insert_top(s[e] + bias[e], static_cast<int32_t>(e), cval.data(), idx, cnt, k);
-      sigmoid_weights(s, idx, topk_w + t * k, k, norm, scaling);
+      sigmoid_weights(s, idx, topk_w + t * k, k, spec.norm, spec.scaling);
     }
   }
 }
 
-void router_sigmoid_gather(const float* scores, const int32_t* topk_idx, float* topk_w, int64_t n, int64_t E,
-                           int64_t k, bool norm, float scaling) {
+void router_sigmoid_gather(const float* scores, const int32_t* topk_idx, float* topk_w, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
 #pragma omp parallel for schedule(static) if (n * k >= kParallelMin)
-  for (int64_t t = 0; t < n; ++t) sigmoid_weights(scores + t * E, topk_idx + t * k, topk_w + t * k, k, norm, scaling);
+  for (int64_t t = 0; t < n; ++t)
+    sigmoid_weights(scores + t * E, topk_idx + t * k, topk_w + t * k, k, spec.norm, spec.scaling);
 }
 
 void router_sigmoid_backward(const float* scores, const int32_t* topk_idx, const float* d_topk_w, float* dlogits,
-                             int64_t n, int64_t E, int64_t k, bool norm, float scaling) {
+                             RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
 #pragma omp parallel for schedule(static) if (n * E >= kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
     const float* s = scores + t * E;        // (E)
@@ -205,8 +208,8 @@ void router_sigmoid_backward(const float* scores, const int32_t* topk_idx, const
     const float* dw = d_topk_w + t * k;     // (k)
     float* d = dlogits + t * E;             // (E): d scores first, then d logits
     for (int64_t e = 0; e < E; ++e) d[e] = 0.0f;
-    const double r = static_cast<double>(scaling);
-    if (norm) {
+    const double r = static_cast<double>(spec.scaling);
+    if (spec.norm) {
       // w_j = r s_j / S', S' = S + 1e-20: d s_{idx_j} += r (dw_j / S' - sum_i dw_i s_i / S'^2), per slot.
       double sum = 0, dot = 0;
       for (int64_t j = 0; j < k; ++j) {

@@ -10,19 +10,21 @@
 // the same arithmetic, produces the same bits, hence the same top-k choice even for near-ties.
 #pragma once
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "core/error.h"
+#include "ops/router.h"
 
 namespace fp::ops::ref {
 
 // topk_w (n, k) = probs (n, E) at topk_idx (n, k), divided by their sum when norm. topk_idx may repeat
 // an expert (a routing profile can): each copy then carries the probability once.
 template <class T>
-void router_gather(const T* probs, const int32_t* topk_idx, T* topk_w, int64_t n, int64_t E, int64_t k, bool norm) {
+void router_gather(const T* probs, const int32_t* topk_idx, T* topk_w, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
   for (int64_t t = 0; t < n; ++t) {
     const T* p = probs + t * E;             // (E)
     const int32_t* idx = topk_idx + t * k;  // (k)
@@ -34,7 +36,7 @@ void router_gather(const T* probs, const int32_t* topk_idx, T* topk_w, int64_t n
       w[j] = p[idx[j]];
       s += static_cast<double>(w[j]);
     }
-    if (norm)
+    if (spec.norm)
       for (int64_t j = 0; j < k; ++j) w[j] = static_cast<T>(static_cast<double>(w[j]) / s);
   }
 }
@@ -42,8 +44,8 @@ void router_gather(const T* probs, const int32_t* topk_idx, T* topk_w, int64_t n
 // logits (n, E) -> probs (n, E), topk_idx (n, k) by descending probability, ties to the lower expert
 // id; topk_w (n, k) = probs at topk_idx, divided by their sum when norm.
 template <class T>
-void router_forward(const T* logits, T* probs, int32_t* topk_idx, T* topk_w, int64_t n, int64_t E, int64_t k,
-                    bool norm) {
+void router_forward(const T* logits, T* probs, int32_t* topk_idx, T* topk_w, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
   FP_ASSERT(k >= 1 && k <= E, "router_forward: k={} E={}", k, E);
   for (int64_t t = 0; t < n; ++t) {
     const T* x = logits + t * E;  // (E)
@@ -72,7 +74,7 @@ void router_forward(const T* logits, T* probs, int32_t* topk_idx, T* topk_w, int
       idx[j] = static_cast<int32_t>(best);
     }
   }
-  router_gather(probs, topk_idx, topk_w, n, E, k, norm);
+  router_gather(probs, topk_idx, topk_w, spec);
 }
 
 // dlogits (n, E), overwritten, from d_topk_w (n, k) through the gather (renormalised when norm) and
@@ -83,7 +85,8 @@ void router_forward(const T* logits, T* probs, int32_t* topk_idx, T* topk_w, int
 //   softmax:      dlogit[e] = p[e] * (dp[e] - sum_e' p[e'] dp[e'])
 template <class T>
 void router_backward(const T* probs, const int32_t* topk_idx, const T* d_topk_w, const T* dprobs_bias, T* dlogits,
-                     int64_t n, int64_t E, int64_t k, bool norm) {
+                     RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
   for (int64_t t = 0; t < n; ++t) {
     const T* p = probs + t * E;             // (E)
     const int32_t* idx = topk_idx + t * k;  // (k)
@@ -93,7 +96,7 @@ void router_backward(const T* probs, const int32_t* topk_idx, const T* d_topk_w,
     for (int64_t j = 0; j < k; ++j)
       FP_ASSERT(idx[j] >= 0 && idx[j] < E, "router_backward: token {} slot {} expert {} outside [0, {})", t, j,
                 idx[j], E);
-    if (norm) {
+    if (spec.norm) {
       double s = 0, dot = 0;  // S and sum_i dw_i p_{idx_i}
       for (int64_t j = 0; j < k; ++j) {
         s += static_cast<double>(p[idx[j]]);
@@ -114,8 +117,8 @@ void router_backward(const T* probs, const int32_t* topk_idx, const T* d_topk_w,
 // selection is a repeated argmax with ties to the lower index.
 
 template <class T>
-void router_sigmoid_gather(const T* scores, const int32_t* topk_idx, T* topk_w, int64_t n, int64_t E, int64_t k,
-                           bool norm, float scaling) {
+void router_sigmoid_gather(const T* scores, const int32_t* topk_idx, T* topk_w, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
   for (int64_t t = 0; t < n; ++t) {
     const T* s = scores + t * E;
     const int32_t* idx = topk_idx + t * k;
@@ -125,14 +128,14 @@ void router_sigmoid_gather(const T* scores, const int32_t* topk_idx, T* topk_w, 
       FP_ASSERT(idx[j] >= 0 && idx[j] < E, "router_sigmoid_gather: expert {} outside [0, {})", idx[j], E);
       sum += static_cast<double>(s[idx[j]]);
     }
-    const double c = norm ? static_cast<double>(scaling) / (sum + 1e-20) : static_cast<double>(scaling);
+    const double c = spec.norm ? static_cast<double>(spec.scaling) / (sum + 1e-20) : static_cast<double>(spec.scaling);
     for (int64_t j = 0; j < k; ++j) w[j] = static_cast<T>(static_cast<double>(s[idx[j]]) * c);
   }
 }
 
 template <class T>
-void router_sigmoid_forward(const T* logits, const T* bias, T* scores, int32_t* topk_idx, T* topk_w, int64_t n,
-                            int64_t E, int64_t k, int64_t n_group, int64_t topk_group, bool norm, float scaling) {
+void router_sigmoid_forward(const T* logits, const T* bias, T* scores, int32_t* topk_idx, T* topk_w, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k, n_group = spec.n_group, topk_group = spec.topk_group;
   FP_ASSERT(E % n_group == 0 && E / n_group >= 2 && topk_group <= n_group && topk_group * (E / n_group) >= k);
   const int64_t per = E / n_group;
   std::vector<T> c(static_cast<size_t>(E)), gs(static_cast<size_t>(n_group));
@@ -172,21 +175,21 @@ void router_sigmoid_forward(const T* logits, const T* bias, T* scores, int32_t* 
       idx[j] = static_cast<int32_t>(best);
     }
   }
-  router_sigmoid_gather(scores, topk_idx, topk_w, n, E, k, norm, scaling);
+  router_sigmoid_gather(scores, topk_idx, topk_w, spec);
 }
 
 //   without norm: d s[idx_j] += r dw_j;  with norm: d s[idx_j] += r (dw_j / S' - sum_i dw_i s_i / S'^2),
 //   S' = sum_i s_{idx_i} + 1e-20;  then d logit = d s * s (1 - s).
 template <class T>
-void router_sigmoid_backward(const T* scores, const int32_t* topk_idx, const T* d_topk_w, T* dlogits, int64_t n,
-                             int64_t E, int64_t k, bool norm, float scaling) {
+void router_sigmoid_backward(const T* scores, const int32_t* topk_idx, const T* d_topk_w, T* dlogits, RouterSpec spec) {
+  const int64_t n = spec.n, E = spec.E, k = spec.k;
   std::vector<double> ds(static_cast<size_t>(E));
   for (int64_t t = 0; t < n; ++t) {
     const T* s = scores + t * E;
     const int32_t* idx = topk_idx + t * k;
     const T* dw = d_topk_w + t * k;
     std::fill(ds.begin(), ds.end(), 0.0);
-    const double r = static_cast<double>(scaling);
+    const double r = static_cast<double>(spec.scaling);
     double sum = 0, dot = 0;
     for (int64_t j = 0; j < k; ++j) {
       sum += static_cast<double>(s[idx[j]]);
@@ -194,7 +197,7 @@ void router_sigmoid_backward(const T* scores, const int32_t* topk_idx, const T* 
     }
     const double S = sum + 1e-20;
     for (int64_t j = 0; j < k; ++j)
-      ds[idx[j]] += norm ? r * (static_cast<double>(dw[j]) / S - dot / (S * S)) : r * static_cast<double>(dw[j]);
+      ds[idx[j]] += spec.norm ? r * (static_cast<double>(dw[j]) / S - dot / (S * S)) : r * static_cast<double>(dw[j]);
     for (int64_t e = 0; e < E; ++e)
       dlogits[t * E + e] = static_cast<T>(ds[e] * static_cast<double>(s[e]) * (1.0 - static_cast<double>(s[e])));
   }
