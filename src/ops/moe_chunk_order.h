@@ -18,6 +18,17 @@ namespace fp::ops {
 // The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
 // backend/kernels.h); cpu implements it below, a cuda backend beside it.
 
+// The sizes and options of a chunk order.
+struct ChunkOrderSpec {
+  int64_t m = 0;         // routed copies (rows)
+  int64_t P = 0;         // pieces
+  int64_t K = 1;         // chunks
+  int64_t c_eff = 0;     // tokens per chunk when contiguous
+  bool strided = false;  // a token's chunk is t mod K, else t / c_eff
+  int64_t W = 1;         // ranks
+  int64_t B = 0;         // block counters
+};
+
 // rows (m) the token of each copy in expert order, pieces (P, 5) as above ->
 //   order (m): the row indices sorted by group g = chunk * W + dest, within a group by row (stable);
 //   tokens (m), when not null: rows[order[j]];
@@ -26,9 +37,8 @@ namespace fp::ops {
 // Every output is overwritten. Asserts that the pieces tile [0, m), that every dest, counter and chunk is
 // in range. Deterministic; needs no workspace (Note [Counting sort in the offsets array] in
 // ops/cpu/moe_routing.cpp).
-using moe_chunk_order_fn = void(const int32_t* rows, int64_t m, const int64_t* pieces, int64_t P, int64_t K,
-                                int64_t c_eff, bool strided, int64_t W, int64_t B, int32_t* order, int32_t* tokens,
-                                int64_t* group_offsets, int64_t* block_counts);
+using moe_chunk_order_fn = void(const int32_t* rows, const int64_t* pieces, ChunkOrderSpec spec, int32_t* order,
+                                int32_t* tokens, int64_t* group_offsets, int64_t* block_counts);
 
 }  // namespace fp::ops
 

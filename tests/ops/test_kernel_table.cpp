@@ -876,14 +876,15 @@ void case_moe_chunk_order(KernelRun& r) {
   const int64_t P = static_cast<int64_t>(pieces.size()) / 5;
   std::vector<int32_t> order(m), tokens(m);
   std::vector<int64_t> offsets(K * W + 1), blocks(B);
-  ops::ref::moe_chunk_order(rows.data(), m, pieces.data(), P, K, 0, true, W, B, order.data(), tokens.data(),
-                            offsets.data(), blocks.data());
+  const ops::ChunkOrderSpec spec{m, P, K, 0, true, W, B};
+  ops::ref::moe_chunk_order(rows.data(), pieces.data(), spec, order.data(), tokens.data(), offsets.data(),
+                            blocks.data());
   const int32_t* drows = r.up(rows, "rows");
   const int64_t* dpieces = r.up(pieces, "pieces");
   int32_t *dorder = r.up(std::vector<int32_t>(m, -7), "order"), *dtok = r.up(std::vector<int32_t>(m, -7), "tokens");
   int64_t *doff = r.up(std::vector<int64_t>(K * W + 1, -7), "group_offsets"),
           *dblk = r.up(std::vector<int64_t>(B, -7), "block_counts");
-  r.K.moe_chunk_order(drows, m, dpieces, P, K, int64_t{0}, true, W, B, dorder, dtok, doff, dblk);
+  r.K.moe_chunk_order(drows, dpieces, spec, dorder, dtok, doff, dblk);
   r.sync();
   r.expect_equal("order", dorder, order);
   r.expect_equal("tokens", dtok, tokens);

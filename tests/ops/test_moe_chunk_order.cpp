@@ -25,6 +25,7 @@ struct Case {
   bool strided = true;
   int64_t m() const { return static_cast<int64_t>(rows.size()); }
   int64_t P() const { return static_cast<int64_t>(pieces.size()) / 5; }
+  fp::ops::ChunkOrderSpec spec() const { return {m(), P(), K, c_eff, strided, W, B}; }
 };
 
 struct Out {
@@ -40,15 +41,15 @@ Out poisoned(const Case& c) {
 
 Out run_cpu(const Case& c, bool with_tokens = true) {
   Out o = poisoned(c);
-  fp::ops::moe_chunk_order(c.rows.data(), c.m(), c.pieces.data(), c.P(), c.K, c.c_eff, c.strided, c.W, c.B,
-                           o.order.data(), with_tokens ? o.tokens.data() : nullptr, o.offsets.data(), o.blocks.data());
+  fp::ops::moe_chunk_order(c.rows.data(), c.pieces.data(), c.spec(), o.order.data(),
+                           with_tokens ? o.tokens.data() : nullptr, o.offsets.data(), o.blocks.data());
   return o;
 }
 
 Out run_ref(const Case& c) {
   Out o = poisoned(c);
-  fp::ops::ref::moe_chunk_order(c.rows.data(), c.m(), c.pieces.data(), c.P(), c.K, c.c_eff, c.strided, c.W, c.B,
-                                o.order.data(), o.tokens.data(), o.offsets.data(), o.blocks.data());
+  fp::ops::ref::moe_chunk_order(c.rows.data(), c.pieces.data(), c.spec(), o.order.data(), o.tokens.data(),
+                                o.offsets.data(), o.blocks.data());
   return o;
 }
 

@@ -11,9 +11,10 @@
 
 namespace fp::ops::cpu {
 
-void moe_chunk_order(const int32_t* rows, int64_t m, const int64_t* pieces, int64_t P, int64_t K, int64_t c_eff,
-                     bool strided, int64_t W, int64_t B, int32_t* order, int32_t* tokens, int64_t* group_offsets,
-                     int64_t* block_counts) {
+void moe_chunk_order(const int32_t* rows, const int64_t* pieces, ChunkOrderSpec spec, int32_t* order, int32_t* tokens,
+                     int64_t* group_offsets, int64_t* block_counts) {
+  const int64_t m = spec.m, P = spec.P, K = spec.K, c_eff = spec.c_eff, W = spec.W, B = spec.B;
+  const bool strided = spec.strided;
   FP_ASSERT(m >= 0 && P >= 0 && K >= 1 && W >= 1 && B >= 0 && (strided || c_eff >= 1),
             "moe_chunk_order: m={} P={} K={} c_eff={} W={} B={}", m, P, K, c_eff, W, B);
   FP_ASSERT(m <= std::numeric_limits<int32_t>::max(), "moe_chunk_order: {} copies overflow int32 rows", m);

@@ -7,12 +7,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/moe_chunk_order.h"
+
 namespace fp::ops::ref {
 
 // As ops::cpu::moe_chunk_order (ops/moe_chunk_order.h); assumes valid pieces.
-inline void moe_chunk_order(const int32_t* rows, int64_t m, const int64_t* pieces, int64_t P, int64_t K,
-                            int64_t c_eff, bool strided, int64_t W, int64_t B, int32_t* order, int32_t* tokens,
-                            int64_t* group_offsets, int64_t* block_counts) {
+inline void moe_chunk_order(const int32_t* rows, const int64_t* pieces, ChunkOrderSpec spec, int32_t* order,
+                            int32_t* tokens, int64_t* group_offsets, int64_t* block_counts) {
+  const int64_t m = spec.m, K = spec.K, c_eff = spec.c_eff, W = spec.W, B = spec.B;
+  const bool strided = spec.strided;
   std::vector<int64_t> group(static_cast<size_t>(m)), counter(static_cast<size_t>(m));
   for (int64_t r = 0; r < m; ++r) {
     int64_t p = 0;
@@ -36,7 +39,6 @@ inline void moe_chunk_order(const int32_t* rows, int64_t m, const int64_t* piece
       }
   }
   group_offsets[K * W] = pos;
-  (void)P;
 }
 
 }  // namespace fp::ops::ref

@@ -309,10 +309,10 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     be.copy_from_host(pieces.data(), C.pieces.data(), pieces.bytes());
     Tensor dev_counts = be.alloc(kDispatch, {G + 1 + C.blocks}, DType::DType_I64, "pllep.counts");
     auto* dc = static_cast<int64_t*>(dev_counts.data());
-    be.kernels().moe_chunk_order(chunk.rows->i32(), m, static_cast<const int64_t*>(pieces.data()), P, C.cp.K,
-                                 C.cp.c_eff, C.cp.membership == ChunkMembership::ChunkMembership_strided, C.W,
-                                 C.blocks, a.rows.i32(), a.tokens.defined() ? a.tokens.i32() : nullptr, dc,
-                                 ptr_at(dc, G + 1));
+    const ops::ChunkOrderSpec spec{
+        m, P, C.cp.K, C.cp.c_eff, C.cp.membership == ChunkMembership::ChunkMembership_strided, C.W, C.blocks};
+    be.kernels().moe_chunk_order(chunk.rows->i32(), static_cast<const int64_t*>(pieces.data()), spec, a.rows.i32(),
+                                 a.tokens.defined() ? a.tokens.i32() : nullptr, dc, ptr_at(dc, G + 1));
     if (counts && be.computes()) {
       order_counts_.resize(static_cast<size_t>(G + 1 + C.blocks));
       be.copy_to_host(order_counts_.data(), dev_counts.data(), dev_counts.bytes());
