@@ -42,7 +42,8 @@ void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& 
 // Note [The ring's blocks in chunks]
 // With ckpt.layer_tile = N the ring's traveling blocks (and the backward's f32 gradients travelling with them)
 // hold N keys of each sequence, not every key (at most 8 chunks of a block: chunk_of), and the ring goes round
-// once per chunk, W hops each, and
+// once per chunk, W hops each (MLA expands a ring chunk's latent N keys at a time still, Note [MLA's keys in
+// chunks]), and
 // each chunk's partial attention merges into (o, lse) by the log-sum-exp rule as the hops do (the backward adds
 // each chunk's share to dQ and takes the chunk's dK, dV home). Its buffers (category comm) are then bounded by
 // the tile like the rest of the layer: 2 chunks of K and V and 2 of their f32 gradients (MLA: of the latent),
@@ -251,7 +252,7 @@ void mla_attend_forward(StepContext& s, const LayerParams& lp, CBuf q, CBuf late
   const ops::KernelLauncher K = s.be.kernels();
   const MlaDims d = mla_dims(s.cfg);
   const DType act = s.precision.activations;
-  const int64_t cmax = chunk_of(chunk, a.Tk);
+  const int64_t cmax = chunk > 0 && chunk < a.Tk ? chunk : a.Tk;  // never capped: the expansion is the big one
   for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
     const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;
     Tensor gathered;
@@ -270,7 +271,7 @@ void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf lat
   const MlaDims d = mla_dims(s.cfg);
   const DType act = s.precision.activations;
   constexpr Category kAct = Category::Category_activations;
-  const int64_t cmax = chunk_of(chunk, a.Tk);
+  const int64_t cmax = chunk > 0 && chunk < a.Tk ? chunk : a.Tk;  // never capped: the expansion is the big one
   for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
     const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;
     Tensor gathered;
@@ -327,7 +328,7 @@ void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Ten
     for (int step = 0; step < g.world; ++step) {
       const int cur = step % 2;
       mla_attend_forward(s, lp, q.cbuf(), lb[cur].cbuf(), out, lse.f32(), j == 0 && step == 0,
-                         chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), /*chunk=*/0);
+                         chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), s.layer_tile);
       if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur], a.B * c * d.lat);
     }
   }
@@ -367,7 +368,7 @@ void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Te
     for (int step = 0; step < g.world; ++step) {
       const int cur = step % 2;
       mla_attend_backward(s, lp, q.cbuf(), lb[cur].cbuf(), o.cbuf(), lse.f32(), dout.cbuf(), dq_out, dlb[cur].buf(),
-                          dw_out, chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), /*chunk=*/0);
+                          dw_out, chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), s.layer_tile);
       if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur], nl);
       ring_shift(s, g, dlb[cur], dlb[1 - cur], nl);
     }

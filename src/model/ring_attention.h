@@ -65,13 +65,12 @@ void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Te
 // The keys and values MLA expands from its latent take nh (dqk + dv) numbers per key (20480 for Kimi-K2), and
 // their f32 gradients as many again: expanded for a whole block they bind the plan. With ckpt.layer_tile = N
 // (Note [Sequence-tiled layers] in model/layer_tiles.cpp) they exist for at most N keys of each sequence at a
-// time (at most 8 chunks of a block, then larger ones: chunk_of in ring_attention.cpp): mla_attend_forward
-// expands a block's latent rows chunk by chunk and merges each chunk into (o, lse)
+// time: mla_attend_forward expands a block's latent rows chunk by chunk and merges each chunk into (o, lse)
 // by the block kernel's log-sum-exp rule, as the ring merges its hops; mla_attend_backward folds each chunk's
 // dK, dV back through the expansion into the latent's f32 gradient and kv_b_proj's at once. In a tile with
-// cp = 1 the chunks cover the keys of the tile's sequences up to its last query; the ring's blocks travel in
-// chunks of N keys already (Note [The ring's blocks in chunks] in model/ring_attention.cpp), so a hop expands
-// one chunk. A chunk of every key (N = 0 or N >= Tk) is one call, bit for bit the unchunked code; smaller
+// cp = 1 the chunks cover the keys of the tile's sequences up to its last query; in a ring hop they split the
+// ring's chunk (Note [The ring's blocks in chunks] in model/ring_attention.cpp: at most 8 of a block, so of N
+// keys or more). A chunk of every key (N = 0 or N >= Tk) is one call, bit for bit the unchunked code; smaller
 // chunks merge in another order (to rounding). Cost: each chunk's expansion GEMM again per tile of queries.
 // q (B, Tq, nh, dqk) against the keys of latent rows (B, Tk, kl + dr): o (B, Tq, nh, dv) and lse (B, nh, Tq)
 // merged (first: the first chunk starts them). a: the block pair's spec (q_pos (Tq), k_pos (Tk)).
