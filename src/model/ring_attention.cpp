@@ -32,11 +32,10 @@ struct RingGeometry {
 
 RingGeometry ring_geometry(const StepContext& s) { return {s.cp_rank(), s.cp, s.cp_first(), s.T * s.cp}; }
 
-// Sends the first `count` elements of `t` to the next rank and receives the previous rank's into `into` (same
-// shape; count 0: all of them).
-void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into, int64_t count = 0) {
-  const int64_t m = count > 0 ? count : t.numel();
-  s.data.send_recv(s.be.compute_stream(), t.data(), m, g.next(), into.data(), m, g.prev(), t.dtype());
+// Sends the first `count` elements of `t` (a chunk's, Note [The ring's blocks in chunks]) to the next rank and
+// receives the previous rank's into `into`.
+void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& into, int64_t count) {
+  s.data.send_recv(s.be.compute_stream(), t.data(), count, g.next(), into.data(), count, g.prev(), t.dtype());
 }
 
 // Note [The ring's blocks in chunks]
@@ -136,7 +135,7 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   Tensor o_acc = f32_o ? Tensor() : be.alloc_f32(kComm, o.shape(), "ring.o_acc");
   const Buf out = f32_o ? o.buf() : o_acc.buf();
   for (int64_t j = 0; j < ch.count; ++j) {
-    const int64_t j0 = ch.j0(j), c = ch.len(j);
+    const int64_t j0 = ch.j0(j), c = ch.len(j), nk = a.B * c * kw, nv = a.B * c * vw;
     rows_gather(K, kb[0].buf(), k.cbuf(), a.B, a.Tk, j0, c, kw);
     rows_gather(K, vb[0].buf(), v.cbuf(), a.B, a.Tk, j0, c, vw);
     for (int step = 0; step < g.world; ++step) {
@@ -147,8 +146,8 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
       K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), j == 0 && step == 0,
                                 chunk_spec(block_spec(s, a, g.source(step), q0), j0, c));
       if (step + 1 < g.world) {
-        ring_shift(s, g, kb[cur], kb[1 - cur], a.B * c * kw);
-        ring_shift(s, g, vb[cur], vb[1 - cur], a.B * c * vw);
+        ring_shift(s, g, kb[cur], kb[1 - cur], nk);
+        ring_shift(s, g, vb[cur], vb[1 - cur], nv);
       }
     }
   }
@@ -323,13 +322,13 @@ void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Ten
   Tensor o_acc = f32_o ? Tensor() : be.alloc_f32(kComm, o.shape(), "ring.o_acc");
   const Buf out = f32_o ? o.buf() : o_acc.buf();
   for (int64_t j = 0; j < ch.count; ++j) {
-    const int64_t j0 = ch.j0(j), c = ch.len(j);
+    const int64_t j0 = ch.j0(j), c = ch.len(j), nl = a.B * c * d.lat;
     rows_gather(K, lb[0].buf(), latent.cbuf(), a.B, a.Tk, j0, c, d.lat);
     for (int step = 0; step < g.world; ++step) {
       const int cur = step % 2;
       mla_attend_forward(s, lp, q.cbuf(), lb[cur].cbuf(), out, lse.f32(), j == 0 && step == 0,
                          chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), s.layer_tile);
-      if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur], a.B * c * d.lat);
+      if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur], nl);
     }
   }
   if (!f32_o) K.copy(o.buf(), o_acc.buf(), o.numel());
