@@ -10,6 +10,7 @@
 #include "io/atomic_file.h"
 #include "ops/attention.h"
 #include "ops/cpu/blas_setup.h"
+#include "ops/cpu/gemm_onednn.h"
 #include "ops/cpu/convert.h"
 #include "ops/cpu/cpu_features.h"
 
@@ -45,14 +46,15 @@ void bf16_round_inplace(std::vector<float>& x) {
 
 void machine_json(nlohmann::json& j) {
   j["blas"] = ops::cpu::blas_setup().str();
+  j["bf16_gemm"] = ops::cpu::gemm_bf16_library();
   j["cpu"] = ops::cpu::cpu_features().str();
   j["attention_kernels"] = ops::cpu::attention_kernels();
   j["attention_backward"] = ops::cpu::attention_backward_sweep();
 }
 
 void machine_print() {
-  fmt::print("GEMMs: {}\nattention tiles: {}; backward: {}\ncpu: {}\n", ops::cpu::blas_setup().str(),
-             ops::cpu::attention_kernels(), ops::cpu::attention_backward_sweep(), ops::cpu::cpu_features().str());
+  fmt::print("GEMMs: {}\nbf16 GEMMs: {}\nattention tiles: {}; backward: {}\ncpu: {}\n", ops::cpu::blas_setup().str(),
+             ops::cpu::gemm_bf16_library(), ops::cpu::attention_kernels(), ops::cpu::attention_backward_sweep(), ops::cpu::cpu_features().str());
 }
 
 void json_write(const std::string& path, const nlohmann::json& j) {

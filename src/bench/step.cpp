@@ -27,8 +27,9 @@ namespace fp::bench {
 namespace {
 
 // The rate (FLOP/s) of the cpu GEMM on square operands of side `side` stored in `t` (f32: OpenBLAS's
-// sgemm; bf16: the same sgemm on widened panels, Note [bf16 GEMM on a CPU without bf16 units]),
-// median of repeats: the peak the step's GEMMs are measured against, in the dtype they run in.
+// sgemm; bf16: oneDNN's bf16 matmul where the CPU has bf16 units, Note [bf16 GEMMs on the matrix units],
+// else the sgemm on widened panels, the CPU's best bf16 there), median of repeats: the peak the step's
+// GEMMs are measured against, in the dtype they run in.
 double gemm_rate_measure(DType t, int64_t side, int repeats) {
   const size_t n = static_cast<size_t>(side * side);
   std::vector<float> a(n), b(n), c(n);

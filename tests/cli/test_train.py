@@ -167,11 +167,14 @@ def case_bench_step_bf16(tmp):
     assert j["gemm_peak_dtype"] == "bf16" and j["gemm_peak_flops_per_s"] > 0, j
     assert json.load(open(js["fp32"]))["gemm_peak_dtype"] == "f32"
     # The attention tile copy that ran is said, and FLATPEAK_SIMD lowers it (Note [Tile products with FMA]).
-    assert j["attention_kernels"] in ("sse2", "avx2", "avx2+fma"), j["attention_kernels"]
+    assert j["attention_kernels"] in ("sse2", "avx2", "avx2+fma", "avx512"), j["attention_kernels"]
+    # So is what ran the bf16 GEMMs (Note [bf16 GEMMs on the matrix units]), and FLATPEAK_BF16_GEMM moves them.
+    assert j["bf16_gemm"].startswith(("oneDNN", "widened to f32")), j["bf16_gemm"]
     low = os.path.join(tmp, "baseline.json")
     p = run(["bench", "step", "--config", tiny(), "--warmup", "0", "--repeats", "1", "--json", low] + SMALL,
-            env=dict(os.environ, FLATPEAK_SIMD="baseline"))
+            env=dict(os.environ, FLATPEAK_SIMD="baseline", FLATPEAK_BF16_GEMM="widen"))
     assert "attention tiles: sse2" in p.stdout, p.stdout
+    assert "bf16 GEMMs: widened to f32, OpenBLAS sgemm (FLATPEAK_BF16_GEMM=widen)" in p.stdout, p.stdout
     assert json.load(open(low))["attention_kernels"] == "sse2"
     print(f"bench step bf16: {len(names)} weights in the case file are the fp32 ones rounded; GEMMs at "
           f"{100 * j['gemm_fraction_of_peak']:.0f}% of the bf16 GEMM rate {j['gemm_peak_flops_per_s'] / 1e9:.1f} GFLOP/s")

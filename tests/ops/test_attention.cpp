@@ -282,19 +282,22 @@ TEST(Attention, FmaTileProductEqualsScalarFmaLoopBitwise) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
   namespace at = ops::cpu::attention_tile;
   Rng rng(23);
-  int64_t differ = 0;
+  int64_t differ = 0, avx512_shapes = 0;
+  const bool avx512 = ops::cpu::cpu_features().simd_class() == "avx512";
   for (const auto& [M, N, K, pad] : std::vector<std::array<int64_t, 4>>{{at::TQ, at::TK, 8, 0},
                                                                         {at::TQ, 24, at::TK, 0},
                                                                         {at::TK, 64, at::TQ, 8},
                                                                         {4, 8, 1, 0},
                                                                         {8, 40, 72, 16},
-                                                                        {at::TQ, at::TK, 136, 0}}) {
+                                                                        {at::TQ, at::TK, 136, 0},
+                                                                        {8, 56, 24, 8},
+                                                                        {12, 48, 9, 0}}) {
     const int64_t lda = K + pad, ldb = N + pad, ldc = N + pad;
-    std::vector<float> A(M * lda), B(K * ldb), C0(M * ldc), C1, C2;
+    std::vector<float> A(M * lda), B(K * ldb), C0(M * ldc), C1, C2, C3;
     for (float& x : A) x = static_cast<float>(rng.normal());
     for (float& x : B) x = static_cast<float>(rng.normal());
     for (float& x : C0) x = static_cast<float>(rng.normal());
-    C1 = C0, C2 = C0;
+    C1 = C0, C2 = C0, C3 = C0;
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j)
         for (int64_t k = 0; k < K; ++k) C0[i * ldc + j] = std::fma(A[i * lda + k], B[k * ldb + j], C0[i * ldc + j]);
@@ -310,13 +313,48 @@ TEST(Attention, FmaTileProductEqualsScalarFmaLoopBitwise) {
         for (int64_t k = 0; k < K; ++k) T0[i * ldc + j] = std::fma(A[i * lda + k], B[k * ldb + j], T0[i * ldc + j]);
     at::tile_gemm_fma<true>(At.data(), M + pad, B.data(), ldb, T1.data(), ldc, M, N, K);
     EXPECT_EQ(std::memcmp(T0.data(), T1.data(), T0.size() * sizeof(float)), 0) << "A^T " << M << "x" << N << "x" << K;
+    // Note [Tile products with AVX-512]: the same chains in zmm registers, the same bits.
+    if (avx512) {
+      std::vector<float> T3 = C2;
+      at::tile_gemm_avx512(A.data(), lda, B.data(), ldb, C3.data(), ldc, M, N, K);
+      at::tile_gemm_avx512<true>(At.data(), M + pad, B.data(), ldb, T3.data(), ldc, M, N, K);
+      EXPECT_EQ(std::memcmp(C0.data(), C3.data(), C0.size() * sizeof(float)), 0)
+          << "avx512 " << M << "x" << N << "x" << K;
+      EXPECT_EQ(std::memcmp(T0.data(), T3.data(), T0.size() * sizeof(float)), 0)
+          << "avx512 A^T " << M << "x" << N << "x" << K;
+      ++avx512_shapes;
+    }
     for (size_t i = 0; i < C1.size(); ++i) {
       differ += C1[i] != C2[i];
       EXPECT_NEAR(C1[i], C2[i], 1e-5 * (K + 1)) << M << "x" << N << "x" << K << " at " << i;
     }
   }
   EXPECT_GT(differ, 0) << "the fused and unfused copies gave the same bits everywhere";
+  std::printf("avx512 copy checked on %lld shapes%s\n", static_cast<long long>(avx512_shapes),
+              avx512 ? "" : " (this CPU has no AVX-512)");
 #endif
+}
+
+// Note [Tile products with AVX-512]: the attention kernels, forward and backward, give the same bits under
+// the avx512 and the fma copies (head widths whose padded rows end in a 32-, 16- and 8-column block, with
+// and without a window), and each is deterministic: the level changes speed only.
+TEST(Attention, Avx512KernelsEqualFmaKernelsBitwise) {
+  namespace at = ops::cpu::attention_tile;
+  if (at::tile_simd != ops::cpu::SimdLevel::avx512) GTEST_SKIP() << "the avx512 tiles do not run here";
+  for (const auto& [c, window] : std::vector<std::pair<Case, int64_t>>{
+           {Case{1, 200, 4, 2, 64}, 0}, {Case{2, 130, 6, 3, 24}, 0}, {Case{1, 150, 4, 1, 40}, 70}}) {
+    const Inputs in(c, 31);
+    at::tile_simd = ops::cpu::SimdLevel::fma;
+    const Outputs f = fast_run(c, in, window);
+    at::tile_simd = ops::cpu::SimdLevel::avx512;
+    const Outputs z = fast_run(c, in, window);
+    const std::string l = c.name() + " window=" + std::to_string(window);
+    EXPECT_EQ(0, std::memcmp(f.o.data(), z.o.data(), f.o.size() * sizeof(float))) << l;
+    EXPECT_EQ(0, std::memcmp(f.lse.data(), z.lse.data(), f.lse.size() * sizeof(float))) << l;
+    EXPECT_EQ(0, std::memcmp(f.dq.data(), z.dq.data(), f.dq.size() * sizeof(float))) << l;
+    EXPECT_EQ(0, std::memcmp(f.dk.data(), z.dk.data(), f.dk.size() * sizeof(float))) << l;
+    EXPECT_EQ(0, std::memcmp(f.dv.data(), z.dv.data(), f.dv.size() * sizeof(float))) << l;
+  }
 }
 
 // Note [Exponentials in vector registers]: exp_inplace against exp in double, over every float in
@@ -375,6 +413,14 @@ TEST(Attention, VectorExpMatchesExpWithinOneUlp) {
     std::vector<float> z3{zero};
     at::exp_inplace_fma(z3.data(), 1);
     EXPECT_EQ(z3[0], one);
+    // Note [Tile products with AVX-512]: the FMA copy's loop in 16 lanes, the same bits (cut-offs included).
+    if (ops::cpu::cpu_features().simd_class() == "avx512") {
+      std::vector<float> y4 = xs;
+      at::exp_inplace_avx512(y4.data(), static_cast<int64_t>(y4.size()));
+      for (size_t i = 0; i < y.size(); ++i)
+        EXPECT_TRUE(std::memcmp(&y4[i], &y3[i], sizeof(float)) == 0 || (std::isnan(y4[i]) && std::isnan(y3[i])))
+            << xs[i];
+    }
   }
 #endif
 }
@@ -635,7 +681,8 @@ TEST(Attention, DISABLED_BenchAvx2VsBaseline) {
   const ops::cpu::SimdLevel best = at::tile_simd;
   if (best == ops::cpu::SimdLevel::sse2) GTEST_SKIP() << "no AVX2 (or FLATPEAK_SIMD=baseline)";
   std::vector<ops::cpu::SimdLevel> copies{ops::cpu::SimdLevel::sse2, ops::cpu::SimdLevel::avx2};
-  if (best == ops::cpu::SimdLevel::fma) copies.push_back(ops::cpu::SimdLevel::fma);
+  if (best >= ops::cpu::SimdLevel::fma) copies.push_back(ops::cpu::SimdLevel::fma);
+  if (best == ops::cpu::SimdLevel::avx512) copies.push_back(ops::cpu::SimdLevel::avx512);
   for (const Case& c : {Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {
     const Inputs in(c, 3);
     std::vector<std::vector<double>> t(copies.size());

@@ -8,6 +8,8 @@
 #include <cfloat>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -20,6 +22,7 @@
 #include "ops/cpu/blas_check.h"
 #include "ops/cpu/blas_setup.h"
 #include "ops/cpu/cpu_features.h"
+#include "ops/cpu/gemm_onednn.h"
 #include "ops/gemm.h"
 #include "ops/ref/gemm.h"
 
@@ -333,7 +336,11 @@ TEST(Gemm, Bf16OperandsOnePanel) {
       const bool ta = t & 1, tb = t & 2;
       for (const Case& c : {Case{ta, tb, 17, 33, 65, 3, 1.0f, 0.0f}, Case{ta, tb, 64, 9, 129, 0, -0.5f, 1.0f},
                             Case{ta, tb, 1, 127, 16, 2, 2.0f, -0.625f}, Case{ta, tb, 5, 7, 0, 1, 1.0f, 0.5f}})
-        EXPECT_TRUE(mixed_check(c, d[0], d[1], d[2], seed++, true));
+        // Bitwise the widened f32 GEMM, unless oneDNN runs it (both inputs bf16 on bf16 units): then
+        // the same products summed in another order, within the bound.
+        EXPECT_TRUE(mixed_check(c, d[0], d[1], d[2], seed++,
+                                !(ops::cpu::gemm_bf16_onednn_active() && d[0] == DType::DType_BF16 &&
+                                  d[1] == DType::DType_BF16)));
     }
   }
 }
@@ -350,6 +357,35 @@ TEST(Gemm, Bf16OperandsAcrossPanels) {
     }
   }
   ops::cpu::gemm_panel_floats_set(saved);
+}
+
+// Note [bf16 GEMMs on the matrix units]: a CPU with AVX512_BF16 or AMX-BF16 runs bf16 GEMMs on oneDNN
+// (scripts/deps installs it; a build or a machine that silently fell back to widening fails here), and
+// one primitive per (N, K, layout) serves every M, as the experts' GEMMs use it: rows 1 to 300 with
+// alpha and an accumulating beta, within the error bound, the same bits on a repeated call.
+TEST(Gemm, Bf16OnBf16UnitsRunsOneDnnForEveryM) {
+  const ops::cpu::CpuFeatures& f = ops::cpu::cpu_features();
+  const char* env = std::getenv("FLATPEAK_BF16_GEMM");
+  if (!(f.avx512_bf16 || f.amx_bf16) || (env != nullptr && *env != '\0'))
+    GTEST_SKIP() << "no bf16 units, or FLATPEAK_BF16_GEMM set: " << ops::cpu::gemm_bf16_library();
+  EXPECT_TRUE(ops::cpu::gemm_bf16_onednn_active()) << ops::cpu::gemm_bf16_library();
+  uint64_t seed = 700;
+  for (const DType dc : {DType::DType_F32, DType::DType_BF16})
+    for (const int64_t M : {1, 3, 64, 300})
+      for (int t = 0; t < 4; ++t)
+        EXPECT_TRUE(mixed_check(Case{(t & 1) != 0, (t & 2) != 0, M, 96, 200, 2, t == 3 ? 0.5f : 1.0f, t % 2 ? 1.0f : 0.0f},
+                                DType::DType_BF16, DType::DType_BF16, dc, seed++, false));
+  const std::string lib = ops::cpu::gemm_bf16_library();
+  EXPECT_NE(lib.find("oneDNN"), std::string::npos) << lib;
+  std::printf("bf16 GEMMs: %s\n", lib.c_str());
+  // Deterministic: the same call twice, the same bits.
+  Rng rng(9);
+  std::vector<bf16> a = op_test::rounded_bf16(op_test::random_vector(37 * 200, rng)),
+                    b = op_test::rounded_bf16(op_test::random_vector(96 * 200, rng));
+  std::vector<float> c1(37 * 96), c2(37 * 96);
+  ops::cpu::gemm(false, true, 37, 96, 200, 1.0f, CBuf(a.data()), 200, CBuf(b.data()), 200, 0.0f, Buf(c1.data()), 96);
+  ops::cpu::gemm(false, true, 37, 96, 200, 1.0f, CBuf(a.data()), 200, CBuf(b.data()), 200, 0.0f, Buf(c2.data()), 96);
+  EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)));
 }
 
 }  // namespace fp

@@ -208,6 +208,68 @@ __attribute__((target("avx2,fma"))) inline void tile_gemm_fma(const float* __res
 __attribute__((target("avx2,fma"))) inline void exp_inplace_fma(float* __restrict x, int64_t n) {
   FP_ATTENTION_EXP_BODY(FP_ATTENTION_FMA)
 }
+
+// Note [Tile products with AVX-512]: where the CPU has AVX-512 (F, BW, DQ, VL), the tile product runs
+// this copy: 4 x 32 register blocks (eight zmm accumulators, two B vectors, one broadcast A value), a
+// 4 x 16 block and then the FMA copy's 4 x 8 block for the remaining columns. Every output element is
+// the same chain c = fma(a_k, b_k, c) over k in order as in the FMA copy (Note [Tile products with
+// FMA]), so the two agree bit for bit (tests/ops/test_attention.cpp checks both against the scalar
+// loop): the level changes the speed of the attention kernels, never their results. The exponentials
+// are the FMA copy's loop compiled for 16 lanes, the same operations on each lane, so the same bits.
+#define FP_ATTENTION_TARGET_AVX512 "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"
+template <bool TransA = false>
+__attribute__((target(FP_ATTENTION_TARGET_AVX512))) inline void tile_gemm_avx512(
+    const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb, float* __restrict C, int64_t ldc,
+    int64_t M, int64_t N, int64_t K) {
+  const int64_t rs = TransA ? 1 : lda, ks = TransA ? lda : 1;
+  for (int64_t i = 0; i < M; i += kMr) {
+    const float* a0 = A + i * rs;  // rows i.. of op(A)
+    float* c0 = C + i * ldc;       // (kMr, N) rows i.. of C
+    int64_t j = 0;
+    for (; j + 32 <= N; j += 32) {
+      __m512 c00 = _mm512_loadu_ps(c0 + j), c01 = _mm512_loadu_ps(c0 + j + 16);
+      __m512 c10 = _mm512_loadu_ps(c0 + ldc + j), c11 = _mm512_loadu_ps(c0 + ldc + j + 16);
+      __m512 c20 = _mm512_loadu_ps(c0 + 2 * ldc + j), c21 = _mm512_loadu_ps(c0 + 2 * ldc + j + 16);
+      __m512 c30 = _mm512_loadu_ps(c0 + 3 * ldc + j), c31 = _mm512_loadu_ps(c0 + 3 * ldc + j + 16);
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const float* b = B + kk * ldb + j;  // (32)
+        const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+        __m512 a = _mm512_set1_ps(a0[kk * ks]);
+        c00 = _mm512_fmadd_ps(a, b0, c00), c01 = _mm512_fmadd_ps(a, b1, c01);
+        a = _mm512_set1_ps(a0[rs + kk * ks]);
+        c10 = _mm512_fmadd_ps(a, b0, c10), c11 = _mm512_fmadd_ps(a, b1, c11);
+        a = _mm512_set1_ps(a0[2 * rs + kk * ks]);
+        c20 = _mm512_fmadd_ps(a, b0, c20), c21 = _mm512_fmadd_ps(a, b1, c21);
+        a = _mm512_set1_ps(a0[3 * rs + kk * ks]);
+        c30 = _mm512_fmadd_ps(a, b0, c30), c31 = _mm512_fmadd_ps(a, b1, c31);
+      }
+      _mm512_storeu_ps(c0 + j, c00), _mm512_storeu_ps(c0 + j + 16, c01);
+      _mm512_storeu_ps(c0 + ldc + j, c10), _mm512_storeu_ps(c0 + ldc + j + 16, c11);
+      _mm512_storeu_ps(c0 + 2 * ldc + j, c20), _mm512_storeu_ps(c0 + 2 * ldc + j + 16, c21);
+      _mm512_storeu_ps(c0 + 3 * ldc + j, c30), _mm512_storeu_ps(c0 + 3 * ldc + j + 16, c31);
+    }
+    if (j + 16 <= N) {  // one 16-column block
+      __m512 c00 = _mm512_loadu_ps(c0 + j), c10 = _mm512_loadu_ps(c0 + ldc + j);
+      __m512 c20 = _mm512_loadu_ps(c0 + 2 * ldc + j), c30 = _mm512_loadu_ps(c0 + 3 * ldc + j);
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const __m512 b0 = _mm512_loadu_ps(B + kk * ldb + j);
+        c00 = _mm512_fmadd_ps(_mm512_set1_ps(a0[kk * ks]), b0, c00);
+        c10 = _mm512_fmadd_ps(_mm512_set1_ps(a0[rs + kk * ks]), b0, c10);
+        c20 = _mm512_fmadd_ps(_mm512_set1_ps(a0[2 * rs + kk * ks]), b0, c20);
+        c30 = _mm512_fmadd_ps(_mm512_set1_ps(a0[3 * rs + kk * ks]), b0, c30);
+      }
+      _mm512_storeu_ps(c0 + j, c00), _mm512_storeu_ps(c0 + ldc + j, c10);
+      _mm512_storeu_ps(c0 + 2 * ldc + j, c20), _mm512_storeu_ps(c0 + 3 * ldc + j, c30);
+      j += 16;
+    }
+    if (j < N)  // N % 16 == 8: the FMA copy's 8-column block on the last columns
+      tile_gemm_fma<TransA>(a0, lda, B + j, ldb, c0 + j, ldc, kMr, N - j, K);
+  }
+}
+__attribute__((target(FP_ATTENTION_TARGET_AVX512))) inline void exp_inplace_avx512(float* __restrict x, int64_t n) {
+  FP_ATTENTION_EXP_BODY(FP_ATTENTION_FMA)
+}
+#undef FP_ATTENTION_TARGET_AVX512
 #else
 #define FP_ATTENTION_TILE_AVX2 0  // other architectures: the portable copies only
 #endif
@@ -218,8 +280,9 @@ __attribute__((target("avx2,fma"))) inline void exp_inplace_fma(float* __restric
 #undef FP_ATTENTION_MUL_ADD
 #undef FP_ATTENTION_FMA
 
-// The copies the tile helpers run: sse2 (baseline), avx2 (the same unfused loop in ymm registers) or
-// fma (tile products and exponentials with fused multiply-adds, Note [Tile products with FMA]):
+// The copies the tile helpers run: sse2 (baseline), avx2 (the same unfused loop in ymm registers), fma
+// (tile products and exponentials with fused multiply-adds, Note [Tile products with FMA]) or avx512
+// (the fma copy's bits in zmm registers, Note [Tile products with AVX-512]):
 // simd_level() (Note [One instruction-set dispatch], ops/cpu/cpu_features.h), sse2 where this file
 // was built without the AVX2 copies.
 SimdLevel tile_simd_detect();
@@ -231,6 +294,7 @@ inline SimdLevel tile_simd = tile_simd_detect();
 inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                       float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
 #if FP_ATTENTION_TILE_AVX2
+  if (tile_simd == SimdLevel::avx512) return tile_gemm_avx512(A, lda, B, ldb, C, ldc, M, N, K);
   if (tile_simd == SimdLevel::fma) return tile_gemm_fma(A, lda, B, ldb, C, ldc, M, N, K);
   if (tile_simd == SimdLevel::avx2) return tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
 #endif
@@ -242,6 +306,7 @@ inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __res
 inline void tile_gemm_at(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                          float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
 #if FP_ATTENTION_TILE_AVX2
+  if (tile_simd == SimdLevel::avx512) return tile_gemm_avx512<true>(A, lda, B, ldb, C, ldc, M, N, K);
   if (tile_simd == SimdLevel::fma) return tile_gemm_fma<true>(A, lda, B, ldb, C, ldc, M, N, K);
   if (tile_simd == SimdLevel::avx2) return tile_gemm_at_avx2(A, lda, B, ldb, C, ldc, M, N, K);
 #endif
@@ -251,6 +316,7 @@ inline void tile_gemm_at(const float* __restrict A, int64_t lda, const float* __
 // x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
 inline void exp_inplace(float* __restrict x, int64_t n) {
 #if FP_ATTENTION_TILE_AVX2
+  if (tile_simd == SimdLevel::avx512) return exp_inplace_avx512(x, n);
   if (tile_simd == SimdLevel::fma) return exp_inplace_fma(x, n);
   if (tile_simd == SimdLevel::avx2) return exp_inplace_avx2(x, n);
 #endif
@@ -374,7 +440,7 @@ inline void query_tile_load(const E* q, const E* o, const float* lse, const E* d
   rows_load(qs, q + qoff, nh * hd, nq, TQ, hd, hdp);
   rows_load(dos, dout + voff, nh * hdv, nq, TQ, hdv, hdvp);
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd == SimdLevel::fma) {
+  if (tile_simd >= SimdLevel::fma) {  // the FMA and AVX-512 tile products sum dP alike
     rows_dot_fma(dos, hdvp, o + voff, nh * hdv, nq, hdv, D);
   } else
 #endif

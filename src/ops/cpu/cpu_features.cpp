@@ -109,7 +109,10 @@ const CpuFeatures& cpu_features() {
 SimdLevel simd_level() {
   static const SimdLevel level = [] {
     const CpuFeatures& f = cpu_features();
-    const SimdLevel best = !f.avx2 ? SimdLevel::sse2 : f.fma ? SimdLevel::fma : SimdLevel::avx2;
+    const SimdLevel best = !f.avx2             ? SimdLevel::sse2
+                           : !f.fma            ? SimdLevel::avx2
+                           : f.simd_class() == "avx512" ? SimdLevel::avx512
+                                                        : SimdLevel::fma;
     const char* force = std::getenv("FLATPEAK_SIMD");
     const std::string_view v = force != nullptr ? force : "";
     SimdLevel want = best;
@@ -117,9 +120,12 @@ SimdLevel simd_level() {
       want = SimdLevel::sse2;
     } else if (v == "avx2") {
       want = SimdLevel::avx2;
-    } else if (!v.empty() && v != "fma") {  // often read during static initialisation: say it, do not throw
+    } else if (v == "fma") {
+      want = SimdLevel::fma;
+    } else if (!v.empty() && v != "avx512") {  // often read during static initialisation: say it, do not throw
       std::fprintf(stderr,
-                   "[flatpeak] FLATPEAK_SIMD=%s is not one of baseline, avx2, fma: using the best this CPU has\n",
+                   "[flatpeak] FLATPEAK_SIMD=%s is not one of baseline, avx2, fma, avx512: using the best this CPU "
+                   "has\n",
                    force);
     }
     return want < best ? want : best;
@@ -135,6 +141,8 @@ const char* simd_level_name(SimdLevel s) {
       return "avx2";
     case SimdLevel::fma:
       return "avx2+fma";
+    case SimdLevel::avx512:
+      return "avx512";
   }
   return "?";
 }

@@ -16,6 +16,8 @@
 // of C is still one sgemm dot product over the whole K. The scratch is per-thread host memory, grown
 // once and reused, outside the device ledger: a device with bf16 GEMMs (cuBLAS, oneDNN on AMX)
 // reads bf16 directly and needs none of it, so the planner's peaks do not include it.
+// A CPU with bf16 units takes a GEMM whose A and B are both bf16 to oneDNN instead (Note [bf16 GEMMs
+// on the matrix units] in ops/cpu/gemm_onednn.h); a pair of one f32 and one bf16 widens there too.
 #include "ops/gemm.h"
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include "ops/cpu/blas_check.h"
 #include "ops/cpu/blas_setup.h"
 #include "ops/cpu/convert.h"
+#include "ops/cpu/gemm_onednn.h"
 
 namespace fp::ops::cpu {
 
@@ -90,6 +93,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     check_stored("A", A.p, trans_a ? K : M, trans_a ? M : K, lda);
     check_stored("B", B.p, trans_b ? N : K, trans_b ? K : N, ldb);
   }
+  // Both inputs bf16 on a CPU with bf16 units: Note [bf16 GEMMs on the matrix units].
+  if (gemm_bf16_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
   // Note [bf16 GEMM on a CPU without bf16 units]: panel sizes.
   const int64_t panel = g_panel_floats.load(std::memory_order_relaxed);
   const int64_t nb = f32_b ? N : std::clamp<int64_t>(panel / std::max<int64_t>(K, 1), std::min<int64_t>(64, N), N);
