@@ -340,8 +340,7 @@ TEST(Attention, FmaTileProductEqualsScalarFmaLoopBitwise) {
 // and without a window), and each is deterministic: the level changes speed only.
 TEST(Attention, Avx512KernelsEqualFmaKernelsBitwise) {
   namespace at = ops::cpu::attention_tile;
-  if (at::tile_simd < ops::cpu::SimdLevel::avx512) GTEST_SKIP() << "the avx512 tiles do not run here";
-  const ops::cpu::SimdLevel saved = at::tile_simd;
+  if (at::tile_simd != ops::cpu::SimdLevel::avx512) GTEST_SKIP() << "the avx512 tiles do not run here";
   for (const auto& [c, window] : std::vector<std::pair<Case, int64_t>>{
            {Case{1, 200, 4, 2, 64}, 0}, {Case{2, 130, 6, 3, 24}, 0}, {Case{1, 150, 4, 1, 40}, 70}}) {
     const Inputs in(c, 31);
@@ -356,7 +355,6 @@ TEST(Attention, Avx512KernelsEqualFmaKernelsBitwise) {
     EXPECT_EQ(0, std::memcmp(f.dk.data(), z.dk.data(), f.dk.size() * sizeof(float))) << l;
     EXPECT_EQ(0, std::memcmp(f.dv.data(), z.dv.data(), f.dv.size() * sizeof(float))) << l;
   }
-  at::tile_simd = saved;
 }
 
 // Note [Exponentials in vector registers]: exp_inplace against exp in double, over every float in
@@ -684,7 +682,7 @@ TEST(Attention, DISABLED_BenchAvx2VsBaseline) {
   if (best == ops::cpu::SimdLevel::sse2) GTEST_SKIP() << "no AVX2 (or FLATPEAK_SIMD=baseline)";
   std::vector<ops::cpu::SimdLevel> copies{ops::cpu::SimdLevel::sse2, ops::cpu::SimdLevel::avx2};
   if (best >= ops::cpu::SimdLevel::fma) copies.push_back(ops::cpu::SimdLevel::fma);
-  if (best >= ops::cpu::SimdLevel::avx512) copies.push_back(ops::cpu::SimdLevel::avx512);
+  if (best == ops::cpu::SimdLevel::avx512) copies.push_back(ops::cpu::SimdLevel::avx512);
   for (const Case& c : {Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {
     const Inputs in(c, 3);
     std::vector<std::vector<double>> t(copies.size());
@@ -703,38 +701,6 @@ TEST(Attention, DISABLED_BenchAvx2VsBaseline) {
     for (size_t v = 0; v < copies.size(); ++v)
       std::printf(" %s %.4f s (%.2fx)", ops::cpu::simd_level_name(copies[v]), t[v][3], t[0][3] / t[v][3]);
     std::printf("\n");
-  }
-}
-
-// Note [Score products on bf16 units]: the attention kernels on bf16 operands, forward + backward of a
-// whole causal sequence, at avx512 (every tile product in f32 FMAs) and avx512_bf16 (the score products
-// on vdpbf16ps), interleaved: median seconds of 7 and the ratio. Run:
-//   build/tests/ops_test_attention --gtest_also_run_disabled_tests --gtest_filter='*BenchBf16Score*'
-TEST(Attention, DISABLED_BenchBf16ScoreProducts) {
-  namespace at = ops::cpu::attention_tile;
-  if (at::tile_simd != ops::cpu::SimdLevel::avx512_bf16) GTEST_SKIP() << "the avx512_bf16 level does not run here";
-  const std::vector<ops::cpu::SimdLevel> levels{ops::cpu::SimdLevel::avx512, ops::cpu::SimdLevel::avx512_bf16};
-  for (const Case& c : {Case{1, 2048, 8, 2, 64}, Case{1, 2048, 8, 2, 128}}) {
-    const Inputs in(c, 3);
-    const std::vector<bf16> q = op_test::rounded_bf16(in.q), k = op_test::rounded_bf16(in.k),
-                            v = op_test::rounded_bf16(in.v), dout = op_test::rounded_bf16(in.dout);
-    std::vector<bf16> o(in.dout.size()), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
-    std::vector<float> lse(c.B * c.nh * c.T);
-    const auto spec = ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.hd, in.scale, 0);
-    std::vector<std::vector<double>> t(levels.size());
-    for (int rep = 0; rep < 7; ++rep)
-      for (size_t l = 0; l < levels.size(); ++l) {
-        at::tile_simd = levels[l];
-        const auto t0 = std::chrono::steady_clock::now();
-        ops::cpu::attention_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), spec);
-        ops::cpu::attention_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                                     dk.data(), dv.data(), spec);
-        t[l].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-    at::tile_simd = levels.back();
-    for (auto& x : t) std::sort(x.begin(), x.end());
-    std::printf("bf16 attention fwd+bwd %s, %d threads, median of 7: avx512 %.4f s, avx512+bf16 %.4f s (%.2fx)\n",
-                c.name().c_str(), omp_get_max_threads(), t[0][3], t[1][3], t[0][3] / t[1][3]);
   }
 }
 
@@ -785,101 +751,11 @@ TEST(Attention, DISABLED_BenchSlidingWindow) {
                 median(both[w]) / base);
 }
 
-// Note [Score products on bf16 units]: (1) the vdpbf16ps tile product equals, bit for bit, the scalar
-// chain it replaces (per pair of k: c = fma(a_odd, b_odd, c), then fma(a_even, b_even, c)) on bf16
-// values, accumulating into C, with wider leading dimensions and a 16-column tail; and differs from the
-// FMA copy's order somewhere (else the test could not tell them apart). (2) The bf16 kernels at
-// avx512_bf16 agree with the f32 kernels on the widened inputs within a bf16 rounding (o, dq, dk, dv;
-// lse within 1e-6), and (3) with a window of 1 (each query sees only its own key) dq and dk are exactly
-// zero: D is summed in the score products' pair order.
-TEST(Attention, Bf16ScoreProductsOnBf16Units) {
-#if !FP_ATTENTION_TILE_AVX2
-  GTEST_SKIP() << "not an x86 build";
-#else
-  namespace at = ops::cpu::attention_tile;
-  if (!ops::cpu::cpu_features().avx512_bf16 || ops::cpu::cpu_features().simd_class() != "avx512")
-    GTEST_SKIP() << "this CPU has no AVX512_BF16";
-  Rng rng(41);
-  auto bf16_values = [&](int64_t n) { return op_test::widened(op_test::rounded_bf16(op_test::random_vector(n, rng))); };
-  int64_t differ = 0;
-  for (const auto& [M, N, K, pad] : std::vector<std::array<int64_t, 4>>{
-           {at::TQ, at::TK, 64, 0}, {at::TQ, at::TK, 8, 0}, {at::TQ, at::TK, 136, 8}, {8, 48, 24, 16}, {4, 16, 2, 0}}) {
-    const int64_t lda = K + pad, ldb = N + pad, ldc = N + pad;
-    const std::vector<float> A = bf16_values(M * lda), B = bf16_values(K * ldb), C0 = bf16_values(M * ldc);
-    std::vector<float> want = C0, got = C0, fma = C0;
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) {
-        float c = want[i * ldc + j];
-        for (int64_t p = 0; p < K / 2; ++p) {
-          c = std::fma(A[i * lda + 2 * p + 1], B[(2 * p + 1) * ldb + j], c);
-          c = std::fma(A[i * lda + 2 * p], B[2 * p * ldb + j], c);
-        }
-        want[i * ldc + j] = c;
-      }
-    std::vector<uint32_t> pack((M + N) * K / 2);
-    at::tile_gemm_bf16_pairs(A.data(), lda, B.data(), ldb, got.data(), ldc, M, N, K, pack.data());
-    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << M << "x" << N << "x" << K;
-    at::tile_gemm_fma(A.data(), lda, B.data(), ldb, fma.data(), ldc, M, N, K);
-    for (size_t i = 0; i < fma.size(); ++i) differ += fma[i] != got[i];
-  }
-  EXPECT_GT(differ, 0) << "the pair order gave the FMA copy's bits everywhere";
-  const ops::cpu::SimdLevel saved = at::tile_simd;
-  at::tile_simd = ops::cpu::SimdLevel::avx512_bf16;
-  uint64_t seed = 950;
-  for (const Case& c : {Case{1, 130, 4, 2, 64}, Case{2, 100, 6, 3, 24}, Case{1, 90, 4, 1, 40, 32}}) {
-    for (const int64_t window : {int64_t{0}, int64_t{29}, int64_t{1}}) {
-      const Inputs in(c, seed++);
-      const std::vector<bf16> qh = op_test::rounded_bf16(in.q), kh = op_test::rounded_bf16(in.k),
-                              vh = op_test::rounded_bf16(in.v), douth = op_test::rounded_bf16(in.dout);
-      const auto spec = ops::attention_spec(c.B, c.T, c.nh, c.nkv, c.hd, c.vd(), in.scale, window);
-      std::vector<bf16> oh(in.dout.size()), dqh(in.q.size()), dkh(in.k.size()), dvh(in.v.size());
-      std::vector<float> lse_h(c.B * c.nh * c.T), o(in.dout.size()), lse(lse_h.size()), dq(in.q.size()),
-          dk(in.k.size()), dv(in.v.size());
-      ops::cpu::attention_forward(qh.data(), kh.data(), vh.data(), oh.data(), lse_h.data(), spec);
-      ops::cpu::attention_backward(qh.data(), kh.data(), vh.data(), oh.data(), lse_h.data(), douth.data(), dqh.data(),
-                                   dkh.data(), dvh.data(), spec);
-      const std::vector<float> q = op_test::widened(qh), k = op_test::widened(kh), v = op_test::widened(vh),
-                               dout = op_test::widened(douth), o_w = op_test::widened(oh);
-      ops::cpu::attention_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), spec);
-      ops::cpu::attention_backward(q.data(), k.data(), v.data(), o_w.data(), lse.data(), dout.data(), dq.data(),
-                                   dk.data(), dv.data(), spec);
-      const std::string l = c.name() + " window=" + std::to_string(window);
-      for (size_t i = 0; i < lse.size(); ++i)
-        ASSERT_NEAR(lse_h[i], lse[i], 1e-6 * (1.0 + std::abs(lse[i]))) << "lse " << l << " at " << i;
-      // A bf16 result is within one bf16 ulp of the f32 one (its rounding, plus a sum that moved by a
-      // few f32 ulps across a rounding edge), and a small absolute term for cancelled sums.
-      auto near = [&](const char* what, const std::vector<bf16>& got, const std::vector<float>& ref) {
-        double scale = 0;
-        for (const float r : ref) scale = std::max(scale, double{std::abs(r)});
-        for (size_t i = 0; i < got.size(); ++i) {
-          const double g = bf16_to_float(got[i].bits), r = ref[i];
-          ASSERT_LE(std::abs(g - r), std::ldexp(std::abs(r), -7) + 1e-4 * scale) << what << " " << l << " at " << i;
-        }
-      };
-      near("o", oh, o);
-      near("dq", dqh, dq);
-      near("dk", dkh, dk);
-      near("dv", dvh, dv);
-      if (window == 1) {
-        for (size_t i = 0; i < dqh.size(); ++i) ASSERT_EQ(dqh[i].bits & 0x7fff, 0) << "dq " << l << " at " << i;
-        for (size_t i = 0; i < dkh.size(); ++i) ASSERT_EQ(dkh[i].bits & 0x7fff, 0) << "dk " << l << " at " << i;
-      }
-    }
-  }
-  at::tile_simd = saved;
-#endif
-}
-
 // bf16 storage (ops/attention_block.h's storage rule): q, k, v, dout rounded to bf16; the bf16 kernels
 // must give, bit for bit, the f32 kernels' results on the widened inputs rounded once (o, dq, dk, dv)
 // and the same lse, with a window and without, across tiles, GQA groups and a value width of its own.
 // The backward is fed the bf16 o, as a bf16 model would: the f32 side gets the same values widened.
-// This is the contract of every tile level but avx512_bf16, whose score products reorder their sums
-// (Note [Score products on bf16 units]; Bf16ScoreProductsOnBf16Units holds it): run at avx512 there.
 TEST(Attention, Bf16StorageIsTheWidenedF32ComputationRoundedOnce) {
-  namespace at = ops::cpu::attention_tile;
-  const ops::cpu::SimdLevel saved = at::tile_simd;
-  at::tile_simd = std::min(saved, ops::cpu::SimdLevel::avx512);
   const auto rounded = op_test::rounded_bf16;
   const auto widened = op_test::widened;
   auto expect_rounded_equal = [&](const char* what, const Case& c, const std::vector<bf16>& got,
@@ -916,7 +792,6 @@ TEST(Attention, Bf16StorageIsTheWidenedF32ComputationRoundedOnce) {
       expect_rounded_equal("dv", c, dvh, dv);
     }
   }
-  at::tile_simd = saved;
   // Mixed dtypes in one call are refused by name.
   std::vector<float> f(64 * 8), lse(64);
   std::vector<bf16> h(64 * 8);

@@ -167,11 +167,11 @@ void tile_probs_and_score_grads(float* __restrict s, float* __restrict dp, const
                                 const float* __restrict dos, const float* __restrict kt, const float* __restrict vt,
                                 int64_t hdp, int64_t hdvp, const int64_t* __restrict lo, const int64_t* __restrict hi,
                                 const float* __restrict lse, const float* __restrict D, int64_t nk, int64_t j0,
-                                float scale, bool pairs, uint32_t* __restrict pack) {
+                                float scale) {
   std::fill(s, s + TQ * TK, 0.0f);
   std::fill(dp, dp + TQ * TK, 0.0f);
-  tile_scores(qs, hdp, kt, s, pairs, pack);     // S = Q K^T
-  tile_scores(dos, hdvp, vt, dp, pairs, pack);  // dP = dO V^T (Note [Score products on bf16 units])
+  tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
+  tile_gemm(dos, hdvp, vt, TK, dp, TK, TQ, TK, hdvp);
   for (int64_t r = 0; r < TQ; ++r) {
     float* sr = s + r * TK;    // (TK)
     float* dpr = dp + r * TK;  // (TK)
@@ -192,16 +192,12 @@ class BackwardScratch {
     float* vt;     // (hdvp, TK) values, transposed
     float* s;      // (TQ, TK) scores, then P
     float* dp;     // (TQ, TK) dP, then dS
-    float* lse_t;    // (TQ) the query rows' log-sum-exps
-    float* D;        // (TQ) rowsum(dO * O)
-    float* rest;     // (rest) the pass's own
-    uint32_t* pack;  // (score_pack_words(max(hdp, hdvp))) the score products' pairs
+    float* lse_t;  // (TQ) the query rows' log-sum-exps
+    float* D;      // (TQ) rowsum(dO * O)
+    float* rest;   // (rest) the pass's own
   };
   BackwardScratch(int64_t hdp, int64_t hdvp, int64_t rest)
-      : hdp_(hdp),
-        hdvp_(hdvp),
-        buf_(TQ * (hdp + hdvp) + TK * (hdp + hdvp) + 2 * TQ * TK + 2 * TQ + rest),
-        pack_(score_pack_words(std::max(hdp, hdvp))) {}
+      : hdp_(hdp), hdvp_(hdvp), buf_(TQ * (hdp + hdvp) + TK * (hdp + hdvp) + 2 * TQ * TK + 2 * TQ + rest) {}
   Tiles tiles() {
     Tiles t;
     t.qs = buf_.data();
@@ -213,14 +209,12 @@ class BackwardScratch {
     t.lse_t = t.dp + TQ * TK;
     t.D = t.lse_t + TQ;
     t.rest = t.D + TQ;
-    t.pack = pack_.data();
     return t;
   }
 
  private:
   int64_t hdp_, hdvp_;
   std::vector<float> buf_;
-  std::vector<uint32_t> pack_;
 };
 
 // The forward in storage type E (float or bf16) for q, k, v and O for o (E, or f32: ring attention's
@@ -253,8 +247,6 @@ void block_forward(const E* q, const E* k, const E* v, O* o, float* lse, bool fi
     float* m = s + TQ * TK;       // (TQ) running max of the scaled scores
     float* l = m + TQ;            // (TQ) running sum of exp(score - m)
     int64_t lo[TQ], hi[TQ];       // (TQ) each query's visible run of the block's keys
-    const bool pairs = bf16_scores<E>();  // Note [Score products on bf16 units]
-    std::vector<uint32_t> pack(pairs ? score_pack_words(hdp) : 0);
     // Later query tiles see at least as many keys (without a window): hand them out first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
@@ -278,7 +270,7 @@ void block_forward(const E* q, const E* k, const E* v, O* o, float* lse, bool fi
         rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
         rows_load(vs, v + krow * hdv, nkv * hdv, nk, TK, hdv, hdvp);
         std::fill(s, s + TQ * TK, 0.0f);
-        tile_scores(qs, hdp, kt, s, pairs, pack.data());
+        tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
         for (int64_t r = 0; r < TQ; ++r) {
           const int64_t jbeg = std::clamp<int64_t>(lo[r] - j0, 0, nk), jend = std::clamp<int64_t>(hi[r] - j0, 0, nk);
           row_online_softmax(s + r * TK, jbeg, jend, scale, m[r], l[r], acc + r * hdvp, hdvp);
@@ -396,8 +388,7 @@ int64_t key_tile_backward(const BackwardProblem<E, A>& p, const BackwardScratch:
       if (!tile_pair_visible(lo, hi, nq, j0, nk)) continue;
       ++visited;
       query_tile_load(p.q, p.o, p.lse, p.dout, t.qs, t.dos, t.lse_t, t.D, b, h, i0, nq, Tq, p.nh, hd, hdp, hdv, hdvp);
-      tile_probs_and_score_grads(t.s, t.dp, t.qs, t.dos, t.kt, t.vt, hdp, hdvp, lo, hi, t.lse_t, t.D, nk, j0, p.scale,
-                                 bf16_scores<E>(), t.pack);
+      tile_probs_and_score_grads(t.s, t.dp, t.qs, t.dos, t.kt, t.vt, hdp, hdvp, lo, hi, t.lse_t, t.D, nk, j0, p.scale);
       tile_gemm_at(t.s, TK, t.dos, hdvp, dv_acc, hdvp, TK, hdvp, TQ);  // dV += P^T dO
       tile_gemm_at(t.dp, TK, t.qs, hdp, dk_acc, hdp, TK, hdp, TQ);     // dK += dS^T Q
       if (dq_acc == nullptr) continue;
@@ -489,7 +480,7 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
 #pragma omp parallel if (items2 > 1)
   {
     BackwardScratch sc(hdp, hdvp, TK * hdp + TQ * hdp);
-    auto [qs, dos, kt, vt, s, dp, lse_t, D, rest, pack] = sc.tiles();
+    auto [qs, dos, kt, vt, s, dp, lse_t, D, rest] = sc.tiles();
     float* ks = rest;               // (TK, hdp) keys
     float* dq_acc = ks + TK * hdp;  // (TQ, hdp) unscaled dQ of the query tile
     int64_t lo[TQ], hi[TQ];         // (TQ) each query's visible run of the block's keys
@@ -512,8 +503,7 @@ void block_backward(const E* q, const E* k, const E* v, const E* o, const float*
         rows_load_transposed(kt, k + krow * hd, nkv * hd, nk, hd, hdp);
         rows_load_transposed(vt, v + krow * hdv, nkv * hdv, nk, hdv, hdvp);
         rows_load(ks, k + krow * hd, nkv * hd, nk, TK, hd, hdp);
-        tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale,
-                                   bf16_scores<E>(), pack);
+        tile_probs_and_score_grads(s, dp, qs, dos, kt, vt, hdp, hdvp, lo, hi, lse_t, D, nk, j0, scale);
         tile_gemm(dp, TK, ks, hdp, dq_acc, hdp, TQ, hdp, TK);
       }
       tile_pairs_computed.fetch_add(visited, std::memory_order_relaxed);

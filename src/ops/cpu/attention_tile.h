@@ -22,7 +22,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "core/buf.h"
 #include "ops/attention.h"
@@ -270,93 +269,6 @@ __attribute__((target(FP_ATTENTION_TARGET_AVX512))) inline void tile_gemm_avx512
 __attribute__((target(FP_ATTENTION_TARGET_AVX512))) inline void exp_inplace_avx512(float* __restrict x, int64_t n) {
   FP_ATTENTION_EXP_BODY(FP_ATTENTION_FMA)
 }
-
-// Note [Score products on bf16 units]: where the CPU has AVX512_BF16 and the operands are stored in bf16,
-// the two tile products whose operands are both bf16 values, the scores S = Q K^T (forward and
-// backward) and dP = dO V^T (backward), run on vdpbf16ps: each instruction adds two products per lane,
-// c += a_odd b_odd, then c += a_even b_even, each rounded once to nearest (the SDM's order; a product
-// of two bf16 is exact in f32, so each step is fma(a, b, c)). Measured 1.5x the AVX-512 FMA copy on a
-// 64 x 64 x 64 tile. The other five products (P V, P^T dO, dS^T Q, dS K) have an f32 operand (P, dS)
-// and stay on the FMA copy: rounding P or dS to bf16 per key tile would make a ring's blocks round
-// differently from the whole sequence (Note [Ring attention accumulates in f32] in
-// model/ring_attention.h). Each score element is still a fixed chain over the head width of one query
-// row and one key row, whatever the tiling, so a schedule and its plain variant keep equal bits; they
-// are not the f32 path's bits (the pairs reorder the sum): tests/ops/test_attention.cpp holds the tile
-// product to the scalar pair chain bit for bit and the kernels to the f32 ones within the bound.
-// D = rowsum(dO * O) is summed in the same pair order (rows_dot_pairs), so a query that sees one key
-// still gets the exact zero score gradient. vdpbf16ps flushes subnormal inputs and results to zero,
-// which the scalar chain does not: the two differ only where a partial sum falls below 2^-126.
-// The operands arrive as f32 tiles whose values are bf16 (rows_load widens them exactly): this copy
-// packs them into pairs (A: (M, K/2) words of two bf16 along K; B: (K/2, N) words, the pair of rows
-// 2p, 2p+1 column by column; `pack` holds (M + N) K / 2 words), then runs 4 x 32 register blocks.
-// C (M, N) += A (M, K) B (K, N); K even (hd_padded), M % 4 == 0, N % 16 == 0.
-__attribute__((target(FP_ATTENTION_TARGET_AVX512 ",avx512bf16"))) inline void tile_gemm_bf16_pairs(
-    const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb, float* __restrict C, int64_t ldc,
-    int64_t M, int64_t N, int64_t K, uint32_t* __restrict pack) {
-  const int64_t K2 = K / 2;
-  uint32_t* a2 = pack;          // (M, K2)
-  uint32_t* b2 = pack + M * K2;  // (K2, N)
-  auto hi16 = [](float x) { return std::bit_cast<uint32_t>(x) >> 16; };  // exact: x is a bf16 value
-  // A's rows: the high halves of 32 floats at a time, in order (vpermt2w), then a scalar tail.
-  const __m512i odd_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
-                                              27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  for (int64_t i = 0; i < M; ++i) {
-    const float* a = A + i * lda;
-    uint32_t* d = a2 + i * K2;
-    int64_t p = 0;
-    for (; 2 * p + 32 <= K; p += 16)
-      _mm512_storeu_si512(d + p, _mm512_permutex2var_epi16(_mm512_loadu_si512(a + 2 * p), odd_halves,
-                                                           _mm512_loadu_si512(a + 2 * p + 16)));
-    for (; p < K2; ++p) d[p] = hi16(a[2 * p]) | hi16(a[2 * p + 1]) << 16;
-  }
-  // B's pairs of rows: 16 columns at a time (N % 16 == 0).
-  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
-  for (int64_t p = 0; p < K2; ++p)
-    for (int64_t j = 0; j < N; j += 16)
-      _mm512_storeu_si512(b2 + p * N + j,
-                          _mm512_or_si512(_mm512_srli_epi32(_mm512_loadu_si512(B + 2 * p * ldb + j), 16),
-                                          _mm512_and_si512(_mm512_loadu_si512(B + (2 * p + 1) * ldb + j), high)));
-  for (int64_t i = 0; i < M; i += kMr) {
-    const uint32_t* a0 = a2 + i * K2;
-    float* c0 = C + i * ldc;
-    int64_t j = 0;
-    for (; j + 32 <= N; j += 32) {
-      __m512 c00 = _mm512_loadu_ps(c0 + j), c01 = _mm512_loadu_ps(c0 + j + 16);
-      __m512 c10 = _mm512_loadu_ps(c0 + ldc + j), c11 = _mm512_loadu_ps(c0 + ldc + j + 16);
-      __m512 c20 = _mm512_loadu_ps(c0 + 2 * ldc + j), c21 = _mm512_loadu_ps(c0 + 2 * ldc + j + 16);
-      __m512 c30 = _mm512_loadu_ps(c0 + 3 * ldc + j), c31 = _mm512_loadu_ps(c0 + 3 * ldc + j + 16);
-      for (int64_t p = 0; p < K2; ++p) {
-        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b2 + p * N + j);
-        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b2 + p * N + j + 16);
-        __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a0[p]));
-        c00 = _mm512_dpbf16_ps(c00, a, b0), c01 = _mm512_dpbf16_ps(c01, a, b1);
-        a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a0[K2 + p]));
-        c10 = _mm512_dpbf16_ps(c10, a, b0), c11 = _mm512_dpbf16_ps(c11, a, b1);
-        a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a0[2 * K2 + p]));
-        c20 = _mm512_dpbf16_ps(c20, a, b0), c21 = _mm512_dpbf16_ps(c21, a, b1);
-        a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a0[3 * K2 + p]));
-        c30 = _mm512_dpbf16_ps(c30, a, b0), c31 = _mm512_dpbf16_ps(c31, a, b1);
-      }
-      _mm512_storeu_ps(c0 + j, c00), _mm512_storeu_ps(c0 + j + 16, c01);
-      _mm512_storeu_ps(c0 + ldc + j, c10), _mm512_storeu_ps(c0 + ldc + j + 16, c11);
-      _mm512_storeu_ps(c0 + 2 * ldc + j, c20), _mm512_storeu_ps(c0 + 2 * ldc + j + 16, c21);
-      _mm512_storeu_ps(c0 + 3 * ldc + j, c30), _mm512_storeu_ps(c0 + 3 * ldc + j + 16, c31);
-    }
-    for (; j < N; j += 16) {
-      __m512 c00 = _mm512_loadu_ps(c0 + j), c10 = _mm512_loadu_ps(c0 + ldc + j);
-      __m512 c20 = _mm512_loadu_ps(c0 + 2 * ldc + j), c30 = _mm512_loadu_ps(c0 + 3 * ldc + j);
-      for (int64_t p = 0; p < K2; ++p) {
-        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b2 + p * N + j);
-        c00 = _mm512_dpbf16_ps(c00, (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a0[p])), b0);
-        c10 = _mm512_dpbf16_ps(c10, (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a0[K2 + p])), b0);
-        c20 = _mm512_dpbf16_ps(c20, (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a0[2 * K2 + p])), b0);
-        c30 = _mm512_dpbf16_ps(c30, (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a0[3 * K2 + p])), b0);
-      }
-      _mm512_storeu_ps(c0 + j, c00), _mm512_storeu_ps(c0 + ldc + j, c10);
-      _mm512_storeu_ps(c0 + 2 * ldc + j, c20), _mm512_storeu_ps(c0 + 3 * ldc + j, c30);
-    }
-  }
-}
 #undef FP_ATTENTION_TARGET_AVX512
 #else
 #define FP_ATTENTION_TILE_AVX2 0  // other architectures: the portable copies only
@@ -369,9 +281,8 @@ __attribute__((target(FP_ATTENTION_TARGET_AVX512 ",avx512bf16"))) inline void ti
 #undef FP_ATTENTION_FMA
 
 // The copies the tile helpers run: sse2 (baseline), avx2 (the same unfused loop in ymm registers), fma
-// (tile products and exponentials with fused multiply-adds, Note [Tile products with FMA]), avx512
-// (the fma copy's bits in zmm registers, Note [Tile products with AVX-512]) or avx512_bf16 (avx512, and
-// the score products of bf16 tiles on vdpbf16ps, Note [Score products on bf16 units]):
+// (tile products and exponentials with fused multiply-adds, Note [Tile products with FMA]) or avx512
+// (the fma copy's bits in zmm registers, Note [Tile products with AVX-512]):
 // simd_level() (Note [One instruction-set dispatch], ops/cpu/cpu_features.h), sse2 where this file
 // was built without the AVX2 copies.
 SimdLevel tile_simd_detect();
@@ -383,36 +294,11 @@ inline SimdLevel tile_simd = tile_simd_detect();
 inline void tile_gemm(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                       float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd >= SimdLevel::avx512) return tile_gemm_avx512(A, lda, B, ldb, C, ldc, M, N, K);
+  if (tile_simd == SimdLevel::avx512) return tile_gemm_avx512(A, lda, B, ldb, C, ldc, M, N, K);
   if (tile_simd == SimdLevel::fma) return tile_gemm_fma(A, lda, B, ldb, C, ldc, M, N, K);
   if (tile_simd == SimdLevel::avx2) return tile_gemm_avx2(A, lda, B, ldb, C, ldc, M, N, K);
 #endif
   tile_gemm_baseline(A, lda, B, ldb, C, ldc, M, N, K);
-}
-
-// Whether the score products of tiles stored in E run on the bf16 units (Note [Score products on bf16
-// units]): bf16 storage at the avx512_bf16 level.
-template <class E>
-inline bool bf16_scores() {
-#if FP_ATTENTION_TILE_AVX2
-  return std::is_same_v<E, bf16> && tile_simd == SimdLevel::avx512_bf16;
-#else
-  return false;
-#endif
-}
-
-// The words of packing scratch a score product needs (tile_gemm_bf16_pairs): (TQ + TK) hdp / 2.
-inline int64_t score_pack_words(int64_t hdp) { return (TQ + TK) * hdp / 2; }
-
-// S (TQ, TK) += qs (TQ, hdp) kt (hdp, TK): a score product (Q K^T, or dO V^T with hdvp), on the bf16
-// units when `pairs` (bf16_scores<E>(); pack: score_pack_words words), else as tile_gemm.
-inline void tile_scores(const float* __restrict qs, int64_t hdp, const float* __restrict kt, float* __restrict s,
-                        bool pairs, uint32_t* __restrict pack) {
-#if FP_ATTENTION_TILE_AVX2
-  if (pairs) return tile_gemm_bf16_pairs(qs, hdp, kt, TK, s, TK, TQ, TK, hdp, pack);
-#endif
-  (void)pack, (void)pairs;
-  tile_gemm(qs, hdp, kt, TK, s, TK, TQ, TK, hdp);
 }
 
 // C (M, N) += A^T B (K, N), A stored (K, M) with leading dimension lda: the product of the transposed
@@ -420,7 +306,7 @@ inline void tile_scores(const float* __restrict qs, int64_t hdp, const float* __
 inline void tile_gemm_at(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t ldb,
                          float* __restrict C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd >= SimdLevel::avx512) return tile_gemm_avx512<true>(A, lda, B, ldb, C, ldc, M, N, K);
+  if (tile_simd == SimdLevel::avx512) return tile_gemm_avx512<true>(A, lda, B, ldb, C, ldc, M, N, K);
   if (tile_simd == SimdLevel::fma) return tile_gemm_fma<true>(A, lda, B, ldb, C, ldc, M, N, K);
   if (tile_simd == SimdLevel::avx2) return tile_gemm_at_avx2(A, lda, B, ldb, C, ldc, M, N, K);
 #endif
@@ -430,7 +316,7 @@ inline void tile_gemm_at(const float* __restrict A, int64_t lda, const float* __
 // x[0..n) = exp(x[0..n)) in place (Note [Exponentials in vector registers]).
 inline void exp_inplace(float* __restrict x, int64_t n) {
 #if FP_ATTENTION_TILE_AVX2
-  if (tile_simd >= SimdLevel::avx512) return exp_inplace_avx512(x, n);
+  if (tile_simd == SimdLevel::avx512) return exp_inplace_avx512(x, n);
   if (tile_simd == SimdLevel::fma) return exp_inplace_fma(x, n);
   if (tile_simd == SimdLevel::avx2) return exp_inplace_avx2(x, n);
 #endif
@@ -527,24 +413,6 @@ inline void rows_load_transposed(float* __restrict dst, const E* __restrict src,
 }
 
 #if FP_ATTENTION_TILE_AVX2
-// D[r] = rowsum(dO * O) of rows r < n, summed as tile_gemm_bf16_pairs sums dP = dO V^T: for each pair
-// of columns, d = fma(dO_odd, o_odd, d), then d = fma(dO_even, o_even, d) (Note [Score products on bf16
-// units]). w is padded to an even count with zeros, as the pair tiles are.
-template <class E>
-__attribute__((target("avx2,fma"))) inline void rows_dot_pairs(const float* __restrict dos, int64_t ldd,
-                                                               const E* __restrict o, int64_t ldo, int64_t n,
-                                                               int64_t w, float* __restrict D) {
-  for (int64_t r = 0; r < n; ++r) {
-    float d = 0.0f;
-    for (int64_t c = 0; c < w; c += 2) {
-      const float o1 = c + 1 < w ? to_f32(o[r * ldo + c + 1]) : 0.0f;
-      d = __builtin_fmaf(dos[r * ldd + c + 1], o1, d);
-      d = __builtin_fmaf(dos[r * ldd + c], to_f32(o[r * ldo + c]), d);
-    }
-    D[r] = d;
-  }
-}
-
 // D[r] = rowsum(dO * O) of rows r < n, summed as the FMA tile product sums dP = dO V^T: d = fma(dO_c, o_c,
 // d) for c in order from 0. Where a query sees a single key, o is that key's v exactly, so dP == D to
 // the bit and dS = P (dP - D) is the exact zero the true gradient is (Note [Tile products with FMA]).
@@ -572,9 +440,7 @@ inline void query_tile_load(const E* q, const E* o, const float* lse, const E* d
   rows_load(qs, q + qoff, nh * hd, nq, TQ, hd, hdp);
   rows_load(dos, dout + voff, nh * hdv, nq, TQ, hdv, hdvp);
 #if FP_ATTENTION_TILE_AVX2
-  if (bf16_scores<E>()) {
-    rows_dot_pairs(dos, hdvp, o + voff, nh * hdv, nq, hdv, D);
-  } else if (tile_simd >= SimdLevel::fma) {  // the FMA and AVX-512 tile products sum dP alike
+  if (tile_simd >= SimdLevel::fma) {  // the FMA and AVX-512 tile products sum dP alike
     rows_dot_fma(dos, hdvp, o + voff, nh * hdv, nq, hdv, D);
   } else
 #endif

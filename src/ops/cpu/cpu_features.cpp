@@ -111,9 +111,8 @@ SimdLevel simd_level() {
     const CpuFeatures& f = cpu_features();
     const SimdLevel best = !f.avx2             ? SimdLevel::sse2
                            : !f.fma            ? SimdLevel::avx2
-                           : f.simd_class() != "avx512" ? SimdLevel::fma
-                           : f.avx512_bf16              ? SimdLevel::avx512_bf16
-                                                        : SimdLevel::avx512;
+                           : f.simd_class() == "avx512" ? SimdLevel::avx512
+                                                        : SimdLevel::fma;
     const char* force = std::getenv("FLATPEAK_SIMD");
     const std::string_view v = force != nullptr ? force : "";
     SimdLevel want = best;
@@ -123,12 +122,10 @@ SimdLevel simd_level() {
       want = SimdLevel::avx2;
     } else if (v == "fma") {
       want = SimdLevel::fma;
-    } else if (v == "avx512") {
-      want = SimdLevel::avx512;
-    } else if (!v.empty() && v != "avx512_bf16") {  // often read during static initialisation: say it, do not throw
+    } else if (!v.empty() && v != "avx512") {  // often read during static initialisation: say it, do not throw
       std::fprintf(stderr,
-                   "[flatpeak] FLATPEAK_SIMD=%s is not one of baseline, avx2, fma, avx512, avx512_bf16: using the "
-                   "best this CPU has\n",
+                   "[flatpeak] FLATPEAK_SIMD=%s is not one of baseline, avx2, fma, avx512: using the best this CPU "
+                   "has\n",
                    force);
     }
     return want < best ? want : best;
@@ -146,8 +143,6 @@ const char* simd_level_name(SimdLevel s) {
       return "avx2+fma";
     case SimdLevel::avx512:
       return "avx512";
-    case SimdLevel::avx512_bf16:
-      return "avx512+bf16";
   }
   return "?";
 }

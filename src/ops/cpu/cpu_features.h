@@ -30,16 +30,15 @@ const CpuFeatures& cpu_features();
 // Every hand-vectorised kernel of the engine (the attention tiles, AdamW, bf16 <-> f32 conversion)
 // picks its copy from this one level, decided once per process: the best this CPU runs (from
 // cpu_features(), never a compiler's or a library's detector), lowered by FLATPEAK_SIMD = baseline
-// (sse2), avx2, fma, avx512 or avx512_bf16. A kernel without a copy at the level runs the best copy below it
+// (sse2), avx2, fma or avx512. A kernel without a copy at the level runs the best copy below it
 // (AdamW and the conversions stop at avx2; the attention tiles have an avx512 copy, Note [Tile products
-// with AVX-512] in ops/cpu/attention_tile.h; at avx512_bf16 their score products of bf16 operands run
-// on vdpbf16ps, Note [Score products on bf16 units]). bf16 GEMMs go to oneDNN where the CPU has bf16 units
+// with AVX-512] in ops/cpu/attention_tile.h). bf16 GEMMs go to oneDNN where the CPU has bf16 units
 // (Note [bf16 GEMMs on the matrix units] in ops/cpu/gemm_onednn.h, FLATPEAK_BF16_GEMM), apart too. OpenBLAS's
 // kernels are chosen apart (blas_setup.h), and OPENBLAS_CORETYPE lowers them; `scripts/test --kernels`
 // sets both, so the suite can run under every kernel set this CPU can execute.
-enum class SimdLevel { sse2, avx2, fma, avx512, avx512_bf16 };
+enum class SimdLevel { sse2, avx2, fma, avx512 };
 SimdLevel simd_level();
-// "sse2", "avx2", "avx2+fma", "avx512", "avx512+bf16": what benches print.
+// "sse2", "avx2", "avx2+fma", "avx512": what benches print.
 const char* simd_level_name(SimdLevel s);
 
 }  // namespace fp::ops::cpu
