@@ -627,6 +627,102 @@ class StopPolicy {
   int stopped_by_ = 0;
 };
 
+// The run's opening lines (rank 0): the model, the batch, the device, the precision, the ranks.
+void run_describe(const TrainOptions& o, const RunConfig& cfg, Backend& be, const Comm& comm, const Mesh& mesh) {
+  const ModelConfig& m = cfg.model;
+  log_info(
+      "{}: {:.2f} M parameters ({}: {} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
+      "{} steps on {} (device memory {}); precision {}{}; outputs in {}",
+      cfg.source, static_cast<double>(m.param_count()) / 1e6, model_type_name(m.model_type), m.num_hidden_layers,
+      m.hidden_size, m.num_experts, m.num_experts_per_tok, m.vocab_size, cfg.train.batch_size, cfg.train.seq_len,
+      cfg.train.steps, be.name(), bytes_format(be.device_ledger().capacity()), precision_describe(cfg.schedules.precision),
+      cfg.schedules.ckpt.recompute ? "" : "; every layer's activations kept (ckpt.recompute = false)", o.out);
+  if (comm.size() > 1)
+    log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence of its replica (context parallel over {}, "
+             "zig-zag pieces)",
+             comm.size(), comm.name(), cfg.train.seq_len / mesh.cp, cfg.train.seq_len, mesh.cp);
+  if (o.link_gbps > 0)
+    log_info("copy streams over an EMULATED {} GB/s host-device link: offload timings are emulated", o.link_gbps);
+}
+
+// One step's line of metrics.jsonl: the device ledger's peaks (the largest over the ranks), the losses,
+// the optimizer's gradient norm and rate, the tokens, the time and this rank's host memory (a long run
+// stays flat: scripts/soak). schedule_steps: the learning-rate schedule's length when it is not
+// train.steps (an extended run), else 0.
+nlohmann::json step_metrics(const Ledger& led, Comm& comm, int64_t step, const StepOutputs& out,
+                            const Optimizer::StepStats& os, int64_t schedule_steps, int64_t tokens, int64_t targets,
+                            double secs) {
+  nlohmann::json j = ledger_peaks_json(led);
+  if (comm.size() > 1) peaks_over_ranks(comm, led, j);
+  j["step"] = step;
+  j["loss"] = out.loss;
+  j["ce_loss"] = out.ce_loss;
+  j["aux_loss"] = out.aux_loss;
+  j["grad_norm"] = os.grad_norm;
+  j["lr"] = os.lr;
+  if (schedule_steps > 0) j["lr_schedule_steps"] = schedule_steps;
+  j["tokens"] = tokens;
+  j["target_tokens"] = targets;
+  j["tokens_per_s"] = static_cast<double>(tokens) / secs;
+  j["seconds"] = secs;
+  j["host_rss_bytes"] = resident_bytes();
+  j["host_heap_bytes"] = heap_in_use_bytes();
+  return j;
+}
+
+// Note [Gradient accumulation]: one optimizer step's M micro-batches, read before the step is timed;
+// their targets, summed, set the step's mean.
+struct StepBatches {
+  std::vector<Batch> micro;                        // (M) the global micro-batches (every replica's rows)
+  std::vector<std::vector<uint8_t>> answer_masks;  // (M) recall: each micro-batch's answer positions
+  int64_t targets = 0;                             // the target tokens of all of them
+};
+
+StepBatches step_batches_read(DataSource& data, int64_t M) {
+  StepBatches sb;
+  sb.micro.resize(static_cast<size_t>(M));
+  sb.answer_masks.resize(static_cast<size_t>(M));
+  for (int64_t mb = 0; mb < M; ++mb) {
+    sb.micro[mb] = data.next(data.is_recall() ? &sb.answer_masks[mb] : nullptr);
+    sb.targets += batch_targets(sb.micro[mb]);
+  }
+  return sb;
+}
+
+// The forward and backward of every micro-batch on this rank's slice of it (Note [A device mesh]),
+// gradients summed into the model's, outputs summed (the aux loss averaged). With logits (recall, the
+// full head): this rank's answers predicted exactly and its answers added to answers[0], answers[1].
+StepOutputs step_micro_batches(Model& model, const StepBatches& sb, const Mesh& mesh, const ContextSplit& split,
+                               int64_t window, std::vector<float>* logits, double answers[2]) {
+  const int64_t M = static_cast<int64_t>(sb.micro.size());
+  StepOutputs out;
+  for (int64_t mb = 0; mb < M; ++mb) {
+    const Batch& global = sb.micro[mb];
+    const Batch batch = mesh_slice(mesh, global, split, window);
+    const int64_t first_row = mesh.replica * batch.B;  // this replica's first sequence in `global`
+    const StepOutputs o =
+        step_forward_backward(model, batch, logits, StepWeights{M > 1 ? sb.targets : 0, 1.0 / static_cast<double>(M)});
+    out.loss += o.loss;
+    out.ce_loss += o.ce_loss;
+    out.aux_loss += o.aux_loss / static_cast<double>(M);
+    out.target_tokens += o.target_tokens;
+    if (out.expert_counts.empty()) out.expert_counts.assign(o.expert_counts.size(), 0);
+    for (size_t i = 0; i < o.expert_counts.size(); ++i) out.expert_counts[i] += o.expert_counts[i];
+    if (logits != nullptr) {
+      std::vector<uint8_t> mask;  // this rank's answer positions
+      for (int64_t sq = 0; sq < batch.B; ++sq)
+        for (int64_t t = 0; t < batch.T; ++t)
+          mask.push_back(sb.answer_masks[mb][(first_row + sq) * global.T +
+                                             (batch.positions.empty() ? t : batch.positions[t])]);
+      double a = 0;
+      for (uint8_t x : mask) a += x;
+      answers[0] += a > 0 ? recall_accuracy(*logits, batch, mask) * a : 0.0;
+      answers[1] += a;
+    }
+  }
+  return out;
+}
+
 int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const int64_t total = cfg.train.steps;
   auto be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
@@ -671,20 +767,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const int64_t start = rs.start, schedule_total = rs.schedule_total;
   const CheckpointFormat& format = rs.format;
 
-  if (lead)
-    log_info(
-        "{}: {:.2f} M parameters ({}: {} layers, hidden {}, {} experts top-{}, vocab {}); {} x {} tokens per step; "
-        "{} steps on {} (device memory {}); precision {}{}; outputs in {}",
-        cfg.source, static_cast<double>(m.param_count()) / 1e6, model_type_name(m.model_type), m.num_hidden_layers,
-        m.hidden_size, m.num_experts, m.num_experts_per_tok, m.vocab_size, cfg.train.batch_size, cfg.train.seq_len,
-        total, be->name(), bytes_format(be->device_ledger().capacity()), precision_describe(cfg.schedules.precision),
-        cfg.schedules.ckpt.recompute ? "" : "; every layer's activations kept (ckpt.recompute = false)", o.out);
-  if (lead && comm.size() > 1)
-    log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence of its replica (context parallel over {}, "
-             "zig-zag pieces)",
-             comm.size(), comm.name(), cfg.train.seq_len / mesh.cp, cfg.train.seq_len, mesh.cp);
-  if (lead && o.link_gbps > 0)
-    log_info("copy streams over an EMULATED {} GB/s host-device link: offload timings are emulated", o.link_gbps);
+  if (lead) run_describe(o, cfg, *be, comm, mesh);
 
   const std::string metrics_path = o.out + "/metrics.jsonl";
   std::ofstream metrics;
@@ -719,46 +802,15 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   int64_t last_step = start;
   for (int64_t step = start + 1; step <= total; ++step) {
     stop_policy.before_step(step, comm.rank());
-    // Note [Gradient accumulation]: the step's M micro-batches, read first (their targets set the mean).
-    std::vector<Batch> micro(static_cast<size_t>(M));
-    std::vector<std::vector<uint8_t>> answer_masks(static_cast<size_t>(M));
-    int64_t step_targets = 0;
-    for (int64_t mb = 0; mb < M; ++mb) {
-      micro[mb] = data.next(data.is_recall() ? &answer_masks[mb] : nullptr);
-      step_targets += batch_targets(micro[mb]);
-    }
+    const StepBatches sb = step_batches_read(data, M);
     be->device_ledger().peaks_reset();
     const Clock::time_point t0 = Clock::now();
     if (step == fault.step && (fault.kind == "spike" || fault.kind == "nan"))
       fault_apply(*be, model.params(), fault.kind);
     model.zero_grads();
-    StepOutputs out;
     double answers[2] = {0, 0};  // recall: answers predicted exactly, answers (this rank's)
-    for (int64_t mb = 0; mb < M; ++mb) {
-      const Batch& global = micro[mb];
-      const Batch batch = mesh_slice(mesh, global, split, m.sliding_window);
-      const int64_t first_row = mesh.replica * batch.B;  // this replica's first sequence in `global`
-      const StepOutputs o = step_forward_backward(model, batch, want_logits ? &logits : nullptr,
-                                                  StepWeights{M > 1 ? step_targets : 0, 1.0 / static_cast<double>(M)});
-      out.loss += o.loss;
-      out.ce_loss += o.ce_loss;
-      out.aux_loss += o.aux_loss / static_cast<double>(M);
-      out.target_tokens += o.target_tokens;
-      if (out.expert_counts.empty()) out.expert_counts.assign(o.expert_counts.size(), 0);
-      for (size_t i = 0; i < o.expert_counts.size(); ++i) out.expert_counts[i] += o.expert_counts[i];
-      if (want_logits) {
-        // This rank's answer positions.
-        std::vector<uint8_t> mask;
-        for (int64_t sq = 0; sq < batch.B; ++sq)
-          for (int64_t t = 0; t < batch.T; ++t)
-            mask.push_back(answer_masks[mb][(first_row + sq) * global.T +
-                                            (batch.positions.empty() ? t : batch.positions[t])]);
-        double a = 0;
-        for (uint8_t x : mask) a += x;
-        answers[0] += a > 0 ? recall_accuracy(logits, batch, mask) * a : 0.0;
-        answers[1] += a;
-      }
-    }
+    const StepOutputs out =
+        step_micro_batches(model, sb, mesh, split, m.sliding_window, want_logits ? &logits : nullptr, answers);
     stop_policy.check_loss(step, out);
     Optimizer::StepStats os = optim.step(step, schedule_total);
     // DeepSeek-V3's aux-loss-free balancing: the routing bias follows this step's expert loads.
@@ -766,7 +818,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     be->synchronize();
     if (step == fault.step && fault.kind == "nan_update") fault_apply(*be, model.params(), fault.kind);
     const double secs = seconds_since(t0);
-    const int64_t step_tokens = M * micro[0].B * micro[0].T;  // global, every rank's, every micro-batch's
+    const int64_t step_tokens = M * sb.micro[0].B * sb.micro[0].T;  // global, every rank's, every micro-batch's
     const double tps = static_cast<double>(step_tokens) / secs;
     // Note [The trace holds the first steps]: memory_trace.json is the timeline of the run's first two
     // steps (the first pays one-time allocations, the second is a step like every later one); past them
@@ -777,21 +829,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       be->host_ledger().events_limit_set(be->host_ledger().events().size());
     }
     const Ledger& led = be->device_ledger();
-    nlohmann::json j = ledger_peaks_json(led);
-    if (comm.size() > 1) peaks_over_ranks(comm, led, j);
-    j["step"] = step;
-    j["loss"] = out.loss;
-    j["ce_loss"] = out.ce_loss;
-    j["aux_loss"] = out.aux_loss;
-    j["grad_norm"] = os.grad_norm;
-    j["lr"] = os.lr;
-    if (schedule_total != total) j["lr_schedule_steps"] = schedule_total;  // an extended run
-    j["tokens"] = step_tokens;
-    j["target_tokens"] = step_targets;
-    j["tokens_per_s"] = tps;
-    j["seconds"] = secs;
-    j["host_rss_bytes"] = resident_bytes();  // this rank's; a long run stays flat (scripts/soak)
-    j["host_heap_bytes"] = heap_in_use_bytes();
+    nlohmann::json j = step_metrics(led, comm, step, out, os, schedule_total != total ? schedule_total : 0,
+                                    step_tokens, sb.targets, secs);
     double acc = std::nan("");
     if (want_logits) {  // the share over every micro-batch and rank
       comm.all_reduce_sum(answers, 2, DType::DType_F64);
@@ -818,12 +857,12 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     const bool stop = stop_policy.after_step(comm);
     // meta holds no numbers to save: its runs measure peaks and write no checkpoint.
     if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
-      // Collective: the shards are gathered to rank 0, which writes them.
       TrainerState st;
       st.step = step;
       st.data_position = data.position();
       st.run_config = run_json;
       st.schedule_steps = schedule_total != total ? schedule_total : 0;
+      // Collective: the shards are gathered to rank 0, which writes them.
       const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be, format);
       stop_policy.checkpoint_written(step);
       if (lead && !o.quiet) progress.note(fmt::format("checkpoint: {}", where));

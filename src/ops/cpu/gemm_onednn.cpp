@@ -154,7 +154,7 @@ bool gemm_bf16_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
            scratch.data());
   float scale = alpha;
   memory sc(memory::desc(Dims{1}, memory::data_type::f32, Dims{1}), eng, &scale);
-  dnnl::stream strm(eng);
+  thread_local dnnl::stream strm(eng);  // in-order, synchronous on the OpenMP runtime: one per thread
   mm->prim.execute(strm, {{DNNL_ARG_SRC, a},
                           {DNNL_ARG_WEIGHTS, b},
                           {DNNL_ARG_DST, c},

@@ -11,9 +11,12 @@
 // a CPU without bf16 units] in ops/cpu/gemm.cpp) runs below sgemm. Primitives are built once per
 // (transposes, C's dtype, beta), with M, N, K, the leading dimensions and alpha given at run time, so
 // every GEMM of a run shares a handful of them (the experts' included, whose M, or K for the weight
-// gradients, is the tokens each expert got); the cache is process-wide, guarded and bounded. oneDNN's scratchpad is the caller's (user mode): a per-thread host buffer grown to the
-// largest primitive's need and reused, outside the device ledger like the widening panels: a device
-// with bf16 GEMMs of its own needs neither, so the planner's peaks do not include it.
+// gradients, is the tokens each expert got); the cache is process-wide, guarded and bounded.
+// oneDNN's scratchpad is the caller's (user mode, a per-thread host buffer), but these run-time-shaped
+// primitives ask for none (0 bytes, oneDNN 2.6): its GEMM driver packs into buffers it allocates
+// itself, host memory bounded by its blocking, as OpenBLAS does. Neither is device memory of the step
+// (a device with bf16 GEMMs of its own needs no widening or packing of ours), so the ledger and the
+// planner's peaks do not include them.
 // Exactness: each product of two bf16 is exact in f32, so the result differs from the widening path's
 // only in the order of the f32 sums (and vdpbf16ps flushes subnormal inputs and outputs to zero);
 // tests hold it to the same error bound (tests/ops/test_gemm.cpp). Deterministic: one primitive and
