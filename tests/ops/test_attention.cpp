@@ -270,6 +270,33 @@ TEST(Attention, Avx2TileProductEqualsBaselineBitwise) {
 #endif
 }
 
+// Note [Transposed tile loads in 8 x 8 blocks]: the AVX2 loader fills the transposed tile exactly as
+// the scalar loop does (zero padding included), f32 and bf16 storage, full and ragged row and column
+// counts, rows wider than the head.
+TEST(Attention, TransposedTileLoadEqualsScalarLoop) {
+#if !FP_ATTENTION_TILE_AVX2
+  GTEST_SKIP() << "not an x86 build";
+#else
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
+  namespace at = ops::cpu::attention_tile;
+  Rng rng(29);
+  for (const auto& [n, w] : std::vector<std::array<int64_t, 2>>{
+           {at::TK, 64}, {at::TK, 40}, {63, 64}, {8, 8}, {5, 13}, {17, 7}, {0, 16}, {at::TK, 130}}) {
+    const int64_t stride = w + 3, wp = at::hd_padded(w);
+    const std::vector<float> f = op_test::random_vector(std::max<int64_t>(n, 1) * stride, rng);
+    const std::vector<bf16> h = op_test::rounded_bf16(f);
+    std::vector<float> a(wp * at::TK, 7.0f), b(wp * at::TK, -3.0f);
+    at::rows_load_transposed_scalar(a.data(), f.data(), stride, n, w, wp);
+    at::rows_load_transposed_avx2(b.data(), f.data(), stride, n, w, wp);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "f32 n=" << n << " w=" << w;
+    at::rows_load_transposed_scalar(a.data(), h.data(), stride, n, w, wp);
+    at::rows_load_transposed_avx2(b.data(), h.data(), stride, n, w, wp);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "bf16 n=" << n << " w=" << w;
+  }
+#endif
+}
+
 // Note [Tile products with FMA]: the FMA copy equals, bit for bit, the scalar loop c = fma(a, b, c) over
 // k in order, on the tile shapes the kernels use (N a multiple of 16, and N % 16 == 8 for the last
 // block), with accumulation into C and leading dimensions wider than the block; and it differs from the

@@ -22,6 +22,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/buf.h"
 #include "ops/attention.h"
@@ -405,11 +406,78 @@ inline void rows_load(float* __restrict dst, const E* __restrict src, int64_t st
 
 // dst (wp, TK) = the transpose of n rows of src (stride apart, width w each), zero-padded.
 template <class E>
-inline void rows_load_transposed(float* __restrict dst, const E* __restrict src, int64_t stride, int64_t n, int64_t w,
-                                 int64_t wp) {
+inline void rows_load_transposed_scalar(float* __restrict dst, const E* __restrict src, int64_t stride, int64_t n,
+                                        int64_t w, int64_t wp) {
   std::fill(dst, dst + wp * TK, 0.0f);
   for (int64_t j = 0; j < n; ++j)
     for (int64_t c = 0; c < w; ++c) dst[c * TK + j] = to_f32(src[j * stride + c]);
+}
+
+#if FP_ATTENTION_TILE_AVX2
+// 8 elements of storage type E from p, as f32 (bf16 widened exactly: its bits in the high half).
+template <class E>
+__attribute__((target("avx2"))) inline __m256 load8_f32(const E* p) {
+  if constexpr (std::is_same_v<E, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+// Note [Transposed tile loads in 8 x 8 blocks]: the key and value tiles are loaded transposed (kt, vt:
+// (wp, TK)), one element at a time a strided store: at AVX-512 the tile products had become faster than
+// these loads. This copy moves 8 x 8 blocks through registers (the classic unpack / shuffle / permute
+// transpose); it only moves values, so its tiles are the scalar loop's bit for bit
+// (tests/ops/test_attention.cpp), and the remainder rows and columns take the scalar loop.
+template <class E>
+__attribute__((target("avx2"))) inline void rows_load_transposed_avx2(float* __restrict dst, const E* __restrict src,
+                                                                      int64_t stride, int64_t n, int64_t w,
+                                                                      int64_t wp) {
+  std::fill(dst, dst + wp * TK, 0.0f);
+  const int64_t n8 = n / 8 * 8, w8 = w / 8 * 8;
+  for (int64_t j = 0; j < n8; j += 8) {
+    const E* s0 = src + j * stride;  // rows j..j+8
+    for (int64_t c = 0; c < w8; c += 8) {
+      const __m256 r0 = load8_f32(s0 + c), r1 = load8_f32(s0 + stride + c);
+      const __m256 r2 = load8_f32(s0 + 2 * stride + c), r3 = load8_f32(s0 + 3 * stride + c);
+      const __m256 r4 = load8_f32(s0 + 4 * stride + c), r5 = load8_f32(s0 + 5 * stride + c);
+      const __m256 r6 = load8_f32(s0 + 6 * stride + c), r7 = load8_f32(s0 + 7 * stride + c);
+      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+      const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+      const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+      const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+      const __m256 q0 = _mm256_shuffle_ps(t0, t2, 0x44), q1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 q2 = _mm256_shuffle_ps(t1, t3, 0x44), q3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 q4 = _mm256_shuffle_ps(t4, t6, 0x44), q5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 q6 = _mm256_shuffle_ps(t5, t7, 0x44), q7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      float* d = dst + c * TK + j;  // column c of the 8 rows, then c + 1, ...
+      _mm256_storeu_ps(d, _mm256_permute2f128_ps(q0, q4, 0x20));
+      _mm256_storeu_ps(d + TK, _mm256_permute2f128_ps(q1, q5, 0x20));
+      _mm256_storeu_ps(d + 2 * TK, _mm256_permute2f128_ps(q2, q6, 0x20));
+      _mm256_storeu_ps(d + 3 * TK, _mm256_permute2f128_ps(q3, q7, 0x20));
+      _mm256_storeu_ps(d + 4 * TK, _mm256_permute2f128_ps(q0, q4, 0x31));
+      _mm256_storeu_ps(d + 5 * TK, _mm256_permute2f128_ps(q1, q5, 0x31));
+      _mm256_storeu_ps(d + 6 * TK, _mm256_permute2f128_ps(q2, q6, 0x31));
+      _mm256_storeu_ps(d + 7 * TK, _mm256_permute2f128_ps(q3, q7, 0x31));
+    }
+    for (int64_t r = j; r < j + 8; ++r)
+      for (int64_t c = w8; c < w; ++c) dst[c * TK + r] = to_f32(src[r * stride + c]);
+  }
+  for (int64_t r = n8; r < n; ++r)
+    for (int64_t c = 0; c < w; ++c) dst[c * TK + r] = to_f32(src[r * stride + c]);
+}
+#endif
+
+// dst (wp, TK) = the transpose of n rows of src (stride apart, width w each), zero-padded: the 8 x 8
+// block copy where the CPU has AVX2 (Note [Transposed tile loads in 8 x 8 blocks]), the same values.
+template <class E>
+inline void rows_load_transposed(float* __restrict dst, const E* __restrict src, int64_t stride, int64_t n, int64_t w,
+                                 int64_t wp) {
+#if FP_ATTENTION_TILE_AVX2
+  if (tile_simd >= SimdLevel::avx2) return rows_load_transposed_avx2(dst, src, stride, n, w, wp);
+#endif
+  rows_load_transposed_scalar(dst, src, stride, n, w, wp);
 }
 
 #if FP_ATTENTION_TILE_AVX2
