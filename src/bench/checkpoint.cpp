@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "data/random_batch.h"
+#include "model/routing.h"
 #include "step/step.h"
 #include "train/run_config.h"
 
@@ -74,11 +75,7 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
            o.repeats, o.warmup);
   RunConfig cfg = config_load(o.config, overrides);
   const ModelConfig& m = cfg.model;
-  RoutingProfile profile = cfg.moe.routing_profile;
-  if (o.device == "meta" && profile.kind == RoutingProfile::Kind::Kind_router) {
-    profile.kind = RoutingProfile::Kind::Kind_balanced;
-    log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
-  }
+  const RoutingProfile profile = routing_profile_on(cfg.moe.routing_profile, o.device != "meta");
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, cfg.data.seed);
   const int64_t n = batch.B * batch.T, L = m.num_hidden_layers;
   const uint64_t boundary = static_cast<uint64_t>(n * m.hidden_size) * 4;  // (n, H) fp32

@@ -9,6 +9,7 @@
 #include "io/atomic_file.h"
 #include "memory/report.h"
 #include "memory/trace.h"
+#include "model/routing.h"
 #include "step/step.h"
 #include "train/run_config.h"
 
@@ -50,11 +51,7 @@ int step_run(const StepOptions& o) {
 namespace {
 int step_with(const StepOptions& o, RunConfig& cfg) {
   auto be = backend_create(o.common.device, bytes_parse(o.common.device_mem), bytes_parse(o.common.host_mem));
-  RoutingProfile profile = cfg.moe.routing_profile;
-  if (!be->computes() && profile.kind == RoutingProfile::Kind::Kind_router) {
-    profile.kind = RoutingProfile::Kind::Kind_balanced;
-    log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
-  }
+  const RoutingProfile profile = routing_profile_on(cfg.moe.routing_profile, be->computes());
   const ModelConfig& m = cfg.model;
   log_info(
       "{}: {} layers, hidden {}, {} experts (top-{}), vocab {}, {:.2f} M parameters; batch {} x {} tokens on {}; "

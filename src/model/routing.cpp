@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace fp {
 
@@ -160,6 +161,14 @@ void routing_profile_offsets_range(const RoutingProfile& p, int64_t n, int64_t k
                                    int64_t* offsets) {
   offsets[0] = 0;
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + ProfileTokens(p, n, k, E, e).count(t0, t1);
+}
+
+RoutingProfile routing_profile_on(const RoutingProfile& p, bool computes) {
+  if (computes || p.kind != RoutingProfile::Kind::Kind_router) return p;
+  log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
+  RoutingProfile balanced = p;
+  balanced.kind = RoutingProfile::Kind::Kind_balanced;
+  return balanced;
 }
 
 }  // namespace fp

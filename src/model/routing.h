@@ -30,6 +30,10 @@ namespace fp {
 // fewer than k cold experts (E - h < k).
 void routing_profile_check(const RoutingProfile& p, int64_t k, int64_t E, const std::string& key);
 
+// The profile a run routes with on a backend: one that computes nothing (meta) has no router to run,
+// so "router" becomes "balanced" there, said once in the log; any other profile is kept.
+RoutingProfile routing_profile_on(const RoutingProfile& p, bool computes);
+
 // topk_idx (n, k). Asserts the profile is not "router".
 void routing_profile_assign(const RoutingProfile& p, int64_t n, int64_t k, int64_t E, int32_t* topk_idx);
 

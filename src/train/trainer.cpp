@@ -27,6 +27,7 @@
 #include "memory/report.h"
 #include "memory/trace.h"
 #include "model/hf_config.h"
+#include "model/routing.h"
 #include "step/step.h"
 #include "train/checkpoint.h"
 #include "train/config_keys.h"
@@ -727,11 +728,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const int64_t total = cfg.train.steps;
   auto be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
   if (o.link_gbps > 0) be->link_set_gbps(o.link_gbps);  // Note [Emulated link] (backend/backend.h)
-  RoutingProfile profile = cfg.moe.routing_profile;
-  if (!be->computes() && profile.kind == RoutingProfile::Kind::Kind_router) {
-    profile.kind = RoutingProfile::Kind::Kind_balanced;
-    log_info("meta computes no router: using moe.routing_profile = \"balanced\"");
-  }
+  const RoutingProfile profile = routing_profile_on(cfg.moe.routing_profile, be->computes());
   const ModelConfig& m = cfg.model;
   Comm& comm = comm_world();
   const bool lead = comm.rank() == 0;  // rank 0 writes outputs and prints
