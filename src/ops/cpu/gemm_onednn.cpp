@@ -1,6 +1,7 @@
 // bf16 GEMMs through oneDNN (Note [bf16 GEMMs on the matrix units] in ops/cpu/gemm_onednn.h).
 #include "ops/cpu/gemm_onednn.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
