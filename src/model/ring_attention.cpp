@@ -52,12 +52,13 @@ struct RingChunks {
   int64_t j0(int64_t j) const { return j * size; }
   int64_t len(int64_t j) const { return std::min(size, Tk - j * size); }
 };
-// Chunks of N keys of Tk, at most kMaxKeyChunks of them (then of ceil(Tk / kMaxKeyChunks)): the messages and
-// the planner's loops stay few while the buffers fall by that factor. N <= 0 or N >= Tk: one chunk of Tk.
+// Chunks of N keys of Tk; N <= 0 or N >= Tk: one chunk of Tk. MLA's expansion takes these as they are (Note
+// [MLA's keys in chunks]: the expanded keys are the big buffer).
+int64_t key_chunk(int64_t N, int64_t Tk) { return N > 0 && N < Tk ? N : Tk; }
+// The ring's chunks: key_chunk's, at most kMaxKeyChunks of them (then of ceil(Tk / kMaxKeyChunks)), so the
+// messages and the planner's loops stay few while the buffers fall by that factor.
 constexpr int64_t kMaxKeyChunks = 8;
-int64_t chunk_of(int64_t N, int64_t Tk) {
-  return N > 0 && N < Tk ? std::max(N, (Tk + kMaxKeyChunks - 1) / kMaxKeyChunks) : Tk;
-}
+int64_t chunk_of(int64_t N, int64_t Tk) { return std::max(key_chunk(N, Tk), (Tk + kMaxKeyChunks - 1) / kMaxKeyChunks); }
 RingChunks ring_chunks(const StepContext& s, int64_t Tk) {
   const int64_t c = chunk_of(s.layer_tile, Tk);
   return {Tk, c, (Tk + c - 1) / c};
@@ -251,7 +252,7 @@ void mla_attend_forward(StepContext& s, const LayerParams& lp, CBuf q, CBuf late
   const ops::KernelLauncher K = s.be.kernels();
   const MlaDims d = mla_dims(s.cfg);
   const DType act = s.precision.activations;
-  const int64_t cmax = chunk > 0 && chunk < a.Tk ? chunk : a.Tk;  // never capped: the expansion is the big one
+  const int64_t cmax = key_chunk(chunk, a.Tk);  // never capped (Note [MLA's keys in chunks])
   for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
     const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;
     Tensor gathered;
@@ -270,7 +271,7 @@ void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf lat
   const MlaDims d = mla_dims(s.cfg);
   const DType act = s.precision.activations;
   constexpr Category kAct = Category::Category_activations;
-  const int64_t cmax = chunk > 0 && chunk < a.Tk ? chunk : a.Tk;  // never capped: the expansion is the big one
+  const int64_t cmax = key_chunk(chunk, a.Tk);  // never capped (Note [MLA's keys in chunks])
   for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
     const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;
     Tensor gathered;
