@@ -11,9 +11,9 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "data/random_batch.h"
-#include "model/routing.h"
 #include "step/step.h"
 #include "train/run_config.h"
+#include "train/session.h"
 
 namespace fp::bench {
 
@@ -75,7 +75,6 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
            o.repeats, o.warmup);
   RunConfig cfg = config_load(o.config, overrides);
   const ModelConfig& m = cfg.model;
-  const RoutingProfile profile = routing_profile_on(cfg.moe.routing_profile, o.device != "meta");
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, cfg.data.seed);
   const int64_t n = batch.B * batch.T, L = m.num_hidden_layers;
   const uint64_t boundary = static_cast<uint64_t>(n * m.hidden_size) * 4;  // (n, H) fp32
@@ -83,13 +82,12 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
   Variant vars[2];
   for (int i = 0; i < 2; ++i) {
     Variant& v = vars[i];
-    Schedules sched = cfg.schedules;
-    sched.ckpt.kind = i == 0 ? CkptSchedule::Kind::Kind_device : CkptSchedule::Kind::Kind_sco;
+    RunConfig c = cfg;
+    c.schedules.ckpt.kind = i == 0 ? CkptSchedule::Kind::Kind_device : CkptSchedule::Kind::Kind_sco;
     v.name = i == 0 ? "device" : "sco";
     v.be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
     v.be->link_set_gbps(o.link_gbps);
-    v.model = std::make_unique<Model>(m, *v.be, profile, sched);
-    if (v.be->computes()) v.model->init_weights(m.seed);
+    v.model = run_model_create(c, *v.be);
   }
   log_info("bench checkpoint: {} layers, {} x {} = {} tokens, hidden {}: one boundary {}; {} warmup + {} timed steps "
            "(forward+backward) on {}{}",

@@ -388,7 +388,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
     mcfg = rc.model;
     base = rc.optim;
     base.sched = rc.schedules.optim;  // optim.bucket_params and the rest live with the schedules
-    config_precision = rc.schedules.precision;
+    config_precision = rc.precision;
   } else {
     FP_CHECK(o.overrides.empty(), "--set needs --config; use --precision for the recipe",
              "--set {} without --config", o.overrides.front());

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "backend/cpu/gemm_profile.h"
 #include "bench/bench_common.h"
 #include "core/buf.h"
 #include "core/log.h"
@@ -17,10 +18,10 @@
 #include "io/safetensors.h"
 #include "memory/report.h"
 #include "ops/gemm.h"
-#include "backend/cpu/gemm_profile.h"
 #include "sched/optim/optimizer.h"
 #include "step/step.h"
 #include "train/run_config.h"
+#include "train/session.h"
 
 namespace fp::bench {
 
@@ -73,8 +74,8 @@ int bench_step_run(const BenchStepOptions& o) {
   const ModelConfig& m = cfg.model;
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   be->kernels_set(ops::kernels_cpu_gemm_profiled());
-  Model model(m, *be, cfg.moe.routing_profile, cfg.schedules);
-  model.init_weights(m.seed);
+  const std::unique_ptr<Model> model_ptr = run_model_create(cfg, *be);
+  Model& model = *model_ptr;
   std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, cfg.schedules.optim, model.params(), *be);
   Optimizer& optim = *optim_ptr;
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, cfg.data.seed);
@@ -99,10 +100,8 @@ int bench_step_run(const BenchStepOptions& o) {
     ops::gemm_profile() = {};
     be->device_ledger().peaks_reset();
     const auto t0 = Clock::now();
-    model.zero_grads();
-    step_forward_backward(model, batch);
-    optim.step(i + 1, o.warmup + o.repeats);
-    be->synchronize();
+    train_step(model, optim, i + 1, o.warmup + o.repeats, cfg.moe.bias_update_rate,
+               [&] { return step_forward_backward(model, batch); });
     const double t = seconds_since(t0);
     if (i >= o.warmup) {
       times.push_back(t);
@@ -113,7 +112,7 @@ int bench_step_run(const BenchStepOptions& o) {
   const double step_s = median(times);
   const double sgemm = gemm_rate_measure(DType::DType_F32, 1024, 5);
   // The peak of the run's own dtype (the activations': GEMM operands are weights and activations).
-  const DType gemm_t = cfg.schedules.precision.activations;
+  const DType gemm_t = cfg.precision.activations;
   const double peak = gemm_t == DType::DType_F32 ? sgemm : gemm_rate_measure(gemm_t, 1024, 5);
   const double g_s = median(gemm_secs), g_f = median(gemm_flops);
   const double mflops = model_flops_per_step(m, batch.B, batch.T);
@@ -128,7 +127,7 @@ int bench_step_run(const BenchStepOptions& o) {
   j["tokens_per_s"] = static_cast<double>(batch.B * batch.T) / step_s;
   j["max_rss_bytes"] = static_cast<int64_t>(ru.ru_maxrss) * 1024;
   j["sgemm_flops_per_s"] = sgemm;
-  j["precision"] = precision_describe(cfg.schedules.precision);
+  j["precision"] = precision_describe(cfg.precision);
   j["gemm_peak_dtype"] = dtype_name(gemm_t);
   j["gemm_peak_flops_per_s"] = peak;
   machine_json(j);
@@ -139,13 +138,14 @@ int bench_step_run(const BenchStepOptions& o) {
   j["gemm_fraction_of_peak"] = g_f / g_s / peak;
   j["model_flops_per_step"] = mflops;
   j["mfu_vs_sgemm"] = mflops / step_s / sgemm;
-  fmt::print("flatpeak step ({}): {:.4f} s median of {} ({:.0f} tokens/s); GEMMs {:.0f}% of the step at {:.1f} "
-             "GFLOP/s = {:.0f}% of the {} GEMM peak {:.1f} GFLOP/s (sgemm {:.1f}); MFU {:.0f}% of sgemm; device "
-             "peak {}; max RSS {}\n",
-             precision_describe(cfg.schedules.precision), step_s, times.size(), j["tokens_per_s"].get<double>(),
-             100 * g_s / step_s, g_f / g_s / 1e9, 100 * g_f / g_s / peak, dtype_name(gemm_t), peak / 1e9, sgemm / 1e9,
-             100 * mflops / step_s / sgemm,
-             bytes_format(be->device_ledger().total_peak()), bytes_format(static_cast<uint64_t>(ru.ru_maxrss) * 1024));
+  fmt::print(
+      "flatpeak step ({}): {:.4f} s median of {} ({:.0f} tokens/s); GEMMs {:.0f}% of the step at {:.1f} "
+      "GFLOP/s = {:.0f}% of the {} GEMM peak {:.1f} GFLOP/s (sgemm {:.1f}); MFU {:.0f}% of sgemm; device "
+      "peak {}; max RSS {}\n",
+      precision_describe(cfg.precision), step_s, times.size(), j["tokens_per_s"].get<double>(), 100 * g_s / step_s,
+      g_f / g_s / 1e9, 100 * g_f / g_s / peak, dtype_name(gemm_t), peak / 1e9, sgemm / 1e9,
+      100 * mflops / step_s / sgemm, bytes_format(be->device_ledger().total_peak()),
+      bytes_format(static_cast<uint64_t>(ru.ru_maxrss) * 1024));
   machine_print();
   json_write(o.json, j);
   return 0;

@@ -143,6 +143,7 @@ plan::Model config_apply(const PlanOptions& o, plan::Input& in) {
   plan::Model m = plan::model_load(o.config);
   m.cfg = c.model;
   in.settings.sched = c.schedules;
+  in.settings.precision = c.precision;
   in.settings.layout.batch = c.train.batch_size;
   if (c.moe.routing_profile.kind != RoutingProfile::Kind::Kind_router) in.settings.routing = c.moe.routing_profile;
   in.context = o.context.empty() ? c.train.seq_len : plan::context_parse(o.context);

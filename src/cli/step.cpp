@@ -1,3 +1,5 @@
+#include "step/step.h"
+
 #include <filesystem>
 
 #include "backend/backend.h"
@@ -9,9 +11,8 @@
 #include "io/atomic_file.h"
 #include "memory/report.h"
 #include "memory/trace.h"
-#include "model/routing.h"
-#include "step/step.h"
 #include "train/run_config.h"
+#include "train/session.h"
 
 namespace fp::cli {
 
@@ -51,21 +52,19 @@ int step_run(const StepOptions& o) {
 namespace {
 int step_with(const StepOptions& o, RunConfig& cfg) {
   auto be = backend_create(o.common.device, bytes_parse(o.common.device_mem), bytes_parse(o.common.host_mem));
-  const RoutingProfile profile = routing_profile_on(cfg.moe.routing_profile, be->computes());
   const ModelConfig& m = cfg.model;
   log_info(
       "{}: {} layers, hidden {}, {} experts (top-{}), vocab {}, {:.2f} M parameters; batch {} x {} tokens on {}; "
       "precision {}{}",
       cfg.source, m.num_hidden_layers, m.hidden_size, m.num_experts, m.num_experts_per_tok, m.vocab_size,
       static_cast<double>(m.param_count()) / 1e6, cfg.train.batch_size, cfg.train.seq_len, be->name(),
-      precision_describe(cfg.schedules.precision),
+      precision_describe(cfg.precision),
       cfg.schedules.ckpt.recompute ? "" : "; every layer's activations kept (ckpt.recompute = false)");
-  Model model(m, *be, profile, cfg.schedules);
-  model.init_weights(m.seed);
+  const std::unique_ptr<Model> model = run_model_create(cfg, *be);
   Batch batch = batch_random(cfg.train.batch_size, cfg.train.seq_len, m.vocab_size, o.data_seed);
   be->device_ledger().peaks_reset();
   const Clock::time_point t0 = Clock::now();
-  StepOutputs out = step_forward_backward(model, batch);
+  StepOutputs out = step_forward_backward(*model, batch);
   const double secs = seconds_since(t0);
   const Ledger& led = be->device_ledger();
   fmt::print("loss {:.6f} (cross-entropy {:.6f}, aux {:.6f}) in {:.3f} s, {:.0f} tokens/s\n", out.loss, out.ce_loss,

@@ -17,6 +17,7 @@
 #include "step/step.h"
 #include "train/checkpoint.h"
 #include "train/config_keys.h"
+#include "train/session.h"
 #include "train/trainer.h"
 
 namespace fp::cli {
@@ -96,44 +97,41 @@ int eval_run(const EvalOptions& o) {
     config_key_set_text(data_cfg, *k, ov.substr(eq + 1), "--set " + ov);
   }
   documents_parse(data_cfg.data.documents);  // a bad value before any file is read
-  const std::string ck = checkpoint_resolve(o.checkpoint);
   // The architecture comes from the checkpoint's own config.json, read strictly (model/hf_config.h).
-  const ModelConfig m = hf_config_read(ck).model;
-  auto be = backend_create("cpu", bytes_parse(o.device_mem), kUnlimitedBytes);
-  Model model(m, *be, RoutingProfile{});
-  checkpoint_load(ck, m, model.params(), nullptr, *be);
+  const CheckpointModel cm = checkpoint_model_load(o.checkpoint, bytes_parse(o.device_mem));
+  const std::string& ck = cm.dir;
+  Model& model = *cm.model;
+  const ModelConfig& m = model.config();
   TokenFile file(o.data, m.vocab_size, "--data");
   int64_t T = o.seq_len;
   if (T <= 0) T = std::min<int64_t>(1024, file.size() - 1);  // a window holds T + 1 tokens
-  std::vector<Batch> batches = token_file_eval_batches(file, T, o.batch, "--seq-len");
-  FP_CHECK(!batches.empty(), "use a shorter --seq-len", "'{}' holds {} tokens: not one sequence of {}", o.data,
-           file.size(), T);
   const int32_t eos_id = documents_eos_id(data_cfg.data.documents, data_cfg.data.eos_id, ck, m.vocab_size);
   const DocumentMarker documents = DocumentMarker::make(data_cfg.data.documents, eos_id, o.data, file.size());
-  for (Batch& b : batches) documents.mark(b);
+  const std::vector<Batch> batches = eval_batches_read(file, T, o.batch, 0, documents, "--seq-len");
+  FP_CHECK(!batches.empty(), "use a shorter --seq-len", "'{}' holds {} tokens: not one sequence of {}", o.data,
+           file.size(), T);
   if (documents.kind != Documents::Documents_none)
     log_info("{}: attention and RoPE restart per document", documents.describe());
-  double loss_sum = 0, aux_sum = 0;
-  int64_t tokens = 0, sequences = 0;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    std::vector<float> logits;
-    const bool dump = i == 0 && !o.dump_logits.empty();
-    StepOutputs out = step_forward(model, batches[i], dump ? &logits : nullptr);
-    if (dump) {
-      const Batch& b = batches[i];
-      safetensors_write(o.dump_logits,
-                        {{"input_ids", DType::DType_I32, {b.B, b.T}, b.tokens.data()},
-                         {"targets", DType::DType_I32, {b.B, b.T}, b.targets.data()},
-                         {"logits", DType::DType_F32, {b.B, b.T, m.vocab_size}, logits.data()}},
-                        {});
-    }
-    loss_sum += out.ce_loss * static_cast<double>(out.target_tokens);
-    aux_sum += out.aux_loss * static_cast<double>(batches[i].B);
-    tokens += out.target_tokens;
-    sequences += batches[i].B;
-    log_info("eval batch {}/{}: loss {:.6f}", i + 1, batches.size(), out.ce_loss);
-  }
-  const double loss = loss_sum / static_cast<double>(tokens);
+  double aux_sum = 0;
+  int64_t sequences = 0;
+  std::vector<float> logits;
+  const HeldOutLoss held = held_out_loss(
+      batches.size(),
+      [&](size_t i) { return step_forward(model, batches[i], i == 0 && !o.dump_logits.empty() ? &logits : nullptr); },
+      [&](size_t i, const StepOutputs& out) {
+        const Batch& b = batches[i];
+        if (i == 0 && !o.dump_logits.empty())
+          safetensors_write(o.dump_logits,
+                            {{"input_ids", DType::DType_I32, {b.B, b.T}, b.tokens.data()},
+                             {"targets", DType::DType_I32, {b.B, b.T}, b.targets.data()},
+                             {"logits", DType::DType_F32, {b.B, b.T, m.vocab_size}, logits.data()}},
+                            {});
+        aux_sum += out.aux_loss * static_cast<double>(b.B);
+        sequences += b.B;
+        log_info("eval batch {}/{}: loss {:.6f}", i + 1, batches.size(), out.ce_loss);
+      });
+  const double loss = held.loss;
+  const int64_t tokens = held.targets;
   fmt::print("loss {:.6f} over {} target tokens ({} sequences of {})\n", loss, tokens, sequences, T);
   FP_CHECK(std::isfinite(loss), "the checkpoint's weights are finite (checked at load), so check the data file",
            "the evaluation loss of '{}' on '{}' is {}", ck, o.data, loss);
@@ -157,12 +155,11 @@ struct ConvertOptions {
 };
 
 int convert_run(const ConvertOptions& o) {
-  const std::string ck = checkpoint_resolve(o.checkpoint);
-  const ModelConfig m = hf_config_read(ck).model;
-  auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-  Model model(m, *be, RoutingProfile{});
   // Every tensor read, or the conversion stops naming it (Note [No weight is dropped silently]).
-  const TrainerState read = checkpoint_load(ck, m, model.params(), nullptr, *be);
+  const CheckpointModel cm = checkpoint_model_load(o.checkpoint);
+  const std::string& ck = cm.dir;
+  const ModelConfig& m = cm.model->config();
+  const TrainerState& read = cm.read;
   CheckpointFormat format;
   format.weights = o.dtype.empty() ? read.weights_dtype : dtype_parse(o.dtype);
   FP_CHECK(
@@ -170,7 +167,7 @@ int convert_run(const ConvertOptions& o) {
       "pass --dtype f32, bf16 or f16", "--dtype {}: weights are written as f32, bf16 or f16", o.dtype);
   format.shard_bytes = bytes_parse(o.shard_size);
   format.base_config = read.config_json;
-  checkpoint_export(o.out, m, model.params(), format);
+  checkpoint_export(o.out, m, cm.model->params(), format);
   log_info("wrote {} ({} weights{}) from {}", o.out, dtype_name(format.weights),
            format.weights != read.weights_dtype ? fmt::format(", read as {}", dtype_name(read.weights_dtype)) : "", ck);
   return 0;

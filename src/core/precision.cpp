@@ -48,6 +48,24 @@ void precision_set(Precision& p, std::string_view key, std::string_view value) {
   *field = precision_dtype_parse(key, value);
 }
 
+void precision_key_set(Precision& p, std::string_view key, std::string_view value, std::string_view source) {
+  try {
+    if (key == "precision.recipe") {
+      FP_CHECK(value == "fp32" || value == "bf16", "set precision.recipe = \"fp32\" or \"bf16\"",
+               "precision.recipe = \"{}\" is not one of fp32|bf16", value);
+      p = precision_recipe(value);
+      return;
+    }
+    FP_CHECK(key.rfind("precision.", 0) == 0,
+             "the keys of [precision] are recipe, params, grads, activations, "
+             "master, moments, logits, router",
+             "{} is not a [precision] key", key);
+    precision_set(p, key.substr(10), value);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", source, e.what()), e.hint());
+  }
+}
+
 bool precision_all_f32(const Precision& p) { return precision_non_f32(p).empty(); }
 
 std::string precision_non_f32(const Precision& p) {

@@ -50,6 +50,9 @@ DType precision_dtype_parse(std::string_view field, std::string_view value);
 // Sets one field by its [precision] key (params, grads, activations, master, moments, logits,
 // router). Throws fp::Error naming the key when it is unknown, or the value when it is no dtype.
 void precision_set(Precision& p, std::string_view key, std::string_view value);
+// Sets one run-config key of [precision] by its dotted name, "precision.recipe" (fp32 | bf16: every field
+// anew) or "precision.<field>", from its text. Throws fp::Error "<source>: ..." naming the key or value.
+void precision_key_set(Precision& p, std::string_view key, std::string_view value, std::string_view source);
 // Each field under its [precision] name, in that order: f(name, dtype) (P: Precision or const Precision).
 template <class P, class F>
 void precision_fields(P& p, F&& f) {

@@ -76,7 +76,7 @@ struct StepContext {
   std::unique_ptr<DataComm> vocab_channel;
   DataComm& vocab_data;
   // The dtype of each kind of tensor (Note [Which dtype each allocation gets] in core/precision.h):
-  // every block allocates in it; all f32 unless the model's schedules say otherwise.
+  // every block allocates in it; the model's (Model::precision), all f32 unless the run says otherwise.
   Precision precision;
   ExpertDispatch* dispatch = nullptr;  // the step's expert dispatch (expert_dispatch_create); null: local (W = 1)
   int64_t B = 0, T = 0, n = 0;

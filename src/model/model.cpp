@@ -24,8 +24,7 @@ namespace fp {
 // mixes other than the two recipes (here, and in the offloaded optimizers' constructors). meta computes
 // nothing, so it takes any precision: its peaks are those of real bf16 training.
 namespace {
-const Precision& precision_checked(const Backend& be, const Schedules& sched) {
-  const Precision& p = sched.precision;
+const Precision& precision_checked(const Backend& be, const Precision& p) {
   if (!be.computes() || precision_all_f32(p)) return p;
   constexpr const char* kMeta = "use --device meta to see the peaks of any precision, or precision.recipe = \"fp32\"";
   const DType f = DType::DType_F32, h = DType::DType_BF16;
@@ -38,21 +37,21 @@ const Precision& precision_checked(const Backend& be, const Schedules& sched) {
 }
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedules sched, Comm* comm,
-             RankGroups groups)
+Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedules sched, const Precision& precision,
+             Comm* comm, RankGroups groups)
     : cfg_(cfg),
       be_(be),
       profile_(profile),
       sched_(sched),
       comm_(comm),
       cp_(comm != nullptr ? comm->size() : 1),
-      params_(cfg, be, comm, precision_checked(be, sched_), groups) {
+      params_(cfg, be, comm, precision_checked(be, precision), groups) {
   // Note [Kernel coverage] (backend/kernels.h): every kernel the step calls, in the recipe's dtypes.
-  const std::vector<std::string> missing = ops::kernels_missing(be.kernels().table(), sched_.precision);
+  const std::vector<std::string> missing = ops::kernels_missing(be.kernels().table(), precision);
   FP_CHECK(missing.empty(),
            "use --device cpu (or meta for peaks), or precision.recipe = \"fp32\" where bf16 is missing",
            "the {} backend lacks {} kernel(s) this model's step calls in precision {}: {}", be.name(), missing.size(),
-           precision_describe(sched_.precision), fmt::join(missing, ", "));
+           precision_describe(precision), fmt::join(missing, ", "));
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");

@@ -1,6 +1,6 @@
 // The decoder-only MoE model (Qwen3-MoE semantics, Hugging Face names) as an architecture: its config,
-// its parameters laid out over the ranks (model/params.h), the schedules and routing profile its steps
-// run in, and the blocks (model/blocks.h). A step (forward, loss, backward) is run by step/step.h.
+// its parameters laid out over the ranks (model/params.h), the schedules, precision and routing profile its
+// steps run in, and the blocks (model/blocks.h). A step (forward, loss, backward) is run by step/step.h.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "comm/comm.h"
+#include "core/precision.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "model/schedules.h"
@@ -18,12 +19,15 @@ class Model {
  public:
   // Allocates parameters and gradients. The profile overrides the router (required on meta, where
   // the router computes nothing: "router" is an error there).
-  // sched: the schedule of each flattenable peak (plain variants by default).
+  // sched: the schedule of each flattenable peak (plain variants by default). precision: the dtype of every
+  // allocation (core/precision.h, Note [Which dtype each allocation gets]; all f32 by default). A computing
+  // backend computes the fp32 and bf16 recipes, with every schedule, and refuses any other mix by name
+  // (Note [bf16 on a computing backend] in model/model.cpp).
   // comm: the ranks this model is spread over (context parallel over the tokens; dense parameters
   // sharded FSDP-style, Note [FSDP layout] in model/params.h); null: one process. groups: the ranks per
   // expert group and per dense-shard group (Note [Experts in groups] in model/params.h); 0: every rank.
-  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, Schedules sched = {}, Comm* comm = nullptr,
-        RankGroups groups = {});
+  Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile = {}, Schedules sched = {},
+        const Precision& precision = {}, Comm* comm = nullptr, RankGroups groups = {});
 
   // Deterministic initial weights (cpu); see ParamStore::init.
   void init_weights(uint64_t seed) { params_.init(seed); }
@@ -41,6 +45,7 @@ class Model {
   Backend& backend() { return be_; }
   const RoutingProfile& routing_profile() const { return profile_; }
   const Schedules& schedules() const { return sched_; }
+  const Precision& precision() const { return params_.precision(); }
   Comm* comm() const { return comm_; }  // null: one process
 
   // Note [A device mesh] (train/trainer.cpp): the ranks form dp replicas of cp consecutive ranks each;

@@ -114,15 +114,6 @@ bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::
   else if (key == "optim.update_on") {
     if (v != "device" && v != "host") not_one_of(source, key, v, "device|host");
     o.update_on_host = v == "host";
-  } else if (key == "precision.recipe") {
-    if (v != "fp32" && v != "bf16") not_one_of(source, key, v, "fp32|bf16");
-    s.precision = precision_recipe(v);
-  } else if (key.rfind("precision.", 0) == 0) {
-    try {
-      precision_set(s.precision, key.substr(10), v);
-    } catch (const Error& e) {
-      throw Error(fmt::format("{}: {}", source, e.what()), e.hint());
-    }
   } else return false;
   return true;
 }

@@ -1,8 +1,9 @@
-// Which schedule each flattenable peak uses (docs/design.md, "The four schedules"), and the dtypes: the one
-// schedule and config model. Every family keeps its plain variant, so a run can compare them side by
+// Which schedule each flattenable peak uses (docs/design.md, "The four schedules"): the one schedule
+// model. The dtypes are another concept, the precision recipe (core/precision.h), which Model takes beside
+// these. Every family keeps its plain variant, so a run can compare them side by
 // side. One struct (Schedules), one name per setting (the run config's dotted TOML name, e.g.
 // pipelined.chunk_cap, written next to each field), one validation (schedules_validate). The run config
-// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined], [precision]) fills it from
+// (train/run_config.h: [vocab], [ckpt], [optim], [moe], [llep], [pipelined]) fills it from
 // TOML, `flatpeak plan --schedule key=value` through schedules_set, and the engine (Model, the step,
 // dispatch, vocab, ckpt, optimizer creation) reads it.
 #pragma once
@@ -11,7 +12,6 @@
 #include <string>
 #include <string_view>
 
-#include "core/precision.h"
 #include "core/units.h"
 
 namespace fp {
@@ -77,11 +77,6 @@ struct Schedules {
   CkptSchedule ckpt;
   DispatchSchedule dispatch;
   OptimSchedule optim;
-  // The dtype of every allocation (core/precision.h, Note [Which dtype each allocation gets]); all f32
-  // by default. A computing backend computes the fp32 and bf16 recipes, with every optimizer schedule
-  // and placement, and refuses any other mix by name (Model's constructor, Note [bf16 on a computing
-  // backend] in model/model.cpp).
-  Precision precision;  // precision.recipe, precision.params, ... (core/precision.h)
 };
 
 // The names of the families, as the run config writes them (vocab.schedule = "ring", ...).
@@ -94,7 +89,7 @@ std::string_view update_on_name(const OptimSchedule& o);
 
 // Sets one setting by its dotted name from text, as written in TOML or on a command line (strings
 // unquoted): the schedule keys of the registry (train/config_keys.h; optim.schedule takes auto too: see
-// OptimSchedule) and precision.recipe, precision.<field>. Returns false for a key that is not a schedule
+// OptimSchedule). Returns false for a key that is not a schedule
 // setting; throws fp::Error "<source>: <key> = <value> ..." for a value that does not parse (ranges:
 // schedules_validate).
 bool schedules_set(Schedules& s, std::string_view key, std::string_view value, std::string_view source);

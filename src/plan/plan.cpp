@@ -12,6 +12,7 @@
 #include "sched/optim/optimizer.h"
 #include "sched/vocab/ring_dtp.h"
 #include "step/step.h"
+#include "train/session.h"
 
 namespace fp::plan {
 
@@ -52,7 +53,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
       be->device_ledger().events_limit_set(0);
       be->host_ledger().events_limit_set(0);
     }
-    fp::Model model(cfg, *be, in.settings.routing, sc, W > 1 ? &comm : nullptr,
+    fp::Model model(cfg, *be, in.settings.routing, sc, in.settings.precision, W > 1 ? &comm : nullptr,
                     RankGroups{static_cast<int>(in.settings.layout.ep), static_cast<int>(in.settings.layout.fsdp)});
     if (W > 1) model.set_context_parallel(cp);
     RankPlan& rp = out[static_cast<size_t>(r)];
@@ -61,7 +62,6 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     for (const Param& p : model.params().all()) rp.params_per_rank += p.local_w().numel();
     model.init_weights(cfg.seed);
     std::unique_ptr<Optimizer> optim = optimizer_create(OptimConfig{}, sc.optim, model.params(), *be);
-    model.zero_grads();
     // Data never reaches a meta backend; only the shapes and this rank's positions matter.
     Batch batch;
     batch.B = B;
@@ -69,9 +69,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     batch.tokens.assign(static_cast<size_t>(batch.B * batch.T), 0);
     batch.targets.assign(batch.tokens.size(), 0);
     if (cp > 1) batch.positions = context_positions(T, r % cp, cp);
-    step_forward_backward(model, batch);
-    optim->step(1, 1);
-    be->synchronize();
+    train_step(model, *optim, 1, 1, 0.0, [&] { return step_forward_backward(model, batch); });  // as train runs it
     const Ledger& d = be->device_ledger();
     const Ledger& h = be->host_ledger();
     for (Category c : kAllCategories) {
@@ -83,7 +81,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     rp.peak_tag = d.total_peak_tag();
     rp.host_needed = h.total_peak();
     const uint64_t boundary =
-        static_cast<uint64_t>(batch.B * batch.T * cfg.hidden_size) * dtype_size(sc.precision.activations);
+        static_cast<uint64_t>(batch.B * batch.T * cfg.hidden_size) * dtype_size(in.settings.precision.activations);
     rp.boundaries_offloaded = boundary > 0 ? static_cast<int64_t>(h.peak(kCkpt) / boundary) : 0;
     if (opt.events) {
       rp.events = d.events();
@@ -110,7 +108,7 @@ int64_t rank_pick(const std::vector<RankPlan>& ranks) {
 void describe(const Input& in, Result& r) {
   const Schedules& s = r.sched;
   const Sizes& z = r.sizes;
-  const Precision& p = s.precision;
+  const Precision& p = r.precision;
   auto& f = r.formula;
   const std::string shard = z.ranks > 1 ? "P / W (FSDP rows of every dense tensor, E / W experts)" : "P";
   f[static_cast<int>(kParams)] =
@@ -178,6 +176,7 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
 
   Result r;
   r.sched = sc;
+  r.precision = in.settings.precision;
   Sizes& z = r.sizes;
   z.ranks = lay.ranks;
   z.rank = pick;

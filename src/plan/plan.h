@@ -67,11 +67,12 @@ struct Layout {
 
 // Every schedule setting is the engine's own struct (model/schedules.h), under the run config's names;
 // the planner differs in two defaults: optim.schedule = "auto" (the baseline's rule, resolved by
-// plan_step) and precision.recipe = "bf16" (the paper's recipe, a real run's dtypes).
+// plan_step) and precision.recipe = "bf16" (Settings::precision: the paper's recipe, a real run's dtypes).
 Schedules planner_schedules();
 
 struct Settings {
   Schedules sched = planner_schedules();
+  Precision precision = precision_recipe("bf16");  // [precision] (core/precision.h)
   Layout layout;
   RoutingProfile routing = routing_profile_parse("balanced");
   // The flatpeak preset's layer tile and Ring-DTP strip are the planner's to shrink where they bind (Note [The
@@ -135,6 +136,7 @@ struct Sizes {
 struct Result {
   Sizes sizes;
   Schedules sched;                               // optim resolved (never auto)
+  Precision precision;                           // the dtypes it was planned in (Settings::precision)
   CategoryBytes peak{};                          // per-category device peak, bytes per rank
   CategoryBytes at_peak{};                       // what each category held at the step's peak
   uint64_t step_peak = 0;                        // device, all categories at once

@@ -93,7 +93,7 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
     if (z.vocab_ring > 1) j["layout"]["ring_mode"] = z.ring_mode;
   }
   if (r.sched.ckpt.kind == CkptSchedule::Kind::Kind_sco) j["layout"]["boundaries_offloaded"] = z.boundaries_offloaded;
-  j["precision"] = precision_json(r.sched.precision);
+  j["precision"] = precision_json(r.precision);
   j["schedule"] = schedule_json(r.sched);
   j["schedule"]["optim_requested"] = schedule_name(in.settings.sched.optim.kind);
   nlohmann::ordered_json peaks;
@@ -154,7 +154,7 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
     out += fmt::format("rank {}{}{}\n", z.rank, in.settings.layout.rank < 0 ? " (the largest step peak)" : "",
                        z.chunks > 0 ? fmt::format(": {} chunks of {} tokens per source", z.chunks, z.chunk_tokens)
                                     : std::string());
-  const Precision& d = r.sched.precision;
+  const Precision& d = r.precision;
   out += fmt::format("precision: params {}, grads {}, activations {}, master {}, moments {}, logits {}, router {}\n",
                      dtype_name(d.params), dtype_name(d.grads), dtype_name(d.activations), dtype_name(d.master),
                      dtype_name(d.moments), dtype_name(d.logits), dtype_name(d.router));

@@ -41,7 +41,6 @@ int64_t int_parse(std::string_view key, std::string_view v, int64_t min) {
 Schedules planner_schedules() {
   Schedules s;
   s.optim.kind = OptimSchedule::Kind::Kind_auto;
-  s.precision = precision_recipe("bf16");
   return s;
 }
 
@@ -77,7 +76,7 @@ void settings_apply(Settings& s, std::string_view item) {
   const std::string_view v = item.substr(eq + 1);
   if (key == "dtype") {
     const DType d = dtype_parse(v);
-    Precision& pr = s.sched.precision;
+    Precision& pr = s.precision;
     pr.params = pr.grads = pr.activations = pr.master = pr.moments = pr.logits = pr.router = d;
     return;
   }
@@ -99,6 +98,7 @@ void settings_apply(Settings& s, std::string_view item) {
   const std::string source = fmt::format("--schedule {}", item);
   RunConfig next;
   next.schedules = s.sched;
+  next.precision = s.precision;
   next.moe.routing_profile = s.routing;
   try {
     config_key_set_text(next, *k, v, source);
@@ -111,6 +111,7 @@ void settings_apply(Settings& s, std::string_view item) {
            "--schedule {}: the planner needs a routing profile (the router is data dependent)", item);
   if (k->name == "ckpt.layer_tile" || k->name == "vocab.block_tokens") s.shrink = false;  // as given
   s.sched = std::move(next.schedules);
+  s.precision = std::move(next.precision);
   s.routing = next.moe.routing_profile;
 }
 

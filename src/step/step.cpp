@@ -170,7 +170,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const int64_t n = batch.B * batch.T, H = cfg.hidden_size, L = cfg.num_hidden_layers;
   Comm& comm = params.comm();  // the model's ranks, or the store's one-process world
   StepContext s(be, cfg, model.routing_profile(), comm, &params.expert_comm(), &params.shard_comm());
-  s.precision = sched.precision;
+  s.precision = model.precision();
   s.moe_token_chunk = sched.dispatch.token_chunk;
   // A tile of every token is the whole layer, bit for bit (Note [Sequence-tiled layers]).
   s.layer_tile = sched.ckpt.layer_tile < n ? sched.ckpt.layer_tile : 0;

@@ -99,6 +99,21 @@ ConfigKey schedule_key(const char* name, KeyType type, KeyEffect effect, uint32_
   return k;
 }
 
+// A [precision] key: arithmetic, for train and plan, set through precision_key_set.
+ConfigKey precision_key(const char* name, const char* doc, std::function<json(const Precision&)> get) {
+  ConfigKey k;
+  k.name = name;
+  k.type = KeyType::KeyType_string;
+  k.effect = KeyEffect::KeyEffect_arithmetic;
+  k.commands = kTrainPlan;
+  k.doc = doc;
+  k.set = [name = std::string(name)](RunConfig& c, const json& v, const std::string& source) {
+    precision_key_set(c.precision, name, v.get<std::string>(), source);
+  };
+  k.get = [get = std::move(get)](const RunConfig& c) { return get(c.precision); };
+  return k;
+}
+
 template <class T>
 ConfigKey plain_key(const char* name, KeyType type, KeyEffect effect, const char* doc, T RunConfig::*table, auto member,
                     std::function<void(const RunConfig&, const std::string&)> check = nullptr) {
@@ -483,20 +498,19 @@ std::vector<ConfigKey> registry_build() {
                               "every", [](const Schedules& s) { return json(s.ckpt.every); }));
 
   // [precision]: the recipe, then the fields (applied after it).
-  keys.push_back(schedule_key("precision.recipe", K::KeyType_string, kArith, kTrainPlan,
-                              "fp32 | bf16 (core/precision.h); the fields below override it", "",
-                              [](const Schedules& s) { return json(s.precision.recipe); }));
+  keys.push_back(precision_key("precision.recipe", "fp32 | bf16 (core/precision.h); the fields below override it",
+                               [](const Precision& p) { return json(p.recipe); }));
   const Precision f32;
   precision_fields(f32, [&](const char* field, DType) {
-    keys.push_back(schedule_key((std::string("precision.") + field).c_str(), K::KeyType_string, kArith, kTrainPlan,
-                                "f32 | bf16 | f16: the dtype of this kind of tensor", "",
-                                [field = std::string(field)](const Schedules& s) {
-                                  json out;
-                                  precision_fields(s.precision, [&](const char* name, DType d) {
-                                    if (field == name) out = std::string(dtype_name(d));
-                                  });
-                                  return out;
-                                }));
+    keys.push_back(precision_key((std::string("precision.") + field).c_str(),
+                                 "f32 | bf16 | f16: the dtype of this kind of tensor",
+                                 [field = std::string(field)](const Precision& p) {
+                                   json out;
+                                   precision_fields(p, [&](const char* name, DType d) {
+                                     if (field == name) out = std::string(dtype_name(d));
+                                   });
+                                   return out;
+                                 }));
     keys.back().aliases = {std::string("dtype.") + (std::string_view(field) == "params" ? "weights" : field)};
   });
   for (ConfigKey& k : keys)
@@ -735,9 +749,9 @@ ResumeCheck config_resume_check(const json& then, const RunConfig& now, bool ext
   }
   // An older flatpeak's "precision": one description string, written when not fp32.
   if (then.contains("precision") && then["precision"].is_string() &&
-      then["precision"].get<std::string>() != precision_describe(now.schedules.precision))
+      then["precision"].get<std::string>() != precision_describe(now.precision))
     r.refused.push_back(fmt::format("precision: checkpoint \"{}\", now \"{}\"", then["precision"].get<std::string>(),
-                                    precision_describe(now.schedules.precision)));
+                                    precision_describe(now.precision)));
   // A setting the checkpoint's run had that this flatpeak does not know (a newer one wrote it): never
   // dropped silently.
   if (then.is_object())

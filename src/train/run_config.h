@@ -72,8 +72,10 @@ struct RunConfig {
   ParallelConfig parallel;
   MoeConfig moe;
   // Every schedule setting (model/schedules.h): [vocab], [ckpt], optim.schedule and its settings,
-  // moe.dispatch, moe.token_chunk, [llep], [pipelined], [precision]
+  // moe.dispatch, moe.token_chunk, [llep], [pipelined]
   Schedules schedules;
+  // [precision]: the dtype of every allocation (core/precision.h); all f32 by default.
+  Precision precision;
   std::string source;  // file it came from, for messages
 };
 

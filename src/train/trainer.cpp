@@ -33,6 +33,7 @@
 #include "train/config_keys.h"
 #include "train/progress.h"
 #include "train/run_config.h"
+#include "train/session.h"
 
 namespace fp {
 
@@ -153,8 +154,7 @@ class DataSource {
 // file once, in file order; token_file_eval_batches), each train.batch_size sequences of train.seq_len
 // tokens, the training shapes, so an evaluation's forward fits wherever the step's forward and backward
 // did. They are marked with documents as the training data is (data.documents) and split over the ranks
-// as a training batch is. The loss is the token mean over every target of every batch (the sum of each
-// batch's losses weighted by its targets), so it does not depend on how the file is batched. Forward
+// as a training batch is. The loss is `flatpeak eval`'s (Note [One held-out loss] in train/session.h). Forward
 // only: the weights, the optimizer and the data position are untouched, so a run with evaluations trains
 // bit for bit as one without. The windows are read once, at the start (8 bytes a token). On meta
 // nothing is evaluated (it holds no numbers).
@@ -169,35 +169,24 @@ class HeldOut {
     const TokenFile file(c.eval.data, c.model.vocab_size, "eval.data");
     // Batches of dp x batch_size sequences, each replica its rows; the file's last sequences that would
     // leave a replica without one (fewer than dp) are not evaluated.
+    // Read as the training data is: with "index", eval.data's own index (eval.data + ".docs").
     batches_ =
-        token_file_eval_batches(file, c.train.seq_len, mesh.dp * c.train.batch_size, "train.seq_len", c.eval.batches);
+        eval_batches_read(file, c.train.seq_len, mesh.dp * c.train.batch_size, c.eval.batches,
+                          DocumentMarker::make(c.data.documents, eos_id, c.eval.data, file.size()), "train.seq_len");
     if (!batches_.empty() && batches_.back().B % mesh.dp != 0) {
       Batch& last = batches_.back();
       last = batch_rows(last, 0, last.B - last.B % mesh.dp);
       if (last.B == 0) batches_.pop_back();
     }
-    // Read as the training data is: with "index", eval.data's own index (eval.data + ".docs").
-    const DocumentMarker documents = DocumentMarker::make(c.data.documents, eos_id, c.eval.data, file.size());
-    for (Batch& b : batches_) documents.mark(b);
   }
   bool due(int64_t step, int64_t total) const {
     return !batches_.empty() && (step == total || (every_ > 0 && step % every_ == 0));
   }
-  struct Result {
-    double loss = 0;
-    int64_t targets = 0;
-  };
   // Collective: every rank evaluates its piece of each batch.
-  Result run(Model& model, Comm& comm) const {
-    Result r;
-    double sum = 0;
-    for (const Batch& g : batches_) {
-      const StepOutputs out = step_forward(model, mesh_slice(mesh_, g, split_, window_));
-      sum += out.ce_loss * static_cast<double>(out.target_tokens);
-      r.targets += out.target_tokens;
-    }
-    r.loss = sum / static_cast<double>(r.targets);
-    return r;
+  HeldOutLoss run(Model& model) const {
+    return held_out_loss(batches_.size(), [&](size_t i) {
+      return step_forward(model, mesh_slice(mesh_, batches_[i], split_, window_));
+    });
   }
   int64_t batches() const { return static_cast<int64_t>(batches_.size()); }
 
@@ -284,7 +273,7 @@ void sco_launch_report(const RunConfig& cfg, Backend& be, int W) {
   const int64_t L = cfg.model.num_hidden_layers;
   if (ck.kind != CkptSchedule::Kind::Kind_sco || L < 2) return;
   const uint64_t each = static_cast<uint64_t>(cfg.train.batch_size * cfg.train.seq_len / W) *
-                        static_cast<uint64_t>(cfg.model.hidden_size) * dtype_size(cfg.schedules.precision.activations);
+                        static_cast<uint64_t>(cfg.model.hidden_size) * dtype_size(cfg.precision.activations);
   const int64_t want = L - 1;  // the last boundary stays on the device by design (sco.cpp)
   const Ledger& hl = be.host_ledger();
   const uint64_t host_free =
@@ -636,7 +625,7 @@ void run_describe(const TrainOptions& o, const RunConfig& cfg, Backend& be, cons
       "{} steps on {} (device memory {}); precision {}{}; outputs in {}",
       cfg.source, static_cast<double>(m.param_count()) / 1e6, model_type_name(m.model_type), m.num_hidden_layers,
       m.hidden_size, m.num_experts, m.num_experts_per_tok, m.vocab_size, cfg.train.batch_size, cfg.train.seq_len,
-      cfg.train.steps, be.name(), bytes_format(be.device_ledger().capacity()), precision_describe(cfg.schedules.precision),
+      cfg.train.steps, be.name(), bytes_format(be.device_ledger().capacity()), precision_describe(cfg.precision),
       cfg.schedules.ckpt.recompute ? "" : "; every layer's activations kept (ckpt.recompute = false)", o.out);
   if (comm.size() > 1)
     log_info("{} ranks ({}): each holds {} of the {} tokens of every sequence of its replica (context parallel over {}, "
@@ -728,7 +717,6 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const int64_t total = cfg.train.steps;
   auto be = backend_create(o.device, bytes_parse(o.device_mem), bytes_parse(o.host_mem));
   if (o.link_gbps > 0) be->link_set_gbps(o.link_gbps);  // Note [Emulated link] (backend/backend.h)
-  const RoutingProfile profile = routing_profile_on(cfg.moe.routing_profile, be->computes());
   const ModelConfig& m = cfg.model;
   Comm& comm = comm_world();
   const bool lead = comm.rank() == 0;  // rank 0 writes outputs and prints
@@ -754,9 +742,9 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   stop_signals_install();                                // Note [Stopping on a signal]
   const std::string run_json = config_json(cfg).dump();  // every key (Note [One key registry])
 
-  Model model(m, *be, profile, cfg.schedules, &comm, RankGroups{mesh.ep, mesh.fsdp});
+  const std::unique_ptr<Model> model_ptr = run_model_create(cfg, *be, &comm, RankGroups{mesh.ep, mesh.fsdp});
+  Model& model = *model_ptr;
   model.set_context_parallel(mesh.cp);
-  model.init_weights(m.seed);
   std::unique_ptr<Optimizer> optim_ptr = optimizer_create(cfg.optim, cfg.schedules.optim, model.params(), *be);
   Optimizer& optim = *optim_ptr;
   if (lead) sco_launch_report(cfg, *be, comm.size());
@@ -804,15 +792,15 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     const Clock::time_point t0 = Clock::now();
     if (step == fault.step && (fault.kind == "spike" || fault.kind == "nan"))
       fault_apply(*be, model.params(), fault.kind);
-    model.zero_grads();
     double answers[2] = {0, 0};  // recall: answers predicted exactly, answers (this rank's)
-    const StepOutputs out =
-        step_micro_batches(model, sb, mesh, split, m.sliding_window, want_logits ? &logits : nullptr, answers);
-    stop_policy.check_loss(step, out);
-    Optimizer::StepStats os = optim.step(step, schedule_total);
-    // DeepSeek-V3's aux-loss-free balancing: the routing bias follows this step's expert loads.
-    optim.weights_written(model.routing_bias_update(out.expert_counts, cfg.moe.bias_update_rate));
-    be->synchronize();
+    const TrainStepResult ts = train_step(
+        model, optim, step, schedule_total, cfg.moe.bias_update_rate,
+        [&] {
+          return step_micro_batches(model, sb, mesh, split, m.sliding_window, want_logits ? &logits : nullptr, answers);
+        },
+        [&](const StepOutputs& o) { stop_policy.check_loss(step, o); });
+    const StepOutputs& out = ts.out;
+    const Optimizer::StepStats& os = ts.stats;
     if (step == fault.step && fault.kind == "nan_update") fault_apply(*be, model.params(), fault.kind);
     const double secs = seconds_since(t0);
     const int64_t step_tokens = M * sb.micro[0].B * sb.micro[0].T;  // global, every rank's, every micro-batch's
@@ -836,7 +824,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     }
     double eval_loss = std::nan("");
     if (held_out.due(step, total)) {  // Note [Held-out evaluation]
-      const HeldOut::Result r = held_out.run(model, comm);
+      const HeldOutLoss r = held_out.run(model);
       eval_loss = r.loss;
       j["eval_loss"] = r.loss;
       j["eval_targets"] = r.targets;

@@ -89,7 +89,6 @@ int main(int argc, char** argv) {
     if (chunked) sched.dispatch.token_chunk = 37;
     // Tiles of 25 tokens: pieces of each rank's 200 / W tokens per sequence (8, 4 and 2 tiles per sequence).
     if (tiled) sched.ckpt.layer_tile = 25;
-    if (bf16) sched.precision = precision_recipe("bf16");
     if (deepseek) {
       m.model_type = ModelType::ModelType_deepseek_v3;
       m.num_hidden_layers = 3, m.num_key_value_heads = 4, m.q_lora_rank = 16, m.kv_lora_rank = 12;
@@ -111,7 +110,7 @@ int main(int argc, char** argv) {
     RecallTaskConfig rc;
     rc.vocab_size = m.vocab_size, rc.seq_len = 200, rc.pairs = 2, rc.seed = 4, rc.loss_on = LossOn::LossOn_all;
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Model model(m, *be, RoutingProfile{}, sched, &comm);
+    Model model(m, *be, RoutingProfile{}, sched, precision_recipe(bf16 ? "bf16" : "fp32"), &comm);
     model.init_weights(m.seed);
     // Larger q/k weights: attention far from uniform, so the ring's merge is really exercised.
     // (Each rank scales its own rows: the same weights for any W.)

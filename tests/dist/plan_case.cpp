@@ -93,7 +93,7 @@ void case_run(Comm& comm, const Case& c) {
   std::unique_ptr<Backend> be = backend_create("meta", kUnlimitedBytes, c.host_mem);
   be->host_ledger().overcommit_set(true);
   // Alive until the ledgers are read (the plan reads them before its model goes).
-  Model model(in.model, *be, in.settings.routing, p.sched, W > 1 ? &comm : nullptr);
+  Model model(in.model, *be, in.settings.routing, p.sched, p.precision, W > 1 ? &comm : nullptr);
   if (W > 1) model.set_context_parallel(cp);
   std::unique_ptr<Optimizer> optim;
   {

@@ -265,7 +265,7 @@ std::vector<double> train_losses(Comm& comm, const VocabSchedule& v) {
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   Schedules sched;
   sched.vocab = v;
-  Model model(m, *be, RoutingProfile{}, sched, &comm);
+  Model model(m, *be, RoutingProfile{}, sched, Precision{}, &comm);
   // On W > 1 ranks lm_head is FSDP-sharded by rows: the ring reads and writes its shard alone.
   if (comm.size() > 1 && model.params().lm_head->placement != Placement::Placement_rows)
     fail(comm, "the model's lm_head is not row-sharded: the ring's FSDP path is not tested");

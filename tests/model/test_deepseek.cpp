@@ -36,11 +36,7 @@ std::vector<float> host_of(Backend& be, const Tensor& t) {
   return v;
 }
 
-Schedules recipe(const char* name) {
-  Schedules s;
-  s.precision = precision_recipe(name);
-  return s;
-}
+Precision recipe(const char* name) { return precision_recipe(name); }
 }  // namespace
 
 TEST(DeepseekV3, MetaAllocatesAsCpu) {
@@ -80,7 +76,7 @@ TEST(DeepseekV3, RoutingBiasFollowsTheLoads) {
     for (const char* sched : {"device", "offload_serial", "offload_stream", "offload_stream:host"}) {
       SCOPED_TRACE(std::string(rec) + " " + sched);
       auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-      Model model(m, *be, RoutingProfile{}, recipe(rec));
+      Model model(m, *be, RoutingProfile{}, Schedules{}, recipe(rec));
       model.init_weights(m.seed);
       OptimConfig oc;
       const std::string sn = sched;
@@ -158,9 +154,9 @@ TEST(DeepseekV3, Bf16OffloadStreamOnHostEqualsDeviceAdamW) {
   };
   auto train = [&](const OptimSchedule& os) {
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Schedules s = recipe("bf16");
+    Schedules s;
     s.optim = os;
-    Model model(m, *be, RoutingProfile{}, s);
+    Model model(m, *be, RoutingProfile{}, s, recipe("bf16"));
     model.init_weights(m.seed);
     OptimConfig oc;
     oc.sched = os;
@@ -226,7 +222,7 @@ TEST(DeepseekV3, Bf16RoutingBiasStaysF32AndMovesAsInFp32) {
   int r = 0;
   for (const char* rec : {"fp32", "bf16"}) {
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Model model(m, *be, RoutingProfile{}, recipe(rec));
+    Model model(m, *be, RoutingProfile{}, Schedules{}, recipe(rec));
     model.init_weights(m.seed);
     const DType weights = r == 0 ? DType::DType_F32 : DType::DType_BF16;
     for (const Param& p : model.params().all()) {
@@ -269,7 +265,7 @@ double deepseek_step(const char* rec, int W, std::vector<std::vector<float>>& gr
   double loss = 0;
   auto body = [&](Comm* comm) {
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Model model(m, *be, routing_profile_parse("balanced"), recipe(rec), comm);
+    Model model(m, *be, routing_profile_parse("balanced"), Schedules{}, recipe(rec), comm);
     model.init_weights(m.seed);
     model.zero_grads();
     const int rank = comm ? comm->rank() : 0;
@@ -340,9 +336,9 @@ TEST(DeepseekV3, Bf16MetaAllocatesAsCpuThroughTheOptimizerStep) {
     uint64_t params_bytes[2] = {0, 0}, host_optimizer[2] = {0, 0}, host_row = 0;
     for (int i = 0; i < 2; ++i) {
       auto be = backend_create(i == 0 ? "cpu" : "meta", kUnlimitedBytes, kUnlimitedBytes);
-      Schedules s = recipe("bf16");
+      Schedules s;
       s.optim = oc.sched;
-      Model model(m, *be, routing_profile_parse("hot:0.5:2"), s);
+      Model model(m, *be, routing_profile_parse("hot:0.5:2"), s, recipe("bf16"));
       model.init_weights(m.seed);
       std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
       model.zero_grads();

@@ -77,9 +77,7 @@ struct StepRun {
 
 StepRun step(const ModelConfig& m, const Batch& b, const Precision& precision = {}) {
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-  Schedules sched;
-  sched.precision = precision;
-  Model model(m, *be, RoutingProfile{}, sched);
+  Model model(m, *be, RoutingProfile{}, Schedules{}, precision);
   model.init_weights(m.seed);
   StepRun r;
   r.out = step_forward_backward(model, b, &r.logits);

@@ -86,8 +86,7 @@ StepRun run(const ModelConfig& m, const Batch& batch, const Options& o) {
   Schedules sched;
   sched.ckpt.layer_tile = o.layer_tile;
   sched.dispatch.token_chunk = o.token_chunk;
-  sched.precision = o.precision;
-  Model model(m, *be, o.profile, sched);
+  Model model(m, *be, o.profile, sched, o.precision);
   model.init_weights(m.seed);
   // Larger q/k weights: attention far from uniform, so a tile that saw the wrong keys would show.
   for (Param& p : model.params().all()) {

@@ -36,9 +36,7 @@ std::pair<std::vector<LedgerEvent>, std::vector<LedgerEvent>> step_events(const 
                                                                           const Precision& precision = {}) {
   const ModelConfig m = small_config();
   auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
-  Schedules sched;
-  sched.precision = precision;
-  Model model(m, *be, routing_profile_parse("hot:0.9:2"), sched);
+  Model model(m, *be, routing_profile_parse("hot:0.9:2"), Schedules{}, precision);
   model.init_weights(m.seed);
   std::unique_ptr<Optimizer> optim = optimizer_create(oc, model.params(), *be);
   model.zero_grads();

@@ -75,19 +75,19 @@ TEST(Precision, RecipesAndDescription) {
 
 TEST(Precision, ConfigTable) {
   const std::string t = tiny_text();
-  EXPECT_TRUE(precision_all_f32(config_parse(t, "tiny.toml").schedules.precision));  // the default
+  EXPECT_TRUE(precision_all_f32(config_parse(t, "tiny.toml").precision));  // the default
   const RunConfig b = config_parse(t, "tiny.toml", {"precision.recipe=bf16"});
-  EXPECT_EQ(b.schedules.precision.params, DType::DType_BF16);
-  EXPECT_EQ(b.schedules.precision.master, DType::DType_F32);
+  EXPECT_EQ(b.precision.params, DType::DType_BF16);
+  EXPECT_EQ(b.precision.master, DType::DType_F32);
   // Fields apply after the recipe, whatever the order they are given in.
   const RunConfig o = config_parse(t, "tiny.toml",
                                    {"precision.logits=bf16", "precision.recipe=bf16", "precision.params=f32"});
-  EXPECT_EQ(o.schedules.precision.logits, DType::DType_BF16);
-  EXPECT_EQ(o.schedules.precision.params, DType::DType_F32);
-  EXPECT_EQ(o.schedules.precision.grads, DType::DType_BF16);
+  EXPECT_EQ(o.precision.logits, DType::DType_BF16);
+  EXPECT_EQ(o.precision.params, DType::DType_F32);
+  EXPECT_EQ(o.precision.grads, DType::DType_BF16);
   const RunConfig f16 = config_parse(t, "t.toml", {"precision.activations=f16"});
-  EXPECT_EQ(f16.schedules.precision.activations, DType::DType_F16);
-  EXPECT_EQ(f16.schedules.precision.params, DType::DType_F32);
+  EXPECT_EQ(f16.precision.activations, DType::DType_F16);
+  EXPECT_EQ(f16.precision.params, DType::DType_F32);
   // Errors name the file and the key.
   auto [m1, h1] = error_of([&] { config_parse(t, "t.toml", {"precision.weights=bf16"}); });
   EXPECT_TRUE(has(m1, "unknown key precision.weights")) << m1;
@@ -110,10 +110,9 @@ TEST(Precision, ConfigTable) {
 TEST(Precision, CpuComputesTheTwoRecipesAndRefusesTheRest) {
   const RunConfig c = config_parse(tiny_text(), "tiny.toml");
   auto cpu = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-  Schedules ms;
-  ms.precision = precision_recipe("bf16");
+  Precision ms = precision_recipe("bf16");
   {
-    Model m(c.model, *cpu, RoutingProfile{}, ms);
+    Model m(c.model, *cpu, RoutingProfile{}, Schedules{}, ms);
     EXPECT_EQ(m.params().embed_tokens->w.dtype(), DType::DType_BF16);
     // The offloaded optimizers keep the f32 master on the host (Note [Offload with bf16 weights] in
     // sched/optim/offload.h): every schedule and placement takes the bf16 recipe.
@@ -129,20 +128,20 @@ TEST(Precision, CpuComputesTheTwoRecipesAndRefusesTheRest) {
   }
   EXPECT_EQ(cpu->device_ledger().total_current(), 0u);
   // A mix of fields other than the recipes: refused, naming the precision.
-  ms.precision = precision_recipe("bf16");
-  precision_set(ms.precision, "logits", "bf16");
-  auto [msg2, hint2] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, ms); });
+  ms = precision_recipe("bf16");
+  precision_set(ms, "logits", "bf16");
+  auto [msg2, hint2] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, Schedules{}, ms); });
   EXPECT_TRUE(has(msg2, "logits bf16") && has(msg2, "cpu")) << msg2;
   EXPECT_TRUE(has(hint2, "use --device meta")) << hint2;
   EXPECT_EQ(cpu->device_ledger().total_current(), 0u);  // refused before anything was allocated
-  ms.precision = precision_recipe("fp32");
-  precision_set(ms.precision, "router", "f16");
-  auto [msg3, hint3] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, ms); });
+  ms = precision_recipe("fp32");
+  precision_set(ms, "router", "f16");
+  auto [msg3, hint3] = error_of([&] { Model m(c.model, *cpu, RoutingProfile{}, Schedules{}, ms); });
   EXPECT_TRUE(has(msg3, "router f16")) << msg3;
   // meta takes any precision, and steps through it (no kernel reads an f16 operand there)
   auto meta = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
-  precision_set(ms.precision, "activations", "f16");
-  Model m(c.model, *meta, routing_profile_parse("balanced"), ms);
+  precision_set(ms, "activations", "f16");
+  Model m(c.model, *meta, routing_profile_parse("balanced"), Schedules{}, ms);
   EXPECT_EQ(m.params().precision().router, DType::DType_F16);
   step_forward_backward(m, batch_random(2, 64, c.model.vocab_size, 9));
   EXPECT_GT(meta->device_ledger().peak(Category::Category_activations), 0u);
@@ -163,9 +162,7 @@ TEST(Precision, Bf16StepTracksTheFp32Step) {
   const RunConfig c = config_parse(tiny_text(), "tiny.toml");
   auto run = [&](const char* recipe, std::vector<std::vector<float>>* grads) {
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Schedules ms;
-    ms.precision = precision_recipe(recipe);
-    Model m(c.model, *be, routing_profile_parse("balanced"), ms);
+    Model m(c.model, *be, routing_profile_parse("balanced"), Schedules{}, precision_recipe(recipe));
     m.init_weights(c.model.seed);
     m.zero_grads();
     const StepOutputs out = step_forward_backward(m, batch_random(2, 64, c.model.vocab_size, 9));
@@ -233,8 +230,7 @@ StepRun run_step(const Case& c, const Precision& p, Comm* comm) {
   StepRun run;
   run.be = backend_create("meta", kUnlimitedBytes, kUnlimitedBytes);
   Schedules sched;  // the plain variants (model/schedules.h)
-  sched.precision = p;
-  run.model = std::make_unique<Model>(m, *run.be, routing_profile_parse(c.routing), sched, comm);
+  run.model = std::make_unique<Model>(m, *run.be, routing_profile_parse(c.routing), sched, p, comm);
   Model& model = *run.model;
   model.init_weights(m.seed);
   run.opt = optimizer_create(OptimConfig{}, sched.optim, model.params(), *run.be);

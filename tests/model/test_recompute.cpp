@@ -46,12 +46,12 @@ struct StepResult {
 // One forward+backward of m on W ranks (a thread world when W > 1, each rank its zig-zag piece of one
 // batch of 2 x 64 tokens) on `device`.
 StepResult step_run(const ModelConfig& m, const Schedules& sched, const char* profile, int W,
-                    const char* device = "cpu") {
+                    const char* device = "cpu", const char* recipe = "fp32") {
   const Batch global = batch_random(2, 64, m.vocab_size, 9);
   StepResult r;
   auto body = [&](Comm* comm) {
     auto be = backend_create(device, kUnlimitedBytes, kUnlimitedBytes);
-    Model model(m, *be, routing_profile_parse(profile), sched, comm);
+    Model model(m, *be, routing_profile_parse(profile), sched, precision_recipe(recipe), comm);
     if (be->computes()) model.init_weights(m.seed);
     model.zero_grads();
     const int rank = comm ? comm->rank() : 0;
@@ -76,9 +76,8 @@ StepResult step_run(const ModelConfig& m, const Schedules& sched, const char* pr
   return r;
 }
 
-Schedules schedules(const char* recipe, bool recompute) {
+Schedules schedules(bool recompute) {
   Schedules s;
-  s.precision = precision_recipe(recipe);
   s.ckpt.recompute = recompute;
   return s;
 }
@@ -143,14 +142,14 @@ TEST(NoRecompute, SameStepBitForBit) {
   for (const Case& c : cases()) {
     for (const char* recipe : {"fp32", "bf16"}) {
       SCOPED_TRACE(fmt::format("{} {}", c.name, recipe));
-      Schedules plain = schedules(recipe, true);
+      Schedules plain = schedules(true);
       plain.dispatch.kind = c.dispatch;
       plain.dispatch.lambda = 1.0;  // llep plans (the hot profile is imbalanced)
       plain.ckpt.kind = c.ckpt;
       Schedules keep = plain;
       keep.ckpt.recompute = false;
-      const StepResult a = step_run(c.model, plain, c.profile, c.W);
-      const StepResult b = step_run(c.model, keep, c.profile, c.W);
+      const StepResult a = step_run(c.model, plain, c.profile, c.W, "cpu", recipe);
+      const StepResult b = step_run(c.model, keep, c.profile, c.W, "cpu", recipe);
       expect_bitwise_equal(a, b);
       const int64_t L = c.model.num_hidden_layers;
       EXPECT_EQ(a.attention_forwards, 2 * L);
@@ -167,8 +166,7 @@ TEST(NoRecompute, ActivationsPeakHoldsEveryLayer) {
   const int64_t depths[3] = {4, 8, 12};
   for (int keep = 0; keep < 2; ++keep)
     for (int d = 0; d < 3; ++d)
-      peak[keep][d] =
-          step_run(qwen_config(depths[d]), schedules("fp32", keep == 0), "balanced", 1, "meta").activations_peak;
+      peak[keep][d] = step_run(qwen_config(depths[d]), schedules(keep == 0), "balanced", 1, "meta").activations_peak;
   EXPECT_EQ(peak[0][0], peak[0][1]);
   EXPECT_EQ(peak[0][1], peak[0][2]);
   EXPECT_GT(peak[1][1], peak[1][0]);
@@ -182,10 +180,11 @@ TEST(NoRecompute, MetaAllocatesAsCpu) {
     if (c.W > 1) continue;  // meta on W ranks: tests/dist (plan_case)
     for (const char* recipe : {"fp32", "bf16"}) {
       SCOPED_TRACE(fmt::format("{} {}", c.name, recipe));
-      Schedules s = schedules(recipe, false);
+      Schedules s = schedules(false);
       s.ckpt.kind = c.ckpt;
       const char* profile = std::string(c.profile) == "router" ? "hot:0.7:2" : c.profile;  // meta needs one
-      expect_same_events(step_run(c.model, s, profile, 1, "cpu"), step_run(c.model, s, profile, 1, "meta"));
+      expect_same_events(step_run(c.model, s, profile, 1, "cpu", recipe),
+                         step_run(c.model, s, profile, 1, "meta", recipe));
     }
   }
 }
@@ -203,7 +202,7 @@ namespace fp {
 TEST(CkptEvery, SameStepBitForBit) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
-    Schedules plain = schedules("fp32", true);
+    Schedules plain = schedules(true);
     plain.dispatch.kind = c.dispatch;
     plain.dispatch.lambda = 1.0;
     plain.ckpt.kind = c.ckpt;
@@ -220,7 +219,7 @@ TEST(CkptEvery, SameStepBitForBit) {
     }
   }
   // With layer tiles (Note [Sequence-tiled layers]) the recomputed boundaries come from the tiled forward.
-  Schedules tiled = schedules("fp32", true);
+  Schedules tiled = schedules(true);
   tiled.ckpt.layer_tile = 16;
   const StepResult a = step_run(qwen_config(3), tiled, "router", 1);
   tiled.ckpt.every = 2;
@@ -228,7 +227,7 @@ TEST(CkptEvery, SameStepBitForBit) {
 }
 
 TEST(CkptEvery, FewerBoundariesAndMetaAllocatesAsCpu) {
-  Schedules s = schedules("fp32", true);
+  Schedules s = schedules(true);
   const uint64_t all = step_run(qwen_config(12), s, "balanced", 1, "meta").events.size();
   EXPECT_GT(all, 0u);
   auto ckpt_peak = [&](int64_t k) {
@@ -262,7 +261,7 @@ namespace fp {
 // gradients against one process: tests/dist, dist_check.py grads, deepseek.)
 TEST(MlaRing, CommHoldsTheLatentAndMetaAllocatesAsCpu) {
   const ModelConfig m = deepseek_small_config(3, 12, 1);
-  const Schedules s = schedules("fp32", true);
+  const Schedules s = schedules(true);
   const StepResult cpu = step_run(m, s, "balanced", 2, "cpu");
   expect_same_events(cpu, step_run(m, s, "balanced", 2, "meta"));
   const uint64_t peak = cpu.comm_peak;
@@ -277,7 +276,7 @@ TEST(MlaRing, CommHoldsTheLatentAndMetaAllocatesAsCpu) {
 TEST(RingChunks, CommHoldsTwoChunksAndMetaAllocatesAsCpu) {
   for (const ModelConfig& m : {qwen_config(2), deepseek_small_config(2, 12, 1)}) {
     SCOPED_TRACE(model_type_name(m.model_type));
-    Schedules s = schedules("fp32", true);
+    Schedules s = schedules(true);
     s.ckpt.layer_tile = 8;
     const StepResult cpu = step_run(m, s, "balanced", 2, "cpu");
     expect_same_events(cpu, step_run(m, s, "balanced", 2, "meta"));

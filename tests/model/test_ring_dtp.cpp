@@ -343,12 +343,11 @@ TEST(RingDtp, TrainingMatchesFullHead) {
     for (int k = 0; k < 2; ++k) {
       auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
       Schedules sched;
-      sched.precision = precision_recipe(recipe);
       sched.vocab.kind = k ? VocabSchedule::Kind::Kind_ring : VocabSchedule::Kind::Kind_full;
       sched.vocab.block_tokens = 9;
       // bf16: the balanced routing profile, since a rounding flip in a hidden state flips a router's
       // top-k and moves a whole row between experts (Precision.Bf16StepTracksTheFp32Step).
-      Model model(m, *be, bf ? routing_profile_parse("balanced") : RoutingProfile{}, sched);
+      Model model(m, *be, bf ? routing_profile_parse("balanced") : RoutingProfile{}, sched, precision_recipe(recipe));
       model.init_weights(4);
       AdamW opt(model.params(), *be, oc);
       for (int64_t s = 1; s <= steps; ++s) {

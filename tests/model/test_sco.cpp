@@ -29,11 +29,10 @@ ModelConfig tiny_config(int64_t layers) { return qwen_small_config(layers); }
 
 uint64_t boundary_bytes(const ModelConfig& m) { return static_cast<uint64_t>(kB * kT * m.hidden_size) * 4; }
 
-Schedules schedules(CkptSchedule::Kind kind, uint64_t host_budget = kUnlimitedBytes, const char* recipe = "fp32") {
+Schedules schedules(CkptSchedule::Kind kind, uint64_t host_budget = kUnlimitedBytes) {
   Schedules s;
   s.ckpt.kind = kind;
   s.ckpt.host_budget = host_budget;
-  s.precision = precision_recipe(recipe);
   return s;
 }
 
@@ -56,7 +55,8 @@ struct TrainResult {
 
 // steps of forward+backward and AdamW on random batches, on the cpu backend. delays: random sleeps
 // before every task of the copy streams (Note [Stream delays for testing]).
-TrainResult train(const ModelConfig& m, const Schedules& sched, int steps, bool delays = false) {
+TrainResult train(const ModelConfig& m, const Schedules& sched, int steps, bool delays = false,
+                  const char* recipe = "fp32") {
   auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
   std::mutex mu;
   std::mt19937 gen(1234);
@@ -72,7 +72,7 @@ TrainResult train(const ModelConfig& m, const Schedules& sched, int steps, bool 
     be->h2d_stream().set_delay_hook(hook);
     be->d2h_stream().set_delay_hook(hook);
   }
-  Model model(m, *be, RoutingProfile{}, sched);
+  Model model(m, *be, RoutingProfile{}, sched, precision_recipe(recipe));
   model.init_weights(m.seed);
   OptimConfig oc;
   oc.warmup_steps = 2;
@@ -141,8 +141,8 @@ TEST(Sco, TenStepsBitIdenticalToDevice) {
 // master; SCO moves bytes only, so every loss, bf16 weight and bf16 gradient is the plain run's.
 TEST(Sco, Bf16TenStepsBitIdenticalToDevice) {
   const ModelConfig m = tiny_config(4);
-  const TrainResult dev = train(m, schedules(CkptSchedule::Kind::Kind_device, kUnlimitedBytes, "bf16"), 10);
-  const TrainResult sco = train(m, schedules(CkptSchedule::Kind::Kind_sco, kUnlimitedBytes, "bf16"), 10);
+  const TrainResult dev = train(m, schedules(CkptSchedule::Kind::Kind_device), 10, false, "bf16");
+  const TrainResult sco = train(m, schedules(CkptSchedule::Kind::Kind_sco), 10, false, "bf16");
   ASSERT_TRUE(std::isfinite(dev.losses.back()));
   EXPECT_NE(dev.losses.front(), dev.losses.back());
   expect_bitwise_equal(dev, sco, "bf16 sco vs device");

@@ -170,9 +170,7 @@ int main(int argc, char** argv) {
   try {
     Case c = case_make(argv[2]);
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Schedules ms;
-    ms.precision = precision_recipe(bf16 ? "bf16" : "fp32");
-    Model model(c.m, *be, RoutingProfile{}, ms);
+    Model model(c.m, *be, RoutingProfile{}, Schedules{}, precision_recipe(bf16 ? "bf16" : "fp32"));
     model.init_weights(c.m.seed);
     ParamStore& ps = model.params();
     std::unique_ptr<Model> init_f32;  // bf16: the fp32 model's init, the values the bf16 weights round

@@ -185,20 +185,41 @@ TEST(Config, DeepseekV3RoundTrip) {
 
 // The schedule settings are one struct (model/schedules.h) under one name each: the run config's
 // TOML keys and plan's --schedule items set the same fields, and the one validation refuses the same
-// values in both (tests/unit/test_plan.cpp: PlanSettings.RunConfigNames).
+// values in both. The precision recipe is its own struct beside them (core/precision.h) (tests/unit/test_plan.cpp:
+// PlanSettings.RunConfigNames).
 TEST(Config, SchedulesByTheirOneName) {
-  const std::vector<std::string> items = {
-      "vocab.schedule=ring", "vocab.block_tokens=96", "vocab.ring_mode=weights", "vocab.keep_strips=true",
-      "ckpt.schedule=sco", "ckpt.host_budget=1GiB", "moe.dispatch=pipelined_llep", "moe.token_chunk=64",
-      "llep.lambda=1.5", "llep.alpha=2.0", "llep.min_tokens_per_gemm=7", "pipelined.chunk_cap=32",
-      "pipelined.max_chunks=5", "pipelined.membership=contiguous", "optim.schedule=offload_stream",
-      "optim.bucket_params=500", "optim.slots=3", "optim.update_on=host", "precision.recipe=bf16",
-      "precision.logits=bf16"};
-  const RunConfig c = config_parse(tiny_text(), "tiny.toml", items);
+  const std::vector<std::string> items = {"vocab.schedule=ring",
+                                          "vocab.block_tokens=96",
+                                          "vocab.ring_mode=weights",
+                                          "vocab.keep_strips=true",
+                                          "ckpt.schedule=sco",
+                                          "ckpt.host_budget=1GiB",
+                                          "moe.dispatch=pipelined_llep",
+                                          "moe.token_chunk=64",
+                                          "llep.lambda=1.5",
+                                          "llep.alpha=2.0",
+                                          "llep.min_tokens_per_gemm=7",
+                                          "pipelined.chunk_cap=32",
+                                          "pipelined.max_chunks=5",
+                                          "pipelined.membership=contiguous",
+                                          "optim.schedule=offload_stream",
+                                          "optim.bucket_params=500",
+                                          "optim.slots=3",
+                                          "optim.update_on=host"};
+  const std::vector<std::string> precision_items = {"precision.recipe=bf16", "precision.logits=bf16"};
+  std::vector<std::string> all = items;
+  all.insert(all.end(), precision_items.begin(), precision_items.end());
+  const RunConfig c = config_parse(tiny_text(), "tiny.toml", all);
   Schedules want;
   for (const std::string& it : items) {
     const size_t eq = it.find('=');
     ASSERT_TRUE(schedules_set(want, it.substr(0, eq), it.substr(eq + 1), "test")) << it;
+  }
+  Precision want_precision;
+  for (const std::string& it : precision_items) {
+    const size_t eq = it.find('=');
+    EXPECT_FALSE(schedules_set(want, it.substr(0, eq), it.substr(eq + 1), "test")) << it << ": not a schedule";
+    precision_key_set(want_precision, it.substr(0, eq), it.substr(eq + 1), "test");
   }
   const Schedules& s = c.schedules;
   EXPECT_EQ(s.vocab.kind, VocabSchedule::Kind::Kind_ring);
@@ -219,14 +240,14 @@ TEST(Config, SchedulesByTheirOneName) {
   EXPECT_EQ(s.optim.bucket_params, 500);
   EXPECT_EQ(s.optim.slots, 3);
   EXPECT_TRUE(s.optim.update_on_host);
-  EXPECT_EQ(s.precision.logits, DType::DType_BF16);
-  EXPECT_EQ(s.precision.params, DType::DType_BF16);
+  EXPECT_EQ(c.precision.logits, DType::DType_BF16);
+  EXPECT_EQ(c.precision.params, DType::DType_BF16);
   // Every field the same as the one parser's from the same text.
   EXPECT_EQ(s.vocab.block_tokens, want.vocab.block_tokens);
   EXPECT_EQ(s.ckpt.host_budget, want.ckpt.host_budget);
   EXPECT_EQ(s.dispatch.chunk_cap, want.dispatch.chunk_cap);
   EXPECT_EQ(s.optim.slots, want.optim.slots);
-  EXPECT_EQ(precision_describe(s.precision), precision_describe(want.precision));
+  EXPECT_EQ(precision_describe(c.precision), precision_describe(want_precision));
   // The one validation: ranges, and auto only where the planner resolves it.
   expect_error(tiny_text(), {"optim.schedule=auto"}, {"optim.schedule = \"auto\""});
   expect_error(tiny_text(), {"optim.slots=0"}, {"optim.slots = 0 must be >= 1"});

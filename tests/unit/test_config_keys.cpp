@@ -376,6 +376,7 @@ TEST(ConfigKeys, PlannerTakesThePlanKeysByNameAndAlias) {
       EXPECT_NO_THROW(plan::settings_apply(s, spelling + "=" + o.value)) << spelling;
       RunConfig got;
       got.schedules = s.sched;
+      got.precision = s.precision;
       got.moe.routing_profile = s.routing;
       RunConfig want;
       config_key_set_text(want, k, o.value, "want");

@@ -758,9 +758,7 @@ TEST(OffloadAdamW, Bf16ResumeKeepsTheLoadedMaster) {
 TEST(OffloadAdamW, Bf16MatchesDeviceAdamWOverTenTrainingSteps) {
   auto train = [](const OptimConfig& c, std::vector<double>* losses) {
     auto be = backend_create("cpu", kUnlimitedBytes, kUnlimitedBytes);
-    Schedules ms;
-    ms.precision = precision_recipe("bf16");
-    Model model(tiny_model(), *be, RoutingProfile{}, ms);
+    Model model(tiny_model(), *be, RoutingProfile{}, Schedules{}, precision_recipe("bf16"));
     model.init_weights(7);
     std::unique_ptr<Optimizer> opt = optimizer_create(c, model.params(), *be);
     const int steps = 10;

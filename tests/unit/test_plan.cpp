@@ -64,8 +64,8 @@ TEST(PlanSettings, PresetsAndKeys) {
   Settings s;
   EXPECT_EQ(s.sched.vocab.kind, VocabSchedule::Kind::Kind_full);
   EXPECT_EQ(s.sched.optim.kind, OptimSchedule::Kind::Kind_auto);
-  EXPECT_EQ(s.sched.precision.params, DType::DType_BF16);
-  EXPECT_EQ(s.sched.precision.master, DType::DType_F32);
+  EXPECT_EQ(s.precision.params, DType::DType_BF16);
+  EXPECT_EQ(s.precision.master, DType::DType_F32);
   settings_apply(s, "flatpeak");
   EXPECT_EQ(s.sched.dispatch.kind, DispatchSchedule::Kind::Kind_pipelined_llep);
   EXPECT_EQ(s.sched.vocab.kind, VocabSchedule::Kind::Kind_ring);
@@ -76,16 +76,16 @@ TEST(PlanSettings, PresetsAndKeys) {
   settings_apply(s, "baseline");
   EXPECT_EQ(s.sched.dispatch.kind, DispatchSchedule::Kind::Kind_standard);
   settings_apply(s, "dtype=f32");
-  EXPECT_EQ(s.sched.precision.params, DType::DType_F32);
-  EXPECT_EQ(s.sched.precision.activations, DType::DType_F32);
+  EXPECT_EQ(s.precision.params, DType::DType_F32);
+  EXPECT_EQ(s.precision.activations, DType::DType_F32);
   settings_apply(s, "dtype.activations=bf16");
-  EXPECT_EQ(s.sched.precision.activations, DType::DType_BF16);
-  EXPECT_EQ(s.sched.precision.grads, DType::DType_F32);
+  EXPECT_EQ(s.precision.activations, DType::DType_BF16);
+  EXPECT_EQ(s.precision.grads, DType::DType_F32);
   settings_apply(s, "precision.recipe=bf16");
-  EXPECT_EQ(s.sched.precision.grads, DType::DType_BF16);
-  EXPECT_EQ(s.sched.precision.moments, DType::DType_F32);
+  EXPECT_EQ(s.precision.grads, DType::DType_BF16);
+  EXPECT_EQ(s.precision.moments, DType::DType_F32);
   settings_apply(s, "precision.logits=bf16");
-  EXPECT_EQ(s.sched.precision.logits, DType::DType_BF16);
+  EXPECT_EQ(s.precision.logits, DType::DType_BF16);
   settings_apply(s, "routing=hot:0.9:16");
   EXPECT_EQ(s.routing.kind, RoutingProfile::Kind::Kind_hot);
   settings_apply(s, "ckpt_host_budget=1GiB");
@@ -128,7 +128,7 @@ TEST(PlanSettings, RunConfigNames) {
     EXPECT_TRUE(s->sched.optim.update_on_host);
     EXPECT_EQ(s->sched.dispatch.token_chunk, 128);
     EXPECT_EQ(s->sched.dispatch.lambda, 2.5);
-    EXPECT_EQ(s->sched.precision.params, DType::DType_F32);
+    EXPECT_EQ(s->precision.params, DType::DType_F32);
   }
   // The one validation's messages, with the planner's list of keys as the hint.
   for (const char* bad : {"pipelined.chunk_cap=0", "optim.slots=0", "moe.token_chunk=-1", "llep.alpha=0"}) {
@@ -236,7 +236,7 @@ TEST(PlanOneRank, ParamsPerRankCountsElementsWhateverTheirDtype) {
   const ModelConfig m = deepseek_small_config(3, 12, 1);
   const int64_t P = m.param_count(), biases = 2 * m.num_experts;  // layers 1 and 2 route
   const Result r = plan_step(input(m, 64, {"optim=device"}));
-  ASSERT_EQ(r.sched.precision.params, DType::DType_BF16);
+  ASSERT_EQ(r.precision.params, DType::DType_BF16);
   EXPECT_EQ(r.sizes.params_per_rank, P);
   EXPECT_EQ(at(r.peak, kParams), static_cast<uint64_t>(2 * (P - biases) + 4 * biases));
   Input in = input(m, 64, {"optim=device"});

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/precision.h"
 #include "core/timing.h"
 #include "model/schedules.h"
 
