@@ -20,7 +20,7 @@ namespace fp::bench {
 namespace {
 
 // One variant: its own backend (its own ledgers), the model built from the same seed.
-struct Variant {
+struct CkptVariant {
   std::string name;
   std::unique_ptr<Backend> be;
   std::unique_ptr<Model> model;
@@ -29,7 +29,7 @@ struct Variant {
   double loss = 0;
 };
 
-double step_timed(Variant& v, const Batch& batch) {
+double step_timed(CkptVariant& v, const Batch& batch) {
   v.be->device_ledger().peaks_reset();
   v.be->host_ledger().peaks_reset();
   const auto t0 = Clock::now();
@@ -44,7 +44,7 @@ double step_timed(Variant& v, const Batch& batch) {
 }
 
 // Bit-identical loss and gradients, or an error naming the first difference.
-void variants_check(Variant& a, Variant& b) {
+void variants_check(CkptVariant& a, CkptVariant& b) {
   FP_CHECK(std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0, "this is a bug in the sco checkpoint store",
            "bench checkpoint: loss differs: {} {:.17g} vs {} {:.17g}", a.name, a.loss, b.name, b.loss);
   auto& pa = a.model->params().all();
@@ -56,7 +56,7 @@ void variants_check(Variant& a, Variant& b) {
   }
 }
 
-nlohmann::json variant_json(const Variant& v, uint64_t boundary) {
+nlohmann::json variant_json(const CkptVariant& v, uint64_t boundary) {
   return {{"checkpoints_peak_bytes", v.ckpt_peak},
           {"checkpoints_peak_boundaries", static_cast<double>(v.ckpt_peak) / static_cast<double>(boundary)},
           {"device_peak_bytes", v.device_peak},
@@ -79,9 +79,9 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
   const int64_t n = batch.B * batch.T, L = m.num_hidden_layers;
   const uint64_t boundary = static_cast<uint64_t>(n * m.hidden_size) * 4;  // (n, H) fp32
 
-  Variant vars[2];
+  CkptVariant vars[2];
   for (int i = 0; i < 2; ++i) {
-    Variant& v = vars[i];
+    CkptVariant& v = vars[i];
     RunConfig c = cfg;
     c.schedules.ckpt.kind = i == 0 ? CkptSchedule::Kind::Kind_device : CkptSchedule::Kind::Kind_sco;
     v.name = i == 0 ? "device" : "sco";
@@ -95,26 +95,26 @@ int bench_checkpoint_run(const BenchCheckpointOptions& o) {
            o.link_gbps > 0 ? fmt::format(", copies over an emulated {} GB/s link", o.link_gbps) : "");
 
   // Check first (one step each), then time; the check step also serves as warmup.
-  for (Variant& v : vars) step_timed(v, batch);
+  for (CkptVariant& v : vars) step_timed(v, batch);
   if (vars[0].be->computes()) variants_check(vars[0], vars[1]);
   for (int i = 1; i < o.warmup; ++i)
-    for (Variant& v : vars) step_timed(v, batch);
+    for (CkptVariant& v : vars) step_timed(v, batch);
   // Alternating order (device, sco, sco, device, ...) so a drift in machine load hits both alike.
   for (int r = 0; r < o.repeats; ++r)
     for (int i = 0; i < 2; ++i) {
-      Variant& v = vars[(r + i) % 2];
+      CkptVariant& v = vars[(r + i) % 2];
       v.seconds.push_back(step_timed(v, batch));
     }
 
-  const Variant& d = vars[0];
-  const Variant& s = vars[1];
+  const CkptVariant& d = vars[0];
+  const CkptVariant& s = vars[1];
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   auto fastest = [](const std::vector<double>& t) { return *std::min_element(t.begin(), t.end()); };
   const double t_ratio = ratio(median(s.seconds), median(d.seconds));
   const double t_min_ratio = ratio(fastest(s.seconds), fastest(d.seconds));
   fmt::print("{:<8} {:>14} {:>11} {:>14} {:>14} {:>12} {:>12}\n", "variant", "ckpt peak", "boundaries", "device peak",
              "host peak", "step s (med)", "step s (min)");
-  for (const Variant& v : vars)
+  for (const CkptVariant& v : vars)
     fmt::print("{:<8} {:>14} {:>11.2f} {:>14} {:>14} {:>12.4f} {:>12.4f}\n", v.name, bytes_format(v.ckpt_peak),
                static_cast<double>(v.ckpt_peak) / static_cast<double>(boundary), bytes_format(v.device_peak),
                bytes_format(v.host_peak), median(v.seconds), fastest(v.seconds));

@@ -99,7 +99,7 @@ bool receive_side(const std::string& t) {
   return false;
 }
 
-struct Variant {
+struct DispatchVariant {
   std::string name;  // standard, llep, pipelined_llep_strided, pipelined_llep_contiguous
   DispatchSchedule sched;
   std::unique_ptr<Backend> be;
@@ -129,7 +129,8 @@ std::vector<float> host_of(Backend& be, const Tensor& t) {
 }
 
 // One forward (keeping) + backward of the block. Returns this rank's seconds.
-double variant_run_once(Variant& v, const ModelConfig& cfg, const RoutingProfile& prof, Comm& comm, bool first) {
+double variant_run_once(DispatchVariant& v, const ModelConfig& cfg, const RoutingProfile& prof, Comm& comm,
+                        bool first) {
   Backend& be = *v.be;
   const int64_t n = v.x1.dim(0), H = cfg.hidden_size;
   StepContext s(be, cfg, prof, comm);
@@ -209,9 +210,9 @@ int bench_dispatch_run(const BenchDispatchOptions& o) {
     log_info("bench dispatch: N {} per rank, E {}, k {}, H {}, I {}, profile {}, {} rank(s) on {}", o.tokens,
              o.experts, o.top_k, o.hidden, o.intermediate, o.profile, W, o.device);
 
-  std::vector<Variant> vs;
+  std::vector<DispatchVariant> vs;
   auto add = [&](const std::string& name, DispatchSchedule::Kind kind, bool strided) {
-    Variant& v = vs.emplace_back();
+    DispatchVariant& v = vs.emplace_back();
     v.name = name;
     v.sched.kind = kind;
     v.sched.lambda = o.lambda;
@@ -229,7 +230,7 @@ int bench_dispatch_run(const BenchDispatchOptions& o) {
     add("pipelined_llep_token_chunks", DispatchSchedule::Kind::Kind_pipelined_llep, true);
     vs.back().sched.token_chunk = o.token_chunk;
   }
-  for (Variant& v : vs) {
+  for (DispatchVariant& v : vs) {
     v.be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
     block_params_make(v.params, *v.be, cfg, mine);
     v.x1 = v.be->alloc_f32(Category::Category_activations, {o.tokens, o.hidden}, "x1");
@@ -246,7 +247,7 @@ int bench_dispatch_run(const BenchDispatchOptions& o) {
   // Interleaved (standard, llep, ..., standard, llep, ...) so a change in the machine's load hits all alike.
   const int runs = timed ? o.warmup + o.repeats : 1;
   for (int i = 0; i < runs; ++i)
-    for (Variant& v : vs) {
+    for (DispatchVariant& v : vs) {
       const double sec = max_over_ranks(comm, variant_run_once(v, cfg, prof, comm, i == 0));
       if (timed && i >= o.warmup) v.seconds.push_back(sec);
     }
@@ -254,9 +255,9 @@ int bench_dispatch_run(const BenchDispatchOptions& o) {
   // Check first: every variant computes what standard computes (on this rank's tokens and experts).
   nlohmann::json j;
   if (timed) {
-    const Variant& ref = vs.front();
+    const DispatchVariant& ref = vs.front();
     for (size_t i = 1; i < vs.size(); ++i) {
-      const Variant& v = vs[i];
+      const DispatchVariant& v = vs[i];
       const double e_x2 = max_over_ranks(comm, max_rel_diff(v.x2_host, ref.x2_host));
       const double e_dx = max_over_ranks(comm, max_rel_diff(v.dx1_host, ref.dx1_host));
       const double e_g = max_over_ranks(comm, max_rel_diff(v.grads_host, ref.grads_host));
@@ -285,7 +286,7 @@ int bench_dispatch_run(const BenchDispatchOptions& o) {
   machine_json(j);
   j["ranks"] = W;
   j["repeats"] = timed ? o.repeats : 0;
-  for (Variant& v : vs) {
+  for (DispatchVariant& v : vs) {
     nlohmann::json& r = j[v.name];
     std::vector<int64_t> rows(static_cast<size_t>(W));
     comm.all_gather(&v.rows_computed, rows.data(), 1, DType::DType_I64);
@@ -320,7 +321,7 @@ int bench_dispatch_run(const BenchDispatchOptions& o) {
       r["chunk_bound_exceeded"] = r["receive_side_peak_bytes"].get<uint64_t>() > v.stats.chunk_bound_bytes;
     }
   }
-  for (const Variant& v : vs) {
+  for (const DispatchVariant& v : vs) {
     if (v.name == "standard") continue;
     for (const char* base : {"standard", "llep"}) {
       if (v.name == base) continue;
@@ -345,7 +346,7 @@ int bench_dispatch_run(const BenchDispatchOptions& o) {
     fmt::print("| variant | dispatch peak | receive-side peak | device peak | rank load max/mean | fwd+bwd s {} | K | "
                "chunk send ratio | recv / bound |\n|---|---|---|---|---|---|---|---|---|\n",
                timed ? fmt::format("(median of {})", o.repeats) : std::string("(meta: not computed)"));
-    for (const Variant& v : vs) {
+    for (const DispatchVariant& v : vs) {
       const nlohmann::json& r = j[v.name];
       const bool chunked = v.sched.kind == DispatchSchedule::Kind::Kind_pipelined_llep;
       fmt::print("| {} | {} | {} | {} | {:.3f} | {} | {} | {} | {} |\n", v.name,
@@ -357,7 +358,7 @@ int bench_dispatch_run(const BenchDispatchOptions& o) {
                  chunked ? fmt::format("{:.2f}", r["chunk_send_ratio"].get<double>()) : std::string("-"),
                  chunked ? fmt::format("{:.3f}", r["recv_frac_of_bound"].get<double>()) : std::string("-"));
     }
-    for (const Variant& v : vs) {
+    for (const DispatchVariant& v : vs) {
       if (v.sched.kind != DispatchSchedule::Kind::Kind_pipelined_llep) continue;
       const nlohmann::json& r = j["ratios"][v.name + "_over_llep"];
       fmt::print("{} / llep: dispatch peak {:.4f} ({:.1f}% below), receive side {:.4f}, device peak {:.4f}", v.name,

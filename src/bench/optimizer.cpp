@@ -205,7 +205,7 @@ struct Store {
   std::unique_ptr<ParamStore> ps;
 };
 
-struct Variant {
+struct OptimVariant {
   std::string name;  // "device", "offload_serial", "offload_stream/device S=2", ...
   Store* store = nullptr;
   OptimConfig cfg;
@@ -239,7 +239,7 @@ void store_set(Backend& be, ParamStore& ps, const std::vector<float>& x, bool gr
 // The check, before any timing: kCheckSteps steps from the weights w0 (the gradients stay as set);
 // keeps the weights (widened) and the optimizer's state (moments, and the master where it keeps one),
 // and the optimizer's device and host bytes (it is alone then).
-void variant_check(Backend& be, const std::vector<float>& w0, Variant& v) {
+void variant_check(Backend& be, const std::vector<float>& w0, OptimVariant& v) {
   ParamStore& ps = *v.store->ps;
   store_set(be, ps, w0, false);
   be.link_set_gbps(v.link);
@@ -295,7 +295,7 @@ OffloadTimes times_median(const std::vector<OffloadTimes>& times) {
 // stream's copies on the cpu backend): the gradient gathered into the f32 slot row (g read, 4 B
 // written) and, with f32 weights, the weights scattered back (4 B and 4 B; bf16 weights are written
 // by the update kernel itself). w and g: bytes of a weight and of a gradient element.
-double model_predict(const Variant& serial, const OptimConfig& c, const std::vector<int64_t>& sizes, double d2d_bw,
+double model_predict(const OptimVariant& serial, const OptimConfig& c, const std::vector<int64_t>& sizes, double d2d_bw,
                      double w, double g) {
   const OffloadTimes& t = serial.times_median;
   const int64_t P = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
@@ -439,18 +439,18 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
 
   // The variants, recipe by recipe: device AdamW once (no copies), then per link mode serial and the
   // streamed ones.
-  std::vector<Variant> variants;
+  std::vector<OptimVariant> variants;
   std::vector<double> links = {0.0};
   links.insert(links.end(), o.link_gbps.begin(), o.link_gbps.end());
   for (Store& st : stores) {
-    Variant d;
+    OptimVariant d;
     d.name = "device";
     d.store = &st;
     d.cfg = base;
     d.cfg.sched.kind = OptimSchedule::Kind::Kind_device;
     variants.push_back(std::move(d));
     for (double link : links) {
-      Variant s;
+      OptimVariant s;
       s.name = "offload_serial";
       s.store = &st;
       s.cfg = base;
@@ -459,7 +459,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
       variants.push_back(std::move(s));
       for (int64_t S : o.slots) {
         for (const char* where : {"device", "host"}) {
-          Variant v;
+          OptimVariant v;
           v.name = fmt::format("offload_stream/{} S={}", where, S);
           v.store = &st;
           v.cfg = base;
@@ -472,11 +472,13 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
       }
     }
   }
-  const auto is_device = [](const Variant& v) { return v.cfg.sched.kind == OptimSchedule::Kind::Kind_device; };
-  const auto is_serial = [](const Variant& v) { return v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_serial; };
+  const auto is_device = [](const OptimVariant& v) { return v.cfg.sched.kind == OptimSchedule::Kind::Kind_device; };
+  const auto is_serial = [](const OptimVariant& v) {
+    return v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_serial;
+  };
   // The serial variant of v's recipe and link mode.
-  const auto serial_of = [&](const Variant& v) -> const Variant& {
-    for (const Variant& s : variants)
+  const auto serial_of = [&](const OptimVariant& v) -> const OptimVariant& {
+    for (const OptimVariant& s : variants)
       if (is_serial(s) && s.store == v.store && s.link == v.link) return s;
     FP_ASSERT(false, "no offload_serial for {}", v.name);
     return variants.front();
@@ -487,7 +489,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
   // device first, then each mode's serial first), keeping only those two references.
   bool all_equal = true;
   std::vector<float> ref_device, ref_serial;
-  for (Variant& v : variants) {
+  for (OptimVariant& v : variants) {
     variant_check(*be, w0, v);
     if (is_device(v)) {
       ref_device = std::move(v.final_state);
@@ -518,12 +520,12 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
   // every variant alike. The weights drift from variant to variant; the times do not depend on them.
   const int total = o.warmup + o.repeats;
   for (double link : links) {
-    std::vector<Variant*> group;
-    for (Variant& v : variants)
+    std::vector<OptimVariant*> group;
+    for (OptimVariant& v : variants)
       if (is_device(v) ? link == 0.0 : v.link == link) group.push_back(&v);
-    for (Variant* v : group) v->opt = optimizer_create(v->cfg, *v->store->ps, *be);
+    for (OptimVariant* v : group) v->opt = optimizer_create(v->cfg, *v->store->ps, *be);
     for (int i = 0; i < total; ++i) {
-      for (Variant* v : group) {
+      for (OptimVariant* v : group) {
         be->link_set_gbps(v->link);
         const auto t0 = Clock::now();
         v->opt->step(i + 1, total);
@@ -535,7 +537,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
         if (const auto* off = dynamic_cast<const OffloadAdamW*>(v->opt.get())) v->times.push_back(off->last_times());
       }
     }
-    for (Variant* v : group) {
+    for (OptimVariant* v : group) {
       v->opt.reset();
       if (!v->times.empty()) v->times_median = times_median(v->times);
     }
@@ -544,7 +546,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
     return std::pair<double, double>(static_cast<double>(dtype_size(st.precision.params)),
                                      static_cast<double>(dtype_size(st.precision.grads)));
   };
-  for (Variant& v : variants) {
+  for (OptimVariant& v : variants) {
     const auto [w, g] = wg(*v.store);
     if (v.cfg.sched.kind == OptimSchedule::Kind::Kind_offload_stream)
       v.model_s = model_predict(serial_of(v), v.cfg, sizes, bw.memcpy_one, w, g);
@@ -576,7 +578,7 @@ int bench_optimizer_run(const BenchOptimizerOptions& o) {
              "precision", "copies", "step s", "vs serial", "model s", "floor s", "update s", "down B/step", "up B/step",
              "device opt", "host opt+g", "check");
   nlohmann::json jv = nlohmann::json::array();
-  for (const Variant& v : variants) {
+  for (const OptimVariant& v : variants) {
     const double t = median(v.step_s);
     const bool dev = is_device(v);
     const double vs = median(serial_of(v).step_s) / t;  // the device AdamW: against the native serial

@@ -94,8 +94,8 @@ ModelConfig head_config(const BenchVocabOptions& o, int W) {
 
 // One schedule on its own backend (its own ledger), with the same inputs as the others.
 struct Inputs;
-struct Variant {
-  Variant(std::string n, VocabSchedule v, std::string r)
+struct VocabVariant {
+  VocabVariant(std::string n, VocabSchedule v, std::string r)
       : name(std::move(n)), sched(std::move(v)), recipe(std::move(r)), precision(precision_recipe(recipe)) {}
   std::string name;  // "full", "ring", "ring_weights", "ring_weights_keep_strips", ... ("full/bf16", ...)
   VocabSchedule sched;
@@ -145,7 +145,7 @@ Inputs inputs_make(const BenchVocabOptions& o, int rank, const Precision& precis
   return in;
 }
 
-void variant_setup(Variant& v, const BenchVocabOptions& o, Comm& comm) {
+void variant_setup(VocabVariant& v, const BenchVocabOptions& o, Comm& comm) {
   const int64_t N = o.tokens, H = o.hidden;
   v.be = backend_create(o.device, kUnlimitedBytes, kUnlimitedBytes);
   // The full head's GEMMs are timed by the kernel table (the ring times its own, RingDtpStats).
@@ -189,7 +189,7 @@ double mean_over_ranks(Comm& comm, double v) {
 }
 
 // One forward+backward of the head; run index i (the first `warmup` are not timed).
-void variant_run_once(Variant& v, const BenchVocabOptions& o, Comm& comm, int i) {
+void variant_run_once(VocabVariant& v, const BenchVocabOptions& o, Comm& comm, int i) {
   const int64_t V = o.vocab, H = o.hidden;
   Backend& be = *v.be;
   ParamStore& ps = *v.ps;
@@ -352,7 +352,7 @@ Tolerances tolerances_of(const Precision& p, int W) {
   return {1e-5, k * 0x1p-7, k * 0x1p-7};
 }
 
-nlohmann::json variant_json(const Variant& r, bool timed, int W) {
+nlohmann::json variant_json(const VocabVariant& r, bool timed, int W) {
   nlohmann::json j;
   j["precision"] = r.recipe;
   if (r.ring()) {
@@ -396,7 +396,7 @@ std::optional<nlohmann::json> torch_run(const BenchVocabOptions& o) {
 // The variants of one recipe: full, then the ring (one rank), or on W ranks each requested mode
 // with the strips recomputed and kept. suffix: "" with one recipe, else "/<recipe>".
 void variants_make(const BenchVocabOptions& o, int W, const std::string& recipe, const std::string& suffix,
-                   std::vector<Variant>& vs) {
+                   std::vector<VocabVariant>& vs) {
   VocabSchedule full;
   full.kind = VocabSchedule::Kind::Kind_full;
   vs.emplace_back("full" + suffix, full, recipe);
@@ -446,23 +446,23 @@ int bench_vocab_run(const BenchVocabOptions& o) {
   if (lead)
     log_info("bench vocab: N {} per rank, V {}, H {}, block_tokens {}, {} rank(s) on {}, precision {}{}", o.tokens,
              o.vocab, o.hidden, o.block_tokens, W, o.device, recipes, o.fsdp ? ", ring lm_head FSDP-sharded" : "");
-  std::vector<Variant> vs;
+  std::vector<VocabVariant> vs;
   for (const std::string& r : o.precision) variants_make(o, W, r, o.precision.size() > 1 ? "/" + r : "", vs);
   // Each recipe's host inputs (cpu): the same draws, rounded where the recipe stores bf16.
   std::map<std::string, Inputs> ins;
   if (timed)
     for (const std::string& r : o.precision) ins.emplace(r, inputs_make(o, comm.rank(), precision_recipe(r)));
-  for (Variant& v : vs) {
+  for (VocabVariant& v : vs) {
     if (timed) v.in = &ins.at(v.recipe);
     variant_setup(v, o, comm);
   }
   // Interleaved (full, ring, ..., full, ring, ...; every recipe) so a change in the machine's load hits all alike.
   const int runs = timed ? o.warmup + o.repeats : 1;
   for (int i = 0; i < runs; ++i)
-    for (Variant& v : vs) variant_run_once(v, o, comm, i);
+    for (VocabVariant& v : vs) variant_run_once(v, o, comm, i);
   // The full head of v's recipe (variants_make puts it first among them).
-  const auto full_of = [&](const Variant& v) -> const Variant& {
-    for (const Variant& f : vs)
+  const auto full_of = [&](const VocabVariant& v) -> const VocabVariant& {
+    for (const VocabVariant& f : vs)
       if (!f.ring() && f.recipe == v.recipe) return f;
     FP_ASSERT(false, "no full head for recipe {}", v.recipe);
     return vs.front();
@@ -477,9 +477,9 @@ int bench_vocab_run(const BenchVocabOptions& o) {
   j["precision"] = o.precision;
   machine_json(j);
   j["ranks"] = W;
-  for (const Variant& v : vs) j[v.name] = variant_json(v, timed, W);
+  for (const VocabVariant& v : vs) j[v.name] = variant_json(v, timed, W);
   std::vector<int64_t> ns(static_cast<size_t>(W), o.tokens);
-  for (Variant& v : vs) {
+  for (VocabVariant& v : vs) {
     if (!v.ring()) continue;
     const RingMode mode = ring_dtp_mode(v.sched, o.tokens, o.vocab, W);
     const uint64_t planned =
@@ -488,9 +488,9 @@ int bench_vocab_run(const BenchVocabOptions& o) {
     j[v.name]["vocab_bytes_planned"] = planned;  // rank 0's
   }
   nlohmann::json& ratios = j["ratios"];
-  for (const Variant& v : vs) {
+  for (const VocabVariant& v : vs) {
     if (!v.ring()) continue;
-    const Variant& full = full_of(v);
+    const VocabVariant& full = full_of(v);
     nlohmann::json& r = ratios[v.name + "_over_full"];
     r["vocab_peak"] = static_cast<double>(v.vocab_peak_bytes) / static_cast<double>(full.vocab_peak_bytes);
     r["vocab_peak_reduction"] = 1.0 - r["vocab_peak"].get<double>();
@@ -503,7 +503,7 @@ int bench_vocab_run(const BenchVocabOptions& o) {
   // Every recipe against the first (fp32 vs bf16 in the same run): variant k of each recipe's block.
   const size_t per_recipe = vs.size() / o.precision.size();
   for (size_t k = o.precision.size() > 1 ? per_recipe : vs.size(); k < vs.size(); ++k) {
-    const Variant &v = vs[k], &base = vs[k % per_recipe];
+    const VocabVariant &v = vs[k], &base = vs[k % per_recipe];
     nlohmann::json& r = ratios[v.name + "_over_" + base.recipe];
     r["peak"] = static_cast<double>(v.peak_bytes) / static_cast<double>(base.peak_bytes);
     r["vocab_peak"] = static_cast<double>(v.vocab_peak_bytes) / static_cast<double>(base.vocab_peak_bytes);
@@ -520,14 +520,14 @@ int bench_vocab_run(const BenchVocabOptions& o) {
     // full head's dW on W ranks is its own tokens' share: summed over the ranks it is the whole
     // gradient, which each ring rank holds for its shard's rows.
     std::map<std::string, std::vector<float>> dW_full;  // by recipe, (V, H) summed over the ranks
-    for (const Variant& v : vs) {
+    for (const VocabVariant& v : vs) {
       if (v.ring()) continue;
       std::vector<float>& d = dW_full[v.recipe] = v.dW_host;
       comm.all_reduce_sum(d.data(), static_cast<int64_t>(d.size()), DType::DType_F32);
     }
     const VocabShard sh = W == 1 ? VocabShard{0, o.vocab} : ring_dtp_shard(o.vocab, W, comm.rank());
     nlohmann::json& check = j["check"];
-    for (const Variant& v : vs) {
+    for (const VocabVariant& v : vs) {
       const Tolerances tol = tolerances_of(v.precision, W);
       check["tolerances"][v.recipe] = {{"loss_ring_vs_full", tol.loss},
                                        {"dx_dW_ring_vs_full", tol.ring_vs_full},
@@ -536,7 +536,7 @@ int bench_vocab_run(const BenchVocabOptions& o) {
         check[v.name] = {{"loss", v.loss}};
         continue;
       }
-      const Variant& full = full_of(v);
+      const VocabVariant& full = full_of(v);
       const std::vector<float>& dWf = dW_full.at(v.recipe);
       const double loss_rel = std::abs(v.loss - full.loss) / std::abs(full.loss);
       const double dx_rel = max_over_ranks(comm, max_rel_diff(v.dx_host, full.dx_host));
@@ -578,7 +578,7 @@ int bench_vocab_run(const BenchVocabOptions& o) {
         comm.all_reduce_sum(dW_ref.data(), static_cast<int64_t>(dW_ref.size()), DType::DType_F64);
       }
       const double tol = tolerances_of(precision_recipe(recipe), W).vs_fp64;
-      for (const Variant& v : vs) {
+      for (const VocabVariant& v : vs) {
         if (v.recipe != recipe) continue;
         const double dx_err = max_over_ranks(comm, dx_error_vs_fp64(v.dx_host, ref, rows, o.hidden));
         check["dx_err_vs_fp64"][v.name] = dx_err;
@@ -615,14 +615,14 @@ int bench_vocab_run(const BenchVocabOptions& o) {
     const auto sec = [&](const std::vector<double>& v) {
       return timed ? fmt::format("{:.3f}", median(v)) : std::string("-");
     };
-    for (const Variant& v : vs)
+    for (const VocabVariant& v : vs)
       fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", v.name, v.recipe, bytes_format(v.peak_bytes),
                  bytes_format(v.vocab_peak_bytes), bytes_format(v.comm_peak_bytes), sec(v.seconds), sec(v.gemm_s),
                  sec(v.softmax_s), sec(v.comm_wait_s), sec(v.cpu_seconds));
   }
   // PyTorch's head in fp32 beside the fp32 ring (the companion computes fp32 only).
   const auto fp32_ring =
-      std::find_if(vs.begin(), vs.end(), [](const Variant& v) { return v.ring() && v.recipe == "fp32"; });
+      std::find_if(vs.begin(), vs.end(), [](const VocabVariant& v) { return v.ring() && v.recipe == "fp32"; });
   if (timed && W == 1 && !o.no_torch && fp32_ring != vs.end()) {
     std::optional<nlohmann::json> t = torch_run(o);
     j["torch"] = *t;
@@ -636,7 +636,7 @@ int bench_vocab_run(const BenchVocabOptions& o) {
     fmt::print("(PyTorch companion not run: it computes fp32, and --precision has no fp32)\n");
   }
   if (lead) {
-    for (const Variant& v : vs) {
+    for (const VocabVariant& v : vs) {
       if (!v.ring()) continue;
       const nlohmann::json& r = ratios[v.name + "_over_full"];
       fmt::print("{} / {}: vocab peak {:.4f} ({:.1f}% below), device peak {:.4f}", v.name, full_of(v).name,
@@ -646,14 +646,14 @@ int bench_vocab_run(const BenchVocabOptions& o) {
       fmt::print("\n");
     }
     for (size_t k = o.precision.size() > 1 ? per_recipe : vs.size(); k < vs.size(); ++k) {
-      const Variant &v = vs[k], &base = vs[k % per_recipe];
+      const VocabVariant &v = vs[k], &base = vs[k % per_recipe];
       const nlohmann::json& r = ratios[v.name + "_over_" + base.recipe];
       fmt::print("{} / {}: device peak {:.4f}, vocab peak {:.4f}", v.name, base.name, r["peak"].get<double>(),
                  r["vocab_peak"].get<double>());
       if (timed) fmt::print(", time {:.3f}x", r["seconds"].get<double>());
       fmt::print("\n");
     }
-    for (const Variant& v : vs)
+    for (const VocabVariant& v : vs)
       if (!v.breakdown.empty()) fmt::print("\n{}: every tensor at rank 0's device peak\n{}", v.name, v.breakdown);
     json_write(o.json, j);
   }

@@ -26,6 +26,16 @@ enum class Category : uint8_t {
   Category_comm,
   Category_workspace,
 };
+// The categories under the short names the allocation sites use (be.alloc(kAct, ...)).
+inline constexpr Category kParams = Category::Category_params;
+inline constexpr Category kGrads = Category::Category_grads;
+inline constexpr Category kOpt = Category::Category_optimizer;
+inline constexpr Category kAct = Category::Category_activations;
+inline constexpr Category kCkpt = Category::Category_checkpoints;
+inline constexpr Category kDispatch = Category::Category_dispatch;
+inline constexpr Category kVocab = Category::Category_vocab;
+inline constexpr Category kComm = Category::Category_comm;
+inline constexpr Category kWs = Category::Category_workspace;
 inline constexpr int kNumCategories = 9;
 
 inline constexpr std::array<Category, kNumCategories> kAllCategories = {

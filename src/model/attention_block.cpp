@@ -8,9 +8,7 @@
 
 namespace fp {
 
-namespace {
-constexpr Category kAct = Category::Category_activations;
-}
+namespace {}
 
 void linear_forward(Backend& be, CBuf x, CBuf W, Buf y, int64_t n, int64_t in, int64_t out, float beta) {
   be.kernels().gemm(false, true, n, out, in, 1.0f, x, in, W, in, beta, y, out);

@@ -6,10 +6,6 @@
 
 namespace fp {
 
-namespace {
-constexpr Category kAct = Category::Category_activations;
-}  // namespace
-
 ExpertWeights expert_weights(const LayerParams& lp, int64_t e) {
   const Param& g = *lp.gate_proj[e];
   const Param& u = *lp.up_proj[e];

@@ -60,7 +60,6 @@ namespace fp {
 // gradient, and with cp > 1 d h1.
 
 namespace {
-constexpr Category kAct = Category::Category_activations;
 
 // One tile: `rows` tokens from row0, `seqs` whole sequences (len = T, t0 = 0) or a piece of len < T
 // consecutive tokens of one sequence from its position t0.

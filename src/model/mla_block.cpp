@@ -24,10 +24,6 @@
 
 namespace fp {
 
-namespace {
-constexpr Category kAct = Category::Category_activations;
-}  // namespace
-
 // transformers' DeepseekV3Attention.scaling: dqk^-0.5, times mscale^2 under YaRN with mscale_all_dim.
 float mla_softmax_scale(const ModelConfig& c) {
   double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));

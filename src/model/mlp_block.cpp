@@ -7,7 +7,6 @@
 namespace fp {
 
 namespace {
-constexpr Category kAct = Category::Category_activations;
 
 FfnDims mlp_dims(const ModelConfig& c) { return {c.hidden_size, c.intermediate_size, "mlp"}; }
 

@@ -18,7 +18,6 @@
 namespace fp {
 
 namespace {
-constexpr Category kAct = Category::Category_activations;
 
 FfnDims shared_dims(const ModelConfig& c) {
   return {c.hidden_size, c.n_shared_experts * c.moe_intermediate_size, "moe.shared"};

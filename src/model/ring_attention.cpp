@@ -17,8 +17,6 @@ namespace fp {
 
 namespace {
 
-constexpr Category kComm = Category::Category_comm;
-
 // The ring of this rank's context-parallel group (StepContext::cp): rank and world within the group, whose
 // ranks are first .. first + world - 1 of the comm.
 struct RingGeometry {
@@ -270,7 +268,6 @@ void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf lat
   const ops::KernelLauncher K = s.be.kernels();
   const MlaDims d = mla_dims(s.cfg);
   const DType act = s.precision.activations;
-  constexpr Category kAct = Category::Category_activations;
   const int64_t cmax = key_chunk(chunk, a.Tk);  // never capped (Note [MLA's keys in chunks])
   for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
     const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;

@@ -15,15 +15,15 @@ namespace {
 
 constexpr const char* kSchedulesHint = "see configs/tiny.toml and docs/design.md for the schedule settings";
 
-constexpr std::pair<std::string_view, VocabSchedule::Kind> kVocab[] = {{"full", VocabSchedule::Kind::Kind_full},
-                                                                       {"ring", VocabSchedule::Kind::Kind_ring}};
-constexpr std::pair<std::string_view, CkptSchedule::Kind> kCkpt[] = {{"device", CkptSchedule::Kind::Kind_device},
-                                                                     {"sco", CkptSchedule::Kind::Kind_sco}};
-constexpr std::pair<std::string_view, DispatchSchedule::Kind> kDispatch[] = {
+constexpr std::pair<std::string_view, VocabSchedule::Kind> kVocabNames[] = {{"full", VocabSchedule::Kind::Kind_full},
+                                                                            {"ring", VocabSchedule::Kind::Kind_ring}};
+constexpr std::pair<std::string_view, CkptSchedule::Kind> kCkptNames[] = {{"device", CkptSchedule::Kind::Kind_device},
+                                                                          {"sco", CkptSchedule::Kind::Kind_sco}};
+constexpr std::pair<std::string_view, DispatchSchedule::Kind> kDispatchNames[] = {
     {"standard", DispatchSchedule::Kind::Kind_standard},
     {"llep", DispatchSchedule::Kind::Kind_llep},
     {"pipelined_llep", DispatchSchedule::Kind::Kind_pipelined_llep}};
-constexpr std::pair<std::string_view, OptimSchedule::Kind> kOptim[] = {
+constexpr std::pair<std::string_view, OptimSchedule::Kind> kOptimNames[] = {
     {"auto", OptimSchedule::Kind::Kind_auto},
     {"device", OptimSchedule::Kind::Kind_device},
     {"offload_serial", OptimSchedule::Kind::Kind_offload_serial},
@@ -72,21 +72,23 @@ bool bool_parse(std::string_view source, std::string_view key, std::string_view 
 
 }  // namespace
 
-std::string_view schedule_name(VocabSchedule::Kind k) { return name_of(k, kVocab); }
-std::string_view schedule_name(CkptSchedule::Kind k) { return name_of(k, kCkpt); }
-std::string_view schedule_name(DispatchSchedule::Kind k) { return name_of(k, kDispatch); }
-std::string_view schedule_name(OptimSchedule::Kind k) { return name_of(k, kOptim); }
+std::string_view schedule_name(VocabSchedule::Kind k) { return name_of(k, kVocabNames); }
+std::string_view schedule_name(CkptSchedule::Kind k) { return name_of(k, kCkptNames); }
+std::string_view schedule_name(DispatchSchedule::Kind k) { return name_of(k, kDispatchNames); }
+std::string_view schedule_name(OptimSchedule::Kind k) { return name_of(k, kOptimNames); }
 std::string_view update_on_name(const OptimSchedule& o) { return o.update_on_host ? "host" : "device"; }
 
 bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::string_view source) {
   VocabSchedule& vo = s.vocab;
   DispatchSchedule& d = s.dispatch;
   OptimSchedule& o = s.optim;
-  if (key == "vocab.schedule") vo.kind = enum_parse(source, key, v, kVocab);
+  if (key == "vocab.schedule")
+    vo.kind = enum_parse(source, key, v, kVocabNames);
   else if (key == "vocab.block_tokens") vo.block_tokens = number_parse<int64_t>(source, key, v);
   else if (key == "vocab.ring_mode") vo.ring_mode = std::string(v);  // checked by schedules_validate
   else if (key == "vocab.keep_strips") vo.keep_strips = bool_parse(source, key, v);
-  else if (key == "ckpt.schedule") s.ckpt.kind = enum_parse(source, key, v, kCkpt);
+  else if (key == "ckpt.schedule")
+    s.ckpt.kind = enum_parse(source, key, v, kCkptNames);
   else if (key == "ckpt.host_budget") {
     try {
       s.ckpt.host_budget = bytes_parse(v);
@@ -98,7 +100,8 @@ bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::
     s.ckpt.layer_tile = number_parse<int64_t>(source, key, v);
   else if (key == "ckpt.every")
     s.ckpt.every = number_parse<int64_t>(source, key, v);
-  else if (key == "moe.dispatch") d.kind = enum_parse(source, key, v, kDispatch);
+  else if (key == "moe.dispatch")
+    d.kind = enum_parse(source, key, v, kDispatchNames);
   else if (key == "moe.token_chunk") d.token_chunk = number_parse<int64_t>(source, key, v);
   else if (key == "llep.lambda") d.lambda = number_parse<double>(source, key, v);
   else if (key == "llep.alpha") d.alpha = number_parse<double>(source, key, v);
@@ -108,7 +111,8 @@ bool schedules_set(Schedules& s, std::string_view key, std::string_view v, std::
   else if (key == "pipelined.membership") {
     if (v != "strided" && v != "contiguous") not_one_of(source, key, v, "strided|contiguous");
     d.strided = v == "strided";
-  } else if (key == "optim.schedule") o.kind = enum_parse(source, key, v, kOptim);
+  } else if (key == "optim.schedule")
+    o.kind = enum_parse(source, key, v, kOptimNames);
   else if (key == "optim.bucket_params") o.bucket_params = number_parse<int64_t>(source, key, v);
   else if (key == "optim.slots") o.slots = number_parse<int64_t>(source, key, v);
   else if (key == "optim.update_on") {

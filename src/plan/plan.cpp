@@ -18,20 +18,6 @@ namespace fp::plan {
 
 namespace {
 
-constexpr Category kParams = Category::Category_params;
-constexpr Category kGrads = Category::Category_grads;
-constexpr Category kOpt = Category::Category_optimizer;
-constexpr Category kAct = Category::Category_activations;
-constexpr Category kCkpt = Category::Category_checkpoints;
-constexpr Category kDisp = Category::Category_dispatch;
-constexpr Category kVocab = Category::Category_vocab;
-constexpr Category kComm = Category::Category_comm;
-constexpr Category kWs = Category::Category_workspace;
-
-}  // namespace
-
-namespace {
-
 // One training step as the trainer runs it (zero grads, step_forward_backward, the optimizer step) on
 // every rank of a W-rank thread world, each on its own meta backend; returns every rank's ledgers.
 std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const PlanOptions& opt) {
@@ -138,7 +124,7 @@ void describe(const Input& in, Result& r) {
   f[static_cast<int>(kCkpt)] = s.ckpt.kind == CkptSchedule::Kind::Kind_sco
                                    ? "2 x N x H (the last boundary and one restored; + any beyond the host budget)"
                                    : "L x N x H";
-  f[static_cast<int>(kDisp)] =
+  f[static_cast<int>(kDispatch)] =
       z.ranks == 1 ? "0 (one rank receives nothing: its routed copies are activations)"
       : s.dispatch.kind == DispatchSchedule::Kind::Kind_pipelined_llep
           ? "the chunk in flight: at most 2 x W k c_eff x H, whatever the routing"

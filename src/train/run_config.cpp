@@ -21,7 +21,7 @@ namespace fp {
 
 namespace {
 
-constexpr const char* kConfigHint = "see configs/tiny.toml for a complete, commented example";
+constexpr const char* kTomlHint = "see configs/tiny.toml for a complete, commented example";
 
 // "a.b=value": value parsed as a TOML value, or taken as a bare string when it is not one.
 void override_apply(toml::table& doc, const std::string& ov, const std::string& source) {
@@ -44,7 +44,7 @@ void override_apply(toml::table& doc, const std::string& ov, const std::string& 
   }
   if (!doc.contains(table)) doc.insert(table, toml::table{});
   toml::table* t = doc[table].as_table();
-  FP_CHECK(t != nullptr, kConfigHint, "{}: '{}' is not a table", source, table);
+  FP_CHECK(t != nullptr, kTomlHint, "{}: '{}' is not a table", source, table);
   t->insert_or_assign(key, *parsed["v"].node());
 }
 
@@ -103,7 +103,7 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
     FP_CHECK(std::find(tables.begin(), tables.end(), tname) != tables.end(),
              fmt::format("known tables: [{}]", fmt::join(tables, "], [")), "{}: unknown table [{}]", source, tname);
     const toml::table* t = tnode.as_table();
-    FP_CHECK(t != nullptr, kConfigHint, "{}: '{}' must be a table ([{}])", source, tname, tname);
+    FP_CHECK(t != nullptr, kTomlHint, "{}: '{}' must be a table ([{}])", source, tname, tname);
     for (auto&& [k, v] : *t) {
       const std::string name = tname + "." + std::string(k.str());
       if (config_key_find(name) != nullptr) continue;
@@ -117,15 +117,15 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
   for (const ConfigKey& k : keys) {
     const toml::node* n = doc.at_path(k.name).node();
     if (n == nullptr) {
-      FP_CHECK(!k.required, kConfigHint, "{}: missing key {}", source, k.name);
+      FP_CHECK(!k.required, kTomlHint, "{}: missing key {}", source, k.name);
       continue;
     }
-    config_key_store(c, k, toml_node_json(*n), source, kConfigHint);
+    config_key_store(c, k, toml_node_json(*n), source, kTomlHint);
   }
 
   // MLA: head_dim is the RoPE width; a config may leave it out.
   if (doc.at_path("model.head_dim").node() == nullptr) {
-    FP_CHECK(c.model.is_deepseek(), kConfigHint, "{}: missing key model.head_dim", source);
+    FP_CHECK(c.model.is_deepseek(), kTomlHint, "{}: missing key model.head_dim", source);
     c.model.head_dim = c.model.qk_rope_head_dim;
   }
   FP_CHECK(c.model.router_sigmoid() || doc.at_path("moe.bias_update_rate").node() == nullptr,
@@ -145,7 +145,7 @@ RunConfig config_parse(const std::string& text, const std::string& source, const
   } catch (const toml::parse_error& e) {
     const auto& where = e.source().begin;
     throw Error(fmt::format("{}:{}:{}: malformed TOML: {}", source, where.line, where.column, e.description()),
-                kConfigHint);
+                kTomlHint);
   }
   for (const std::string& ov : overrides) override_apply(doc, ov, source);
   if (model_from != nullptr) model_fill(doc, *model_from);

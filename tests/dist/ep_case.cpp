@@ -42,8 +42,6 @@ using namespace fp::dist_test;
 
 namespace {
 
-constexpr Category kDispatch = Category::Category_dispatch;
-
 struct BlockResult {
   std::vector<float> x2, dx1;  // (n_b, H) x2 - x1 and dx1 - dx2: the block's part, residual removed
   std::vector<int64_t> counts; // (E) routed copies per expert

@@ -295,7 +295,6 @@ TEST(Precision, Bf16HalvesActivationsAndCheckpointsExactly) {
   EXPECT_GT(halved, 50);
   const Ledger& lf = f.be->device_ledger();
   const Ledger& lb = b.be->device_ledger();
-  const Category kAct = Category::Category_activations, kCkpt = Category::Category_checkpoints;
   EXPECT_EQ(lb.peak(kCkpt) * 2, lf.peak(kCkpt));  // checkpoints are all boundaries: exactly half
   EXPECT_EQ(lb.peak(kCkpt), peak[kCkpt]);
   EXPECT_EQ(lb.peak(kAct), peak[kAct]);

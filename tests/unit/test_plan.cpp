@@ -23,14 +23,6 @@ namespace fp::plan {
 
 namespace {
 
-constexpr Category kParams = Category::Category_params;
-constexpr Category kGrads = Category::Category_grads;
-constexpr Category kOpt = Category::Category_optimizer;
-constexpr Category kCkpt = Category::Category_checkpoints;
-constexpr Category kDisp = Category::Category_dispatch;
-constexpr Category kVocab = Category::Category_vocab;
-constexpr Category kWs = Category::Category_workspace;
-
 uint64_t at(const CategoryBytes& b, Category c) { return b[static_cast<int>(c)]; }
 
 ModelConfig small_model() {
@@ -173,7 +165,7 @@ TEST(PlanOneRank, ClosedFormsOfThePlainSchedules) {
   EXPECT_EQ(at(r.peak, kCkpt), static_cast<uint64_t>(L * N * H) * 2);
   EXPECT_EQ(at(r.peak, kVocab), static_cast<uint64_t>(3 * N * V) * 4);  // fp32 logits, log-softmax, grad
   // One rank receives nothing: its own routed copies (xs, ys, dys, dxs, ids) are activations.
-  EXPECT_EQ(at(r.peak, kDisp), 0u);
+  EXPECT_EQ(at(r.peak, kDispatch), 0u);
   // The gradient norm's sums of squares, one float per parameter tensor (embed, norm, lm_head, and per
   // layer 9 dense tensors and 3 per expert), the aux-loss bias, the rmsnorm partials.
   const uint64_t tensors = 3 + static_cast<uint64_t>(L * (9 + 3 * E));
@@ -292,7 +284,7 @@ TEST(PlanMultiRank, ShardsAndBounds) {
   // a hot profile sends more routes to the hottest rank than the balanced one
   settings_apply(in.settings, "routing=hot:0.9:2");
   const Result hot = plan_step(in);
-  EXPECT_GT(at(hot.peak, kDisp), at(mr.peak, kDisp));
+  EXPECT_GT(at(hot.peak, kDispatch), at(mr.peak, kDispatch));
   EXPECT_EQ(hot.sizes.rank, 0);  // experts 0 and 1 live on rank 0
   // PipelinedLLEP bounds what a rank holds of the dispatch at once, whatever the skew: the two (m) id
   // vectors, a chunk's sends (<= k c_eff rows) and two of its received buffers (r_i <= W k c_eff).
@@ -303,13 +295,13 @@ TEST(PlanMultiRank, ShardsAndBounds) {
   const uint64_t k = 2, c = 128, ids = 2 * static_cast<uint64_t>(T / W) * k * 4;
   EXPECT_EQ(llep.sizes.chunk_tokens, 128);
   EXPECT_EQ(llep.sizes.chunks, T / W / 128);
-  EXPECT_LE(at(llep.peak, kDisp), ids + (k * c + 2 * W * k * c) * H * 2);
-  EXPECT_LT(at(llep.peak, kDisp), at(standard_hot.peak, kDisp) / 4);
+  EXPECT_LE(at(llep.peak, kDispatch), ids + (k * c + 2 * W * k * c) * H * 2);
+  EXPECT_LT(at(llep.peak, kDispatch), at(standard_hot.peak, kDispatch) / 4);
   // balanced routing, contiguous chunks: every rank receives what it sends, a quarter of the bound per
   // chunk: recv_x, dy and send_dy of one chunk.
   settings_apply(in.settings, "routing=balanced");
   settings_apply(in.settings, "membership=contiguous");
-  EXPECT_EQ(at(plan_step(in).peak, kDisp), ids + 3 * k * c * H * 2);
+  EXPECT_EQ(at(plan_step(in).peak, kDispatch), ids + 3 * k * c * H * 2);
   // The rank to describe can be named; the engine refuses what it cannot run.
   Input named = in;
   named.settings.layout.rank = 3;

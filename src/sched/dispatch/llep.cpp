@@ -26,12 +26,6 @@
 
 namespace fp {
 
-namespace {
-constexpr Category kDispatch = Category::Category_dispatch;
-constexpr Category kAct = Category::Category_activations;
-constexpr Category kComm = Category::Category_comm;
-}  // namespace
-
 LlepParams llep_params(const DispatchSchedule& d) { return {d.lambda, d.alpha, d.min_tokens_per_gemm}; }
 
 void llep_layer_build(StepContext& s, const LlepParams& p, std::span<const int64_t> offsets, int64_t tokens,

@@ -58,9 +58,6 @@ namespace fp {
 
 namespace {
 
-constexpr Category kDispatch = Category::Category_dispatch;
-constexpr Category kAct = Category::Category_activations;
-
 // Host bookkeeping of one layer's chunks (built in forward, used again by backward).
 struct ChunkLayout {
   ChunkPlan cp;

@@ -32,9 +32,6 @@ namespace fp {
 
 namespace {
 
-constexpr Category kDispatch = Category::Category_dispatch;
-constexpr Category kAct = Category::Category_activations;
-
 struct StandardActs : DispatchActs {
   ExpertActs ffn;                     // x (R, H) grouped by local expert; g, u, act (R, I)
   Tensor perm, unperm;                // (R) i32: grouped row <- source-major row, and its inverse

@@ -13,8 +13,6 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, V = s.cfg.vocab_size;
-  constexpr Category kAct = Category::Category_activations;
-  constexpr Category kVocab = Category::Category_vocab;
 
   Tensor xn = be.alloc(kAct, {n, H}, s.precision.activations, "head.xn");
   Tensor rstd = be.alloc_f32(kAct, {n}, "head.rstd");

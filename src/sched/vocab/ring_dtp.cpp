@@ -41,8 +41,6 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
   const ops::KernelLauncher K = be.kernels();
   const int64_t n = s.n, H = s.cfg.hidden_size, V = s.cfg.vocab_size;
   const int64_t n_blk = ring_dtp_block_rows(v, n);
-  constexpr Category kAct = Category::Category_activations;
-  constexpr Category kVocab = Category::Category_vocab;
   double* gemm_s = stats != nullptr ? &stats->gemm_s : nullptr;
   double* lse_s = stats != nullptr ? &stats->lse_s : nullptr;
 

@@ -62,9 +62,6 @@ namespace fp {
 
 namespace {
 
-constexpr Category kVocab = Category::Category_vocab;
-constexpr Category kComm = Category::Category_comm;
-
 // count elements of T at byte offset `offset` into base (then moved past them), null on meta.
 template <class T>
 T* carve(void* base, uint64_t& offset, uint64_t count, uint64_t elem_bytes = sizeof(T)) {
