@@ -31,29 +31,10 @@ AdamW::AdamW(ParamStore& params, Backend& be, const OptimConfig& cfg) : params_(
   sumsq_ = grad_sumsq_alloc(params_, be_);
 }
 
-double AdamW::grad_norm_compute() { return grad_norm_global(params_, be_, sumsq_); }
-
 AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
   FP_ASSERT(step == steps_taken_ + 1, "AdamW::step({}) after step {}: steps must follow each other (resume sets "
             "set_steps_taken)", step, steps_taken_);
-  StepStats st{};
-  st.lr = lr_at(cfg_, step, total_steps);
-  st.clip_scale = 1.0;
-  params_.replica_grads_reduce();  // the replicas' sums first (Note [Experts in groups] in model/params.h)
-  if (be_.computes()) {
-    st.grad_norm = grad_norm_compute();
-    // Checked before any write: a non-finite gradient must not reach the weights or the moments.
-    FP_CHECK(std::isfinite(st.grad_norm), "lower optim.lr or check the data",
-             "non-finite gradient norm at step {} ({}): a gradient holds NaN or Inf; no update was applied", step,
-             st.grad_norm);
-    // torch.nn.utils.clip_grad_norm_: coef = max_norm / (total_norm + 1e-6), applied when below 1.
-    if (cfg_.grad_clip > 0) {
-      const double coef = cfg_.grad_clip / (st.grad_norm + 1e-6);
-      if (coef < 1.0) st.clip_scale = coef;
-    }
-  } else {
-    st.grad_norm = std::numeric_limits<double>::quiet_NaN();  // meta: there are no gradients to read
-  }
+  StepStats st = step_stats_begin(cfg_, params_, be_, sumsq_, step, total_steps);
 
   const auto& k = be_.kernels();
   if (!master_.empty() && !master_synced_) {

@@ -56,9 +56,6 @@ class AdamW final : public Optimizer {
   const OptimConfig& config() const { return cfg_; }
 
  private:
-  // grad_norm_global (optimizer.h): the same bits for any thread count, on every rank.
-  double grad_norm_compute();
-
   ParamStore& params_;
   Backend& be_;
   const OptimConfig cfg_;

@@ -114,8 +114,6 @@ OffloadAdamW::OffloadAdamW(ParamStore& params, Backend& be, const OptimConfig& c
   sumsq_ = grad_sumsq_alloc(params_, be_);
 }
 
-double OffloadAdamW::grad_norm_compute() { return grad_norm_global(params_, be_, sumsq_); }
-
 void OffloadAdamW::master_sync() {
   // The device weights are the truth before the first step (init or checkpoint load).
   be_.d2h_stream().wait(grads_ready_);
@@ -168,27 +166,14 @@ OffloadAdamW::StepStats OffloadAdamW::step(int64_t step, int64_t total_steps) {
             "sets set_steps_taken)", step, steps_taken_);
   const auto t0 = Clock::now();
   times_ = OffloadTimes{};
-  StepStats st{};
-  st.lr = lr_at(cfg_, step, total_steps);
-  st.clip_scale = 1.0;
-  // The norm and clipping of AdamW::step (adamw.cpp), identically: the same guard, the same
-  // coefficient. Global over every gradient, so it must finish before any bucket is updated.
-  params_.replica_grads_reduce();  // the replicas' sums first (Note [Experts in groups] in model/params.h)
-  if (be_.computes()) {
-    st.grad_norm = grad_norm_compute();
-    FP_CHECK(std::isfinite(st.grad_norm), "lower optim.lr or check the data",
-             "non-finite gradient norm at step {} ({}): a gradient holds NaN or Inf; no update was applied", step,
-             st.grad_norm);
-    if (cfg_.grad_clip > 0) {
-      const double coef = cfg_.grad_clip / (st.grad_norm + 1e-6);
-      if (coef < 1.0) st.clip_scale = coef;
-    }
-  } else {
+  // The norm and clipping of AdamW::step, the same code (step_stats_begin in optimizer.h). Global over every
+  // gradient, so it must finish before any bucket is updated.
+  StepStats st = step_stats_begin(cfg_, params_, be_, sumsq_, step, total_steps);
+  if (!be_.computes()) {
     // Meta: the update moves and computes only, into buffers reserved at launch (the host state, the
     // slots): it allocates nothing, so there is nothing to replay. At 64 ranks of paper-39L its
     // 11K buckets of stream events per rank were half a plan point (tests/model/test_model_ledger.cpp
     // holds cpu and meta to the same allocation sequence, the optimizer step included).
-    st.grad_norm = std::numeric_limits<double>::quiet_NaN();
     steps_taken_ = step;
     return st;
   }

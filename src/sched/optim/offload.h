@@ -210,7 +210,6 @@ class OffloadAdamW : public Optimizer {
   bool rounded_ = false;
 
  private:
-  double grad_norm_compute();
   void master_sync();
 
   Tensor sumsq_;  // (1) device, category workspace: reduce_sumsq's output

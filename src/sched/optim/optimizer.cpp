@@ -1,6 +1,7 @@
 #include "sched/optim/optimizer.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -34,6 +35,27 @@ ops::AdamWHyper adamw_hyper(const OptimConfig& cfg, const Optimizer::StepStats& 
 
 Tensor grad_sumsq_alloc(ParamStore& params, Backend& be) {
   return be.alloc_f32(Category::Category_workspace, {static_cast<int64_t>(params.all().size())}, "adamw.grad_sumsq");
+}
+
+Optimizer::StepStats step_stats_begin(const OptimConfig& cfg, ParamStore& params, Backend& be, const Tensor& sumsq,
+                                      int64_t step, int64_t total_steps) {
+  Optimizer::StepStats st{};
+  st.lr = lr_at(cfg, step, total_steps);
+  st.clip_scale = 1.0;
+  params.replica_grads_reduce();  // the replicas' sums first (Note [Experts in groups] in model/params.h)
+  if (!be.computes()) {
+    st.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    return st;
+  }
+  st.grad_norm = grad_norm_global(params, be, sumsq);
+  FP_CHECK(std::isfinite(st.grad_norm), "lower optim.lr or check the data",
+           "non-finite gradient norm at step {} ({}): a gradient holds NaN or Inf; no update was applied", step,
+           st.grad_norm);
+  if (cfg.grad_clip > 0) {
+    const double coef = cfg.grad_clip / (st.grad_norm + 1e-6);
+    if (coef < 1.0) st.clip_scale = coef;
+  }
+  return st;
 }
 
 double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq) {

@@ -65,4 +65,12 @@ double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq);
 // grad_norm_global's device buffer: (number of params this rank holds) floats, category workspace.
 Tensor grad_sumsq_alloc(ParamStore& params, Backend& be);
 
+// The opening of every variant's step, one code so their updates stay the same bits: the learning rate
+// at `step`; the replicas' gradient sums (ParamStore::replica_grads_reduce); the global gradient norm
+// (grad_norm_global into sumsq), checked finite before anything is written (a non-finite gradient must
+// not reach the weights or the moments: fp::Error); torch.nn.utils.clip_grad_norm_'s coefficient
+// max_norm / (norm + 1e-6) where it is below 1. On meta the norm is NaN (there are no gradients to read).
+Optimizer::StepStats step_stats_begin(const OptimConfig& cfg, ParamStore& params, Backend& be, const Tensor& sumsq,
+                                      int64_t step, int64_t total_steps);
+
 }  // namespace fp
