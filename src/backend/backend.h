@@ -2,15 +2,16 @@
 // streams and events, copies, and the kernel table. Model and schedule code are written once
 // against it.
 //
-//   cpu   computes: kernels are ops/cpu, memory is real, copy streams are worker threads.
+//   cpu   computes: kernels are backend/cpu/kernels, memory is real, copy streams are worker threads.
 //   meta  computes nothing: the same allocations and frees reach the same ledger in the same order,
 //         data pointers are null and kernels do nothing, so peaks at any scale take seconds.
 //   cuda  (FLATPEAK_CUDA, src/backend/cuda) a skeleton: arenas over cudaMalloc / cudaMallocHost, its
 //         own streams and events (cudaStream_t, cudaEvent_t), asynchronous copies, a few kernels (fill,
 //         copy, add, GEMM through cuBLAS); the rest of its kernel table is empty, so it runs no model yet.
 //
-// Each backend builds its own arenas (over its allocators, memory/allocator.h) and streams
-// (core/stream.h) and hands them to this base, which owns them.
+// Each is a plug-in that registers itself (Note [Backends as plug-ins] in backend/registry.h); this base
+// names none of them. Each backend builds its own arenas (over its allocators, memory/allocator.h) and
+// streams (core/stream.h) and hands them to this base, which owns them.
 #pragma once
 
 #include <cstdint>
@@ -30,13 +31,15 @@ class Backend {
  public:
   // The backend's pieces, built by the derived backend: the device and host arenas over their
   // allocators (owned: allocators the backend made for itself, such as its caches; others must
-  // outlive it), the compute stream (the one kernels run on) and the two copy streams.
+  // outlive it), the compute stream (the one kernels run on), the two copy streams, and the kernel
+  // table of its host memory (host_kernels below).
   struct Parts {
     std::vector<std::unique_ptr<Allocator>> owned;
     std::unique_ptr<Arena> device, host;
     std::unique_ptr<Stream> compute, h2d, d2h;
+    const ops::Kernels* host_kernels = nullptr;
   };
-  virtual ~Backend() = default;
+  virtual ~Backend();
 
   virtual std::string_view name() const = 0;
   // False on meta: nothing is computed, data-dependent sizes come from a routing profile.
@@ -47,6 +50,12 @@ class Backend {
   ops::KernelLauncher kernels_on(Stream& s) const { return ops::KernelLauncher(*kernels_, s); }
   // Replaces the kernel table (benchmarks: ops::kernels_cpu_gemm_profiled). Same backend semantics.
   void kernels_set(const ops::Kernels& k) { kernels_ = &k; }
+  // Note [Host kernels]: the kernels of this backend's host memory (alloc_host) and of plain host
+  // memory, run on the calling thread: the offloaded optimizers' AdamW over host state, the host-side
+  // dtype conversions of checkpoints and initial weights. Whatever the device, the host is a cpu, so
+  // cpu and cuda give the cpu table here; meta gives its do-nothing table (nothing exists on its host
+  // either), so a caller needs no branch for it.
+  ops::KernelLauncher host_kernels() const { return ops::KernelLauncher(*host_kernels_, *host_stream_); }
 
   Arena& device() { return *device_; }
   Arena& host() { return *host_; }
@@ -111,12 +120,15 @@ class Backend {
   std::unique_ptr<Stream> compute_;
   std::unique_ptr<Stream> h2d_;
   std::unique_ptr<Stream> d2h_;
+  std::unique_ptr<Stream> host_stream_;  // inline: host kernels run on the calling thread
   const ops::Kernels* kernels_;
+  const ops::Kernels* host_kernels_;
   double link_gbps_ = 0.0;  // Note [Emulated link]; 0 = off
 };
 
-// name: "cpu", "meta", or "cuda" in a build with FLATPEAK_CUDA (fp::Error otherwise, and for cuda
-// without a usable GPU). Capacities in bytes (kUnlimitedBytes for none).
+// The registered backend `name` (backend/registry.h: "cpu", "meta", and "cuda" in a build with
+// FLATPEAK_CUDA); fp::Error for a name no plug-in registered (listing those that did), and for cuda
+// without a usable GPU. Capacities in bytes (kUnlimitedBytes for none).
 std::unique_ptr<Backend> backend_create(std::string_view name, uint64_t device_capacity, uint64_t host_capacity);
 
 }  // namespace fp

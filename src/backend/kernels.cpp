@@ -2,34 +2,6 @@
 
 namespace fp::ops {
 
-namespace {
-
-// A cpu kernel as a table entry: run on the calling thread when the stream runs its work inline (the
-// compute stream), else enqueued on the stream (its worker runs it in order with the stream's copies;
-// the arguments are copied into the task, so pointers must outlive it, as on a device).
-template <auto Op>
-struct OnCpuStream;
-template <class... A, void (*Op)(A...)>
-struct OnCpuStream<Op> {
-  static void fn(const ExecContext& c, A... a) {
-    if (c.stream.runs_inline()) {
-      Op(a...);
-      return;
-    }
-    c.stream.enqueue([=] { Op(a...); });
-  }
-};
-
-// The meta backend's entry: nothing to compute (Note [Kernel execution context] needs no stream here).
-template <class Entry>
-struct Noop;
-template <class... A>
-struct Noop<void (*)(const ExecContext&, A...)> {
-  static void fn(const ExecContext&, A...) {}
-};
-
-}  // namespace
-
 const char* kernel_name(KernelId k) {
   static constexpr const char* kNames[] = {
 #define FP_KERNEL_NAME(name) #name,
@@ -64,36 +36,6 @@ std::vector<std::string> kernels_missing(const Kernels& table, const Precision& 
     missing.push_back(fmt::format("{} ({})", kernel_name(k), dts));
   }
   return missing;
-}
-
-const Kernels& kernels_cpu() {
-  static const Kernels k = [] {
-    Kernels t;
-#define FP_KERNEL_CPU(name) t.name = &OnCpuStream<&::fp::ops::cpu::name>::fn;
-    FP_KERNEL_LIST(FP_KERNEL_CPU)
-#undef FP_KERNEL_CPU
-    for (int i = 0; i < kKernelCount; ++i) t.dtypes[i] = kernel_contract_dtypes(static_cast<KernelId>(i));
-#define FP_WORKSPACE_CPU(name) t.name = &::fp::ops::cpu::name;
-    FP_WORKSPACE_LIST(FP_WORKSPACE_CPU)
-#undef FP_WORKSPACE_CPU
-    return t;
-  }();
-  return k;
-}
-
-const Kernels& kernels_meta() {
-  static const Kernels k = [] {
-    Kernels t;
-#define FP_KERNEL_META(name) t.name = &Noop<decltype(t.name)>::fn;
-    FP_KERNEL_LIST(FP_KERNEL_META)
-#undef FP_KERNEL_META
-    t.dtypes.fill(~0u);                                       // computes nothing: every kernel, every dtype
-#define FP_WORKSPACE_META(name) t.name = kernels_cpu().name;  // the ledgers of the cpu backend
-    FP_WORKSPACE_LIST(FP_WORKSPACE_META)
-#undef FP_WORKSPACE_META
-    return t;
-  }();
-  return k;
 }
 
 }  // namespace fp::ops

@@ -2,18 +2,21 @@
 // only through a backend's table, so a backend (cpu, meta, cuda) is added without touching them.
 //
 // Each op's contract (what it computes, shapes, what must hold bit for bit) is in its op header
-// (ops/*.h): a signature type in namespace ops (ops::gemm_fn, ...), which ops::cpu implements (gemm_fn
-// gemm;) and a table entry takes with an ExecContext first; its scalar reference is ops/ref.
+// (ops/*.h): a signature type in namespace ops (ops::gemm_fn, ...), which each backend implements in its
+// own room and a table entry takes with an ExecContext first; its scalar reference is ops/ref.
 // A table entry has the op's parameters preceded by an ExecContext, the stream the kernel is
-// enqueued on (Note [Kernel execution context]). Backends fill the table:
-//   cpu   ops/cpu, run on the calling thread when the stream is inline (the compute stream), else
-//         enqueued on the stream's worker (kernels_cpu, below);
-//   meta  nothing (data pointers there are null);
-//   cuda  launches on the context's cudaStream_t; the kernels the skeleton lacks throw by name.
+// enqueued on (Note [Kernel execution context]). Backends fill the table (Note [Backends as plug-ins]
+// in backend/registry.h):
+//   cpu   backend/cpu/kernels, run on the calling thread when the stream is inline (the compute
+//         stream), else enqueued on the stream's worker (ops::kernels_cpu, backend/cpu/cpu_backend.h);
+//   meta  nothing (data pointers there are null; backend/meta);
+//   cuda  launches on the context's cudaStream_t (backend/cuda); the kernels it lacks throw by name.
 //
 // Note [Kernel execution context]: PyTorch's kernels find their stream in a thread-local "current
 // stream"; ours get it as the first argument, so a kernel's stream is visible at every call site that
-// chose it and nothing global changes between calls. Callers rarely spell it: Backend::kernels()
+// chose it and nothing global changes between calls. The stream is the backend's own (a cuda stream
+// owns its library handles and their workspaces, backend/cuda/cuda_stream.h), so a kernel finds its
+// backend's context there, never in a global. Callers rarely spell it: Backend::kernels()
 // returns a KernelLauncher bound to the compute stream (K.gemm(...) calls table.gemm(ctx, ...)), and
 // Backend::kernels_on(stream) one bound to another stream. Work on a stream is ordered with the other
 // work on it and with events (core/stream.h); a kernel's buffers must stay alive until the stream
@@ -56,8 +59,9 @@ namespace ops {
 
 #define FP_KERNEL_LIST(X)                                                                                             \
   X(gemm)                                                                                                             \
-  X(gemm_tiled) X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(rope_forward)     \
-      X(rope_backward) X(rope_strided_forward) X(rope_strided_backward) X(attention_forward) X(attention_backward)    \
+  X(gemm_tiled)                                                                                                       \
+  X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(rope_forward) X(rope_backward)  \
+      X(rope_strided_forward) X(rope_strided_backward) X(attention_forward) X(attention_backward)                     \
           X(attention_sink_backward) X(attention_block_forward) X(attention_block_backward) X(swiglu_forward)         \
               X(swiglu_backward) X(swiglu_clamped_forward) X(swiglu_clamped_backward) X(router_forward)               \
                   X(router_gather) X(router_backward) X(router_sigmoid_forward) X(router_sigmoid_gather)              \
@@ -78,10 +82,12 @@ struct KernelEntry<void (*)(A...)> {
 template <class Op>
 using kernel_entry_t = typename KernelEntry<Op>::type;
 
-// Workspace sizes (CUTLASS's get_workspace_size): the scratch a kernel needs, asked before it runs so
-// that the caller allocates it through the ledger (category workspace). Plain host functions of the
-// shapes; the meta backend answers as the cpu backend, whose ledgers it must reproduce.
-#define FP_WORKSPACE_LIST(X) X(rmsnorm_backward_workspace)
+// Host queries of a backend's kernels: plain host functions of the shapes, each backend's own.
+//   workspace sizes (CUTLASS's get_workspace_size): the scratch a kernel needs, asked before it runs so
+//     that the caller allocates it through the ledger (category workspace);
+//   work measures: the tiles a kernel computes (ring balance studies).
+// The meta backend answers as the cpu backend, whose ledgers it must reproduce.
+#define FP_QUERY_LIST(X) X(rmsnorm_backward_workspace) X(attention_block_tile_pairs)
 
 // Note [Kernel coverage]: a backend may implement a kernel for some storage dtypes only (the cuda
 // skeleton: a few kernels, f32), so each table says, per entry, the dtypes it takes its token operands in
@@ -118,9 +124,9 @@ struct Kernels {
   // Note [Kernel coverage]: the dtypes each entry takes (KernelId order).
   std::array<uint32_t, kKernelCount> dtypes{};
   bool supports(KernelId k, DType t) const { return (dtypes[static_cast<int>(k)] & dtype_bit(t)) != 0; }
-#define FP_WORKSPACE_MEMBER(name) ::fp::ops::name##_fn* name = nullptr;
-  FP_WORKSPACE_LIST(FP_WORKSPACE_MEMBER)
-#undef FP_WORKSPACE_MEMBER
+#define FP_QUERY_MEMBER(name) ::fp::ops::name##_fn* name = nullptr;
+  FP_QUERY_LIST(FP_QUERY_MEMBER)
+#undef FP_QUERY_MEMBER
 };
 
 // A table bound to one stream: K.name(args...) calls table.name({stream}, args...).
@@ -130,29 +136,25 @@ class KernelLauncher {
   const Kernels& table() const { return *table_; }
   const ExecContext& context() const { return ctx_; }
 
-#define FP_KERNEL_LAUNCH(name)                    \
-  template <class... A>                           \
-  void name(A&&... a) const {                     \
-    table_->name(ctx_, std::forward<A>(a)...);    \
+#define FP_KERNEL_LAUNCH(name)                 \
+  template <class... A>                        \
+  void name(A&&... a) const {                  \
+    table_->name(ctx_, std::forward<A>(a)...); \
   }
   FP_KERNEL_LIST(FP_KERNEL_LAUNCH)
 #undef FP_KERNEL_LAUNCH
-#define FP_WORKSPACE_QUERY(name)                  \
-  template <class... A>                           \
-  int64_t name(A&&... a) const {                  \
-    return table_->name(std::forward<A>(a)...);   \
+#define FP_QUERY_CALL(name)                     \
+  template <class... A>                         \
+  int64_t name(A&&... a) const {                \
+    return table_->name(std::forward<A>(a)...); \
   }
-  FP_WORKSPACE_LIST(FP_WORKSPACE_QUERY)
-#undef FP_WORKSPACE_QUERY
+  FP_QUERY_LIST(FP_QUERY_CALL)
+#undef FP_QUERY_CALL
 
  private:
   const Kernels* table_;
   ExecContext ctx_;
 };
-
-// The cpu kernels (ops/cpu) and the do-nothing table of the meta backend.
-const Kernels& kernels_cpu();
-const Kernels& kernels_meta();
 
 // The dtypes the cpu table takes for each entry (Note [Kernel coverage]): the contract.
 uint32_t kernel_contract_dtypes(KernelId k);

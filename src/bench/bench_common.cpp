@@ -7,12 +7,13 @@
 #include <cmath>
 
 #include "backend/backend.h"
+#include "backend/cpu/kernels/ops.h"
 #include "io/atomic_file.h"
 #include "ops/attention.h"
-#include "ops/cpu/blas_setup.h"
-#include "ops/cpu/gemm_onednn.h"
-#include "ops/cpu/convert.h"
-#include "ops/cpu/cpu_features.h"
+#include "backend/cpu/kernels/blas_setup.h"
+#include "backend/cpu/kernels/gemm_onednn.h"
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/cpu_features.h"
 
 namespace fp::bench {
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/kernels/adamw_path.h"
 #include "bench/bench_common.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -23,7 +24,6 @@
 #include "core/units.h"
 #include "model/params.h"
 #include "ops/adamw.h"
-#include "ops/cpu/adamw_path.h"
 #include "sched/optim/offload.h"
 #include "sched/optim/optimizer.h"
 #include "train/run_config.h"
@@ -83,7 +83,7 @@ struct Bandwidth {
   double memcpy_one = 0, memcpy_threads = 0;
 };
 
-// AdamW's traffic without its arithmetic, split over the threads like the kernel (ops/cpu/adamw.cpp).
+// AdamW's traffic without its arithmetic, split over the threads like the kernel (backend/cpu/kernels/adamw.cpp).
 void adamw_traffic_loop(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                         int64_t n) {
   constexpr int64_t kBlock = 8192;

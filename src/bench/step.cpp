@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/gemm_profile.h"
+#include "backend/cpu/kernels/ops.h"
 #include "bench/bench_common.h"
 #include "core/buf.h"
 #include "core/log.h"

@@ -15,7 +15,6 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "core/error.h"
 
 namespace fp {
 
@@ -51,6 +50,11 @@ constexpr DType dtype_of<bf16>() {
   return DType::DType_BF16;
 }
 
+// The errors of the operand checks below, out of line so that this header needs no formatting library
+// (it is included by the cuda backend's .cu files, which nvcc compiles; core/buf.cpp).
+[[noreturn]] void buf_dtype_mismatch(DType stored, DType read);
+[[noreturn]] void buf_dtype_refused(const char* kernel, DType t);
+
 // A written operand: data (null on the meta backend) and its dtype, f32 or bf16.
 struct Buf {
   void* p = nullptr;
@@ -71,7 +75,7 @@ struct Buf {
   // The typed pointer; asserts that the operand is stored as T.
   template <class T>
   T* as() const {
-    FP_ASSERT(dtype == dtype_of<T>(), "kernel operand is {}, read as {}", dtype_name(dtype), dtype_name(dtype_of<T>()));
+    if (dtype != dtype_of<T>()) buf_dtype_mismatch(dtype, dtype_of<T>());
     return static_cast<T*>(p);
   }
   float* f32() const { return as<float>(); }
@@ -96,7 +100,7 @@ struct CBuf {
   }
   template <class T>
   const T* as() const {
-    FP_ASSERT(dtype == dtype_of<T>(), "kernel operand is {}, read as {}", dtype_name(dtype), dtype_name(dtype_of<T>()));
+    if (dtype != dtype_of<T>()) buf_dtype_mismatch(dtype, dtype_of<T>());
     return static_cast<const T*>(p);
   }
   const float* f32() const { return as<float>(); }
@@ -115,8 +119,7 @@ decltype(auto) visit_float(DType t, const char* kernel, F&& f) {
     default:
       break;
   }
-  throw Error(fmt::format("kernel {} does not take {} operands", kernel, dtype_name(t)),
-              "the cpu kernels read and write f32 and bf16");
+  buf_dtype_refused(kernel, t);
 }
 
 }  // namespace fp

@@ -12,7 +12,7 @@
 // (EventImpl): the cpu backend's is a flag and a condition variable, the cuda backend's a cudaEvent_t.
 // An event is waited on only by streams of the backend that recorded it.
 //
-// Implementations: backend/cpu/cpu_stream.h (worker threads and inline streams: cpu and meta),
+// Implementations: backend/host_stream.h (worker threads and inline streams: cpu and meta),
 // backend/cuda (cudaStream_t).
 #pragma once
 
@@ -66,7 +66,7 @@ class Stream {
   // True when enqueue runs the work on the calling thread before returning (the cpu backend's inline
   // streams): a cpu kernel on such a stream is a plain call (backend/kernels.cpp).
   virtual bool runs_inline() const { return false; }
-  // Note [Stream delays for testing] (backend/cpu/cpu_stream.h): a hook called before every task of
+  // Note [Stream delays for testing] (backend/host_stream.h): a hook called before every task of
   // a stream that runs its tasks on a thread of its own; ignored by the others.
   virtual void set_delay_hook(std::function<void()> hook) { (void)hook; }
 

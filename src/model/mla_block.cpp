@@ -14,7 +14,7 @@
 // The tiled kernels take the different q/k and v widths (ops/attention.h); no T x T buffer exists. The
 // two halves of kv_a_proj_with_mqa are two GEMMs on its row blocks (no strided split of the output), and
 // kv_b_proj's output is split per head by strided copies. RoPE rotates the last dr numbers of each query
-// head and the one shared key in place (ops::cpu::rope_strided_forward; rope_interleave rotates adjacent
+// head and the one shared key in place (rope_strided_forward; rope_interleave rotates adjacent
 // pairs). Backward: d k_pe is the sum over heads of the keys' RoPE parts (fixed head order).
 // Memory: with keep, h1, the latents before and after their norms, q, k, v, o and lse stay for backward.
 #include <cmath>

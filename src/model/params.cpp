@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "ops/cpu/convert.h"  // host-side f32 <-> bf16 (the host is a cpu whatever the backend)
 
 namespace fp {
 
@@ -26,18 +25,19 @@ void* ptr_at_elems(const Tensor& t, int64_t off) { return t.buf().at(off).p; }
 
 // Note [Parameters in another dtype than the host's f32]: init, checkpoints and benchmarks hand
 // ParamStore whole tensors as host f32; a bf16 parameter takes them rounded to nearest even (as
-// torch's .to(torch.bfloat16)) and gives them back widened (exact), converted on the host.
+// torch's .to(torch.bfloat16)) and gives them back widened (exact), converted on the host by the
+// backend's host kernels (Note [Host kernels] in backend/backend.h).
 void host_to_local(Backend& be, const float* host, int64_t n, Tensor& local) {
   if (local.dtype() == DType::DType_F32) return be.copy_from_host(local.data(), host, static_cast<uint64_t>(n) * 4);
   std::vector<bf16> h(static_cast<size_t>(n));
-  ops::cpu::convert(Buf(h.data()), CBuf(host), n);
+  be.host_kernels().copy(Buf(h.data()), CBuf(host), n);
   be.copy_from_host(local.data(), h.data(), static_cast<uint64_t>(n) * sizeof(bf16));
 }
 void local_to_host(Backend& be, const Tensor& local, int64_t n, float* host) {
   if (local.dtype() == DType::DType_F32) return be.copy_to_host(host, local.data(), static_cast<uint64_t>(n) * 4);
   std::vector<bf16> h(static_cast<size_t>(n));
   be.copy_to_host(h.data(), local.data(), static_cast<uint64_t>(n) * sizeof(bf16));
-  ops::cpu::convert(Buf(host), CBuf(h.data()), n);
+  be.host_kernels().copy(Buf(host), CBuf(h.data()), n);
 }
 
 }  // namespace

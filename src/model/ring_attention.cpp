@@ -140,7 +140,7 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
     for (int step = 0; step < g.world; ++step) {
       const int cur = step % 2;
       // With a sliding window, a block entirely before every local query's window computes nothing: the
-      // kernel skips every tile pair (Note [Masks from sorted positions], ops/cpu/attention_block.cpp), as
+      // kernel skips every tile pair (Note [Masks from sorted positions], backend/cpu/kernels/attention_block.cpp), as
       // it skips the pairs across documents. It still travels: the ranks after this one may need it.
       K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), j == 0 && step == 0,
                                 chunk_spec(block_spec(s, a, g.source(step), q0), j0, c));

@@ -8,8 +8,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // The scalars of one AdamW step (the update below).
 struct AdamWHyper {
@@ -49,9 +50,3 @@ struct AdamWHyper {
 using adamw_update_fn = void(float* param, CBuf grad, float* m, float* v, int64_t n, AdamWHyper h, Buf param_copy);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-adamw_update_fn adamw_update;
-
-}  // namespace fp::ops::cpu

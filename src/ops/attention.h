@@ -14,7 +14,7 @@
 // is plain causal attention, and so is any window >= T, bit for bit. Every query sees at least itself.
 // With documents (Note [Documents in attention]) it also sees only keys of its own document.
 // Tile pairs (query tile, key tile) holding no visible (query, key) pair are never computed, so the cost
-// is about T * min(w, T) rather than T^2 / 2 (Note [Sliding-window bands], ops/cpu/attention_tile.h),
+// is about T * min(w, T) rather than T^2 / 2 (Note [Sliding-window bands], backend/cpu/kernels/attention_tile.h),
 // and about sum over documents of len^2 / 2 with documents.
 //
 // Note [Documents in attention]: a window of packed documents (torchtitan's block_causal mask,
@@ -84,8 +84,9 @@ inline AttentionSpec attention_spec(int64_t B, int64_t T, int64_t nh, int64_t nk
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // q (B, T, nh, hd), k (B, T, nkv, hd), v (B, T, nkv, hdv) -> o (B, T, nh, hdv), lse (B, nh, T) the
 // log-sum-exp of each query's scaled scores over its visible keys (kept for backward). a: Tq = Tk = T,
@@ -106,22 +107,3 @@ using attention_backward_fn = void(CBuf q, CBuf k, CBuf v, CBuf o, const float* 
 using attention_sink_backward_fn = void(CBuf o, CBuf dout, const float* lse, Buf dsinks, AttentionSpec a);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-attention_forward_fn attention_forward;
-attention_backward_fn attention_backward;
-attention_sink_backward_fn attention_sink_backward;
-
-// Tile sizes (queries x keys) of the cpu kernel; exposed so tests can pick T across several tiles.
-inline constexpr int64_t kAttentionTileQ = 64;
-inline constexpr int64_t kAttentionTileK = 64;
-
-// The copy of the tile kernels this process runs, "sse2", "avx2" or "avx2+fma" (Note [Tile products with
-// FMA] in ops/cpu/attention_tile.h; FLATPEAK_SIMD lowers it): benchmarks print it beside the GEMM kernels.
-const char* attention_kernels();
-// How the backward runs (Note [One backward sweep where the dQ sums fit] in ops/cpu/attention_block.cpp):
-// "one sweep where the dQ sums fit, else two passes", or the one FLATPEAK_ATTENTION_BACKWARD forces.
-const char* attention_backward_sweep();
-
-}  // namespace fp::ops::cpu

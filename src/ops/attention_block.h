@@ -54,8 +54,9 @@ inline AttentionSpec attention_block_spec(const int32_t* q_pos, const int32_t* k
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // Folds the block (k, v) into the running state of the queries q.
 // q (B, Tq, nh, hd); k (B, Tk, nkv, hd); v (B, Tk, nkv, hdv); a.q_pos (Tq), a.k_pos (Tk) ascending.
@@ -83,17 +84,10 @@ using attention_block_forward_fn = void(CBuf q, CBuf k, CBuf v, Buf o, float* ls
 using attention_block_backward_fn = void(CBuf q, CBuf k, CBuf v, CBuf o, const float* lse, CBuf dout, Buf dq, Buf dk,
                                          Buf dv, AttentionSpec a);
 
-}  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-attention_block_forward_fn attention_block_forward;
-attention_block_backward_fn attention_block_backward;
-
 // The tile pairs attention_block_forward computes for each (sequence, query head) of spec a, summed over
-// the sequences: the work measure of a block pair (ring balance studies, plan/ring_balance.h). A host
-// query of the positions and document starts, like a workspace size: a.q_pos, a.k_pos, a.doc_start are
-// read on the host here. Equal to the kernel's count (tests/ops/test_attention_documents.cpp).
-int64_t attention_block_tile_pairs(const AttentionSpec& a);
+// the sequences: the work measure of a block pair (ring balance studies, plan/ring_balance.h), each
+// backend's own (its tiles). A host query of the positions and document starts, like a workspace size:
+// a.q_pos, a.k_pos, a.doc_start are read on the host.
+using attention_block_tile_pairs_fn = int64_t(const AttentionSpec& a);
 
-}  // namespace fp::ops::cpu
+}  // namespace fp::ops

@@ -6,8 +6,12 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
+
+// The target that marks a position without a loss (PyTorch's ignore_index).
+inline constexpr int32_t kIgnoreIndex = -100;
 
 // logits (n, V) -> logp (n, V), max-subtracted log-softmax per row.
 using log_softmax_forward_fn = void(const float* logits, float* logp, int64_t n, int64_t V);
@@ -20,13 +24,3 @@ using cross_entropy_backward_fn = void(const float* logp, const int32_t* targets
                                        int64_t n, int64_t V);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-log_softmax_forward_fn log_softmax_forward;
-nll_forward_fn nll_forward;
-cross_entropy_backward_fn cross_entropy_backward;
-
-inline constexpr int32_t kIgnoreIndex = -100;
-
-}  // namespace fp::ops::cpu

@@ -14,8 +14,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // y (n) += x (n)
 using add_inplace_fn = void(Buf y, CBuf x, int64_t n);
@@ -26,7 +27,7 @@ using scale_inplace_fn = void(Buf y, float a, int64_t n);
 // y (n) = v (rounded once to y's dtype)
 using fill_fn = void(Buf y, float v, int64_t n);
 
-// dst (n) = src (n) in dst's dtype: a copy when the dtypes agree, else a conversion (ops/cpu/convert.h:
+// dst (n) = src (n) in dst's dtype: a copy when the dtypes agree, else a conversion (backend/cpu/kernels/convert.h:
 // widening exact, narrowing to nearest even, NaN kept a quiet NaN). The ranges do not overlap.
 using copy_fn = void(Buf dst, CBuf src, int64_t n);
 
@@ -55,19 +56,3 @@ using copy_2d_fn = void(Buf dst, int64_t ldd, CBuf src, int64_t lds, int64_t row
 using add_2d_fn = void(Buf dst, int64_t ldd, CBuf src, int64_t lds, int64_t rows, int64_t cols);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-add_inplace_fn add_inplace;
-scale_inplace_fn scale_inplace;
-fill_fn fill;
-copy_fn copy;
-reduce_sum_fn reduce_sum;
-reduce_sumsq_fn reduce_sumsq;
-bias_add_fn bias_add;
-bias_backward_fn bias_backward;
-column_sums_f64_fn column_sums_f64;
-copy_2d_fn copy_2d;
-add_2d_fn add_2d;
-
-}  // namespace fp::ops::cpu

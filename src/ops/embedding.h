@@ -13,8 +13,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // out (n, H) = table (V, H) [tokens (n)]. Ids are validated before (data loader); asserts 0 <= id.
 using embedding_forward_fn = void(const int32_t* tokens, CBuf table, Buf out, int64_t n, int64_t H);
@@ -23,10 +24,3 @@ using embedding_forward_fn = void(const int32_t* tokens, CBuf table, Buf out, in
 using embedding_backward_fn = void(const int32_t* tokens, CBuf dout, Buf dtable, int64_t n, int64_t H);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-embedding_forward_fn embedding_forward;
-embedding_backward_fn embedding_backward;
-
-}  // namespace fp::ops::cpu

@@ -15,8 +15,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // The sizes and options of a chunk order.
 struct ChunkOrderSpec {
@@ -36,19 +37,10 @@ struct ChunkOrderSpec {
 //   block_counts (B): the rows of each block counter.
 // Every output is overwritten. Asserts that the pieces tile [0, m), that every dest, counter and chunk is
 // in range. Deterministic; needs no workspace (Note [Counting sort in the offsets array] in
-// ops/cpu/moe_routing.cpp).
+// backend/cpu/kernels/moe_routing.cpp).
 using moe_chunk_order_fn = void(const int32_t* rows, const int64_t* pieces, ChunkOrderSpec spec, int32_t* order,
                                 int32_t* tokens, int64_t* group_offsets, int64_t* block_counts);
 
 }  // namespace fp::ops
 
-namespace fp::ops::cpu {
-
-moe_chunk_order_fn moe_chunk_order;
-
-}  // namespace fp::ops::cpu
-
-namespace fp::ops {
-// The cpu kernel called directly, for host code that holds its rows on the host (tests, tools).
-using cpu::moe_chunk_order;
-}  // namespace fp::ops
+namespace fp::ops {}  // namespace fp::ops

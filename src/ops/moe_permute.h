@@ -16,8 +16,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // xs (m, H) = x (n, H) [rows (m)]. A copy: bit for bit when x and xs share a dtype, else each element
 // converted (widened exactly, or rounded to nearest even).
@@ -47,13 +48,3 @@ using moe_combine_backward_fn = void(CBuf ys, const int32_t* slot_pos, const flo
 using moe_scatter_add_fn = void(CBuf dxs, const int32_t* slot_pos, Buf dx, int64_t n, int64_t k, int64_t H);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-moe_gather_fn moe_gather;
-moe_scatter_fn moe_scatter;
-moe_combine_forward_fn moe_combine_forward;
-moe_combine_backward_fn moe_combine_backward;
-moe_scatter_add_fn moe_scatter_add;
-
-}  // namespace fp::ops::cpu

@@ -8,8 +8,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // topk_idx (n, k) -> rows (m): token of each copy in expert order (within an expert, tokens in order,
 // then slots in order); slot_pos (n, k): the row of token t's slot j; expert_offsets (E + 1): rows of
@@ -20,13 +21,4 @@ using moe_routing_build_fn = void(const int32_t* topk_idx, int64_t n, int64_t k,
 
 }  // namespace fp::ops
 
-namespace fp::ops::cpu {
-
-moe_routing_build_fn moe_routing_build;
-
-}  // namespace fp::ops::cpu
-
-namespace fp::ops {
-// The cpu kernel called directly, for host code that holds its top-k on the host (tests, tools).
-using cpu::moe_routing_build;
-}  // namespace fp::ops
+namespace fp::ops {}  // namespace fp::ops

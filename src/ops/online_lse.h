@@ -15,7 +15,7 @@
 // ids of its columns 0 .. v1 - v0 - 1. Target kIgnoreIndex (-100) = ignored (ops/cross_entropy.h).
 //
 // Note [Why z is a double]: z sums up to V terms in (0, 1]; as in the full loss (Note [Why the softmax
-// sum is taken in double], ops/cpu/cross_entropy.cpp) a double keeps it exact to far below float
+// sum is taken in double], backend/cpu/kernels/cross_entropy.cpp) a double keeps it exact to far below float
 // precision for any V, so lse, the loss and every softmax value come out as the full loss's do (to
 // ~1 ulp), whatever the number of ranges. 8 bytes per token of state is nothing next to a strip.
 #pragma once
@@ -24,8 +24,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // The empty state: m (rows) = -inf, z (rows) = 0, y (rows) = 0.
 using online_lse_init_fn = void(float* m, double* z, float* y, int64_t rows);
@@ -46,12 +47,3 @@ using online_lse_backward_fn = void(float* strip, int64_t ld, const int32_t* tar
                                     int64_t v1, const float* m, const double* z, float scale);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-online_lse_init_fn online_lse_init;
-online_lse_fold_fn online_lse_fold;
-online_lse_loss_fn online_lse_loss;
-online_lse_backward_fn online_lse_backward;
-
-}  // namespace fp::ops::cpu

@@ -14,8 +14,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // x (rows, d), w (d) -> y (rows, d); rstd (rows) is written when not null. y may alias x (then both
 // have the same dtype).
@@ -28,16 +29,8 @@ using rmsnorm_forward_fn = void(CBuf x, CBuf w, Buf y, float* rstd, int64_t rows
 using rmsnorm_backward_fn = void(CBuf x, CBuf w, const float* rstd, CBuf dy, Buf dx, Buf dw, int64_t rows, int64_t d,
                                  float* workspace);
 
-// The floats rmsnorm_backward needs for (rows, d): B x d, B = ceil(rows / block) <= 256 row blocks
-// (Note [Deterministic rmsnorm dw] in rmsnorm.cpp), so at most 256 d whatever the rows.
+// The floats rmsnorm_backward needs for (rows, d): a host query of the shapes, each backend's own (the
+// cpu's: B x d for B <= 256 row blocks, Note [Deterministic rmsnorm dw] in backend/cpu/kernels/rmsnorm.cpp).
 using rmsnorm_backward_workspace_fn = int64_t(int64_t rows, int64_t d);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-rmsnorm_forward_fn rmsnorm_forward;
-rmsnorm_backward_fn rmsnorm_backward;
-rmsnorm_backward_workspace_fn rmsnorm_backward_workspace;
-
-}  // namespace fp::ops::cpu

@@ -37,8 +37,9 @@ inline std::vector<double> rope_default_inv_freq(double theta, int64_t hd) {
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // x (n, heads, hd) rotated in place; pos (n) the position of each token in its sequence.
 using rope_forward_fn = void(Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
@@ -59,12 +60,3 @@ using rope_strided_backward_fn = void(Buf dx, const int32_t* pos, int64_t n, int
                                       int64_t head_stride, bool interleaved, RopeFreqs f);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-rope_forward_fn rope_forward;
-rope_backward_fn rope_backward;
-rope_strided_forward_fn rope_strided_forward;
-rope_strided_backward_fn rope_strided_backward;
-
-}  // namespace fp::ops::cpu

@@ -18,8 +18,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // The sizes and options of every router kernel; the softmax router reads n, E, k and norm.
 struct RouterSpec {
@@ -60,14 +61,3 @@ using router_sigmoid_backward_fn = void(const float* scores, const int32_t* topk
                                         float* dlogits, RouterSpec spec);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-router_forward_fn router_forward;
-router_gather_fn router_gather;
-router_backward_fn router_backward;
-router_sigmoid_forward_fn router_sigmoid_forward;
-router_sigmoid_gather_fn router_sigmoid_gather;
-router_sigmoid_backward_fn router_sigmoid_backward;
-
-}  // namespace fp::ops::cpu

@@ -16,8 +16,9 @@
 
 namespace fp::ops {
 
-// The contract of each kernel: its signature (a backend's table entry adds an ExecContext first,
-// backend/kernels.h); cpu implements it below, a cuda backend beside it.
+// The contract of each kernel: its signature, shapes, dtypes and what must hold bit for bit. A backend's
+// table entry adds an ExecContext first (backend/kernels.h); each backend implements it in its own room
+// (backend/cpu/kernels, backend/cuda).
 
 // g, u (n) -> a (n).
 using swiglu_forward_fn = void(CBuf g, CBuf u, Buf a, int64_t n);
@@ -30,12 +31,3 @@ using swiglu_clamped_forward_fn = void(CBuf g, CBuf u, Buf a, int64_t n, float a
 using swiglu_clamped_backward_fn = void(CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n, float alpha, float limit);
 
 }  // namespace fp::ops
-
-namespace fp::ops::cpu {
-
-swiglu_forward_fn swiglu_forward;
-swiglu_backward_fn swiglu_backward;
-swiglu_clamped_forward_fn swiglu_clamped_forward;
-swiglu_clamped_backward_fn swiglu_clamped_backward;
-
-}  // namespace fp::ops::cpu

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/attention_block.h"
@@ -25,6 +26,7 @@ double max_over_mean(const std::vector<int64_t>& v) {
 // rank's keys.
 void window_work(const Batch& one, const std::vector<std::vector<int32_t>>& ranks, int64_t window, SplitWork& out) {
   const int W = static_cast<int>(ranks.size());
+  const ops::Kernels& cpu = backend_get("cpu").kernels();  // the cpu kernel's tiles (plan/ring_balance.h)
   std::vector<int64_t> tiles(static_cast<size_t>(W)), pairs(static_cast<size_t>(W));
   for (int r = 0; r < W; ++r) {
     const std::vector<int32_t>& q = ranks[r];
@@ -35,7 +37,7 @@ void window_work(const Batch& one, const std::vector<std::vector<int32_t>>& rank
       const ops::AttentionSpec a =
           ops::attention_block_spec(q.data(), k.data(), 1, static_cast<int64_t>(q.size()),
                                     static_cast<int64_t>(k.size()), 1, 1, 1, 1, 1.0f, window, starts.data());
-      tiles[r] += ops::cpu::attention_block_tile_pairs(a);
+      tiles[r] += cpu.attention_block_tile_pairs(a);
     }
     pairs[r] = context_work(one, q, window);
   }

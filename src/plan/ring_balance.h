@@ -1,7 +1,7 @@
 // How evenly ring attention's work falls on the ranks for packed documents (Note [Balanced rings] in
 // data/context_split.h): windows of documents drawn from a length distribution, each dealt to W ranks by
 // zig-zag and by the balanced split, and every rank's attention work counted as the tiled kernels do it
-// (ops::cpu::attention_block_tile_pairs over the rank's queries and every rank's key block).
+// (the cpu backend's attention_block_tile_pairs query over the rank's queries and every rank's key block).
 // Legend: T tokens per window, W ranks, N = T / W tokens per rank.
 #pragma once
 

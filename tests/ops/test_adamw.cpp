@@ -16,13 +16,14 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/kernels/adamw_path.h"
+#include "backend/cpu/kernels/cpu_features.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/adamw.h"
-#include "ops/cpu/adamw_path.h"
-#include "ops/cpu/cpu_features.h"
 #include "ops/ref/adamw.h"
 
 namespace fp {
@@ -174,7 +175,7 @@ TEST(AdamwUpdate, SubRangesAndThreadCountsGiveIdenticalBits) {
   }
 }
 
-// The instruction-set paths (ops/cpu/adamw_path.h): each against the reference element by element,
+// The instruction-set paths (backend/cpu/kernels/adamw_path.h): each against the reference element by element,
 // and all of them bit for bit against the scalar path (Note [AdamW's AVX2 path has no FMA]), on odd
 // sizes around the 4- and 8-wide vectors and the kernel's blocks, at odd pointer offsets (unaligned
 // loads), over several steps. A path that fused a multiply-add would match the reference but fail

@@ -20,12 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernels/attention_tile.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/attention.h"
-#include "ops/cpu/attention_tile.h"
 #include "ops/gemm.h"
 #include "ops/ref/attention.h"
 
@@ -496,7 +497,7 @@ TEST(Attention, SlidingWindowMatchesDoubleReference) {
 }
 
 // A window of T or more masks nothing: the same tiles, the same loops, the same bits as window = 0
-// (Note [Sliding-window bands], ops/cpu/attention_tile.h); T - 1 does mask (the first key of the last
+// (Note [Sliding-window bands], backend/cpu/kernels/attention_tile.h); T - 1 does mask (the first key of the last
 // query), so it must differ.
 TEST(Attention, WindowOfTOrMoreIsCausalBitwise) {
   for (const Case& c : {Case{2, 200, 4, 2, 24}, Case{1, 130, 6, 3, 64}, Case{1, 64, 1, 1, 8}, Case{1, 1, 2, 1, 16}}) {
@@ -664,7 +665,7 @@ TEST(Attention, SlidingWindowSkipsTilesOutsideTheBand) {
     const int64_t forward = at::tile_pairs_computed.load() - before;
     EXPECT_EQ(forward, want) << l;
     // Each pair once per pass; once in all with the one sweep (Note [One backward sweep where the dQ sums
-    // fit] in ops/cpu/attention_block.cpp).
+    // fit] in backend/cpu/kernels/attention_block.cpp).
     for (const auto& [sweep, passes] :
          {std::pair{at::BackwardSweep::two_pass, 2}, std::pair{at::BackwardSweep::one, 1}}) {
       at::backward_sweep = sweep;

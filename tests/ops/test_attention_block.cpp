@@ -28,13 +28,14 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/kernels/attention_tile.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/attention.h"
 #include "ops/attention_block.h"
-#include "ops/cpu/attention_tile.h"
 #include "ops/ref/attention.h"
 #include "ops/ref/attention_block.h"
 
@@ -407,7 +408,7 @@ const std::vector<int64_t> kRingHeadDims = {24, 64, 8};
 
 // The ring's result against the whole-sequence kernels' on the same problem: bit for bit when `bitwise`
 // (W = 1: one rank holds the whole sequence in order, the same tiles, the same sums, the same bits; Note
-// [Merging partial attention], ops/cpu/attention_block.cpp), and within RingMatchesWholeSequence's
+// [Merging partial attention], backend/cpu/kernels/attention_block.cpp), and within RingMatchesWholeSequence's
 // tolerances: 3e-6 for o and lse, 1.5e-5 for the gradients.
 void expect_ring_matches_whole(const RingResult& ring, const RingResult& whole, const std::string& l, bool bitwise) {
   if (bitwise) {

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernels/attention_tile.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/dtype.h"
 #include "core/rng.h"
@@ -30,7 +32,6 @@
 #include "op_test.h"
 #include "ops/attention.h"
 #include "ops/attention_block.h"
-#include "ops/cpu/attention_tile.h"
 #include "ops/ref/attention.h"
 #include "ops/ref/attention_block.h"
 

@@ -1,4 +1,4 @@
-// f32 <-> bf16 bulk conversion (ops/cpu/convert.h) against the scalar conversions of core/dtype.h,
+// f32 <-> bf16 bulk conversion (backend/cpu/kernels/convert.h) against the scalar conversions of core/dtype.h,
 // which tests/unit/test_dtype.cpp checks against PyTorch's rounding rules: widening every one of the
 // 65536 bf16 patterns; narrowing every float whose upper half is any of the 65536 patterns and whose
 // lower half is one of the values where rounding turns (0, 1, the tie 0x8000 and its neighbours,
@@ -9,10 +9,11 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/cpu_features.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/rng.h"
-#include "ops/cpu/convert.h"
-#include "ops/cpu/cpu_features.h"
 
 namespace fp {
 

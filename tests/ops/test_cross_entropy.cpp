@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
@@ -19,7 +20,7 @@ namespace fp {
 
 namespace {
 
-using ops::cpu::kIgnoreIndex;
+using ops::kIgnoreIndex;
 
 const std::vector<int64_t> kVocab = {1, 3, 7, 9, 15, 16, 17, 31, 33, 63, 65, 127, 129, 1000, 4099};
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"

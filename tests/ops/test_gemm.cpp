@@ -15,14 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernels/blas_check.h"
+#include "backend/cpu/kernels/blas_setup.h"
+#include "backend/cpu/kernels/cpu_features.h"
+#include "backend/cpu/kernels/gemm_onednn.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
-#include "ops/cpu/blas_check.h"
-#include "ops/cpu/blas_setup.h"
-#include "ops/cpu/cpu_features.h"
-#include "ops/cpu/gemm_onednn.h"
 #include "ops/gemm.h"
 #include "ops/ref/gemm.h"
 
@@ -240,7 +241,7 @@ TEST(CpuFeatures, AgreeWithLibgcc) {
 
 namespace fp {
 
-// bf16 operands (Note [bf16 GEMM on a CPU without bf16 units] in ops/cpu/gemm.cpp): each of A, B, C
+// bf16 operands (Note [bf16 GEMM on a CPU without bf16 units] in backend/cpu/kernels/gemm.cpp): each of A, B, C
 // f32 or bf16 on its own (the 7 combinations with at least one bf16), every transpose pair, shapes
 // that fit one panel and shapes that cross panels in M and N (under a lowered panel bound). Against the scalar
 // reference on the widened operands, with case_check's bound plus, for a bf16 C, the one rounding to bf16 (half an ulp,

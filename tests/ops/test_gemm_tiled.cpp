@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/rng.h"
 #include "op_test.h"

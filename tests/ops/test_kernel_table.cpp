@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/units.h"
@@ -74,7 +75,7 @@ namespace {
 using op_test::Dims;
 using op_test::random_vector;
 using op_test::Tol;
-using ops::cpu::kIgnoreIndex;
+using ops::kIgnoreIndex;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();

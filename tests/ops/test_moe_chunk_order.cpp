@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
@@ -41,8 +42,8 @@ Out poisoned(const Case& c) {
 
 Out run_cpu(const Case& c, bool with_tokens = true) {
   Out o = poisoned(c);
-  fp::ops::moe_chunk_order(c.rows.data(), c.pieces.data(), c.spec(), o.order.data(),
-                           with_tokens ? o.tokens.data() : nullptr, o.offsets.data(), o.blocks.data());
+  fp::ops::cpu::moe_chunk_order(c.rows.data(), c.pieces.data(), c.spec(), o.order.data(),
+                                with_tokens ? o.tokens.data() : nullptr, o.offsets.data(), o.blocks.data());
   return o;
 }
 

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/buf.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -341,7 +342,7 @@ TEST(MoePermuteBf16, GatherAndScatterAreBitForBitCopies) {
 
 // Every mix of f32 and bf16 rows. Bitwise: the f32 kernel run on the widened values, its result rounded
 // once per element where the output is bf16 (the f32 operations per element are the same, in the same
-// order, Note in ops/cpu/moe_permute.cpp). Against ref<float> on the widened values: the f32 bound of
+// order, Note in backend/cpu/kernels/moe_permute.cpp). Against ref<float> on the widened values: the f32 bound of
 // CombineMatchesRef plus, for a bf16 output, one rounding to bf16 (unit roundoff 2^-8 of |want|).
 TEST(MoePermuteBf16, CombineIsTheF32KernelRoundedOnce) {
   fp::Rng rng(32);

@@ -11,6 +11,7 @@
 
 #include <omp.h>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
@@ -27,7 +28,7 @@ struct Built {
 Built build(const std::vector<int32_t>& idx, int64_t n, int64_t k, int64_t E) {
   // Poisoned outputs: every entry must be written.
   Built b{std::vector<int32_t>(n * k, -7), std::vector<int32_t>(n * k, -7), std::vector<int64_t>(E + 1, -7)};
-  fp::ops::moe_routing_build(idx.data(), n, k, E, b.rows.data(), b.slot_pos.data(), b.offsets.data());
+  fp::ops::cpu::moe_routing_build(idx.data(), n, k, E, b.rows.data(), b.slot_pos.data(), b.offsets.data());
   return b;
 }
 
@@ -143,7 +144,7 @@ TEST(MoeRouting, OutOfRangeExpertAsserts) {
     idx[3] = bad;
     std::vector<int32_t> rows(n * k), slot(n * k);
     std::vector<int64_t> off(E + 1);
-    EXPECT_THROW(fp::ops::moe_routing_build(idx.data(), n, k, E, rows.data(), slot.data(), off.data()),
+    EXPECT_THROW(fp::ops::cpu::moe_routing_build(idx.data(), n, k, E, rows.data(), slot.data(), off.data()),
                  fp::InternalError)
         << "expert " << bad;
   }

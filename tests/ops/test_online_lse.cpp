@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "op_test.h"
@@ -27,7 +28,7 @@ namespace fp {
 
 namespace {
 
-using ops::cpu::kIgnoreIndex;
+using ops::kIgnoreIndex;
 using Range = std::pair<int64_t, int64_t>;  // [v0, v1)
 
 // [0, V) cut at random points into at most `parts` ranges, returned in a scrambled order (a ring

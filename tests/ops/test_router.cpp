@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/rng.h"
 #include "op_test.h"
 #include "ops/ref/router.h"

@@ -55,7 +55,7 @@ IGNORE_INDEX = -100
 #                  time (GEMMs with beta = 1, add_2d per head, the MoE scatter-add then the router GEMM):
 #                  round(round(round(g_0) + g_1) + ...), in the order of the uses given.
 #   attention      the FlashAttention-style kernel: o rounded once; backward from the rounded dO, with
-#                  D = rowsum(dO * o) of the STORED (rounded) o, as ops/cpu/attention_block.cpp does; dq,
+#                  D = rowsum(dO * o) of the STORED (rounded) o, as backend/cpu/kernels/attention_block.cpp does; dq,
 #                  dk, dv summed in full precision and rounded by the stores of q, k, v. gpt_oss's sinks
 #                  join the softmax (P = exp(s - lse'), lse' = logsumexp([scores, sink_h])); the sink's
 #                  gradient -sum_(b,i) exp(sink_h - lse') D is summed in full precision (weight_grad
@@ -141,7 +141,7 @@ def attention_probs(q, k, scale, window=None, sinks=None):
 
 
 class _Attention(torch.autograd.Function):
-    """Causal attention with the backward of ops/cpu/attention_block.cpp (FlashAttention-2): q (B, nh, T,
+    """Causal attention with the backward of backend/cpu/kernels/attention_block.cpp (FlashAttention-2): q (B, nh, T,
     dqk), k (B, nkv, T, dqk), v (B, nkv, T, dv), query head h reading kv head h // (nh / nkv) -> o (B, nh,
     T, dv). rounded: o is rounded to bf16 and the incoming dO too, and D = rowsum(dO * o) reads the rounded
     o; otherwise this is exact attention and its exact gradient (checked against autograd).

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_stream.h"
+#include "backend/host_stream.h"
 #include "core/error.h"
 #include "core/process.h"
 #include "memory/arena.h"
@@ -244,7 +244,7 @@ TEST(StreamOrderedFree, BlockWaitsForTheStreamThatUsedIt) {
   Gate gate;
   {
     Arena arena("device", kUnlimitedBytes, raw);
-    CpuStream copy("h2d", CpuStream::Mode::Mode_worker);
+    HostStream copy("h2d", HostStream::Mode::Mode_worker);
     Tensor t(arena, Category::Category_workspace, Shape({256}), DType::DType_F32, "staged");
     void* block = t.data();
     copy.enqueue([&] { gate.wait(); });  // the stream is still "using" t
@@ -269,7 +269,7 @@ TEST(StreamOrderedFree, BlockWaitsForTheStreamThatUsedIt) {
 TEST(StreamOrderedFree, ArenaWaitsForPendingFreesWhenItGoes) {
   CountingAllocator raw;
   Gate gate;
-  CpuStream copy("d2h", CpuStream::Mode::Mode_worker);
+  HostStream copy("d2h", HostStream::Mode::Mode_worker);
   {
     Arena arena("host", kUnlimitedBytes, raw);
     Tensor t(arena, Category::Category_optimizer, Shape({64}), DType::DType_F32, "moments");

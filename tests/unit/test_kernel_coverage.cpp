@@ -5,7 +5,9 @@
 
 #include <algorithm>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/kernels.h"
+#include "backend/meta/meta_backend.h"
 #include "core/precision.h"
 #if FLATPEAK_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/cpu_stream.h"
+#include "backend/host_stream.h"
 
 namespace fp {
 
@@ -27,7 +27,7 @@ void random_delays(Stream& s, unsigned seed) {
 }  // namespace
 
 TEST(Stream, RunsInOrder) {
-  CpuStream s("w", CpuStream::Mode::Mode_worker);
+  HostStream s("w", HostStream::Mode::Mode_worker);
   random_delays(s, 1);
   std::vector<int> seen;
   for (int i = 0; i < 200; ++i) s.enqueue([&seen, i] { seen.push_back(i); });
@@ -40,7 +40,7 @@ TEST(Stream, RunsInOrder) {
 // Under random delays on both, every read sees the value written for its round.
 TEST(Stream, WaitOrdersAcrossStreamsUnderRandomDelays) {
   for (unsigned seed = 0; seed < 5; ++seed) {
-    CpuStream prod("d2h", CpuStream::Mode::Mode_worker), cons("h2d", CpuStream::Mode::Mode_worker);
+    HostStream prod("d2h", HostStream::Mode::Mode_worker), cons("h2d", HostStream::Mode::Mode_worker);
     random_delays(prod, seed);
     random_delays(cons, seed + 100);
     constexpr int kRounds = 100;
@@ -61,7 +61,7 @@ TEST(Stream, WaitOrdersAcrossStreamsUnderRandomDelays) {
 }
 
 TEST(Stream, EventSynchronizeBlocksHostUntilCapturedWork) {
-  CpuStream s("w", CpuStream::Mode::Mode_worker);
+  HostStream s("w", HostStream::Mode::Mode_worker);
   std::atomic<bool> done{false};
   s.enqueue([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -82,7 +82,7 @@ TEST(Stream, EventSynchronizeBlocksHostUntilCapturedWork) {
 }
 
 TEST(Stream, WaitOnUnrecordedEventIsNoop) {
-  CpuStream s("w", CpuStream::Mode::Mode_worker);
+  HostStream s("w", HostStream::Mode::Mode_worker);
   Event never;
   EXPECT_TRUE(never.query());
   s.wait(never);
@@ -94,7 +94,7 @@ TEST(Stream, WaitOnUnrecordedEventIsNoop) {
 
 // A wait keeps the point captured when it was enqueued, even if the event is re-recorded later.
 TEST(Stream, WaitCapturesTheRecordAtCallTime) {
-  CpuStream a("a", CpuStream::Mode::Mode_worker), b("b", CpuStream::Mode::Mode_worker);
+  HostStream a("a", HostStream::Mode::Mode_worker), b("b", HostStream::Mode::Mode_worker);
   std::atomic<int> stage{0};
   Event e;
   a.enqueue([&] { stage = 1; });
@@ -119,7 +119,7 @@ TEST(Stream, WaitCapturesTheRecordAtCallTime) {
 }
 
 TEST(Stream, TaskErrorSurfacesAtSynchronize) {
-  CpuStream s("w", CpuStream::Mode::Mode_worker);
+  HostStream s("w", HostStream::Mode::Mode_worker);
   s.enqueue([] { throw std::runtime_error("copy failed"); });
   int x = 0;
   s.enqueue([&] { x = 1; });
@@ -129,7 +129,7 @@ TEST(Stream, TaskErrorSurfacesAtSynchronize) {
 }
 
 TEST(Stream, InlineStreamRunsAtEnqueue) {
-  CpuStream s("compute", CpuStream::Mode::Mode_inline);
+  HostStream s("compute", HostStream::Mode::Mode_inline);
   int x = 0;
   s.enqueue([&] { x = 5; });
   EXPECT_EQ(x, 5);

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <thread>
 
-#include "backend/cpu/cpu_stream.h"
+#include "backend/cpu/kernels/ops.h"
+#include "backend/host_stream.h"
+#include "backend/registry.h"
 #include "memory/caching_allocator.h"
 
 namespace fp {
@@ -18,13 +20,54 @@ Backend::Parts cpu_parts(uint64_t device_capacity, uint64_t host_capacity) {
   Backend::Parts p;
   p.device = std::make_unique<Arena>("device", device_capacity, allocator_cached(allocator_host_aligned(), p.owned));
   p.host = std::make_unique<Arena>("host", host_capacity, allocator_cached(allocator_host_aligned(), p.owned));
-  p.compute = std::make_unique<CpuStream>("compute", CpuStream::Mode::Mode_inline);
-  p.h2d = std::make_unique<CpuStream>("h2d", CpuStream::Mode::Mode_worker);
-  p.d2h = std::make_unique<CpuStream>("d2h", CpuStream::Mode::Mode_worker);
+  p.compute = std::make_unique<HostStream>("compute", HostStream::Mode::Mode_inline);
+  p.h2d = std::make_unique<HostStream>("h2d", HostStream::Mode::Mode_worker);
+  p.d2h = std::make_unique<HostStream>("d2h", HostStream::Mode::Mode_worker);
+  p.host_kernels = &ops::kernels_cpu();
   return p;
 }
 
+// A cpu kernel as a table entry: run on the calling thread when the stream runs its work inline (the
+// compute stream), else enqueued on the stream (its worker runs it in order with the stream's copies;
+// the arguments are copied into the task, so pointers must outlive it, as on a device).
+template <auto Op>
+struct OnCpuStream;
+template <class... A, void (*Op)(A...)>
+struct OnCpuStream<Op> {
+  static void fn(const ExecContext& c, A... a) {
+    if (c.stream.runs_inline()) {
+      Op(a...);
+      return;
+    }
+    c.stream.enqueue([=] { Op(a...); });
+  }
+};
+
 }  // namespace
+
+const ops::Kernels& ops::kernels_cpu() {
+  static const Kernels k = [] {
+    Kernels t;
+#define FP_KERNEL_CPU(name) t.name = &OnCpuStream<&::fp::ops::cpu::name>::fn;
+    FP_KERNEL_LIST(FP_KERNEL_CPU)
+#undef FP_KERNEL_CPU
+    for (int i = 0; i < kKernelCount; ++i) t.dtypes[i] = kernel_contract_dtypes(static_cast<KernelId>(i));
+#define FP_QUERY_CPU(name) t.name = &::fp::ops::cpu::name;
+    FP_QUERY_LIST(FP_QUERY_CPU)
+#undef FP_QUERY_CPU
+    return t;
+  }();
+  return k;
+}
+
+// Note [Backends as plug-ins] (backend/registry.h).
+void backend_register_cpu() {
+  backend_register({"cpu", "computes (OpenBLAS / oneDNN GEMMs, OpenMP and SIMD kernels); real memory",
+                    [](uint64_t device_capacity, uint64_t host_capacity) -> std::unique_ptr<Backend> {
+                      return std::make_unique<CpuBackend>(device_capacity, host_capacity);
+                    },
+                    &ops::kernels_cpu});
+}
 
 CpuBackend::CpuBackend(uint64_t device_capacity, uint64_t host_capacity)
     : Backend(cpu_parts(device_capacity, host_capacity), ops::kernels_cpu()) {}

@@ -1,4 +1,5 @@
-// The cpu backend: real memory, ops/cpu kernels, copy streams on worker threads.
+// The cpu backend (a plug-in, Note [Backends as plug-ins] in backend/registry.h): real memory, the kernels
+// of backend/cpu/kernels, copy streams on worker threads.
 #pragma once
 
 #include <chrono>
@@ -24,5 +25,12 @@ class CpuBackend final : public Backend {
   Clock::time_point h2d_link_free_{};
   Clock::time_point d2h_link_free_{};
 };
+
+namespace ops {
+// The cpu kernel table (backend/cpu/kernels as table entries): a kernel runs on the calling thread when
+// its stream runs inline (the compute stream, the host stream), else it is enqueued on the stream's
+// worker. Every backend's host kernels (Note [Host kernels] in backend/backend.h) on a real host.
+const Kernels& kernels_cpu();
+}  // namespace ops
 
 }  // namespace fp

@@ -1,5 +1,6 @@
 #include "backend/cpu/gemm_profile.h"
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/timing.h"
 
 namespace fp::ops {

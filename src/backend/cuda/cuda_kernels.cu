@@ -39,21 +39,21 @@ __global__ void scale_kernel(float* y, float a, int64_t n) {
 
 }  // namespace
 
-void fill(cudaStream_t stream, float* y, float v, int64_t n) {
+void fill(cudaStream_t stream, Buf y, float v, int64_t n) {
   if (n <= 0) return;
-  fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, v, n);
+  fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y.f32(), v, n);
   launched("fill");
 }
 
-void add_inplace(cudaStream_t stream, float* y, const float* x, int64_t n) {
+void add_inplace(cudaStream_t stream, Buf y, CBuf x, int64_t n) {
   if (n <= 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y.f32(), x.f32(), n);
   launched("add_inplace");
 }
 
-void scale_inplace(cudaStream_t stream, float* y, float a, int64_t n) {
+void scale_inplace(cudaStream_t stream, Buf y, float a, int64_t n) {
   if (n <= 0) return;
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, a, n);
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y.f32(), a, n);
   launched("scale_inplace");
 }
 

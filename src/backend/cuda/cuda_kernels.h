@@ -7,10 +7,13 @@
 
 #include <cstdint>
 
+#include "core/buf.h"
+
 namespace fp::ops::cuda {
 
-void fill(cudaStream_t stream, float* y, float v, int64_t n);
-void add_inplace(cudaStream_t stream, float* y, const float* x, int64_t n);
-void scale_inplace(cudaStream_t stream, float* y, float a, int64_t n);
+// f32 operands (the caller refuses others by name first).
+void fill(cudaStream_t stream, Buf y, float v, int64_t n);
+void add_inplace(cudaStream_t stream, Buf y, CBuf x, int64_t n);
+void scale_inplace(cudaStream_t stream, Buf y, float a, int64_t n);
 
 }  // namespace fp::ops::cuda

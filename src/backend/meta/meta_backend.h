@@ -1,4 +1,5 @@
-// The meta backend: allocations are accounted exactly, nothing exists and nothing is computed.
+// The meta backend (a plug-in, Note [Backends as plug-ins] in backend/registry.h): allocations are
+// accounted exactly, nothing exists and nothing is computed.
 #pragma once
 
 #include "backend/backend.h"
@@ -18,5 +19,11 @@ class MetaBackend final : public Backend {
     return data_comm_meta(control.rank(), control.size());
   }
 };
+
+namespace ops {
+// The meta kernel table: every entry does nothing and takes every dtype; its host queries (workspace
+// sizes, tiles) are the cpu backend's, whose ledgers meta reproduces.
+const Kernels& kernels_meta();
+}  // namespace ops
 
 }  // namespace fp

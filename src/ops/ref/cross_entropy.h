@@ -28,7 +28,7 @@ void log_softmax_forward(const T* logits, T* logp, int64_t n, int64_t V) {
 template <class T>
 void nll_forward(const T* logp, const int32_t* targets, T* loss, int64_t n, int64_t V) {
   for (int64_t t = 0; t < n; ++t)
-    loss[t] = targets[t] == cpu::kIgnoreIndex ? T(0) : -logp[t * V + targets[t]];
+    loss[t] = targets[t] == kIgnoreIndex ? T(0) : -logp[t * V + targets[t]];
 }
 
 // dlogits (n, V) = scale * (exp(logp) - onehot(target)); rows of ignored targets 0.
@@ -37,7 +37,7 @@ void cross_entropy_backward(const T* logp, const int32_t* targets, T scale, T* d
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t i = 0; i < V; ++i) {
       T& d = dlogits[t * V + i];
-      if (targets[t] == cpu::kIgnoreIndex) {
+      if (targets[t] == kIgnoreIndex) {
         d = T(0);
       } else {
         d = scale * (std::exp(logp[t * V + i]) - (i == targets[t] ? T(1) : T(0)));

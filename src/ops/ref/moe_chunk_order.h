@@ -1,4 +1,4 @@
-// Scalar reference of the chunk order (the oracle for ops/cpu/moe_chunk_order.cpp): each row's chunk and
+// Scalar reference of the chunk order (the oracle for backend/cpu/kernels/moe_chunk_order.cpp): each row's chunk and
 // destination found independently (its piece by search), then group by group every row scanned in
 // order, so stability holds by construction (O(K W m)).
 // m routed copies, P pieces, K chunks, W ranks, B block counters.

@@ -1,4 +1,4 @@
-// Scalar reference of the token permutation ops (the oracle for ops/cpu/moe_permute.cpp): routed
+// Scalar reference of the token permutation ops (the oracle for backend/cpu/kernels/moe_permute.cpp): routed
 // token copies between token order and expert order.
 // n tokens, k slots per token, m = n * k routed copies, H hidden.
 // rows (m): for the i-th copy in expert order, the token it came from.

@@ -1,4 +1,4 @@
-// Scalar reference of the routing sort (the oracle for ops/cpu/moe_routing.cpp): expert by expert,
+// Scalar reference of the routing sort (the oracle for backend/cpu/kernels/moe_routing.cpp): expert by expert,
 // every copy scanned in token then slot order, so stability holds by construction (O(E m)).
 // n tokens, k slots, E experts, m = n * k copies.
 #pragma once

@@ -46,7 +46,7 @@ void online_lse_loss(const T* m, const double* z, const T* y, const int32_t* tar
                      double* loss_sum) {
   double s = 0;
   for (int64_t t = 0; t < rows; ++t) {
-    if (targets[t] == cpu::kIgnoreIndex) continue;
+    if (targets[t] == kIgnoreIndex) continue;
     s += (static_cast<double>(m[t]) + std::log(z[t])) - static_cast<double>(y[t]);
   }
   *loss_sum = s;
@@ -60,7 +60,7 @@ void online_lse_backward(T* strip, int64_t ld, const int32_t* targets, int64_t r
   const int64_t w = v1 - v0;
   for (int64_t t = 0; t < rows; ++t) {
     T* x = strip + t * ld;  // (w)
-    if (targets[t] == cpu::kIgnoreIndex) {
+    if (targets[t] == kIgnoreIndex) {
       for (int64_t j = 0; j < w; ++j) x[j] = T(0);
       continue;
     }

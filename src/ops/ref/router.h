@@ -1,4 +1,4 @@
-// Scalar reference of the MoE router (the oracle for ops/cpu/router.cpp): softmax over E experts,
+// Scalar reference of the MoE router (the oracle for backend/cpu/kernels/router.cpp): softmax over E experts,
 // top-k, optional renormalisation of the k weights, and the backward through all three.
 // n tokens, E experts, k experts per token.
 //

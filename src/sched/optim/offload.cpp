@@ -193,9 +193,9 @@ void OffloadAdamW::update_range(bool host, int64_t i, float* master, CBuf grad, 
   const ops::AdamWHyper h = adamw_hyper(cfg_, st, params_.all()[static_cast<size_t>(i)], step);
   const auto t0 = Clock::now();
   if (host) {
-    // Host operands: the cpu kernel itself (any backend's host memory is the cpu's), not the backend
-    // table (a device kernel cannot read host memory). Nothing exists to update on meta.
-    if (be_.computes()) ops::cpu::adamw_update(master, grad, m, v, length, h, weights);
+    // Host operands: the backend's host kernels (Note [Host kernels] in backend/backend.h), not its
+    // device table (a device kernel cannot read host memory).
+    be_.host_kernels().adamw_update(master, grad, m, v, length, h, weights);
   } else {
     be_.kernels().adamw_update(master, grad, m, v, length, h, weights);
   }
@@ -250,7 +250,7 @@ void OffloadSerialAdamW::update_apply(const StepStats& st, int64_t step) {
                  v_[i].f32(), n, st, step, nullptr);
     if (rounded_) {
       const auto tr = Clock::now();
-      ops::cpu::copy(grad_host_[i].buf(), master_[i].f32(), n);
+      be_.host_kernels().copy(grad_host_[i].buf(), master_[i].f32(), n);
       times_.update_s += seconds_since(tr);
     }
   }
@@ -283,7 +283,7 @@ void OffloadSerialAdamW::master_widen(const std::vector<bool>& take) {
   be_.d2h_stream().record(done);
   done.synchronize();
   for (i = 0; i < master_.size(); ++i)
-    if (take[i]) ops::cpu::copy(master_[i].f32(), grad_host_[i].cbuf(), master_[i].numel());
+    if (take[i]) be_.host_kernels().copy(master_[i].f32(), grad_host_[i].cbuf(), master_[i].numel());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -548,7 +548,8 @@ void OffloadStreamAdamW::master_widen(const std::vector<bool>& take) {
       const OffloadSegment& sg = segs[static_cast<size_t>(j)];
       const size_t i = static_cast<size_t>(sg.param);
       const DType t = params_.all()[i].local_w().dtype();
-      if (take[i]) ops::cpu::copy(master_[i].f32() + sg.offset, host_row_at(stage, weight_at_, j, t), sg.length);
+      if (take[i])
+        be_.host_kernels().copy(master_[i].f32() + sg.offset, host_row_at(stage, weight_at_, j, t), sg.length);
     }
   }
 }

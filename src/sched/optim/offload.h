@@ -188,8 +188,8 @@ class OffloadAdamW : public Optimizer {
   virtual void master_widen(const std::vector<bool>& take) = 0;
 
   // Note [Update scalars]: one AdamW update of `length` elements of parameter i on operands that
-  // may live anywhere the kernel can reach: `host` selects ops::cpu::adamw_update (host state; only
-  // when the backend computes) or the backend's kernel table (device operands). master, m, v f32;
+  // may live anywhere the kernel can reach: `host` selects the backend's host kernels (host state; they do
+  // nothing on meta) or the backend's kernel table (device operands). master, m, v f32;
   // grad f32 or bf16; weights null, or where the kernel writes the new master rounded to its dtype.
   void update_range(bool host, int64_t i, float* master, CBuf grad, float* m, float* v, int64_t length,
                     const StepStats& st, int64_t step, Buf weights);

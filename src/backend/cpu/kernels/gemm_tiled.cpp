@@ -1,12 +1,22 @@
 // The tiled GEMM (ops/gemm_tiled.h): C cut into a fixed grid of tiles, each one single-threaded
 // cblas_sgemm through FP_BLAS_CALL. Dimensions: M rows of C, N columns of C, K the reduction.
+//
+// The cpu backend's tiles (Note [Why a tiled GEMM] in ops/gemm_tiled.h): OpenBLAS (0.3.21, OpenMP build) splits a GEMM
+// among its threads in ways that change the rounding of C: measured, 1 vs 2 threads differ in up to 70% of the elements
+// of (64, 16389) x (16389, 64). Ring-DTP promises results bitwise equal across thread counts, so its GEMMs cut C into
+// tiles of kGemmTileRows x kGemmTileCols (constants, whatever the thread count) and compute each tile with one
+// single-threaded BLAS call (OpenBLAS runs single-threaded inside an OpenMP parallel region); threads take whole tiles,
+// so which thread computes a tile never changes its bits. Every tile keeps the whole K, so there is no cross-tile
+// reduction. Packing is repeated per tile: (M/256 + N/512) panels, small next to the 2 M N K flops at the sizes the
+// head uses.
 #include "ops/gemm_tiled.h"
 
 #include <vector>
 
+#include "backend/cpu/kernels/blas_check.h"
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/blas_check.h"
-#include "ops/cpu/convert.h"
 #include "ops/gemm.h"
 
 namespace fp::ops::cpu {
@@ -15,7 +25,7 @@ namespace {
 
 // One tile with bf16 operands: the tile's rows of op(A), columns of op(B) and its C widened into
 // per-thread scratch, one sgemm, C rounded back (Note [bf16 GEMM on a CPU without bf16 units] in
-// ops/cpu/gemm.cpp). The sgemm sees the same values and shape as the f32 tile would.
+// backend/cpu/kernels/gemm.cpp). The sgemm sees the same values and shape as the f32 tile would.
 void tile_mixed(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t K, float alpha, CBuf a, int64_t lda, CBuf b,
                 int64_t ldb, float beta, Buf c, int64_t ldc) {
   thread_local std::vector<float> a_ws, b_ws, c_ws;

@@ -7,6 +7,7 @@
 
 #include <limits>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 
 namespace fp::ops::cpu {

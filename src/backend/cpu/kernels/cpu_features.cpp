@@ -2,7 +2,7 @@
 // 7.0 (EBX: AVX2 bit 5, AVX512F 16, AVX512DQ 17, AVX512BW 30, AVX512VL 31; EDX: AMX-BF16 bit 22),
 // 7.1 (EAX: AVX512_BF16 bit 5), 0x80000002-4 (brand string). XCR0 (XGETBV 0): bits 1-2 SSE/AVX state,
 // 5-7 the AVX-512 state, 17-18 the AMX tile state; a feature counts only when its state is enabled.
-#include "ops/cpu/cpu_features.h"
+#include "backend/cpu/kernels/cpu_features.h"
 
 #include <cpuid.h>
 #include <fmt/format.h>
@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+
+#include "backend/cpu/kernels/ops.h"
 
 namespace fp::ops::cpu {
 

@@ -8,7 +8,7 @@
 // PyPI's 3.2 and OpenBLAS), a GEMM whose A and B are both bf16 runs one oneDNN matmul: bf16 inputs, f32
 // accumulation, C f32 or bf16 (rounded once), alpha as the output scale and beta as a sum post-op. This
 // is what bf16 is for on a CPU: twice the f32 rate or more, where the widening path (Note [bf16 GEMM on
-// a CPU without bf16 units] in ops/cpu/gemm.cpp) runs below sgemm. Primitives are built once per
+// a CPU without bf16 units] in backend/cpu/kernels/gemm.cpp) runs below sgemm. Primitives are built once per
 // (transposes, C's dtype, beta), with M, N, K, the leading dimensions and alpha given at run time, so
 // every GEMM of a run shares a handful of them (the experts' included, whose M, or K for the weight
 // gradients, is the tokens each expert got); the cache is process-wide, guarded and bounded.

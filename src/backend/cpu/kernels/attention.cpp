@@ -1,5 +1,5 @@
 // Causal grouped-query flash attention over whole sequences (ops/attention.h), forward and backward: the
-// block kernels of ops/cpu/attention_block.cpp with every token of the sequence as both the query block
+// block kernels of backend/cpu/kernels/attention_block.cpp with every token of the sequence as both the query block
 // and the key block (q_pos = k_pos = 0 .. T-1, Note [Whole sequences as one block pair]).
 // Dimensions: B sequences, T tokens each, nh query heads, nkv kv heads, hd the query/key head width, hdv
 // the value/output head width (Note [Value heads of their own width], ops/attention.h).
@@ -23,6 +23,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 #include "ops/attention_block.h"
 

@@ -12,16 +12,18 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cpu/kernels/ops.h"
+
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
+#include "backend/cpu/kernels/adamw_path.h"
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/cpu_features.h"
 #include "core/error.h"
-#include "ops/cpu/adamw_path.h"
-#include "ops/cpu/convert.h"
-#include "ops/cpu/cpu_features.h"
 #if defined(__x86_64__) && defined(__GNUC__)
-#include "ops/cpu/convert_avx2.h"
+#include "backend/cpu/kernels/convert_avx2.h"
 #endif
 
 namespace fp::ops::cpu {
@@ -58,7 +60,7 @@ struct AdamwScalars {
 // -fno-math-errno is given (sqrt of a negative must set errno, so the call stays behind a branch),
 // and neither the optimize attribute nor the pragma lifts it. The body is written once with SSE
 // (part of x86-64, no -march needed) and again with AVX2 for cpus that have it (chosen at run time,
-// ops/cpu/adamw_path.h); the scalar loop is both the tail and the path elsewhere. No FMA exists in
+// backend/cpu/kernels/adamw_path.h); the scalar loop is both the tail and the path elsewhere. No FMA exists in
 // the baseline target, so all paths round identically; a build with -march=<FMA cpu> must compile
 // this file with -ffp-contract=off (test_adamw's sub-range and path memcmp tests catch it).
 // AVX-512 would be the same body at 16 wide; it is not written because no machine here has it to
@@ -193,7 +195,7 @@ AdamwRangeFn adamw_range_fn(AdamwPath p) {
 // moves 2 bytes less per element for a bf16 gradient and 2 (4) more for a bf16 (f32) copy and
 // nothing else. The SSE and scalar paths (cpus without AVX2, and the path tests) run their f32
 // body unchanged on chunks of kChunkElements: the chunk's gradient widened into an f32 buffer, the
-// body, then the chunk's new weights rounded into the copy (ops/cpu/convert.h); the buffer and the
+// body, then the chunk's new weights rounded into the copy (backend/cpu/kernels/convert.h); the buffer and the
 // chunk's weights stay in L1 between the steps. The f32 case (f32 gradient, no copy) comes to
 // neither and runs the path's f32 body on the caller's arrays, as before.
 void adamw_range_mixed(AdamwRangeFn range, float* param, CBuf grad, float* m, float* v, int64_t n,
@@ -252,7 +254,7 @@ bool adamw_path_available(AdamwPath p) {
   return false;
 }
 
-AdamwPath adamw_path_best() {  // Note [One instruction-set dispatch] (ops/cpu/cpu_features.h)
+AdamwPath adamw_path_best() {  // Note [One instruction-set dispatch] (backend/cpu/kernels/cpu_features.h)
   static const AdamwPath best = [] {
     if (simd_level() >= SimdLevel::avx2 && adamw_path_available(AdamwPath::AdamwPath_avx2))
       return AdamwPath::AdamwPath_avx2;

@@ -1,9 +1,9 @@
 // GEMM (ops/gemm.h) through OpenBLAS. Dimensions: M rows of C, N columns of C, K the reduction.
 //
 // OpenBLAS owns the threading (its own pool, openblas_set_num_threads); this wrapper only maps the
-// row-major, transpose-flag interface onto cblas_sgemm through FP_BLAS_CALL (ops/cpu/blas_check.h)
+// row-major, transpose-flag interface onto cblas_sgemm through FP_BLAS_CALL (backend/cpu/kernels/blas_check.h)
 // and settles the empty cases itself, so that BLAS never sees a zero dimension. Its first call pins
-// OpenBLAS's kernels (Note [OpenBLAS's kernels are ours to choose] in ops/cpu/blas_setup.h).
+// OpenBLAS's kernels (Note [OpenBLAS's kernels are ours to choose] in backend/cpu/kernels/blas_setup.h).
 //
 // Note [bf16 GEMM on a CPU without bf16 units]: a CPU without AVX512_BF16 or AMX multiplies bf16
 // slower than f32 (oneDNN's bf16 matmul there is an emulation, or absent), so bf16 operands are
@@ -17,18 +17,19 @@
 // once and reused, outside the device ledger: a device with bf16 GEMMs (cuBLAS, oneDNN on AMX)
 // reads bf16 directly and needs none of it, so the planner's peaks do not include it.
 // A CPU with bf16 units takes a GEMM whose A and B are both bf16 to oneDNN instead (Note [bf16 GEMMs
-// on the matrix units] in ops/cpu/gemm_onednn.h); a pair of one f32 and one bf16 widens there too.
+// on the matrix units] in backend/cpu/kernels/gemm_onednn.h); a pair of one f32 and one bf16 widens there too.
 #include "ops/gemm.h"
 
 #include <algorithm>
 #include <atomic>
 #include <vector>
 
+#include "backend/cpu/kernels/blas_check.h"
+#include "backend/cpu/kernels/blas_setup.h"
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/gemm_onednn.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/blas_check.h"
-#include "ops/cpu/blas_setup.h"
-#include "ops/cpu/convert.h"
-#include "ops/cpu/gemm_onednn.h"
 
 namespace fp::ops::cpu {
 

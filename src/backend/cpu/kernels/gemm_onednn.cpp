@@ -1,12 +1,13 @@
-// bf16 GEMMs through oneDNN (Note [bf16 GEMMs on the matrix units] in ops/cpu/gemm_onednn.h).
-#include "ops/cpu/gemm_onednn.h"
+// bf16 GEMMs through oneDNN (Note [bf16 GEMMs on the matrix units] in backend/cpu/kernels/gemm_onednn.h).
+#include "backend/cpu/kernels/gemm_onednn.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
+#include "backend/cpu/kernels/cpu_features.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/cpu_features.h"
 
 #if FLATPEAK_HAVE_ONEDNN
 #include <dnnl.hpp>

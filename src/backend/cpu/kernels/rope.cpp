@@ -14,15 +14,16 @@
 //
 // Backward is the transpose rotation, the same loop with sin negated (negation is exact).
 //
-// bf16 x: each head's hd numbers are widened into the thread's buffer (ops/cpu/convert.h), rotated
+// bf16 x: each head's hd numbers are widened into the thread's buffer (backend/cpu/kernels/convert.h), rotated
 // by the same float loop, and rounded back: one rounding per element, the bits of the f32 kernel on
 // the widened x. The buffer is the cos/sin one made hd longer: no allocation beyond the f32 path's.
 #include "ops/rope.h"
 
 #include <cmath>
 
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/convert.h"
 
 namespace fp::ops::cpu {
 

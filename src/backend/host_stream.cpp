@@ -1,4 +1,4 @@
-#include "backend/cpu/cpu_stream.h"
+#include "backend/host_stream.h"
 
 #include "core/error.h"
 
@@ -6,7 +6,7 @@ namespace fp {
 
 namespace {
 
-// A point of a CpuStream's queue: set by the task record() enqueued.
+// A point of a HostStream's queue: set by the task record() enqueued.
 class CpuEvent final : public EventImpl {
  public:
   void synchronize() override {
@@ -33,11 +33,11 @@ class CpuEvent final : public EventImpl {
 
 }  // namespace
 
-CpuStream::CpuStream(std::string name, Mode mode) : Stream(std::move(name)), mode_(mode) {
+HostStream::HostStream(std::string name, Mode mode) : Stream(std::move(name)), mode_(mode) {
   if (mode_ == Mode::Mode_worker) worker_ = std::thread([this] { run_worker(); });
 }
 
-CpuStream::~CpuStream() {
+HostStream::~HostStream() {
   if (mode_ == Mode::Mode_worker) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -48,7 +48,7 @@ CpuStream::~CpuStream() {
   }
 }
 
-void CpuStream::run_task(std::function<void()>& fn) {
+void HostStream::run_task(std::function<void()>& fn) {
   try {
     fn();
   } catch (...) {
@@ -57,7 +57,7 @@ void CpuStream::run_task(std::function<void()>& fn) {
   }
 }
 
-void CpuStream::enqueue(std::function<void()> fn) {
+void HostStream::enqueue(std::function<void()> fn) {
   if (mode_ == Mode::Mode_inline) {
     run_task(fn);
     return;
@@ -70,7 +70,7 @@ void CpuStream::enqueue(std::function<void()> fn) {
   cv_.notify_all();
 }
 
-void CpuStream::run_worker() {
+void HostStream::run_worker() {
   for (;;) {
     std::function<void()> fn;
     std::function<void()> hook;
@@ -92,20 +92,20 @@ void CpuStream::run_worker() {
   }
 }
 
-void CpuStream::record(Event& e) {
+void HostStream::record(Event& e) {
   auto point = std::make_shared<CpuEvent>();
   event_set(e, point);
   enqueue([point] { point->set(); });
 }
 
-void CpuStream::wait(const Event& e) {
+void HostStream::wait(const Event& e) {
   std::shared_ptr<EventImpl> point = event_impl(e);  // the point captured now
   if (!point) return;
   FP_ASSERT(dynamic_cast<CpuEvent*>(point.get()) != nullptr, "stream '{}' waits on another backend's event", name());
   enqueue([point] { point->synchronize(); });
 }
 
-void CpuStream::synchronize() {
+void HostStream::synchronize() {
   if (mode_ == Mode::Mode_worker) {
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t target = enqueued_;
@@ -120,7 +120,7 @@ void CpuStream::synchronize() {
   if (err) std::rethrow_exception(err);
 }
 
-void CpuStream::set_delay_hook(std::function<void()> hook) {
+void HostStream::set_delay_hook(std::function<void()> hook) {
   std::lock_guard<std::mutex> lock(mu_);
   delay_hook_ = std::move(hook);
 }

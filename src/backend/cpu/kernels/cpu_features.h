@@ -1,5 +1,5 @@
 // What this CPU can run, read with CPUID and XGETBV (ours: never a library's detector). The engine
-// picks kernels from it (ops/cpu/blas_setup.h pins OpenBLAS's core type with it) and benchmarks
+// picks kernels from it (backend/cpu/kernels/blas_setup.h pins OpenBLAS's core type with it) and benchmarks
 // print it next to every rate.
 #pragma once
 
@@ -32,10 +32,10 @@ const CpuFeatures& cpu_features();
 // cpu_features(), never a compiler's or a library's detector), lowered by FLATPEAK_SIMD = baseline
 // (sse2), avx2, fma or avx512. A kernel without a copy at the level runs the best copy below it
 // (AdamW and the conversions stop at avx2; the attention tiles have an avx512 copy, Note [Tile products
-// with AVX-512] in ops/cpu/attention_tile.h). bf16 GEMMs go to oneDNN where the CPU has bf16 units
-// (Note [bf16 GEMMs on the matrix units] in ops/cpu/gemm_onednn.h, FLATPEAK_BF16_GEMM), apart too. OpenBLAS's
-// kernels are chosen apart (blas_setup.h), and OPENBLAS_CORETYPE lowers them; `scripts/test --kernels`
-// sets both, so the suite can run under every kernel set this CPU can execute.
+// with AVX-512] in backend/cpu/kernels/attention_tile.h). bf16 GEMMs go to oneDNN where the CPU has bf16 units
+// (Note [bf16 GEMMs on the matrix units] in backend/cpu/kernels/gemm_onednn.h, FLATPEAK_BF16_GEMM), apart too.
+// OpenBLAS's kernels are chosen apart (blas_setup.h), and OPENBLAS_CORETYPE lowers them; `scripts/test --kernels` sets
+// both, so the suite can run under every kernel set this CPU can execute.
 enum class SimdLevel { sse2, avx2, fma, avx512 };
 SimdLevel simd_level();
 // "sse2", "avx2", "avx2+fma", "avx512": what benches print.

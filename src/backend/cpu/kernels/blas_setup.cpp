@@ -1,6 +1,7 @@
 // Note [OpenBLAS's kernels are ours to choose] (blas_setup.h). gotoblas_dynamic_init/quit exist only
 // in DYNAMIC_ARCH builds: they are looked up at run time, so another build links and says what it runs.
-#include "ops/cpu/blas_setup.h"
+#include "backend/cpu/kernels/blas_setup.h"
+#include "backend/cpu/kernels/ops.h"
 
 #include <dlfcn.h>
 
@@ -9,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "ops/cpu/cpu_features.h"
+#include "backend/cpu/kernels/cpu_features.h"
 
 extern "C" {
 char* openblas_get_config(void);

@@ -1,17 +1,18 @@
-// f32 <-> bf16 conversion (ops/cpu/convert.h). The AVX2 narrowing is bf16_from_float on 8 lanes
-// (ops/cpu/convert_avx2.h: add 0x7fff plus the lowest kept bit, shift out the low half, and take
+// f32 <-> bf16 conversion (backend/cpu/kernels/convert.h). The AVX2 narrowing is bf16_from_float on 8 lanes
+// (backend/cpu/kernels/convert_avx2.h: add 0x7fff plus the lowest kept bit, shift out the low half, and take
 // (bits >> 16) | 0x40 where the input is a NaN); two vectors of 8 pack into one of 16 halves (packus
 // works in 128-bit lanes, so a 64-bit permute puts the halves back in order).
-#include "ops/cpu/convert.h"
+#include "backend/cpu/kernels/convert.h"
 
 #include <immintrin.h>
 
 #include <cstring>
 #include <string>
 
+#include "backend/cpu/kernels/convert_avx2.h"
+#include "backend/cpu/kernels/cpu_features.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/convert_avx2.h"
-#include "ops/cpu/cpu_features.h"
 
 namespace fp::ops::cpu {
 
@@ -33,7 +34,7 @@ __attribute__((target("avx2"))) void narrow_avx2(const float* src, bf16* dst, in
   for (; i < n; ++i) dst[i] = from_f32<bf16>(src[i]);
 }
 
-bool use_avx2() {  // Note [One instruction-set dispatch] (ops/cpu/cpu_features.h)
+bool use_avx2() {  // Note [One instruction-set dispatch] (backend/cpu/kernels/cpu_features.h)
   static const bool yes = simd_level() >= SimdLevel::avx2;
   return yes;
 }

@@ -1,4 +1,4 @@
-// The instruction-set paths of the cpu AdamW kernel (ops/cpu/adamw.cpp), for tests and benchmarks
+// The instruction-set paths of the cpu AdamW kernel (backend/cpu/kernels/adamw.cpp), for tests and benchmarks
 // that compare them. Dimensions: n elements.
 //
 // Every path computes the same bits (Note [AdamW is element-wise], ops/adamw.h): they differ only in
@@ -22,7 +22,7 @@ enum class AdamwPath {
 std::string_view adamw_path_name(AdamwPath p);
 // Whether this build and this cpu can run p.
 bool adamw_path_available(AdamwPath p);
-// The widest available path at simd_level() (Note [One instruction-set dispatch], ops/cpu/cpu_features.h).
+// The widest available path at simd_level() (Note [One instruction-set dispatch], backend/cpu/kernels/cpu_features.h).
 AdamwPath adamw_path_best();
 
 // ops::cpu::adamw_update on an explicit path (asserts adamw_path_available(path)); same arguments,

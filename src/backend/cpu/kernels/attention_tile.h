@@ -1,5 +1,5 @@
-// Tile helpers of the cpu attention kernels (ops/cpu/attention_block.cpp: one block of queries against
-// one block of keys, by global positions; ops/cpu/attention.cpp runs those over the whole sequence).
+// Tile helpers of the cpu attention kernels (backend/cpu/kernels/attention_block.cpp: one block of queries against
+// one block of keys, by global positions; backend/cpu/kernels/attention.cpp runs those over the whole sequence).
 // Private to ops/cpu: nothing outside attention_block.cpp includes it (tests/ops/test_attention.cpp checks
 // the SSE2 and AVX2 copies of tile_gemm and exp_inplace against each other, and exp_inplace against exp;
 // both attention tests read tile_pairs_computed).
@@ -24,9 +24,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cpu/kernels/cpu_features.h"
 #include "core/buf.h"
 #include "ops/attention.h"
-#include "ops/cpu/cpu_features.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -284,7 +284,7 @@ __attribute__((target(FP_ATTENTION_TARGET_AVX512))) inline void exp_inplace_avx5
 // The copies the tile helpers run: sse2 (baseline), avx2 (the same unfused loop in ymm registers), fma
 // (tile products and exponentials with fused multiply-adds, Note [Tile products with FMA]) or avx512
 // (the fma copy's bits in zmm registers, Note [Tile products with AVX-512]):
-// simd_level() (Note [One instruction-set dispatch], ops/cpu/cpu_features.h), sse2 where this file
+// simd_level() (Note [One instruction-set dispatch], backend/cpu/kernels/cpu_features.h), sse2 where this file
 // was built without the AVX2 copies.
 SimdLevel tile_simd_detect();
 // Decided once at start-up; a benchmark may switch it between runs (never while a kernel runs).
@@ -340,7 +340,7 @@ inline void exp_inplace(float* __restrict x, int64_t n) {
 inline std::atomic<int64_t> tile_pairs_computed{0};
 
 // Which backward block_backward runs (Note [One backward sweep where the dQ sums fit] in
-// ops/cpu/attention_block.cpp): automatic chooses by the shape and the thread count; both give the
+// backend/cpu/kernels/attention_block.cpp): automatic chooses by the shape and the thread count; both give the
 // same bits, and tests force each to check that.
 // FLATPEAK_ATTENTION_BACKWARD=two_pass|one forces one at start-up (benchmarks compare them; an unknown
 // value is reported and ignored).

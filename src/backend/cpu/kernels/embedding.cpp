@@ -27,8 +27,9 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/convert.h"
 
 namespace fp::ops::cpu {
 

@@ -1,4 +1,4 @@
-// The 8-lane f32 <-> bf16 conversions of ops/cpu/convert.cpp, for kernels that convert inside their
+// The 8-lane f32 <-> bf16 conversions of backend/cpu/kernels/convert.cpp, for kernels that convert inside their
 // own AVX2 loops (AdamW stores the bf16 working copy in the pass that updates the weights). Callers
 // check cpu_features().avx2 first. bf16_narrow8_avx2 is bf16_from_float on each lane (round to
 // nearest even; a NaN stays a quiet NaN of the same sign), tests/ops/test_convert.cpp checks it.

@@ -1,7 +1,8 @@
-// The cpu implementation of streams and events (core/stream.h), used by the cpu and meta backends.
+// Streams and events on host threads (core/stream.h): the cpu backend's streams, every stream of the meta
+// backend, and the host stream of every backend (Backend::host_kernels, backend/backend.h).
 //
-// A worker CpuStream owns one thread that runs its queue (the cpu backend's copy streams h2d and d2h).
-// An inline CpuStream runs work on the calling thread at enqueue, which is a legal CUDA schedule (a
+// A worker HostStream owns one thread that runs its queue (the cpu backend's copy streams h2d and d2h).
+// An inline HostStream runs work on the calling thread at enqueue, which is a legal CUDA schedule (a
 // stream whose host synchronizes after every launch); its waits block the caller (the compute stream;
 // every stream of the meta backend, where a copy moves nothing, so a W-rank plan does not wake 2W
 // threads per copy).
@@ -24,11 +25,11 @@
 
 namespace fp {
 
-class CpuStream final : public Stream {
+class HostStream final : public Stream {
  public:
   enum class Mode { Mode_inline, Mode_worker };
-  CpuStream(std::string name, Mode mode);
-  ~CpuStream() override;
+  HostStream(std::string name, Mode mode);
+  ~HostStream() override;
 
   void enqueue(std::function<void()> fn) override;
   void record(Event& e) override;

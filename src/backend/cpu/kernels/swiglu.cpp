@@ -15,7 +15,7 @@
 // take fixed contiguous ranges. Elsewhere (no SSE2) a scalar loop with std::exp does the same math.
 //
 // Note [bf16 SwiGLU by f32 chunks]: with any bf16 operand each work block goes by chunks of kChunk
-// elements: a bf16 input chunk is widened into a stack buffer (ops/cpu/convert.h), the f32 range
+// elements: a bf16 input chunk is widened into a stack buffer (backend/cpu/kernels/convert.h), the f32 range
 // code runs on it, and a bf16 output chunk is rounded back from the stack. An element's bits do not
 // depend on where its range starts (above), so each output is the f32 kernel's on the widened inputs,
 // rounded once; no allocation. The all-f32 case runs on the operands in place as before bf16 existed.
@@ -27,8 +27,9 @@
 #include <string>
 #include <utility>
 
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/convert.h"
 
 #if defined(__SSE2__)
 #include <immintrin.h>

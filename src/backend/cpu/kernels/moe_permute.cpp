@@ -8,7 +8,7 @@
 //
 // bf16 rows (Note [Kernel operands carry their dtype], core/buf.h): the arithmetic kernels run the
 // f32 loops on f32 rows, each bf16 row widened into a per-thread scratch row (H floats) with the AVX2
-// conversions of ops/cpu/convert.h, and a bf16 output row is widened before it is accumulated into
+// conversions of backend/cpu/kernels/convert.h, and a bf16 output row is widened before it is accumulated into
 // and rounded once after its last slot. So the f32 operations per element are those of the all-f32
 // kernel on the widened operands, in the same order, and an all-f32 call allocates no scratch.
 #include "ops/moe_permute.h"
@@ -16,7 +16,8 @@
 #include <cstring>
 #include <vector>
 
-#include "ops/cpu/convert.h"
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace fp::ops::cpu {
 

@@ -13,7 +13,7 @@
 //
 // Note [bf16 element-wise kernels by f32 chunks]: with any bf16 operand the element-wise kernels run
 // the f32 loop on chunks of kChunk elements: each bf16 operand's chunk is widened into a stack
-// buffer (ops/cpu/convert.h, AVX2), the f32 loop computes, and a bf16 result is rounded back from the
+// buffer (backend/cpu/kernels/convert.h, AVX2), the f32 loop computes, and a bf16 result is rounded back from the
 // stack, so every element is loaded exactly and rounded once, with no allocation and the AVX2
 // conversions rather than scalar ones (the build targets plain x86-64). f32 operands of a mixed call
 // are used in place. The reductions instead read bf16 directly in their templated loops (widening is
@@ -28,8 +28,9 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/convert.h"
 
 namespace fp::ops::cpu {
 

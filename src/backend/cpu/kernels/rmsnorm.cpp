@@ -16,7 +16,7 @@
 // at 1M tokens and 64 heads) that no ledger counted; now at most kMaxBlocks x d, counted.
 //
 // Note [bf16 rmsnorm by f32 chunks]: with any bf16 operand each row goes by chunks of kChunk
-// elements: a bf16 operand's chunk is widened into a stack buffer (ops/cpu/convert.h), the f32 loops
+// elements: a bf16 operand's chunk is widened into a stack buffer (backend/cpu/kernels/convert.h), the f32 loops
 // run on it, and a bf16 output chunk is rounded back from the stack. Chunks start at multiples of
 // kLanes, so the row sums put element i in lane i % kLanes as on a whole f32 row, and every value is
 // the f32 kernel's on the widened operands: the same bits, rounded once; no allocation. The all-f32
@@ -30,8 +30,9 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/kernels/convert.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/convert.h"
 
 namespace fp::ops::cpu {
 

@@ -1,18 +1,18 @@
 // Block attention by global positions (ops/attention_block.h), forward with a log-sum-exp merge and
-// backward, tile by tile: the kernels of ring attention, and of whole-sequence attention (ops/cpu/attention.cpp
-// runs them with q_pos = k_pos = 0 .. T-1, Note [Whole sequences as one block pair] there).
-// Dimensions: B sequences, Tq queries and Tk keys each, nh query heads, nkv kv heads, group = nh / nkv
-// query heads per kv head, hd / hdv the query-key / value-output head widths (Note [Value heads of their
-// own width], ops/attention.h), hdp / hdvp = hd / hdv rounded up to kNr (the padded row lengths of the
-// scratch tiles of q, k, dq, dk / of v, o, dO, dV), TQ x TK = kAttentionTileQ x kAttentionTileK the
-// (query, key) tile, nqt / nkt the number of query / key tiles. No buffer grows with Tq or Tk: each thread
-// owns a fixed scratch of a few (64, hdp), (64, hdvp) and (64, 64) tiles, allocated once per parallel region.
+// backward, tile by tile: the kernels of ring attention, and of whole-sequence attention
+// (backend/cpu/kernels/attention.cpp runs them with q_pos = k_pos = 0 .. T-1, Note [Whole sequences as one block pair]
+// there). Dimensions: B sequences, Tq queries and Tk keys each, nh query heads, nkv kv heads, group = nh / nkv query
+// heads per kv head, hd / hdv the query-key / value-output head widths (Note [Value heads of their own width],
+// ops/attention.h), hdp / hdvp = hd / hdv rounded up to kNr (the padded row lengths of the scratch tiles of q, k, dq,
+// dk / of v, o, dO, dV), TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, nqt / nkt the number of
+// query / key tiles. No buffer grows with Tq or Tk: each thread owns a fixed scratch of a few (64, hdp), (64, hdvp) and
+// (64, 64) tiles, allocated once per parallel region.
 //
 // Forward (FlashAttention-2): threads take (b, h, query tile) items; each walks the key tiles that hold
 // a key some query of the tile sees, keeping a running max m and sum l per query (online softmax) and
 // rescaling its (TQ, hdvp) output accumulator when the max grows; inside a tile the keys outside each
 // query's run are masked. The tile products are register-blocked loops (Note [Tile products as
-// register-blocked loops] in ops/cpu/attention_tile.h, with the tile helpers).
+// register-blocked loops] in backend/cpu/kernels/attention_tile.h, with the tile helpers).
 //
 // Note [Deterministic attention backward]: dK and dV of one key tile sum over every query of every
 // query head of its group; dQ of one query tile sums over every key tile. FlashAttention-2 makes both in
@@ -46,7 +46,7 @@
 // #{j : k_pos[j] < doc_start_i}, Note [Documents in attention] in ops/attention.h), and both ends ascend with i.
 // Without a window the mask is a staircase like the causal diagonal (contiguous positions give hi_i = i + 1, the causal
 // mask itself); a window adds a second staircase below it, a band (Note [Sliding-window bands] in
-// ops/cpu/attention_tile.h). Row r of the tile pair (i0, j0) sees the keys [lo - j0, hi - j0) of the
+// backend/cpu/kernels/attention_tile.h). Row r of the tile pair (i0, j0) sees the keys [lo - j0, hi - j0) of the
 // tile, clamped to [0, nk). The runs of the tile's rows need not join up (a query tile straddling two
 // zig-zag chunks sees two separate stretches of keys), so a tile pair is computed iff some row's run
 // meets the key tile; because both ends ascend, the key tiles worth testing lie between the one holding
@@ -82,14 +82,15 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/cpu/kernels/attention_tile.h"
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
-#include "ops/cpu/attention_tile.h"
 
 namespace fp::ops::cpu {
 
 namespace {
 
-using namespace attention_tile;  // TQ, TK, tile_gemm, rows_load, ... (ops/cpu/attention_tile.h)
+using namespace attention_tile;  // TQ, TK, tile_gemm, rows_load, ... (backend/cpu/kernels/attention_tile.h)
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 #include "ops/cross_entropy.h"
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 
 namespace fp::ops::cpu {
