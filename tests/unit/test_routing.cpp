@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/kernels/ops.h"
 #include "core/error.h"
 #include "model/routing.h"
 #include "ops/moe_routing.h"
@@ -27,7 +28,7 @@ Routed route(const RoutingProfile& p, int64_t n, int64_t k, int64_t E) {
   Routed r;
   r.offsets.assign(static_cast<size_t>(E + 1), 0);
   r.rows.resize(static_cast<size_t>(n * k));
-  ops::moe_routing_build(topk.data(), n, k, E, r.rows.data(), slot.data(), r.offsets.data());
+  ops::cpu::moe_routing_build(topk.data(), n, k, E, r.rows.data(), slot.data(), r.offsets.data());
   return r;
 }
 

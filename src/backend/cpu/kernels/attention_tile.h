@@ -26,7 +26,7 @@
 
 #include "backend/cpu/kernels/cpu_features.h"
 #include "core/buf.h"
-#include "ops/attention.h"
+#include "backend/cpu/kernels/ops.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
