@@ -25,11 +25,10 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/kernels.h"
 
 namespace fp {
-
-class Backend;
 
 struct BackendEntry {
   std::string name;     // what --device takes: "cpu", "meta", "cuda"
@@ -41,6 +40,12 @@ struct BackendEntry {
   // `bench kernels`).
   const ops::Kernels& (*kernels)() = nullptr;
 };
+
+// A BackendEntry::create for a backend class constructed from the two capacities.
+template <class B>
+std::unique_ptr<Backend> backend_make(uint64_t device_capacity, uint64_t host_capacity) {
+  return std::make_unique<B>(device_capacity, host_capacity);
+}
 
 // Adds a backend. Asserts that its name is new and its functions are set.
 void backend_register(BackendEntry entry);

@@ -63,10 +63,7 @@ const ops::Kernels& ops::kernels_cpu() {
 // Note [Backends as plug-ins] (backend/registry.h).
 void backend_register_cpu() {
   backend_register({"cpu", "computes (OpenBLAS / oneDNN GEMMs, OpenMP and SIMD kernels); real memory",
-                    [](uint64_t device_capacity, uint64_t host_capacity) -> std::unique_ptr<Backend> {
-                      return std::make_unique<CpuBackend>(device_capacity, host_capacity);
-                    },
-                    &ops::kernels_cpu});
+                    &backend_make<CpuBackend>, &ops::kernels_cpu});
 }
 
 CpuBackend::CpuBackend(uint64_t device_capacity, uint64_t host_capacity)

@@ -50,16 +50,15 @@ const ops::Kernels& ops::kernels_meta() {
 // Note [Backends as plug-ins] (backend/registry.h).
 void backend_register_meta() {
   backend_register({"meta", "computes nothing, allocates exactly as cpu: exact peaks at any scale in seconds",
-                    [](uint64_t device_capacity, uint64_t host_capacity) -> std::unique_ptr<Backend> {
-                      return std::make_unique<MetaBackend>(device_capacity, host_capacity);
-                    },
-                    &ops::kernels_meta});
+                    &backend_make<MetaBackend>, &ops::kernels_meta});
 }
 
 MetaBackend::MetaBackend(uint64_t device_capacity, uint64_t host_capacity)
     : Backend(meta_parts(device_capacity, host_capacity), ops::kernels_meta()) {}
 
-void MetaBackend::copy_async(Stream& s, void*, const void*, uint64_t) { s.enqueue([] {}); }
+void MetaBackend::copy_async(Stream& s, void*, const void*, uint64_t) {
+  s.enqueue([] {});
+}
 
 void MetaBackend::copy_to_host(void*, const void*, uint64_t) {
   FP_ASSERT(false, "meta backend has no data to copy to the host; data-dependent sizes must come from a profile");
