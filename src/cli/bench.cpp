@@ -1,10 +1,11 @@
-// flatpeak bench step | vocab | checkpoint | optimizer | dispatch: each subcommand's flags, help and
+// flatpeak bench step | vocab | checkpoint | optimizer | dispatch | kernels: each subcommand's flags, help and
 // validators, parsed into the benchmark's options (bench/*.h), whose library function measures,
 // prints and writes the results.
 #include <memory>
 
 #include "bench/checkpoint.h"
 #include "bench/dispatch.h"
+#include "bench/kernels.h"
 #include "bench/optimizer.h"
 #include "bench/step.h"
 #include "bench/vocab.h"
@@ -150,6 +151,25 @@ void bench_dispatch_register(CLI::App& parent, Runner& run) {
       ->check(CLI::IsMember({"cpu", "meta"}));
   sub->add_option("--repeats", o.repeats, "timed runs per variant (median reported)");
   sub->add_option("--warmup", o.warmup, "untimed runs first");
+  sub->add_option("--json", o.json, "write the results here");
+}
+
+void bench_kernels_register(CLI::App& parent, Runner& run) {
+  auto opts = std::make_shared<bench::BenchKernelsOptions>();
+  bench::BenchKernelsOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand(
+      "kernels", "every entry of the kernel table at the paper's scale: GFLOP/s or GB/s against the machine's limits");
+  sub->callback([&run, opts] { run = [opts] { return bench::bench_kernels_run(*opts); }; });
+  sub->add_option("--backend", o.backend,
+                  "cpu (timed), meta (shapes, FLOPs and bytes, no time) or cuda (a GPU: missing entries listed)");
+  sub->add_option("--dtype", o.dtype, "storage dtype of the entries' tensor operands: f32, bf16 or both")
+      ->check(CLI::IsMember({"f32", "bf16", "both"}));
+  sub->add_option("--only", o.only, "only the entries whose name matches this regex (e.g. 'attention|gemm')");
+  sub->add_option("--repeats", o.repeats, "timed calls per entry, at most (median reported; fewer once 2 s are spent)")
+      ->check(at_least(1));
+  sub->add_option("--warmup", o.warmup, "untimed calls per entry first")->check(CLI::NonNegativeNumber);
+  sub->add_option("--scale", o.scale, "paper (the paper's shapes, printed per row) or small (tiny shapes: seconds)")
+      ->check(CLI::IsMember({"paper", "small"}));
   sub->add_option("--json", o.json, "write the results here");
 }
 

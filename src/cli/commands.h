@@ -63,13 +63,14 @@ int eval_run(const EvalOptions& o);
 // dtype, other shards), nothing dropped (train.cpp).
 void convert_register(CLI::App& app, Runner& run);
 
-// flatpeak bench step | vocab | checkpoint | optimizer | dispatch (bench.cpp): each registers its flags
+// flatpeak bench step | vocab | checkpoint | optimizer | dispatch | kernels (bench.cpp): each registers its flags
 // on `parent` (the bench command) and runs the benchmark of bench/<name>.h.
 void bench_step_register(CLI::App& parent, Runner& run);
 void bench_vocab_register(CLI::App& parent, Runner& run);
 void bench_checkpoint_register(CLI::App& parent, Runner& run);
 void bench_optimizer_register(CLI::App& parent, Runner& run);
 void bench_dispatch_register(CLI::App& parent, Runner& run);
+void bench_kernels_register(CLI::App& parent, Runner& run);
 
 // flatpeak plan (plan.cpp).
 void plan_register(CLI::App& app, Runner& run);

@@ -1,4 +1,4 @@
-// flatpeak command line: train | eval | step | plan | bench <step|vocab|checkpoint|optimizer|dispatch>.
+// flatpeak command line: train | eval | step | plan | bench <step|vocab|checkpoint|optimizer|dispatch|kernels>.
 // Errors: fp::Error prints "error: ..." and "hint: ..." and exits 1; internal errors exit 2.
 #include <CLI/CLI.hpp>
 
@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
   fp::cli::bench_checkpoint_register(*bench, run);
   fp::cli::bench_optimizer_register(*bench, run);
   fp::cli::bench_dispatch_register(*bench, run);
+  fp::cli::bench_kernels_register(*bench, run);
   if (const std::string bad = unknown_subcommand(app, argc, argv); !bad.empty())
     fail(comm, bad, "run 'flatpeak --help' for the commands and their options", 1);
   try {

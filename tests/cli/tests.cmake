@@ -56,3 +56,11 @@ foreach(case tokenizer index)
            --bin $<TARGET_FILE:flatpeak> --root ${PROJECT_SOURCE_DIR} ${case})
   set_tests_properties(cli_data_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 300)
 endforeach()
+# bench kernels (tests/cli/test_bench_kernels.py): every entry of the kernel table at --scale small on cpu, in f32
+# and bf16, timed with a positive rate or listed "not supported" / "missing"; meta lists them untimed; an unknown
+# backend, a bad regex or dtype are refused. A few seconds each.
+foreach(case cpu_small meta_and_bad)
+  add_test(NAME cli_bench_kernels_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_bench_kernels.py
+           --bin $<TARGET_FILE:flatpeak> --root ${PROJECT_SOURCE_DIR} ${case})
+  set_tests_properties(cli_bench_kernels_${case} PROPERTIES LABELS "cli;quick" TIMEOUT 120)
+endforeach()
