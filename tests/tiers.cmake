@@ -17,6 +17,7 @@ set(flatpeak_slow
     Router.ForwardBackwardMatchRef
     DeepseekV3.Bf16OffloadStreamOnHostEqualsDeviceAdamW
     DeepseekV3.RoutingBiasFollowsTheLoads
+    PlanRepeats.EveryPresetAsTheFullReplay
     Sco.Bf16TenStepsBitIdenticalToDevice
     Sco.RandomCopyDelaysChangeNothing
     Safetensors.CrossCheckWithPython)

@@ -24,9 +24,10 @@ void Ledger::on_alloc(Category c, uint64_t bytes, const std::string& tag, const 
         holdings_str());
     // The host holds what the offload schedules moved there: more host memory is the remedy, not a
     // schedule (the run config's own hint, run_config.h oom_hint, says which settings size it).
-    std::string hint = space_ == "host" ? fmt::format("raise --host-mem (host memory holds the {} the offload "
-                                                      "schedules moved off the device)",
-                                                      category_name(c))
+    std::string hint = space_ == "host" ? fmt::format(
+                                              "raise --host-mem (host memory holds the {} the offload "
+                                              "schedules moved off the device)",
+                                              category_name(c))
                                         : std::string(category_hint(c));
     throw OutOfMemoryError(std::move(what), std::move(hint), c, space_);
   }
@@ -44,15 +45,14 @@ void Ledger::on_alloc(Category c, uint64_t bytes, const std::string& tag, const 
 
 void Ledger::on_free(Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
   const int i = static_cast<int>(c);
-  FP_ASSERT(current_[i] >= bytes, "ledger {}: freeing {} bytes of '{}' from category {} holding {}", space_, bytes,
-            tag, category_name(c), current_[i]);
+  FP_ASSERT(current_[i] >= bytes, "ledger {}: freeing {} bytes of '{}' from category {} holding {}", space_, bytes, tag,
+            category_name(c), current_[i]);
   current_[i] -= bytes;
   total_current_ -= bytes;
   record(false, c, bytes, tag, shape, dtype);
 }
 
-void Ledger::record(bool alloc, Category c, uint64_t bytes, const std::string& tag, const Shape& shape,
-                    DType dtype) {
+void Ledger::record(bool alloc, Category c, uint64_t bytes, const std::string& tag, const Shape& shape, DType dtype) {
   ++seq_;
   if (events_.size() >= max_events_) {
     ++dropped_;
@@ -69,6 +69,26 @@ void Ledger::record(bool alloc, Category c, uint64_t bytes, const std::string& t
   e.shape = shape;
   e.dtype = dtype;
   events_.push_back(std::move(e));
+}
+
+void Ledger::events_limit_set(size_t n) {
+  FP_ASSERT(n == 0 || !repeats_, "ledger {}: a timeline with repeats counted, not replayed", space_);
+  max_events_ = n;
+}
+
+void Ledger::repeats_set(bool on) {
+  FP_ASSERT(!on || max_events_ == 0, "ledger {}: repeats are counted only without a timeline (events_limit 0)", space_);
+  repeats_ = on;
+}
+
+void Ledger::repeat(const LedgerMark& m, uint64_t times) {
+  FP_ASSERT(repeats_ && seq_ >= m.seq, "ledger {}: a repeat without repeats_set", space_);
+  FP_ASSERT(holds_as(m), "ledger {}: a block counted as repeats does not end where it began: {} held, {} before it",
+            space_, bytes_format(total_current_), bytes_format(m.total));
+  const uint64_t n = (seq_ - m.seq) * times;
+  seq_ += n;
+  repeated_ += n;
+  dropped_ += n;  // no timeline (repeats_set): every event is a dropped one
 }
 
 void Ledger::peaks_reset() {

@@ -251,4 +251,27 @@ inline T* ptr_at(T* p, int64_t off) {
 inline Buf ptr_at(Buf p, int64_t off) { return p.at(off); }
 inline CBuf ptr_at(CBuf p, int64_t off) { return p.at(off); }
 
+// body(i) for i = 0 .. count - 1, where the caller states that every iteration allocates and frees the same
+// tensors in the same order as the first and holds nothing after it (Note [Repeats replayed once] in
+// memory/ledger.h): where the backend computes nothing and its ledgers count repeats, the first runs and the
+// others are counted; returns how many were counted (0: all ran). An iteration that does not end where it
+// began is refused (fp::Error), never half replayed: every rank decides alike, so the collectives an
+// iteration calls stay matched. Whatever else an iteration does must be of no account on meta: kernels, the
+// data channel (meta's does nothing), collectives every rank repeats alike, and host state the caller
+// repeats itself (the returned count).
+template <class Body>
+int64_t repeat_same(Backend& be, int64_t count, Body&& body) {
+  Ledger& d = be.device_ledger();
+  Ledger& h = be.host_ledger();
+  if (count > 1 && !be.computes() && d.repeats() && h.repeats()) {
+    const LedgerMark md = d.mark(), mh = h.mark();
+    body(int64_t{0});
+    d.repeat(md, static_cast<uint64_t>(count - 1));  // refuses a block that does not end where it began
+    h.repeat(mh, static_cast<uint64_t>(count - 1));
+    return count - 1;
+  }
+  for (int64_t i = 0; i < count; ++i) body(i);
+  return 0;
+}
+
 }  // namespace fp

@@ -106,6 +106,40 @@ Tiles tiles_of(const StepContext& s) {
   return t;
 }
 
+// Note [Tiles replayed once]
+// On meta with repeats counted (Note [Repeats replayed once] in memory/ledger.h), a run of tiles of one shape
+// (rows, sequences, length) is one tile replayed and the rest counted, where the work per tile allocates by
+// its shape alone: the key side (keys_values, mla_latents, the deferred key sides), and a tile's attention,
+// MoE block or MLP and backward when its keys are every key of its sequences (the ring, cp > 1) or allocate
+// nothing by their count (GQA's block kernel); MLA with cp = 1 expands the keys up to the tile's last query,
+// more chunks for later tiles, so those tiles run one by one. The MoE block routes a tile as the step's tokens
+// (a profile's choice cached by n, Note [A routing profile is routed once per step]), so tiles of one length
+// route alike, and their dispatch calls, collectives included, repeat alike on every rank. What a tile adds
+// to the host's router statistics is added again for each tile counted.
+bool tiles_alike(const Tile& a, const Tile& b) { return a.rows == b.rows && a.seqs == b.seqs && a.len == b.len; }
+
+// body(t) for every tile, in order (reverse: last first), in runs of tiles alike; alike false: one by one.
+// counted(n): n tiles alike to the one body last ran were counted, not run.
+template <class Body, class Counted>
+void tiles_run(StepContext& s, const Tiles& tiles, bool reverse, bool alike, Body&& body, Counted&& counted) {
+  const auto index = [&](int64_t k) { return reverse ? tiles.count - 1 - k : k; };
+  for (int64_t k = 0; k < tiles.count;) {
+    const Tile first = tiles.at(index(k));
+    int64_t run = 1;
+    while (alike && k + run < tiles.count && tiles_alike(tiles.at(index(k + run)), first)) ++run;
+    const int64_t n = repeat_same(s.be, run, [&](int64_t j) { body(tiles.at(index(k + j))); });
+    if (n > 0) counted(n);
+    k += run;
+  }
+}
+template <class Body>
+void tiles_run(StepContext& s, const Tiles& tiles, bool reverse, Body&& body) {
+  tiles_run(s, tiles, reverse, true, std::forward<Body>(body), [](int64_t) {});
+}
+
+// Whether a tile's attention (forward and backward) allocates by its shape alone (Note [Tiles replayed once]).
+bool attention_alike(const StepContext& s) { return s.cp > 1 || !s.cfg.is_deepseek(); }
+
 // The MoE block and the dense MLP see a tile as the step's tokens while they run on it.
 class TileTokens {
  public:
@@ -167,8 +201,7 @@ void keys_values(StepContext& s, const LayerParams& lp, const Tensor& x, const T
   const int64_t n = s.n, H = s.cfg.hidden_size, kv = s.cfg.num_key_value_heads * s.cfg.head_dim;
   k = be.alloc(kAct, {n, kv}, s.precision.activations, "tile.k");
   v = be.alloc(kAct, {n, kv}, s.precision.activations, "tile.v");
-  for (int64_t i = 0; i < tiles.count; ++i) {
-    const Tile t = tiles.at(i);
+  tiles_run(s, tiles, /*reverse=*/false, [&](const Tile& t) {
     const int64_t r0 = t.row0, r = t.rows;
     Tensor h1, rstd1, k_raw, rstd_k;
     norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
@@ -176,7 +209,7 @@ void keys_values(StepContext& s, const LayerParams& lp, const Tensor& x, const T
                  s.cfg.num_key_value_heads, k_raw, ptr_at(k.buf(), r0 * kv), rstd_k);
     linear_forward(be, h1.buf(), lp.v_proj->w.buf(), ptr_at(v.buf(), r0 * kv), r, H, kv);
     if (s.cfg.attention_bias) be.kernels().bias_add(ptr_at(v.buf(), r0 * kv), lp.v_bias->w.buf(), r, kv);
-  }
+  });
 }
 
 // Tile i's queries against the keys of its sequences. cp = 1: the block kernel's positions from
@@ -356,8 +389,7 @@ Tensor mla_latents(StepContext& s, const LayerParams& lp, const Tensor& x, const
   const int64_t H = c.hidden_size, kl = c.kv_lora_rank, dr = c.qk_rope_head_dim, lat = kl + dr;
   const DType dt = s.precision.activations;
   Tensor latent = be.alloc(kAct, {s.n, lat}, dt, "tile.latent");
-  for (int64_t i = 0; i < tiles.count; ++i) {
-    const Tile t = tiles.at(i);
+  tiles_run(s, tiles, /*reverse=*/false, [&](const Tile& t) {
     const int64_t r0 = t.row0, r = t.rows;
     Tensor h1, rstd1;
     norm_in(s, lp, ptr_at(x.cbuf(), r0 * H), r, h1, rstd1);
@@ -374,7 +406,7 @@ Tensor mla_latents(StepContext& s, const LayerParams& lp, const Tensor& x, const
     K.rope_strided_forward(k_pe.buf(), ptr_at(s.pos.i32(), r0), r, 1, dr, dr, c.rope_interleave, s.rope_freqs());
     K.copy_2d(ptr_at(latent.buf(), r0 * lat), lat, kv_a_n.cbuf(), kl, r, kl);
     K.copy_2d(ptr_at(latent.buf(), r0 * lat + kl), lat, k_pe.cbuf(), dr, r, dr);
-  }
+  });
   return latent;
 }
 
@@ -537,8 +569,8 @@ Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& 
   if (before_output) before_output();
   Tensor out = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
   if (stats) *stats = RouterStats{};
-  for (int64_t i = 0; i < tiles.count; ++i) {
-    const Tile t = tiles.at(i);
+  RouterStats last;  // the last tile's, added again for each tile counted (Note [Tiles replayed once])
+  const auto body = [&](const Tile& t) {
     AttnActs a;
     Tensor x1 = mla ? mla_tile_attention_forward(s, lp, x, t, latent, a, false)
                     : tile_attention_forward(s, lp, x, t, k, v, a, false);
@@ -550,13 +582,17 @@ Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& 
         x2 = moe_block_forward(s, lp, x1, nullptr, stats ? &tile_stats : nullptr, Category::Category_activations,
                                "tile.x2");
         if (stats) stats_add(*stats, tile_stats);
+        last = std::move(tile_stats);
       } else {
         x2 = mlp_block_forward(s, lp, x1, nullptr, Category::Category_activations, "tile.x2");
       }
     }
     x1.reset();
     be.kernels().copy(ptr_at(out.buf(), t.row0 * H), x2.buf(), t.rows * H);
-  }
+  };
+  tiles_run(s, tiles, /*reverse=*/false, attention_alike(s), body, [&](int64_t n_counted) {
+    for (int64_t j = 0; stats && sparse && j < n_counted; ++j) stats_add(*stats, last);
+  });
   return out;
 }
 
@@ -592,46 +628,49 @@ void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x
   // for its rows alone. The ring's keys are seen by every rank's tiles: d h1 of all n waits for the last.
   const bool deferred = s.cp > 1;
   Tensor dh1_all = deferred ? be.alloc(kAct, {n, H}, s.precision.activations, "tile.dh1") : Tensor();
-  for (int64_t i = tiles.count - 1; i >= 0; --i) {
-    const Tile t = tiles.at(i);
-    AttnActs a;
-    Tensor x1 = mla ? mla_tile_attention_forward(s, lp, x, t, latent, a, true)
-                    : tile_attention_forward(s, lp, x, t, k, v, a, true);
-    Tensor dx_t = Tensor::view(dx, t.row0 * H, {t.rows, H}, "grad.x");
-    {
-      TileTokens window(s, t.rows);
-      if (sparse) {
-        moe_block_recompute_backward(s, lp, x1, aux_bias, dx_t);
-      } else {
-        MlpActs m;
-        mlp_block_forward(s, lp, x1, &m, Category::Category_activations, "tile.x2").reset();
-        mlp_block_backward(s, lp, x1, m, dx_t);
-      }
-    }
-    x1.reset();
-    Tensor dh1 = deferred ? Tensor() : be.alloc(kAct, {t.rows, H}, s.precision.activations, "tile.dh1");
-    const Buf dh1_t = deferred ? ptr_at(dh1_all.buf(), t.row0 * H) : dh1.buf();
-    if (mla)
-      mla_tile_attention_backward(s, lp, t, latent, a, dx, dlatent, dw_kvb_out, dh1_t);
-    else
-      tile_attention_backward(s, lp, t, k, v, a, dx, dk, dv, dh1_t);
-    a = AttnActs{};
-    if (deferred) continue;
-    if (mla)
-      mla_tile_kv_backward(s, lp, x, t, dlatent, dh1_t, dx);
-    else
-      tile_kv_backward(s, lp, x, t, dk, dv, dh1_t, dx);
-  }
+  tiles_run(
+      s, tiles, /*reverse=*/true, attention_alike(s),
+      [&](const Tile& t) {
+        AttnActs a;
+        Tensor x1 = mla ? mla_tile_attention_forward(s, lp, x, t, latent, a, true)
+                        : tile_attention_forward(s, lp, x, t, k, v, a, true);
+        Tensor dx_t = Tensor::view(dx, t.row0 * H, {t.rows, H}, "grad.x");
+        {
+          TileTokens window(s, t.rows);
+          if (sparse) {
+            moe_block_recompute_backward(s, lp, x1, aux_bias, dx_t);
+          } else {
+            MlpActs m;
+            mlp_block_forward(s, lp, x1, &m, Category::Category_activations, "tile.x2").reset();
+            mlp_block_backward(s, lp, x1, m, dx_t);
+          }
+        }
+        x1.reset();
+        Tensor dh1 = deferred ? Tensor() : be.alloc(kAct, {t.rows, H}, s.precision.activations, "tile.dh1");
+        const Buf dh1_t = deferred ? ptr_at(dh1_all.buf(), t.row0 * H) : dh1.buf();
+        if (mla)
+          mla_tile_attention_backward(s, lp, t, latent, a, dx, dlatent, dw_kvb_out, dh1_t);
+        else
+          tile_attention_backward(s, lp, t, k, v, a, dx, dk, dv, dh1_t);
+        a = AttnActs{};
+        if (deferred) return;
+        if (mla)
+          mla_tile_kv_backward(s, lp, x, t, dlatent, dh1_t, dx);
+        else
+          tile_kv_backward(s, lp, x, t, dk, dv, dh1_t, dx);
+      },
+      [](int64_t) {});
   k.reset();
   v.reset();
   latent.reset();
-  for (int64_t i = 0; deferred && i < tiles.count; ++i) {
-    const Tile t = tiles.at(i);
-    const Buf dh1_t = ptr_at(dh1_all.buf(), t.row0 * H);
-    if (mla)
-      mla_tile_kv_backward(s, lp, x, t, dlatent, dh1_t, dx);
-    else
-      tile_kv_backward(s, lp, x, t, dk, dv, dh1_t, dx);
+  if (deferred) {
+    tiles_run(s, tiles, /*reverse=*/false, [&](const Tile& t) {
+      const Buf dh1_t = ptr_at(dh1_all.buf(), t.row0 * H);
+      if (mla)
+        mla_tile_kv_backward(s, lp, x, t, dlatent, dh1_t, dx);
+      else
+        tile_kv_backward(s, lp, x, t, dk, dv, dh1_t, dx);
+    });
   }
   if (dw_kvb.defined()) K.add_inplace(lp.kv_b_proj->g.buf(), dw_kvb.cbuf(), dw_kvb.numel());
 }

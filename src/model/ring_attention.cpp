@@ -21,7 +21,7 @@ namespace {
 // ranks are first .. first + world - 1 of the comm.
 struct RingGeometry {
   int rank, world, first;
-  int64_t T;  // global tokens per sequence
+  int64_t T;                                                       // global tokens per sequence
   int next() const { return first + (rank + 1) % world; }          // in the comm
   int prev() const { return first + (rank + world - 1) % world; }  // in the comm
   // The group rank whose block this rank holds after `step` hops.
@@ -47,8 +47,6 @@ void ring_shift(StepContext& s, const RingGeometry& g, const Tensor& t, Tensor& 
 // for T / N rounds of W smaller messages. N >= T (or 0): one chunk, bit for bit the unchunked ring.
 struct RingChunks {
   int64_t Tk = 0, size = 0, count = 0;
-  int64_t j0(int64_t j) const { return j * size; }
-  int64_t len(int64_t j) const { return std::min(size, Tk - j * size); }
 };
 // Chunks of N keys of Tk; N <= 0 or N >= Tk: one chunk of Tk. MLA's expansion takes these as they are (Note
 // [MLA's keys in chunks]: the expanded keys are the big buffer).
@@ -60,6 +58,15 @@ int64_t chunk_of(int64_t N, int64_t Tk) { return std::max(key_chunk(N, Tk), (Tk 
 RingChunks ring_chunks(const StepContext& s, int64_t Tk) {
   const int64_t c = chunk_of(s.layer_tile, Tk);
   return {Tk, c, (Tk + c - 1) / c};
+}
+
+// body(j0, c) for the chunks of `size` keys of Tk (the last may be shorter), where what a chunk allocates
+// depends on its length alone: the chunks of one length alike (Note [Repeats replayed once] in memory/ledger.h).
+template <class Body>
+void chunks_run(Backend& be, int64_t Tk, int64_t size, Body&& body) {
+  const int64_t whole = Tk / size, rest = Tk - whole * size;
+  repeat_same(be, whole, [&](int64_t j) { body(j * size, size); });
+  if (rest > 0) body(whole * size, rest);
 }
 
 // The rows [j0, j0 + c) of each of B sequences of Tk rows of width w, to or from (B c, w).
@@ -133,23 +140,24 @@ void ring_attention_forward(StepContext& s, const Tensor& q, const Tensor& k, co
   const bool f32_o = o.dtype() == DType::DType_F32;
   Tensor o_acc = f32_o ? Tensor() : be.alloc_f32(kComm, o.shape(), "ring.o_acc");
   const Buf out = f32_o ? o.buf() : o_acc.buf();
-  for (int64_t j = 0; j < ch.count; ++j) {
-    const int64_t j0 = ch.j0(j), c = ch.len(j), nk = a.B * c * kw, nv = a.B * c * vw;
+  // The chunks, and a chunk's hops, alike (Note [Repeats replayed once] in memory/ledger.h).
+  chunks_run(be, a.Tk, ch.size, [&](int64_t j0, int64_t c) {
+    const int64_t nk = a.B * c * kw, nv = a.B * c * vw;
     rows_gather(K, kb[0].buf(), k.cbuf(), a.B, a.Tk, j0, c, kw);
     rows_gather(K, vb[0].buf(), v.cbuf(), a.B, a.Tk, j0, c, vw);
-    for (int step = 0; step < g.world; ++step) {
-      const int cur = step % 2;
+    repeat_same(be, g.world, [&](int64_t hop) {
+      const int step = static_cast<int>(hop), cur = step % 2;
       // With a sliding window, a block entirely before every local query's window computes nothing: the
       // kernel skips every tile pair (Note [Masks from sorted positions], backend/cpu/kernels/attention_block.cpp), as
       // it skips the pairs across documents. It still travels: the ranks after this one may need it.
-      K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), j == 0 && step == 0,
+      K.attention_block_forward(q.buf(), kb[cur].buf(), vb[cur].buf(), out, lse.f32(), j0 == 0 && step == 0,
                                 chunk_spec(block_spec(s, a, g.source(step), q0), j0, c));
       if (step + 1 < g.world) {
         ring_shift(s, g, kb[cur], kb[1 - cur], nk);
         ring_shift(s, g, vb[cur], vb[1 - cur], nv);
       }
-    }
-  }
+    });
+  });
   if (!f32_o) K.copy(o.buf(), o_acc.buf(), o.numel());  // rounded once
 }
 
@@ -180,16 +188,16 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
   const Buf dq_out = f32_dq ? dq.buf() : dq_acc.buf();
   K.fill(dq_out, 0.0f, dq.numel());
   const int home = g.world % 2;  // the buffer that receives a chunk's last hop
-  for (int64_t j = 0; j < ch.count; ++j) {
-    const int64_t j0 = ch.j0(j), c = ch.len(j), nk = a.B * c * kw, nv = a.B * c * vw;
+  chunks_run(be, a.Tk, ch.size, [&](int64_t j0, int64_t c) {
+    const int64_t nk = a.B * c * kw, nv = a.B * c * vw;
     rows_gather(K, kb[0].buf(), k.cbuf(), a.B, a.Tk, j0, c, kw);
     rows_gather(K, vb[0].buf(), v.cbuf(), a.B, a.Tk, j0, c, vw);
     K.fill(dkb[0].buf(), 0.0f, nk);
     K.fill(dvb[0].buf(), 0.0f, nv);
     // W rounds of compute, each followed by a hop: after the last hop every block (with its complete
     // dK/dV) is back at its home rank.
-    for (int step = 0; step < g.world; ++step) {
-      const int cur = step % 2;
+    repeat_same(be, g.world, [&](int64_t hop) {
+      const int step = static_cast<int>(hop), cur = step % 2;
       K.attention_block_backward(q.buf(), kb[cur].buf(), vb[cur].buf(), o.buf(), lse.f32(), dout.buf(), dq_out,
                                  dkb[cur].buf(), dvb[cur].buf(),
                                  chunk_spec(block_spec(s, a, g.source(step), q0), j0, c));
@@ -199,10 +207,10 @@ void ring_attention_backward(StepContext& s, const Tensor& q, const Tensor& k, c
       }
       ring_shift(s, g, dkb[cur], dkb[1 - cur], nk);
       ring_shift(s, g, dvb[cur], dvb[1 - cur], nv);
-    }
+    });
     rows_scatter(K, dk.buf(), dkb[home].cbuf(), a.B, a.Tk, j0, c, kw, accumulate);
     rows_scatter(K, dv.buf(), dvb[home].cbuf(), a.B, a.Tk, j0, c, vw, accumulate);
-  }
+  });
   if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());  // rounded once
 }
 
@@ -251,8 +259,8 @@ void mla_attend_forward(StepContext& s, const LayerParams& lp, CBuf q, CBuf late
   const MlaDims d = mla_dims(s.cfg);
   const DType act = s.precision.activations;
   const int64_t cmax = key_chunk(chunk, a.Tk);  // never capped (Note [MLA's keys in chunks])
-  for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
-    const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;
+  chunks_run(s.be, a.Tk, cmax, [&](int64_t j0, int64_t c) {
+    const int64_t rows = a.B * c;
     Tensor gathered;
     const CBuf lat = latent_chunk(s, d, latent, a.B, a.Tk, j0, c, gathered);
     Tensor kb = s.be.alloc(Category::Category_activations, {rows, d.nh * d.dqk}, act, "ring.mla_k");
@@ -260,7 +268,7 @@ void mla_attend_forward(StepContext& s, const LayerParams& lp, CBuf q, CBuf late
     mla_expand(s, lp, d, lat, rows, kb.buf(), vb.buf());
     gathered.reset();
     K.attention_block_forward(q, kb.buf(), vb.buf(), o, lse, first && j0 == 0, chunk_spec(a, j0, c));
-  }
+  });
 }
 
 void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf latent, CBuf o, const float* lse,
@@ -269,8 +277,8 @@ void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf lat
   const MlaDims d = mla_dims(s.cfg);
   const DType act = s.precision.activations;
   const int64_t cmax = key_chunk(chunk, a.Tk);  // never capped (Note [MLA's keys in chunks])
-  for (int64_t j0 = 0; j0 < a.Tk; j0 += cmax) {
-    const int64_t c = std::min(cmax, a.Tk - j0), rows = a.B * c;
+  chunks_run(s.be, a.Tk, cmax, [&](int64_t j0, int64_t c) {
+    const int64_t rows = a.B * c;
     Tensor gathered;
     const CBuf lat = latent_chunk(s, d, latent, a.B, a.Tk, j0, c, gathered);
     Tensor kb = s.be.alloc(kAct, {rows, d.nh * d.dqk}, act, "ring.mla_k");
@@ -299,7 +307,7 @@ void mla_attend_backward(StepContext& s, const LayerParams& lp, CBuf q, CBuf lat
     K.gemm(false, false, rows, d.kl, d.kv, 1.0f, dkv.cbuf(), d.kv, lp.kv_b_proj->w.cbuf(), d.kl, 1.0f, dl, d.lat);
     K.gemm(true, false, d.kv, d.kl, rows, 1.0f, dkv.cbuf(), d.kv, lat, d.lat, 1.0f, dw, d.kl);
     if (dl_chunk.defined()) rows_scatter(K, dlatent, dl_chunk.cbuf(), a.B, a.Tk, j0, c, d.lat, /*add=*/true);
-  }
+  });
 }
 
 void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Tensor& q, const Tensor& latent, Tensor& o,
@@ -319,16 +327,16 @@ void ring_attention_mla_forward(StepContext& s, const LayerParams& lp, const Ten
   const bool f32_o = o.dtype() == DType::DType_F32;  // Note [Ring attention accumulates in f32]
   Tensor o_acc = f32_o ? Tensor() : be.alloc_f32(kComm, o.shape(), "ring.o_acc");
   const Buf out = f32_o ? o.buf() : o_acc.buf();
-  for (int64_t j = 0; j < ch.count; ++j) {
-    const int64_t j0 = ch.j0(j), c = ch.len(j), nl = a.B * c * d.lat;
+  chunks_run(be, a.Tk, ch.size, [&](int64_t j0, int64_t c) {
+    const int64_t nl = a.B * c * d.lat;
     rows_gather(K, lb[0].buf(), latent.cbuf(), a.B, a.Tk, j0, c, d.lat);
-    for (int step = 0; step < g.world; ++step) {
-      const int cur = step % 2;
-      mla_attend_forward(s, lp, q.cbuf(), lb[cur].cbuf(), out, lse.f32(), j == 0 && step == 0,
+    repeat_same(be, g.world, [&](int64_t hop) {
+      const int step = static_cast<int>(hop), cur = step % 2;
+      mla_attend_forward(s, lp, q.cbuf(), lb[cur].cbuf(), out, lse.f32(), j0 == 0 && step == 0,
                          chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), s.layer_tile);
       if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur], nl);
-    }
-  }
+    });
+  });
   if (!f32_o) K.copy(o.buf(), o_acc.buf(), o.numel());
 }
 
@@ -358,19 +366,19 @@ void ring_attention_mla_backward(StepContext& s, const LayerParams& lp, const Te
   const Buf dw_out = f32_g ? kvb.g.buf() : dw.buf();
   K.fill(dq_out, 0.0f, dq.numel());
   const int home = g.world % 2;
-  for (int64_t j = 0; j < ch.count; ++j) {
-    const int64_t j0 = ch.j0(j), c = ch.len(j), nl = a.B * c * d.lat;
+  chunks_run(be, a.Tk, ch.size, [&](int64_t j0, int64_t c) {
+    const int64_t nl = a.B * c * d.lat;
     rows_gather(K, lb[0].buf(), latent.cbuf(), a.B, a.Tk, j0, c, d.lat);
     K.fill(dlb[0].buf(), 0.0f, nl);
-    for (int step = 0; step < g.world; ++step) {
-      const int cur = step % 2;
+    repeat_same(be, g.world, [&](int64_t hop) {
+      const int step = static_cast<int>(hop), cur = step % 2;
       mla_attend_backward(s, lp, q.cbuf(), lb[cur].cbuf(), o.cbuf(), lse.f32(), dout.cbuf(), dq_out, dlb[cur].buf(),
                           dw_out, chunk_spec(block_spec(s, a, g.source(step), q0), j0, c), s.layer_tile);
       if (step + 1 < g.world) ring_shift(s, g, lb[cur], lb[1 - cur], nl);
       ring_shift(s, g, dlb[cur], dlb[1 - cur], nl);
-    }
+    });
     rows_scatter(K, dlatent.buf(), dlb[home].cbuf(), a.B, a.Tk, j0, c, d.lat, accumulate);
-  }
+  });
   if (!f32_dq) K.copy(dq.buf(), dq_acc.buf(), dq.numel());
   if (!f32_g) K.add_inplace(kvb.g.buf(), dw.cbuf(), d.kv * d.kl);
 }

@@ -38,6 +38,10 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     if (!opt.events) {
       be->device_ledger().events_limit_set(0);
       be->host_ledger().events_limit_set(0);
+      // Note [Repeats replayed once] (memory/ledger.h): the counters are the plan, and a block repeated
+      // alike moves them once.
+      be->device_ledger().repeats_set(!opt.full_replay);
+      be->host_ledger().repeats_set(!opt.full_replay);
     }
     fp::Model model(cfg, *be, in.settings.routing, sc, in.settings.precision, W > 1 ? &comm : nullptr,
                     RankGroups{static_cast<int>(in.settings.layout.ep), static_cast<int>(in.settings.layout.fsdp)});
@@ -66,6 +70,9 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     rp.step_peak = d.total_peak();
     rp.peak_tag = d.total_peak_tag();
     rp.host_needed = h.total_peak();
+    rp.events_seen = d.events_seen();
+    rp.host_events_seen = h.events_seen();
+    rp.events_repeated = d.events_repeated() + h.events_repeated();
     const uint64_t boundary =
         static_cast<uint64_t>(batch.B * batch.T * cfg.hidden_size) * dtype_size(in.settings.precision.activations);
     rp.boundaries_offloaded = boundary > 0 ? static_cast<int64_t>(h.peak(kCkpt) / boundary) : 0;
@@ -129,9 +136,10 @@ void describe(const Input& in, Result& r) {
       : s.dispatch.kind == DispatchSchedule::Kind::Kind_pipelined_llep
           ? "the chunk in flight: at most 2 x W k c_eff x H, whatever the routing"
           : "what this rank's experts receive: R x H (R = routes to its experts, or LLEP's share)";
-  f[static_cast<int>(kVocab)] = s.vocab.kind == VocabSchedule::Kind::Kind_ring ? "one n_blk x V/P strip (+ kept strips) + the online "
-                                                               "state (m, z, y) per token"
-                                                             : "3 x N x V (logits, log-softmax, gradient)";
+  f[static_cast<int>(kVocab)] = s.vocab.kind == VocabSchedule::Kind::Kind_ring
+                                    ? "one n_blk x V/P strip (+ kept strips) + the online "
+                                      "state (m, z, y) per token"
+                                    : "3 x N x V (logits, log-softmax, gradient)";
   f[static_cast<int>(kComm)] = z.ranks > 1 ? "ring attention K/V (dK/dV) blocks, Ring-DTP shards or batches in "
                                              "flight, LLEP's guest expert weights"
                                            : "0";

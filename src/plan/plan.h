@@ -57,9 +57,9 @@ struct Layout {
   int64_t cp = 0;
   int64_t ep = 0;
   int64_t fsdp = 0;
-  int64_t context_ranks() const { return cp > 0 ? cp : ranks; }  // cp
-  int64_t replicas() const { return ranks / context_ranks(); }   // dp
-  int64_t expert_ranks() const { return ep > 0 ? ep : ranks; }   // ep
+  int64_t context_ranks() const { return cp > 0 ? cp : ranks; }    // cp
+  int64_t replicas() const { return ranks / context_ranks(); }     // dp
+  int64_t expert_ranks() const { return ep > 0 ? ep : ranks; }     // ep
   int64_t shard_ranks() const { return fsdp > 0 ? fsdp : ranks; }  // fsdp
   int64_t rank = -1;  // the rank to describe; -1: the one with the largest step peak (ranks differ by
                       // the rows their experts receive and their vocabulary shard)
@@ -162,11 +162,16 @@ struct RankPlan {
   uint64_t step_peak = 0, host_needed = 0;
   std::string peak_tag;
   int64_t params_per_rank = 0, boundaries_offloaded = 0;
-  std::vector<LedgerEvent> events, host_events;  // with PlanOptions::events only
+  uint64_t events_seen = 0, host_events_seen = 0;  // every event of the ledgers, replayed or counted
+  uint64_t events_repeated = 0;                    // of them, counted (Note [Repeats replayed once])
+  std::vector<LedgerEvent> events, host_events;    // with PlanOptions::events only
 };
 
 struct PlanOptions {
   bool events = false;  // keep every rank's ledger timelines (tests compare them event for event)
+  // Replay every repeat of a block (Note [Repeats replayed once] in memory/ledger.h): the same plan, slower;
+  // tests compare the two. Without it, repeats are counted unless events are kept.
+  bool full_replay = false;
   std::vector<RankPlan>* ranks = nullptr;  // every rank's ledgers (tests)
 };
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "../common/deepseek_config.h"
 #include "backend/backend.h"
@@ -106,9 +107,9 @@ TEST(PlanSettings, RunConfigNames) {
                          "pipelined.chunk_cap=77", "ckpt.host_budget=2GiB", "optim.update_on=host",
                          "moe.token_chunk=128", "llep.lambda=2.5", "precision.params=f32"})
     settings_apply(a, it);
-  for (const char* it : {"dispatch=llep", "vocab=ring", "ckpt=sco", "optim=device", "chunk_tokens=77",
-                         "ckpt_host_budget=2GiB", "update_on=host", "token_chunk=128", "lambda=2.5",
-                         "dtype.weights=f32"})
+  for (const char* it :
+       {"dispatch=llep", "vocab=ring", "ckpt=sco", "optim=device", "chunk_tokens=77", "ckpt_host_budget=2GiB",
+        "update_on=host", "token_chunk=128", "lambda=2.5", "dtype.weights=f32"})
     settings_apply(b, it);
   for (const Settings* s : {&a, &b}) {
     EXPECT_EQ(s->sched.dispatch.kind, DispatchSchedule::Kind::Kind_llep);
@@ -213,8 +214,8 @@ TEST(PlanOneRank, FlattenedSchedulesBoundTheirCategories) {
   // state (12 B per parameter) on the host.
   ASSERT_LT(m.param_count(), 1 << 20);
   EXPECT_EQ(at(flat.peak, kOpt), 2 * static_cast<uint64_t>(m.param_count()) * 16);
-  EXPECT_EQ(at(flat.host_peak, kOpt), static_cast<uint64_t>(m.param_count()) * 12 +
-                                          0 /* update on the device: no host slots */);
+  EXPECT_EQ(at(flat.host_peak, kOpt),
+            static_cast<uint64_t>(m.param_count()) * 12 + 0 /* update on the device: no host slots */);
   EXPECT_EQ(at(flat.host_peak, kCkpt), static_cast<uint64_t>((m.num_hidden_layers - 1) * T * H) * 2);
   EXPECT_LT(flat.step_peak, base.step_peak);
   EXPECT_TRUE(flat.exact());
@@ -398,7 +399,8 @@ TEST(PlanModelFile, PresetsLoad) {
     EXPECT_NEAR(p / w.params_b, 1.0, w.tol) << w.file << ": " << p << " B";
   }
   EXPECT_EQ(model_load(source_path("configs/models/paper-39l.toml")).default_ranks, 64);
-  for (const char* f : {"configs/models/deepseek-v3.json", "configs/models/kimi-k2.json", "configs/models/paper-7l-mla.toml"}) {
+  for (const char* f :
+       {"configs/models/deepseek-v3.json", "configs/models/kimi-k2.json", "configs/models/paper-7l-mla.toml"}) {
     const Model ds = model_load(source_path(f));
     EXPECT_TRUE(ds.cfg.is_deepseek()) << f;
     EXPECT_TRUE(ds.approximate.empty()) << f << ": " << (ds.approximate.empty() ? "" : ds.approximate[0]);
@@ -428,6 +430,84 @@ TEST(PlanModelFile, PresetsLoad) {
   // a run config's [model] table works too
   EXPECT_EQ(model_load(source_path("configs/tiny.toml")).cfg.hidden_size, 64);
   EXPECT_THROW(model_from_toml("[model]\nhidden_size = 8\n", "partial.toml"), Error);
+}
+
+namespace {
+
+// Note [Repeats replayed once] (memory/ledger.h): a plan that counts the repeats of its alike blocks (ring hops,
+// ring chunks, MLA's chunks of keys, tiles) is the plan of the full replay on every rank, every counter of both
+// ledgers the same, the count of events included; in layouts that take each path on W = 4 ranks: the ring
+// (cp = 4: 2048 keys per rank in 8 ring chunks of 256, MLA's chunks of 200 in them, tiles of 10 x 200 + 48), cp = 1
+// with pieces of sequences (2 sequences in tiles of 6 x 300 + 124) and with groups of sequences (5 sequences of
+// 256 in tiles of 2, 2 and 1).
+void expect_repeats_as_full_replay(const ModelConfig& m, const std::string& name) {
+  struct Case {
+    const char* name;
+    int64_t T, batch, cp, tile;
+  };
+  const Case cases[] = {{"ring", 8192, 1, 4, 200}, {"cp1", 1924, 2, 1, 300}, {"groups", 256, 5, 1, 512}};
+  for (const Case& c : cases) {
+    const std::string what = name + " " + c.name;
+    Input in = input(m, c.T, {"flatpeak"});
+    settings_apply(in.settings, "ckpt.layer_tile=" + std::to_string(c.tile));
+    settings_apply(in.settings, "batch=" + std::to_string(c.batch));
+    in.settings.layout.ranks = 4;
+    in.settings.layout.cp = c.cp;
+    std::vector<RankPlan> fast, full;
+    PlanOptions fo, so;
+    fo.ranks = &fast;
+    so.ranks = &full;
+    so.full_replay = true;
+    const Result a = plan_step(in, fo), b = plan_step(in, so);
+    EXPECT_EQ(a.peak, b.peak) << what;
+    EXPECT_EQ(a.at_peak, b.at_peak) << what;
+    EXPECT_EQ(a.step_peak, b.step_peak) << what;
+    EXPECT_EQ(a.binding, b.binding) << what;
+    EXPECT_EQ(a.peak_tag, b.peak_tag) << what;
+    EXPECT_EQ(a.host_peak, b.host_peak) << what;
+    EXPECT_EQ(a.host_needed, b.host_needed) << what;
+    EXPECT_EQ(a.sizes.rank, b.sizes.rank) << what;
+    ASSERT_EQ(fast.size(), full.size()) << what;
+    uint64_t repeated = 0;
+    for (size_t r = 0; r < fast.size(); ++r) {
+      const RankPlan &x = fast[r], &y = full[r];
+      EXPECT_EQ(x.peak, y.peak) << what << " rank " << r;
+      EXPECT_EQ(x.at_peak, y.at_peak) << what << " rank " << r;
+      EXPECT_EQ(x.host_peak, y.host_peak) << what << " rank " << r;
+      EXPECT_EQ(x.step_peak, y.step_peak) << what << " rank " << r;
+      EXPECT_EQ(x.host_needed, y.host_needed) << what << " rank " << r;
+      EXPECT_EQ(x.peak_tag, y.peak_tag) << what << " rank " << r;
+      EXPECT_EQ(x.boundaries_offloaded, y.boundaries_offloaded) << what << " rank " << r;
+      EXPECT_EQ(x.events_seen, y.events_seen) << what << " rank " << r;
+      EXPECT_EQ(x.host_events_seen, y.host_events_seen) << what << " rank " << r;
+      EXPECT_EQ(y.events_repeated, 0u) << what << " rank " << r;
+      repeated += x.events_repeated;
+    }
+    EXPECT_GT(repeated, 0u) << what;  // every layout here repeats some block: the fast path ran
+  }
+}
+
+}  // namespace
+
+TEST(PlanRepeats, SmallModelsAsTheFullReplay) {
+  expect_repeats_as_full_replay(small_model(), "small");
+  expect_repeats_as_full_replay(deepseek_small_config(3, 0, 1), "deepseek small");
+}
+
+// Every preset, its first layers: the dense ones it starts with and two more (gpt-oss: a sliding and a full one).
+TEST(PlanRepeats, EveryPresetAsTheFullReplay) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(source_path("configs/models"))) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 10u);
+  for (const std::filesystem::path& f : files) {
+    ModelConfig m = model_load(f.string()).cfg;
+    const int64_t L = std::min(m.num_hidden_layers, std::max<int64_t>(m.first_k_dense_replace, 0) + 2);
+    m.num_hidden_layers = L;
+    if (!m.layer_types.empty()) m.layer_types.resize(static_cast<size_t>(L));
+    std::erase_if(m.mlp_only_layers, [&](int64_t l) { return l >= L; });
+    expect_repeats_as_full_replay(m, f.filename().string());
+  }
 }
 
 TEST(PlanReport, JsonAndTable) {
