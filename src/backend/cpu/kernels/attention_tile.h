@@ -1,6 +1,6 @@
 // Tile helpers of the cpu attention kernels (backend/cpu/kernels/attention_block.cpp: one block of queries against
 // one block of keys, by global positions; backend/cpu/kernels/attention.cpp runs those over the whole sequence).
-// Private to ops/cpu: nothing outside attention_block.cpp includes it (tests/ops/test_attention.cpp checks
+// Private to the cpu kernels: nothing outside attention_block.cpp includes it (tests/ops/test_attention.cpp checks
 // the SSE2 and AVX2 copies of tile_gemm and exp_inplace against each other, and exp_inplace against exp;
 // both attention tests read tile_pairs_computed).
 // Dimensions: TQ x TK = kAttentionTileQ x kAttentionTileK the (query, key) tile, hd the query/key head

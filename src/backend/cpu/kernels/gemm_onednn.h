@@ -1,5 +1,5 @@
 // bf16 GEMMs on the CPU's bf16 units through oneDNN (Note [bf16 GEMMs on the matrix units]). Private to
-// ops/cpu: ops::cpu::gemm calls it; benches print gemm_bf16_library().
+// the cpu kernels: ops::cpu::gemm calls it; benches print gemm_bf16_library().
 //
 // Note [bf16 GEMMs on the matrix units]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
