@@ -38,6 +38,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
+#include "ops/gemm_grouped.h"
 #include "ops/gemm_tiled.h"
 #include "ops/moe_chunk_order.h"
 #include "ops/moe_permute.h"
@@ -57,20 +58,22 @@ struct ExecContext {
 
 namespace ops {
 
-#define FP_KERNEL_LIST(X)                                                                                             \
-  X(gemm)                                                                                                             \
-  X(gemm_tiled)                                                                                                       \
-  X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(rope_forward) X(rope_backward)  \
-      X(rope_strided_forward) X(rope_strided_backward) X(attention_forward) X(attention_backward)                     \
-          X(attention_sink_backward) X(attention_block_forward) X(attention_block_backward) X(swiglu_forward)         \
-              X(swiglu_backward) X(swiglu_clamped_forward) X(swiglu_clamped_backward) X(router_forward)               \
-                  X(router_gather) X(router_backward) X(router_sigmoid_forward) X(router_sigmoid_gather)              \
-                      X(router_sigmoid_backward) X(moe_routing_build) X(moe_gather) X(moe_scatter) X(moe_chunk_order) \
-                          X(moe_combine_forward) X(moe_combine_backward) X(moe_scatter_add) X(log_softmax_forward)    \
-                              X(nll_forward) X(cross_entropy_backward) X(online_lse_init) X(online_lse_fold)          \
-                                  X(online_lse_loss) X(online_lse_backward) X(add_inplace) X(scale_inplace) X(fill)   \
-                                      X(copy) X(reduce_sum) X(reduce_sumsq) X(bias_add) X(bias_backward)              \
-                                          X(column_sums_f64) X(copy_2d) X(add_2d) X(adamw_update)
+#define FP_KERNEL_LIST(X)                                                                                           \
+  X(gemm)                                                                                                           \
+  X(gemm_tiled)                                                                                                     \
+  X(gemm_grouped)                                                                                                   \
+  X(gemm_grouped_weight) X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward)          \
+      X(rope_forward) X(rope_backward) X(rope_strided_forward) X(rope_strided_backward) X(attention_forward)        \
+          X(attention_backward) X(attention_sink_backward) X(attention_block_forward) X(attention_block_backward)   \
+              X(swiglu_forward) X(swiglu_backward) X(swiglu_clamped_forward) X(swiglu_clamped_backward)             \
+                  X(router_forward) X(router_gather) X(router_backward) X(router_sigmoid_forward)                   \
+                      X(router_sigmoid_gather) X(router_sigmoid_backward) X(moe_routing_build) X(moe_gather)        \
+                          X(moe_scatter) X(moe_chunk_order) X(moe_combine_forward) X(moe_combine_backward)          \
+                              X(moe_scatter_add) X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)    \
+                                  X(online_lse_init) X(online_lse_fold) X(online_lse_loss) X(online_lse_backward)   \
+                                      X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq) \
+                                          X(reduce_sumsq_multi) X(bias_add) X(bias_backward) X(column_sums_f64)     \
+                                              X(copy_2d) X(add_2d) X(adamw_update) X(adamw_update_multi)
 
 // The type of a table entry: the op's signature (ops::name_fn in ops/*.h) with the context first.
 template <class Op>
@@ -108,13 +111,17 @@ const char* kernel_name(KernelId k);
 
 constexpr uint32_t dtype_bit(DType t) { return 1u << static_cast<int>(t); }
 
-// Whether an entry type takes a dtype-carrying operand (Buf, CBuf): then f32 and bf16 on the cpu.
+// Whether an entry type takes a dtype-carrying operand (Buf, CBuf, a table of them, a bucket of AdamW
+// tensors): then f32 and bf16 on the cpu.
+template <class A>
+inline constexpr bool kCarriesDtype =
+    std::is_same_v<A, Buf> || std::is_same_v<A, CBuf> || std::is_same_v<A, const Buf*> ||
+    std::is_same_v<A, const CBuf*> || std::is_same_v<A, const AdamWTensor*>;
 template <class Entry>
 struct TakesBuf;
 template <class... A>
 struct TakesBuf<void (*)(A...)> {
-  static constexpr bool value =
-      ((std::is_same_v<std::decay_t<A>, Buf> || std::is_same_v<std::decay_t<A>, CBuf>) || ...);
+  static constexpr bool value = (kCarriesDtype<std::decay_t<A>> || ...);
 };
 
 struct Kernels {

@@ -81,6 +81,7 @@ constexpr double kTimeCap = 2.0;
 struct Dims {
   int64_t gemm_M, gemm_N, gemm_K;                  // gemm: a projection, tokens x hidden -> hidden (x W^T)
   int64_t strip_M, strip_N, strip_K;               // gemm_tiled: a vocabulary strip, tokens x vocab ids over hidden
+  int64_t eg_G, eg_rows, eg_H, eg_I;               // gemm_grouped: a rank's experts, their routed rows, hidden, width
   int64_t tokens, H, V_table;                      // embedding, rmsnorm, bias: tokens x hidden, the table's rows
   int64_t rope_n, heads, hd;                       // rope: the queries of one layer
   int64_t mla_n, mla_heads, mla_rope, mla_stride;  // rope_strided: MLA's rope part of each 192-wide head
@@ -107,6 +108,7 @@ constexpr Dims paper_dims() {
   Dims d{};
   d.gemm_M = 2048, d.gemm_N = 4096, d.gemm_K = 4096;
   d.strip_M = 1024, d.strip_N = 8192, d.strip_K = 4096;
+  d.eg_G = 8, d.eg_rows = 8192, d.eg_H = 4096, d.eg_I = 1536;
   d.tokens = 16384, d.H = 4096, d.V_table = 32768;
   d.rope_n = 8192, d.heads = 32, d.hd = 128;
   d.mla_n = 4096, d.mla_heads = 128, d.mla_rope = 64, d.mla_stride = 192;
@@ -132,6 +134,7 @@ constexpr Dims small_dims() {
   Dims d{};
   d.gemm_M = 64, d.gemm_N = 96, d.gemm_K = 80;
   d.strip_M = 70, d.strip_N = 600, d.strip_K = 64;
+  d.eg_G = 4, d.eg_rows = 200, d.eg_H = 64, d.eg_I = 48;
   d.tokens = 256, d.H = 128, d.V_table = 512;
   d.rope_n = 64, d.heads = 4, d.hd = 32;
   d.mla_n = 64, d.mla_heads = 8, d.mla_rope = 16, d.mla_stride = 48;
@@ -262,6 +265,55 @@ Case case_gemm_tiled(Env& e, const Dims& d) {
          true,
          {}};
   c.launch = [K = e.K, M, N, Kd, A, B, C] { K.gemm_tiled(false, true, M, N, Kd, 1.0f, A, Kd, B, Kd, 0.0f, C, N); };
+  return c;
+}
+
+// A rank's experts: eg_rows routed rows over eg_G experts, unevenly (group g gets a share g + 1; at the
+// small scale the last group is empty), in the row's dtype. The FLOPs are the groups' GEMMs; the bytes
+// every row, every weight and every output once.
+std::vector<int64_t> expert_offsets(const Dims& d) {
+  const int64_t G = d.eg_G, shares = G * (G + 1) / 2;
+  std::vector<int64_t> off(static_cast<size_t>(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + d.eg_rows * (g + 1) / shares;
+  off[G] = d.eg_rows;
+  if (d.eg_rows < 1000) off[G - 1] = off[G];  // an empty group, as a rank with a cold expert has
+  return off;
+}
+
+// The gate projection of every expert: g (r, I) = x (r, H) W_g (I, H)^T.
+Case case_gemm_grouped(Env& e, const Dims& d) {
+  const int64_t G = d.eg_G, r = d.eg_rows, H = d.eg_H, I = d.eg_I;
+  const std::vector<int64_t> off = expert_offsets(d);
+  const CBuf x = e.data(r * H);
+  std::vector<CBuf> W;
+  for (int64_t g = 0; g < G; ++g) W.push_back(e.data(I * H));
+  const Buf y = e.data(r * I);
+  Case c{fmt::format("G={} rows={} H={} I={} (x W_g^T: a rank's experts, uneven groups)", G, r, H, I),
+         2 * f(r) * f(H) * f(I),
+         (f(r * H) + f(G * I * H) + f(r * I)) * e.s,
+         true,
+         {}};
+  c.launch = [K = e.K, G, off, H, I, x, W, y] {
+    K.gemm_grouped(true, G, off.data(), I, H, 1.0f, x, W.data(), nullptr, 0.0f, y);
+  };
+  return c;
+}
+
+// Their weight gradients: dW_g (I, H) += dg[rows_g]^T (I, n_g) x[rows_g] (n_g, H).
+Case case_gemm_grouped_weight(Env& e, const Dims& d) {
+  const int64_t G = d.eg_G, r = d.eg_rows, H = d.eg_H, I = d.eg_I;
+  const std::vector<int64_t> off = expert_offsets(d);
+  const CBuf dg = e.data(r * I), x = e.data(r * H);
+  std::vector<Buf> dW;
+  for (int64_t g = 0; g < G; ++g) dW.push_back(e.data(I * H));
+  Case c{fmt::format("G={} rows={} H={} I={} (dW_g += dy^T x: a rank's experts, uneven groups)", G, r, H, I),
+         2 * f(r) * f(H) * f(I),
+         (f(r * H) + f(r * I) + 2 * f(G * I * H)) * e.s,
+         true,
+         {}};
+  c.launch = [K = e.K, G, off, H, I, dg, x, dW] {
+    K.gemm_grouped_weight(G, off.data(), I, H, 1.0f, dg, x, 1.0f, dW.data(), nullptr);
+  };
   return c;
 }
 
@@ -808,6 +860,19 @@ Case reduce_case(Env& e, const Dims& d, bool squares) {
   return c;
 }
 
+// A bucket of gradients: 64 tensors sharing d.n elements (the partials of the gradient norm).
+Case case_reduce_sumsq_multi(Env& e, const Dims& d) {
+  constexpr int64_t kTensors = 64;
+  const int64_t each = d.n / kTensors;
+  std::vector<CBuf> x;
+  for (int64_t i = 0; i < kTensors; ++i) x.push_back(e.data(each));
+  const std::vector<int64_t> n(kTensors, each);
+  float* out = e.f32(kTensors);
+  Case c{fmt::format("{} tensors of {}", kTensors, each), 0, f(kTensors * each) * e.s + 4 * kTensors, false, {}};
+  c.launch = [K = e.K, x, n, out] { K.reduce_sumsq_multi(x.data(), n.data(), static_cast<int64_t>(x.size()), out); };
+  return c;
+}
+
 Case case_bias_add(Env& e, const Dims& d) {
   const int64_t rows = d.tokens, D = d.H;
   const Buf y = e.data(rows * D);
@@ -870,6 +935,33 @@ Case case_adamw_update(Env& e, const Dims& d) {
   return c;
 }
 
+// A bucket of 64 tensors sharing d.adam_n elements, as case_adamw_update's operands (half of them decayed).
+Case case_adamw_update_multi(Env& e, const Dims& d) {
+  constexpr int64_t kTensors = 64;
+  const int64_t each = d.adam_n / kTensors;
+  const bool copy = e.t != DType::DType_F32;
+  std::vector<ops::AdamWTensor> t;
+  for (int64_t i = 0; i < kTensors; ++i) {
+    ops::AdamWTensor a;
+    a.param = e.f32(each);
+    a.grad = e.data(each, -1e-3f, 1e-3f);
+    a.m = e.f32(each, -1e-4f, 1e-4f);
+    a.v = e.f32(each, 1e-9f, 1e-8f);
+    a.n = each;
+    a.weight_decay = i % 2 == 0 ? 0.1f : 0.0f;
+    a.param_copy = copy ? e.data(each) : Buf(nullptr);
+    t.push_back(a);
+  }
+  const ops::AdamWHyper h{1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 10};
+  Case c{fmt::format("{} tensors of {}{}", kTensors, each, copy ? " (with the bf16 working copies)" : ""),
+         0,
+         f(kTensors * each) * (24 + e.s + (copy ? e.s : 0)),
+         false,
+         {}};
+  c.launch = [K = e.K, t, h] { K.adamw_update_multi(t.data(), static_cast<int64_t>(t.size()), h); };
+  return c;
+}
+
 using CaseFn = Case (*)(Env&, const Dims&);
 
 // One case per entry of FP_KERNEL_LIST, by name.
@@ -877,6 +969,8 @@ const std::map<std::string, CaseFn>& cases() {
   static const std::map<std::string, CaseFn> m = {
       {"gemm", case_gemm},
       {"gemm_tiled", case_gemm_tiled},
+      {"gemm_grouped", case_gemm_grouped},
+      {"gemm_grouped_weight", case_gemm_grouped_weight},
       {"embedding_forward", case_embedding_forward},
       {"embedding_backward", case_embedding_backward},
       {"rmsnorm_forward", case_rmsnorm_forward},
@@ -920,12 +1014,14 @@ const std::map<std::string, CaseFn>& cases() {
       {"copy", case_copy},
       {"reduce_sum", [](Env& e, const Dims& d) { return reduce_case(e, d, false); }},
       {"reduce_sumsq", [](Env& e, const Dims& d) { return reduce_case(e, d, true); }},
+      {"reduce_sumsq_multi", case_reduce_sumsq_multi},
       {"bias_add", case_bias_add},
       {"bias_backward", case_bias_backward},
       {"column_sums_f64", case_column_sums_f64},
       {"copy_2d", [](Env& e, const Dims& d) { return strided_case(e, d, false); }},
       {"add_2d", [](Env& e, const Dims& d) { return strided_case(e, d, true); }},
       {"adamw_update", case_adamw_update},
+      {"adamw_update_multi", case_adamw_update_multi},
   };
   return m;
 }

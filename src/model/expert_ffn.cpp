@@ -2,6 +2,8 @@
 // Legend: r rows, H hidden, I expert FFN width, G groups.
 #include "model/expert_ffn.h"
 
+#include <vector>
+
 #include "model/blocks.h"
 
 namespace fp {
@@ -60,6 +62,20 @@ void expert_grads_add(const ops::KernelLauncher& K, const FfnDims& d, const Expe
   K.add_inplace(w.d_down_b, ptr_at(g, 3 * IH + 2 * d.I), d.H);
 }
 
+namespace {
+
+// One operand of every group, as the grouped entries take them (Note [The experts in one call] in
+// ops/gemm_grouped.h): a table in host memory, alive until the call has run (the compute stream).
+template <class T>
+std::vector<T> table(std::span<const ExpertWeights> w, T ExpertWeights::*field) {
+  std::vector<T> t;
+  t.reserve(w.size());
+  for (const ExpertWeights& e : w) t.push_back(e.*field);
+  return t;
+}
+
+}  // namespace
+
 Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
                           std::span<const int64_t> offsets, ExpertActs& a, bool keep, const std::string& y_name,
                           Category out_cat, DType dt) {
@@ -67,22 +83,22 @@ Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertW
   const int64_t G = static_cast<int64_t>(w.size()), H = d.H, I = d.I;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];
+  const int64_t* off = offsets.data();
+  // Every expert of the block in one call per projection (Note [The experts in one call]); the biases
+  // (gpt_oss) are the calls' epilogues.
+  const std::vector<CBuf> gate = table(w, &ExpertWeights::gate), up = table(w, &ExpertWeights::up),
+                          down = table(w, &ExpertWeights::down);
+  std::vector<CBuf> gate_b, up_b, down_b;
+  if (d.bias) {
+    gate_b = table(w, &ExpertWeights::gate_b);
+    up_b = table(w, &ExpertWeights::up_b);
+    down_b = table(w, &ExpertWeights::down_b);
+  }
+  const auto bias = [&](const std::vector<CBuf>& b) { return d.bias ? b.data() : nullptr; };
   a.g = be.alloc(kAct, {r, I}, dt, fmt::format("{}.g", d.tag));  // (r, I)
   a.u = be.alloc(kAct, {r, I}, dt, fmt::format("{}.u", d.tag));  // (r, I)
-  // Note [Meta skips the per-expert loops]: every allocation here is sized by the total rows r; the
-  // per-group loops only launch GEMMs, which do nothing on meta. Skipping them there keeps the
-  // allocation sequence and makes a W-rank plan's cost independent of how many blocks a chunk holds.
-  const int64_t groups = be.computes() ? G : 0;
-  for (int64_t i = 0; i < groups; ++i) {
-    const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
-    if (ne == 0) continue;
-    linear_forward(be, ptr_at(a.x.buf(), r0 * H), w[i].gate, ptr_at(a.g.buf(), r0 * I), ne, H, I);
-    linear_forward(be, ptr_at(a.x.buf(), r0 * H), w[i].up, ptr_at(a.u.buf(), r0 * I), ne, H, I);
-    if (d.bias) {
-      K.bias_add(ptr_at(a.g.buf(), r0 * I), w[i].gate_b, ne, I);
-      K.bias_add(ptr_at(a.u.buf(), r0 * I), w[i].up_b, ne, I);
-    }
-  }
+  K.gemm_grouped(true, G, off, I, H, 1.0f, a.x.buf(), gate.data(), bias(gate_b), 0.0f, a.g.buf());
+  K.gemm_grouped(true, G, off, I, H, 1.0f, a.x.buf(), up.data(), bias(up_b), 0.0f, a.u.buf());
   a.act = be.alloc(kAct, {r, I}, dt, fmt::format("{}.act", d.tag));  // (r, I)
   if (d.swiglu_alpha > 0)
     K.swiglu_clamped_forward(a.g.buf(), a.u.buf(), a.act.buf(), r * I, d.swiglu_alpha, d.swiglu_limit);
@@ -94,12 +110,7 @@ Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertW
     a.u.reset();
   }
   Tensor y = be.alloc(out_cat, {r, H}, dt, y_name);  // (r, H)
-  for (int64_t i = 0; i < groups; ++i) {
-    const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
-    if (ne == 0) continue;
-    linear_forward(be, ptr_at(a.act.buf(), r0 * I), w[i].down, ptr_at(y.buf(), r0 * H), ne, I, H);
-    if (d.bias) K.bias_add(ptr_at(y.buf(), r0 * H), w[i].down_b, ne, H);
-  }
+  K.gemm_grouped(true, G, off, H, I, 1.0f, a.act.buf(), down.data(), bias(down_b), 0.0f, y.buf());
   if (!keep) a.act.reset();
   return y;
 }
@@ -111,17 +122,23 @@ Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const Expert
   const int64_t G = static_cast<int64_t>(w.size()), H = d.H, I = d.I;
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];
+  const int64_t* off = offsets.data();
+  const std::vector<CBuf> gate = table(w, &ExpertWeights::gate), up = table(w, &ExpertWeights::up),
+                          down = table(w, &ExpertWeights::down);
+  const std::vector<Buf> d_gate = table(w, &ExpertWeights::d_gate), d_up = table(w, &ExpertWeights::d_up),
+                         d_down = table(w, &ExpertWeights::d_down);
+  std::vector<Buf> d_gate_b, d_up_b, d_down_b;
+  if (d.bias) {
+    d_gate_b = table(w, &ExpertWeights::d_gate_b);
+    d_up_b = table(w, &ExpertWeights::d_up_b);
+    d_down_b = table(w, &ExpertWeights::d_down_b);
+  }
+  const auto bias = [&](const std::vector<Buf>& b) { return d.bias ? b.data() : nullptr; };
 
   // down_proj
   Tensor dact = be.alloc(kAct, {r, I}, dt, fmt::format("{}.dact", d.tag));  // (r, I)
-  const int64_t groups = be.computes() ? G : 0;  // Note [Meta skips the per-expert loops]
-  for (int64_t i = 0; i < groups; ++i) {
-    const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
-    if (ne == 0) continue;
-    linear_backward_input(be, ptr_at(dy.buf(), r0 * H), w[i].down, ptr_at(dact.buf(), r0 * I), ne, I, H);
-    linear_backward_weight(be, ptr_at(dy.buf(), r0 * H), ptr_at(a.act.buf(), r0 * I), w[i].d_down, ne, I, H);
-    if (d.bias) K.bias_backward(ptr_at(dy.buf(), r0 * H), w[i].d_down_b, ne, H);
-  }
+  K.gemm_grouped(false, G, off, I, H, 1.0f, dy.buf(), down.data(), nullptr, 0.0f, dact.buf());
+  K.gemm_grouped_weight(G, off, H, I, 1.0f, dy.buf(), a.act.buf(), 1.0f, d_down.data(), bias(d_down_b));
   dy.reset();
   a.act.reset();
 
@@ -137,21 +154,12 @@ Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const Expert
   a.g.reset();
   a.u.reset();
 
-  // gate_proj, up_proj
+  // gate_proj, up_proj: dx = dg W_gate + du W_up, then the weight gradients.
   Tensor dx = be.alloc(out_cat, {r, H}, dt, dx_name);  // (r, H)
-  for (int64_t i = 0; i < groups; ++i) {
-    const int64_t r0 = offsets[i], ne = offsets[i + 1] - r0;
-    if (ne == 0) continue;
-    const Buf dx_i = ptr_at(dx.buf(), r0 * H);
-    linear_backward_input(be, ptr_at(dg.buf(), r0 * I), w[i].gate, dx_i, ne, H, I);
-    linear_backward_input(be, ptr_at(du.buf(), r0 * I), w[i].up, dx_i, ne, H, I, 1.0f);
-    linear_backward_weight(be, ptr_at(dg.buf(), r0 * I), ptr_at(a.x.buf(), r0 * H), w[i].d_gate, ne, H, I);
-    linear_backward_weight(be, ptr_at(du.buf(), r0 * I), ptr_at(a.x.buf(), r0 * H), w[i].d_up, ne, H, I);
-    if (d.bias) {
-      K.bias_backward(ptr_at(dg.buf(), r0 * I), w[i].d_gate_b, ne, I);
-      K.bias_backward(ptr_at(du.buf(), r0 * I), w[i].d_up_b, ne, I);
-    }
-  }
+  K.gemm_grouped(false, G, off, H, I, 1.0f, dg.buf(), gate.data(), nullptr, 0.0f, dx.buf());
+  K.gemm_grouped(false, G, off, H, I, 1.0f, du.buf(), up.data(), nullptr, 1.0f, dx.buf());
+  K.gemm_grouped_weight(G, off, I, H, 1.0f, dg.buf(), a.x.buf(), 1.0f, d_gate.data(), bias(d_gate_b));
+  K.gemm_grouped_weight(G, off, I, H, 1.0f, du.buf(), a.x.buf(), 1.0f, d_up.data(), bias(d_up_b));
   dg.reset();
   du.reset();
   a.x.reset();

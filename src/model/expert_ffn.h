@@ -4,7 +4,8 @@
 //
 // Group i covers rows [offsets[i], offsets[i + 1]) (offsets (G + 1), offsets[0] = 0, r = offsets[G])
 // and uses the weights w[i]: pointers, so a variant may compute with weights it received (LLEP) as
-// well as with the owner's parameters. Empty groups are skipped (their weights are never read).
+// well as with the owner's parameters. Empty groups are skipped (their weights are never read). Every group
+// of a projection is one call of the grouped entries (Note [The experts in one call] in ops/gemm_grouped.h).
 #pragma once
 
 #include <cstdint>

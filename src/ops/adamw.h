@@ -49,4 +49,25 @@ struct AdamWHyper {
 // which a default argument would not apply, so every caller passes it (nullptr when there is none).
 using adamw_update_fn = void(float* param, CBuf grad, float* m, float* v, int64_t n, AdamWHyper h, Buf param_copy);
 
+// One tensor of a bucket: adamw_update's operands and its own weight decay (none on norms and biases).
+struct AdamWTensor {
+  float* param = nullptr;
+  CBuf grad;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t n = 0;
+  float weight_decay = 0.0f;
+  Buf param_copy;
+};
+
+// Note [The optimizer in buckets]: one AdamW step over a bucket of tensors in one call, as PyTorch's fused
+// AdamW (multi_tensor_apply over lists of tensors) and llm.c (one launch over its flat buffers) do, so a
+// GPU launches once per bucket, not once per parameter. A bucket is a table of count tensors (host memory,
+// read at the call, alive until the stream has passed it), not one contiguous buffer: each tensor keeps
+// its own allocation, name and place in the ledger and in checkpoints. Tensor i gets exactly
+// adamw_update(t[i].param, t[i].grad, t[i].m, t[i].v, t[i].n, h with weight_decay = t[i].weight_decay,
+// t[i].param_copy): the same bits (Note [AdamW is element-wise] lets a backend split the work across
+// tensors and threads as it likes). The tensors do not overlap.
+using adamw_update_multi_fn = void(const AdamWTensor* t, int64_t count, AdamWHyper h);
+
 }  // namespace fp::ops

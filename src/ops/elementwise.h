@@ -37,6 +37,11 @@ using reduce_sum_fn = void(CBuf x, int64_t n, float* out);
 // out (1) = sum of x (n)^2 in double, as float.
 using reduce_sumsq_fn = void(CBuf x, int64_t n, float* out);
 
+// out[i] = reduce_sumsq(x[i], n[i]) for i < count, in one call (the gradient norm's partials of a bucket,
+// Note [The optimizer in buckets] in ops/adamw.h): the tables x and n are host memory, read at the call;
+// each out[i] has reduce_sumsq's bits.
+using reduce_sumsq_multi_fn = void(const CBuf* x, const int64_t* n, int64_t count, float* out);
+
 // A linear layer's bias: y (rows, d) += b (d) on every row.
 using bias_add_fn = void(Buf y, CBuf b, int64_t rows, int64_t d);
 

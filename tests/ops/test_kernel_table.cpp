@@ -55,6 +55,7 @@
 #include "ops/ref/elementwise.h"
 #include "ops/ref/embedding.h"
 #include "ops/ref/gemm.h"
+#include "ops/ref/gemm_grouped.h"
 #include "ops/ref/gemm_tiled.h"
 #include "ops/ref/moe_chunk_order.h"
 #include "ops/ref/moe_permute.h"
@@ -309,6 +310,104 @@ void gemm_case(KernelRun& r, bool tiled) {
     r.K.gemm(ta, tb, M, N, Kd, alpha, dA, lda, dB, ldb, beta, dC, ldc);
   r.sync();
   r.expect("C", {M, ldc}, dC, want, op_test::tol_each(bound));
+}
+
+// gemm_grouped, gemm_grouped_weight (Note [The experts in one call] in ops/gemm_grouped.h): the reference's
+// loop over the groups, each held to gemm_case's bound (a bias adds its |b| to the sum bounded). Four
+// groups, the third empty with null operands (never read), one group without a bias. gemm_grouped runs
+// both of its forms: x W^T (trans_b) with biases and beta = 0 over a poisoned C, then dy W with beta.
+std::vector<int64_t> group_offsets() { return {0, 7, 19, 19, 30}; }
+
+void case_gemm_grouped(KernelRun& r) {
+  const std::vector<int64_t> off = group_offsets();
+  const int64_t G = 4, rows = off[G], N = 13, Kd = 11;
+  const float alpha = 0.75f, beta2 = -0.5f;
+  const std::vector<float> A = random_vector(rows * Kd, r.rng);
+  std::vector<std::vector<float>> B(G), bias(G);
+  for (int64_t g = 0; g < G; ++g) {
+    if (g == 2) continue;  // the empty group
+    B[g] = random_vector(N * Kd, r.rng);
+    if (g != 1) bias[g] = random_vector(N, r.rng);
+  }
+  const std::vector<float> C1 = filled(rows * N, kNaN), C2 = random_vector(rows * N, r.rng);
+  auto ptrs = [](const std::vector<std::vector<float>>& v) {
+    std::vector<const float*> p;
+    for (const auto& x : v) p.push_back(x.empty() ? nullptr : x.data());
+    return p;
+  };
+  const std::vector<const float*> hB = ptrs(B), hbias = ptrs(bias);
+  std::vector<float> want1 = C1, want2 = C2;
+  ops::ref::gemm_grouped<float>(true, G, off.data(), N, Kd, alpha, A.data(), hB.data(), hbias.data(), 0.0f,
+                                want1.data());
+  // The second form reads B[g] as (K, N) = (Kd, N): the same buffers, another layout (N * Kd elements).
+  ops::ref::gemm_grouped<float>(false, G, off.data(), N, Kd, alpha, A.data(), hB.data(), nullptr, beta2, want2.data());
+  std::vector<double> bound1(want1.size(), 0.0), bound2(want2.size(), 0.0);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = off[g]; i < off[g + 1]; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s1 = 0, s2 = 0;
+        for (int64_t k = 0; k < Kd; ++k) {
+          s1 += std::abs(static_cast<double>(A[i * Kd + k]) * B[g][j * Kd + k]);
+          s2 += std::abs(static_cast<double>(A[i * Kd + k]) * B[g][k * N + j]);
+        }
+        const double b = bias[g].empty() ? 0.0 : std::abs(bias[g][j]);
+        bound1[i * N + j] = (2.0 * Kd + 8.0) * FLT_EPSILON * (std::abs(alpha) * s1 + b);
+        bound2[i * N + j] = (2.0 * Kd + 8.0) * FLT_EPSILON * (std::abs(alpha) * s2 + std::abs(beta2 * C2[i * N + j]));
+      }
+  const float* dA = r.up(A, "A");
+  std::vector<CBuf> dB(G), dbias(G);
+  for (int64_t g = 0; g < G; ++g) {
+    if (!B[g].empty()) dB[g] = r.up(B[g], "B" + std::to_string(g));
+    if (!bias[g].empty()) dbias[g] = r.up(bias[g], "bias" + std::to_string(g));
+  }
+  float *dC1 = r.up(C1, "C1"), *dC2 = r.up(C2, "C2");
+  r.K.gemm_grouped(true, G, off.data(), N, Kd, alpha, dA, dB.data(), dbias.data(), 0.0f, dC1);
+  r.K.gemm_grouped(false, G, off.data(), N, Kd, alpha, dA, dB.data(), nullptr, beta2, dC2);
+  r.sync();
+  r.expect("C (x W^T + b)", {rows, N}, dC1, want1, op_test::tol_each(bound1));
+  r.expect("C (dy W, beta)", {rows, N}, dC2, want2, op_test::tol_each(bound2));
+}
+
+void case_gemm_grouped_weight(KernelRun& r) {
+  const std::vector<int64_t> off = group_offsets();
+  const int64_t G = 4, rows = off[G], M = 13, N = 11;
+  const float alpha = 1.0f, beta = 1.0f;
+  const std::vector<float> A = random_vector(rows * M, r.rng), B = random_vector(rows * N, r.rng);
+  std::vector<std::vector<float>> C(G), db(G);
+  for (int64_t g = 0; g < G; ++g) {
+    if (g == 2) continue;
+    C[g] = random_vector(M * N, r.rng);
+    if (g != 3) db[g] = random_vector(M, r.rng);
+  }
+  std::vector<std::vector<float>> wantC = C, wantdb = db;
+  std::vector<float*> hC, hdb;
+  for (int64_t g = 0; g < G; ++g) {
+    hC.push_back(wantC[g].empty() ? nullptr : wantC[g].data());
+    hdb.push_back(wantdb[g].empty() ? nullptr : wantdb[g].data());
+  }
+  ops::ref::gemm_grouped_weight<float>(G, off.data(), M, N, alpha, A.data(), B.data(), beta, hC.data(), hdb.data());
+  const float *dA = r.up(A, "A"), *dB = r.up(B, "B");
+  std::vector<Buf> dC(G), ddb(G);
+  std::vector<float*> pC(G, nullptr), pdb(G, nullptr);
+  for (int64_t g = 0; g < G; ++g) {
+    if (!C[g].empty()) dC[g] = pC[g] = r.up(C[g], "C" + std::to_string(g));
+    if (!db[g].empty()) ddb[g] = pdb[g] = r.up(db[g], "db" + std::to_string(g));
+  }
+  r.K.gemm_grouped_weight(G, off.data(), M, N, alpha, dA, dB, beta, dC.data(), ddb.data());
+  r.sync();
+  for (int64_t g = 0; g < G; ++g) {
+    if (C[g].empty()) continue;
+    const int64_t n = off[g + 1] - off[g];
+    std::vector<double> bound(M * N);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t k = off[g]; k < off[g + 1]; ++k) s += std::abs(static_cast<double>(A[k * M + i]) * B[k * N + j]);
+        bound[i * N + j] = (2.0 * n + 8.0) * FLT_EPSILON * (s + std::abs(beta * C[g][i * N + j]));
+      }
+    r.expect("C" + std::to_string(g), {M, N}, pC[g], wantC[g], op_test::tol_each(bound));
+    if (!db[g].empty()) r.expect("db" + std::to_string(g), {M}, pdb[g], wantdb[g], op_test::tol_exact());
+  }
 }
 
 // embedding (test_embedding.cpp): the same float additions in the same order: bit for bit. V = 11 < n, so
@@ -1227,6 +1326,28 @@ void reduce_case(KernelRun& r, bool squares) {
   r.expect("out", {1}, dout, {want}, [tol](size_t, double) { return tol; });
 }
 
+// reduce_sumsq_multi: each tensor of the bucket held as reduce_case's sum of squares; the middle one empty.
+void case_reduce_sumsq_multi(KernelRun& r) {
+  const std::vector<int64_t> n = {4099, 0, 37};
+  std::vector<CBuf> dx;
+  std::vector<float> want;
+  std::vector<double> tol;
+  for (size_t i = 0; i < n.size(); ++i) {
+    const std::vector<float> x = random_vector(n[i], r.rng);
+    double mag = 0;
+    for (const float v : x) mag += static_cast<double>(v) * v;
+    float w = 0;
+    ops::ref::reduce_sumsq<float>(x.data(), n[i], &w);
+    want.push_back(w);
+    tol.push_back(FLT_EPSILON * std::abs(w) + 2.0 * static_cast<double>(n[i]) * DBL_EPSILON * mag);
+    dx.push_back(x.empty() ? CBuf{} : CBuf(r.up(x, "x" + std::to_string(i))));
+  }
+  float* dout = r.up(filled(static_cast<int64_t>(n.size()), kNaN), "out");
+  r.K.reduce_sumsq_multi(dx.data(), n.data(), static_cast<int64_t>(n.size()), dout);
+  r.sync();
+  r.expect("out", {static_cast<int64_t>(n.size())}, dout, want, op_test::tol_each(tol));
+}
+
 // Bias add, its gradient and the column sums (test_elementwise.cpp BiasMatchesReferenceExactly): one float
 // add per element, one double sum per column in row order: bit for bit. (70, 67).
 constexpr int64_t kRows = 70, kCols = 67;
@@ -1316,6 +1437,54 @@ void case_adamw_update(KernelRun& r) {
   r.expect("v", {n}, dv, wv, op_test::tol_ulps(2));
 }
 
+// adamw_update_multi (Note [The optimizer in buckets] in ops/adamw.h): three tensors, the second empty, each
+// with its own weight decay, each held to case_adamw_update's bounds against the reference.
+void case_adamw_update_multi(KernelRun& r) {
+  const std::vector<int64_t> sizes = {kN, 0, 57};
+  const std::vector<float> decay = {0.1f, 0.1f, 0.0f};
+  const ops::AdamWHyper h{3e-3f, 0.9f, 0.95f, 1e-8f, 0.5f, 0.37f, 3};  // its weight_decay is each tensor's
+  struct Host {
+    std::vector<float> param, grad, m, v, wp, wm, wv;
+    float *dp = nullptr, *dm = nullptr, *dv = nullptr;
+  };
+  std::vector<Host> t(sizes.size());
+  std::vector<ops::AdamWTensor> bucket;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    Host& x = t[i];
+    x.param = random_vector(n, r.rng);
+    x.grad = random_vector(n, r.rng);
+    x.m = random_vector(n, r.rng);
+    x.v.resize(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) x.v[j] = 1e-3f * x.m[j] * x.m[j] + 1e-9f;
+    x.wp = x.param, x.wm = x.m, x.wv = x.v;
+    ops::ref::adamw_update<float>(x.wp.data(), x.grad.data(), x.wm.data(), x.wv.data(), n, h.lr, h.beta1, h.beta2,
+                                  h.eps, decay[i], h.grad_scale, h.step);
+    const std::string k = std::to_string(i);
+    if (n > 0) {
+      x.dp = r.up(x.param, "param" + k), x.dm = r.up(x.m, "m" + k), x.dv = r.up(x.v, "v" + k);
+    }
+    ops::AdamWTensor a;
+    a.param = x.dp;
+    a.grad = n > 0 ? CBuf(r.up(x.grad, "grad" + k)) : CBuf{};
+    a.m = x.dm, a.v = x.dv, a.n = n, a.weight_decay = decay[i];
+    bucket.push_back(a);
+  }
+  r.K.adamw_update_multi(bucket.data(), static_cast<int64_t>(bucket.size()), h);
+  r.sync();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const Host& x = t[i];
+    const int64_t n = sizes[i];
+    if (n == 0) continue;
+    std::vector<double> tol_p(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) tol_p[j] = 4.0 * FLT_EPSILON * std::max(std::abs(x.param[j]), std::abs(x.wp[j]));
+    const std::string k = std::to_string(i);
+    r.expect("param" + k, {n}, x.dp, x.wp, op_test::tol_each(tol_p));
+    r.expect("m" + k, {n}, x.dm, x.wm, op_test::tol_ulps(2));
+    r.expect("v" + k, {n}, x.dv, x.wv, op_test::tol_ulps(2));
+  }
+}
+
 // ---- The registry
 
 using CaseFn = void (*)(KernelRun&);
@@ -1324,6 +1493,8 @@ const std::map<std::string, CaseFn>& cases() {
   static const std::map<std::string, CaseFn> m = {
       {"gemm", [](KernelRun& r) { gemm_case(r, false); }},
       {"gemm_tiled", [](KernelRun& r) { gemm_case(r, true); }},
+      {"gemm_grouped", case_gemm_grouped},
+      {"gemm_grouped_weight", case_gemm_grouped_weight},
       {"embedding_forward", case_embedding_forward},
       {"embedding_backward", case_embedding_backward},
       {"rmsnorm_forward", case_rmsnorm_forward},
@@ -1367,12 +1538,14 @@ const std::map<std::string, CaseFn>& cases() {
       {"copy", case_copy},
       {"reduce_sum", [](KernelRun& r) { reduce_case(r, false); }},
       {"reduce_sumsq", [](KernelRun& r) { reduce_case(r, true); }},
+      {"reduce_sumsq_multi", case_reduce_sumsq_multi},
       {"bias_add", case_bias_add},
       {"bias_backward", case_bias_backward},
       {"column_sums_f64", case_column_sums_f64},
       {"copy_2d", [](KernelRun& r) { strided_case(r, false); }},
       {"add_2d", [](KernelRun& r) { strided_case(r, true); }},
       {"adamw_update", case_adamw_update},
+      {"adamw_update_multi", case_adamw_update_multi},
   };
   return m;
 }

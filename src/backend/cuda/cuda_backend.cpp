@@ -70,6 +70,31 @@ void gemm_cublas(const ExecContext& c, bool trans_a, bool trans_b, int64_t M, in
            static_cast<int>(s));
 }
 
+// The grouped GEMMs (Note [The experts in one call] in ops/gemm_grouped.h): one cuBLAS GEMM per group on
+// the stream, from the host offsets, as the cpu backend loops. cuBLAS's grouped GEMM or cuBLASLt per
+// group from device pointer arrays is issue "The step on a GPU"'s to measure. The bias epilogues are not
+// in the skeleton (no bias kernels yet): an error.
+void gemm_grouped_cublas(const ExecContext& c, bool trans_b, int64_t G, const int64_t* offsets, int64_t N, int64_t K,
+                         float alpha, CBuf a, const CBuf* b, const CBuf* bias, float beta, Buf cb) {
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+    if (n == 0) continue;
+    FP_CHECK(bias == nullptr || b[g].null() || bias[g].null(), kCudaHint,
+             "the cuda backend's gemm_grouped bias epilogue is not implemented yet");
+    gemm_cublas(c, false, trans_b, n, N, K, alpha, a.at(r0 * K), K, b[g], trans_b ? K : N, beta, cb.at(r0 * N), N);
+  }
+}
+void gemm_grouped_weight_cublas(const ExecContext& c, int64_t G, const int64_t* offsets, int64_t M, int64_t N,
+                                float alpha, CBuf a, CBuf b, float beta, const Buf* cb, const Buf* db) {
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+    if (n == 0) continue;
+    FP_CHECK(db == nullptr || db[g].null(), kCudaHint,
+             "the cuda backend's gemm_grouped_weight bias gradient is not implemented yet");
+    gemm_cublas(c, true, false, M, N, n, alpha, a.at(r0 * M), M, b.at(r0 * N), N, beta, cb[g], N);
+  }
+}
+
 // bf16 operands (a converting copy, bf16 element-wise kernels) are not in the skeleton yet: an error.
 void copy_device(const ExecContext& c, Buf dst, CBuf src, int64_t n) {
   FP_CHECK(dst.dtype == DType::DType_F32 && src.dtype == DType::DType_F32, kCudaHint,
@@ -223,13 +248,16 @@ const ops::Kernels& kernels_cuda() {
     FP_QUERY_LIST(FP_CUDA_QUERY_MISSING)
 #undef FP_CUDA_QUERY_MISSING
     t.gemm = &gemm_cublas;
+    t.gemm_grouped = &gemm_grouped_cublas;
+    t.gemm_grouped_weight = &gemm_grouped_weight_cublas;
     t.fill = &fill_device;
     t.copy = &copy_device;
     t.add_inplace = &add_device;
     t.scale_inplace = &scale_device;
-    // Note [Kernel coverage]: those five, f32 only.
+    // Note [Kernel coverage]: those seven, f32 only.
     for (const ops::KernelId k :
-         {ops::KernelId::KernelId_gemm, ops::KernelId::KernelId_fill, ops::KernelId::KernelId_copy,
+         {ops::KernelId::KernelId_gemm, ops::KernelId::KernelId_gemm_grouped,
+          ops::KernelId::KernelId_gemm_grouped_weight, ops::KernelId::KernelId_fill, ops::KernelId::KernelId_copy,
           ops::KernelId::KernelId_add_inplace, ops::KernelId::KernelId_scale_inplace})
       t.dtypes[static_cast<int>(k)] = ops::dtype_bit(DType::DType_F32);
     return t;
@@ -239,7 +267,7 @@ const ops::Kernels& kernels_cuda() {
 
 // Note [Backends as plug-ins] (backend/registry.h).
 void backend_register_cuda() {
-  backend_register({"cuda", "an NVIDIA GPU (skeleton: arenas, streams, copies, 5 f32 kernels; runs no model yet)",
+  backend_register({"cuda", "an NVIDIA GPU (skeleton: arenas, streams, copies, 7 f32 kernels; runs no model yet)",
                     &cuda_backend_create, &kernels_cuda});
 }
 

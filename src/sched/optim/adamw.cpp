@@ -42,15 +42,27 @@ AdamW::StepStats AdamW::step(int64_t step, int64_t total_steps) {
     for (Param& p : params_.all()) k.copy(master_[j++].buf(), p.local_w().cbuf(), p.local_w().numel());
     master_synced_ = true;
   }
+  // Every parameter in one call (Note [The optimizer in buckets] in ops/adamw.h); the table's storage is
+  // kept from step to step.
+  bucket_.clear();
+  ops::AdamWHyper h{};  // the step's scalars; each tensor's weight decay is its own
   size_t i = 0;
   for (Param& p : params_.all()) {
     Tensor& w = p.local_w();
     // With a master the update runs on it and rounds the new weights into w; else on w itself.
-    float* updated = master_.empty() ? w.f32() : master_[i].f32();
-    k.adamw_update(updated, p.local_g().cbuf(), m_[i].f32(), v_[i].f32(), w.numel(), adamw_hyper(cfg_, st, p, step),
-                   master_.empty() ? Buf{} : w.buf());
+    ops::AdamWTensor t;
+    t.param = master_.empty() ? w.f32() : master_[i].f32();
+    t.grad = p.local_g().cbuf();
+    t.m = m_[i].f32();
+    t.v = v_[i].f32();
+    t.n = w.numel();
+    h = adamw_hyper(cfg_, st, p, step);
+    t.weight_decay = h.weight_decay;
+    t.param_copy = master_.empty() ? Buf{} : w.buf();
+    bucket_.push_back(t);
     ++i;
   }
+  if (!bucket_.empty()) k.adamw_update_multi(bucket_.data(), static_cast<int64_t>(bucket_.size()), h);
   steps_taken_ = step;
   return st;
 }

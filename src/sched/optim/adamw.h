@@ -64,6 +64,7 @@ class AdamW final : public Optimizer {
   std::vector<Tensor> master_;  // params dtype != master dtype only: shaped like local_w(), category optimizer
   bool master_synced_ = false;  // master_ holds the weights (widened) since they were last written
   Tensor sumsq_;           // (1) category workspace: reduce_sumsq's output
+  std::vector<ops::AdamWTensor> bucket_;  // the step's table of every parameter (adamw_update_multi)
   int64_t steps_taken_ = 0;
 };
 

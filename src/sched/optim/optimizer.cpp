@@ -62,16 +62,23 @@ double grad_norm_global(ParamStore& params, Backend& be, const Tensor& sumsq) {
   const auto& k = be.kernels();
   const int64_t P = static_cast<int64_t>(params.all().size());
   FP_ASSERT(sumsq.numel() == P, "grad_norm_global: sumsq holds {} slots for {} params", sumsq.numel(), P);
-  int64_t i = 0;
-  for (const Param& p : params.all())
-    k.reduce_sumsq(p.local_g().cbuf(), p.local_g().numel(), sumsq.f32() + i++);  // computes: data exists
+  // Every parameter's partial in one call (Note [The optimizer in buckets] in ops/adamw.h).
+  std::vector<CBuf> grads;
+  std::vector<int64_t> sizes;
+  grads.reserve(static_cast<size_t>(P));
+  sizes.reserve(static_cast<size_t>(P));
+  for (const Param& p : params.all()) {
+    grads.push_back(p.local_g().cbuf());
+    sizes.push_back(p.local_g().numel());
+  }
+  k.reduce_sumsq_multi(grads.data(), sizes.data(), P, sumsq.f32());  // computes: data exists
   std::vector<float> s(static_cast<size_t>(P));
   be.copy_to_host(s.data(), sumsq.data(), sumsq.bytes());
   // Each element of the model's gradient counts once: a dense row on the rank whose shard holds it, an
   // expert on its owner, each on its first group only (the other groups hold the same sums, Note [Experts
   // in groups] in model/params.h).
   double total = 0.0;
-  i = 0;
+  int64_t i = 0;
   for (const Param& p : params.all()) {
     const float v = s[static_cast<size_t>(i++)];
     if (!params.replicated_elsewhere(p)) total += static_cast<double>(v);

@@ -267,6 +267,17 @@ void adamw_update(float* param, CBuf grad, float* m, float* v, int64_t n, AdamWH
   adamw_update_path(adamw_path_best(), param, grad, m, v, n, h, param_copy);
 }
 
+// Note [The optimizer in buckets] (ops/adamw.h): each tensor is one adamw_update, threaded inside; a bucket
+// of many small tensors could share the threads across tensors instead (every split has the same bits).
+void adamw_update_multi(const AdamWTensor* t, int64_t count, AdamWHyper h) {
+  FP_ASSERT(count >= 0 && (count == 0 || t != nullptr), "adamw_update_multi: {} tensors", count);
+  for (int64_t i = 0; i < count; ++i) {
+    AdamWHyper hi = h;
+    hi.weight_decay = t[i].weight_decay;
+    adamw_update(t[i].param, t[i].grad, t[i].m, t[i].v, t[i].n, hi, t[i].param_copy);
+  }
+}
+
 void adamw_update_path(AdamwPath path, float* param, CBuf grad, float* m, float* v, int64_t n, AdamWHyper h,
                        Buf param_copy) {
   FP_ASSERT(adamw_path_available(path), "adamw: path {} is not available on this cpu", adamw_path_name(path));

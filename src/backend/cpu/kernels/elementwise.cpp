@@ -196,6 +196,10 @@ void reduce_sum(CBuf x, int64_t n, float* out) { *out = reduce_any<false>("reduc
 
 void reduce_sumsq(CBuf x, int64_t n, float* out) { *out = reduce_any<true>("reduce_sumsq", x, n); }
 
+void reduce_sumsq_multi(const CBuf* x, const int64_t* n, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = reduce_any<true>("reduce_sumsq_multi", x[i], n[i]);
+}
+
 void bias_add(Buf y, CBuf b, int64_t rows, int64_t d) {
   if (f32(y.dtype) && f32(b.dtype))
     return bias_add_f32(static_cast<float*>(y.p), static_cast<const float*>(b.p), rows, d);

@@ -13,6 +13,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
+#include "ops/gemm_grouped.h"
 #include "ops/gemm_tiled.h"
 #include "ops/moe_chunk_order.h"
 #include "ops/moe_permute.h"
@@ -27,6 +28,7 @@ namespace fp::ops::cpu {
 
 // ops/adamw.h
 adamw_update_fn adamw_update;
+adamw_update_multi_fn adamw_update_multi;
 
 // ops/attention.h
 attention_forward_fn attention_forward;
@@ -63,6 +65,7 @@ fill_fn fill;
 copy_fn copy;
 reduce_sum_fn reduce_sum;
 reduce_sumsq_fn reduce_sumsq;
+reduce_sumsq_multi_fn reduce_sumsq_multi;
 bias_add_fn bias_add;
 bias_backward_fn bias_backward;
 column_sums_f64_fn column_sums_f64;
@@ -83,6 +86,10 @@ gemm_fn gemm;
 // The bound on one widened panel of the bf16 path, in floats (default 2^21, 8 MiB); tests lower it to
 // cross panel edges on small shapes. Returns the previous bound.
 int64_t gemm_panel_floats_set(int64_t floats);
+
+// ops/gemm_grouped.h: a loop over the groups of gemm and the bias kernels (their bits).
+gemm_grouped_fn gemm_grouped;
+gemm_grouped_weight_fn gemm_grouped_weight;
 
 // ops/gemm_tiled.h: tiles of kGemmTileRows x kGemmTileCols, each one single-threaded sgemm.
 gemm_tiled_fn gemm_tiled;
