@@ -148,7 +148,8 @@ CheckpointCheck checkpoint_verify(const std::string& ck) {
       const std::string hex = e.at("crc32c").get<std::string>();
       size_t used = 0;
       const unsigned long v = hex.size() == 8 ? std::stoul(hex, &used, 16) : 0;
-      if (used != 8) throw damaged(kManifest, fmt::format("'{}' has the checksum '{}' (8 hex digits expected)", name, hex));
+      if (used != 8)
+        throw damaged(kManifest, fmt::format("'{}' has the checksum '{}' (8 hex digits expected)", name, hex));
       crc = static_cast<uint32_t>(v);
     } catch (const nlohmann::json::exception& x) {
       throw damaged(kManifest, fmt::format("the entry of '{}' is malformed ({})", name, x.what()));
@@ -211,10 +212,10 @@ ResumePoint checkpoint_resume_point(const std::string& dir) {
       rp.skipped.push_back(e.what());
     }
   }
-  throw Error(fmt::format("no checkpoint of the run in '{}' can be trusted: {}", run.string(),
-                          fmt::join(rp.skipped, "; ")),
-              "every checkpoint the run keeps is damaged: restore one from a copy, or start the run again with "
-              "--overwrite");
+  throw Error(
+      fmt::format("no checkpoint of the run in '{}' can be trusted: {}", run.string(), fmt::join(rp.skipped, "; ")),
+      "every checkpoint the run keeps is damaged: restore one from a copy, or start the run again with "
+      "--overwrite");
 }
 
 namespace {
@@ -650,9 +651,10 @@ TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, Par
   const fs::path root(ck);
   // Note [Checkpoint checksums]: every file checked before a tensor is read.
   if (verify && checkpoint_verify(ck) == CheckpointCheck::CheckpointCheck_unverified && params.rank() == 0)
-    log_info("warning: checkpoint '{}' has no manifest.json (a flatpeak before checksums wrote it): its files are "
-             "loaded unverified",
-             ck);
+    log_info(
+        "warning: checkpoint '{}' has no manifest.json (a flatpeak before checksums wrote it): its files are "
+        "loaded unverified",
+        ck);
   TrainerState state;
   // The architecture must match, key by key (model/hf_config.h reads the file strictly).
   {

@@ -475,9 +475,10 @@ int train_run(const TrainOptions& given) {
       if (!rp.skipped.empty())
         log_info("falling back to the previous complete checkpoint {} (its files check)", rp.dir);
       if (rp.check == CheckpointCheck::CheckpointCheck_unverified)
-        log_info("warning: checkpoint '{}' has no manifest.json (a flatpeak before checksums wrote it): its files "
-                 "are loaded unverified",
-                 rp.dir);
+        log_info(
+            "warning: checkpoint '{}' has no manifest.json (a flatpeak before checksums wrote it): its files "
+            "are loaded unverified",
+            rp.dir);
     }
     o.resume = rp.dir;
   }

@@ -255,8 +255,8 @@ def case_checkpoint_checksums(tmp):
     """Note [Checkpoint checksums], Note [Resuming from the newest sound checkpoint] (train/checkpoint.h): every
     file of a checkpoint is in its manifest with its size and CRC32C; a damaged file is refused by name; --resume of
     the run's folder falls back to the previous complete checkpoint, says so, and still trains the uninterrupted
-    run's losses and weights bit for bit; train.keep_checkpoints keeps that many; a checkpoint without a manifest
-    (an older flatpeak's) loads with a warning."""
+    run's losses and weights bit for bit (on 2 ranks: said once, one process's losses); train.keep_checkpoints keeps
+    that many; a checkpoint without a manifest (an older flatpeak's) loads with a warning."""
     common = ["train", "--config", tiny(), "--steps", "6", "--quiet", "--set", "train.checkpoint_every=2"] + SMALL
     u, a = os.path.join(tmp, "u"), os.path.join(tmp, "a")
     run(common + ["--out", u])
@@ -325,6 +325,19 @@ def case_checkpoint_checksums(tmp):
     flip_byte(os.path.join(a, "step-00000004", "optimizer.safetensors"))
     expect_error(common + ["--out", a, "--resume", a], "no checkpoint of the run in", "step-00000006/config.json",
                  "step-00000004/optimizer.safetensors")
+    # On 2 ranks (each rank checks the files it reads, and the ranks agree on the step): the same fallback, said
+    # once, and one process's losses.
+    b = os.path.join(tmp, "b")
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", ARGS.bin]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    for extra in (["--stop-after", "4"], ["--resume", b]):
+        p = subprocess.run(mpi + common[:] + ["--out", b] + extra, capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        if extra[0] == "--stop-after":
+            flip_byte(os.path.join(b, "step-00000004", "optimizer.safetensors"))
+    assert p.stderr.count("falling back to the previous complete checkpoint") == 1, p.stderr
+    rel = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(metrics(b), mu))
+    assert [m["step"] for m in metrics(b)] == list(range(1, 7)) and rel <= 1e-5, (metrics(b), rel)
     # train.keep_checkpoints: that many of the newest kept; below 1 refused by name.
     k = os.path.join(tmp, "k")
     run(common + ["--out", k, "--set", "train.checkpoint_every=1", "--set", "train.keep_checkpoints=3"])
@@ -333,8 +346,8 @@ def case_checkpoint_checksums(tmp):
     expect_error(common + ["--out", os.path.join(tmp, "k0"), "--set", "train.keep_checkpoints=0"],
                  "train.keep_checkpoints")
     print("every checkpoint file in its manifest; damaged files refused by name; --resume fell back to the previous "
-          "checkpoint and trained the uninterrupted run bit for bit; keep_checkpoints kept 3; an unverified "
-          "checkpoint loaded with a warning")
+          "checkpoint and trained the uninterrupted run bit for bit (2 ranks: within 1e-5); keep_checkpoints kept 3; "
+          "an unverified checkpoint loaded with a warning")
 
 
 def write_tokens(path, ids, magic=20240520, version=1, count=None):

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "io/crc32c.h"
 #include "../common/temp_dir.h"
+#include "io/crc32c.h"
 
 namespace fp {
 
