@@ -14,7 +14,9 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "core/log.h"
 #include "io/atomic_file.h"
+#include "io/crc32c.h"
 #include "io/safetensors.h"
 #include "io/safetensors_set.h"
 #include "model/hf_config.h"
@@ -35,6 +37,188 @@ void fsync_dir(const fs::path& dir) {
     ::close(fd);
   }
 }
+
+// Note [Checkpoint checksums] (checkpoint.h).
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kManifestFormat = "flatpeak-checkpoint-manifest";
+constexpr int kManifestVersion = 1;
+
+bool name_ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Whether checkpoint_load reads a file of this name: those must be in the manifest.
+bool read_by_load(const std::string& n) {
+  if (n == "config.json" || n == "trainer_state.json") return true;
+  const bool stem = n.rfind("model", 0) == 0 || n.rfind("optimizer", 0) == 0;
+  return stem && (name_ends_with(n, ".safetensors") || name_ends_with(n, ".safetensors.index.json"));
+}
+
+// "step-" and digits: a checkpoint directory of a run (not a ".tmp" one).
+bool step_dir_name(const std::string& n) {
+  return n.size() > 5 && n.rfind("step-", 0) == 0 &&
+         std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+int64_t step_of(const std::string& n) { return std::stoll(n.substr(5)); }
+
+// The run's checkpoint directories in run, newest first.
+std::vector<std::string> step_dirs(const fs::path& run) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(run, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (step_dir_name(n) && entry.is_directory(ec)) found.push_back(n);
+  }
+  std::sort(found.begin(), found.end(),
+            [](const std::string& a, const std::string& b) { return step_of(a) > step_of(b); });
+  return found;
+}
+
+// Writes dir/manifest.json: every other regular file of dir with its size and CRC32C, read back from disk.
+void manifest_write(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string n = entry.path().filename().string();
+    if (entry.is_regular_file() && n != kManifest) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  for (const std::string& n : names) {
+    const FileChecksum c = file_crc32c((dir / n).string());
+    files[n] = {{"bytes", c.bytes}, {"crc32c", fmt::format("{:08x}", c.crc32c)}};
+  }
+  const nlohmann::ordered_json j = {
+      {"format", kManifestFormat}, {"version", kManifestVersion}, {"checksum", "crc32c"}, {"files", files}};
+  file_write_atomic((dir / kManifest).string(), j.dump(2) + "\n");
+}
+
+// What to do about a damaged checkpoint: the run's earlier ones, by name.
+std::string damaged_hint(const fs::path& ck) {
+  std::error_code ec;
+  const fs::path real = fs::weakly_canonical(ck, ec);
+  const fs::path at = ec ? ck : real;
+  const std::string name = at.filename().string();
+  std::vector<std::string> earlier;
+  if (step_dir_name(name))
+    for (const std::string& n : step_dirs(at.parent_path()))
+      if (step_of(n) < step_of(name)) earlier.push_back((at.parent_path() / n).string());
+  if (earlier.empty())
+    return "its files differ from what was written, so it is not loaded (no earlier checkpoint lies beside it): "
+           "restore the file from a copy, or write the checkpoint again";
+  return fmt::format(
+      "its files differ from what was written, so it is not loaded: load an earlier checkpoint of the run ({}; "
+      "--resume with the run's folder falls back to the newest one that checks by itself), or restore the file "
+      "from a copy",
+      fmt::join(earlier, ", "));
+}
+
+}  // namespace
+
+CheckpointCheck checkpoint_verify(const std::string& ck) {
+  const fs::path root(ck);
+  const fs::path manifest_path = root / kManifest;
+  std::error_code ec;
+  if (!fs::exists(manifest_path, ec))
+    return fs::exists(root / "trainer_state.json", ec) ? CheckpointCheck::CheckpointCheck_unverified
+                                                       : CheckpointCheck::CheckpointCheck_no_manifest;
+  const fs::path real = fs::weakly_canonical(root, ec);  // DIR/checkpoint named as the step-N it links to
+  const fs::path shown = ec ? root : real;
+  auto damaged = [&](const std::string& file, const std::string& what) {
+    return Error(fmt::format("checkpoint file '{}' is damaged: {}", (shown / file).string(), what), damaged_hint(root));
+  };
+  std::vector<std::pair<std::string, nlohmann::json>> files;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(file_read(manifest_path.string()));
+    if (j.value("format", std::string()) != kManifestFormat || j.value("version", 0) != kManifestVersion ||
+        j.value("checksum", std::string()) != "crc32c" || !j.contains("files") || !j.at("files").is_object())
+      throw damaged(kManifest, fmt::format("not a manifest of version {} with CRC32C checksums", kManifestVersion));
+    for (const auto& [name, e] : j.at("files").items()) files.emplace_back(name, e);
+  } catch (const nlohmann::json::exception& e) {
+    throw damaged(kManifest, fmt::format("not readable JSON ({})", e.what()));
+  }
+  std::set<std::string> listed;
+  for (const auto& [name, e] : files) {
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      throw damaged(kManifest, fmt::format("it names '{}', which is not a file of the checkpoint", name));
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+    try {
+      bytes = e.at("bytes").get<uint64_t>();
+      const std::string hex = e.at("crc32c").get<std::string>();
+      size_t used = 0;
+      const unsigned long v = hex.size() == 8 ? std::stoul(hex, &used, 16) : 0;
+      if (used != 8)
+        throw damaged(kManifest, fmt::format("'{}' has the checksum '{}' (8 hex digits expected)", name, hex));
+      crc = static_cast<uint32_t>(v);
+    } catch (const nlohmann::json::exception& x) {
+      throw damaged(kManifest, fmt::format("the entry of '{}' is malformed ({})", name, x.what()));
+    } catch (const std::logic_error&) {
+      throw damaged(kManifest, fmt::format("the entry of '{}' has a checksum that is not hexadecimal", name));
+    }
+    listed.insert(name);
+    const fs::path path = root / name;
+    if (!fs::is_regular_file(path, ec))
+      throw damaged(name, fmt::format("it is missing ({} lists it, {} bytes)", kManifest, bytes));
+    const uint64_t size = fs::file_size(path, ec);
+    if (ec || size != bytes)
+      throw damaged(name, fmt::format("{} bytes where {} says {}", ec ? 0 : size, kManifest, bytes));
+    const FileChecksum got = file_crc32c(path.string());
+    if (got.crc32c != crc)
+      throw damaged(name, fmt::format("CRC32C {:08x} where {} says {:08x}", got.crc32c, kManifest, crc));
+  }
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string n = entry.path().filename().string();
+    FP_CHECK(!read_by_load(n) || listed.count(n) > 0,
+             "the file came into the directory after the checkpoint was written: remove it, or resume from another "
+             "checkpoint",
+             "checkpoint '{}' holds '{}', which its {} does not list (a checkpoint's files are loaded only when "
+             "checked)",
+             ck, n, kManifest);
+  }
+  return CheckpointCheck::CheckpointCheck_verified;
+}
+
+ResumePoint checkpoint_resume_point(const std::string& dir) {
+  const fs::path given(dir);
+  std::error_code ec;
+  // The run's folder, when dir names the run's newest checkpoint (DIR or DIR/checkpoint).
+  fs::path run;
+  if (given.filename() == "checkpoint" && fs::is_symlink(given, ec))
+    run = given.parent_path();
+  else if (!SafetensorsSet::present(dir, "model") && fs::is_symlink(given / "checkpoint", ec))
+    run = given;
+  const std::string newest = run.empty() ? std::string() : fs::read_symlink(run / "checkpoint", ec).filename().string();
+  ResumePoint rp;
+  if (run.empty() || ec || !step_dir_name(newest)) {  // one checkpoint named: that one or an error
+    rp.dir = checkpoint_resolve(dir);
+    rp.check = checkpoint_verify(rp.dir);
+    return rp;
+  }
+  std::vector<std::string> candidates{newest};
+  for (const std::string& n : step_dirs(run))
+    if (step_of(n) < step_of(newest)) candidates.push_back(n);
+  for (const std::string& n : candidates) {
+    const fs::path ck = run / n;
+    if (!SafetensorsSet::present(ck.string(), "model")) {
+      rp.skipped.push_back(fmt::format("'{}' has no model.safetensors (missing or incomplete)", ck.string()));
+      continue;
+    }
+    try {
+      rp.check = checkpoint_verify(ck.string());
+      rp.dir = ck.string();
+      return rp;
+    } catch (const Error& e) {
+      rp.skipped.push_back(e.what());
+    }
+  }
+  throw Error(
+      fmt::format("no checkpoint of the run in '{}' can be trusted: {}", run.string(), fmt::join(rp.skipped, "; ")),
+      "every checkpoint the run keeps is damaged: restore one from a copy, or start the run again with "
+      "--overwrite");
+}
+
+namespace {
 
 // One tensor of a checkpoint file: its name, the parameter whose layout it shares, and this rank's
 // storage of it (the parameter's local_w, or an optimizer moment shaped like it; null when another
@@ -356,7 +540,8 @@ void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore&
 
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
                             const TrainerState& state, Backend& /*be: params' own backend moves the data*/,
-                            const CheckpointFormat& format) {
+                            const CheckpointFormat& format, int64_t keep) {
+  FP_ASSERT(keep >= 1);
   const fs::path root(dir);
   const std::string name = fmt::format("step-{:08d}", state.step);
   const fs::path tmp = root / (name + ".tmp");
@@ -388,15 +573,15 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
                          {"schedule_steps", state.schedule_steps},
                          {"run_config", nlohmann::json::parse(state.run_config.empty() ? "{}" : state.run_config)}};
     file_write_atomic((tmp / "trainer_state.json").string(), js.dump(2) + "\n");
+    manifest_write(tmp);  // last: Note [Checkpoint checksums]
     fsync_dir(tmp);
   } catch (...) {
     if (lead) fs::remove_all(tmp, ec);  // a failed write leaves nothing behind; "checkpoint" is untouched
     throw;
   }
 
-  // The checkpoint the link names now stays until the next one is complete (pruning below spares it).
+  // The checkpoint the link names now stays until the next one is complete and linked.
   const fs::path link = root / "checkpoint";
-  const std::string previous = fs::is_symlink(link, ec) ? fs::read_symlink(link, ec).filename().string() : "";
   fs::remove_all(final_dir, ec);
   fs::rename(tmp, final_dir);
   fsync_dir(root);
@@ -407,17 +592,18 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
   fs::rename(link_tmp, link);
   fsync_dir(root);
 
-  // Keep the new checkpoint and the one the link named before it; drop this run's older ones (steps
-  // below the new one) and stray temporaries. A step above the new one is never this run's to drop
-  // (a resume from an earlier step keeps what came after until it is overwritten by name).
-  for (const auto& entry : fs::directory_iterator(root)) {
+  // Keep the new checkpoint and the keep - 1 before it (train.keep_checkpoints; with keep >= 2 the one the
+  // link named before stays, the fallback of Note [Resuming from the newest sound checkpoint]); drop this
+  // run's older ones and stray temporaries. A step above the new one is never this run's to drop (a resume
+  // from an earlier step keeps what came after until it is overwritten by name).
+  int64_t kept = 0;
+  for (const std::string& n : step_dirs(root)) {
+    if (step_of(n) > state.step) continue;
+    if (++kept > keep) fs::remove_all(root / n, ec);
+  }
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
     const std::string n = entry.path().filename().string();
-    if (n.rfind("step-", 0) != 0) continue;
-    if (n.size() > 4 && n.substr(n.size() - 4) == ".tmp") {
-      fs::remove_all(entry.path(), ec);
-      continue;
-    }
-    if (n < name && n != previous && n.size() == name.size()) fs::remove_all(entry.path(), ec);
+    if (n.rfind("step-", 0) == 0 && name_ends_with(n, ".tmp")) fs::remove_all(entry.path(), ec);
   }
   return final_dir.string();
 }
@@ -439,6 +625,7 @@ void checkpoint_export(const std::string& out, const ModelConfig& cfg, ParamStor
                   format.shard_bytes, &cfg);
     if (!lead) return;
     file_write_atomic((tmp / "config.json").string(), config_text(cfg, format));
+    manifest_write(tmp);  // Note [Checkpoint checksums]
     fsync_dir(tmp);
   } catch (...) {
     if (lead) fs::remove_all(tmp, ec);
@@ -459,9 +646,15 @@ std::string checkpoint_resolve(const std::string& dir) {
 }
 
 TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, Optimizer* optim,
-                             Backend& /*be: params' own backend moves the data*/) {
+                             Backend& /*be: params' own backend moves the data*/, bool verify) {
   const std::string ck = checkpoint_resolve(dir);
   const fs::path root(ck);
+  // Note [Checkpoint checksums]: every file checked before a tensor is read.
+  if (verify && checkpoint_verify(ck) == CheckpointCheck::CheckpointCheck_unverified && params.rank() == 0)
+    log_info(
+        "warning: checkpoint '{}' has no manifest.json (a flatpeak before checksums wrote it): its files are "
+        "loaded unverified",
+        ck);
   TrainerState state;
   // The architecture must match, key by key (model/hf_config.h reads the file strictly).
   {

@@ -5,17 +5,41 @@
 //   DIR/step-00000050/config.json            Qwen3MoeForCausalLM config (model_type qwen3_moe)
 //   DIR/step-00000050/optimizer.safetensors  AdamW state: "<param>.exp_avg", "<param>.exp_avg_sq"
 //   DIR/step-00000050/trainer_state.json     step, data position, run config, format version
+//   DIR/step-00000050/manifest.json          every other file's size and CRC32C (Note [Checkpoint checksums])
 //   DIR/checkpoint -> step-00000050          the latest complete checkpoint (a symlink)
 //
 // Note [Atomic checkpoints]: a checkpoint is written into "step-N.tmp", every file fsynced, the
 // directory renamed to "step-N" and fsynced, and only then the "checkpoint" symlink is replaced
 // atomically (a new link renamed over it). A process killed at any point leaves "checkpoint" pointing
 // at the previous complete step; stray ".tmp" directories are ignored and cleaned by the next save.
-// The previous checkpoint is kept until the next one is complete.
+// The previous checkpoint is kept until the next one is complete; of this run's checkpoints the newest
+// train.keep_checkpoints (default 2) are kept, the older ones removed once the new one is linked.
+//
+// Note [Checkpoint checksums]: the last file written into "step-N.tmp" is manifest.json, the size and
+// CRC32C (Note [CRC32C] in io/crc32c.h) of every other file, computed from the files as they lie on
+// disk once fsynced:
+//   {"format": "flatpeak-checkpoint-manifest", "version": 1,
+//    "files": {"config.json": {"bytes": 812, "crc32c": "1c2f03aa"}, "model.safetensors": {...}, ...}}
+// checkpoint_load checks every file the manifest names before it reads a tensor: a file missing, of
+// another size or another checksum is refused with an error naming the file (and the earlier checkpoints
+// of the run); so is a file the load reads (config.json, trainer_state.json, model* and optimizer*
+// safetensors and indexes) that the manifest does not name. Other files (a tokenizer copied in) are
+// neither checked nor read. A flatpeak checkpoint without manifest.json (it has trainer_state.json: a
+// flatpeak before checksums wrote it) loads with a warning that names it as unverified, never silently;
+// a Hugging Face directory (no trainer_state.json) has no manifest and loads as before. Checking costs
+// one more read of the files (page cache; CRC32C runs at several GB/s). checkpoint_export writes a
+// manifest too.
+//
+// Note [Resuming from the newest sound checkpoint]: --resume DIR (a run's folder, or DIR/checkpoint)
+// takes the checkpoint the "checkpoint" link names; when its files fail the check (or the link names a
+// directory that is gone), the previous complete checkpoint of the run (the newest step-N below it that
+// checks) is taken instead, and the run says which it skipped and why. A step-N directory named
+// explicitly is that checkpoint or an error: no other is taken in its place.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/params.h"
@@ -57,8 +81,10 @@ struct TrainerState {
 // Writes a checkpoint of `step` under dir (Note [Atomic checkpoints]). Returns the step directory.
 // Collective over params.comm(): every rank calls it; the whole tensors are gathered to rank 0, which
 // alone writes (Note [Checkpoints over W ranks] in checkpoint.cpp: the files do not depend on W).
+// keep: how many of the run's checkpoints stay (the new one and the keep - 1 before it; >= 1).
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
-                            const TrainerState& state, Backend& be, const CheckpointFormat& format = {});
+                            const TrainerState& state, Backend& be, const CheckpointFormat& format = {},
+                            int64_t keep = 2);
 
 // Writes the model alone as a Hugging Face directory: out/config.json and the weights in format.weights,
 // sharded above format.shard_bytes (Note [Checkpoint dtype and shards]). Written into "out.tmp" and
@@ -70,11 +96,31 @@ void checkpoint_export(const std::string& out, const ModelConfig& cfg, ParamStor
 // dir/checkpoint. Throws fp::Error when there is none.
 std::string checkpoint_resolve(const std::string& dir);
 
+// What checkpoint_verify found (Note [Checkpoint checksums]).
+enum class CheckpointCheck {
+  CheckpointCheck_verified,     // every file the manifest names has its size and CRC32C
+  CheckpointCheck_unverified,   // a flatpeak checkpoint without a manifest (written before checksums)
+  CheckpointCheck_no_manifest,  // no trainer_state.json and no manifest: a Hugging Face directory
+};
+
+// Checks the files of the checkpoint directory ck (as checkpoint_resolve returns it) against its
+// manifest; throws fp::Error naming the first damaged file.
+CheckpointCheck checkpoint_verify(const std::string& ck);
+
+// The checkpoint --resume dir continues (Note [Resuming from the newest sound checkpoint]), checked.
+struct ResumePoint {
+  std::string dir;                   // the checkpoint directory to load
+  std::vector<std::string> skipped;  // one line per newer checkpoint passed over, naming it and its damage
+  CheckpointCheck check = CheckpointCheck::CheckpointCheck_verified;
+};
+ResumePoint checkpoint_resume_point(const std::string& dir);
+
 // Loads weights (and, when optim is not null, the optimizer state) from a checkpoint directory into
 // already allocated tensors; every name, shape and dtype is checked, and the model config must
 // match cfg. Returns the trainer state (step 0 when the directory has none, e.g. weights only).
 // On W ranks every rank reads the files and keeps its own rows (a checkpoint of any W loads).
+// verify: check the files against the manifest first (false: the caller has, e.g. checkpoint_resume_point).
 TrainerState checkpoint_load(const std::string& dir, const ModelConfig& cfg, ParamStore& params, Optimizer* optim,
-                             Backend& be);
+                             Backend& be, bool verify = true);
 
 }  // namespace fp

@@ -254,6 +254,10 @@ std::vector<ConfigKey> registry_build() {
   keys.push_back(plain_key("train.checkpoint_every", K::KeyType_int, kRun,
                            "steps between checkpoints (0: only at the end)", &RunConfig::train,
                            &TrainConfig::checkpoint_every, at_least("train.checkpoint_every", 0)));
+  keys.push_back(plain_key("train.keep_checkpoints", K::KeyType_int, kRun,
+                           "the run's checkpoints kept on disk, newest first (>= 1; with 2 or more a damaged newest "
+                           "one leaves an earlier one to resume from)",
+                           &RunConfig::train, &TrainConfig::keep_checkpoints, at_least("train.keep_checkpoints", 1)));
   keys.push_back(plain_key(
       "train.loss_spike_factor", K::KeyType_float, kRun,
       "stop before the update when the loss exceeds this multiple of the recent median (0: off)", &RunConfig::train,

@@ -23,6 +23,9 @@ struct TrainConfig {
   int64_t seq_len = 0;           // T
   int64_t steps = 1;             // length of the run (and of the learning-rate schedule)
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end
+  // The run's checkpoints kept on disk: the newest and the keep_checkpoints - 1 before it (Note [Atomic
+  // checkpoints], Note [Resuming from the newest sound checkpoint] in train/checkpoint.h).
+  int64_t keep_checkpoints = 2;
   int64_t grad_accum = 1;  // micro-batches of batch_size sequences per optimizer step (Note [Gradient accumulation])
   // Note [A loss spike stops the run] (trainer.cpp): a loss above this multiple of the median of the
   // last kLossWindow losses stops the run before its update; 0: off.

@@ -7,6 +7,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -454,8 +455,9 @@ int32_t documents_eos_id(const std::string& documents, int64_t eos_id, const std
   return static_cast<int32_t>(id);
 }
 
-int train_run(const TrainOptions& o) {
-  FP_CHECK(!o.out.empty(), "pass --out DIR", "flatpeak train needs an output directory");
+int train_run(const TrainOptions& given) {
+  FP_CHECK(!given.out.empty(), "pass --out DIR", "flatpeak train needs an output directory");
+  TrainOptions o = given;
   std::vector<std::string> overrides = o.overrides;
   if (o.steps > 0) overrides.push_back(fmt::format("train.steps={}", o.steps));
   // Note [A model from a checkpoint] (run_config.cpp): the checkpoint a run starts from or continues
@@ -464,6 +466,22 @@ int train_run(const TrainOptions& o) {
            "--init-from starts a new run (step 0, fresh optimizer) from a model's weights; --resume continues a "
            "run: pass one of them",
            "--init-from and --resume together");
+  // Note [Resuming from the newest sound checkpoint] (train/checkpoint.h): the checkpoint to continue is
+  // chosen, its files checked, before anything reads it; run_start loads that one (checked: no second read).
+  if (!o.resume.empty()) {
+    const ResumePoint rp = checkpoint_resume_point(o.resume);
+    if (comm_world().rank() == 0) {
+      for (const std::string& s : rp.skipped) log_info("warning: not resuming from a damaged checkpoint: {}", s);
+      if (!rp.skipped.empty())
+        log_info("falling back to the previous complete checkpoint {} (its files check)", rp.dir);
+      if (rp.check == CheckpointCheck::CheckpointCheck_unverified)
+        log_info(
+            "warning: checkpoint '{}' has no manifest.json (a flatpeak before checksums wrote it): its files "
+            "are loaded unverified",
+            rp.dir);
+    }
+    o.resume = rp.dir;
+  }
   const std::string from = !o.init_from.empty() ? o.init_from : o.resume;
   std::optional<ModelConfig> model_from;
   if (!from.empty()) model_from = hf_config_read(checkpoint_resolve(from)).model;
@@ -511,7 +529,8 @@ RunStart run_start(const TrainOptions& o, const RunConfig& cfg, Model& model, Op
       log_info("initialized the weights from {} (fresh optimizer state, step 0)", checkpoint_resolve(o.init_from));
   }
   if (!o.resume.empty()) {
-    TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, be);
+    // Checked by train_run (checkpoint_resume_point), which chose o.resume.
+    TrainerState st = checkpoint_load(o.resume, m, model.params(), &optim, be, /*verify=*/false);
     format.weights = st.weights_dtype;
     format.base_config = st.config_json;
     FP_CHECK(!st.run_config.empty(), "resume from a checkpoint written by flatpeak train (it has trainer_state.json)",
@@ -723,6 +742,16 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const std::string from = !o.init_from.empty() ? o.init_from : o.resume;
   const int32_t eos_id = documents_eos_id(cfg.data.documents, cfg.data.eos_id,
                                           from.empty() ? std::string() : checkpoint_resolve(from), m.vocab_size);
+  if (!o.resume.empty() && comm.size() > 1) {
+    // Each rank chose its checkpoint (Note [Resuming from the newest sound checkpoint]); on files that some
+    // host sees damaged and another not, they could differ, and a run of mixed steps must not start.
+    const std::string name = fs::path(o.resume).filename().string();
+    const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(name) >> 2);
+    int64_t v[2] = {h, -h};
+    comm.all_reduce_max(v, 2, DType::DType_I64);
+    FP_CHECK(v[0] == -v[1], "check that every host sees the same files of the run's folder (a shared filesystem)",
+             "the ranks chose different checkpoints to resume from (rank {} chose {})", comm.rank(), o.resume);
+  }
   const Mesh mesh = mesh_resolve(cfg.parallel, comm, cfg.train.seq_len);  // Note [A device mesh]
   if (lead && (mesh.dp > 1 || mesh.ep < comm.size() || mesh.fsdp < comm.size()))
     log_info(
@@ -848,7 +877,8 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       st.run_config = run_json;
       st.schedule_steps = schedule_total != total ? schedule_total : 0;
       // Collective: the shards are gathered to rank 0, which writes them.
-      const std::string where = checkpoint_save(o.out, m, model.params(), &optim, st, *be, format);
+      const std::string where =
+          checkpoint_save(o.out, m, model.params(), &optim, st, *be, format, cfg.train.keep_checkpoints);
       stop_policy.checkpoint_written(step);
       if (lead && !o.quiet) progress.note(fmt::format("checkpoint: {}", where));
       comm.barrier();

@@ -227,6 +227,129 @@ def case_kill_during_checkpoint(tmp):
           f"the weights equal the uninterrupted run's")
 
 
+CRC32C_TABLE = []
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ (0x82F63B78 if _c & 1 else 0)
+    CRC32C_TABLE.append(_c)
+
+
+def crc32c(data):
+    c = 0xFFFFFFFF
+    for b in data:
+        c = (c >> 8) ^ CRC32C_TABLE[(c ^ b) & 0xFF]
+    return c ^ 0xFFFFFFFF
+
+
+def flip_byte(path, at=None):
+    with open(path, "r+b") as f:
+        size = os.path.getsize(path)
+        f.seek(size // 2 if at is None else at)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def case_checkpoint_checksums(tmp):
+    """Note [Checkpoint checksums], Note [Resuming from the newest sound checkpoint] (train/checkpoint.h): every
+    file of a checkpoint is in its manifest with its size and CRC32C; a damaged file is refused by name; --resume of
+    the run's folder falls back to the previous complete checkpoint, says so, and still trains the uninterrupted
+    run's losses and weights bit for bit (on 2 ranks: said once, one process's losses); train.keep_checkpoints keeps
+    that many; a checkpoint without a manifest (an older flatpeak's) loads with a warning."""
+    common = ["train", "--config", tiny(), "--steps", "6", "--quiet", "--set", "train.checkpoint_every=2"] + SMALL
+    u, a = os.path.join(tmp, "u"), os.path.join(tmp, "a")
+    run(common + ["--out", u])
+    run(common + ["--out", a, "--stop-after", "4"])
+    assert sorted(n for n in os.listdir(a) if n.startswith("step-")) == ["step-00000002", "step-00000004"]
+    s4 = os.path.join(a, "step-00000004")
+    man = json.load(open(os.path.join(s4, "manifest.json")))
+    assert man["format"] == "flatpeak-checkpoint-manifest" and man["version"] == 1 and man["checksum"] == "crc32c"
+    want = sorted(n for n in os.listdir(s4) if n != "manifest.json")
+    assert sorted(man["files"]) == want == ["config.json", "model.safetensors", "optimizer.safetensors",
+                                            "trainer_state.json"], (sorted(man["files"]), want)
+    for n, e in man["files"].items():
+        assert e["bytes"] == os.path.getsize(os.path.join(s4, n)), (n, e)
+        if not n.endswith(".safetensors"):  # the big ones: tests/unit/test_crc32c.cpp checks the sum itself
+            assert e["crc32c"] == f"{crc32c(open(os.path.join(s4, n), 'rb').read()):08x}", (n, e)
+    # One bit of the newest checkpoint's weights flipped: loading it is refused, naming the file and the earlier
+    # checkpoint.
+    flip_byte(os.path.join(s4, "model.safetensors"))
+    expect_error(["train", "--config", tiny(), "--steps", "2", "--quiet", "--out", os.path.join(tmp, "i"),
+                  "--init-from", a] + SMALL,
+                 f"checkpoint file '{s4}/model.safetensors' is damaged: CRC32C", "manifest.json says",
+                 "step-00000002")
+    expect_error(common + ["--out", a, "--resume", s4], f"'{s4}/model.safetensors' is damaged")
+    # --resume of the run's folder falls back to step 2 and says so; the run then equals the uninterrupted one.
+    p = run(common + ["--out", a, "--resume", a])
+    assert "not resuming from a damaged checkpoint" in p.stderr and f"{s4}/model.safetensors" in p.stderr, p.stderr
+    assert "falling back to the previous complete checkpoint" in p.stderr and "step-00000002" in p.stderr, p.stderr
+    ma, mu = metrics(a), metrics(u)
+    assert [m["step"] for m in ma] == list(range(1, 7)), [m["step"] for m in ma]
+    for x, y in zip(ma, mu):
+        assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"], (x["step"], x["loss"], y["loss"])
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        assert open(os.path.join(a, "checkpoint", f), "rb").read() == open(os.path.join(u, "checkpoint", f),
+                                                                            "rb").read(), f
+    assert sorted(n for n in os.listdir(a) if n.startswith("step-")) == ["step-00000004", "step-00000006"]
+    # Other damage, each refused by name: a truncated file, a missing one, a damaged manifest, a file the load
+    # would read that the manifest does not list.
+    s6 = os.path.join(a, "step-00000006")
+    for what, damage, says in (
+            ("truncated", lambda d: os.truncate(os.path.join(d, "optimizer.safetensors"), 100),
+             "optimizer.safetensors' is damaged: 100 bytes where manifest.json says"),
+            ("missing", lambda d: os.remove(os.path.join(d, "trainer_state.json")),
+             "trainer_state.json' is damaged: it is missing"),
+            ("manifest", lambda d: open(os.path.join(d, "manifest.json"), "a").write("}"),
+             "manifest.json' is damaged: not readable JSON"),
+            ("unlisted", lambda d: open(os.path.join(d, "model.safetensors.index.json"), "w").write("{}"),
+             "holds 'model.safetensors.index.json', which its manifest.json does not list")):
+        c = os.path.join(tmp, "c_" + what)
+        shutil.copytree(s6, c, symlinks=True)
+        damage(c)
+        expect_error(["train", "--config", tiny(), "--steps", "2", "--quiet", "--out", os.path.join(tmp, "i_" + what),
+                      "--init-from", c] + SMALL, says)
+    # A checkpoint without a manifest (written before checksums) loads, with a warning naming it.
+    old = os.path.join(tmp, "old")
+    shutil.copytree(s6, old, symlinks=True)
+    os.remove(os.path.join(old, "manifest.json"))
+    p = run(["train", "--config", tiny(), "--steps", "2", "--quiet", "--out", os.path.join(tmp, "i_old"),
+             "--init-from", old] + SMALL)
+    assert f"checkpoint '{old}' has no manifest.json" in p.stderr and "unverified" in p.stderr, p.stderr
+    # The newest checkpoint's directory gone (the link dangles): the previous one; every one damaged: an error.
+    shutil.rmtree(s6)
+    p = run(common + ["--out", a, "--resume", a])
+    assert "has no model.safetensors (missing or incomplete)" in p.stderr, p.stderr
+    assert f"resumed from {os.path.join(a, 'step-00000004')} at step 4" in p.stderr, p.stderr
+    flip_byte(os.path.join(a, "step-00000006", "config.json"), at=3)
+    flip_byte(os.path.join(a, "step-00000004", "optimizer.safetensors"))
+    expect_error(common + ["--out", a, "--resume", a], "no checkpoint of the run in", "step-00000006/config.json",
+                 "step-00000004/optimizer.safetensors")
+    # On 2 ranks (each rank checks the files it reads, and the ranks agree on the step): the same fallback, said
+    # once, and one process's losses.
+    b = os.path.join(tmp, "b")
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", ARGS.bin]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    for extra in (["--stop-after", "4"], ["--resume", b]):
+        p = subprocess.run(mpi + common[:] + ["--out", b] + extra, capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        if extra[0] == "--stop-after":
+            flip_byte(os.path.join(b, "step-00000004", "optimizer.safetensors"))
+    assert p.stderr.count("falling back to the previous complete checkpoint") == 1, p.stderr
+    rel = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(metrics(b), mu))
+    assert [m["step"] for m in metrics(b)] == list(range(1, 7)) and rel <= 1e-5, (metrics(b), rel)
+    # train.keep_checkpoints: that many of the newest kept; below 1 refused by name.
+    k = os.path.join(tmp, "k")
+    run(common + ["--out", k, "--set", "train.checkpoint_every=1", "--set", "train.keep_checkpoints=3"])
+    assert sorted(n for n in os.listdir(k) if n.startswith("step-")) == ["step-00000004", "step-00000005",
+                                                                      "step-00000006"], os.listdir(k)
+    expect_error(common + ["--out", os.path.join(tmp, "k0"), "--set", "train.keep_checkpoints=0"],
+                 "train.keep_checkpoints")
+    print("every checkpoint file in its manifest; damaged files refused by name; --resume fell back to the previous "
+          "checkpoint and trained the uninterrupted run bit for bit (2 ranks: within 1e-5); keep_checkpoints kept 3; "
+          "an unverified checkpoint loaded with a warning")
+
+
 def write_tokens(path, ids, magic=20240520, version=1, count=None):
     header = [0] * 256
     header[0], header[1], header[2] = magic, version, len(ids) if count is None else count
@@ -590,6 +713,10 @@ def case_faults(tmp):
     open(path, "wb").write(raw)
     tf = os.path.join(tmp, "t.bin")
     write_tokens(tf, [5] * 500)
+    # Its checksum no longer matches (Note [Checkpoint checksums]); without a manifest (an older flatpeak's
+    # checkpoint, loaded unverified) the NaN itself is caught.
+    expect_error(["eval", "--checkpoint", good, "--data", tf], "model.safetensors' is damaged: CRC32C")
+    os.remove(os.path.join(good, "checkpoint", "manifest.json"))
     expect_error(["eval", "--checkpoint", good, "--data", tf], name, "holds nan at element 1")
     expect_error(common + ["--steps", "2", "--out", good, "--resume", good], name, "holds nan at element 1")
     print("spike, NaN loss, NaN before a checkpoint, NaN in a checkpoint: each stopped with its clear error")

@@ -1,7 +1,7 @@
 # End-to-end tests of the flatpeak command (Python drivers, no torch needed).
 set(FP_CLI_PY /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_train.py --bin $<TARGET_FILE:flatpeak>
     --configs ${PROJECT_SOURCE_DIR}/configs)
-foreach(case resume_bit_exact resume_bit_exact_bf16 resume_bit_exact_bf16_deepseek bench_step_bf16 kill_during_checkpoint bad_inputs demo_loss_falls eval_token_file documents_and_held_out grad_accum out_reuse signals
+foreach(case resume_bit_exact resume_bit_exact_bf16 resume_bit_exact_bf16_deepseek bench_step_bf16 kill_during_checkpoint checkpoint_checksums bad_inputs demo_loss_falls eval_token_file documents_and_held_out grad_accum out_reuse signals
              signal_mpi faults cli_edges extend oom_hints disk_full report)
   add_test(NAME cli_${case} COMMAND ${FP_CLI_PY} ${case})
   set_tests_properties(cli_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 600)

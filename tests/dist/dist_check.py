@@ -25,6 +25,10 @@ usage: dist_check.py --bin-dir BUILD --configs CONFIGS CASE
   ckpt       checkpoints written by 2 or 4 ranks equal one process's and resume on 1 or 2 ranks, and vice
              versa, with the same losses within 1e-5
   failure    a failing rank ends every rank non-zero within 30 s, the error printed once
+  hosts      4 ranks on 2 hosts (network namespaces, TCP only: netns_hosts) against one process, dp x cp x ep x
+             fsdp layouts by slot and by node; exits 77 (skipped) where namespaces cannot be made
+  hosts_kill a rank, then a whole host, of a 2-host run killed with SIGKILL, then a host cut off the network:
+             every rank ends within 60 s
   bench      (not a test) docs/benchmarks.md's Multi-process table: per-rank peaks, tokens/s at W = 1, 2, 4
 """
 import argparse
@@ -32,6 +36,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,9 +50,24 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mecha
            OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
-def mpirun(np, args, **kw):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np)] + args if np > 1 else args
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, **kw)
+# > 0: mpirun runs across this many hosts made of network namespaces (netns_hosts, the hosts_* cases).
+HOSTS = 0
+NETNS_HOSTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns_hosts")
+
+
+def mpirun_cmd(np, args, mpi_opts=()):
+    """The command line of `args` on np ranks: mpirun on this machine, or across HOSTS namespace hosts (np / HOSTS
+    slots each, TCP only; Note [Hosts as network namespaces] in netns_hosts)."""
+    if np == 1:
+        return list(args)
+    if HOSTS:
+        return ([NETNS_HOSTS, "--hosts", str(HOSTS), "--slots", str(-(-np // HOSTS)), "--", "-np", str(np),
+                 "-x", "OMP_NUM_THREADS", "--bind-to", "none"] + list(mpi_opts) + list(args))
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np)] + list(mpi_opts) + list(args)
+
+
+def mpirun(np, args, mpi_opts=(), **kw):
+    return subprocess.run(mpirun_cmd(np, args, mpi_opts), capture_output=True, text=True, env=ENV, **kw)
 
 
 def ok(p, what):
@@ -354,41 +374,44 @@ def weights_rel(got, want):
     return worst
 
 
-def layouts_against_one_process(tmp, layouts, resumes, bad):
+def layouts_against_one_process(tmp, layouts, resumes, bad, meta=True):
     """5 steps of one process on a global batch of 4 sequences against each (name, W, --set items) layout:
     every loss and gradient norm within 1e-5 relative, the final weights within 1e-5 (norm-relative); the
-    first layout also on meta (params, grads and optimizer peaks as cpu); a checkpoint of the first layout
+    first layout also on meta, unless meta is False (params, grads and optimizer peaks as cpu); a checkpoint of the first layout
     after 3 steps resumed on each of `resumes`; each (W, --set item, message) of `bad` refused by name."""
     steps = 5
     base = ["--set", "train.checkpoint_every=5"]
     single = os.path.join(tmp, "w1")
     ok(mpirun(1, train_args(single, steps, base + ["--set", "train.batch_size=4"])), "one process, batch 4")
     ref, ref_w, ref_norm = losses(single), final_weights(single, steps), grad_norms(single)
-    for i, (name, w, extra) in enumerate(layouts):
+    for i, (name, w, extra, *mpi_opts) in enumerate(layouts):
         d = os.path.join(tmp, name)
         sets = [x for e in extra for x in ("--set", e)]
-        p = ok(mpirun(w, train_args(d, steps, base + sets)), f"{name} on {w} ranks")
+        t0 = time.time()
+        p = ok(mpirun(w, train_args(d, steps, base + sets), *mpi_opts), f"{name} on {w} ranks")
+        secs = time.time() - t0
         got = losses(d)
         rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
         wrel = weights_rel(final_weights(d, steps), ref_w)
         nrel = max(abs(a - b) / b for a, b in zip(grad_norms(d), ref_norm))  # each element counted once
-        print(f"{name} ({w} ranks): {steps} losses within {rel:.2e} of one process, gradient norms within {nrel:.2e}, "
-              f"final weights within {wrel:.2e}")
+        print(f"{name} ({w} ranks{f' on {HOSTS} hosts' if HOSTS else ''}, {secs:.1f} s): {steps} losses within "
+              f"{rel:.2e} of one process, gradient norms within {nrel:.2e}, final weights within {wrel:.2e}")
         assert len(got) == steps and rel <= 1e-5 and nrel <= 1e-5 and wrel <= 1e-5, (name, got, ref, nrel, wrel)
         assert "mesh: " in p.stderr, p.stderr[-2000:]
-        if i == 0:  # meta allocates what cpu does in the categories the routing does not move
+        if i == 0 and meta:  # meta allocates what cpu does in the categories the routing does not move
             dm = os.path.join(tmp, name + "_meta")
-            ok(mpirun(w, train_args(dm, steps, base + sets + ["--device", "meta", "--stop-after", "2"])), "meta")
+            ok(mpirun(w, train_args(dm, steps, base + sets + ["--device", "meta", "--stop-after", "2"]), *mpi_opts),
+               "meta")
             peak = lambda out: [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()][1][
                 "peak_bytes"]
             got_meta, got_cpu = peak(dm), peak(d)
             for cat in ("params", "grads", "optimizer"):
                 assert got_meta[cat] == got_cpu[cat], f"{name} {cat}: meta {got_meta[cat]} B, cpu {got_cpu[cat]} B"
-    name, w0, first = layouts[0]
+    name, w0, first, *mpi_opts0 = layouts[0]
     for w, layout in resumes:
         d = os.path.join(tmp, f"resume_{w}_{'_'.join(layout)}")
         sets0 = [x for e in first for x in ("--set", e)]
-        ok(mpirun(w0, train_args(d, steps, base + sets0 + ["--stop-after", "3"])), f"{name}, 3 steps")
+        ok(mpirun(w0, train_args(d, steps, base + sets0 + ["--stop-after", "3"]), *mpi_opts0), f"{name}, 3 steps")
         sets = [x for e in layout for x in ("--set", e)]
         ok(mpirun(w, train_args(d, steps, base + sets + ["--resume", d])), f"resumed on {w} with {layout}")
         rel = max(abs(a - b) / abs(b) for a, b in zip(losses(d), ref))
@@ -549,6 +572,136 @@ def case_failure(tmp):
     assert p.returncode != 0
     assert p.stderr.count("unknown key model.hiden_size") == 1, p.stderr
     print("a failed rank ends the run promptly; each error printed once")
+
+
+def hosts_or_skip(n):
+    """Note [Hosts as network namespaces] (netns_hosts): exits 77 (ctest's SKIP_RETURN_CODE), saying why, where
+    namespaces cannot be made here."""
+    global HOSTS
+    p = subprocess.run([NETNS_HOSTS, "--hosts", str(n), "--probe"], capture_output=True, text=True)
+    if p.returncode == 77:
+        print(p.stderr.strip())
+        sys.exit(77)
+    ok(p, "netns_hosts --probe")
+    HOSTS = n
+
+
+def case_hosts(tmp):
+    """Issue 51, item 1: 4 ranks on 2 hosts (network namespaces joined by a bridge; Open MPI over TCP only, each
+    host's ranks started in its namespace by the rsh launcher) against one process: losses, gradient norms and
+    final weights within 1e-5. dp2 x cp2 with ep = fsdp = 2, ranks dealt to the hosts round-robin (--map-by node:
+    every cp pair, expert group and dense-shard group spans the two hosts, and so does each replica), and cp4 with
+    ep = fsdp = 2 and the four flattened schedules, ranks host by host (--map-by slot: the ring crosses between the
+    hosts twice, the expert and dense-shard groups stay within one); a checkpoint of the first written on 2 hosts
+    and resumed on one process. (meta against cpu is case_train_ep's: nothing of it depends on the hosts.)"""
+    hosts_or_skip(2)
+    dp2 = ["parallel.dp=2", "train.batch_size=2"]
+    layouts_against_one_process(
+        tmp,
+        (("dp2_cp2_ep2_fsdp2_by_node", 4, dp2 + ["parallel.ep=2", "parallel.fsdp=2"], ["--map-by", "node"]),
+         ("cp4_ep2_fsdp2_flat_by_slot", 4, ["train.batch_size=4", "parallel.ep=2", "parallel.fsdp=2"] + FLAT,
+          ["--map-by", "slot"])),
+        resumes=((1, ["train.batch_size=4"]),), bad=(), meta=False)
+
+
+def hosts_run_killed(tmp, name, kill, mpi_opts=(), bound=60):
+    """A 50-step run of 4 ranks on 2 hosts; once 2 steps are done, kill(netns_hosts_pid, out) does something to host
+    1. Returns (mpirun's exit status, seconds from the kill until mpirun has ended and no process of the run is left
+    on either host, mpirun's stderr); fails past bound seconds."""
+    d = os.path.join(tmp, name)
+    p = subprocess.Popen(mpirun_cmd(4, train_args(d, 50), mpi_opts), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=ENV)
+    deadline = time.time() + 120
+    metrics = os.path.join(d, "metrics.jsonl")
+    while p.poll() is None and time.time() < deadline and (
+            not os.path.exists(metrics) or sum(1 for l in open(metrics) if l.strip()) < 2):
+        time.sleep(0.1)
+    assert p.poll() is None, f"the run ended before the kill: {p.communicate()}"
+    kill(p.pid, d)
+    t0 = time.time()
+    try:
+        out, err = p.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        p.kill()  # netns_hosts; what it started is left to the next run's sweep and the leftovers below
+        out, err = p.communicate()
+        left = [pid for pid in os.listdir("/proc") if pid.isdigit() and d in proc_cmdline(pid)]
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        sys.exit(f"FAILED: {name}: mpirun still running {bound} s after the kill\n{err[-3000:]}")
+    while True:  # the other host's ranks end on their own (their daemon lost mpirun, or mpirun told it)
+        left = [pid for pid in os.listdir("/proc") if pid.isdigit() and d in proc_cmdline(pid)]
+        if not left or time.time() - t0 > bound:
+            break
+        time.sleep(0.1)
+    dt = time.time() - t0
+    assert not left, f"{name}: processes of the run left {bound} s after the kill: {left}"
+    assert p.returncode != 0, f"{name}: exit 0\n{err[-3000:]}"
+    return p.returncode, dt, err
+
+
+def proc_cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def proc_env(pid):
+    try:
+        return dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ", "rb").read().decode(
+            errors="replace").split("\0") if "=" in kv)
+    except OSError:
+        return {}
+
+
+def in_netns(pid, ns):
+    """Whether process pid is in the named network namespace (ip netns's /run/netns/ns)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") == f"net:[{os.stat('/run/netns/' + ns).st_ino}]"
+    except OSError:
+        return False
+
+
+def case_hosts_kill(tmp):
+    """Issue 51, item 3: on 4 ranks over 2 hosts, mid-run: rank 3 (on host 1) killed with SIGKILL; every process of
+    host 1 (its Open MPI daemon and both its ranks: the host lost) killed the same way; host 1 cut off the network
+    (a partition, with Open MPI's TCP keepalives shortened). Each time every rank of both hosts ends and mpirun
+    exits non-zero within 60 s of the event (measured: see the output)."""
+    hosts_or_skip(2)
+    bound = 60
+
+    def kill_rank3(netns_pid, out):
+        pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and out in proc_cmdline(pid) and
+                proc_env(pid).get("OMPI_COMM_WORLD_RANK") == "3"]
+        assert len(pids) == 1, f"rank 3: {pids}"
+        assert in_netns(pids[0], f"fph{netns_pid}-h1"), "rank 3 is not on host 1"
+        os.kill(int(pids[0]), signal.SIGKILL)
+
+    def kill_host1(netns_pid, out):
+        pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and in_netns(pid, f"fph{netns_pid}-h1")]
+        assert len(pids) >= 3, f"host 1 runs {pids}: its daemon and 2 ranks expected"
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def cut_host1(netns_pid, out):  # its link to the switch down: no FIN, no RST, nothing more arrives
+        subprocess.run(["ip", "-n", f"fph{netns_pid}-sw", "link", "set", "h1", "down"], check=True)
+
+    # A partition leaves every connection open: only TCP keepalives on mpirun's links to its daemons notice it
+    # (Open MPI's default, 300 s idle then 9 probes 20 s apart, would take 8 minutes; docs/cluster.md).
+    keepalive = ["--mca", "oob_tcp_keepalive_time", "5", "--mca", "oob_tcp_keepalive_intvl", "2",
+                 "--mca", "oob_tcp_keepalive_probes", "3"]
+    for name, kill, opts in (("rank 3 killed", kill_rank3, ()), ("host 1 lost", kill_host1, ()),
+                             ("host 1 cut off", cut_host1, keepalive)):
+        rc, dt, err = hosts_run_killed(tmp, name.replace(" ", "_"), kill, opts, bound)
+        said = " / ".join(l.strip() for l in err.splitlines() if not l.startswith("[flatpeak]") and any(
+            w in l for w in ("noticed", "ORTE has lost", "daemon", "unexpectedly disconnected")))
+        print(f"{name}: mpirun exit {rc}, every rank gone {dt:.1f} s after; mpirun: {said!r}")
 
 
 def case_bench(tmp):

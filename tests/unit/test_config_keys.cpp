@@ -92,6 +92,7 @@ const std::map<std::string, Other> kOther = {
     {"train.seq_len", {"128"}},
     {"train.steps", {"300"}},
     {"train.checkpoint_every", {"10"}},
+    {"train.keep_checkpoints", {"3"}},
     {"train.grad_accum", {"4"}},
     {"train.loss_spike_factor", {"5.0"}},
     {"optim.lr", {"1e-3"}},
@@ -154,6 +155,7 @@ const std::map<std::string, Other> kOther = {
 // variant) and how the run is driven. Every other key alters the arithmetic and a resume refuses it.
 const std::set<std::string> kMayChangeOnResume = {"model.seed",
                                                   "train.checkpoint_every",
+                                                  "train.keep_checkpoints",
                                                   "train.grad_accum",
                                                   "train.loss_spike_factor",
                                                   "eval.data",
