@@ -46,6 +46,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     fp::Model model(cfg, *be, in.settings.routing, sc, in.settings.precision, W > 1 ? &comm : nullptr,
                     RankGroups{static_cast<int>(in.settings.layout.ep), static_cast<int>(in.settings.layout.fsdp)});
     if (W > 1) model.set_context_parallel(cp);
+    model.set_reroute_each_n(opt.reroute_each_n);
     RankPlan& rp = out[static_cast<size_t>(r)];
     // Elements, counted per tensor: not the params bytes over one dtype's size, which counts a parameter
     // kept in f32 among bf16 ones twice (Note [Parameters kept in f32] in model/params.h).

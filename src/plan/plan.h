@@ -172,6 +172,9 @@ struct PlanOptions {
   // Replay every repeat of a block (Note [Repeats replayed once] in memory/ledger.h): the same plan, slower;
   // tests compare the two. Without it, repeats are counted unless events are kept.
   bool full_replay = false;
+  // Route afresh at every change of a MoE block's token count (Model::set_reroute_each_n, Note [One routing per
+  // token count] in model/moe_block.cpp): the same plan, slower; tests compare the two.
+  bool reroute_each_n = false;
   std::vector<RankPlan>* ranks = nullptr;  // every rank's ledgers (tests)
 };
 

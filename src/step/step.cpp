@@ -178,6 +178,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   s.T = batch.T;
   s.cp = model.context_parallel();
   s.n = n;
+  s.reroute_each_n = model.reroute_each_n();
   // The expert dispatch of this step (local with one rank, expert parallel otherwise).
   std::unique_ptr<ExpertDispatch> dispatch = expert_dispatch_create(sched, s);
   s.dispatch = dispatch.get();

@@ -510,6 +510,111 @@ TEST(PlanRepeats, EveryPresetAsTheFullReplay) {
   }
 }
 
+namespace {
+
+// Note [One routing per token count] (model/moe_block.cpp): a step that keeps each token count's routing and
+// pipelined_llep layouts gives, on every rank, the ledger timelines of one that routes afresh at every change of
+// the count, event for event (device and host: every allocation and free, its category, bytes, tag, shape, dtype
+// and the total after it), and the same plan. Layouts on W = 4 ranks whose tiles end in a shorter one: the ring
+// (cp = 4: 2048 keys per rank in tiles of 10 x 200 + 48) with token chunks of 64 (slots of 64, 64, 64, 8; the
+// last tile's 48), cp = 1 with pieces of sequences (2 sequences of 1924 in tiles of 6 x 300 + 124) under a hot
+// profile, and groups of sequences (5 of 256 in tiles of 2, 2 and 1). Counters with repeats counted are compared
+// too, against the full replay that routes afresh (the engine before either shortcut).
+void expect_kept_routing_as_rerouted(const ModelConfig& m, const std::string& name) {
+  struct Case {
+    const char* name;
+    int64_t T, batch, cp, tile, token_chunk;
+    const char* routing;
+  };
+  const Case cases[] = {{"ring", 8192, 1, 4, 200, 64, "routing=balanced"},
+                        {"cp1 hot", 1924, 2, 1, 300, 0, "routing=hot:0.9:2"},
+                        {"groups", 256, 5, 1, 512, 0, "routing=balanced"}};
+  const auto same_events = [](const std::vector<LedgerEvent>& x, const std::vector<LedgerEvent>& y,
+                              const std::string& what) {
+    ASSERT_EQ(x.size(), y.size()) << what;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const LedgerEvent &a = x[i], &b = y[i];
+      const bool same = a.seq == b.seq && a.alloc == b.alloc && a.category == b.category && a.bytes == b.bytes &&
+                        a.total_after == b.total_after && a.tag == b.tag && a.shape == b.shape && a.dtype == b.dtype;
+      ASSERT_TRUE(same) << what << " event " << i << ": " << a.tag << " " << a.bytes << " vs " << b.tag << " "
+                        << b.bytes;
+    }
+  };
+  for (const Case& c : cases) {
+    const std::string what = name + " " + c.name;
+    Input in = input(m, c.T, {"flatpeak"});
+    settings_apply(in.settings, "ckpt.layer_tile=" + std::to_string(c.tile));
+    if (c.token_chunk > 0) settings_apply(in.settings, "moe.token_chunk=" + std::to_string(c.token_chunk));
+    settings_apply(in.settings, "batch=" + std::to_string(c.batch));
+    settings_apply(in.settings, c.routing);
+    in.settings.layout.ranks = 4;
+    in.settings.layout.cp = c.cp;
+    std::vector<RankPlan> kept, fresh;
+    PlanOptions ko, fo;
+    ko.events = fo.events = true;
+    ko.ranks = &kept;
+    fo.ranks = &fresh;
+    fo.reroute_each_n = true;
+    const Result a = plan_step(in, ko), b = plan_step(in, fo);
+    EXPECT_EQ(a.peak, b.peak) << what;
+    EXPECT_EQ(a.at_peak, b.at_peak) << what;
+    EXPECT_EQ(a.peak_tag, b.peak_tag) << what;
+    EXPECT_EQ(a.host_needed, b.host_needed) << what;
+    ASSERT_EQ(kept.size(), fresh.size()) << what;
+    for (size_t r = 0; r < kept.size(); ++r) {
+      EXPECT_GT(kept[r].events.size(), 0u) << what;
+      EXPECT_EQ(kept[r].events_seen, kept[r].events.size()) << what;  // the whole timeline was kept
+      same_events(kept[r].events, fresh[r].events, what + " rank " + std::to_string(r) + " device");
+      same_events(kept[r].host_events, fresh[r].host_events, what + " rank " + std::to_string(r) + " host");
+    }
+    // Repeats counted and routings kept (the planner's default) against neither.
+    std::vector<RankPlan> fast, full;
+    PlanOptions qo, so;
+    qo.ranks = &fast;
+    so.ranks = &full;
+    so.full_replay = true;
+    so.reroute_each_n = true;
+    const Result q = plan_step(in, qo), z = plan_step(in, so);
+    EXPECT_EQ(q.peak, z.peak) << what;
+    EXPECT_EQ(q.at_peak, z.at_peak) << what;
+    EXPECT_EQ(q.step_peak, z.step_peak) << what;
+    EXPECT_EQ(q.peak_tag, z.peak_tag) << what;
+    EXPECT_EQ(q.host_peak, z.host_peak) << what;
+    EXPECT_EQ(q.host_needed, z.host_needed) << what;
+    ASSERT_EQ(fast.size(), full.size()) << what;
+    for (size_t r = 0; r < fast.size(); ++r) {
+      EXPECT_EQ(fast[r].events_seen, full[r].events_seen) << what << " rank " << r;
+      EXPECT_EQ(fast[r].host_events_seen, full[r].host_events_seen) << what << " rank " << r;
+      EXPECT_EQ(fast[r].events_seen, kept[r].events_seen) << what << " rank " << r;
+      EXPECT_EQ(fast[r].peak, full[r].peak) << what << " rank " << r;
+      EXPECT_EQ(fast[r].at_peak, full[r].at_peak) << what << " rank " << r;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(PlanReuse, SmallModelsAsRerouted) {
+  expect_kept_routing_as_rerouted(small_model(), "small");
+  expect_kept_routing_as_rerouted(deepseek_small_config(3, 0, 1), "deepseek small");
+}
+
+// Every preset, its first layers (as PlanRepeats.EveryPresetAsTheFullReplay).
+TEST(PlanReuse, EveryPresetAsRerouted) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(source_path("configs/models"))) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 10u);
+  for (const std::filesystem::path& f : files) {
+    ModelConfig m = model_load(f.string()).cfg;
+    const int64_t L = std::min(m.num_hidden_layers, std::max<int64_t>(m.first_k_dense_replace, 0) + 2);
+    m.num_hidden_layers = L;
+    if (!m.layer_types.empty()) m.layer_types.resize(static_cast<size_t>(L));
+    std::erase_if(m.mlp_only_layers, [&](int64_t l) { return l >= L; });
+    expect_kept_routing_as_rerouted(m, f.filename().string());
+  }
+}
+
 TEST(PlanReport, JsonAndTable) {
   Model m;
   m.name = "small";
