@@ -229,7 +229,8 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   {
     // Meta reads no host data: no (n) positions per rank (a planner's 64 ranks near a reach: 100 MB to write).
     std::vector<int32_t> pos(be.computes() ? static_cast<size_t>(n) : 0);
-    for (int64_t i = 0; i < static_cast<int64_t>(pos.size()); ++i) pos[i] = seq_pos[i % batch.T] - (documents ? batch.doc_start[i] : 0);
+    for (int64_t i = 0; i < static_cast<int64_t>(pos.size()); ++i)
+      pos[i] = seq_pos[i % batch.T] - (documents ? batch.doc_start[i] : 0);
     be.copy_from_host(tokens.data(), batch.tokens.data(), tokens.bytes());
     be.copy_from_host(targets.data(), batch.targets.data(), targets.bytes());
     be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());

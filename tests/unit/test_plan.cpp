@@ -558,8 +558,8 @@ namespace {
 // and the total after it), and the same plan. Layouts on W = 4 ranks whose tiles end in a shorter one: the ring
 // (cp = 4: 2048 keys per rank in tiles of 10 x 200 + 48) with token chunks of 64 (slots of 64, 64, 64, 8; the
 // last tile's 48), cp = 1 with pieces of sequences (2 sequences of 1924 in tiles of 6 x 300 + 124) under a hot
-// profile (LLEP's plan moves experts), and groups of sequences (5 of 256 in tiles of 2, 2 and 1). Counters with repeats counted are compared
-// too, against the full replay that routes afresh (the engine before either shortcut).
+// profile (LLEP's plan moves experts), and groups of sequences (5 of 256 in tiles of 2, 2 and 1). Counters with repeats
+// counted are compared too, against the full replay that routes afresh (the engine before either shortcut).
 void expect_kept_routing_as_rerouted(const ModelConfig& m, const std::string& name) {
   struct Case {
     const char* name;
