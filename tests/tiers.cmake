@@ -18,6 +18,7 @@ set(flatpeak_slow
     DeepseekV3.Bf16OffloadStreamOnHostEqualsDeviceAdamW
     DeepseekV3.RoutingBiasFollowsTheLoads
     PlanRepeats.EveryPresetAsTheFullReplay
+    PlanReuse.EveryPresetAsRerouted
     Sco.Bf16TenStepsBitIdenticalToDevice
     Sco.RandomCopyDelaysChangeNothing
     Safetensors.CrossCheckWithPython)

@@ -35,11 +35,13 @@ ContextSplit context_split_parse(const std::string& text, const std::string& key
 std::vector<int32_t> context_positions(int64_t T, int rank, int world) {
   std::vector<int32_t> pos;
   if (world == 1) {
-    for (int64_t t = 0; t < T; ++t) pos.push_back(static_cast<int32_t>(t));
+    pos.resize(static_cast<size_t>(T));
+    std::iota(pos.begin(), pos.end(), 0);
     return pos;
   }
   split_check(T, world);
   const int64_t C = T / (2 * world);
+  pos.reserve(static_cast<size_t>(2 * C));
   for (int64_t chunk : {static_cast<int64_t>(rank), static_cast<int64_t>(2 * world - 1 - rank)})
     for (int64_t t = 0; t < C; ++t) pos.push_back(static_cast<int32_t>(chunk * C + t));
   return pos;

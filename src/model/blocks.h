@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -123,8 +124,17 @@ struct StepContext {
   // The same per chunk of the MoE token side, on meta (Note [The MoE token side in chunks]).
   std::vector<std::vector<int64_t>> profile_chunk_offsets;
   // The n those were built for: a block of another n (the last, shorter tile of Note [Sequence-tiled
-  // layers]) routes afresh (moe_block.cpp, profile_cache_for_n).
+  // layers]) takes that n's instead (moe_block.cpp, profile_cache_for_n).
   int64_t profile_n = -1;
+  // Note [One routing per token count] (model/moe_block.cpp): what was routed for the step's other n's, by n.
+  struct ProfileRouting {
+    std::vector<int64_t> offsets;
+    std::vector<std::vector<int64_t>> chunk_offsets;
+    std::vector<int32_t> host_topk;
+  };
+  std::map<int64_t, ProfileRouting> profile_by_n;
+  // Route afresh at every change of n instead, the dispatch too (tests: the same ledgers, event for event).
+  bool reroute_each_n = false;
 };
 
 // ---- attention block: x1 = x + o_proj(attention(rope(norm_q(q)), rope(norm_k(k)), v)), q,k,v from rmsnorm(x)

@@ -99,8 +99,10 @@ class ExpertDispatch {
   // MoE block keeps them alive into the call for such a variant only (Note [The routing sort on the
   // device] in model/moe_block.cpp); the others get a null MoeChunk::rows, the rows freed before.
   virtual bool reads_rows() const { return false; }
-  // Forget what was built once per step under a routing profile: the MoE blocks now see another number of
-  // tokens (StepContext::profile_n; the last, shorter tile of Note [Sequence-tiled layers]).
+  // Forget what was built under a routing profile, for every number of tokens: with
+  // StepContext::reroute_each_n, the MoE blocks now see another n (the last, shorter tile of Note
+  // [Sequence-tiled layers]); otherwise what was built is kept by n (Note [One routing per token count] in
+  // model/moe_block.cpp).
   virtual void profile_reset() {}
 
   const DispatchStats& last() const { return last_; }

@@ -41,8 +41,8 @@ namespace fp {
 // relative, tests/model/test_layer_tiles.cpp). N >= n is the whole layer, bit for bit (the untiled code).
 // Tiles: N >= T, groups of min(B, N / T) whole sequences; N < T, pieces of N tokens of each sequence; the
 // last group or piece may be shorter. Every rank has the same B and T, so the same tiles: the dispatch
-// calls stay matched. A routing profile routes each tile as the step's tokens (a shorter tile afresh:
-// StepContext::profile_n).
+// calls stay matched. A routing profile routes each tile as the step's tokens, once per tile length and step
+// (Note [One routing per token count] in model/moe_block.cpp).
 // gpt_oss's layer has no q/k norms (the projections go straight through RoPE) and its sinks join every tile's
 // rows (Note [Attention sinks]).
 //
@@ -113,7 +113,7 @@ Tiles tiles_of(const StepContext& s) {
 // MoE block or MLP and backward when its keys are every key of its sequences (the ring, cp > 1) or allocate
 // nothing by their count (GQA's block kernel); MLA with cp = 1 expands the keys up to the tile's last query,
 // more chunks for later tiles, so those tiles run one by one. The MoE block routes a tile as the step's tokens
-// (a profile's choice cached by n, Note [A routing profile is routed once per step]), so tiles of one length
+// (a profile's choice kept by n, Note [One routing per token count] in model/moe_block.cpp), so tiles of one length
 // route alike, and their dispatch calls, collectives included, repeat alike on every rank. What a tile adds
 // to the host's router statistics is added again for each tile counted.
 bool tiles_alike(const Tile& a, const Tile& b) { return a.rows == b.rows && a.seqs == b.seqs && a.len == b.len; }

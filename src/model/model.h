@@ -54,6 +54,12 @@ class Model {
   void set_context_parallel(int cp);
   int context_parallel() const { return cp_; }
 
+  // Note [One routing per token count] (model/moe_block.cpp): under a routing profile a step keeps what it
+  // routed for each number of tokens a MoE block sees; with reroute, it routes afresh at every change of that
+  // number (StepContext::reroute_each_n; tests compare the two).
+  void set_reroute_each_n(bool reroute) { reroute_each_n_ = reroute; }
+  bool reroute_each_n() const { return reroute_each_n_; }
+
  private:
   ModelConfig cfg_;
   Backend& be_;
@@ -61,6 +67,7 @@ class Model {
   Schedules sched_;
   Comm* comm_;
   int cp_;
+  bool reroute_each_n_ = false;
   ParamStore params_;
 };
 

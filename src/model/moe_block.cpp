@@ -47,16 +47,39 @@ ExpertDispatch& expert_dispatch(StepContext& s) {
   return *local;
 }
 
-// Note [A routing profile is routed once per step] holds for one n: a block of another n (the last,
-// shorter tile of Note [Sequence-tiled layers]) drops what was routed for the previous one, here and in
-// the dispatch. Every rank sees the same n in the same order, so all rebuild alike.
+// Note [One routing per token count]
+// Note [A routing profile is routed once per step] holds for one n: what a profile routes (the offsets, per token
+// chunk too, and a computing backend's choice host_topk), and what the dispatch builds from it (pipelined_llep's
+// LLEP plan and chunk layouts, Note [One chunk layout per step under a routing profile]), is a function of the
+// block's n and the run's settings alone (the profile, k, E, the ranks, the token chunk, the chunk cap), the
+// same on every rank. A step with tiles sees two n's (the tile's and the last, shorter tile's) and switches
+// between them twice per layer and pass; each n's routing is kept for the step (StepContext::profile_by_n, and
+// the dispatch's by n) and taken back when its n returns, where it used to be routed and built afresh (on meta
+// at 64 ranks, seconds per step near a preset's reach). The ledgers see the same events either way: the
+// block and the dispatch allocate the same tensors for a kept routing as for a fresh one (the chunk order's
+// pieces and counts are allocated on every call, fresh or not; only a computing backend reads the counts
+// back, a copy), and what a fresh build adds, the all-gather of the expert counts and the all-to-all of the
+// chunk counts, is host numbers on the control channel, matched on every rank because every rank sees the
+// same n's in the same order. StepContext::reroute_each_n routes afresh at every change of n, as before;
+// tests/unit/test_plan.cpp (PlanReuse) compares both timelines event for event on every preset.
 void profile_cache_for_n(StepContext& s) {
   if (s.profile_n == s.n) return;
+  if (s.reroute_each_n) {
+    s.profile_offsets.clear();
+    s.profile_chunk_offsets.clear();
+    s.host_topk.clear();
+    if (s.dispatch != nullptr) s.dispatch->profile_reset();
+  } else {
+    StepContext::ProfileRouting& was = s.profile_by_n[s.profile_n];
+    was.offsets.swap(s.profile_offsets);
+    was.chunk_offsets.swap(s.profile_chunk_offsets);
+    was.host_topk.swap(s.host_topk);
+    StepContext::ProfileRouting& now = s.profile_by_n[s.n];
+    s.profile_offsets.swap(now.offsets);
+    s.profile_chunk_offsets.swap(now.chunk_offsets);
+    s.host_topk.swap(now.host_topk);
+  }
   s.profile_n = s.n;
-  s.profile_offsets.clear();
-  s.profile_chunk_offsets.clear();
-  s.host_topk.clear();
-  if (s.dispatch != nullptr) s.dispatch->profile_reset();
 }
 
 // h2 = rmsnorm(x1), the router (probs, topk_idx, topk_w into a) and a routing profile's choice over the

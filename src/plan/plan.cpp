@@ -46,6 +46,7 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     fp::Model model(cfg, *be, in.settings.routing, sc, in.settings.precision, W > 1 ? &comm : nullptr,
                     RankGroups{static_cast<int>(in.settings.layout.ep), static_cast<int>(in.settings.layout.fsdp)});
     if (W > 1) model.set_context_parallel(cp);
+    model.set_reroute_each_n(opt.reroute_each_n);
     RankPlan& rp = out[static_cast<size_t>(r)];
     // Elements, counted per tensor: not the params bytes over one dtype's size, which counts a parameter
     // kept in f32 among bf16 ones twice (Note [Parameters kept in f32] in model/params.h).
@@ -59,7 +60,15 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     batch.tokens.assign(static_cast<size_t>(batch.B * batch.T), 0);
     batch.targets.assign(batch.tokens.size(), 0);
     if (cp > 1) batch.positions = context_positions(T, r % cp, cp);
-    train_step(model, *optim, 1, 1, 0.0, [&] { return step_forward_backward(model, batch); });  // as train runs it
+    // Note [A step that cannot fit is not run]: every rank learns whether the described one is over skip_over.
+    int64_t skip = 0;
+    if (opt.skip_over > 0) {
+      const int64_t described = in.settings.layout.rank;
+      skip = (described < 0 || described == r) && be->device_ledger().total_current() > opt.skip_over ? 1 : 0;
+      comm.all_reduce_max(&skip, 1, DType::DType_I64);
+    }
+    if (skip == 0)
+      train_step(model, *optim, 1, 1, 0.0, [&] { return step_forward_backward(model, batch); });  // as train runs it
     const Ledger& d = be->device_ledger();
     const Ledger& h = be->host_ledger();
     for (Category c : kAllCategories) {
@@ -224,8 +233,20 @@ Result plan_optim(const Input& in, Schedules sched, const PlanOptions& opt) {
   if (sched.optim.kind != OptimSchedule::Kind::Kind_auto) return plan_resolved(in, sched, opt);
   // The baseline's rule: the optimizer on the device when the whole step fits, otherwise the serial
   // host offload.
+  //
+  // Note [A step that cannot fit is not run]
+  // The optimizer on the device allocates its state (m, v and the master copy: 12 B per parameter of the
+  // rank's shard in the paper's recipe) with the parameters and gradients before the step, at every
+  // context: DeepSeek-V3 on 64 x 141 GB holds more than the device then, and each baseline point of a reach
+  // search ran that step only to find it does not fit. A peak is at least what is held at any moment, so when
+  // the rank the plan describes holds more than the device before the step (rank_pick describes the rank with
+  // the largest peak, at least that rank's), the step cannot fit and is not run (PlanOptions::skip_over): the
+  // plan is the same, the serial offload's, one engine run sooner. The first try's result is kept only when it
+  // fits.
   sched.optim.kind = OptimSchedule::Kind::Kind_device;
-  Result r = plan_resolved(in, sched, opt);
+  PlanOptions first_try = opt;
+  if (in.device_mem != kUnlimitedBytes) first_try.skip_over = in.device_mem;
+  Result r = plan_resolved(in, sched, first_try);
   if (r.fits_device) return r;
   sched.optim.kind = OptimSchedule::Kind::Kind_offload_serial;
   const double first = r.seconds;

@@ -172,6 +172,13 @@ struct PlanOptions {
   // Replay every repeat of a block (Note [Repeats replayed once] in memory/ledger.h): the same plan, slower;
   // tests compare the two. Without it, repeats are counted unless events are kept.
   bool full_replay = false;
+  // Route afresh at every change of a MoE block's token count (Model::set_reroute_each_n, Note [One routing per
+  // token count] in model/moe_block.cpp): the same plan, slower; tests compare the two.
+  bool reroute_each_n = false;
+  // Note [A step that cannot fit is not run] (plan.cpp): when the rank the plan describes holds more than this
+  // before the step (0: never), the step is not run and the plan is of what was held then: one that does
+  // not fit, and nothing else of it is meaningful (plan_optim's first try only).
+  uint64_t skip_over = 0;
   std::vector<RankPlan>* ranks = nullptr;  // every rank's ledgers (tests)
 };
 

@@ -178,6 +178,7 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   s.T = batch.T;
   s.cp = model.context_parallel();
   s.n = n;
+  s.reroute_each_n = model.reroute_each_n();
   // The expert dispatch of this step (local with one rank, expert parallel otherwise).
   std::unique_ptr<ExpertDispatch> dispatch = expert_dispatch_create(sched, s);
   s.dispatch = dispatch.get();
@@ -226,8 +227,10 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const int64_t n_freq = static_cast<int64_t>(s.rope.inv_freq.size());
   s.rope_inv_freq = be.alloc(Category::Category_activations, {n_freq}, DType::DType_F64, "input.rope_inv_freq");
   {
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) pos[i] = seq_pos[i % batch.T] - (documents ? batch.doc_start[i] : 0);
+    // Meta reads no host data: no (n) positions per rank (a planner's 64 ranks near a reach: 100 MB to write).
+    std::vector<int32_t> pos(be.computes() ? static_cast<size_t>(n) : 0);
+    for (int64_t i = 0; i < static_cast<int64_t>(pos.size()); ++i)
+      pos[i] = seq_pos[i % batch.T] - (documents ? batch.doc_start[i] : 0);
     be.copy_from_host(tokens.data(), batch.tokens.data(), tokens.bytes());
     be.copy_from_host(targets.data(), batch.targets.data(), targets.bytes());
     be.copy_from_host(s.pos.data(), pos.data(), s.pos.bytes());

@@ -259,6 +259,46 @@ TEST(PlanOneRank, AutoOptimizerOffloadsWhenTheDeviceOneDoesNotFit) {
   EXPECT_EQ(r.host_needed, static_cast<uint64_t>(m.param_count()) * (12 + 2));  // state + bf16 gradient copy
 }
 
+// Note [A step that cannot fit is not run] (plan.cpp): auto's first try, the optimizer on the device, is not run
+// where what it holds before the step is over the device already; the plan is the serial offload's, the same in
+// every figure as that schedule planned by name, on one rank and on 4 (the rank with the largest peak, or the
+// rank given).
+TEST(PlanMultiRank, AutoOptimizerSkipsAStepThatCannotFit) {
+  const ModelConfig m = small_model();
+  for (int64_t W : {1, 4})
+    for (int64_t rank : {int64_t{-1}, W - 1}) {
+      Input in = input(m, 4096), off_in = input(m, 4096, {"optim=offload_serial"}),
+            dev_in = input(m, 4096, {"optim=device"});
+      for (Input* x : {&in, &off_in, &dev_in}) {
+        x->settings.layout.ranks = W;
+        x->settings.layout.rank = rank;
+      }
+      const Result dev = plan_step(dev_in);
+      const Result off = plan_step(off_in);
+      ASSERT_GT(at(dev.peak, kOpt), 0u);
+      // The device's optimizer state alone does not fit (skipped), then the whole step with it (run), then nothing.
+      for (uint64_t mem : {dev.peak[static_cast<int>(kOpt)], dev.step_peak - 1, uint64_t{1}}) {
+        const std::string what = fmt::format("W {} rank {} device {}", W, rank, mem);
+        in.device_mem = off_in.device_mem = mem;
+        const Result a = plan_step(in), b = plan_step(off_in);
+        EXPECT_EQ(a.sched.optim.kind, OptimSchedule::Kind::Kind_offload_serial) << what;
+        EXPECT_EQ(a.peak, b.peak) << what;
+        EXPECT_EQ(a.at_peak, b.at_peak) << what;
+        EXPECT_EQ(a.step_peak, b.step_peak) << what;
+        EXPECT_EQ(a.peak_tag, b.peak_tag) << what;
+        EXPECT_EQ(a.host_peak, b.host_peak) << what;
+        EXPECT_EQ(a.host_needed, b.host_needed) << what;
+        EXPECT_EQ(a.binding, b.binding) << what;
+        EXPECT_EQ(a.sizes.rank, b.sizes.rank) << what;
+        EXPECT_EQ(a.fits(), b.fits()) << what;
+        EXPECT_EQ(a.fits_device, b.fits_device) << what;
+      }
+      in.device_mem = dev.step_peak;  // the device's fits: its plan, run
+      EXPECT_EQ(plan_step(in).sched.optim.kind, OptimSchedule::Kind::Kind_device);
+      EXPECT_EQ(plan_step(in).step_peak, dev.step_peak);
+    }
+}
+
 TEST(PlanMultiRank, ShardsAndBounds) {
   const ModelConfig m = small_model();
   const int64_t W = 4, T = 4096;
@@ -507,6 +547,113 @@ TEST(PlanRepeats, EveryPresetAsTheFullReplay) {
     if (!m.layer_types.empty()) m.layer_types.resize(static_cast<size_t>(L));
     std::erase_if(m.mlp_only_layers, [&](int64_t l) { return l >= L; });
     expect_repeats_as_full_replay(m, f.filename().string());
+  }
+}
+
+namespace {
+
+// Note [One routing per token count] (model/moe_block.cpp): a step that keeps each token count's routing and
+// pipelined_llep layouts gives, on every rank, the ledger timelines of one that routes afresh at every change of
+// the count, event for event (device and host: every allocation and free, its category, bytes, tag, shape, dtype
+// and the total after it), and the same plan. Layouts on W = 4 ranks whose tiles end in a shorter one: the ring
+// (cp = 4: 2048 keys per rank in tiles of 10 x 200 + 48) with token chunks of 64 (slots of 64, 64, 64, 8; the
+// last tile's 48), cp = 1 with pieces of sequences (2 sequences of 1924 in tiles of 6 x 300 + 124) under a hot
+// profile (LLEP's plan moves experts), and groups of sequences (5 of 256 in tiles of 2, 2 and 1). Counters with repeats
+// counted are compared too, against the full replay that routes afresh (the engine before either shortcut).
+void expect_kept_routing_as_rerouted(const ModelConfig& m, const std::string& name) {
+  struct Case {
+    const char* name;
+    int64_t T, batch, cp, tile, token_chunk;
+    bool hot;
+  };
+  const Case cases[] = {{"ring", 8192, 1, 4, 200, 64, false},
+                        {"cp1 hot", 1924, 2, 1, 300, 0, true},
+                        {"groups", 256, 5, 1, 512, 0, false}};
+  // 90% of the routes to 2k experts (the profile needs at least k hot ones).
+  const std::string hot = "routing=hot:0.9:" + std::to_string(std::min(m.num_experts, 2 * m.num_experts_per_tok));
+  const auto same_events = [](const std::vector<LedgerEvent>& x, const std::vector<LedgerEvent>& y,
+                              const std::string& what) {
+    ASSERT_EQ(x.size(), y.size()) << what;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const LedgerEvent &a = x[i], &b = y[i];
+      const bool same = a.seq == b.seq && a.alloc == b.alloc && a.category == b.category && a.bytes == b.bytes &&
+                        a.total_after == b.total_after && a.tag == b.tag && a.shape == b.shape && a.dtype == b.dtype;
+      ASSERT_TRUE(same) << what << " event " << i << ": " << a.tag << " " << a.bytes << " vs " << b.tag << " "
+                        << b.bytes;
+    }
+  };
+  for (const Case& c : cases) {
+    const std::string what = name + " " + c.name;
+    Input in = input(m, c.T, {"flatpeak"});
+    settings_apply(in.settings, "ckpt.layer_tile=" + std::to_string(c.tile));
+    if (c.token_chunk > 0) settings_apply(in.settings, "moe.token_chunk=" + std::to_string(c.token_chunk));
+    settings_apply(in.settings, "batch=" + std::to_string(c.batch));
+    settings_apply(in.settings, c.hot ? hot : std::string("routing=balanced"));
+    in.settings.layout.ranks = 4;
+    in.settings.layout.cp = c.cp;
+    std::vector<RankPlan> kept, fresh;
+    PlanOptions ko, fo;
+    ko.events = fo.events = true;
+    ko.ranks = &kept;
+    fo.ranks = &fresh;
+    fo.reroute_each_n = true;
+    const Result a = plan_step(in, ko), b = plan_step(in, fo);
+    EXPECT_EQ(a.peak, b.peak) << what;
+    EXPECT_EQ(a.at_peak, b.at_peak) << what;
+    EXPECT_EQ(a.peak_tag, b.peak_tag) << what;
+    EXPECT_EQ(a.host_needed, b.host_needed) << what;
+    ASSERT_EQ(kept.size(), fresh.size()) << what;
+    for (size_t r = 0; r < kept.size(); ++r) {
+      EXPECT_GT(kept[r].events.size(), 0u) << what;
+      EXPECT_EQ(kept[r].events_seen, kept[r].events.size()) << what;  // the whole timeline was kept
+      same_events(kept[r].events, fresh[r].events, what + " rank " + std::to_string(r) + " device");
+      same_events(kept[r].host_events, fresh[r].host_events, what + " rank " + std::to_string(r) + " host");
+    }
+    // Repeats counted and routings kept (the planner's default) against neither.
+    std::vector<RankPlan> fast, full;
+    PlanOptions qo, so;
+    qo.ranks = &fast;
+    so.ranks = &full;
+    so.full_replay = true;
+    so.reroute_each_n = true;
+    const Result q = plan_step(in, qo), z = plan_step(in, so);
+    EXPECT_EQ(q.peak, z.peak) << what;
+    EXPECT_EQ(q.at_peak, z.at_peak) << what;
+    EXPECT_EQ(q.step_peak, z.step_peak) << what;
+    EXPECT_EQ(q.peak_tag, z.peak_tag) << what;
+    EXPECT_EQ(q.host_peak, z.host_peak) << what;
+    EXPECT_EQ(q.host_needed, z.host_needed) << what;
+    ASSERT_EQ(fast.size(), full.size()) << what;
+    for (size_t r = 0; r < fast.size(); ++r) {
+      EXPECT_EQ(fast[r].events_seen, full[r].events_seen) << what << " rank " << r;
+      EXPECT_EQ(fast[r].host_events_seen, full[r].host_events_seen) << what << " rank " << r;
+      EXPECT_EQ(fast[r].events_seen, kept[r].events_seen) << what << " rank " << r;
+      EXPECT_EQ(fast[r].peak, full[r].peak) << what << " rank " << r;
+      EXPECT_EQ(fast[r].at_peak, full[r].at_peak) << what << " rank " << r;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(PlanReuse, SmallModelsAsRerouted) {
+  expect_kept_routing_as_rerouted(small_model(), "small");
+  expect_kept_routing_as_rerouted(deepseek_small_config(3, 0, 1), "deepseek small");
+}
+
+// Every preset, its first layers (as PlanRepeats.EveryPresetAsTheFullReplay).
+TEST(PlanReuse, EveryPresetAsRerouted) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(source_path("configs/models"))) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 10u);
+  for (const std::filesystem::path& f : files) {
+    ModelConfig m = model_load(f.string()).cfg;
+    const int64_t L = std::min(m.num_hidden_layers, std::max<int64_t>(m.first_k_dense_replace, 0) + 2);
+    m.num_hidden_layers = L;
+    if (!m.layer_types.empty()) m.layer_types.resize(static_cast<size_t>(L));
+    std::erase_if(m.mlp_only_layers, [&](int64_t l) { return l >= L; });
+    expect_kept_routing_as_rerouted(m, f.filename().string());
   }
 }
 

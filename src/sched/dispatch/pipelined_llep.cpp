@@ -47,6 +47,7 @@
 // activations, so the expert FLOPs equal LLEP's. (Recomputing them instead would bound the
 // activations too, at the price of one expert forward per layer.)
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -90,10 +91,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   }
   std::string_view name() const override { return "pipelined_llep"; }
   bool reads_rows() const override { return true; }  // chunk membership is by token (moe_chunk_order)
-  void profile_reset() override {
-    profile_layers_.clear();
-    profile_chunks_.clear();
-  }
+  void profile_reset() override { profile_by_n_.clear(); }
 
   Tensor forward(StepContext& s, const LayerParams& lp, Tensor xs, std::span<const int64_t> offsets,
                  const MoeChunk& chunk, std::unique_ptr<DispatchActs>* keep) override {
@@ -115,14 +113,14 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     // tokens and 64 ranks this is most of a step's host work. The chunk order itself (pllep.rows) is a
     // device buffer of each layer's forward: the kernel builds it every layer (on the layer's own rows,
     // the same under a profile), and only a new layout reads its counts back.
-    // Under token chunks (Note [The MoE token side in chunks]) one layout per chunk of the block.
+    // Under token chunks (Note [The MoE token side in chunks]) one layout per chunk of the block, and one set
+    // per n of the block (Note [One routing per token count] in model/moe_block.cpp): a kept layout brings
+    // back the statistics its build left.
     const bool profiled = s.profile.kind != RoutingProfile::Kind::Kind_router;
     const size_t slot = static_cast<size_t>(chunk.index);
-    if (profile_layers_.size() <= slot) {
-      profile_layers_.resize(slot + 1);
-      profile_chunks_.resize(slot + 1);
-    }
-    const bool fresh = !profiled || profile_chunks_[slot] == nullptr;
+    std::vector<ProfileLayout>& kept = profile_by_n_[s.n];
+    if (kept.size() <= slot) kept.resize(slot + 1);
+    const bool fresh = !profiled || kept[slot].chunks == nullptr;
     std::shared_ptr<LlepLayer> layer;
     std::shared_ptr<ChunkLayout> built;
     if (fresh) {
@@ -133,8 +131,10 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
       a->layer = layer;
       a->chunks = built;
     } else {
-      a->layer = profile_layers_[slot];
-      a->chunks = profile_chunks_[slot];
+      a->layer = kept[slot].layer;
+      a->chunks = kept[slot].chunks;
+      stats_ = kept[slot].stats;
+      last_ = kept[slot].last;
     }
     const ChunkLayout& C = *a->chunks;
 
@@ -147,7 +147,7 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     chunk_order(s, chunk, C, *a, m, fresh);
     if (fresh) {
       chunks_finish(s, offsets, chunk, *layer, *built);
-      if (profiled) profile_layers_[slot] = layer, profile_chunks_[slot] = built;
+      if (profiled) kept[slot] = {layer, built, stats_, last_};
     }
     Tensor out;  // (m, H) expert order
     if (keep && !regather) out = be.alloc(kAct, {m, H}, s.precision.activations, "moe.ys");
@@ -496,9 +496,15 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
   std::vector<int64_t> comp_first_, comp_experts_;  // Note [Counts only for the experts a rank computes]
   std::vector<int32_t> comp_pos_;
   std::vector<ExpertWeights> weights_;
-  // Note [One chunk layout per step under a routing profile]; one per token chunk of the MoE block.
-  std::vector<std::shared_ptr<const LlepLayer>> profile_layers_;
-  std::vector<std::shared_ptr<const ChunkLayout>> profile_chunks_;
+  // Note [One chunk layout per step under a routing profile]; one per token chunk of the MoE block, by the
+  // block's n (Note [One routing per token count] in model/moe_block.cpp).
+  struct ProfileLayout {
+    std::shared_ptr<const LlepLayer> layer;
+    std::shared_ptr<const ChunkLayout> chunks;
+    LlepStats stats;  // what chunks_finish left in stats_ and last_
+    DispatchStats last;
+  };
+  std::map<int64_t, std::vector<ProfileLayout>> profile_by_n_;
 };
 
 }  // namespace
