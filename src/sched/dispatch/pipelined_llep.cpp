@@ -467,7 +467,8 @@ class PipelinedLlepDispatch : public LlepDispatchBase {
     offsets_.assign(1, 0);
     weights_.clear();
     if (!s.be.computes()) {
-      // Note [Meta skips the per-expert loops] (expert_ffn.cpp): one group of the chunk's rows.
+      // Meta computes nothing (the grouped entries of expert_ffn.cpp are no-ops there) and allocates by the
+      // chunk's total rows alone: one group of them, so a plan does not look up a weight per block.
       int64_t rows = 0;
       for (int64_t b = C.block_first[i]; b < C.block_first[i + 1]; ++b) rows += C.block_rows[b];
       offsets_.push_back(rows);
