@@ -38,4 +38,14 @@ std::vector<std::string> kernels_missing(const Kernels& table, const Precision& 
   return missing;
 }
 
+std::vector<std::string> kernels_refused(const Kernels& table, const std::vector<KernelUse>& uses) {
+  std::vector<std::string> refused;
+  if (table.refuses == nullptr) return refused;
+  for (const KernelUse& u : uses) {
+    const std::string why = table.refuses(u);
+    if (!why.empty()) refused.push_back(fmt::format("{} ({})", kernel_name(u.id), why));
+  }
+  return refused;
+}
+
 }  // namespace fp::ops

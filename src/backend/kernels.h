@@ -124,6 +124,24 @@ struct TakesBuf<void (*)(A...)> {
   static constexpr bool value = (kCarriesDtype<std::decay_t<A>> || ...);
 };
 
+// Note [Support by shape and options]: a backend may take an entry in a dtype and still not take every case
+// of it (ggml's supports_op): cuDNN's fused attention takes head widths up to a bound and not every
+// mask, a library's grouped GEMM may lack a bias epilogue. A use of an entry is the entry, the dtype its
+// token operands are stored in, and the attributes that can decide; a table may answer per use whether it
+// takes it (Kernels::refuses: "" when it does, else why; null: every use its dtypes allow). A model's uses
+// follow from its config and precision alone (model_kernel_uses, model/model.h), so a case its backend
+// refuses is an error naming the entry and the reason when the Model is made, before a run starts, and
+// never a silent switch to another kernel.
+struct KernelUse {
+  KernelId id;
+  DType dtype = DType::DType_F32;        // the token operands' storage
+  int64_t head_dim = 0, head_dim_v = 0;  // attention: the widths of queries and keys, and of values
+  int64_t window = 0;                    // attention: a sliding window of this many keys (0: none)
+  bool sinks = false;                    // attention: a learned sink logit per head
+  bool bias = false;                     // gemm_grouped, gemm_grouped_weight: the bias epilogues
+};
+using refuses_fn = std::string(const KernelUse& use);
+
 struct Kernels {
 #define FP_KERNEL_MEMBER(name) kernel_entry_t<::fp::ops::name##_fn*> name = nullptr;
   FP_KERNEL_LIST(FP_KERNEL_MEMBER)
@@ -134,6 +152,8 @@ struct Kernels {
 #define FP_QUERY_MEMBER(name) ::fp::ops::name##_fn* name = nullptr;
   FP_QUERY_LIST(FP_QUERY_MEMBER)
 #undef FP_QUERY_MEMBER
+  // Note [Support by shape and options]: null takes every use the dtypes allow (cpu, meta).
+  refuses_fn* refuses = nullptr;
 };
 
 // A table bound to one stream: K.name(args...) calls table.name({stream}, args...).
@@ -167,6 +187,8 @@ class KernelLauncher {
 uint32_t kernel_contract_dtypes(KernelId k);
 // "name (bf16)" for every entry that `table` lacks in a dtype a step of precision p needs; empty: covered.
 std::vector<std::string> kernels_missing(const Kernels& table, const Precision& p);
+// "name (why)" for every use that `table` refuses (Note [Support by shape and options]); empty: all taken.
+std::vector<std::string> kernels_refused(const Kernels& table, const std::vector<KernelUse>& uses);
 
 }  // namespace ops
 }  // namespace fp

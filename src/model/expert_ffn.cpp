@@ -74,6 +74,18 @@ std::vector<T> table(std::span<const ExpertWeights> w, T ExpertWeights::*field) 
   return t;
 }
 
+// The tables of the three projections (weights, biases or their gradients, by the members named).
+template <class T>
+struct Projections {
+  std::vector<T> gate, up, down;
+  const T* bias_or_null(const std::vector<T>& t) const { return t.empty() ? nullptr : t.data(); }
+};
+template <class T>
+Projections<T> tables(std::span<const ExpertWeights> w, T ExpertWeights::*gate, T ExpertWeights::*up,
+                      T ExpertWeights::*down) {
+  return {table(w, gate), table(w, up), table(w, down)};
+}
+
 }  // namespace
 
 Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertWeights> w,
@@ -86,19 +98,14 @@ Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertW
   const int64_t* off = offsets.data();
   // Every expert of the block in one call per projection (Note [The experts in one call]); the biases
   // (gpt_oss) are the calls' epilogues.
-  const std::vector<CBuf> gate = table(w, &ExpertWeights::gate), up = table(w, &ExpertWeights::up),
-                          down = table(w, &ExpertWeights::down);
-  std::vector<CBuf> gate_b, up_b, down_b;
-  if (d.bias) {
-    gate_b = table(w, &ExpertWeights::gate_b);
-    up_b = table(w, &ExpertWeights::up_b);
-    down_b = table(w, &ExpertWeights::down_b);
-  }
-  const auto bias = [&](const std::vector<CBuf>& b) { return d.bias ? b.data() : nullptr; };
+  using EW = ExpertWeights;
+  const Projections<CBuf> W = tables(w, &EW::gate, &EW::up, &EW::down);
+  Projections<CBuf> B;  // empty tables without biases: null in the calls
+  if (d.bias) B = tables(w, &EW::gate_b, &EW::up_b, &EW::down_b);
   a.g = be.alloc(kAct, {r, I}, dt, fmt::format("{}.g", d.tag));  // (r, I)
   a.u = be.alloc(kAct, {r, I}, dt, fmt::format("{}.u", d.tag));  // (r, I)
-  K.gemm_grouped(true, G, off, I, H, 1.0f, a.x.buf(), gate.data(), bias(gate_b), 0.0f, a.g.buf());
-  K.gemm_grouped(true, G, off, I, H, 1.0f, a.x.buf(), up.data(), bias(up_b), 0.0f, a.u.buf());
+  K.gemm_grouped(true, G, off, I, H, 1.0f, a.x.buf(), W.gate.data(), B.bias_or_null(B.gate), 0.0f, a.g.buf());
+  K.gemm_grouped(true, G, off, I, H, 1.0f, a.x.buf(), W.up.data(), B.bias_or_null(B.up), 0.0f, a.u.buf());
   a.act = be.alloc(kAct, {r, I}, dt, fmt::format("{}.act", d.tag));  // (r, I)
   if (d.swiglu_alpha > 0)
     K.swiglu_clamped_forward(a.g.buf(), a.u.buf(), a.act.buf(), r * I, d.swiglu_alpha, d.swiglu_limit);
@@ -110,7 +117,7 @@ Tensor expert_ffn_forward(Backend& be, const FfnDims& d, std::span<const ExpertW
     a.u.reset();
   }
   Tensor y = be.alloc(out_cat, {r, H}, dt, y_name);  // (r, H)
-  K.gemm_grouped(true, G, off, H, I, 1.0f, a.act.buf(), down.data(), bias(down_b), 0.0f, y.buf());
+  K.gemm_grouped(true, G, off, H, I, 1.0f, a.act.buf(), W.down.data(), B.bias_or_null(B.down), 0.0f, y.buf());
   if (!keep) a.act.reset();
   return y;
 }
@@ -123,22 +130,16 @@ Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const Expert
   FP_ASSERT(static_cast<int64_t>(offsets.size()) == G + 1 && offsets[0] == 0);
   const int64_t r = offsets[G];
   const int64_t* off = offsets.data();
-  const std::vector<CBuf> gate = table(w, &ExpertWeights::gate), up = table(w, &ExpertWeights::up),
-                          down = table(w, &ExpertWeights::down);
-  const std::vector<Buf> d_gate = table(w, &ExpertWeights::d_gate), d_up = table(w, &ExpertWeights::d_up),
-                         d_down = table(w, &ExpertWeights::d_down);
-  std::vector<Buf> d_gate_b, d_up_b, d_down_b;
-  if (d.bias) {
-    d_gate_b = table(w, &ExpertWeights::d_gate_b);
-    d_up_b = table(w, &ExpertWeights::d_up_b);
-    d_down_b = table(w, &ExpertWeights::d_down_b);
-  }
-  const auto bias = [&](const std::vector<Buf>& b) { return d.bias ? b.data() : nullptr; };
+  using EW = ExpertWeights;
+  const Projections<CBuf> W = tables(w, &EW::gate, &EW::up, &EW::down);
+  const Projections<Buf> dW = tables(w, &EW::d_gate, &EW::d_up, &EW::d_down);
+  Projections<Buf> dB;  // empty tables without biases: null in the calls
+  if (d.bias) dB = tables(w, &EW::d_gate_b, &EW::d_up_b, &EW::d_down_b);
 
   // down_proj
   Tensor dact = be.alloc(kAct, {r, I}, dt, fmt::format("{}.dact", d.tag));  // (r, I)
-  K.gemm_grouped(false, G, off, I, H, 1.0f, dy.buf(), down.data(), nullptr, 0.0f, dact.buf());
-  K.gemm_grouped_weight(G, off, H, I, 1.0f, dy.buf(), a.act.buf(), 1.0f, d_down.data(), bias(d_down_b));
+  K.gemm_grouped(false, G, off, I, H, 1.0f, dy.buf(), W.down.data(), nullptr, 0.0f, dact.buf());
+  K.gemm_grouped_weight(G, off, H, I, 1.0f, dy.buf(), a.act.buf(), 1.0f, dW.down.data(), dB.bias_or_null(dB.down));
   dy.reset();
   a.act.reset();
 
@@ -156,10 +157,10 @@ Tensor expert_ffn_backward(Backend& be, const FfnDims& d, std::span<const Expert
 
   // gate_proj, up_proj: dx = dg W_gate + du W_up, then the weight gradients.
   Tensor dx = be.alloc(out_cat, {r, H}, dt, dx_name);  // (r, H)
-  K.gemm_grouped(false, G, off, H, I, 1.0f, dg.buf(), gate.data(), nullptr, 0.0f, dx.buf());
-  K.gemm_grouped(false, G, off, H, I, 1.0f, du.buf(), up.data(), nullptr, 1.0f, dx.buf());
-  K.gemm_grouped_weight(G, off, I, H, 1.0f, dg.buf(), a.x.buf(), 1.0f, d_gate.data(), bias(d_gate_b));
-  K.gemm_grouped_weight(G, off, I, H, 1.0f, du.buf(), a.x.buf(), 1.0f, d_up.data(), bias(d_up_b));
+  K.gemm_grouped(false, G, off, H, I, 1.0f, dg.buf(), W.gate.data(), nullptr, 0.0f, dx.buf());
+  K.gemm_grouped(false, G, off, H, I, 1.0f, du.buf(), W.up.data(), nullptr, 1.0f, dx.buf());
+  K.gemm_grouped_weight(G, off, I, H, 1.0f, dg.buf(), a.x.buf(), 1.0f, dW.gate.data(), dB.bias_or_null(dB.gate));
+  K.gemm_grouped_weight(G, off, I, H, 1.0f, du.buf(), a.x.buf(), 1.0f, dW.up.data(), dB.bias_or_null(dB.up));
   dg.reset();
   du.reset();
   a.x.reset();

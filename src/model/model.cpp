@@ -3,6 +3,8 @@
 // Legend: L layers, E experts.
 #include "model/model.h"
 
+#include <algorithm>
+
 namespace fp {
 
 // Note [bf16 on a computing backend]: every allocation honours the precision recipe, and on the cpu
@@ -37,6 +39,31 @@ const Precision& precision_checked(const Backend& be, const Precision& p) {
 }
 }  // namespace
 
+std::vector<ops::KernelUse> model_kernel_uses(const ModelConfig& cfg, const Precision& p) {
+  using ops::KernelId;
+  std::vector<int64_t> windows;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    if (std::find(windows.begin(), windows.end(), cfg.layer_window(l)) == windows.end())
+      windows.push_back(cfg.layer_window(l));
+  std::vector<ops::KernelUse> uses;
+  for (const int64_t w : windows)
+    for (const KernelId k : {KernelId::KernelId_attention_forward, KernelId::KernelId_attention_backward,
+                             KernelId::KernelId_attention_block_forward, KernelId::KernelId_attention_block_backward}) {
+      ops::KernelUse u{k, p.activations};
+      u.head_dim = cfg.qk_head_dim();
+      u.head_dim_v = cfg.value_head_dim();
+      u.window = w;
+      u.sinks = cfg.attention_sinks();
+      uses.push_back(u);
+    }
+  for (const KernelId k : {KernelId::KernelId_gemm_grouped, KernelId::KernelId_gemm_grouped_weight}) {
+    ops::KernelUse u{k, p.activations};
+    u.bias = cfg.expert_bias();
+    uses.push_back(u);
+  }
+  return uses;
+}
+
 Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedules sched, const Precision& precision,
              Comm* comm, RankGroups groups)
     : cfg_(cfg),
@@ -52,6 +79,12 @@ Model::Model(const ModelConfig& cfg, Backend& be, RoutingProfile profile, Schedu
            "use --device cpu (or meta for peaks), or precision.recipe = \"fp32\" where bf16 is missing",
            "the {} backend lacks {} kernel(s) this model's step calls in precision {}: {}", be.name(), missing.size(),
            precision_describe(precision), fmt::join(missing, ", "));
+  // Note [Support by shape and options]: and every case of them it calls.
+  const std::vector<std::string> refused =
+      ops::kernels_refused(be.kernels().table(), model_kernel_uses(cfg, precision));
+  FP_CHECK(refused.empty(), "use --device cpu (or meta for peaks), or a model whose cases this backend takes",
+           "the {} backend refuses {} case(s) of this model's step in precision {}: {}", be.name(), refused.size(),
+           precision_describe(precision), fmt::join(refused, ", "));
   FP_CHECK(be.computes() || profile.kind != RoutingProfile::Kind::Kind_router,
            "set moe.routing_profile = \"balanced\" or \"hot:R:H\" for --device meta",
            "the meta backend computes no router: tokens-per-expert must come from a routing profile");

@@ -15,6 +15,11 @@
 
 namespace fp {
 
+// Note [Support by shape and options] (backend/kernels.h): the uses a step of this config in precision p makes
+// of the entries whose cases a backend may refuse: attention, flash and the ring's blocks (its head widths,
+// every window its layers use, its sinks), and the experts' grouped GEMMs (their bias epilogues).
+std::vector<ops::KernelUse> model_kernel_uses(const ModelConfig& cfg, const Precision& p);
+
 class Model {
  public:
   // Allocates parameters and gradients. The profile overrides the router (required on meta, where

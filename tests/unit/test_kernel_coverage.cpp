@@ -9,6 +9,7 @@
 #include "backend/kernels.h"
 #include "backend/meta/meta_backend.h"
 #include "core/precision.h"
+#include "model/model.h"
 #if FLATPEAK_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -34,6 +35,34 @@ TEST(KernelCoverage, ATableWithoutAKernelIsNamed) {
   EXPECT_EQ(ops::kernels_missing(t, precision_recipe("bf16")), std::vector<std::string>{"rope_forward (bf16)"});
 }
 
+// Note [Support by shape and options]: a table that refuses wide heads names each attention entry of a model
+// with them, once per window its layers use, and nothing of a model without them; cpu and meta refuse nothing.
+TEST(KernelCoverage, ARefusedCaseIsNamed) {
+  ops::Kernels t = ops::kernels_cpu();
+  t.refuses = [](const ops::KernelUse& u) -> std::string {
+    const bool attention = u.head_dim > 0;
+    if (attention && u.head_dim > 64) return "head widths up to 64";
+    if (attention && u.sinks) return "no sinks";
+    return "";
+  };
+  ModelConfig wide;
+  wide.num_hidden_layers = 2;
+  wide.head_dim = 128;
+  wide.sliding_window = 32;
+  wide.layer_types = {"sliding_attention", "full_attention"};
+  const Precision bf16 = precision_recipe("bf16");
+  const std::vector<std::string> refused = ops::kernels_refused(t, model_kernel_uses(wide, bf16));
+  EXPECT_EQ(refused.size(), 8u);  // 4 attention entries x 2 windows; the grouped GEMMs are taken
+  EXPECT_NE(std::find(refused.begin(), refused.end(), "attention_forward (head widths up to 64)"), refused.end());
+  ModelConfig narrow = wide;
+  narrow.head_dim = 64;
+  EXPECT_TRUE(ops::kernels_refused(t, model_kernel_uses(narrow, bf16)).empty());
+  narrow.model_type = ModelType::ModelType_gpt_oss;  // sinks
+  EXPECT_EQ(ops::kernels_refused(t, model_kernel_uses(narrow, bf16)).size(), 8u);
+  EXPECT_TRUE(ops::kernels_refused(ops::kernels_cpu(), model_kernel_uses(wide, bf16)).empty());
+  EXPECT_TRUE(ops::kernels_refused(ops::kernels_meta(), model_kernel_uses(wide, bf16)).empty());
+}
+
 #if FLATPEAK_HAVE_CUDA
 // The cuda skeleton's table (built without a GPU: it is a static table): seven f32 kernels.
 TEST(KernelCoverage, CudaSkeletonNamesWhatItLacks) {
@@ -44,6 +73,15 @@ TEST(KernelCoverage, CudaSkeletonNamesWhatItLacks) {
   EXPECT_EQ(std::find(fp32.begin(), fp32.end(), "gemm_grouped (f32)"), fp32.end());
   const std::vector<std::string> bf16 = ops::kernels_missing(kernels_cuda(), precision_recipe("bf16"));
   EXPECT_NE(std::find(bf16.begin(), bf16.end(), "gemm (bf16)"), bf16.end());
+  // Note [Support by shape and options]: its grouped GEMMs refuse gpt-oss's expert biases by name.
+  ModelConfig oss;
+  oss.num_hidden_layers = 1;
+  oss.head_dim = 64;
+  oss.model_type = ModelType::ModelType_gpt_oss;
+  const std::vector<std::string> refused =
+      ops::kernels_refused(kernels_cuda(), model_kernel_uses(oss, precision_recipe("fp32")));
+  EXPECT_EQ(refused.size(), 2u);
+  EXPECT_TRUE(ops::kernels_refused(kernels_cuda(), model_kernel_uses(ModelConfig{}, precision_recipe("fp32"))).empty());
 }
 #endif
 

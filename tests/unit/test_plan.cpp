@@ -529,25 +529,38 @@ void expect_repeats_as_full_replay(const ModelConfig& m, const std::string& name
 
 }  // namespace
 
-TEST(PlanRepeats, SmallModelsAsTheFullReplay) {
-  expect_repeats_as_full_replay(small_model(), "small");
-  expect_repeats_as_full_replay(deepseek_small_config(3, 0, 1), "deepseek small");
-}
+namespace {
 
-// Every preset, its first layers: the dense ones it starts with and two more (gpt-oss: a sliding and a full one).
-TEST(PlanRepeats, EveryPresetAsTheFullReplay) {
+// Every preset of configs/models (by file name), cut to its first layers: the dense ones it starts with and two
+// more (gpt-oss: a sliding and a full one).
+std::vector<std::pair<std::string, ModelConfig>> preset_first_layers() {
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::directory_iterator(source_path("configs/models"))) files.push_back(e.path());
   std::sort(files.begin(), files.end());
-  ASSERT_GE(files.size(), 10u);
+  std::vector<std::pair<std::string, ModelConfig>> out;
   for (const std::filesystem::path& f : files) {
     ModelConfig m = model_load(f.string()).cfg;
     const int64_t L = std::min(m.num_hidden_layers, std::max<int64_t>(m.first_k_dense_replace, 0) + 2);
     m.num_hidden_layers = L;
     if (!m.layer_types.empty()) m.layer_types.resize(static_cast<size_t>(L));
     std::erase_if(m.mlp_only_layers, [&](int64_t l) { return l >= L; });
-    expect_repeats_as_full_replay(m, f.filename().string());
+    out.emplace_back(f.filename().string(), std::move(m));
   }
+  return out;
+}
+
+}  // namespace
+
+TEST(PlanRepeats, SmallModelsAsTheFullReplay) {
+  expect_repeats_as_full_replay(small_model(), "small");
+  expect_repeats_as_full_replay(deepseek_small_config(3, 0, 1), "deepseek small");
+}
+
+// Every preset, its first layers (preset_first_layers).
+TEST(PlanRepeats, EveryPresetAsTheFullReplay) {
+  const std::vector<std::pair<std::string, ModelConfig>> presets = preset_first_layers();
+  ASSERT_GE(presets.size(), 10u);
+  for (const auto& [name, m] : presets) expect_repeats_as_full_replay(m, name);
 }
 
 namespace {
@@ -643,18 +656,9 @@ TEST(PlanReuse, SmallModelsAsRerouted) {
 
 // Every preset, its first layers (as PlanRepeats.EveryPresetAsTheFullReplay).
 TEST(PlanReuse, EveryPresetAsRerouted) {
-  std::vector<std::filesystem::path> files;
-  for (const auto& e : std::filesystem::directory_iterator(source_path("configs/models"))) files.push_back(e.path());
-  std::sort(files.begin(), files.end());
-  ASSERT_GE(files.size(), 10u);
-  for (const std::filesystem::path& f : files) {
-    ModelConfig m = model_load(f.string()).cfg;
-    const int64_t L = std::min(m.num_hidden_layers, std::max<int64_t>(m.first_k_dense_replace, 0) + 2);
-    m.num_hidden_layers = L;
-    if (!m.layer_types.empty()) m.layer_types.resize(static_cast<size_t>(L));
-    std::erase_if(m.mlp_only_layers, [&](int64_t l) { return l >= L; });
-    expect_kept_routing_as_rerouted(m, f.filename().string());
-  }
+  const std::vector<std::pair<std::string, ModelConfig>> presets = preset_first_layers();
+  ASSERT_GE(presets.size(), 10u);
+  for (const auto& [name, m] : presets) expect_kept_routing_as_rerouted(m, name);
 }
 
 TEST(PlanReport, JsonAndTable) {

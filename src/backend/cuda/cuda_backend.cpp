@@ -84,6 +84,12 @@ void gemm_grouped_cublas(const ExecContext& c, bool trans_b, int64_t G, const in
     gemm_cublas(c, false, trans_b, n, N, K, alpha, a.at(r0 * K), K, b[g], trans_b ? K : N, beta, cb.at(r0 * N), N);
   }
 }
+// Note [Support by shape and options] (backend/kernels.h): the skeleton's grouped GEMMs have no bias epilogues.
+std::string cuda_refuses(const ops::KernelUse& u) {
+  const bool grouped =
+      u.id == ops::KernelId::KernelId_gemm_grouped || u.id == ops::KernelId::KernelId_gemm_grouped_weight;
+  return grouped && u.bias ? "bias epilogues are not implemented yet in the cuda skeleton" : "";
+}
 void gemm_grouped_weight_cublas(const ExecContext& c, int64_t G, const int64_t* offsets, int64_t M, int64_t N,
                                 float alpha, CBuf a, CBuf b, float beta, const Buf* cb, const Buf* db) {
   for (int64_t g = 0; g < G; ++g) {
@@ -250,6 +256,7 @@ const ops::Kernels& kernels_cuda() {
     t.gemm = &gemm_cublas;
     t.gemm_grouped = &gemm_grouped_cublas;
     t.gemm_grouped_weight = &gemm_grouped_weight_cublas;
+    t.refuses = &cuda_refuses;
     t.fill = &fill_device;
     t.copy = &copy_device;
     t.add_inplace = &add_device;
