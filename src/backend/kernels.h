@@ -58,21 +58,22 @@ struct ExecContext {
 
 namespace ops {
 
-#define FP_KERNEL_LIST(X)                                                                                           \
-  X(gemm)                                                                                                           \
-  X(gemm_tiled)                                                                                                     \
-  X(gemm_grouped)                                                                                                   \
-  X(gemm_grouped_weight) X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward)          \
-      X(rope_forward) X(rope_backward) X(rope_strided_forward) X(rope_strided_backward) X(attention_forward)        \
-          X(attention_backward) X(attention_sink_backward) X(attention_block_forward) X(attention_block_backward)   \
-              X(swiglu_forward) X(swiglu_backward) X(swiglu_clamped_forward) X(swiglu_clamped_backward)             \
-                  X(router_forward) X(router_gather) X(router_backward) X(router_sigmoid_forward)                   \
-                      X(router_sigmoid_gather) X(router_sigmoid_backward) X(moe_routing_build) X(moe_gather)        \
-                          X(moe_scatter) X(moe_chunk_order) X(moe_combine_forward) X(moe_combine_backward)          \
-                              X(moe_scatter_add) X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)    \
-                                  X(online_lse_init) X(online_lse_fold) X(online_lse_loss) X(online_lse_backward)   \
-                                      X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq) \
-                                          X(reduce_sumsq_multi) X(bias_add) X(bias_backward) X(column_sums_f64)     \
+#define FP_KERNEL_LIST(X)                                                                                            \
+  X(gemm)                                                                                                            \
+  X(gemm_tiled)                                                                                                      \
+  X(gemm_grouped)                                                                                                    \
+  X(gemm_grouped_weight)                                                                                             \
+  X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(rope_forward) X(rope_backward) \
+      X(rope_strided_forward) X(rope_strided_backward) X(attention_forward) X(attention_backward)                    \
+          X(attention_sink_backward) X(attention_block_forward) X(attention_block_backward) X(swiglu_forward)        \
+              X(swiglu_backward) X(swiglu_clamped_forward) X(swiglu_clamped_backward) X(router_forward)              \
+                  X(router_gather) X(router_backward) X(router_sigmoid_forward) X(router_sigmoid_gather)             \
+                      X(router_sigmoid_backward) X(routing_bias_update) X(moe_routing_build) X(moe_gather)           \
+                          X(moe_scatter) X(moe_chunk_order) X(moe_combine_forward) X(moe_combine_backward)           \
+                              X(moe_scatter_add) X(log_softmax_forward) X(nll_forward) X(cross_entropy_backward)     \
+                                  X(online_lse_init) X(online_lse_fold) X(online_lse_loss) X(online_lse_backward)    \
+                                      X(add_inplace) X(scale_inplace) X(fill) X(copy) X(reduce_sum) X(reduce_sumsq)  \
+                                          X(reduce_sumsq_multi) X(bias_add) X(bias_backward) X(column_sums_f64)      \
                                               X(copy_2d) X(add_2d) X(adamw_update) X(adamw_update_multi)
 
 // The type of a table entry: the op's signature (ops::name_fn in ops/*.h) with the context first.

@@ -625,6 +625,16 @@ Case case_router_sigmoid_backward(Env& e, const Dims& d) {
   return c;
 }
 
+// The sigmoid router's bias between steps: E entries read and written, E loads read.
+Case case_routing_bias_update(Env& e, const Dims& d) {
+  const int64_t E = d.E;
+  float* bias = e.f32(E);
+  const double* load = e.f64_fill(E, 1.0);
+  Case c{fmt::format("E={} (aux-loss-free balancing)", E), 0, f(E) * (4 + 4 + 8), false, {}};
+  c.launch = [K = e.K, bias, load, E] { K.routing_bias_update(bias, load, E, 1.0, 1e-3); };
+  return c;
+}
+
 Case case_moe_routing_build(Env& e, const Dims& d) {
   const int64_t n = d.rn, k = d.k, E = d.E;
   const int32_t* idx = e.up(e.ids(n * k, E));
@@ -994,6 +1004,7 @@ const std::map<std::string, CaseFn>& cases() {
       {"router_sigmoid_forward", case_router_sigmoid_forward},
       {"router_sigmoid_gather", case_router_sigmoid_gather},
       {"router_sigmoid_backward", case_router_sigmoid_backward},
+      {"routing_bias_update", case_routing_bias_update},
       {"moe_routing_build", case_moe_routing_build},
       {"moe_gather", case_moe_gather},
       {"moe_scatter", case_moe_scatter},

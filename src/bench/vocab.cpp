@@ -232,7 +232,7 @@ void variant_run_once(VocabVariant& v, const BenchVocabOptions& o, Comm& comm, i
       v.comm_peak_bytes, static_cast<uint64_t>(max_over_ranks(comm, static_cast<double>(led.peak(Category::Category_comm)))));
   if (i == 0 && o.breakdown) v.breakdown = ledger_peak_breakdown(led);
   if (i == 0 && be.computes()) {
-    double loss_sum = h.loss_sum;
+    double loss_sum = head_loss_sum(be, h);
     comm.all_reduce_sum(&loss_sum, 1, DType::DType_F64);
     v.loss = loss_sum * static_cast<double>(scale);
     v.dx_host.resize(static_cast<size_t>(v.dx.numel()));

@@ -191,10 +191,13 @@ struct MoeActs {
   Tensor ys;                               // (m, H) expert outputs in expert order (activations)
   Tensor shared_g, shared_u, shared_act;   // (n, Is) x 3: the shared experts' FFN (Note [Shared experts])
 };
-// Per-layer routing statistics for the load-balancing loss (host).
+// Per-layer routing statistics for the load-balancing loss.
 struct RouterStats {
-  std::vector<int64_t> counts;   // (E) routed copies per expert
-  std::vector<double> prob_sum;  // (E) sum over tokens of the router probability (empty on meta)
+  std::vector<int64_t> counts;  // (E) routed copies per expert (host: the routing sort's offsets)
+  // (E) on the device, f64: the block adds the sums over its tokens of the router probability here (the
+  // step's row of this layer, zeroed by it, read once at the step's end: Note [One read at the step's end]
+  // in step/step.cpp); null when nobody reads them.
+  double* prob_sum = nullptr;
 };
 // The output x2 is allocated in category out_cat (checkpoints when it is the next layer's boundary).
 Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1, MoeActs* keep, RouterStats* stats,
@@ -235,11 +238,16 @@ void layer_backward_tiled(StepContext& s, const LayerParams& lp, const Tensor& x
                           Tensor& dx);
 
 // ---- head, plain ("full") vocabulary schedule: final RMSNorm, logits, log-softmax and their gradient
-// each (n, V) fp32. Returns the sum of the token losses (NaN on meta); writes dxL (n, H) and accumulates
-// the gradients of model.norm and lm_head. scale = 1 / (number of target tokens).
+// each (n, V) fp32. Returns the sum of the token losses; writes dxL (n, H) and accumulates the gradients of
+// model.norm and lm_head. scale = 1 / (number of target tokens).
 struct HeadResult {
-  double loss_sum = 0;
+  // (1) on the device (category workspace): f32 from the plain head, f64 from Ring-DTP's. Not read by the
+  // head: the step reads it once at its end (Note [One read at the step's end] in step/step.cpp).
+  Tensor loss_sum;
 };
+// The head's loss sum on the host, as a double (NaN on meta). A blocking copy: call it where the device has
+// drained anyway (the step's end).
+double head_loss_sum(Backend& be, const HeadResult& r);
 // With backward = false (evaluation) only the loss is computed and dxL is not touched.
 HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tensor& xL, const Tensor& targets,
                                       float scale, Tensor& dxL, std::vector<float>* logits_out, bool backward = true);

@@ -544,13 +544,13 @@ void mla_tile_kv_backward(StepContext& s, const LayerParams& lp, const Tensor& x
   norm_in_backward(s, lp, x, t, rstd1, dh1_t, dx);
 }
 
+// The tile's counts added into the layer's (its probability sums went into the layer's row on the device).
 void stats_add(RouterStats& into, const RouterStats& tile) {
   if (into.counts.empty()) {
-    into = tile;
+    into.counts = tile.counts;
     return;
   }
   for (size_t e = 0; e < tile.counts.size(); ++e) into.counts[e] += tile.counts[e];
-  for (size_t e = 0; e < tile.prob_sum.size(); ++e) into.prob_sum[e] += tile.prob_sum[e];
 }
 
 }  // namespace
@@ -568,7 +568,7 @@ Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& 
     keys_values(s, lp, x, tiles, k, v);
   if (before_output) before_output();
   Tensor out = be.alloc(out_cat, {n, H}, s.precision.activations, out_name);
-  if (stats) *stats = RouterStats{};
+  if (stats) stats->counts.clear();
   RouterStats last;  // the last tile's, added again for each tile counted (Note [Tiles replayed once])
   const auto body = [&](const Tile& t) {
     AttnActs a;
@@ -579,6 +579,7 @@ Tensor layer_forward_tiled(StepContext& s, const LayerParams& lp, const Tensor& 
       TileTokens window(s, t.rows);
       if (sparse) {
         RouterStats tile_stats;
+        if (stats) tile_stats.prob_sum = stats->prob_sum;  // each tile adds its sums into the layer's row
         x2 = moe_block_forward(s, lp, x1, nullptr, stats ? &tile_stats : nullptr, Category::Category_activations,
                                "tile.x2");
         if (stats) stats_add(*stats, tile_stats);

@@ -98,13 +98,16 @@ void Model::set_context_parallel(int cp) {
 
 std::vector<Param*> Model::routing_bias_update(const std::vector<int64_t>& expert_counts, double rate) {
   std::vector<Param*> written;
-  if (!cfg_.router_sigmoid() || rate == 0.0 || !be_.computes()) return written;
+  if (!cfg_.router_sigmoid() || rate == 0.0) return written;
   const int64_t L = cfg_.num_hidden_layers, E = cfg_.num_experts;
   FP_ASSERT(static_cast<int64_t>(expert_counts.size()) == L * E, "expert_counts holds {} for L x E = {}",
             expert_counts.size(), L * E);
   std::vector<double> counts(expert_counts.begin(), expert_counts.end());
   params_.comm().all_reduce_sum(counts.data(), L * E, DType::DType_F64);
-  std::vector<float> host;
+  // The loads go to the device and the bias moves there (nothing is read back: docs/design.md, "Host syncs
+  // of one step"); the counts are the host's already (the routing sort's offsets).
+  Tensor load = be_.alloc(Category::Category_workspace, {L, E}, DType::DType_F64, "moe.bias_load");
+  be_.copy_from_host(load.data(), counts.data(), load.bytes());
   for (int64_t l = 0; l < L; ++l) {
     if (!cfg_.layer_is_sparse(l)) continue;
     Param* b = params_.layers[l].gate_bias;
@@ -114,14 +117,7 @@ std::vector<Param*> Model::routing_bias_update(const std::vector<int64_t>& exper
     mean /= static_cast<double>(E);
     Tensor& w = b->local_w();  // this rank's rows of the (E) bias, f32 in every recipe (Note [Parameters kept in f32])
     FP_ASSERT(w.dtype() == DType::DType_F32, "{} is {}, not f32", b->name, dtype_name(w.dtype()));
-    host.resize(static_cast<size_t>(w.numel()));
-    be_.copy_to_host(host.data(), w.data(), w.bytes());
-    for (int64_t r = 0; r < b->block.rows; ++r) {
-      const double err = mean - c[b->block.row0 + r];
-      const double step = err > 0 ? rate : err < 0 ? -rate : 0.0;
-      host[r] = static_cast<float>(static_cast<double>(host[r]) + step);
-    }
-    be_.copy_from_host(w.data(), host.data(), w.bytes());
+    be_.kernels().routing_bias_update(w.f32(), load.f64() + l * E + b->block.row0, b->block.rows, mean, rate);
     written.push_back(b);
   }
   return written;

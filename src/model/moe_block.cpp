@@ -157,20 +157,15 @@ void routing_sort(StepContext& s, const MoeActs& a, int64_t t0, int64_t nc, Tens
 }
 
 // stats (the load-balancing loss's): routed copies per expert from the offsets (E + 1) of a chunk of the
-// block's tokens (added), and with sums the router probabilities summed over all the block's tokens.
+// block's tokens (added), and with sums the router probabilities summed over all the block's tokens, added
+// on the device into stats.prob_sum where the step asks for them (each column in token order, in double:
+// the sums a host loop would make; nothing crosses to the host here, Note [One read at the step's end] in
+// step/step.cpp).
 void stats_fill(StepContext& s, const MoeActs& a, std::span<const int64_t> offsets, RouterStats& stats, bool sums) {
-  Backend& be = s.be;
   const int64_t E = s.cfg.num_experts;
   stats.counts.resize(static_cast<size_t>(E), 0);
   for (int64_t e = 0; e < E; ++e) stats.counts[e] += offsets[e + 1] - offsets[e];
-  if (!sums) return;
-  // Summed on the device (the same double sums, in token order, as a host loop would): E numbers
-  // cross to the host, not the (n, E) probabilities. Allocated on meta too (the same ledger).
-  Tensor t = be.alloc(Category::Category_workspace, {E}, DType::DType_F64, "moe.prob_sum");
-  be.kernels().column_sums_f64(a.probs.f32(), s.n, E, t.f64());
-  if (!be.computes()) return;
-  stats.prob_sum.resize(static_cast<size_t>(E));
-  be.copy_to_host(stats.prob_sum.data(), t.data(), t.bytes());
+  if (sums && stats.prob_sum != nullptr) s.be.kernels().column_sums_f64(a.probs.f32(), s.n, E, stats.prob_sum);
 }
 
 // ---- Note [The MoE token side in chunks]
@@ -305,7 +300,7 @@ Tensor moe_block_forward_chunked(StepContext& s, const LayerParams& lp, const Te
   MoeActs a;
   norm_and_route(s, lp, x1, a, profiled && be.computes());
   Tensor x2 = moe_output_start(s, lp, x1, a, false, out_cat, out_name);
-  if (stats) *stats = RouterStats{};
+  if (stats) stats->counts.clear();
   std::vector<int64_t> offsets;
   for (int64_t t0 = 0, chunk = 0; t0 < n; t0 += c, ++chunk) {
     const int64_t nc = std::min(c, n - t0), mc = nc * k;
@@ -354,7 +349,7 @@ Tensor moe_block_forward(StepContext& s, const LayerParams& lp, const Tensor& x1
     s.profile_offsets = a.offsets;
   }
   if (stats) {
-    *stats = RouterStats{};
+    stats->counts.clear();
     stats_fill(s, a, a.offsets, *stats, true);
   }
   // The rows go into a dispatch that reads them (Note [The routing sort on the device]), which frees them

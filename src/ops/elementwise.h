@@ -49,8 +49,9 @@ using bias_add_fn = void(Buf y, CBuf b, int64_t rows, int64_t d);
 // (the same bits for any thread count), added to db in f32.
 using bias_backward_fn = void(CBuf dy, Buf db, int64_t rows, int64_t d);
 
-// out (d) = the column sums of x (rows, d) in double, each in row order (the router's probability sums
-// of the load-balancing loss; the same bits for any thread count).
+// out (d) += the column sums of x (rows, d): each column summed from zero in double, in row order, then added
+// to out (the router's probability sums of the load-balancing loss, added layer tile by layer tile into a
+// row the step zeroed; the same bits for any thread count).
 using column_sums_f64_fn = void(CBuf x, int64_t rows, int64_t d, double* out);
 
 // Strided blocks (MLA's head splits and the shared RoPE key): dst[r * ldd + c] = src[r * lds + c] (copy_2d,

@@ -60,4 +60,11 @@ using router_sigmoid_gather_fn = void(const float* scores, const int32_t* topk_i
 using router_sigmoid_backward_fn = void(const float* scores, const int32_t* topk_idx, const float* d_topk_w,
                                         float* dlogits, RouterSpec spec);
 
+// The sigmoid router's bias b between steps (aux-loss-free balancing, Model::routing_bias_update): each of
+// rows entries moved by rate toward the mean load, in double, rounded once:
+//   bias[r] = float(double(bias[r]) + (mean > load[r] ? rate : mean < load[r] ? -rate : 0)).
+// load (rows) f64 is every rank's routed copies of those experts (device memory); mean and rate are host
+// scalars. Bit for bit that formula on every backend.
+using routing_bias_update_fn = void(float* bias, const double* load, int64_t rows, double mean, double rate);
+
 }  // namespace fp::ops

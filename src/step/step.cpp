@@ -35,32 +35,38 @@ std::vector<int32_t> sequence_positions(const Batch& batch) {
   return pos;
 }
 
+// ---- Note [One read at the step's end]
+// On a GPU a blocking device-to-host copy waits for everything queued before it (docs/design.md, "Host
+// syncs of one step"). Two figures of the step are only reported, never read by the step itself: the
+// loss sum (the head's, HeadResult) and the router probability sums of the load-balancing loss (E per MoE
+// layer, RouterStats::prob_sum). Both stay on the device until the step has synchronized at its end
+// (inherent: the step's end), and are read there: the loss sum as one scalar, the probability sums as one
+// (L, E) f64 tensor that the step zeroes and the MoE blocks (their tiles, in order) add into. The numbers
+// are those of the reads they replace: the same double sums in the same order (column_sums_f64 adds each
+// tile's sums, summed from zero, as the host loop added them), and the loss value is computed from the same
+// host sums after the ranks' all-reduce. Only the load-balancing loss's gradient needs anything during
+// the step, and it reads the counts (host, from the routing sort, inherent), not the probabilities.
+
 // The load-balancing loss (step.h) from the routing statistics of the MoE layers (a dense layer has no
 // router: its row of expert_counts stays zero), as transformers concatenates the router logits of those
-// only: sets out.expert_counts and out.aux_loss. Returns, with backward and a non-zero coefficient, the
-// bias (E, category workspace) its gradient adds to every router probability; undefined otherwise.
-// Collective (over every rank's tokens).
-Tensor aux_loss_compute(const ModelConfig& cfg, Backend& be, Comm& comm, const std::vector<RouterStats>& stats,
-                        int64_t n, bool backward, double aux_weight, StepOutputs& out) {
+// only: sets out.expert_counts and returns every rank's routed copies per expert (E), the loss's first
+// factor (its value waits for the probability sums: aux_loss_finish, Note [One read at the step's end]).
+// Sets `aux_bias`, with backward and a non-zero coefficient, to the bias (E, category workspace) its
+// gradient adds to every router probability; undefined otherwise. Collective (over every rank's tokens).
+std::vector<double> aux_loss_counts(const ModelConfig& cfg, Backend& be, Comm& comm,
+                                    const std::vector<RouterStats>& stats, int64_t n, bool backward, double aux_weight,
+                                    StepOutputs& out, Tensor& aux_bias) {
   const int64_t L = cfg.num_hidden_layers, E = cfg.num_experts;
   out.expert_counts.assign(static_cast<size_t>(L * E), 0);
-  std::vector<double> count_total(static_cast<size_t>(E), 0.0), prob_total(static_cast<size_t>(E), 0.0);
+  std::vector<double> count_total(static_cast<size_t>(E), 0.0);
   for (int64_t l = 0; l < L; ++l)
     for (int64_t e = 0; e < E && cfg.layer_is_sparse(l); ++e) {
       out.expert_counts[l * E + e] = stats[l].counts[e];
       count_total[e] += static_cast<double>(stats[l].counts[e]);
-      if (!stats[l].prob_sum.empty()) prob_total[e] += stats[l].prob_sum[e];
     }
   // Over every rank's tokens: R rows of the concatenated router outputs.
   comm.all_reduce_sum(count_total.data(), E, DType::DType_F64);
-  if (be.computes()) comm.all_reduce_sum(prob_total.data(), E, DType::DType_F64);
   const double R = static_cast<double>(cfg.sparse_layer_count() * n * comm.size());
-  double aux = 0;
-  for (int64_t e = 0; e < E; ++e) aux += (count_total[e] / R) * (prob_total[e] / R);
-  aux *= static_cast<double>(E);
-  // The sigmoid router has no load-balancing loss (its bias balances between steps: routing_bias_update).
-  out.aux_loss = cfg.router_sigmoid() ? 0.0 : be.computes() ? aux : std::nan("");
-  Tensor aux_bias;
   if (backward && cfg.router_aux_loss_coef != 0.0) {
     std::vector<float> bias(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e)
@@ -69,7 +75,34 @@ Tensor aux_loss_compute(const ModelConfig& cfg, Backend& be, Comm& comm, const s
     aux_bias = be.alloc_f32(Category::Category_workspace, {E}, "moe.aux_bias");
     be.copy_from_host(aux_bias.data(), bias.data(), aux_bias.bytes());
   }
-  return aux_bias;
+  return count_total;
+}
+
+// The load-balancing loss's value into out.aux_loss, from the counts (aux_loss_counts) and the (L, E) router
+// probability sums on the device (undefined without a softmax router), read once: call it after the step's
+// synchronize (Note [One read at the step's end]). Collective.
+void aux_loss_finish(const ModelConfig& cfg, Backend& be, Comm& comm, const std::vector<double>& count_total,
+                     const Tensor& prob_sums, int64_t n, StepOutputs& out) {
+  // The sigmoid router has no load-balancing loss (its bias balances between steps: routing_bias_update).
+  if (cfg.router_sigmoid()) {
+    out.aux_loss = 0.0;
+    return;
+  }
+  if (!be.computes()) {
+    out.aux_loss = std::nan("");
+    return;
+  }
+  const int64_t L = cfg.num_hidden_layers, E = cfg.num_experts;
+  std::vector<double> by_layer(static_cast<size_t>(L * E));
+  be.copy_to_host(by_layer.data(), prob_sums.data(), prob_sums.bytes());
+  std::vector<double> prob_total(static_cast<size_t>(E), 0.0);
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t e = 0; e < E && cfg.layer_is_sparse(l); ++e) prob_total[e] += by_layer[l * E + e];
+  comm.all_reduce_sum(prob_total.data(), E, DType::DType_F64);
+  const double R = static_cast<double>(cfg.sparse_layer_count() * n * comm.size());
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) aux += (count_total[e] / R) * (prob_total[e] / R);
+  out.aux_loss = aux * static_cast<double>(E);
 }
 
 // What the backward of one layer reads when it is not recomputed (Note [No recompute]): kept by the
@@ -248,6 +281,15 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const int64_t every = sched.ckpt.every;
   std::unique_ptr<BoundaryStore> store = boundary_store_create(sched.ckpt, be, (L + every - 1) / every);
   std::vector<RouterStats> stats(static_cast<size_t>(L));
+  // Note [One read at the step's end]: the MoE layers' router probability sums, added on the device.
+  Tensor prob_sums;
+  if (cfg.sparse_layer_count() > 0 && !cfg.router_sigmoid()) {
+    const int64_t E = cfg.num_experts;
+    prob_sums = be.alloc(Category::Category_workspace, {L, E}, DType::DType_F64, "moe.prob_sums");
+    const std::vector<double> zeros(be.computes() ? static_cast<size_t>(L * E) : 0, 0.0);
+    be.copy_from_host(prob_sums.data(), zeros.data(), prob_sums.bytes());
+    for (int64_t l = 0; l < L; ++l) stats[l].prob_sum = prob_sums.f64() + l * E;
+  }
   // Note [No recompute]: every layer's activations, kept by the forward for the backward.
   const bool keep = backward && !sched.ckpt.recompute;
   std::vector<LayerActs> kept(keep ? static_cast<size_t>(L) : 0);
@@ -286,7 +328,20 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
 
   StepOutputs out;
   out.target_tokens = target_tokens;
-  Tensor aux_bias = aux_loss_compute(cfg, be, comm, stats, n, backward, weights.aux_weight, out);
+  Tensor aux_bias;
+  const std::vector<double> count_total =
+      aux_loss_counts(cfg, be, comm, stats, n, backward, weights.aux_weight, out, aux_bias);
+  // The step's end: every figure read once (Note [One read at the step's end]).
+  HeadResult head;
+  const auto finish = [&] {
+    be.synchronize();
+    double loss_sum = head_loss_sum(be, head);
+    comm.all_reduce_sum(&loss_sum, 1, DType::DType_F64);  // NaN on meta
+    aux_loss_finish(cfg, be, comm, count_total, prob_sums, n, out);
+    out.ce_loss = loss_sum / static_cast<double>(mean_over);
+    out.loss = out.ce_loss + cfg.router_aux_loss_coef * weights.aux_weight * out.aux_loss;
+    return out;
+  };
 
   // Head: loss and d x_L. The plain head reads the whole lm_head (the FSDP2 baseline: every rank
   // computes its N x V logits); Ring-DTP reads only this rank's rows (lm_head_shard()) once its
@@ -299,28 +354,21 @@ StepOutputs step_run(Model& model, const Batch& batch, std::vector<float>* logit
   const int64_t head_unit = head_reads_shard ? params.unit_norm() : params.unit_head();
   params.unit_gather(head_unit);
   if (backward) params.unit_grad_begin(head_unit);
-  HeadResult head = head_forward_backward(s, sched.vocab, params, x, targets, 1.0f / static_cast<float>(mean_over), dx,
-                                          logits_out, backward);
+  head = head_forward_backward(s, sched.vocab, params, x, targets, 1.0f / static_cast<float>(mean_over), dx, logits_out,
+                               backward);
   if (backward) params.unit_grad_reduce(head_unit);
   params.unit_release(head_unit);
   x.reset();
-  if (be.computes()) comm.all_reduce_sum(&head.loss_sum, 1, DType::DType_F64);
-  out.ce_loss = head.loss_sum / static_cast<double>(mean_over);
-  out.loss = out.ce_loss + cfg.router_aux_loss_coef * weights.aux_weight * out.aux_loss;
-  if (!backward) {
-    be.synchronize();
-    return out;
-  }
+  if (!backward) return finish();
 
   layers_backward(s, params, *store, every, aux_bias, dx, keep ? &kept : nullptr);
   store->clear();
   params.unit_grad_begin(params.unit_embed());
   K.embedding_backward(tokens.i32(), dx.cbuf(), params.embed_tokens->g.buf(), n, H);
   params.unit_grad_reduce(params.unit_embed());
-  be.synchronize();
   // Every gradient is final: the dense shards got the sum over ranks by reduce-scatter, and each
   // expert's owner received every rank's tokens for it (the dispatch), so nothing is left to sum.
-  return out;
+  return finish();
 }
 }  // namespace
 

@@ -128,8 +128,8 @@ HeadOut head_run(const Case& c, const Inputs& in, Comm& comm, int64_t t0, int64_
   HeadOut o;
   be->device_ledger().peaks_reset();
   const size_t first_event = be->device_ledger().events().size();
-  o.loss_sum =
-      head_forward_backward(s, v, ps, xL, targets, 1.0f / static_cast<float>(in.count), dx, nullptr, true).loss_sum;
+  o.loss_sum = head_loss_sum(
+      *be, head_forward_backward(s, v, ps, xL, targets, 1.0f / static_cast<float>(in.count), dx, nullptr, true));
   o.vocab_peak = be->device_ledger().peak(Category::Category_vocab);
   o.comm_peak = be->device_ledger().peak(Category::Category_comm);
   const std::vector<LedgerEvent>& ev = be->device_ledger().events();

@@ -126,7 +126,7 @@ HeadOut head_run(const HeadCase& c, VocabSchedule::Kind kind, bool want_logits =
   be->device_ledger().peaks_reset();
   const HeadResult r = head_forward_backward(s, v, ps, xL, targets, 1.0f / static_cast<float>(count), dx,
                                              want_logits ? &o.logits : nullptr, true);
-  o.loss_sum = r.loss_sum;
+  o.loss_sum = head_loss_sum(*be, r);
   o.dx = to_host(*be, dx);
   o.dnorm = to_host(*be, ps.norm->g);
   o.dW = to_host(*be, ps.lm_head->g);

@@ -942,6 +942,24 @@ void case_router_sigmoid_backward(KernelRun& r) {
   r.expect("dlogits", {s.n, s.E}, d_dl, dl, router_tol());
 }
 
+// Aux-loss-free balancing between steps (Model::routing_bias_update): exact; loads below, at and above the
+// mean, a rate that is not a float.
+void case_routing_bias_update(KernelRun& r) {
+  constexpr int64_t kRowsBias = 37;
+  std::vector<float> bias(kRowsBias);
+  for (float& b : bias) b = static_cast<float>(r.rng.normal());
+  std::vector<double> load(kRowsBias);
+  for (int64_t i = 0; i < kRowsBias; ++i) load[i] = static_cast<double>(i % 5);
+  const double mean = 2.0, rate = 1e-3;
+  std::vector<float> want = bias;
+  ops::ref::routing_bias_update<float>(want.data(), load.data(), kRowsBias, mean, rate);
+  float* db = r.up(bias, "bias");
+  const double* dl = r.up(load, "load");
+  r.K.routing_bias_update(db, dl, kRowsBias, mean, rate);
+  r.sync();
+  r.expect("bias", {kRowsBias}, db, want, op_test::tol_exact());
+}
+
 // The routing sort (test_moe_routing.cpp): byte for byte; random choices with repeats within a token, so
 // some experts are empty or shared by a token's slots. Outputs poisoned: every entry must be written.
 void case_moe_routing_build(KernelRun& r) {
@@ -1376,10 +1394,13 @@ void case_bias_backward(KernelRun& r) {
 
 void case_column_sums_f64(KernelRun& r) {
   const std::vector<float> x = random_vector(kRows * kCols, r.rng);
-  std::vector<double> want(kCols);
+  // Added into what out holds (a layer's earlier tiles).
+  std::vector<double> out0(kCols);
+  for (double& v : out0) v = 0.5 + static_cast<double>(r.rng.uniform());
+  std::vector<double> want = out0;
   ops::ref::column_sums_f64<float>(x.data(), kRows, kCols, want.data());
   const float* dx = r.up(x, "x");
-  double* dout = r.up(std::vector<double>(kCols, std::numeric_limits<double>::quiet_NaN()), "out");
+  double* dout = r.up(out0, "out");
   r.K.column_sums_f64(dx, kRows, kCols, dout);
   r.sync();
   r.expect("out", dout, want, op_test::tol_exact());
@@ -1518,6 +1539,7 @@ const std::map<std::string, CaseFn>& cases() {
       {"router_sigmoid_forward", case_router_sigmoid_forward},
       {"router_sigmoid_gather", case_router_sigmoid_gather},
       {"router_sigmoid_backward", case_router_sigmoid_backward},
+      {"routing_bias_update", case_routing_bias_update},
       {"moe_routing_build", case_moe_routing_build},
       {"moe_gather", case_moe_gather},
       {"moe_scatter", case_moe_scatter},

@@ -168,9 +168,11 @@ TEST(PlanOneRank, ClosedFormsOfThePlainSchedules) {
   // One rank receives nothing: its own routed copies (xs, ys, dys, dxs, ids) are activations.
   EXPECT_EQ(at(r.peak, kDispatch), 0u);
   // The gradient norm's sums of squares, one float per parameter tensor (embed, norm, lm_head, and per
-  // layer 9 dense tensors and 3 per expert), the aux-loss bias, the rmsnorm partials.
+  // layer 9 dense tensors and 3 per expert), the aux-loss bias, the rmsnorm partials, the loss sum and the
+  // router probability sums (L, E) f64 held to the step's end (Note [One read at the step's end]).
   const uint64_t tensors = 3 + static_cast<uint64_t>(L * (9 + 3 * E));
-  EXPECT_EQ(at(r.peak, kWs), 4 * tensors + 4 * static_cast<uint64_t>(E) + 4 * static_cast<uint64_t>(N) + 4);
+  EXPECT_EQ(at(r.peak, kWs), 4 * tensors + 4 * static_cast<uint64_t>(E) + 4 * static_cast<uint64_t>(N) + 4 +
+                                 8 * static_cast<uint64_t>(L * E));
   EXPECT_EQ(at(r.peak, Category::Category_comm), 0u);
   EXPECT_TRUE(r.exact());
   // The step peak is a simultaneous maximum: at least every persistent category plus the largest

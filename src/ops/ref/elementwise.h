@@ -63,13 +63,13 @@ void bias_backward(const T* dy, T* db, int64_t rows, int64_t d) {
   }
 }
 
-// out (d) = column sums of x (rows, d), one double accumulator per column in row order.
+// out (d) += column sums of x (rows, d), one double accumulator per column in row order.
 template <class T>
 void column_sums_f64(const T* x, int64_t rows, int64_t d, double* out) {
   for (int64_t j = 0; j < d; ++j) {
     double s = 0;
     for (int64_t r = 0; r < rows; ++r) s += static_cast<double>(x[r * d + j]);
-    out[j] = s;
+    out[j] += s;
   }
 }
 

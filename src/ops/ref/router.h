@@ -203,4 +203,14 @@ void router_sigmoid_backward(const T* scores, const int32_t* topk_idx, const T* 
   }
 }
 
+// bias[r] += rate * sign(mean - load[r]), in double, rounded once.
+template <class T>
+void routing_bias_update(T* bias, const double* load, int64_t rows, double mean, double rate) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const double err = mean - load[r];
+    const double sign = static_cast<double>((err > 0) - (err < 0));
+    bias[r] = static_cast<T>(static_cast<double>(bias[r]) + sign * rate);
+  }
+}
+
 }  // namespace fp::ops::ref

@@ -30,12 +30,9 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
   HeadResult r;
   {
     Tensor tok_loss = be.alloc_f32(Category::Category_workspace, {n}, "head.token_loss");
-    Tensor sum = be.alloc_f32(Category::Category_workspace, {1}, "head.loss_sum");
+    r.loss_sum = be.alloc_f32(Category::Category_workspace, {1}, "head.loss_sum");
     K.nll_forward(logp.f32(), targets.i32(), tok_loss.f32(), n, V);
-    K.reduce_sum(tok_loss.f32(), n, sum.f32());
-    float host = std::numeric_limits<float>::quiet_NaN();
-    if (be.computes()) be.copy_to_host(&host, sum.data(), sizeof(float));
-    r.loss_sum = host;
+    K.reduce_sum(tok_loss.f32(), n, r.loss_sum.f32());
   }
   if (!backward) return r;
 
@@ -52,6 +49,19 @@ HeadResult head_full_forward_backward(StepContext& s, ParamStore& ps, const Tens
 
   rmsnorm_backward(be, xL.buf(), ps.norm->w.buf(), rstd.f32(), dxn.buf(), dxL.buf(), ps.norm->g.buf(), n, H);
   return r;
+}
+
+double head_loss_sum(Backend& be, const HeadResult& r) {
+  if (!be.computes()) return std::numeric_limits<double>::quiet_NaN();
+  if (r.loss_sum.dtype() == DType::DType_F64) {
+    double host = 0;
+    be.copy_to_host(&host, r.loss_sum.data(), sizeof(double));
+    return host;
+  }
+  FP_ASSERT(r.loss_sum.dtype() == DType::DType_F32, "a loss sum of dtype {}", dtype_name(r.loss_sum.dtype()));
+  float host = 0;
+  be.copy_to_host(&host, r.loss_sum.data(), sizeof(float));
+  return host;
 }
 
 }  // namespace fp

@@ -205,9 +205,8 @@ class RingPass {
 
 }  // namespace
 
-double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, const Tensor& xn,
-                        const Tensor& targets, float scale, Tensor& dxn, std::vector<float>* logits_out, bool backward,
-                        RingDtpStats* stats) {
+Tensor ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, const Tensor& xn, const Tensor& targets,
+                        float scale, Tensor& dxn, std::vector<float>* logits_out, bool backward, RingDtpStats* stats) {
   Backend& be = s.be;
   const ops::KernelLauncher K = be.kernels();
   RingPass R(s, v, scale, stats);
@@ -320,8 +319,6 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
   }
 
   K.online_lse_loss(m.f32(), z.f64(), y.f32(), tg_home, n, loss_sum.f64());
-  double host = std::numeric_limits<double>::quiet_NaN();
-  if (be.computes()) be.copy_to_host(&host, loss_sum.data(), sizeof(double));
 
   // ---- backward: the second pass (Note [Ring-DTP on P ranks])
   if (backward && weights) {
@@ -382,12 +379,11 @@ double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, 
     if (!f32_dx) K.copy(dxn.buf(), in, n * H);
   }
   fly.reset();
-  loss_sum.reset();
   y.reset();
   z.reset();
   m.reset();
   strips.reset();
-  return host;
+  return loss_sum;
 }
 
 }  // namespace fp

@@ -28,9 +28,9 @@ HeadResult head_ring_forward_backward(StepContext& s, const VocabSchedule& v, Pa
                                       bool backward, RingDtpStats* stats = nullptr);
 
 // The P > 1 ranks part of head_ring_forward_backward (ring_dtp_ring.cpp), given the final norm's
-// output xn (n, H); writes dxn (n, H) when backward (allocated by the caller, contents overwritten).
-double ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, const Tensor& xn,
-                        const Tensor& targets, float scale, Tensor& dxn, std::vector<float>* logits_out, bool backward,
-                        RingDtpStats* stats);
+// output xn (n, H); writes dxn (n, H) when backward (allocated by the caller, contents overwritten). Returns
+// the loss sum, (1) f64 on the device (HeadResult).
+Tensor ring_dtp_p_ranks(StepContext& s, const VocabSchedule& v, ParamStore& ps, const Tensor& xn, const Tensor& targets,
+                        float scale, Tensor& dxn, std::vector<float>* logits_out, bool backward, RingDtpStats* stats);
 
 }  // namespace fp

@@ -250,7 +250,7 @@ void bias_backward(CBuf dy, Buf db, int64_t rows, int64_t d) {
 void column_sums_f64(CBuf x, int64_t rows, int64_t d, double* __restrict out) {
   if (!f32(x.dtype)) chunked::dtypes_check("column_sums_f64", {{"x", x.dtype}});
   column_sums_any(x, rows, d, [out](int64_t j0, int64_t nc, const double* acc) {
-    for (int64_t j = 0; j < nc; ++j) out[j0 + j] = acc[j];
+    for (int64_t j = 0; j < nc; ++j) out[j0 + j] += acc[j];
   });
 }
 

@@ -134,6 +134,7 @@ router_backward_fn router_backward;
 router_sigmoid_forward_fn router_sigmoid_forward;
 router_sigmoid_gather_fn router_sigmoid_gather;
 router_sigmoid_backward_fn router_sigmoid_backward;
+routing_bias_update_fn routing_bias_update;
 
 // ops/swiglu.h
 swiglu_forward_fn swiglu_forward;

@@ -230,4 +230,11 @@ void router_sigmoid_backward(const float* scores, const int32_t* topk_idx, const
   }
 }
 
+void routing_bias_update(float* bias, const double* load, int64_t rows, double mean, double rate) {
+  for (int64_t r = 0; r < rows; ++r) {  // E entries: no threads
+    const double step = mean > load[r] ? rate : mean < load[r] ? -rate : 0.0;
+    bias[r] = static_cast<float>(static_cast<double>(bias[r]) + step);
+  }
+}
+
 }  // namespace fp::ops::cpu
