@@ -1,5 +1,6 @@
-// flatpeak command line: train | eval | step | plan | bench <step|vocab|checkpoint|optimizer|dispatch|kernels>.
-// Errors: fp::Error prints "error: ..." and "hint: ..." and exits 1; internal errors exit 2.
+// flatpeak command line: train | launch | eval | step | plan | bench
+// <step|vocab|checkpoint|optimizer|dispatch|kernels>. Errors: fp::Error prints "error: ..." and "hint: ..." and exits
+// 1; internal errors exit 2.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
   fp::cli::plan_register(app, run);
   fp::cli::report_register(app, run);
   fp::cli::keys_register(app, run);
+  fp::cli::launch_register(app, run);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks: the plain and the flattened schedule in one run");
   bench->require_subcommand(1);
   fp::cli::bench_step_register(*bench, run);
