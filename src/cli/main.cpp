@@ -1,6 +1,5 @@
-// flatpeak command line: train | launch | eval | step | plan | bench
-// <step|vocab|checkpoint|optimizer|dispatch|kernels>. Errors: fp::Error prints "error: ..." and "hint: ..." and exits
-// 1; internal errors exit 2.
+// flatpeak command line: train | eval | step | plan | bench <step|vocab|checkpoint|optimizer|dispatch|kernels>.
+// Errors: fp::Error prints "error: ..." and "hint: ..." and exits 1; internal errors exit 2.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
