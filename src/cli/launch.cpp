@@ -56,6 +56,7 @@ struct LaunchOptions {
   double hang_after = 0;  // 0: step_timeout + 30
   double probe_timeout = 20;
   std::vector<std::string> command;  // after --: train ARGS
+  std::vector<std::string> unknown;  // what CLI11 did not recognise before --
 };
 
 // The supervisor's own SIGINT / SIGTERM: forwarded to mpirun, then no restart.
@@ -195,6 +196,11 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log = "") {
     setpgid(0, 0);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    // No terminal input: a background process group reading it would be stopped (SIGTTIN).
+    if (const int null = open("/dev/null", O_RDONLY); null >= 0) {
+      dup2(null, 0);
+      close(null);
+    }
     if (!log.empty()) {
       const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) {
@@ -366,6 +372,8 @@ int launch_run(const LaunchOptions& o0) {
   LaunchOptions o = o0;
   FP_CHECK(comm_world().size() == 1, "run flatpeak launch itself once; it starts mpirun",
            "flatpeak launch was started by mpirun on {} ranks", comm_world().size());
+  FP_CHECK(o.unknown.empty(), "run 'flatpeak launch --help' for its options; the run follows '--'",
+           "flatpeak launch has no option '{}'", o.unknown.empty() ? "" : o.unknown[0]);
   FP_CHECK(!o.command.empty() && o.command[0] == "train",
            "write the run after '--': flatpeak launch --np 4 -- train --config run.toml --out DIR",
            "flatpeak launch supervises 'train' runs; got '{}'", o.command.empty() ? "" : o.command[0]);
@@ -578,7 +586,15 @@ void launch_register(CLI::App& app, Runner& run) {
   LaunchOptions& o = *opts;
   CLI::App* sub = app.add_subcommand(
       "launch", "run mpirun ... flatpeak train and restart it from its newest checkpoint after a failure");
-  sub->callback([&run, opts] { run = [opts] { return launch_run(*opts); }; });
+  // An option launch does not know is kept by CLI11 (allow_extras) and refused by name in launch_run, rather than
+  // taken for part of the run.
+  sub->allow_extras();
+  sub->positionals_at_end();
+  sub->callback([&run, opts, sub] {
+    for (const std::string& w : sub->remaining())
+      if (w != "--") opts->unknown.push_back(w);
+    run = [opts] { return launch_run(*opts); };
+  });
   sub->add_option("--np", o.np, "ranks (mpirun -np)")->required()->check(at_least(1));
   sub->add_option("--hostfile", o.hostfile, "Open MPI hostfile, 'NAME slots=N' a line (probed after a failure)");
   sub->add_option("--max-restarts", o.max_restarts, "restarts after failures before giving up (default 3)")
@@ -596,7 +612,7 @@ void launch_register(CLI::App& app, Runner& run) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--probe-timeout", o.probe_timeout, "seconds a host has to answer the probe (default 20)")
       ->check(CLI::PositiveNumber);
-  sub->add_option("command", o.command, "after --: the run, train --config ... --out DIR ...")->required();
+  sub->add_option("command", o.command, "after --: the run, train --config ... --out DIR ...");
 }
 
 }  // namespace fp::cli
