@@ -407,7 +407,11 @@ int launch_run(const LaunchOptions& o0) {
   bool set_by_command = false;
   for (const std::string& s : sets)
     if (s.rfind("train.step_timeout=", 0) == 0) {
-      step_timeout = std::stod(s.substr(19));
+      try {
+        step_timeout = std::stod(s.substr(19));
+      } catch (const std::exception&) {
+        step_timeout = -1;
+      }
       set_by_command = true;
     }
   if (!set_by_command) {
@@ -446,6 +450,11 @@ int launch_run(const LaunchOptions& o0) {
   int64_t restarts = 0, redone = 0, fail_step = -1, fail_ckpt = -1;
   const Clock::time_point t_run = Clock::now();
   for (int64_t attempt = 1;; ++attempt) {
+    if (g_signal != 0) {  // between two attempts: nothing to pass on, nothing restarted
+      log.say("stopped", {{"attempt", attempt}, {"signal", int(g_signal)}},
+              fmt::format("got signal {} before attempt {}: not restarting", int(g_signal), attempt));
+      return 128 + g_signal;
+    }
     std::vector<std::string> argv = mpirun_base(o);
     if (!hostfile.empty()) argv.insert(argv.end(), {"--hostfile", hostfile});
     argv.insert(argv.end(), {"-np", std::to_string(layout.W), self});
@@ -562,11 +571,12 @@ int launch_run(const LaunchOptions& o0) {
 
     // The restart: from the checkpoint, or from the start when there is none.
     cmd = arg_remove(arg_remove(cmd, "--resume", true), "--overwrite", false);
-    cmd = arg_remove(cmd, "--init-from", true);  // the checkpoint holds the weights now
-    if (!ckpt.empty())
+    if (!ckpt.empty()) {
+      cmd = arg_remove(cmd, "--init-from", true);  // the checkpoint holds the weights now
       cmd.insert(cmd.end(), {"--resume", out});
-    else
-      cmd.push_back("--overwrite");
+    } else {
+      cmd.push_back("--overwrite");  // from the start again (--init-from, if given, as before)
+    }
     const int64_t lost = std::max<int64_t>(0, last - ckpt_step);
     redone += lost;
     ++restarts;

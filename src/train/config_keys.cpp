@@ -271,9 +271,7 @@ std::vector<ConfigKey> registry_build() {
       "the collective it waits in, exit 124 (0: off; flatpeak launch sets it)",
       &RunConfig::train, &TrainConfig::step_timeout, [](const RunConfig& c, const std::string& source) {
         FP_CHECK(c.train.step_timeout >= 0, kConfigHint,
-                 "{}: train.step_timeout = {} must be 0 (off) or a number of "
-                 "seconds",
-                 source, c.train.step_timeout);
+                 "{}: train.step_timeout = {} must be 0 (off) or a number of seconds", source, c.train.step_timeout);
       }));
 
   // [optim]: AdamW's hyperparameters, then its schedule (OffloadStreamAdamW).
