@@ -437,6 +437,11 @@ int launch_run(const LaunchOptions& o0) {
     layout.fsdp = cfg.parallel.fsdp;
   }
 
+  // A folder that holds another run, not named by --resume or --overwrite: train refuses it, and launch must not
+  // then "restart" that other run from its checkpoint.
+  const bool foreign = (fs::exists(out + "/metrics.jsonl") || fs::exists(out + "/checkpoint")) &&
+                       arg_value(cmd, "--resume").empty() &&
+                       std::find(cmd.begin(), cmd.end(), "--overwrite") == cmd.end();
   fs::create_directories(out);
   Decisions log(out + "/launch.jsonl");
   struct sigaction sa {};
@@ -505,6 +510,15 @@ int launch_run(const LaunchOptions& o0) {
                         status_text(a), a.seconds,
                         ckpt.empty() ? std::string("none") : fmt::format("{} (step {})", ckpt, ckpt_step)));
     const std::string by_hand = fmt::format("resume by hand: flatpeak launch ... -- train ... --resume {}", out);
+    if (attempt == 1 && foreign) {
+      log.say("give_up", {{"attempt", attempt}},
+              fmt::format("{} held an earlier run before this launch, and the train command neither resumes nor "
+                          "overwrites it: not restarting",
+                          out));
+      throw Error(
+          fmt::format("the run failed at its start ({}), and --out '{}' holds an earlier run", status_text(a), out),
+          fmt::format("read train's error above; add --resume {} or --overwrite to the train command", out));
+    }
     if (restarts >= o.max_restarts) {
       log.say("give_up", {{"attempt", attempt}, {"restarts", restarts}},
               fmt::format("--max-restarts {} reached: not restarting", o.max_restarts));

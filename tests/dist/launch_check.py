@@ -87,6 +87,13 @@ def case_launch(tmp):
     assert events == ["start", "failed", "restart", "start", "failed", "give_up"], events
     assert "fails again at step 3 with no progress since the checkpoint of step 2" in p.stderr, p.stderr[-2000:]
     assert "[flatpeak launch] restart 1 of at most 5: from the checkpoint of step 2, redoing 0 steps" in p.stdout
+    # The folder now holds a run: a launch that neither resumes nor overwrites it fails at the start, and is not
+    # restarted from that run's checkpoint.
+    p = subprocess.run([flatpeak(), "launch", "--np", "2", "--mpirun-args", "--oversubscribe", "--"] + train_cmd(d),
+                       capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 1 and "holds an earlier run" in p.stderr and "restart 1" not in p.stdout, (
+        p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    print("a launch into another run's folder: not restarted,", p.stderr.strip().splitlines()[-2])
     # Bad input, refused by name.
     for args, says in (
             (["--np", "2", "--"] + train_cmd(d, ["--stop-after", "2"]), "does not take train's --stop-after"),
