@@ -4,7 +4,8 @@
 usage: launch_check.py --bin-dir BUILD --configs CONFIGS CASE
   launch         on this machine: a step over train.step_timeout ends the run with exit 124 and an error naming
                  the step; a rank that fails at the same step every time stops launch after one restart (no
-                 progress), each decision in launch.jsonl; bad input refused by name
+                 progress), each decision in launch.jsonl; a launch into another run's folder is not restarted
+                 from that run's checkpoint; bad input refused by name
   launch_faults  2 hosts of network namespaces (netns_hosts --up), 4 ranks dp2 x cp2: once step 3 is done, rank 3
                  killed with SIGKILL; host 1's processes frozen with SIGSTOP; host 1's link taken down (--elastic).
                  Each time every rank of the failed attempt ends within the bound, launch resumes from the newest
