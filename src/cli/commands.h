@@ -75,6 +75,9 @@ void bench_kernels_register(CLI::App& parent, Runner& run);
 // flatpeak plan (plan.cpp).
 void plan_register(CLI::App& app, Runner& run);
 
+// flatpeak launch (launch.cpp): mpirun ... flatpeak train, watched and restarted from its newest checkpoint.
+void launch_register(CLI::App& app, Runner& run);
+
 // flatpeak keys (keys.cpp): the run config's keys from the registry.
 void keys_register(CLI::App& app, Runner& run);
 

@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
   fp::cli::plan_register(app, run);
   fp::cli::report_register(app, run);
   fp::cli::keys_register(app, run);
+  fp::cli::launch_register(app, run);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks: the plain and the flattened schedule in one run");
   bench->require_subcommand(1);
   fp::cli::bench_step_register(*bench, run);

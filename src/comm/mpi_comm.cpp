@@ -2,6 +2,7 @@
 // comm_create() always gives the single-process world and says so when launched under mpirun.
 #include "comm/comm.h"
 #include "core/error.h"
+#include "core/watchdog.h"
 
 #ifdef FLATPEAK_HAVE_MPI
 #include <mpi.h>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+// Each blocking call names itself for the step watchdog (WaitingOn, Note [A step that does not finish]).
 // Every MPI call goes through this macro: on failure it names the call, file and line and the MPI
 // error text, and throws fp::Error (the communicator returns errors instead of aborting).
 #define FP_MPI_CHECK(call)                                                                            \
@@ -85,6 +87,7 @@ class MpiComm final : public Comm {
     // Note [Summing bf16 over ranks]: every rank's data to every rank, summed here in rank order.
     comm_buffer_check(data, n, "all_reduce_sum");
     scratch_.resize(static_cast<size_t>(n) * size_);
+    const WaitingOn waiting("all-gather (a bf16 sum)");
     FP_MPI_CHECK(MPI_Allgather(data, count_of(n), MPI_UINT16_T, scratch_.data(), count_of(n), MPI_UINT16_T, comm_));
     sum_scratch(n, static_cast<uint16_t*>(data));
   }
@@ -93,17 +96,20 @@ class MpiComm final : public Comm {
   void all_gather(const void* send, void* recv, int64_t n, DType t) override {
     comm_buffer_check(send, n, "all_gather");
     comm_buffer_check(recv, n, "all_gather");
+    const WaitingOn waiting("all-gather");
     FP_MPI_CHECK(MPI_Allgather(send, count_of(n), mpi_type(t), recv, count_of(n), mpi_type(t), comm_));
   }
   void reduce_scatter_sum(const void* send, void* recv, int64_t n, DType t) override {
     comm_buffer_check(send, n, "reduce_scatter_sum");
     comm_buffer_check(recv, n, "reduce_scatter_sum");
     if (t != DType::DType_BF16) {
+      const WaitingOn waiting("reduce-scatter");
       FP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count_of(n), mpi_type(t), MPI_SUM, comm_));
       return;
     }
     // Note [Summing bf16 over ranks]: block r of every rank to rank r, summed there in rank order.
     scratch_.resize(static_cast<size_t>(n) * size_);
+    const WaitingOn waiting("all-to-all (a bf16 reduce-scatter)");
     FP_MPI_CHECK(MPI_Alltoall(send, count_of(n), MPI_UINT16_T, scratch_.data(), count_of(n), MPI_UINT16_T, comm_));
     sum_scratch(n, static_cast<uint16_t*>(recv));
   }
@@ -121,12 +127,14 @@ class MpiComm final : public Comm {
       so += sc[i];
       ro += rc[i];
     }
+    const WaitingOn waiting("all-to-all-v");
     FP_MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(), mpi_type(t),
                                comm_));
   }
   void send_recv(const void* send, int64_t n, int dst, void* recv, int64_t n_recv, int src, DType t) override {
     comm_buffer_check(send, n, "send_recv");
     comm_buffer_check(recv, n_recv, "send_recv");
+    const WaitingOn waiting("send-recv");
     FP_MPI_CHECK(MPI_Sendrecv(send, count_of(n), mpi_type(t), dst, kTagShift, recv, count_of(n_recv), mpi_type(t),
                               src, kTagShift, comm_, MPI_STATUS_IGNORE));
   }
@@ -160,14 +168,19 @@ class MpiComm final : public Comm {
   void wait(CommRequest& r) override {
     if (!r.active()) return;
     MPI_Status st[2];
+    const WaitingOn waiting("wait for a send-recv");
     const int rc = MPI_Waitall(2, slots_[r.slot].data(), st);
     if (rc == MPI_ERR_IN_STATUS) FP_MPI_CHECK(st[0].MPI_ERROR != MPI_SUCCESS ? st[0].MPI_ERROR : st[1].MPI_ERROR);
     FP_MPI_CHECK(rc);
     slot_release(r);
   }
-  void barrier() override { FP_MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() override {
+    const WaitingOn waiting("barrier");
+    FP_MPI_CHECK(MPI_Barrier(comm_));
+  }
   std::unique_ptr<Comm> split(int color) override {
     MPI_Comm sub = MPI_COMM_NULL;
+    const WaitingOn waiting("comm split");
     FP_MPI_CHECK(MPI_Comm_split(comm_, color, rank_, &sub));
     return std::make_unique<MpiComm>(sub);
   }
@@ -193,6 +206,7 @@ class MpiComm final : public Comm {
     FP_ASSERT(t != DType::DType_F16 && (t != DType::DType_BF16 || op == MPI_SUM), "MPI cannot reduce {} this way",
               dtype_name(t));
     comm_buffer_check(data, n, "all_reduce");
+    const WaitingOn waiting("all-reduce");
     FP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), mpi_type(t), op, comm_));
   }
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -265,6 +265,14 @@ std::vector<ConfigKey> registry_build() {
         FP_CHECK(c.train.loss_spike_factor == 0 || c.train.loss_spike_factor > 1, kConfigHint,
                  "{}: train.loss_spike_factor = {} must be 0 (off) or above 1", source, c.train.loss_spike_factor);
       }));
+  keys.push_back(plain_key(
+      "train.step_timeout", K::KeyType_float, kRun,
+      "seconds a step (with its checkpoint) may take; past them the process ends with an error naming the step and "
+      "the collective it waits in, exit 124 (0: off; flatpeak launch sets it)",
+      &RunConfig::train, &TrainConfig::step_timeout, [](const RunConfig& c, const std::string& source) {
+        FP_CHECK(c.train.step_timeout >= 0, kConfigHint,
+                 "{}: train.step_timeout = {} must be 0 (off) or a number of seconds", source, c.train.step_timeout);
+      }));
 
   // [optim]: AdamW's hyperparameters, then its schedule (OffloadStreamAdamW).
   auto optim_check = [](const char* name, auto ok, const char* rule) {

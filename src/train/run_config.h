@@ -30,6 +30,9 @@ struct TrainConfig {
   // Note [A loss spike stops the run] (trainer.cpp): a loss above this multiple of the median of the
   // last kLossWindow losses stops the run before its update; 0: off.
   double loss_spike_factor = 10;
+  // Note [A step that does not finish] (core/watchdog.h): seconds a step may take before the process ends
+  // with an error naming it (exit 124); 0: off.
+  double step_timeout = 0;
 };
 
 struct MoeConfig {

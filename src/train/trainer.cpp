@@ -19,6 +19,7 @@
 #include "core/signals.h"
 #include "core/timing.h"
 #include "core/units.h"
+#include "core/watchdog.h"
 #include "data/context_split.h"
 #include "data/documents.h"
 #include "data/loader.h"
@@ -814,7 +815,11 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   // Live on a terminal, a line every --log-every steps (default 10) otherwise (train/progress.h).
   Progress progress(start, total, o.log_every > 0 ? o.log_every : 10, o.quiet || !lead);
   int64_t last_step = start;
+  // Note [A step that does not finish] (core/watchdog.h): train.step_timeout bounds every step.
+  StepWatchdog watchdog(cfg.train.step_timeout, comm.size() > 1 ? fmt::format(" [rank {}]", comm.rank()) : "");
   for (int64_t step = start + 1; step <= total; ++step) {
+    watchdog.arm(step);
+    watchdog.phase("the batch, forward, backward and update");
     stop_policy.before_step(step, comm.rank());
     const StepBatches sb = step_batches_read(data, M);
     be->device_ledger().peaks_reset();
@@ -842,6 +847,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       be->device_ledger().events_limit_set(be->device_ledger().events().size());
       be->host_ledger().events_limit_set(be->host_ledger().events().size());
     }
+    watchdog.phase("the step's metrics");
     const Ledger& led = be->device_ledger();
     nlohmann::json j = step_metrics(led, comm, step, out, os, schedule_total != total ? schedule_total : 0,
                                     step_tokens, sb.targets, secs);
@@ -871,6 +877,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     const bool stop = stop_policy.after_step(comm);
     // meta holds no numbers to save: its runs measure peaks and write no checkpoint.
     if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
+      watchdog.phase("the checkpoint");
       TrainerState st;
       st.step = step;
       st.data_position = data.position();
@@ -885,6 +892,7 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
     }
     if (stop) break;
   }
+  watchdog.disarm();
   if (lead) progress.finish(o.out);
   std::fflush(stdout);
   if (lead) {
