@@ -220,9 +220,14 @@ TEST(PlanTime, ChooseTakesTheFastestPlanThatFits) {
   const plan::Result& best = c.tried[static_cast<size_t>(c.best)].result;
   EXPECT_TRUE(best.fits());
   EXPECT_FALSE(c.tried.front().result.fits());
-  for (const plan::Candidate& x : c.tried)
-    if (x.result.fits()) EXPECT_GE(x.result.time.seconds, best.time.seconds);
-  if (c.runner_up >= 0) EXPECT_TRUE(c.tried[static_cast<size_t>(c.runner_up)].result.fits());
+  for (const plan::Candidate& x : c.tried) {
+    if (x.result.fits()) {
+      EXPECT_GE(x.result.time.seconds, best.time.seconds) << x.describe;
+    }
+  }
+  if (c.runner_up >= 0) {
+    EXPECT_TRUE(c.tried[static_cast<size_t>(c.runner_up)].result.fits());
+  }
 }
 
 }  // namespace fp

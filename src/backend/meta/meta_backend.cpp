@@ -13,7 +13,7 @@ namespace {
 
 // Null allocators (nothing exists); every stream a lane of the rank's log (backend/meta/meta_stream.h), inline:
 // a copy moves nothing, so a W-rank plan does not wake 2W threads per copy.
-Backend::Parts meta_parts(WorkLog& log, uint64_t device_capacity, uint64_t host_capacity) {
+Backend::Parts meta_parts(const std::shared_ptr<WorkLog>& log, uint64_t device_capacity, uint64_t host_capacity) {
   Backend::Parts p;
   p.device = std::make_unique<Arena>("device", device_capacity, allocator_null());
   p.host = std::make_unique<Arena>("host", host_capacity, allocator_null());
@@ -62,10 +62,10 @@ void backend_register_meta() {
 }
 
 MetaBackend::MetaBackend(uint64_t device_capacity, uint64_t host_capacity)
-    : MetaBackend(std::make_unique<WorkLog>(nullptr, 1), device_capacity, host_capacity) {}
+    : MetaBackend(std::make_shared<WorkLog>(nullptr, 1), device_capacity, host_capacity) {}
 
-MetaBackend::MetaBackend(std::unique_ptr<WorkLog> log, uint64_t device_capacity, uint64_t host_capacity)
-    : Backend(meta_parts(*log, device_capacity, host_capacity), ops::kernels_meta()), log_(std::move(log)) {}
+MetaBackend::MetaBackend(std::shared_ptr<WorkLog> log, uint64_t device_capacity, uint64_t host_capacity)
+    : Backend(meta_parts(log, device_capacity, host_capacity), ops::kernels_meta()), log_(std::move(log)) {}
 
 void MetaBackend::copy_async(Stream& s, void*, const void*, uint64_t bytes) {
   if (const MetaStream* ms = meta_stream_of(s)) ms->log().copy(ms->lane(), static_cast<double>(bytes));

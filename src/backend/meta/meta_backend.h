@@ -29,8 +29,8 @@ class MetaBackend final : public Backend {
   void work_reset(const DeviceProfile* profile, int world) override { *log_ = WorkLog(profile, world); }
 
  private:
-  MetaBackend(std::unique_ptr<WorkLog> log, uint64_t device_capacity, uint64_t host_capacity);
-  std::unique_ptr<WorkLog> log_;
+  MetaBackend(std::shared_ptr<WorkLog> log, uint64_t device_capacity, uint64_t host_capacity);
+  std::shared_ptr<WorkLog> log_;  // shared with the streams and their events (backend/meta/meta_stream.h)
 };
 
 namespace ops {

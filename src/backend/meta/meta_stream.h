@@ -16,7 +16,9 @@ namespace fp {
 
 class MetaStream final : public Stream {
  public:
-  MetaStream(std::string name, WorkLog& log, Lane lane) : Stream(std::move(name)), log_(&log), lane_(lane) {}
+  // The log is shared with the events recorded here: an arena may wait on one while the backend goes.
+  MetaStream(std::string name, std::shared_ptr<WorkLog> log, Lane lane)
+      : Stream(std::move(name)), log_(std::move(log)), lane_(lane) {}
   void enqueue(std::function<void()> fn) override { fn(); }
   void record(Event& e) override;
   void wait(const Event& e) override;
@@ -26,7 +28,7 @@ class MetaStream final : public Stream {
   Lane lane() const { return lane_; }
 
  private:
-  WorkLog* log_;
+  std::shared_ptr<WorkLog> log_;
   Lane lane_;
 };
 
