@@ -16,7 +16,9 @@ Backend::Backend(Parts parts, const ops::Kernels& k)
       compute_(std::move(parts.compute)),
       h2d_(std::move(parts.h2d)),
       d2h_(std::move(parts.d2h)),
-      host_stream_(std::make_unique<HostStream>("host", HostStream::Mode::Mode_inline)),
+      host_stream_(parts.host_stream
+                       ? std::move(parts.host_stream)
+                       : std::unique_ptr<Stream>(std::make_unique<HostStream>("host", HostStream::Mode::Mode_inline))),
       kernels_(&k),
       host_kernels_(parts.host_kernels) {
   FP_ASSERT(device_ && host_ && compute_ && h2d_ && d2h_, "a backend needs both arenas and three streams");

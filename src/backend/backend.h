@@ -20,10 +20,11 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/kernels.h"
+#include "backend/work_log.h"
+#include "comm/data_comm.h"
 #include "core/stream.h"
 #include "memory/arena.h"
-#include "backend/kernels.h"
-#include "comm/data_comm.h"
 
 namespace fp {
 
@@ -37,6 +38,7 @@ class Backend {
     std::vector<std::unique_ptr<Allocator>> owned;
     std::unique_ptr<Arena> device, host;
     std::unique_ptr<Stream> compute, h2d, d2h;
+    std::unique_ptr<Stream> host_stream;  // the host kernels' (null: an inline HostStream)
     const ops::Kernels* host_kernels = nullptr;
   };
   virtual ~Backend();
@@ -101,6 +103,15 @@ class Backend {
   // after the call.
   void link_set_gbps(double gbps);
   double link_gbps() const { return link_gbps_; }
+
+  // Note [Meta counts the work] (backend/work_log.h): the work between repeat_begin(times) and repeat_end()
+  // stands for `times` repeats of it (repeat_same in model/blocks.h); a backend that counts multiplies it.
+  virtual void repeat_begin(int64_t times) { (void)times; }
+  virtual void repeat_end() {}
+  // The counts of work of a backend that counts (meta), else null; work_reset starts them afresh, timed under
+  // `profile` (null: counts only) for a run of `world` ranks. The profile must outlive the counting.
+  virtual WorkLog* work() { return nullptr; }
+  virtual void work_reset(const DeviceProfile* profile, int world) { (void)profile, (void)world; }
 
   // Waits for every stream.
   void synchronize() {

@@ -3,6 +3,7 @@
 // prints and writes the results.
 #include <memory>
 
+#include "bench/calibrate.h"
 #include "bench/checkpoint.h"
 #include "bench/dispatch.h"
 #include "bench/kernels.h"
@@ -171,6 +172,18 @@ void bench_kernels_register(CLI::App& parent, Runner& run) {
   sub->add_option("--scale", o.scale, "paper (the paper's shapes, printed per row) or small (tiny shapes: seconds)")
       ->check(CLI::IsMember({"paper", "small"}));
   sub->add_option("--json", o.json, "write the results here");
+}
+
+void bench_calibrate_register(CLI::App& parent, Runner& run) {
+  auto opts = std::make_shared<bench::BenchCalibrateOptions>();
+  bench::BenchCalibrateOptions& o = *opts;
+  CLI::App* sub = parent.add_subcommand(
+      "calibrate",
+      "measure this machine's device profile `local` (GEMM rates and routes, memory, links, launch) "
+      "for plan --profile local");
+  sub->callback([&run, opts] { run = [opts] { return bench::bench_calibrate_run(*opts); }; });
+  sub->add_option("--out", o.out, "the profile file (default $FLATPEAK_PROFILE_LOCAL, else runs/profile/local.json)");
+  sub->add_option("--repeats", o.repeats, "timed runs per measurement (median)")->check(at_least(1));
 }
 
 }  // namespace fp::cli

@@ -71,6 +71,8 @@ void bench_checkpoint_register(CLI::App& parent, Runner& run);
 void bench_optimizer_register(CLI::App& parent, Runner& run);
 void bench_dispatch_register(CLI::App& parent, Runner& run);
 void bench_kernels_register(CLI::App& parent, Runner& run);
+// flatpeak bench calibrate: the local device profile (bench/calibrate.h).
+void bench_calibrate_register(CLI::App& parent, Runner& run);
 
 // flatpeak plan (plan.cpp).
 void plan_register(CLI::App& app, Runner& run);

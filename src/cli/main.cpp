@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
   fp::cli::bench_optimizer_register(*bench, run);
   fp::cli::bench_dispatch_register(*bench, run);
   fp::cli::bench_kernels_register(*bench, run);
+  fp::cli::bench_calibrate_register(*bench, run);
   if (const std::string bad = unknown_subcommand(app, argc, argv); !bad.empty())
     fail(comm, bad, "run 'flatpeak --help' for the commands and their options", 1);
   try {

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "io/atomic_file.h"
+#include "plan/choose.h"
 #include "plan/model_file.h"
 #include "plan/plan_json.h"
 #include "plan/plot_svg.h"
@@ -48,6 +49,8 @@ struct PlanOptions {
   int64_t grad_accum = 1;  // micro-batches per optimizer step: tokens per step, no memory
   std::string docs;  // a document-length mix: the ring's balance (plan/ring_balance.h)
   int64_t docs_windows = 8;
+  std::string profile = "h100-sxm";  // Note [Time in the planner]; "none": no time
+  bool choose = false;               // Note [Choosing the fastest plan that fits]
   bool choose_every = false;  // ckpt.every's trade at this context, and the k chosen (Note [Boundaries every k layers])
 };
 
@@ -133,6 +136,39 @@ void compare_run(const PlanOptions& o, const plan::Model& m, const plan::Input& 
     file_write_atomic(o.timeline, plan::timeline_svg(title, panels, in.device_mem));
     fmt::print("wrote {}\n", o.timeline);
   }
+}
+
+// plan --choose (Note [Choosing the fastest plan that fits] in plan/choose.cpp): every plan tried, the fastest
+// that fits and the runner-up, each time labelled a prediction.
+void choose_print(const plan::Input& in) {
+  const plan::Choice c = plan::plan_choose(in);
+  fmt::print(
+      "\nchoose: the fastest plan that fits, predicted on {} (predictions; coordinate search over the mesh and "
+      "the schedules' knobs, {} plans in {:.1f} s)\n",
+      in.profile->name, c.tried.size(), c.seconds);
+  fmt::print("  {:>11} {:>12} {:>13} {:>7} {:>14} {:>5}  {}\n", "step s", "tokens/s/dev", "binding time", "MFU",
+             "device peak", "fits", "change from the plan asked for");
+  for (size_t i = 0; i < c.tried.size(); ++i) {
+    const plan::Result& r = c.tried[i].result;
+    const char* mark = static_cast<int>(i) == c.best        ? " <- chosen"
+                       : static_cast<int>(i) == c.runner_up ? " <- runner-up"
+                                                            : "";
+    fmt::print("  {:>11.4g} {:>12.4g} {:>13} {:>6.1f}% {:>14} {:>5}  {}{}\n", r.time.seconds, r.time.tokens_per_s,
+               time_class_name(r.time.binding), 100 * r.time.mfu, bytes_format(r.step_peak), r.fits() ? "yes" : "no",
+               c.tried[i].describe, mark);
+  }
+  if (c.best < 0) {
+    fmt::print("chosen: none (no plan tried fits)\n");
+    return;
+  }
+  auto line = [&](const char* what, int i) {
+    const plan::Candidate& x = c.tried[static_cast<size_t>(i)];
+    fmt::print("{}: {} -> predicted {:.4g} s per step, {:.4g} tokens/s per device, binding time {}, device peak {}\n",
+               what, x.describe, x.result.time.seconds, x.result.time.tokens_per_s,
+               time_class_name(x.result.time.binding), bytes_format(x.result.step_peak));
+  };
+  line("chosen", c.best);
+  if (c.runner_up >= 0) line("runner-up", c.runner_up);
 }
 
 // A run config (--config): the model as model_load reads it (notes, what is approximated), with the
@@ -221,6 +257,8 @@ int plan_run(const PlanOptions& o) {
     plan::settings_apply(in.settings, v);
   }
 
+  if (o.profile != "none") in.profile = std::make_shared<const DeviceProfile>(device_profile_load(o.profile));
+
   const plan::Result r = plan::plan_step(in);
   fmt::print("{}", plan::plan_table(m, in, r));
   const plan::Layout& lay = in.settings.layout;
@@ -276,12 +314,17 @@ int plan_run(const PlanOptions& o) {
     int hi = 20;
     while ((int64_t{1} << hi) < 2 * in.context && hi < 34) ++hi;
     const std::vector<plan::PlotPanel> panels = plan::peaks_plot_panels(in, 12, hi);
-    const std::string title = fmt::format("{}: peak per rank vs context, {} rank(s)", m.name, in.settings.layout.ranks);
+    std::string title = fmt::format("{}: peak per rank vs context, {} rank(s)", m.name, in.settings.layout.ranks);
+    if (r.time.predicted)  // Note [Time in the planner]: labelled a prediction
+      title += fmt::format("; predicted on {} at {}: {:.3g} s/step, {:.3g} tokens/s/device, MFU {:.1f}%, {}-bound",
+                           r.time.profile, plan::context_format(in.context), r.time.seconds, r.time.tokens_per_s,
+                           100 * r.time.mfu, time_class_name(r.time.binding));
     file_write_atomic(o.plot, plan::peaks_plot_svg(title, panels, in.device_mem));
     fmt::print("wrote {}\n", o.plot);
   }
   if (o.compare || !o.timeline.empty()) compare_run(o, m, in);
   if (o.choose_every) every_choose(m, in);
+  if (o.choose) choose_print(in);
   if (!o.docs.empty()) {
     // Note [Balanced rings] (data/context_split.h): zig-zag against the balanced split on this mix.
     const plan::DocMix mix = plan::doc_mix_parse(o.docs);
@@ -339,6 +382,12 @@ void plan_register(CLI::App& parent, Runner& run) {
       "packed documents of this length mix, e.g. mean=16K,tail=1.5 (log-normal): how evenly ring attention's "
       "work falls on the ranks under the zigzag and the balanced data.context_split");
   sub->add_option("--docs-windows", o.docs_windows, "windows drawn for --docs (default 8)")->check(at_least(1));
+  sub->add_option("--profile", o.profile,
+                  "device profile the step is timed under (predictions): h100-sxm (default), h200-sxm, local (`bench "
+                  "calibrate`'s), a profile file, or none");
+  sub->add_flag("--choose", o.choose,
+                "search the mesh and the schedules' knobs for the fastest plan that fits (predicted under --profile); "
+                "prints every plan tried, the chosen one and the runner-up");
   sub->add_flag("--choose-every", o.choose_every,
                 "plan ckpt.every = 1, 2, 3, 4, ... at this context: device peak, host need and recompute of each, and "
                 "the smallest k that fits");

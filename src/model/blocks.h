@@ -283,7 +283,14 @@ int64_t repeat_same(Backend& be, int64_t count, Body&& body) {
   Ledger& h = be.host_ledger();
   if (count > 1 && !be.computes() && d.repeats() && h.repeats()) {
     const LedgerMark md = d.mark(), mh = h.mark();
-    body(int64_t{0});
+    be.repeat_begin(count);  // the first stands for all of them in the counts of work
+    try {
+      body(int64_t{0});
+    } catch (...) {
+      be.repeat_end();
+      throw;
+    }
+    be.repeat_end();
     d.repeat(md, static_cast<uint64_t>(count - 1));  // refuses a block that does not end where it began
     h.repeat(mh, static_cast<uint64_t>(count - 1));
     return count - 1;

@@ -67,8 +67,11 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
       skip = (described < 0 || described == r) && be->device_ledger().total_current() > opt.skip_over ? 1 : 0;
       comm.all_reduce_max(&skip, 1, DType::DType_I64);
     }
+    // Note [Time in the planner]: the step's work alone, counted from here (weights' initialisation is not a step's).
+    be->work_reset(in.profile.get(), W);
     if (skip == 0)
       train_step(model, *optim, 1, 1, 0.0, [&] { return step_forward_backward(model, batch); });  // as train runs it
+    if (const WorkLog* w = be->work()) rp.work = *w;
     const Ledger& d = be->device_ledger();
     const Ledger& h = be->host_ledger();
     for (Category c : kAllCategories) {
@@ -155,6 +158,42 @@ void describe(const Input& in, Result& r) {
   f[static_cast<int>(kWs)] = "grad-norm and aux-loss scalars (+ per-token losses with the full head)";
 }
 
+// Note [Time in the planner]: the described rank's counts, and the slowest rank's predicted time.
+void step_time(const Input& in, const std::vector<RankPlan>& ranks, const RankPlan& rp, Result& r) {
+  StepTime& t = r.time;
+  const WorkLog& w = rp.work;
+  for (int i = 0; i < ops::kKernelCount; ++i) {
+    const KernelCount& k = w.kernels()[static_cast<size_t>(i)];
+    const auto id = static_cast<ops::KernelId>(i);
+    t.flops += k.flops;
+    t.kernel_calls += k.calls;
+    if (id == ops::KernelId::KernelId_gemm || id == ops::KernelId::KernelId_gemm_tiled ||
+        id == ops::KernelId::KernelId_gemm_grouped || id == ops::KernelId::KernelId_gemm_grouped_weight)
+      t.gemm_flops += k.flops;
+    if (id == ops::KernelId::KernelId_attention_forward || id == ops::KernelId::KernelId_attention_backward ||
+        id == ops::KernelId::KernelId_attention_block_forward || id == ops::KernelId::KernelId_attention_block_backward)
+      t.attention_flops += k.flops;
+  }
+  for (int l = 0; l < kNumLinks; ++l) t.link_bytes[static_cast<size_t>(l)] = w.links()[static_cast<size_t>(l)].bytes;
+  const double tokens = static_cast<double>(r.sizes.tokens);
+  t.model_flops = model_flops_estimate(in.model, tokens, static_cast<double>(in.context));
+  if (!in.profile) return;
+  t.predicted = true;
+  t.profile = in.profile->name;
+  for (const RankPlan& x : ranks) t.seconds = std::max(t.seconds, x.work.step_seconds());
+  t.busy = w.busy();
+  int top = 0;
+  for (int c = 1; c < kNumTimeClasses; ++c)
+    if (t.busy[static_cast<size_t>(c)] > t.busy[static_cast<size_t>(top)]) top = c;
+  t.binding = static_cast<TimeClass>(top);
+  t.peak_flops = in.profile->gemm_bf16;
+  if (r.precision.activations == DType::DType_F32) t.peak_flops = in.profile->gemm_f32;
+  if (t.seconds > 0) {
+    t.tokens_per_s = tokens / t.seconds;
+    if (t.peak_flops > 0) t.mfu = t.model_flops / (t.seconds * t.peak_flops);
+  }
+}
+
 // The plan of one resolved schedule.
 Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& opt) {
   const Clock::time_point t0 = Clock::now();
@@ -219,6 +258,7 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
   r.fits_device = in.device_mem == kUnlimitedBytes || r.step_peak <= in.device_mem;
   r.fits_host = in.host_mem == kUnlimitedBytes || r.host_needed <= in.host_mem;
   r.approximate = in.approximate;
+  step_time(in, ranks, rp, r);
   describe(in, r);
   r.seconds = seconds_since(t0);
   return r;
@@ -285,6 +325,18 @@ Result plan_step(const Input& in, const PlanOptions& opt) {
   }
   r.seconds = seconds;
   return r;
+}
+
+double model_flops_estimate(const ModelConfig& m, double tokens, double T) {
+  const double H = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim);
+  const double attn_proj = H * hd * static_cast<double>(2 * m.num_attention_heads + 2 * m.num_key_value_heads);
+  const double experts = 3.0 * H * static_cast<double>(m.moe_intermediate_size * m.num_experts_per_tok);
+  const double router = H * static_cast<double>(m.num_experts);
+  const double per_token =
+      static_cast<double>(m.num_hidden_layers) * (attn_proj + experts + router) + H * static_cast<double>(m.vocab_size);
+  const double attn =
+      static_cast<double>(m.num_hidden_layers) * 2.0 * 2.0 * T / 2.0 * hd * static_cast<double>(m.num_attention_heads);
+  return (6.0 * per_token + 3.0 * attn) * tokens;
 }
 
 // Note [Searching the reach]

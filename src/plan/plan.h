@@ -22,10 +22,13 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "backend/device_profile.h"
+#include "backend/work_log.h"
 #include "comm/thread_comm.h"
 #include "core/dtype.h"
 #include "core/precision.h"
@@ -116,6 +119,33 @@ struct Input {
   uint64_t device_mem = kUnlimitedBytes;  // per rank
   uint64_t host_mem = kUnlimitedBytes;    // per rank (pinned host memory for offloads)
   std::vector<std::string> approximate;   // why the model is approximate (Model::approximate); empty: exact
+  // Note [Time in the planner]: the device profile the step is timed under; null: no time is predicted.
+  std::shared_ptr<const DeviceProfile> profile;
+};
+
+// Note [Time in the planner]
+// The meta run counts its work (Note [Meta counts the work] in backend/work_log.h); under a device profile
+// (backend/device_profile.h) each rank's kernels, copies and messages become a timeline over its streams, and
+// the step's predicted time is the longest rank's critical path (ranks are timed each on its own: a rank that
+// waits for a slower one at a collective is covered by taking the slowest). Every figure here is a prediction
+// under the profile's rates and deratings, printed as one. Assumed: the routing profile's loads (balanced by
+// default), a group of ranks within a node when it has at most ranks_per_node ranks, the usual ring
+// algorithms' bytes per collective, and no interference between streams beyond their order (a copy under a
+// GEMM does not slow it).
+struct StepTime {
+  bool predicted = false;   // a profile was given
+  std::string profile;      // its name
+  double seconds = 0;       // the step, predicted: the slowest rank's critical path
+  double tokens_per_s = 0;  // per device: the rank's tokens over the step's time
+  double mfu = 0;           // model FLOPs (6 x active parameters per token + attention) / (seconds x peak)
+  double peak_flops = 0;    // the profile's dense GEMM peak in the activations' dtype (underated)
+  double model_flops = 0;   // per rank, the classic estimate (no recompute)
+  double flops = 0;         // per rank, counted: every kernel, recompute included
+  double gemm_flops = 0, attention_flops = 0;
+  std::array<double, kNumTimeClasses> busy{};  // seconds each resource is busy (Note [The step's critical path])
+  TimeClass binding = TimeClass::TimeClass_compute;
+  std::array<double, kNumLinks> link_bytes{};  // per rank: bytes over each link
+  uint64_t kernel_calls = 0;
 };
 
 // The layout of a plan, as the engine ran it.
@@ -154,6 +184,7 @@ struct Result {
   // Per category: what holds it, in words (symbols of the legend).
   std::array<std::string, kNumCategories> formula{};
   double seconds = 0;  // wall time of the engine runs behind this plan
+  StepTime time;       // Note [Time in the planner]: counts always, seconds with a profile
 };
 
 // One rank's ledgers after a planned step (PlanRun).
@@ -165,6 +196,7 @@ struct RankPlan {
   uint64_t events_seen = 0, host_events_seen = 0;  // every event of the ledgers, replayed or counted
   uint64_t events_repeated = 0;                    // of them, counted (Note [Repeats replayed once])
   std::vector<LedgerEvent> events, host_events;    // with PlanOptions::events only
+  WorkLog work{nullptr, 1};                        // the rank's counts of its step (Note [Meta counts the work])
 };
 
 struct PlanOptions {
@@ -202,6 +234,12 @@ struct Reach {
 // progress (optional) hears of every point planned: its context, whether it fits, its seconds.
 using ReachProgress = std::function<void(int64_t context, bool fits, double seconds)>;
 Reach plan_reach(Input in, int64_t cap = int64_t{1} << 31, const ReachProgress& progress = {});
+
+// The classic estimate of a step's model FLOPs for `tokens` tokens of sequences of T (one rank's share when
+// tokens is per rank): 6 per matmul parameter a token touches (forward 2, backward 4: attention projections,
+// the k routed experts, the router, the LM head) plus causal attention's 3 x 2 x 2 x T/2 x hd x nh per token,
+// with no recompute.
+double model_flops_estimate(const ModelConfig& m, double tokens, double T);
 
 // Parses a context length: "1048576", "1M" (2^20), "128K" (2^17). Throws fp::Error.
 int64_t context_parse(std::string_view s);

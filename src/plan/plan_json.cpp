@@ -118,7 +118,50 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
   j["exact"] = r.exact();
   j["approximate"] = r.approximate;
   j["plan_seconds"] = r.seconds;
+  j["time"] = step_time_json(r.time);
   return j;
+}
+
+nlohmann::ordered_json step_time_json(const StepTime& t) {
+  nlohmann::ordered_json j;
+  // Counts (Note [Meta counts the work]): exact for the engine's calls, per rank.
+  j["counted"] = {{"flops", t.flops},
+                  {"gemm_flops", t.gemm_flops},
+                  {"attention_flops", t.attention_flops},
+                  {"model_flops_estimate", t.model_flops},
+                  {"kernel_calls", t.kernel_calls}};
+  nlohmann::ordered_json links;
+  for (int l = 0; l < kNumLinks; ++l) links[link_name(static_cast<Link>(l))] = t.link_bytes[static_cast<size_t>(l)];
+  j["counted"]["link_bytes"] = links;
+  if (!t.predicted) {
+    j["predicted"] = nullptr;
+    return j;
+  }
+  nlohmann::ordered_json busy;
+  for (int c = 0; c < kNumTimeClasses; ++c)
+    busy[time_class_name(static_cast<TimeClass>(c))] = t.busy[static_cast<size_t>(c)];
+  // Note [Time in the planner]: predictions under the profile, never measurements.
+  j["predicted"] = {{"profile", t.profile}, {"step_seconds", t.seconds},  {"tokens_per_s_per_device", t.tokens_per_s},
+                    {"mfu", t.mfu},         {"peak_flops", t.peak_flops}, {"binding_time", time_class_name(t.binding)},
+                    {"busy_seconds", busy}};
+  return j;
+}
+
+std::string step_time_line(const StepTime& t) {
+  if (!t.predicted)
+    return fmt::format("time: not predicted (no --profile); counted {:.3g} FLOPs per rank ({:.0f}% GEMM)\n", t.flops,
+                       t.flops > 0 ? 100 * t.gemm_flops / t.flops : 0.0);
+  std::string busy;
+  for (int c = 0; c < kNumTimeClasses; ++c)
+    busy += fmt::format("{}{} {:.3g} s", c == 0 ? "" : ", ", time_class_name(static_cast<TimeClass>(c)),
+                        t.busy[static_cast<size_t>(c)]);
+  return fmt::format(
+      "predicted on {} (a prediction, not a measurement): {:.4g} s per step, {:.4g} tokens/s per device, MFU {:.1f}% "
+      "of "
+      "{:.4g} TFLOP/s; binding time: {} (busy: {}); counted {:.3g} FLOPs per rank ({:.0f}% GEMM, model estimate "
+      "{:.3g})\n",
+      t.profile, t.seconds, t.tokens_per_s, 100 * t.mfu, t.peak_flops / 1e12, time_class_name(t.binding), busy, t.flops,
+      t.flops > 0 ? 100 * t.gemm_flops / t.flops : 0.0, t.model_flops);
 }
 
 nlohmann::ordered_json reach_json(const Reach& r) {
@@ -183,6 +226,7 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
   out += fmt::format("  {:<12} {:>12}    host {}: {}\n", "host needed", bytes_format(r.host_needed),
                      bytes_format(in.host_mem), r.fits_host ? "fits" : "does NOT fit");
   out += fmt::format("planned by the engine on meta: {} rank(s) in {:.2f} s\n", z.ranks, r.seconds);
+  out += step_time_line(r.time);
   for (const std::string& x : r.approximate) out += "APPROXIMATE: " + x + "\n";
   for (const std::string& n : m.notes) out += "note: " + n + "\n";
   return out;

@@ -20,6 +20,13 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
 //  "binding_at_max": "..", "schedule": {...}}; max_context 0 when nothing fits.
 nlohmann::ordered_json reach_json(const Reach& r);
 
+// The step's counts and, with a profile, its predicted time (Note [Time in the planner] in plan.h): "counted"
+// {flops, gemm_flops, attention_flops, model_flops_estimate, kernel_calls, link_bytes}, "predicted" {profile,
+// step_seconds, tokens_per_s_per_device, mfu, peak_flops, binding_time, busy_seconds} or null.
+nlohmann::ordered_json step_time_json(const StepTime& t);
+// One line of the text report, labelled a prediction.
+std::string step_time_line(const StepTime& t);
+
 // The human report: one line per category (peak, bytes at the step peak, status), the step peak
 // against the device memory, the binding category and the host memory needed.
 std::string plan_table(const Model& m, const Input& in, const Result& r);
