@@ -196,6 +196,9 @@ inline KernelWork router_sigmoid_gather(const float*, const int32_t*, float*, op
 inline KernelWork router_sigmoid_backward(const float*, const int32_t*, const float*, float*, ops::RouterSpec s) {
   return other(4 * d(s.n) * d(s.E), 8 * d(s.n) * d(s.E) + 12 * d(s.n) * d(s.k));
 }
+inline KernelWork routing_bias_update(float*, const double*, int64_t rows, double, double) {
+  return other(2 * d(rows), 16 * d(rows));  // bias read and written (f32), the loads read (f64)
+}
 inline KernelWork moe_routing_build(const int32_t*, int64_t n, int64_t k, int64_t E, int32_t*, int32_t*, int64_t*) {
   return other(0, 12 * d(n) * d(k) + 8 * d(E));
 }
@@ -259,7 +262,7 @@ inline KernelWork bias_backward(CBuf dy, Buf db, int64_t rows, int64_t dd) {
   return other(d(rows) * d(dd), d(rows) * d(dd) * sz(dy) + 2 * d(dd) * sz(db));
 }
 inline KernelWork column_sums_f64(CBuf x, int64_t rows, int64_t dd, double*) {
-  return other(d(rows) * d(dd), d(rows) * d(dd) * sz(x) + 8 * d(dd));
+  return other(d(rows) * d(dd), d(rows) * d(dd) * sz(x) + 16 * d(dd));  // out read and written (it adds)
 }
 inline KernelWork copy_2d(Buf dst, int64_t, CBuf src, int64_t, int64_t rows, int64_t cols) {
   return other(0, d(rows) * d(cols) * (sz(dst) + sz(src)));
