@@ -7,8 +7,8 @@
 // does: every collective is issued here, by the training thread, in the step. Then a writer thread of
 // rank 0 writes that copy with checkpoint_image_write: the same files byte for byte, the same temporary
 // directory, manifest, rename and link (Note [Atomic checkpoints]), keep_checkpoints applied once the new
-// one is linked, while the next steps run. The thread runs at the lowest CPU priority (nice 19), so it
-// takes the cores the step leaves idle.
+// one is linked, while the next steps run. The thread runs 5 nice levels below the training thread, so
+// on a contended host the step keeps most of the CPU and the write still advances.
 //
 // - The host copy is allocated once, when the run starts, on rank 0 (other ranks hold none): exactly
 //   checkpoint_image_bytes, what `flatpeak plan --schedule train.checkpoint_async=true` reports, and a

@@ -190,6 +190,10 @@ def case_plan_bytes(tmp):
     p = run(["train"] + base + ["--steps", "2", "--quiet", "--out", os.path.join(tmp, "small"), "--host-mem", "1KB"],
             expect_ok=False)
     assert p.returncode != 0 and "train.checkpoint_async" in p.stderr, p.stderr
+    # The issue's spelling, ckpt.async, is refused with the key's name ([ckpt] is the activation checkpoints').
+    p = run(["train", "--config", tiny(), "--set", "ckpt.async=true", "--out", os.path.join(tmp, "x")],
+            expect_ok=False)
+    assert p.returncode != 0 and "train.checkpoint_async = true" in p.stderr, p.stderr
     print(f"planned host copy = held (fp32, bf16, 2 ranks; last {held} bytes); --host-mem 1KB refused by name")
 
 
