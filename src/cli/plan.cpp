@@ -181,6 +181,7 @@ plan::Model config_apply(const PlanOptions& o, plan::Input& in) {
   in.settings.sched = c.schedules;
   in.settings.precision = c.precision;
   in.settings.layout.batch = c.train.batch_size;
+  in.settings.checkpoint_async = c.train.checkpoint_async;  // the checkpoint's host copy, counted on rank 0
   if (c.moe.routing_profile.kind != RoutingProfile::Kind::Kind_router) in.settings.routing = c.moe.routing_profile;
   in.context = o.context.empty() ? c.train.seq_len : plan::context_parse(o.context);
   return m;

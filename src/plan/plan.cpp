@@ -12,6 +12,7 @@
 #include "sched/optim/optimizer.h"
 #include "sched/vocab/ring_dtp.h"
 #include "step/step.h"
+#include "train/checkpoint.h"
 #include "train/session.h"
 
 namespace fp::plan {
@@ -72,6 +73,13 @@ std::vector<RankPlan> world_run(const Input& in, const Schedules& sc, const Plan
     if (skip == 0)
       train_step(model, *optim, 1, 1, 0.0, [&] { return step_forward_backward(model, batch); });  // as train runs it
     if (const WorkLog* w = be->work()) rp.work = *w;
+    // train.checkpoint_async: the host copy rank 0 allocates for the run, as train allocates it (a fresh run
+    // writes its weights in its own dtype).
+    if (in.settings.checkpoint_async) {
+      CheckpointFormat format;
+      format.weights = model.params().precision().params;
+      rp.host_checkpoint_copy = checkpoint_image_bytes(cfg, model.params(), true, format).total();
+    }
     const Ledger& d = be->device_ledger();
     const Ledger& h = be->host_ledger();
     for (Category c : kAllCategories) {
@@ -252,6 +260,11 @@ Result plan_resolved(const Input& in, const Schedules& sc, const PlanOptions& op
   r.peak_tag = rp.peak_tag;
   r.host_peak = rp.host_peak;
   r.host_needed = rp.host_needed;
+  // Rank 0 holds the checkpoint copy besides its step's host memory: host_needed is the larger of the
+  // described rank's and rank 0's.
+  r.host_checkpoint_copy = ranks[0].host_checkpoint_copy;
+  if (r.host_checkpoint_copy > 0)
+    r.host_needed = std::max(pick == 0 ? 0 : rp.host_needed, ranks[0].host_needed + r.host_checkpoint_copy);
   r.binding = Category::Category_params;
   for (Category cat : kAllCategories)
     if (r.at_peak[static_cast<int>(cat)] > r.at_peak[static_cast<int>(r.binding)]) r.binding = cat;

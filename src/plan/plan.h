@@ -82,6 +82,9 @@ struct Settings {
   // planner shrinks what binds] in plan/plan.cpp); a key given by name (ckpt.layer_tile=, vocab.block_tokens=)
   // is kept as given.
   bool shrink = false;
+  // train.checkpoint_async: rank 0 holds a host copy of the checkpoint (Note [Checkpoints off the critical
+  // path] in train/checkpoint_writer.h), counted in its host memory.
+  bool checkpoint_async = false;
 };
 
 // The schedule families of the baseline (FSDP2-like: standard EP, full logits, boundaries on the
@@ -173,6 +176,9 @@ struct Result {
   Category binding = Category::Category_params;  // the category holding the most at the step's peak
   std::string peak_tag;                          // the allocation that set the step's peak
   CategoryBytes host_peak{};                     // host memory by category (optimizer state, offloaded boundaries)
+  // train.checkpoint_async: the checkpoint's host copy rank 0 holds (checkpoint_image_bytes); 0 without it.
+  uint64_t host_checkpoint_copy = 0;
+  // The host memory of the rank described, and with a checkpoint copy the larger of that and rank 0's.
   uint64_t host_needed = 0;
   bool fits_device = true;  // step_peak <= device_mem
   bool fits_host = true;    // host_needed <= host_mem
@@ -191,6 +197,7 @@ struct Result {
 struct RankPlan {
   CategoryBytes peak{}, at_peak{}, host_peak{};
   uint64_t step_peak = 0, host_needed = 0;
+  uint64_t host_checkpoint_copy = 0;  // train.checkpoint_async, rank 0: checkpoint_image_bytes
   std::string peak_tag;
   int64_t params_per_rank = 0, boundaries_offloaded = 0;
   uint64_t events_seen = 0, host_events_seen = 0;  // every event of the ledgers, replayed or counted

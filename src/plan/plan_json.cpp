@@ -115,6 +115,8 @@ nlohmann::ordered_json plan_json(const Model& m, const Input& in, const Result& 
   for (Category cat : kAllCategories)
     if (r.host_peak[static_cast<int>(cat)] > 0) host[std::string(category_name(cat))] = r.host_peak[static_cast<int>(cat)];
   j["host"] = {{"needed", r.host_needed}, {"by_category", host.is_null() ? nlohmann::ordered_json::object() : host}};
+  // train.checkpoint_async: the named host category of the checkpoint's copy (rank 0's).
+  if (r.host_checkpoint_copy > 0) j["host"]["by_category"]["checkpoint_copy"] = r.host_checkpoint_copy;
   j["exact"] = r.exact();
   j["approximate"] = r.approximate;
   j["plan_seconds"] = r.seconds;
@@ -225,6 +227,10 @@ std::string plan_table(const Model& m, const Input& in, const Result& r) {
                      r.fits_device ? "fits" : "does NOT fit");
   out += fmt::format("  {:<12} {:>12}    host {}: {}\n", "host needed", bytes_format(r.host_needed),
                      bytes_format(in.host_mem), r.fits_host ? "fits" : "does NOT fit");
+  if (r.host_checkpoint_copy > 0)
+    out += fmt::format("  {:<12} {:>12}    rank 0's host copy of the checkpoint (train.checkpoint_async = true){}\n",
+                       "ckpt copy", bytes_format(r.host_checkpoint_copy),
+                       r.fits_host ? "" : "; without it: train.checkpoint_async = false, or raise --host-mem");
   out += fmt::format("planned by the engine on meta: {} rank(s) in {:.2f} s\n", z.ranks, r.seconds);
   out += step_time_line(r.time);
   for (const std::string& x : r.approximate) out += "APPROXIMATE: " + x + "\n";

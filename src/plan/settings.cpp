@@ -100,6 +100,7 @@ void settings_apply(Settings& s, std::string_view item) {
   next.schedules = s.sched;
   next.precision = s.precision;
   next.moe.routing_profile = s.routing;
+  next.train.checkpoint_async = s.checkpoint_async;
   try {
     config_key_set_text(next, *k, v, source);
     schedules_validate(next.schedules, source, /*auto_optim=*/true);
@@ -113,6 +114,7 @@ void settings_apply(Settings& s, std::string_view item) {
   s.sched = std::move(next.schedules);
   s.precision = std::move(next.precision);
   s.routing = next.moe.routing_profile;
+  s.checkpoint_async = next.train.checkpoint_async;
 }
 
 int64_t context_parse(std::string_view s) {

@@ -340,6 +340,9 @@ void finite_check(const std::string& tensor, const float* x, int64_t n, const st
               "the file is damaged or came from a diverged run; use an earlier checkpoint");
 }
 
+// A tensor's place in a CheckpointImage's arena: a multiple of 64 bytes, so each starts aligned for any dtype.
+uint64_t image_round(uint64_t bytes) { return (bytes + 63) / 64 * 64; }
+
 // Note [Checkpoints over W ranks]: the files hold whole tensors under their Hugging Face names
 // whatever W wrote them. Saving gathers each tensor to rank 0 (ParamStore::full_gather, collective,
 // tensor by tensor in the same order on every rank), which alone writes; loading lets every rank read
@@ -349,9 +352,11 @@ void finite_check(const std::string& tensor, const float* x, int64_t n, const st
 // weights, not the optimizer state), its tensors transformers keeps in f32 are written in F32 (Note
 // [Tensors transformers keeps in f32]).
 // shown: how errors name the directory (the final checkpoint directory's, not the temporary one's).
+// With image, rank 0 writes no file: the tensors go into image's arena and each file into image->files, to be
+// written later by checkpoint_image_write (the same views, so the same bytes).
 void tensors_write(const fs::path& dir, const std::string& stem, const std::string& shown,
                    const std::vector<Item>& items, ParamStore& params, DType dtype, uint64_t shard_bytes,
-                   const ModelConfig* model = nullptr) {
+                   const ModelConfig* model = nullptr, CheckpointImage* image = nullptr) {
   const bool lead = params.rank() == 0;
   auto dtype_of = [&](const Item& it) {
     return model != nullptr && kept_in_f32(*model, it.name) ? DType::DType_F32 : dtype;
@@ -377,41 +382,76 @@ void tensors_write(const fs::path& dir, const std::string& stem, const std::stri
   for (size_t s = 0; s < n_shards; ++s) {
     const std::string file = n_shards == 1 ? stem + ".safetensors"
                                            : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, s + 1, n_shards);
-    std::vector<std::vector<unsigned char>> host;  // rank 0: each tensor in its dtype
+    std::vector<std::vector<unsigned char>> host;  // rank 0 without image: each tensor in its dtype
     std::vector<SafetensorsView> views;
     for (size_t i = starts[s]; i < starts[s + 1]; ++i) {
       const Shape& shape = items[i].shape();
       const int64_t n = shape.numel();
       const DType dt = dtype_of(items[i]);
-      if (lead) f32.resize(static_cast<size_t>(n));
+      const uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(dt);
+      // Where rank 0 gathers the tensor in f32 and where its bytes go: into the image's arena (an f32 tensor
+      // gathered there directly), or into a vector of its own.
+      float* gathered = nullptr;
+      unsigned char* dst = nullptr;
+      if (lead && image != nullptr) {
+        FP_ASSERT(image->used + image_round(bytes) <= image->capacity, "checkpoint image of {} bytes overflows at '{}'",
+                  image->capacity, items[i].name);
+        dst = image->arena + image->used;
+        image->used += image_round(bytes);
+        if (dt != DType::DType_F32) image->stage.resize(static_cast<size_t>(n));  // sized once, at the largest
+        gathered = dt == DType::DType_F32 ? reinterpret_cast<float*>(dst) : image->stage.data();
+      } else if (lead) {
+        f32.resize(static_cast<size_t>(n));
+        gathered = f32.data();
+      }
       if (items[i].fused) {
         if (by_name.empty())
           for (const ParamInfo& p : params.layout()) by_name[p.name] = &p;
-        fused_gather(params, by_name, *model, *items[i].fused, lead ? f32.data() : nullptr);
+        fused_gather(params, by_name, *model, *items[i].fused, gathered);
       } else {
-        params.full_gather(*items[i].param, items[i].local, lead ? f32.data() : nullptr);
+        params.full_gather(*items[i].param, items[i].local, gathered);
       }
       if (!lead) continue;
-      finite_check(items[i].name, f32.data(), n, (fs::path(shown) / file).string(), true);
-      host.emplace_back(static_cast<size_t>(n) * dtype_size(dt));
-      unsigned char* dst = host.back().data();
+      finite_check(items[i].name, gathered, n, (fs::path(shown) / file).string(), true);
+      if (image == nullptr) {
+        host.emplace_back(static_cast<size_t>(bytes));
+        dst = host.back().data();
+      }
       if (dt == DType::DType_F32) {
-        std::memcpy(dst, f32.data(), static_cast<size_t>(n) * 4);
+        if (dst != reinterpret_cast<unsigned char*>(gathered)) std::memcpy(dst, gathered, static_cast<size_t>(bytes));
       } else {
         auto* h = reinterpret_cast<uint16_t*>(dst);
         for (int64_t k = 0; k < n; ++k)
-          h[k] = dt == DType::DType_BF16 ? bf16_from_float(f32[k]) : f16_from_float(f32[k]);
+          h[k] = dt == DType::DType_BF16 ? bf16_from_float(gathered[k]) : f16_from_float(gathered[k]);
       }
       views.push_back({items[i].name, dt, shape, dst});
       weight_map[items[i].name] = file;
-      total += host.back().size();
+      total += bytes;
     }
-    if (lead) safetensors_write((dir / file).string(), views, {{"format", "pt"}});
+    if (!lead) continue;
+    if (image != nullptr)
+      image->files.push_back({file, true, std::move(views), {}});
+    else
+      safetensors_write((dir / file).string(), views, {{"format", "pt"}});
   }
   if (lead && n_shards > 1) {
     const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    file_write_atomic((dir / (stem + ".safetensors.index.json")).string(), index.dump(2) + "\n");
+    const std::string name = stem + ".safetensors.index.json";
+    if (image != nullptr)
+      image->files.push_back({name, false, {}, index.dump(2) + "\n"});
+    else
+      file_write_atomic((dir / name).string(), index.dump(2) + "\n");
   }
+}
+
+// The bytes tensors_write's items take in an image's arena (Note [Checkpoints off the critical path]).
+uint64_t items_image_bytes(const std::vector<Item>& items, DType dtype, const ModelConfig* model) {
+  uint64_t sum = 0;
+  for (const Item& it : items) {
+    const DType dt = model != nullptr && kept_in_f32(*model, it.name) ? DType::DType_F32 : dtype;
+    sum += image_round(static_cast<uint64_t>(it.shape().numel()) * dtype_size(dt));
+  }
+  return sum;
 }
 
 // config.json of a checkpoint (Note [Checkpoint dtype and shards]).
@@ -536,6 +576,55 @@ void tensors_read(SafetensorsSet& f, const std::vector<Item>& items, ParamStore&
   if (check_unread) unread_check(f);
 }
 
+// Renames tmp (complete, fsynced) to root/name, links "checkpoint" to it, keeps `keep` (Note [Atomic
+// checkpoints]). Rank 0 only; no collective.
+void checkpoint_commit(const fs::path& root, const std::string& name, int64_t step, int64_t keep) {
+  const fs::path tmp = root / (name + ".tmp");
+  const fs::path final_dir = root / name;
+  std::error_code ec;
+  // The checkpoint the link names now stays until the next one is complete and linked.
+  const fs::path link = root / "checkpoint";
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir);
+  fsync_dir(root);
+  // Point "checkpoint" at it: a new symlink renamed over the old one is atomic.
+  const fs::path link_tmp = root / "checkpoint.tmp";
+  fs::remove(link_tmp, ec);
+  fs::create_directory_symlink(name, link_tmp);
+  fs::rename(link_tmp, link);
+  fsync_dir(root);
+
+  // Keep the new checkpoint and the keep - 1 before it (train.keep_checkpoints; with keep >= 2 the one the
+  // link named before stays, the fallback of Note [Resuming from the newest sound checkpoint]); drop this
+  // run's older ones and stray temporaries. A step above the new one is never this run's to drop (a resume
+  // from an earlier step keeps what came after until it is overwritten by name).
+  int64_t kept = 0;
+  for (const std::string& n : step_dirs(root)) {
+    if (step_of(n) > step) continue;
+    if (++kept > keep) fs::remove_all(root / n, ec);
+  }
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n.rfind("step-", 0) == 0 && name_ends_with(n, ".tmp")) fs::remove_all(entry.path(), ec);
+  }
+}
+
+// trainer_state.json of a checkpoint.
+std::string trainer_state_text(const TrainerState& state, bool has_optimizer) {
+  nlohmann::json js = {{"format_version", kFormatVersion},
+                       {"step", state.step},
+                       {"data_position", state.data_position},
+                       {"has_optimizer", has_optimizer},
+                       {"schedule_steps", state.schedule_steps},
+                       {"run_config", nlohmann::json::parse(state.run_config.empty() ? "{}" : state.run_config)}};
+  return js.dump(2) + "\n";
+}
+
+// Whether optimizer.safetensors holds "<param>.master" (Note [Checkpoint dtype and shards]).
+bool master_written(const CheckpointFormat& format, ParamStore& params) {
+  return format.weights != DType::DType_F32 || params.precision().params != DType::DType_F32;
+}
+
 }  // namespace
 
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
@@ -560,19 +649,11 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
     tensors_write(tmp, "model", final_dir.string(), file_weight_items(params, cfg), params, format.weights,
                   format.shard_bytes, &cfg);
     if (optim != nullptr)
-      tensors_write(tmp, "optimizer", final_dir.string(),
-                    state_items(params, *optim,
-                                format.weights != DType::DType_F32 || params.precision().params != DType::DType_F32),
+      tensors_write(tmp, "optimizer", final_dir.string(), state_items(params, *optim, master_written(format, params)),
                     params, DType::DType_F32, std::numeric_limits<uint64_t>::max());
     if (!lead) return final_dir.string();
     file_write_atomic((tmp / "config.json").string(), config_text(cfg, format));
-    nlohmann::json js = {{"format_version", kFormatVersion},
-                         {"step", state.step},
-                         {"data_position", state.data_position},
-                         {"has_optimizer", optim != nullptr},
-                         {"schedule_steps", state.schedule_steps},
-                         {"run_config", nlohmann::json::parse(state.run_config.empty() ? "{}" : state.run_config)}};
-    file_write_atomic((tmp / "trainer_state.json").string(), js.dump(2) + "\n");
+    file_write_atomic((tmp / "trainer_state.json").string(), trainer_state_text(state, optim != nullptr));
     manifest_write(tmp);  // last: Note [Checkpoint checksums]
     fsync_dir(tmp);
   } catch (...) {
@@ -580,32 +661,68 @@ std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, Para
     throw;
   }
 
-  // The checkpoint the link names now stays until the next one is complete and linked.
-  const fs::path link = root / "checkpoint";
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp, final_dir);
-  fsync_dir(root);
-  // Point "checkpoint" at it: a new symlink renamed over the old one is atomic.
-  const fs::path link_tmp = root / "checkpoint.tmp";
-  fs::remove(link_tmp, ec);
-  fs::create_directory_symlink(name, link_tmp);
-  fs::rename(link_tmp, link);
-  fsync_dir(root);
-
-  // Keep the new checkpoint and the keep - 1 before it (train.keep_checkpoints; with keep >= 2 the one the
-  // link named before stays, the fallback of Note [Resuming from the newest sound checkpoint]); drop this
-  // run's older ones and stray temporaries. A step above the new one is never this run's to drop (a resume
-  // from an earlier step keeps what came after until it is overwritten by name).
-  int64_t kept = 0;
-  for (const std::string& n : step_dirs(root)) {
-    if (step_of(n) > state.step) continue;
-    if (++kept > keep) fs::remove_all(root / n, ec);
-  }
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string n = entry.path().filename().string();
-    if (n.rfind("step-", 0) == 0 && name_ends_with(n, ".tmp")) fs::remove_all(entry.path(), ec);
-  }
+  checkpoint_commit(root, name, state.step, keep);
   return final_dir.string();
+}
+
+CheckpointImageBytes checkpoint_image_bytes(const ModelConfig& cfg, ParamStore& params, bool with_optimizer,
+                                            const CheckpointFormat& format) {
+  CheckpointImageBytes b;
+  if (params.rank() != 0) return b;
+  const std::vector<Item> weights = file_weight_items(params, cfg);
+  b.arena = items_image_bytes(weights, format.weights, &cfg);
+  if (format.weights != DType::DType_F32)
+    for (const Item& it : weights)
+      if (!kept_in_f32(cfg, it.name))
+        b.stage = std::max<uint64_t>(b.stage, static_cast<uint64_t>(it.shape().numel()) * 4);
+  if (with_optimizer)  // "<param>.exp_avg", ".exp_avg_sq" and, when written, ".master": f32, shaped like it
+    for (const ParamInfo& p : params.layout())
+      b.arena += (master_written(format, params) ? 3 : 2) * image_round(static_cast<uint64_t>(p.shape.numel()) * 4);
+  return b;
+}
+
+void checkpoint_snapshot(CheckpointImage& image, const std::string& dir, const ModelConfig& cfg, ParamStore& params,
+                         const Optimizer* optim, const TrainerState& state, const CheckpointFormat& format) {
+  FP_ASSERT(format.weights == DType::DType_F32 || format.weights == DType::DType_BF16 ||
+            format.weights == DType::DType_F16);
+  image.used = 0;
+  image.files.clear();
+  image.step = state.step;
+  const std::string shown = (fs::path(dir) / fmt::format("step-{:08d}", state.step)).string();  // for errors
+  tensors_write({}, "model", shown, file_weight_items(params, cfg), params, format.weights, format.shard_bytes, &cfg,
+                &image);
+  if (optim != nullptr)
+    tensors_write({}, "optimizer", shown, state_items(params, *optim, master_written(format, params)), params,
+                  DType::DType_F32, std::numeric_limits<uint64_t>::max(), nullptr, &image);
+  if (params.rank() != 0) return;
+  image.files.push_back({"config.json", false, {}, config_text(cfg, format)});
+  image.files.push_back({"trainer_state.json", false, {}, trainer_state_text(state, optim != nullptr)});
+}
+
+std::string checkpoint_image_write(const std::string& dir, const CheckpointImage& image, int64_t keep) {
+  FP_ASSERT(keep >= 1);
+  const fs::path root(dir);
+  const std::string name = fmt::format("step-{:08d}", image.step);
+  const fs::path tmp = root / (name + ".tmp");
+  std::error_code ec;
+  fs::create_directories(root);
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp);
+  try {
+    for (const CheckpointImage::File& f : image.files) {
+      if (f.safetensors)
+        safetensors_write((tmp / f.name).string(), f.tensors, {{"format", "pt"}});
+      else
+        file_write_atomic((tmp / f.name).string(), f.text);
+    }
+    manifest_write(tmp);  // last: Note [Checkpoint checksums]
+    fsync_dir(tmp);
+  } catch (...) {
+    fs::remove_all(tmp, ec);  // a failed write leaves nothing behind; "checkpoint" is untouched
+    throw;
+  }
+  checkpoint_commit(root, name, image.step, keep);
+  return (root / name).string();
 }
 
 void checkpoint_export(const std::string& out, const ModelConfig& cfg, ParamStore& params,

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "io/safetensors.h"
 #include "model/params.h"
 #include "sched/optim/optimizer.h"
 
@@ -85,6 +86,48 @@ struct TrainerState {
 std::string checkpoint_save(const std::string& dir, const ModelConfig& cfg, ParamStore& params, const Optimizer* optim,
                             const TrainerState& state, Backend& be, const CheckpointFormat& format = {},
                             int64_t keep = 2);
+
+// A checkpoint held in host memory, ready to be written without the model (Note [Checkpoints off the
+// critical path] in train/checkpoint_writer.h). Rank 0's holds every tensor, in the file's dtype, in arena
+// (capacity bytes, owned by the caller, reused save after save); other ranks' hold nothing.
+struct CheckpointImage {
+  struct File {
+    std::string name;  // e.g. "model.safetensors", "trainer_state.json"
+    bool safetensors = false;
+    std::vector<SafetensorsView> tensors;  // safetensors: its tensors, into arena
+    std::string text;                      // otherwise: its contents
+  };
+  unsigned char* arena = nullptr;  // (capacity) rank 0 only
+  uint64_t capacity = 0;
+  uint64_t used = 0;
+  std::vector<float> stage;  // (numel of the largest tensor) f32 gather of a tensor written in bf16 / f16
+  int64_t step = 0;
+  std::vector<File> files;  // in the order checkpoint_save writes them; the manifest comes last
+};
+
+// The host bytes a CheckpointImage of this model holds on rank 0 (none on other ranks): arena, every tensor
+// of model*.safetensors in its file dtype and, with_optimizer, of optimizer.safetensors in f32, each rounded
+// up to 64 bytes; stage, the f32 of the largest tensor written in bf16 or f16 (0 when none is). What
+// train.checkpoint_async allocates (CheckpointWriter), and what the plan reports.
+struct CheckpointImageBytes {
+  uint64_t arena = 0;
+  uint64_t stage = 0;
+  uint64_t total() const { return arena + stage; }
+};
+CheckpointImageBytes checkpoint_image_bytes(const ModelConfig& cfg, ParamStore& params, bool with_optimizer,
+                                            const CheckpointFormat& format);
+
+// Fills image (whose arena the caller sized with checkpoint_image_bytes) with what checkpoint_save would
+// write for `state`, gathering the shards to rank 0 as it does: collective, every rank calls it, the same
+// checks (a non-finite number is refused before anything is written).
+// dir: where it will be written (errors name the checkpoint's directory).
+void checkpoint_snapshot(CheckpointImage& image, const std::string& dir, const ModelConfig& cfg, ParamStore& params,
+                         const Optimizer* optim, const TrainerState& state, const CheckpointFormat& format);
+
+// Rank 0: writes image under dir as checkpoint_save does (Note [Atomic checkpoints]: the same files,
+// byte for byte, the manifest last, the rename, the link, then keep), without the model and without a
+// collective, so any thread may call it. Returns the step directory.
+std::string checkpoint_image_write(const std::string& dir, const CheckpointImage& image, int64_t keep);
 
 // Writes the model alone as a Hugging Face directory: out/config.json and the weights in format.weights,
 // sharded above format.shard_bytes (Note [Checkpoint dtype and shards]). Written into "out.tmp" and

@@ -258,6 +258,12 @@ std::vector<ConfigKey> registry_build() {
                            "the run's checkpoints kept on disk, newest first (>= 1; with 2 or more a damaged newest "
                            "one leaves an earlier one to resume from)",
                            &RunConfig::train, &TrainConfig::keep_checkpoints, at_least("train.keep_checkpoints", 1)));
+  keys.push_back(plain_key("train.checkpoint_async", K::KeyType_bool, kRun,
+                           "write checkpoints in the background from a host copy (rank 0 holds the checkpoint's "
+                           "bytes) while the next steps run",
+                           &RunConfig::train, &TrainConfig::checkpoint_async));
+  keys.back().commands = kTrainPlan;  // the plan counts the host copy
+  keys.back().aliases = {"checkpoint_async"};
   keys.push_back(plain_key(
       "train.loss_spike_factor", K::KeyType_float, kRun,
       "stop before the update when the loss exceeds this multiple of the recent median (0: off)", &RunConfig::train,

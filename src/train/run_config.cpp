@@ -107,6 +107,10 @@ RunConfig config_build(const toml::table& doc, const std::string& source) {
     for (auto&& [k, v] : *t) {
       const std::string name = tname + "." + std::string(k.str());
       if (config_key_find(name) != nullptr) continue;
+      // [ckpt] is the activation checkpoints' schedule; writing the checkpoint files is [train]'s.
+      FP_CHECK(name != "ckpt.async", "[ckpt] holds the activation checkpoints' schedule (SCO, recompute)",
+               "{}: unknown key ckpt.async: checkpoints written in the background are train.checkpoint_async = true",
+               source);
       std::string known;
       for (const ConfigKey& f : keys)
         if (f.table() == tname) known += (known.empty() ? "" : ", ") + f.key();

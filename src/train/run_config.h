@@ -26,6 +26,9 @@ struct TrainConfig {
   // The run's checkpoints kept on disk: the newest and the keep_checkpoints - 1 before it (Note [Atomic
   // checkpoints], Note [Resuming from the newest sound checkpoint] in train/checkpoint.h).
   int64_t keep_checkpoints = 2;
+  // Checkpoints written by a background thread from a host copy while the next steps run (Note
+  // [Checkpoints off the critical path] in train/checkpoint_writer.h); false: the step waits for the files.
+  bool checkpoint_async = false;
   int64_t grad_accum = 1;  // micro-batches of batch_size sequences per optimizer step (Note [Gradient accumulation])
   // Note [A loss spike stops the run] (trainer.cpp): a loss above this multiple of the median of the
   // last kLossWindow losses stops the run before its update; 0: off.

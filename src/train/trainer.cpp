@@ -32,6 +32,7 @@
 #include "model/routing.h"
 #include "step/step.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/config_keys.h"
 #include "train/progress.h"
 #include "train/run_config.h"
@@ -783,6 +784,23 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   const CheckpointFormat& format = rs.format;
 
   if (lead) run_describe(o, cfg, *be, comm, mesh);
+  // Note [Checkpoints off the critical path] (train/checkpoint_writer.h): the host copy, allocated once.
+  std::unique_ptr<CheckpointWriter> writer;
+  if (cfg.train.checkpoint_async && be->computes()) {
+    writer = std::make_unique<CheckpointWriter>(m, model.params(), &optim, format);
+    const Ledger& hl = be->host_ledger();
+    FP_CHECK(
+        hl.capacity() == kUnlimitedBytes || hl.total_current() + writer->host_bytes() <= hl.capacity(),
+        "set train.checkpoint_async = false (the step then waits for each checkpoint's files), or raise --host-mem",
+        "train.checkpoint_async = true: rank 0's host copy of the checkpoint, {}, does not fit --host-mem {} beside "
+        "the {} the run holds there",
+        bytes_format(writer->host_bytes()), bytes_format(hl.capacity()), bytes_format(hl.total_current()));
+    if (lead)
+      log_info(
+          "checkpoints written in the background (train.checkpoint_async): rank 0 holds a host copy of {} "
+          "(`flatpeak plan --schedule train.checkpoint_async=true` plans it)",
+          bytes_format(writer->host_bytes()));
+  }
 
   const std::string metrics_path = o.out + "/metrics.jsonl";
   std::ofstream metrics;
@@ -817,6 +835,9 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
   int64_t last_step = start;
   // Note [A step that does not finish] (core/watchdog.h): train.step_timeout bounds every step.
   StepWatchdog watchdog(cfg.train.step_timeout, comm.size() > 1 ? fmt::format(" [rank {}]", comm.rank()) : "");
+  // What the last checkpoint cost the training loop (sync: the whole save; async: the wait for the previous
+  // write and the copy), reported on the next step's line; -1: no checkpoint since the last step.
+  double ckpt_blocked = -1, ckpt_wait = 0;
   for (int64_t step = start + 1; step <= total; ++step) {
     watchdog.arm(step);
     watchdog.phase("the batch, forward, backward and update");
@@ -864,6 +885,17 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       j["eval_loss"] = r.loss;
       j["eval_targets"] = r.targets;
     }
+    // Note [Checkpoints off the critical path]: whether a background write was still in flight when this step
+    // ended (rank 0; it overlapped the step), and what the last checkpoint cost the loop.
+    if (writer != nullptr) {
+      j["checkpoint_writing"] = writer->busy();
+      j["host_checkpoint_copy_bytes"] = writer->host_bytes();
+    }
+    if (ckpt_blocked >= 0) {
+      j["checkpoint_blocked_seconds"] = ckpt_blocked;
+      if (writer != nullptr) j["checkpoint_wait_seconds"] = ckpt_wait;
+      ckpt_blocked = -1;
+    }
     if (lead) {
       metrics << j.dump() << "\n";
       metrics.flush();
@@ -874,6 +906,13 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
                      j["binding"].get<std::string>(), eval_loss});
     }
     last_step = step;
+    // The background write's completion, said once (rank 0).
+    if (writer != nullptr && lead)
+      for (const CheckpointWriter::Done& d : writer->poll()) {
+        stop_policy.checkpoint_written(d.step);
+        if (!o.quiet)
+          progress.note(fmt::format("checkpoint: {} (written in the background in {:.2f} s)", d.dir, d.seconds));
+      }
     const bool stop = stop_policy.after_step(comm);
     // meta holds no numbers to save: its runs measure peaks and write no checkpoint.
     if (be->computes() && (step == total || stop || (ckpt_every > 0 && step % ckpt_every == 0))) {
@@ -883,16 +922,42 @@ int train_with(const TrainOptions& o, const RunConfig& cfg) {
       st.data_position = data.position();
       st.run_config = run_json;
       st.schedule_steps = schedule_total != total ? schedule_total : 0;
-      // Collective: the shards are gathered to rank 0, which writes them.
-      const std::string where =
-          checkpoint_save(o.out, m, model.params(), &optim, st, *be, format, cfg.train.keep_checkpoints);
-      stop_policy.checkpoint_written(step);
-      if (lead && !o.quiet) progress.note(fmt::format("checkpoint: {}", where));
-      comm.barrier();
+      const Clock::time_point c0 = Clock::now();
+      if (writer != nullptr) {
+        // Collective: the shards are gathered to rank 0 into the host copy; rank 0 writes it in the background.
+        const CheckpointWriter::SaveCost cost = writer->save(o.out, st, cfg.train.keep_checkpoints, comm);
+        ckpt_wait = cost.wait_seconds;
+        if (lead && !o.quiet)
+          progress.note(
+              fmt::format("checkpoint of step {}: copied to host in {:.2f} s{}, written in the background", step,
+                          cost.snapshot_seconds,
+                          cost.wait_seconds >= 0.01
+                              ? fmt::format(" after waiting {:.2f} s for the previous write", cost.wait_seconds)
+                              : std::string()));
+      } else {
+        // Collective: the shards are gathered to rank 0, which writes them.
+        const std::string where =
+            checkpoint_save(o.out, m, model.params(), &optim, st, *be, format, cfg.train.keep_checkpoints);
+        stop_policy.checkpoint_written(step);
+        if (lead && !o.quiet) progress.note(fmt::format("checkpoint: {}", where));
+        comm.barrier();
+      }
+      ckpt_blocked = seconds_since(c0);
     }
     if (stop) break;
   }
   watchdog.disarm();
+  // The write in flight, waited for: the run ends with its newest checkpoint complete (collective).
+  if (writer != nullptr) {
+    for (const CheckpointWriter::Done& d : writer->finish(comm)) {
+      stop_policy.checkpoint_written(d.step);
+      if (lead && !o.quiet)
+        progress.note(fmt::format("checkpoint: {} (written in the background in {:.2f} s)", d.dir, d.seconds));
+    }
+    if (lead)
+      log_info("{} checkpoint(s) written in the background; {} waited for the previous write ({:.2f} s in all)",
+               writer->saves(), writer->stalls(), writer->stall_seconds());
+  }
   if (lead) progress.finish(o.out);
   std::fflush(stdout);
   if (lead) {

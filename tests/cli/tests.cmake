@@ -64,3 +64,11 @@ foreach(case cpu_small meta_and_bad)
            --bin $<TARGET_FILE:flatpeak> --root ${PROJECT_SOURCE_DIR} ${case})
   set_tests_properties(cli_bench_kernels_${case} PROPERTIES LABELS "cli;quick" TIMEOUT 120)
 endforeach()
+# train.checkpoint_async (tests/cli/test_ckpt_async.py): background checkpoints equal the sync ones byte for byte
+# (1 rank fp32 and bf16 in shards, 2 ranks), resume from one bit-exact, kill -9 / SIGTERM mid-write, the plan's host
+# copy equals the run's.
+foreach(case same_files resume kill_mid_write plan_bytes)
+  add_test(NAME cli_ckpt_async_${case} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_ckpt_async.py
+           --bin $<TARGET_FILE:flatpeak> --configs ${PROJECT_SOURCE_DIR}/configs ${case})
+  set_tests_properties(cli_ckpt_async_${case} PROPERTIES LABELS "cli;slow" TIMEOUT 300)
+endforeach()

@@ -93,6 +93,7 @@ const std::map<std::string, Other> kOther = {
     {"train.steps", {"300"}},
     {"train.checkpoint_every", {"10"}},
     {"train.keep_checkpoints", {"3"}},
+    {"train.checkpoint_async", {"true"}},
     {"train.grad_accum", {"4"}},
     {"train.loss_spike_factor", {"5.0"}},
     {"optim.lr", {"1e-3"}},
@@ -156,6 +157,7 @@ const std::map<std::string, Other> kOther = {
 const std::set<std::string> kMayChangeOnResume = {"model.seed",
                                                   "train.checkpoint_every",
                                                   "train.keep_checkpoints",
+                                                  "train.checkpoint_async",
                                                   "train.grad_accum",
                                                   "train.loss_spike_factor",
                                                   "eval.data",
@@ -380,6 +382,7 @@ TEST(ConfigKeys, PlannerTakesThePlanKeysByNameAndAlias) {
       got.schedules = s.sched;
       got.precision = s.precision;
       got.moe.routing_profile = s.routing;
+      got.train.checkpoint_async = s.checkpoint_async;
       RunConfig want;
       config_key_set_text(want, k, o.value, "want");
       EXPECT_EQ(k.get(got), k.get(want)) << spelling;
