@@ -5,7 +5,7 @@
 //   bit for bit where the cuda file says it meets the cpu's bits (Note [Bits as the cpu's] in
 //     src/backend/cuda/common.cuh): element-wise, reductions, AdamW, permutes, the sorts, nll;
 //   else within the error model (tests/common/error_bound.h): the GEMMs (another order of the sums), and
-//     the kernels calling exp / log (CUDA's expf within 2 ulps of glibc's).
+//     the kernels calling exp, log, sin, cos (CUDA's functions, not glibc's).
 // Every case skips with the runtime's reason where there is no GPU; a summary line names what compared.
 // scripts/gpu_check runs this binary on a lent GPU and turns its JSON report into a table.
 #include <gtest/gtest.h>
@@ -79,6 +79,8 @@ class Side {
     return upload(bytes, n, t, name);
   }
   Rng& rng() { return rng_; }
+  // Overwrites device memory p with bytes.
+  void put(void* p, const std::vector<char>& bytes) { be_.copy_from_host(p, bytes.data(), bytes.size()); }
 
   // Downloads p (n elements of t) after the compute stream has passed every launch.
   void down(const std::string& name, const void* p, int64_t n, DType t, std::vector<double> bound = {}) {
@@ -437,6 +439,68 @@ CaseFn swiglu(DType t) {
   };
 }
 
+// RMSNorm forward and backward, the cpu's bits: (70, 67) rows past a warp's groups, and (300, 8) rows past
+// the 64-row dw blocks.
+CaseFn rmsnorm(DType tx, DType tw) {
+  return [=](Side& s) {
+    for (const auto& [rows, d] : {std::pair<int64_t, int64_t>{kRows, kCols}, {300, 8}}) {
+      const std::string k = std::to_string(rows) + "x" + std::to_string(d);
+      Buf x = s.rand(rows * d, tx, "x" + k), w = s.rand(d, tw, "w" + k), dy = s.rand(rows * d, tx, "dy" + k);
+      Buf y = Buf(s.out(rows * d, tx, "y" + k), tx), dx = Buf(s.out(rows * d, tx, "dx" + k), tx);
+      Buf dw = s.rand(d, tw, "dw" + k);
+      float* rstd = static_cast<float*>(s.out(rows, kF32, "rstd" + k));
+      float* ws = static_cast<float*>(s.out(std::max<int64_t>(s.K.rmsnorm_backward_workspace(rows, d), 1), kF32, "ws"));
+      s.K.rmsnorm_forward(x, w, y, rstd, rows, d, 1e-6f);
+      s.K.rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, d, ws);
+      s.down("rmsnorm_forward y " + k, y.p, rows * d, tx);
+      s.down("rmsnorm_forward rstd " + k, rstd, rows, kF32);
+      s.down("rmsnorm_backward dx " + k, dx.p, rows * d, tx);
+      s.down("rmsnorm_backward dw " + k, dw.p, d, tw);
+    }
+  };
+}
+
+// Embedding: forward in any dtypes, backward into an f32 table (repeated ids); the cpu's bits.
+CaseFn embedding(DType tt, DType to) {
+  return [=](Side& s) {
+    const int64_t n = 300, H = 67, V = 50;
+    std::vector<int32_t> ids(n);
+    for (int64_t t = 0; t < n; ++t) ids[t] = static_cast<int32_t>((t * 7 + t / 5) % V);
+    int32_t* tokens = s.up_int(ids, "tokens");
+    Buf table = s.rand(V * H, tt, "table"), out = Buf(s.out(n * H, to, "out"), to);
+    s.K.embedding_forward(tokens, table, out, n, H);
+    s.down("embedding_forward", out.p, n * H, to);
+    Buf dout = s.rand(n * H, to, "dout"), dtable = s.rand(V * H, kF32, "dtable");
+    s.K.embedding_backward(tokens, dout, dtable, n, H);
+    s.down("embedding_backward", dtable.p, V * H, kF32);
+  };
+}
+
+// RoPE: plain, and strided with interleaved pairs in the last 8 of 12 numbers per head; positions to 40000.
+CaseFn rope(DType t) {
+  return [=](Side& s) {
+    const int64_t n = 37, heads = 3, hd = 8;
+    std::vector<int32_t> p(n);
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>((i * 1237) % 40000);
+    int32_t* pos = s.up_int(p, "pos");
+    const std::vector<double> f = ops::rope_default_inv_freq(10000.0, hd);
+    std::vector<char> fb(f.size() * 8);
+    std::memcpy(fb.data(), f.data(), fb.size());
+    double* inv = static_cast<double*>(s.out(static_cast<int64_t>(f.size()), DType::DType_F64, "inv_freq"));
+    s.put(inv, fb);
+    const ops::RopeFreqs freqs{inv, 1.25f};
+    Buf x = s.rand(n * heads * hd, t, "x"), y = s.rand(n * heads * 12, t, "y");
+    s.K.rope_forward(x, pos, n, heads, hd, freqs);
+    s.down("rope_forward", x.p, n * heads * hd, t, ulps_bound(n * heads * hd, 16, 8));
+    s.K.rope_backward(x, pos, n, heads, hd, freqs);
+    s.down("rope_backward", x.p, n * heads * hd, t, ulps_bound(n * heads * hd, 16, 8));
+    s.K.rope_strided_forward(Buf(y.at(4)), pos, n, heads, hd, 12, true, freqs);
+    s.down("rope_strided_forward", y.p, n * heads * 12, t, ulps_bound(n * heads * 12, 16, 8));
+    s.K.rope_strided_backward(Buf(y.at(4)), pos, n, heads, hd, 12, true, freqs);
+    s.down("rope_strided_backward", y.p, n * heads * 12, t, ulps_bound(n * heads * 12, 16, 8));
+  };
+}
+
 std::string dn(DType t) { return std::string(dtype_name(t)); }
 
 std::map<std::string, CaseFn> all_cases() {
@@ -446,11 +510,14 @@ std::map<std::string, CaseFn> all_cases() {
       m["elementwise_" + dn(a) + "_" + dn(b)] = elementwise(a, b);
       m["adamw_grad_" + dn(a) + "_copy_" + dn(b)] = adamw(a, b);
       m["permutes_" + dn(a) + "_" + dn(b)] = permutes(a, b);
+      m["rmsnorm_" + dn(a) + "_" + dn(b)] = rmsnorm(a, b);
+      m["embedding_" + dn(a) + "_" + dn(b)] = embedding(a, b);
     }
   for (const DType a : {kF32, kBF16}) {
     m["reductions_" + dn(a)] = reductions(a);
     m["grouped_" + dn(a)] = grouped(a);
     m["swiglu_" + dn(a)] = swiglu(a);
+    m["rope_" + dn(a)] = rope(a);
   }
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {

@@ -6,9 +6,9 @@
 // f32, as the cpu table. One block of kThreads per row (grid-stride over rows): the row max (exact in any
 // order), then the sum of exp(x - max) in double (Note [Why the softmax sum is taken in double] in
 // backend/cpu/kernels/cross_entropy.cpp), each thread over its own columns, then block_reduce's fixed tree,
-// so a run repeats its bits. Error model, not the cpu's bits (Note [Bits as the cpu's] in common.cuh): CUDA's
-// expf (2 ulps) and log (1 ulp) against glibc's, and another summation order; logp and the loss stay
-// within a few ulps of the cpu's. nll_forward and the state's init move values only: the cpu's bits.
+// so a run repeats its bits. Error model, not the cpu's bits (Note [Bits as the cpu's] in common.cuh): exp_f32
+// and CUDA's log (1 ulp) against glibc's, and another order of the double sums; logp and the loss stay
+// within an ulp or two of the cpu's. nll_forward and the state's init move values only: the cpu's bits.
 // The targets are not checked against V on the device (the cpu asserts them): the data loader validates
 // them, and an id past V reads the wrong row's logit rather than failing.
 #include <cmath>
@@ -20,6 +20,7 @@ namespace fp::ops::cuda {
 
 using ::fp::cuda::block_reduce;
 using ::fp::cuda::blocks_for;
+using ::fp::cuda::exp_f32;
 using ::fp::cuda::kThreads;
 using ::fp::cuda::launched;
 using ::fp::cuda::MaxOp;
@@ -40,7 +41,7 @@ __device__ float row_max(const float* x, int64_t w, float* shared) {
 // sum over x (w) of exp(x - m) in double, every thread of the block getting it.
 __device__ double row_sum_exp(const float* x, int64_t w, float m, double* shared) {
   double s = 0;
-  for (int64_t j = threadIdx.x; j < w; j += blockDim.x) s += static_cast<double>(expf(x[j] - m));
+  for (int64_t j = threadIdx.x; j < w; j += blockDim.x) s += static_cast<double>(exp_f32(x[j] - m));
   return block_reduce(s, shared, SumOp{}, 0.0);
 }
 
@@ -64,7 +65,9 @@ __global__ void cross_entropy_backward_kernel(const float* logp, const int32_t* 
   FP_CUDA_GRID_STRIDE(i, n * V) {
     const int64_t t = i / V, k = i - t * V;
     const int32_t target = targets[t];
-    dlogits[i] = target == kIgnoreIndex ? 0.0f : k == target ? scale * (expf(logp[i]) - 1.0f) : scale * expf(logp[i]);
+    dlogits[i] = target == kIgnoreIndex ? 0.0f
+                 : k == target          ? scale * (exp_f32(logp[i]) - 1.0f)
+                                        : scale * exp_f32(logp[i]);
   }
 }
 
@@ -121,7 +124,7 @@ __global__ void online_lse_backward_kernel(float* strip, int64_t ld, const int32
     }
     const double lse = static_cast<double>(m[t]) + log(z[t]);
     for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
-      const float e = expf(static_cast<float>(static_cast<double>(x[j]) - lse));
+      const float e = exp_f32(static_cast<float>(static_cast<double>(x[j]) - lse));
       x[j] = v0 + j == target ? scale * (e - 1.0f) : scale * e;
     }
   }

@@ -45,7 +45,7 @@ void adamw_update(const ExecContext& c, float* param, CBuf grad, float* m, float
                   Buf param_copy);
 void adamw_update_multi(const ExecContext& c, const AdamWTensor* t, int64_t count, AdamWHyper h);
 
-// cross_entropy.cu: f32 (as the cpu table); the error model (expf, log).
+// cross_entropy.cu: f32 (as the cpu table); the error model (exp, log).
 void log_softmax_forward(const ExecContext& c, const float* logits, float* logp, int64_t n, int64_t V);
 void nll_forward(const ExecContext& c, const float* logp, const int32_t* targets, float* loss, int64_t n, int64_t V);
 void cross_entropy_backward(const ExecContext& c, const float* logp, const int32_t* targets, float scale,
@@ -58,7 +58,27 @@ void online_lse_loss(const ExecContext& c, const float* m, const double* z, cons
 void online_lse_backward(const ExecContext& c, float* strip, int64_t ld, const int32_t* targets, int64_t rows,
                          int64_t v0, int64_t v1, const float* m, const double* z, float scale);
 
-// swiglu.cu: f32 and bf16, each operand on its own; the error model (expf).
+// embedding.cu: forward f32 and bf16, each operand on its own; backward into an f32 table (dout f32 or bf16);
+// the cpu's bits.
+void embedding_forward(const ExecContext& c, const int32_t* tokens, CBuf table, Buf out, int64_t n, int64_t H);
+void embedding_backward(const ExecContext& c, const int32_t* tokens, CBuf dout, Buf dtable, int64_t n, int64_t H);
+
+// rmsnorm.cu: f32 and bf16, each operand on its own; the cpu's bits (its row order and dw blocks, whose
+// workspace the query gives: rmsnorm_backward_workspace(rows, d) floats of device memory).
+void rmsnorm_forward(const ExecContext& c, CBuf x, CBuf w, Buf y, float* rstd, int64_t rows, int64_t d, float eps);
+void rmsnorm_backward(const ExecContext& c, CBuf x, CBuf w, const float* rstd, CBuf dy, Buf dx, Buf dw, int64_t rows,
+                      int64_t d, float* workspace);
+int64_t rmsnorm_backward_workspace(int64_t rows, int64_t d);
+
+// rope.cu: x f32 or bf16; the error model (CUDA's double cos and sin), the cpu's float rotation.
+void rope_forward(const ExecContext& c, Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
+void rope_backward(const ExecContext& c, Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd, RopeFreqs f);
+void rope_strided_forward(const ExecContext& c, Buf x, const int32_t* pos, int64_t n, int64_t heads, int64_t hd,
+                          int64_t head_stride, bool interleaved, RopeFreqs f);
+void rope_strided_backward(const ExecContext& c, Buf dx, const int32_t* pos, int64_t n, int64_t heads, int64_t hd,
+                           int64_t head_stride, bool interleaved, RopeFreqs f);
+
+// swiglu.cu: f32 and bf16, each operand on its own; the error model (exp).
 void swiglu_forward(const ExecContext& c, CBuf g, CBuf u, Buf a, int64_t n);
 void swiglu_backward(const ExecContext& c, CBuf g, CBuf u, CBuf da, Buf dg, Buf du, int64_t n);
 void swiglu_clamped_forward(const ExecContext& c, CBuf g, CBuf u, Buf a, int64_t n, float alpha, float limit);
@@ -74,7 +94,7 @@ void moe_combine_backward(const ExecContext& c, CBuf ys, const int32_t* slot_pos
                           float* dw, int64_t n, int64_t k, int64_t H);
 void moe_scatter_add(const ExecContext& c, CBuf dxs, const int32_t* slot_pos, Buf dx, int64_t n, int64_t k, int64_t H);
 
-// router.cu: f32 (as the cpu table); the error model (expf), the cpu's arithmetic otherwise.
+// router.cu: f32 (as the cpu table); the error model (exp), the cpu's arithmetic otherwise.
 void router_forward(const ExecContext& c, const float* logits, float* probs, int32_t* topk_idx, float* topk_w,
                     RouterSpec spec);
 void router_gather(const ExecContext& c, const float* probs, const int32_t* topk_idx, float* topk_w, RouterSpec spec);

@@ -2,11 +2,12 @@
 //
 // The routers give one thread a token and run the cpu's loops on it (backend/cpu/kernels/router.cpp):
 // the same insertion top-k (ties to the lower id, a NaN row picking 0 .. k-1), the same double sums in
-// the same order, so given the same exponentials every output has the cpu's bits; expf differs from
-// glibc's by up to 2 ulps (Note [Bits as the cpu's] in common.cuh), so probs and scores meet the error
-// model, and a top-k choice can differ from the cpu's only where two experts' probabilities are within an
-// ulp or two of each other. The router is cheap next to its gate GEMM (E exps per token against 2 E H
-// flops); a warp per token would read the rows coalesced, which matters once a GPU measures it.
+// the same order, so given the same exponentials every output has the cpu's bits. exp_f32 agrees with
+// glibc's expf but in rare near-ties (Note [Bits as the cpu's] in common.cuh), so probs and scores meet
+// the error model (bit for bit almost always), and a top-k choice can differ from the cpu's only where
+// two experts' probabilities are within an ulp of each other. The router is cheap next to its gate GEMM
+// (E exps per token against 2 E H flops); a warp per token would read the rows coalesced, which matters
+// once a GPU measures it.
 // Device loops hold k and topk_group in registers: k <= kMaxK, topk_group <= kMaxGroups, else refused.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -14,6 +15,7 @@
 namespace fp::ops::cuda {
 
 using ::fp::cuda::blocks_for;
+using ::fp::cuda::exp_f32;
 using ::fp::cuda::kThreads;
 using ::fp::cuda::launched;
 using ::fp::cuda::stream_of;
@@ -48,7 +50,7 @@ __global__ void router_forward_kernel(const float* logits, float* probs, int32_t
     for (int64_t e = 1; e < E; ++e) mx = x[e] > mx ? x[e] : mx;
     double sum = 0;
     for (int64_t e = 0; e < E; ++e) {
-      p[e] = expf(x[e] - mx);
+      p[e] = exp_f32(x[e] - mx);
       sum += static_cast<double>(p[e]);
     }
     const double inv = 1.0 / sum;
@@ -109,7 +111,7 @@ __global__ void router_backward_kernel(const float* probs, const int32_t* topk_i
   }
 }
 
-__device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ float sigmoid(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
 // w (k) = r s[idx] (renormalised with norm), sums in double (the cpu's sigmoid_weights).
 __device__ void sigmoid_weights(const float* s, const int32_t* idx, float* w, int64_t k, bool norm, float scaling) {

@@ -3,7 +3,7 @@
 // One thread per element, each operand f32 or bf16 on its own (widened on load, rounded once on store). The
 // arithmetic is the cpu's scalar path (backend/cpu/kernels/swiglu.cpp) operation for operation, with its
 // stable sigmoid (Note [Stable sigmoid] there: e = exp(-|g|), never an overflow), and -fmad=false keeps the
-// products apart; the exponential is CUDA's expf (2 ulps) where the cpu uses its Cephes polynomial (1 ulp,
+// products apart; the exponential is exp_f32 (common.cuh) where the cpu uses its Cephes polynomial (1 ulp,
 // and 0 below -87): the error model, not the cpu's bits (Note [Bits as the cpu's] in common.cuh).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -11,6 +11,7 @@
 namespace fp::ops::cuda {
 
 using ::fp::cuda::blocks_for;
+using ::fp::cuda::exp_f32;
 using ::fp::cuda::kThreads;
 using ::fp::cuda::launched;
 using ::fp::cuda::ld;
@@ -21,7 +22,7 @@ namespace {
 
 // s = sigmoid(g) and sc = 1 - s, both from e = exp(-|g|) in (0, 1].
 __device__ __forceinline__ void sigmoid_pair(float g, float& s, float& sc) {
-  const float e = expf(-fabsf(g));
+  const float e = exp_f32(-fabsf(g));
   const float inv = 1.0f / (1.0f + e);
   s = g >= 0.0f ? inv : e * inv;
   sc = g >= 0.0f ? e * inv : inv;
