@@ -1,6 +1,7 @@
-// The cuda backend skeleton (src/backend/cuda) on a GPU: arenas and their ledger, copies both ways and
-// on the copy streams, fill / add / scale against the same loops on the host, GEMM through cuBLAS
-// against the cpu kernel (OpenBLAS) on the same inputs, and a missing kernel's error. Every test skips
+// The cuda backend (src/backend/cuda) on a GPU: arenas and their ledger, copies both ways and on the copy
+// streams, fill / add / scale against the same loops on the host, GEMM through cuBLASLt against the cpu
+// kernel (OpenBLAS) on the same inputs, and a missing kernel's error (every kernel against the cpu's:
+// test_cuda_matches_cpu.cpp). Every test skips
 // (GTEST_SKIP, with the runtime's reason) on a machine without a GPU, so the binary runs everywhere.
 #include <gtest/gtest.h>
 
@@ -110,10 +111,10 @@ TEST(CudaBackend, MissingKernelIsNamed) {
   FP_SKIP_WITHOUT_GPU();
   auto be = backend_create("cuda", kUnlimitedBytes, kUnlimitedBytes);
   try {
-    be->kernels().rmsnorm_forward(nullptr, nullptr, nullptr, nullptr, 0, 0, 1e-6f);
+    be->kernels().attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, ops::AttentionSpec{});
     ADD_FAILURE() << "a missing kernel ran";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rmsnorm_forward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("attention_forward"), std::string::npos) << e.what();
   }
 }
 

@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <type_traits>
+
 #include "core/error.h"
 
 namespace fp {
@@ -12,6 +15,10 @@ const char* const kCudaHint = "run on a machine with an NVIDIA GPU and its drive
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(fmt::format("{}: {}", what, cudaGetErrorString(e)), kCudaHint);
+}
+
+void cuda_refuse(const char* kernel, const char* why) {
+  throw Error(fmt::format("kernel {} on cuda: {}", kernel, why), "use --device cpu for this case");
 }
 
 CudaEvent::CudaEvent() { cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate"); }
@@ -31,6 +38,9 @@ CudaStream::CudaStream(std::string name) : Stream(std::move(name)) {
 CudaStream::~CudaStream() {
   (void)cudaStreamSynchronize(stream_);
   if (blas_ != nullptr) (void)cublas_api().destroy(blas_);
+  if (blas_lt_ != nullptr) (void)cublas_lt_api().destroy(blas_lt_);
+  if (lt_workspace_ != nullptr) (void)cudaFree(lt_workspace_);
+  if (scratch_ != nullptr) (void)cudaFree(scratch_);
   (void)cudaStreamDestroy(stream_);
 }
 
@@ -89,6 +99,32 @@ cublasHandle_t CudaStream::blas() {
   return blas_;
 }
 
+cublasLtHandle_t CudaStream::blas_lt() {
+  if (blas_lt_ != nullptr) return blas_lt_;
+  cublasLtHandle_t h = nullptr;
+  FP_CHECK(cublas_lt_api().create(&h) == CUBLAS_STATUS_SUCCESS, kCudaHint, "cublasLtCreate failed");
+  blas_lt_ = h;
+  return blas_lt_;
+}
+
+void* CudaStream::lt_workspace() {
+  if (lt_workspace_ == nullptr)
+    cuda_check(cudaMallocAsync(&lt_workspace_, kLtWorkspaceBytes, stream_), "cudaMallocAsync (GEMM workspace)");
+  return lt_workspace_;
+}
+
+// Note [A stream's scratch] (cuda_stream.h): grows by at least half, so a few calls reach the step's size.
+void* CudaStream::scratch(uint64_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  const uint64_t grown = std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2);
+  if (scratch_ != nullptr) cuda_check(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync (scratch)");
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  cuda_check(cudaMallocAsync(&scratch_, grown, stream_), "cudaMallocAsync (scratch)");
+  scratch_bytes_ = grown;
+  return scratch_;
+}
+
 CudaStream& CudaStream::of(const ExecContext& c) {
   auto* s = dynamic_cast<CudaStream*>(&c.stream);
   FP_ASSERT(s != nullptr, "a cuda kernel was given stream '{}' of another backend", c.stream.name());
@@ -110,6 +146,34 @@ const CublasApi& cublas_api() {
     api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(lib, "cublasSgemm_v2"));
     FP_CHECK(api.create && api.destroy && api.set_math_mode && api.set_stream && api.sgemm, kCudaHint,
              "{} lacks cublasCreate_v2 / cublasDestroy_v2 / cublasSetStream_v2 / cublasSgemm_v2", kLib);
+  });
+  return api;
+}
+
+const CublasLtApi& cublas_lt_api() {
+  static std::once_flag once;
+  static CublasLtApi api;
+  std::call_once(once, [] {
+    constexpr const char* kLib = "libcublasLt.so." FP_CUBLAS_MAJOR;
+    void* lib = dlopen(kLib, RTLD_NOW | RTLD_LOCAL);
+    FP_CHECK(lib != nullptr, "install the CUDA toolkit's cuBLAS (or put it on LD_LIBRARY_PATH)", "cannot open {}: {}",
+             kLib, dlerror());
+    auto sym = [&](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
+      FP_CHECK(f != nullptr, kCudaHint, "{} lacks {}", kLib, name);
+    };
+    sym(api.create, "cublasLtCreate");
+    sym(api.destroy, "cublasLtDestroy");
+    sym(api.desc_create, "cublasLtMatmulDescCreate");
+    sym(api.desc_destroy, "cublasLtMatmulDescDestroy");
+    sym(api.desc_set, "cublasLtMatmulDescSetAttribute");
+    sym(api.layout_create, "cublasLtMatrixLayoutCreate");
+    sym(api.layout_destroy, "cublasLtMatrixLayoutDestroy");
+    sym(api.pref_create, "cublasLtMatmulPreferenceCreate");
+    sym(api.pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    sym(api.pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    sym(api.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    sym(api.matmul, "cublasLtMatmul");
   });
   return api;
 }
