@@ -214,6 +214,7 @@ const ops::Kernels& kernels_cuda() {
     FP_CUDA_KERNEL(router_sigmoid_forward)
     FP_CUDA_KERNEL(router_sigmoid_gather)
     FP_CUDA_KERNEL(router_sigmoid_backward)
+    FP_CUDA_KERNEL(routing_bias_update)
     FP_CUDA_KERNEL(moe_routing_build)
     FP_CUDA_KERNEL(moe_chunk_order)
     FP_CUDA_KERNEL(embedding_forward)
@@ -239,7 +240,7 @@ const ops::Kernels& kernels_cuda() {
 
 // Note [Backends as plug-ins] (backend/registry.h).
 void backend_register_cuda() {
-  backend_register({"cuda", "an NVIDIA GPU (50 of the table's kernels, no attention yet; runs no model yet)",
+  backend_register({"cuda", "an NVIDIA GPU (51 of the table's kernels, no attention yet; runs no model yet)",
                     &cuda_backend_create, &kernels_cuda});
 }
 

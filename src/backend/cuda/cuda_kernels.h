@@ -106,6 +106,8 @@ void router_sigmoid_gather(const ExecContext& c, const float* scores, const int3
                            RouterSpec spec);
 void router_sigmoid_backward(const ExecContext& c, const float* scores, const int32_t* topk_idx, const float* d_topk_w,
                              float* dlogits, RouterSpec spec);
+void routing_bias_update(const ExecContext& c, float* bias, const double* load, int64_t rows, double mean,
+                         double rate);
 
 // moe_routing.cu: the two counting sorts; integers, the cpu's bits.
 void moe_routing_build(const ExecContext& c, const int32_t* topk_idx, int64_t n, int64_t k, int64_t E, int32_t* rows,

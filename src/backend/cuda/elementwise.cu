@@ -70,7 +70,7 @@ __global__ void bias_backward_kernel(const X* dy, DB* db, int64_t rows, int64_t 
 
 template <class X>
 __global__ void column_sums_kernel(const X* x, int64_t rows, int64_t d, double* out) {
-  FP_CUDA_GRID_STRIDE(j, d) out[j] = column_sum(x, rows, d, j);
+  FP_CUDA_GRID_STRIDE(j, d) out[j] += column_sum(x, rows, d, j);  // the contract adds (ops/elementwise.h)
 }
 
 template <bool kAdd>

@@ -257,4 +257,19 @@ void router_sigmoid_backward(const ExecContext& c, const float* scores, const in
   launched("router_sigmoid_backward");
 }
 
+// One thread an entry: the double add rounded once, the cpu's bits (ops/router.h).
+__global__ void routing_bias_update_kernel(float* bias, const double* load, int64_t rows, double mean, double rate) {
+  FP_CUDA_GRID_STRIDE(r, rows) {
+    const double step = mean > load[r] ? rate : mean < load[r] ? -rate : 0.0;
+    bias[r] = static_cast<float>(static_cast<double>(bias[r]) + step);
+  }
+}
+
+void routing_bias_update(const ExecContext& c, float* bias, const double* load, int64_t rows, double mean,
+                         double rate) {
+  if (rows <= 0) return;
+  routing_bias_update_kernel<<<blocks_for(rows), kThreads, 0, stream_of(c)>>>(bias, load, rows, mean, rate);
+  launched("routing_bias_update");
+}
+
 }  // namespace fp::ops::cuda
