@@ -4,7 +4,7 @@
 // What it has: the device arena over cudaMalloc and the host arena over pinned cudaMallocHost, each
 // through a cache (memory/caching_allocator.h), its own streams and events (non-blocking cudaStream_t,
 // cudaEvent_t), asynchronous copies in every direction (cudaMemcpyAsync with cudaMemcpyDefault, unified
-// addressing), and a kernel table (backend/kernels.h, cuda_kernels.h) of 50 entries in the cpu table's
+// addressing), and a kernel table (backend/kernels.h, cuda_kernels.h) of 51 entries in the cpu table's
 // dtypes (embedding_backward for f32 tables only), each launched on the stream of its execution context:
 // the GEMMs through cuBLASLt (gemm_lt.cpp) and a fixed-order tiled GEMM, element-wise kernels, reductions
 // and AdamW with the cpu's bits, the losses, routers, routing sorts, permutes, embedding, RMSNorm, RoPE and
