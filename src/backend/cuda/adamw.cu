@@ -18,11 +18,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::kThreads;
-using ::fp::cuda::launched;
-using ::fp::cuda::ld;
-using ::fp::cuda::st;
-
 namespace {
 
 constexpr int kMaxTensors = 32;

@@ -107,3 +107,18 @@ __device__ T block_reduce(T v, T* shared, Op op, T identity) {
 }
 
 }  // namespace fp::cuda
+
+// The kernels' namespace sees the helpers above unqualified: one list here, not one per file.
+namespace fp::ops::cuda {
+using ::fp::cuda::MaxOp;
+using ::fp::cuda::SumOp;
+using ::fp::cuda::block_reduce;
+using ::fp::cuda::blocks_for;
+using ::fp::cuda::exp_f32;
+using ::fp::cuda::kThreads;
+using ::fp::cuda::launched;
+using ::fp::cuda::ld;
+using ::fp::cuda::st;
+using ::fp::cuda::stream_of;
+using ::fp::cuda::visit_float2;
+}  // namespace fp::ops::cuda

@@ -18,15 +18,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::block_reduce;
-using ::fp::cuda::blocks_for;
-using ::fp::cuda::exp_f32;
-using ::fp::cuda::kThreads;
-using ::fp::cuda::launched;
-using ::fp::cuda::MaxOp;
-using ::fp::cuda::stream_of;
-using ::fp::cuda::SumOp;
-
 namespace {
 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < 65535 ? (rows > 0 ? rows : 1) : 65535); }

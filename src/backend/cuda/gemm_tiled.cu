@@ -13,11 +13,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::launched;
-using ::fp::cuda::ld;
-using ::fp::cuda::st;
-using ::fp::cuda::stream_of;
-
 namespace {
 
 constexpr int kTile = 16;

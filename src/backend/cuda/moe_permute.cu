@@ -14,14 +14,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::blocks_for;
-using ::fp::cuda::kThreads;
-using ::fp::cuda::launched;
-using ::fp::cuda::ld;
-using ::fp::cuda::st;
-using ::fp::cuda::stream_of;
-using ::fp::cuda::visit_float2;
-
 namespace {
 
 // dst[dr(i) * H + h] = src[sr(i) * H + h] converted, for i < m: kGather reads rows[i], else writes there.

@@ -20,9 +20,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::launched;
-using ::fp::cuda::stream_of;
-
 namespace {
 
 // Note [The device's routing sort].

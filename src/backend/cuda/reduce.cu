@@ -21,11 +21,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::kThreads;
-using ::fp::cuda::launched;
-using ::fp::cuda::ld;
-using ::fp::cuda::stream_of;
-
 namespace {
 
 constexpr int64_t kBlock = 4096;  // the cpu's kReduceBlock

@@ -12,13 +12,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::blocks_for;
-using ::fp::cuda::kThreads;
-using ::fp::cuda::launched;
-using ::fp::cuda::ld;
-using ::fp::cuda::st;
-using ::fp::cuda::stream_of;
-
 namespace {
 
 template <class T>

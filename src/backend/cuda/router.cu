@@ -14,12 +14,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::blocks_for;
-using ::fp::cuda::exp_f32;
-using ::fp::cuda::kThreads;
-using ::fp::cuda::launched;
-using ::fp::cuda::stream_of;
-
 namespace {
 
 constexpr int kMaxK = 16;

@@ -10,14 +10,6 @@
 
 namespace fp::ops::cuda {
 
-using ::fp::cuda::blocks_for;
-using ::fp::cuda::exp_f32;
-using ::fp::cuda::kThreads;
-using ::fp::cuda::launched;
-using ::fp::cuda::ld;
-using ::fp::cuda::st;
-using ::fp::cuda::stream_of;
-
 namespace {
 
 // s = sigmoid(g) and sc = 1 - s, both from e = exp(-|g|) in (0, 1].
