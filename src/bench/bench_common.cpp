@@ -7,13 +7,14 @@
 #include <cmath>
 
 #include "backend/backend.h"
-#include "backend/cpu/kernels/ops.h"
-#include "io/atomic_file.h"
-#include "ops/attention.h"
 #include "backend/cpu/kernels/blas_setup.h"
-#include "backend/cpu/kernels/gemm_onednn.h"
 #include "backend/cpu/kernels/convert.h"
 #include "backend/cpu/kernels/cpu_features.h"
+#include "backend/cpu/kernels/gemm_onednn.h"
+#include "backend/cpu/kernels/ops.h"
+#include "core/rng.h"
+#include "io/atomic_file.h"
+#include "ops/attention.h"
 
 namespace fp::bench {
 
@@ -60,6 +61,32 @@ void machine_print() {
 
 void json_write(const std::string& path, const nlohmann::json& j) {
   if (!path.empty()) file_write_atomic(path, j.dump(2) + "\n");
+}
+
+double gemm_rate_measure(DType t, int64_t side, int repeats) {
+  const size_t n = static_cast<size_t>(side * side);
+  std::vector<float> a(n), b(n), c(n);
+  Rng rng(1);
+  for (auto& x : a) x = static_cast<float>(rng.uniform() - 0.5);
+  for (auto& x : b) x = static_cast<float>(rng.uniform() - 0.5);
+  std::vector<bf16> ah(n), bh(n), ch(n);
+  for (size_t i = 0; i < n; ++i) ah[i] = from_f32<bf16>(a[i]), bh[i] = from_f32<bf16>(b[i]);
+  const bool half = t == DType::DType_BF16;
+  const CBuf A = half ? CBuf(ah.data()) : CBuf(a.data()), B = half ? CBuf(bh.data()) : CBuf(b.data());
+  const Buf C = half ? Buf(ch.data()) : Buf(c.data());
+  const int64_t batch = std::max<int64_t>(1, (int64_t{256} * 256 * 256) / (side * side * side));
+  const auto run = [&] {
+    for (int64_t i = 0; i < batch; ++i)
+      ops::cpu::gemm(false, true, side, side, side, 1.0f, A, side, B, side, 0.0f, C, side);
+  };
+  run();
+  std::vector<double> t_s;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    run();
+    t_s.push_back(seconds_since(t0));
+  }
+  return 2.0 * static_cast<double>(side * side * side) * static_cast<double>(batch) / median(t_s);
 }
 
 }  // namespace fp::bench

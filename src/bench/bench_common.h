@@ -67,4 +67,12 @@ void machine_print();
 // path is empty (no --json).
 void json_write(const std::string& path, const nlohmann::json& j);
 
+// The rate (FLOP/s) of the cpu GEMM on square operands of side `side` stored in `t` (f32: OpenBLAS's
+// sgemm; bf16: oneDNN's bf16 matmul where the CPU has bf16 units, Note [bf16 GEMMs on the matrix units],
+// else the sgemm on widened panels, the CPU's best bf16 there): one call first, then the median of `repeats`
+// timed samples. Small GEMMs are timed in batches so that a sample is well above the clock's resolution
+// (one GEMM a sample from side 256 up). The peak `bench step` measures its GEMMs against, and the curve
+// `bench calibrate` fits.
+double gemm_rate_measure(DType t, int64_t side, int repeats);
+
 }  // namespace fp::bench

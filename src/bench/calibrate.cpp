@@ -44,26 +44,6 @@ double time_median(int repeats, F&& f) {
   return median(t);
 }
 
-double gemm_rate(DType t, int64_t side, int repeats) {
-  const size_t n = static_cast<size_t>(side * side);
-  std::vector<float> a(n), b(n), c(n);
-  Rng rng(1);
-  for (auto& x : a) x = static_cast<float>(rng.uniform() - 0.5);
-  for (auto& x : b) x = static_cast<float>(rng.uniform() - 0.5);
-  std::vector<bf16> ah(n), bh(n), ch(n);
-  for (size_t i = 0; i < n; ++i) ah[i] = from_f32<bf16>(a[i]), bh[i] = from_f32<bf16>(b[i]);
-  const bool half = t == DType::DType_BF16;
-  const CBuf A = half ? CBuf(ah.data()) : CBuf(a.data()), B = half ? CBuf(bh.data()) : CBuf(b.data());
-  const Buf C = half ? Buf(ch.data()) : Buf(c.data());
-  // Small GEMMs are timed in batches so that a sample is well above the clock's resolution.
-  const int64_t batch = std::max<int64_t>(1, (int64_t{256} * 256 * 256) / (side * side * side));
-  const double s = time_median(repeats, [&] {
-    for (int64_t i = 0; i < batch; ++i)
-      ops::cpu::gemm(false, true, side, side, side, 1.0f, A, side, B, side, 0.0f, C, side);
-  });
-  return 2.0 * static_cast<double>(side * side * side) * static_cast<double>(batch) / s;
-}
-
 }  // namespace
 
 int bench_calibrate_run(const BenchCalibrateOptions& o) {
@@ -74,7 +54,7 @@ int bench_calibrate_run(const BenchCalibrateOptions& o) {
   // The GEMM: rates per side and dtype.
   std::vector<std::pair<double, double>> f32_rates;
   for (int64_t side : {32, 64, 128, 256, 512, 1024})
-    f32_rates.emplace_back(static_cast<double>(side), gemm_rate(DType::DType_F32, side, reps));
+    f32_rates.emplace_back(static_cast<double>(side), gemm_rate_measure(DType::DType_F32, side, reps));
   // A larger GEMM never runs slower per FLOP through BLAS; a sample below a smaller side's is noise (a shared
   // machine), so the curve is the running maximum and the peak its last value.
   for (size_t i = 1; i < f32_rates.size(); ++i)
@@ -82,7 +62,7 @@ int bench_calibrate_run(const BenchCalibrateOptions& o) {
   const double top = f32_rates.back().second;
   p.gemm_f32 = top;
   for (const auto& [d, r] : f32_rates) p.gemm_curve.emplace_back(d, r / top);
-  p.gemm_bf16 = gemm_rate(DType::DType_BF16, 1024, reps) / p.gemm_curve.back().second;
+  p.gemm_bf16 = gemm_rate_measure(DType::DType_BF16, 1024, reps) / p.gemm_curve.back().second;
   p.gemm_derate = 1.0;  // measured: the rates are the kernels' own
   p.gemm_route_f32 = "OpenBLAS sgemm";
   p.gemm_route_bf16 = ops::cpu::gemm_bf16_library();

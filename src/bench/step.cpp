@@ -28,31 +28,6 @@ namespace fp::bench {
 
 namespace {
 
-// The rate (FLOP/s) of the cpu GEMM on square operands of side `side` stored in `t` (f32: OpenBLAS's
-// sgemm; bf16: oneDNN's bf16 matmul where the CPU has bf16 units, Note [bf16 GEMMs on the matrix units],
-// else the sgemm on widened panels, the CPU's best bf16 there), median of repeats: the peak the step's
-// GEMMs are measured against, in the dtype they run in.
-double gemm_rate_measure(DType t, int64_t side, int repeats) {
-  const size_t n = static_cast<size_t>(side * side);
-  std::vector<float> a(n), b(n), c(n);
-  Rng rng(1);
-  for (auto& x : a) x = static_cast<float>(rng.uniform() - 0.5);
-  for (auto& x : b) x = static_cast<float>(rng.uniform() - 0.5);
-  std::vector<bf16> ah(n), bh(n), ch(n);
-  for (size_t i = 0; i < n; ++i) ah[i] = from_f32<bf16>(a[i]), bh[i] = from_f32<bf16>(b[i]);
-  const bool half = t == DType::DType_BF16;
-  const CBuf A = half ? CBuf(ah.data()) : CBuf(a.data()), B = half ? CBuf(bh.data()) : CBuf(b.data());
-  const Buf C = half ? Buf(ch.data()) : Buf(c.data());
-  std::vector<double> rates;
-  ops::cpu::gemm(false, true, side, side, side, 1.0f, A, side, B, side, 0.0f, C, side);
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    ops::cpu::gemm(false, true, side, side, side, 1.0f, A, side, B, side, 0.0f, C, side);
-    rates.push_back(2.0 * static_cast<double>(side * side) * static_cast<double>(side) / seconds_since(t0));
-  }
-  return median(rates);
-}
-
 // Model FLOPs of one training step without recompute: 6 per matmul parameter touched per token
 // (forward 2, backward 4) plus causal attention (forward 2 x 2 x T^2/2 x hd x nh per sequence, x3).
 double model_flops_per_step(const ModelConfig& m, int64_t B, int64_t T) {
